@@ -1,0 +1,65 @@
+"""The blob store port: bytes addressed by their SHA-256.
+
+Implements ``run.journal.blob-write`` (decision "run-substrate-storage"): concurrent writers of one
+hash converge on one stored value, none errors on another's write, and no partial write survives
+beside it. Adapters beside this module: ``files`` (a file tree under any store root, local or
+fsspec), ``sqlite`` and ``postgres``; :func:`open_blob_store` picks one by profile. Reads verify the
+digest, so a corrupted object raises ``BlobCorrupt`` instead of returning wrong bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+
+from storage.errors import BlobCorrupt
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class BlobStore(ABC):
+    @abstractmethod
+    def _write(self, digest: str, data: bytes) -> None:
+        """Store ``data`` under ``digest`` unless present; a racing writer of the same digest wins harmlessly."""
+
+    @abstractmethod
+    def _read(self, digest: str) -> bytes:
+        """The stored bytes, raising BlobNotFound when absent."""
+
+    @abstractmethod
+    def exists(self, digest: str) -> bool: ...
+
+    def put(self, data: bytes) -> str:
+        """Store ``data``; return its lowercase hex SHA-256."""
+        digest = digest_of(data)
+        self._write(digest, data)
+        return digest
+
+    def get(self, digest: str) -> bytes:
+        data = self._read(digest)
+        actual = digest_of(data)
+        if actual != digest:
+            raise BlobCorrupt(digest, actual)
+        return data
+
+
+def open_blob_store(profile: str, **kwargs: object) -> BlobStore:
+    """``files`` (root=…), ``sqlite`` (path=…) or ``postgres`` (dsn=…, schema=…)."""
+    if profile == "files":
+        from storage.blobs.files import FileBlobStore
+        from storage.objects import ObjectStore
+
+        return FileBlobStore(ObjectStore(str(kwargs["root"])))
+    if profile == "sqlite":
+        from storage.blobs.sqlite import SqliteBlobStore
+
+        return SqliteBlobStore(str(kwargs["path"]))
+    if profile == "postgres":
+        from storage.blobs.postgres import PostgresBlobStore
+
+        return PostgresBlobStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
+    from storage.errors import StorageProfileUnknown
+
+    raise StorageProfileUnknown(profile, ("files", "sqlite", "postgres"))

@@ -1,0 +1,163 @@
+"""The catalog port: table heads, the commit log, the live-part index, cursors and the run-record
+cache, behind one linearizable commit.
+
+Adapters sit beside this module — ``sqlite`` (the embedded default, WAL) and ``postgres``
+(``CONTEXTFUL_STORAGE_PROFILE=postgres``) — and share their SQL through ``sql``. :func:`open_catalog`
+picks the adapter by profile. A backend whose conditional write is not linearizable refuses to
+open with ``ConditionalWriteUnsupported`` (``surface.apply.weak-conditional-backend``).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from storage.commits import CommitRequest
+from storage.errors import StorageProfileUnknown
+
+PROFILES = ("local", "postgres")
+
+
+@dataclass(frozen=True)
+class TableHead:
+    name: str
+    uuid: str
+    commit_seq: int
+    schema_id: int
+    schema: str | None
+    """Serialized Arrow schema at the head (None before the first commit lands rows)."""
+    primary_key: tuple[str, ...]
+    created_us: int
+    last_commit_us: int
+
+
+@dataclass(frozen=True)
+class CommitRow:
+    table: str
+    commit_seq: int
+    run_id: str
+    kind: str
+    manifest: str | None
+    committed_us: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class PartRow:
+    path: str
+    rows: int
+    bytes: int
+    added_seq: int
+    removed_seq: int | None
+    ord_seq: int
+    ord_idx: int
+    collected_us: int | None
+    schema_id: int
+    """The table schema the part was written under (its adding commit's)."""
+
+
+@dataclass(frozen=True)
+class RunRecordRow:
+    run_id: str
+    phase: str
+    table: str
+    payload: dict[str, Any]
+    recorded_us: int
+    flushed_seq: int | None
+
+
+class Catalog(ABC):
+    """What the store asks of its catalog. Every method is safe across processes."""
+
+    backend: str
+
+    @abstractmethod
+    def bind_store(self, store_uuid: str, root: str) -> None:
+        """Record the store this catalog serves; refuse a catalog that serves another store."""
+
+    @abstractmethod
+    def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int) -> TableHead:
+        """Create the table's head at commit_seq 0, or return the existing head."""
+
+    @abstractmethod
+    def load_head(self, name: str) -> TableHead | None: ...
+
+    @abstractmethod
+    def list_heads(self) -> list[TableHead]: ...
+
+    @abstractmethod
+    def commit(self, request: CommitRequest, now_us: int) -> int:
+        """Check the requirements and apply the updates atomically; return the new commit_seq.
+
+        Raises CommitConflict when a requirement does not hold at the head.
+        """
+
+    @abstractmethod
+    def schema_at(self, name: str, schema_id: int) -> str: ...
+
+    @abstractmethod
+    def commits(self, name: str) -> list[CommitRow]: ...
+
+    @abstractmethod
+    def seq_as_of(self, name: str, as_of_us: int) -> int | None:
+        """The newest commit_seq committed at or before ``as_of_us`` (None if none was)."""
+
+    @abstractmethod
+    def schema_id_at(self, name: str, commit_seq: int) -> int: ...
+
+    @abstractmethod
+    def live_parts(self, name: str, commit_seq: int) -> list[PartRow]:
+        """The parts a snapshot at ``commit_seq`` reads, in merge order."""
+
+    @abstractmethod
+    def all_parts(self, name: str) -> list[PartRow]:
+        """Every part the catalog knows of for the table, live or removed."""
+
+    @abstractmethod
+    def mark_collected(self, name: str, paths: list[str], now_us: int) -> None:
+        """Mark parts whose files collection deleted; snapshots reading them answer no more."""
+
+    @abstractmethod
+    def cursor(self, name: str, scope: str) -> tuple[Any, int] | None:
+        """The committed cursor value for ``scope`` and the commit that wrote it."""
+
+    @abstractmethod
+    def record_run(self, run_id: str, phase: str, table: str, payload: dict[str, Any], now_us: int) -> None:
+        """Write a run record to the cache outside any table commit (the plan row)."""
+
+    @abstractmethod
+    def pending_run_records(self, limit: int) -> list[RunRecordRow]: ...
+
+    @abstractmethod
+    def run_records(self) -> list[RunRecordRow]:
+        """Every cached run record, flushed or not."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+def open_catalog(profile: str | None = None, *, sqlite_path: str | None = None, dsn: str | None = None,
+                 schema: str | None = None) -> Catalog:
+    """The catalog for ``profile`` (default: ``CONTEXTFUL_STORAGE_PROFILE``, else ``local``).
+
+    ``local`` opens the SQLite file ``sqlite_path``; ``postgres`` connects with ``dsn`` (default:
+    ``CONTEXTFUL_POSTGRES_DSN``, else libpq's own ``PG*`` variables) inside the PostgreSQL schema
+    ``schema`` (default: ``CONTEXTFUL_POSTGRES_SCHEMA``, else ``contextful``).
+    """
+    profile = profile or os.environ.get("CONTEXTFUL_STORAGE_PROFILE") or "local"
+    if profile == "local":
+        from storage.catalog.sqlite import SqliteCatalog
+
+        if sqlite_path is None:
+            raise ValueError("the local profile needs a SQLite catalog path")
+        return SqliteCatalog(sqlite_path)
+    if profile == "postgres":
+        from storage.catalog.postgres import PostgresCatalog
+
+        return PostgresCatalog(
+            dsn if dsn is not None else os.environ.get("CONTEXTFUL_POSTGRES_DSN", ""),
+            schema or os.environ.get("CONTEXTFUL_POSTGRES_SCHEMA") or "contextful",
+        )
+    raise StorageProfileUnknown(profile, PROFILES)

@@ -1,0 +1,53 @@
+"""The shared catalog: a PostgreSQL schema (``CONTEXTFUL_STORAGE_PROFILE=postgres``), psycopg 3.
+
+A commit locks its table's head row with ``SELECT … FOR UPDATE``; the row lock serializes every
+committer of that table across connections and hosts, so the conditional update is linearizable.
+Opening refuses a server that cannot take such a write: a hot standby in recovery or a
+read-only default transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from storage.catalog.sql import SqlCatalog
+from storage.errors import ConditionalWriteUnsupported
+
+
+class PostgresCatalog(SqlCatalog):
+    backend = "postgres"
+    placeholder = "%s"
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        super().__init__()
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(self.dsn, autocommit=True)
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"contextful-ddl:{self.schema}",))
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+        conn.execute(f'SET search_path TO "{self.schema}"')
+        return conn
+
+    def _probe_linearizable(self) -> None:
+        in_recovery, read_only = self._conn.execute(
+            "SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')"
+        ).fetchone()
+        if in_recovery:
+            raise ConditionalWriteUnsupported(f"postgres:{self.schema}", "the server is a standby in recovery")
+        if read_only == "on":
+            raise ConditionalWriteUnsupported(f"postgres:{self.schema}", "default_transaction_read_only is on")
+
+    def _lock_ddl(self, cur: Any) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"contextful-ddl:{self.schema}",))
+
+    def _begin_write(self, cur: Any) -> None:
+        cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+
+    def _lock_head_sql(self) -> str:
+        return ("SELECT table_uuid, commit_seq, schema_id, last_commit_us FROM cf_tables"
+                " WHERE name = %s FOR UPDATE")

@@ -1,0 +1,387 @@
+"""The catalog's SQL, shared by the SQLite and PostgreSQL adapters.
+
+One commit is one database transaction: lock the table's head row, check every requirement,
+apply every update, append the commit-log row, and advance ``commit_seq`` with a conditional
+``UPDATE … WHERE commit_seq = <read head>`` — the compare-and-swap that linearizes commits.
+Adapters supply the connection, the way a write transaction begins (``BEGIN IMMEDIATE`` on
+SQLite, ``SELECT … FOR UPDATE`` on PostgreSQL) and the placeholder style.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from abc import abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from storage.catalog import Catalog, CommitRow, PartRow, RunRecordRow, TableHead
+from storage.commits import (
+    AddParts,
+    AssertHeadSeq,
+    AssertPartsLive,
+    AssertRecordsPending,
+    AssertSchemaId,
+    AssertTableUUID,
+    CommitRequest,
+    MarkRecordsFlushed,
+    RecordRun,
+    RemoveAllParts,
+    RemoveParts,
+    SetCursor,
+    SetSchema,
+)
+from storage.errors import CommitConflict, StoreCatalogMismatch, TableNotFound
+
+DDL = (
+    "CREATE TABLE IF NOT EXISTS cf_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS cf_tables (
+        name TEXT PRIMARY KEY, table_uuid TEXT NOT NULL, commit_seq BIGINT NOT NULL,
+        schema_id BIGINT NOT NULL, primary_key TEXT NOT NULL, created_us BIGINT NOT NULL,
+        last_commit_us BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS cf_schemas (
+        table_name TEXT NOT NULL, schema_id BIGINT NOT NULL, schema_text TEXT NOT NULL,
+        PRIMARY KEY (table_name, schema_id))""",
+    """CREATE TABLE IF NOT EXISTS cf_commits (
+        table_name TEXT NOT NULL, commit_seq BIGINT NOT NULL, run_id TEXT NOT NULL, kind TEXT NOT NULL,
+        manifest TEXT, schema_id BIGINT NOT NULL, committed_us BIGINT NOT NULL, rows_added BIGINT NOT NULL,
+        PRIMARY KEY (table_name, commit_seq))""",
+    """CREATE TABLE IF NOT EXISTS cf_parts (
+        table_name TEXT NOT NULL, path TEXT NOT NULL, rows_count BIGINT NOT NULL, bytes BIGINT NOT NULL,
+        added_seq BIGINT NOT NULL, removed_seq BIGINT, ord_seq BIGINT NOT NULL, ord_idx BIGINT NOT NULL,
+        collected_us BIGINT, schema_id BIGINT NOT NULL, PRIMARY KEY (table_name, path))""",
+    "CREATE INDEX IF NOT EXISTS cf_parts_live ON cf_parts (table_name, removed_seq)",
+    """CREATE TABLE IF NOT EXISTS cf_cursors (
+        table_name TEXT NOT NULL, scope TEXT NOT NULL, value TEXT NOT NULL, commit_seq BIGINT NOT NULL,
+        PRIMARY KEY (table_name, scope))""",
+    """CREATE TABLE IF NOT EXISTS cf_run_records (
+        run_id TEXT NOT NULL, phase TEXT NOT NULL, table_name TEXT NOT NULL, payload TEXT NOT NULL,
+        recorded_us BIGINT NOT NULL, flushed_seq BIGINT, PRIMARY KEY (run_id, phase))""",
+    "CREATE INDEX IF NOT EXISTS cf_run_records_pending ON cf_run_records (flushed_seq)",
+)
+
+_HEAD_COLUMNS = "t.name, t.table_uuid, t.commit_seq, t.schema_id, t.primary_key, t.created_us, t.last_commit_us"
+_PART_COLUMNS = "path, rows_count, bytes, added_seq, removed_seq, ord_seq, ord_idx, collected_us"
+_SELECT_PARTS = f"SELECT {_PART_COLUMNS}, schema_id FROM cf_parts"
+
+
+class SqlCatalog(Catalog):
+    """A catalog over a DB-API connection; adapters fill in the dialect hooks."""
+
+    placeholder = "?"
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._conn = self._connect()
+        self._probe_linearizable()
+        with self._transaction() as cur:
+            self._lock_ddl(cur)
+            for statement in DDL:
+                cur.execute(statement)
+
+    # --- dialect hooks --------------------------------------------------------------------------
+
+    @abstractmethod
+    def _connect(self) -> Any: ...
+
+    @abstractmethod
+    def _probe_linearizable(self) -> None:
+        """Raise ConditionalWriteUnsupported unless a conditional write here is linearizable."""
+
+    @abstractmethod
+    def _begin_write(self, cur: Any) -> None: ...
+
+    @abstractmethod
+    def _lock_head_sql(self) -> str: ...
+
+    def _lock_ddl(self, cur: Any) -> None:
+        """Serialize schema creation between processes opening the catalog at once."""
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    def _sql(self, statement: str) -> str:
+        return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        with self._lock:
+            cur = self._conn.cursor()
+            self._begin_write(cur)
+            try:
+                yield _Cursor(cur, self._sql)
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+            finally:
+                cur.close()
+
+    def _read(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            cur = self._conn.cursor()
+            try:
+                cur.execute(self._sql(statement), tuple(params))
+                rows = cur.fetchall()
+            finally:
+                cur.close()
+            if getattr(self._conn, "autocommit", True) is False:
+                self._conn.rollback()
+            return rows
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # --- the store and its tables ---------------------------------------------------------------
+
+    def bind_store(self, store_uuid: str, root: str) -> None:
+        with self._transaction() as cur:
+            cur.execute("INSERT INTO cf_meta (key, value) VALUES ('store_uuid', ?) ON CONFLICT (key) DO NOTHING",
+                        (store_uuid,))
+            cur.execute("SELECT value FROM cf_meta WHERE key = 'store_uuid'")
+            bound = cur.fetchone()[0]
+        if bound != store_uuid:
+            raise StoreCatalogMismatch(store_uuid, bound, root)
+
+    def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int) -> TableHead:
+        with self._transaction() as cur:
+            cur.execute(
+                "INSERT INTO cf_tables (name, table_uuid, commit_seq, schema_id, primary_key, created_us,"
+                " last_commit_us) VALUES (?, ?, 0, 0, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
+                (name, uuid, json.dumps(list(primary_key)), now_us, now_us),
+            )
+        head = self.load_head(name)
+        assert head is not None
+        return head
+
+    def load_head(self, name: str) -> TableHead | None:
+        rows = self._read(
+            f"SELECT {_HEAD_COLUMNS}, s.schema_text FROM cf_tables t LEFT JOIN cf_schemas s"
+            " ON s.table_name = t.name AND s.schema_id = t.schema_id WHERE t.name = ?",
+            (name,),
+        )
+        return _head(rows[0]) if rows else None
+
+    def list_heads(self) -> list[TableHead]:
+        rows = self._read(
+            f"SELECT {_HEAD_COLUMNS}, s.schema_text FROM cf_tables t LEFT JOIN cf_schemas s"
+            " ON s.table_name = t.name AND s.schema_id = t.schema_id ORDER BY t.name"
+        )
+        return [_head(r) for r in rows]
+
+    def schema_at(self, name: str, schema_id: int) -> str:
+        rows = self._read("SELECT schema_text FROM cf_schemas WHERE table_name = ? AND schema_id = ?",
+                          (name, schema_id))
+        return rows[0][0]
+
+    # --- the commit -----------------------------------------------------------------------------
+
+    def commit(self, request: CommitRequest, now_us: int) -> int:
+        with self._transaction() as cur:
+            cur.execute(self._lock_head_sql(), (request.table,))
+            row = cur.fetchone()
+            if row is None:
+                raise TableNotFound(request.table)
+            uuid, head_seq, schema_id, last_us = row
+            self._check(cur, request, uuid, head_seq, schema_id)
+            seq = head_seq + 1
+            committed_us = max(now_us, last_us)  # transaction time never runs backwards
+            schema_id = self._apply(cur, request, seq, schema_id)
+            cur.execute(
+                "INSERT INTO cf_commits (table_name, commit_seq, run_id, kind, manifest, schema_id,"
+                " committed_us, rows_added) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (request.table, seq, request.run_id, request.kind, request.manifest, schema_id,
+                 committed_us, request.rows),
+            )
+            cur.execute(
+                "UPDATE cf_tables SET commit_seq = ?, schema_id = ?, last_commit_us = ?"
+                " WHERE name = ? AND commit_seq = ?",
+                (seq, schema_id, committed_us, request.table, head_seq),
+            )
+            if cur.rowcount != 1:
+                raise CommitConflict(request.table, f"head moved from commit_seq {head_seq}")
+            return seq
+
+    def _check(self, cur: _Cursor, request: CommitRequest, uuid: str, head_seq: int, schema_id: int) -> None:
+        table = request.table
+        for req in request.requirements:
+            if isinstance(req, AssertTableUUID) and req.uuid != uuid:
+                raise CommitConflict(table, f"table uuid is {uuid}, not {req.uuid}", failed="AssertTableUUID")
+            if isinstance(req, AssertHeadSeq) and req.commit_seq != head_seq:
+                raise CommitConflict(table, f"head is at commit_seq {head_seq}, not {req.commit_seq}",
+                                     failed="AssertHeadSeq")
+            if isinstance(req, AssertSchemaId) and req.schema_id != schema_id:
+                raise CommitConflict(table, f"head schema is {schema_id}, not {req.schema_id}", failed="AssertSchemaId")
+            if isinstance(req, AssertPartsLive) and req.paths:
+                live = self._count_live(cur, table, req.paths)
+                if live != len(set(req.paths)):
+                    raise CommitConflict(table, f"{len(set(req.paths)) - live} part(s) are no longer live",
+                                         failed="AssertPartsLive")
+            if isinstance(req, AssertRecordsPending) and req.keys:
+                pending = 0
+                for run_id, phase in req.keys:
+                    cur.execute("SELECT COUNT(*) FROM cf_run_records WHERE run_id = ? AND phase = ?"
+                                " AND flushed_seq IS NULL", (run_id, phase))
+                    pending += cur.fetchone()[0]
+                if pending != len(req.keys):
+                    raise CommitConflict(table, "run records were flushed by another append", failed="AssertRecordsPending")
+
+    def _count_live(self, cur: _Cursor, table: str, paths: tuple[str, ...]) -> int:
+        live = 0
+        for chunk in _chunks(sorted(set(paths)), 500):
+            marks = ", ".join("?" for _ in chunk)
+            cur.execute(f"SELECT COUNT(*) FROM cf_parts WHERE table_name = ? AND removed_seq IS NULL"
+                        f" AND path IN ({marks})", (table, *chunk))
+            live += cur.fetchone()[0]
+        return live
+
+    def _apply(self, cur: _Cursor, request: CommitRequest, seq: int, schema_id: int) -> int:
+        table = request.table
+        for update in request.updates:
+            if isinstance(update, RemoveAllParts):
+                cur.execute("UPDATE cf_parts SET removed_seq = ? WHERE table_name = ? AND removed_seq IS NULL",
+                            (seq, table))
+            elif isinstance(update, RemoveParts):
+                cur.executemany(
+                    "UPDATE cf_parts SET removed_seq = ? WHERE table_name = ? AND path = ? AND removed_seq IS NULL",
+                    [(seq, table, p) for p in update.paths],
+                )
+            elif isinstance(update, AddParts):
+                cur.executemany(
+                    f"INSERT INTO cf_parts (table_name, {_PART_COLUMNS}, schema_id)"
+                    " VALUES (?, ?, ?, ?, ?, NULL, ?, ?, NULL, ?)",
+                    [(table, p.path, p.rows, p.bytes, seq, seq if p.ord_seq is None else p.ord_seq, p.ord_idx,
+                      schema_id if p.exact_schema else -1)
+                     for p in update.parts],
+                )
+            elif isinstance(update, SetSchema):
+                schema_id += 1
+                cur.execute("INSERT INTO cf_schemas (table_name, schema_id, schema_text) VALUES (?, ?, ?)",
+                            (table, schema_id, update.schema))
+            elif isinstance(update, SetCursor):
+                cur.execute(
+                    "INSERT INTO cf_cursors (table_name, scope, value, commit_seq) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (table_name, scope) DO UPDATE SET value = excluded.value,"
+                    " commit_seq = excluded.commit_seq",
+                    (table, update.scope, json.dumps(update.value), seq),
+                )
+            elif isinstance(update, RecordRun):
+                payload = dict(update.payload, commit_seq=seq)
+                cur.execute(
+                    "INSERT INTO cf_run_records (run_id, phase, table_name, payload, recorded_us, flushed_seq)"
+                    " VALUES (?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, phase) DO UPDATE SET"
+                    " payload = excluded.payload, recorded_us = excluded.recorded_us, flushed_seq = NULL",
+                    (update.run_id, update.phase, update.table, json.dumps(payload),
+                     int(update.payload.get("recorded_us", 0))),
+                )
+            elif isinstance(update, MarkRecordsFlushed):
+                cur.executemany("UPDATE cf_run_records SET flushed_seq = ? WHERE run_id = ? AND phase = ?",
+                                [(seq, run_id, phase) for run_id, phase in update.keys])
+        return schema_id
+
+    # --- history and snapshots ------------------------------------------------------------------
+
+    def commits(self, name: str) -> list[CommitRow]:
+        rows = self._read(
+            "SELECT table_name, commit_seq, run_id, kind, manifest, committed_us, rows_added FROM cf_commits"
+            " WHERE table_name = ? ORDER BY commit_seq",
+            (name,),
+        )
+        return [CommitRow(*r) for r in rows]
+
+    def seq_as_of(self, name: str, as_of_us: int) -> int | None:
+        rows = self._read("SELECT MAX(commit_seq) FROM cf_commits WHERE table_name = ? AND committed_us <= ?",
+                          (name, as_of_us))
+        return rows[0][0]
+
+    def schema_id_at(self, name: str, commit_seq: int) -> int:
+        rows = self._read("SELECT schema_id FROM cf_commits WHERE table_name = ? AND commit_seq = ?",
+                          (name, commit_seq))
+        return rows[0][0] if rows else 0
+
+    def live_parts(self, name: str, commit_seq: int) -> list[PartRow]:
+        rows = self._read(
+            f"{_SELECT_PARTS} WHERE table_name = ? AND added_seq <= ?"
+            " AND (removed_seq IS NULL OR removed_seq > ?) ORDER BY ord_seq, ord_idx",
+            (name, commit_seq, commit_seq),
+        )
+        return [PartRow(*r) for r in rows]
+
+    def all_parts(self, name: str) -> list[PartRow]:
+        rows = self._read(f"{_SELECT_PARTS} WHERE table_name = ?", (name,))
+        return [PartRow(*r) for r in rows]
+
+    def mark_collected(self, name: str, paths: list[str], now_us: int) -> None:
+        with self._transaction() as cur:
+            cur.executemany("UPDATE cf_parts SET collected_us = ? WHERE table_name = ? AND path = ?",
+                            [(now_us, name, p) for p in paths])
+
+    def cursor(self, name: str, scope: str) -> tuple[Any, int] | None:
+        rows = self._read("SELECT value, commit_seq FROM cf_cursors WHERE table_name = ? AND scope = ?",
+                          (name, scope))
+        return (json.loads(rows[0][0]), rows[0][1]) if rows else None
+
+    # --- the run-record cache -------------------------------------------------------------------
+
+    def record_run(self, run_id: str, phase: str, table: str, payload: dict[str, Any], now_us: int) -> None:
+        with self._transaction() as cur:
+            cur.execute(
+                "INSERT INTO cf_run_records (run_id, phase, table_name, payload, recorded_us, flushed_seq)"
+                " VALUES (?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, phase) DO UPDATE SET"
+                " payload = excluded.payload, recorded_us = excluded.recorded_us, flushed_seq = NULL",
+                (run_id, phase, table, json.dumps(payload), now_us),
+            )
+
+    def pending_run_records(self, limit: int) -> list[RunRecordRow]:
+        rows = self._read(
+            "SELECT run_id, phase, table_name, payload, recorded_us, flushed_seq FROM cf_run_records"
+            " WHERE flushed_seq IS NULL ORDER BY recorded_us, run_id, phase LIMIT ?",
+            (limit,),
+        )
+        return [_record(r) for r in rows]
+
+    def run_records(self) -> list[RunRecordRow]:
+        rows = self._read(
+            "SELECT run_id, phase, table_name, payload, recorded_us, flushed_seq FROM cf_run_records"
+            " ORDER BY recorded_us, run_id, phase"
+        )
+        return [_record(r) for r in rows]
+
+
+class _Cursor:
+    """A DB-API cursor speaking the catalog's ``?`` placeholders on either dialect."""
+
+    def __init__(self, cur: Any, sql: Any) -> None:
+        self._cur = cur
+        self._sqlfn = sql
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> None:
+        self._cur.execute(self._sqlfn(statement), tuple(params))
+
+    def executemany(self, statement: str, rows: list[tuple[Any, ...]]) -> None:
+        if rows:
+            self._cur.executemany(self._sqlfn(statement), rows)
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    @property
+    def rowcount(self) -> int:
+        return self._cur.rowcount
+
+
+def _head(row: tuple[Any, ...]) -> TableHead:
+    name, uuid, seq, schema_id, pk, created_us, last_us, schema_text = row
+    return TableHead(name, uuid, seq, schema_id, schema_text, tuple(json.loads(pk)), created_us, last_us)
+
+
+def _record(row: tuple[Any, ...]) -> RunRecordRow:
+    run_id, phase, table, payload, recorded_us, flushed = row
+    return RunRecordRow(run_id, phase, table, json.loads(payload), recorded_us, flushed)
+
+
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

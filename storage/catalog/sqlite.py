@@ -1,0 +1,67 @@
+"""The embedded catalog: one SQLite file in WAL mode (the ``local`` profile).
+
+A write transaction starts with ``BEGIN IMMEDIATE``, taking SQLite's single writer lock before it
+reads the head, so the conditional update that ends a commit is linearizable across processes.
+Opening probes that lock: a file whose locking is off (``nolock=1``, the ``unix-none`` VFS, a
+filesystem without locks) lets a second writer in, and the catalog refuses to open.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Any
+
+from storage.catalog.sql import SqlCatalog
+from storage.errors import ConditionalWriteUnsupported
+
+BUSY_TIMEOUT_S = 120.0
+
+
+class SqliteCatalog(SqlCatalog):
+    backend = "sqlite"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        if not path.startswith("file:"):
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        super().__init__()
+
+    def _open(self, timeout: float) -> sqlite3.Connection:
+        uri = self.path if self.path.startswith("file:") else f"file:{os.path.abspath(self.path)}"
+        conn = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None, check_same_thread=False)
+        return conn
+
+    def _connect(self) -> Any:
+        if sqlite3.sqlite_version_info < (3, 24):
+            raise ConditionalWriteUnsupported("sqlite", f"SQLite {sqlite3.sqlite_version} lacks upsert")
+        conn = self._open(BUSY_TIMEOUT_S)
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode.lower() not in ("wal", "memory"):
+            conn.execute("PRAGMA journal_mode=DELETE")
+        conn.execute("PRAGMA synchronous=FULL")
+        return conn
+
+    def _probe_linearizable(self) -> None:
+        holder = self._open(BUSY_TIMEOUT_S)
+        rival = self._open(0.0)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            try:
+                rival.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                return  # the write lock excludes a second writer: conditional writes serialize
+            rival.execute("ROLLBACK")
+            raise ConditionalWriteUnsupported(
+                f"sqlite:{self.path}", "a second writer entered while the write lock was held (locking is off)"
+            )
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+            rival.close()
+
+    def _begin_write(self, cur: Any) -> None:
+        cur.execute("BEGIN IMMEDIATE")
+
+    def _lock_head_sql(self) -> str:
+        return "SELECT table_uuid, commit_seq, schema_id, last_commit_us FROM cf_tables WHERE name = ?"

@@ -1,0 +1,135 @@
+"""Commits as data: typed requirements checked at the table head, and typed updates applied.
+
+A commit is a list of updates plus the requirements that must hold at the head when it lands.
+The catalog checks every requirement and applies every update inside one transaction whose last
+step advances the table head's ``commit_seq`` by one (the compare-and-swap). The shapes follow
+pyiceberg's ``AssertTableUUID``/``AddSnapshotUpdate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# --- requirements ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AssertTableUUID:
+    """The table is the incarnation the commit was staged against."""
+
+    uuid: str
+
+
+@dataclass(frozen=True)
+class AssertHeadSeq:
+    """The head is still at ``commit_seq`` (replacing commits and folds)."""
+
+    commit_seq: int
+
+
+@dataclass(frozen=True)
+class AssertSchemaId:
+    """The head schema is still the one the staged parts were reconciled against."""
+
+    schema_id: int
+
+
+@dataclass(frozen=True)
+class AssertPartsLive:
+    """Every named part is still live at the head (folds replacing them)."""
+
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AssertRecordsPending:
+    """Every named run record is still unflushed (flushing the run-record cache)."""
+
+    keys: tuple[tuple[str, str], ...]
+
+
+Requirement = AssertTableUUID | AssertHeadSeq | AssertSchemaId | AssertPartsLive | AssertRecordsPending
+
+# --- updates -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartFile:
+    """One immutable Parquet part as it is staged and as the catalog indexes it."""
+
+    path: str
+    """Key of the part under the store root."""
+    rows: int
+    bytes: int
+    ord_seq: int | None = None
+    """Merge order: the commit whose rows the part holds (a fold keeps the newest it absorbed)."""
+    ord_idx: int = 0
+    """Merge order within ``ord_seq``: the part's position in its run."""
+    exact_schema: bool = True
+    """Whether the part was written in exactly the schema its commit lands (else a reader casts)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "rows": self.rows, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class AddParts:
+    """Parts joining the live set; apply after any SetSchema of the same commit."""
+
+    parts: tuple[PartFile, ...]
+
+
+@dataclass(frozen=True)
+class RemoveParts:
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RemoveAllParts:
+    """Every part live at the head stops being live (a replacing run)."""
+
+
+@dataclass(frozen=True)
+class SetSchema:
+    schema: str
+    """The Arrow schema, serialized by :func:`storage.manifest.schema_to_text`."""
+
+
+@dataclass(frozen=True)
+class SetCursor:
+    scope: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class RecordRun:
+    """A run-record row for the catalog's cache in front of ``_runs``."""
+
+    run_id: str
+    phase: str
+    table: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MarkRecordsFlushed:
+    keys: tuple[tuple[str, str], ...]
+
+
+Update = AddParts | RemoveParts | RemoveAllParts | SetSchema | SetCursor | RecordRun | MarkRecordsFlushed
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """Everything one commit lands on one table."""
+
+    table: str
+    run_id: str
+    kind: str
+    """append, replace or fold."""
+    manifest: str | None
+    """Key of the run manifest written before the commit (None for a fold without one)."""
+    requirements: tuple[Requirement, ...]
+    updates: tuple[Update, ...]
+    rows: int = 0

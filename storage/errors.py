@@ -1,0 +1,242 @@
+"""The error catalogue: every error Contextful raises, one class per spec error name.
+
+It lives in ``storage`` because every package imports it and ``storage`` imports nothing from
+``engine`` or ``iceberg``. Each class carries a short ``category``; the CLI maps the category to an
+exit code, the served face to an HTTP status. Retry decisions are one ``isinstance`` check against
+the two marker bases.
+
+Hierarchy::
+
+    ContextfulError                      root; .category, .exit_code, .http_status
+    ├── TransientError                   marker: a later attempt may succeed
+    │   └── CommitConflict               the table head moved under a commit (conflict)
+    └── TerminalError                    marker: retrying the same input fails the same way
+        ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
+        │   ├── StorageProfileUnknown
+        │   ├── TableNameInvalid
+        │   └── ModalityInvalid
+        ├── Incompatible                 data cannot be reconciled with the store (incompatible)
+        │   └── SchemaIrreconcilable
+        ├── NotFound                     (not-found)
+        │   ├── TableNotFound
+        │   └── SnapshotNotFound
+        ├── AlreadyExists                (conflict)
+        │   └── TableExists
+        └── Permanent                    the store or backend cannot do this (permanent)
+            ├── ConditionalWriteUnsupported
+            ├── StoreCatalogMismatch
+            ├── SnapshotCollected
+            ├── BlobCorrupt
+            └── BlobNotFound
+
+Messages are built from structured fields, so callers and tests read the fields, and the text
+names what the spec says it names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+# Exit codes by category: documented in docs/cli.md.
+EXIT_CODES: dict[str, int] = {
+    "spec-invalid": 3,
+    "incompatible": 4,
+    "conflict": 5,
+    "not-found": 6,
+    "transient": 75,
+    "permanent": 1,
+}
+
+HTTP_STATUS: dict[str, int] = {
+    "spec-invalid": 400,
+    "incompatible": 422,
+    "conflict": 409,
+    "not-found": 404,
+    "transient": 503,
+    "permanent": 500,
+}
+
+
+class ContextfulError(Exception):
+    """Root of every Contextful error. Subclasses set ``category`` and build ``detail``."""
+
+    category: ClassVar[str] = "permanent"
+
+    def __init__(self, detail: str, **fields: Any) -> None:
+        self.detail = detail
+        self.fields = fields
+        for key, value in fields.items():
+            setattr(self, key, value)
+        super().__init__(detail)
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.category]
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.category]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.detail}"
+
+
+class TransientError(ContextfulError):
+    """A later attempt of the same work may succeed."""
+
+    category = "transient"
+
+
+class TerminalError(ContextfulError):
+    """Retrying the same input fails the same way."""
+
+
+class SpecInvalid(TerminalError):
+    category = "spec-invalid"
+
+
+class Incompatible(TerminalError):
+    category = "incompatible"
+
+
+class NotFound(TerminalError):
+    category = "not-found"
+
+
+class AlreadyExists(TerminalError):
+    category = "conflict"
+
+
+class Permanent(TerminalError):
+    category = "permanent"
+
+
+# --- commits ---------------------------------------------------------------------------------
+
+
+class CommitConflict(TransientError):
+    """A commit's requirement no longer holds at the table head."""
+
+    category = "conflict"
+
+    def __init__(self, table: str, requirement: str, attempts: int = 1, failed: str = "") -> None:
+        super().__init__(
+            f"table {table!r}: {requirement} (after {attempts} attempt(s))",
+            table=table,
+            requirement=requirement,
+            attempts=attempts,
+            failed=failed,
+        )
+
+
+# --- configuration and names -----------------------------------------------------------------
+
+
+class StorageProfileUnknown(SpecInvalid):
+    def __init__(self, profile: str, known: tuple[str, ...]) -> None:
+        super().__init__(
+            f"CONTEXTFUL_STORAGE_PROFILE={profile!r} is not one of {', '.join(known)}",
+            profile=profile,
+            known=known,
+        )
+
+
+class TableNameInvalid(SpecInvalid):
+    def __init__(self, table: str, reason: str) -> None:
+        super().__init__(f"table name {table!r}: {reason}", table=table, reason=reason)
+
+
+class ModalityInvalid(SpecInvalid):
+    """``store.reserve.modality``: a ``_modality`` value outside the five fails its batch."""
+
+    def __init__(self, table: str, values: list[str], allowed: tuple[str, ...]) -> None:
+        shown = ", ".join(repr(v) for v in values[:5])
+        super().__init__(
+            f"table {table!r}: _modality takes {', '.join(allowed)}; the batch holds {shown}",
+            table=table,
+            values=values,
+            allowed=allowed,
+        )
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+class SchemaIrreconcilable(Incompatible):
+    """``run.land.irreconcilable-schema``: the arriving schema cannot land in the table."""
+
+    def __init__(self, table: str, path: str, table_type: str, arriving_type: str, reason: str) -> None:
+        super().__init__(
+            f"table {table!r}, column {path}: arriving {arriving_type} cannot land in {table_type} ({reason})",
+            table=table,
+            path=path,
+            table_type=table_type,
+            arriving_type=arriving_type,
+            reason=reason,
+        )
+
+
+# --- lookups ---------------------------------------------------------------------------------
+
+
+class TableNotFound(NotFound):
+    def __init__(self, table: str) -> None:
+        super().__init__(f"no table {table!r} in this store", table=table)
+
+
+class TableExists(AlreadyExists):
+    def __init__(self, table: str) -> None:
+        super().__init__(f"table {table!r} already exists", table=table)
+
+
+class SnapshotNotFound(NotFound):
+    def __init__(self, table: str, wanted: str) -> None:
+        super().__init__(f"table {table!r} has no snapshot {wanted}", table=table, wanted=wanted)
+
+
+# --- backends --------------------------------------------------------------------------------
+
+
+class ConditionalWriteUnsupported(Permanent):
+    """``surface.apply.weak-conditional-backend``: the backend cannot do a linearizable CAS."""
+
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(
+            f"{backend}: conditional replacement is not linearizable ({reason}); refusing to open",
+            backend=backend,
+            reason=reason,
+        )
+
+
+class StoreCatalogMismatch(Permanent):
+    def __init__(self, store_uuid: str, catalog_store_uuid: str, root: str) -> None:
+        super().__init__(
+            f"store {root} is {store_uuid} but its catalog belongs to store {catalog_store_uuid}",
+            store_uuid=store_uuid,
+            catalog_store_uuid=catalog_store_uuid,
+            root=root,
+        )
+
+
+class SnapshotCollected(Permanent):
+    def __init__(self, table: str, commit_seq: int, missing: str) -> None:
+        super().__init__(
+            f"table {table!r} snapshot {commit_seq}: part {missing} was collected past retention",
+            table=table,
+            commit_seq=commit_seq,
+            missing=missing,
+        )
+
+
+class BlobCorrupt(Permanent):
+    def __init__(self, digest: str, actual: str) -> None:
+        super().__init__(f"blob {digest}: stored bytes hash to {actual}", digest=digest, actual=actual)
+
+
+class BlobNotFound(NotFound):
+    def __init__(self, digest: str) -> None:
+        super().__init__(f"no blob {digest}", digest=digest)

@@ -1,0 +1,176 @@
+"""Object access over fsspec: the one place the store touches bytes at rest.
+
+A store root is a local path or an fsspec URL (``s3://bucket/prefix`` through s3fs). Keys are
+``/``-separated and relative to the root. Writes that must never be seen half-done (manifests,
+parts) go through :meth:`ObjectStore.atomic_writer`: on a local filesystem a temporary sibling is
+fsynced and renamed into place; an object store's PUT (and a closed multipart upload) is atomic
+already. Readers therefore see a whole object or none — the substrate of "no torn publication".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import IO, Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+TMP_MARK = ".tmp-"
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    modified: datetime | None
+
+
+def _storage_options_from_env(protocol: str) -> dict[str, Any]:
+    """s3fs options from the environment: an endpoint URL for S3-compatible servers."""
+    if protocol in ("s3", "s3a"):
+        endpoint = os.environ.get("CONTEXTFUL_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            return {"client_kwargs": {"endpoint_url": endpoint}}
+    return {}
+
+
+class ObjectStore:
+    """Bytes under one root, local or remote."""
+
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
+        protocol, path = fsspec.core.split_protocol(str(root))
+        protocol = protocol or "file"
+        options = storage_options if storage_options is not None else _storage_options_from_env(protocol)
+        self.fs: fsspec.AbstractFileSystem = fsspec.filesystem(protocol, **options)
+        self.protocol = protocol
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+        if self.is_local:
+            path = os.path.abspath(path)
+            os.makedirs(path, exist_ok=True)
+        self.root = path.rstrip("/")
+        self.url = self.root if self.is_local else f"{protocol}://{self.root}"
+
+    # --- naming -------------------------------------------------------------------------------
+
+    def path(self, key: str) -> str:
+        """The filesystem path of ``key`` (no protocol)."""
+        return f"{self.root}/{key}"
+
+    def uri(self, key: str) -> str:
+        """The address a reader outside fsspec (DuckDB, pyarrow) uses for ``key``."""
+        return self.path(key) if self.is_local else f"{self.protocol}://{self.path(key)}"
+
+    def key_of(self, path: str) -> str:
+        _, bare = fsspec.core.split_protocol(path)
+        return bare[len(self.root) + 1 :]
+
+    # --- writing ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def atomic_writer(self, key: str, durable: bool = True) -> Iterator[IO[bytes]]:
+        """A binary file handle whose contents appear at ``key`` whole, or not at all."""
+        target = self.path(key)
+        if not self.is_local:
+            with self.fs.open(target, "wb") as fh:
+                yield fh
+            return
+        directory = os.path.dirname(target)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex}-{os.path.basename(target)}")
+        try:
+            with open(tmp, "wb") as fh:
+                yield fh
+                fh.flush()
+                if durable:
+                    os.fsync(fh.fileno())
+            os.replace(tmp, target)
+            if durable:
+                _fsync_dir(directory)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def put_bytes(self, key: str, data: bytes, durable: bool = True) -> None:
+        with self.atomic_writer(key, durable=durable) as fh:
+            fh.write(data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write ``data`` at ``key`` unless an object is there; True when this call wrote it.
+
+        Content-addressed callers rely on every writer of one key holding the same bytes, so a
+        lost race is harmless: the object is whole either way.
+        """
+        target = self.path(key)
+        if not self.is_local:
+            if self.fs.exists(target):
+                return False
+            self.put_bytes(key, data)
+            return True
+        directory = os.path.dirname(target)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex}")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, target)  # fails if present: first whole writer wins
+            except FileExistsError:
+                return False
+            _fsync_dir(directory)
+            return True
+        finally:
+            os.unlink(tmp)
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def get_bytes(self, key: str) -> bytes:
+        with self.fs.open(self.path(key), "rb") as fh:
+            return fh.read()
+
+    def exists(self, key: str) -> bool:
+        return self.fs.exists(self.path(key))
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object under ``prefix`` (recursively), temporaries included."""
+        base = self.path(prefix)
+        if not self.fs.exists(base):
+            return []
+        found = self.fs.find(base, detail=True)
+        out = []
+        for path, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            out.append(ObjectInfo(self.key_of(path), int(info.get("size") or 0), _modified(info)))
+        return out
+
+    def delete(self, keys: list[str]) -> None:
+        if keys:
+            self.fs.rm([self.path(k) for k in keys])
+            if not self.is_local:
+                self.fs.invalidate_cache()
+
+
+def _modified(info: dict[str, Any]) -> datetime | None:
+    for field in ("mtime", "LastModified", "last_modified", "created"):
+        value = info.get(field)
+        if value is None:
+            continue
+        if isinstance(value, datetime):
+            return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return datetime.fromtimestamp(float(value), tz=timezone.utc)
+    return None
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

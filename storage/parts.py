@@ -1,0 +1,46 @@
+"""Parquet parts: immutable zstd files, each written whole or not at all.
+
+A part's name carries its run id and position (``<run id>-<n>.parquet``), so a crash leaves at
+worst an unreferenced part that collection removes. Large batches split into parts of at most
+``PART_ROWS`` rows; row groups stay at ``ROW_GROUP_ROWS`` so readers can skip and parallelize.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from storage.commits import PartFile
+from storage.manifest import table_prefix
+from storage.objects import ObjectStore
+
+PART_ROWS = 4_000_000
+ROW_GROUP_ROWS = 256 * 1024
+COMPRESSION = "zstd"
+
+
+def part_key(table: str, run_id: str, index: int) -> str:
+    return f"{table_prefix(table)}/parts/{run_id}-{index:05d}.parquet"
+
+
+def write_part(objects: ObjectStore, key: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
+               durable: bool = True) -> PartFile:
+    """Stream ``batches`` into one Parquet part at ``key``; return its row and byte counts."""
+    rows = 0
+    with objects.atomic_writer(key, durable=durable) as fh:
+        with pq.ParquetWriter(fh, schema, compression=COMPRESSION, write_statistics=True) as writer:
+            for batch in batches:
+                if batch.num_rows:
+                    writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
+                    rows += batch.num_rows
+        size = fh.tell()
+    return PartFile(key, rows, size)
+
+
+def split_table(data: pa.Table, rows_per_part: int = PART_ROWS) -> list[pa.Table]:
+    """``data`` cut into consecutive slices of at most ``rows_per_part`` rows (zero-copy)."""
+    if data.num_rows <= rows_per_part:
+        return [data]
+    return [data.slice(start, rows_per_part) for start in range(0, data.num_rows, rows_per_part)]

@@ -1,0 +1,152 @@
+"""The durable run record: the reserved ``_runs`` table, with the catalog as a cache in front.
+
+Implements the decision "run-record-folds":
+
+- ``run.record.reserved-table``: every run writes two rows, one at plan and one at commit. The
+  plan row enters the catalog cache when the run opens; the commit row enters it inside the run's
+  own catalog commit, so it exists exactly when the run landed. Cached rows are flushed to
+  ``_runs`` — an ordinary store table keyed on ``(run_id, phase)``, latest row winning — by the
+  append that follows each commit; a flush another process already made is not repeated.
+- ``run.record.record-folds``: an append to ``_runs`` runs a fold pass once ``_runs`` holds
+  ``FOLD_TRIGGER_PARTS`` live parts. A failing pass is logged and swallowed: the row stays
+  appended, the run succeeds, and the next append's trigger retries the pass.
+
+Readers of run history get ``_runs`` merged with rows still only in the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from storage.commits import AssertRecordsPending, MarkRecordsFlushed, RecordRun
+from storage.errors import CommitConflict
+from storage.fold import fold_table
+from storage.manifest import RunManifest
+from storage.reserved import RUNS_TABLE
+
+if TYPE_CHECKING:
+    from storage.store import Store
+
+log = logging.getLogger(__name__)
+
+FOLD_TRIGGER_PARTS = 16
+FLUSH_LIMIT = 10_000
+PRIMARY_KEY = ("run_id", "phase")
+
+RUNS_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("phase", pa.string()),
+    ("table_name", pa.string()),
+    ("kind", pa.string()),
+    ("status", pa.string()),
+    ("recorded_at", pa.timestamp("us", tz="UTC")),
+    ("commit_seq", pa.int64()),
+    ("rows", pa.int64()),
+    ("parts", pa.int64()),
+    ("bytes", pa.int64()),
+    ("manifest", pa.string()),
+    ("downgrade_events", pa.int64()),
+])
+
+
+class RunRecord:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def plan(self, run_id: str, table: str, kind: str) -> None:
+        now = self.store.clock.now_us()
+        payload = {"kind": kind, "status": "planned", "recorded_us": now}
+        self.store.catalog.record_run(run_id, "plan", table, payload, now)
+
+    def commit_update(self, run_id: str, table: str, manifest: RunManifest, manifest_path: str) -> RecordRun:
+        """The commit row, to ride inside the run's own catalog commit."""
+        payload = {
+            "kind": manifest.kind,
+            "status": "committed",
+            "recorded_us": self.store.clock.now_us(),
+            "rows": manifest.rows,
+            "parts": len(manifest.parts),
+            "bytes": manifest.bytes,
+            "manifest": manifest_path,
+            "downgrade_events": len(manifest.downgrade_events),
+        }
+        return RecordRun(run_id, "commit", table, payload)
+
+    def after_commit(self) -> None:
+        """Flush the cache to ``_runs`` and fold it when due; never fails the run that called it."""
+        try:
+            self.flush()
+        except Exception as exc:  # the run landed; the next append flushes what is left
+            log.warning("flushing run records to %s failed: %s", RUNS_TABLE, exc)
+
+    def flush(self) -> int:
+        """Append every cached row not yet in ``_runs`` as one run; return how many."""
+        pending = self.store.catalog.pending_run_records(FLUSH_LIMIT)
+        if not pending:
+            return 0
+        table = self.store.reserved_table(RUNS_TABLE, PRIMARY_KEY)
+        rows = [_row(r.run_id, r.phase, r.table, r.payload) for r in pending]
+        keys = tuple((r.run_id, r.phase) for r in pending)
+        txn = table.transaction("append")
+        try:
+            txn.stage(pa.Table.from_pylist(rows, schema=RUNS_SCHEMA))
+            txn.commit(extra_requirements=(AssertRecordsPending(keys),),
+                       extra_updates=(MarkRecordsFlushed(keys),))
+        except CommitConflict:
+            txn.abort()  # another process flushed these rows first
+            return 0
+        except BaseException:
+            txn.abort()
+            raise
+        self.fold_if_due()
+        return len(rows)
+
+    def fold_if_due(self) -> None:
+        """``run.record.record-folds``: fold ``_runs`` once its trigger fires; a failure is logged."""
+        table = self.store.table(RUNS_TABLE)
+        if len(self.store.catalog.live_parts(RUNS_TABLE, table.head.commit_seq)) < FOLD_TRIGGER_PARTS:
+            return
+        try:
+            fold_table(self.store, RUNS_TABLE, min_parts=2)
+        except Exception as exc:
+            log.warning("fold pass on %s failed; the next append retries it: %s", RUNS_TABLE, exc)
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def history(self) -> pa.Table:
+        """Every run's plan and commit rows: ``_runs`` merged with the cache, latest row winning."""
+        cached = pa.Table.from_pylist(
+            [_row(r.run_id, r.phase, r.table, r.payload) for r in self.store.catalog.run_records()],
+            schema=RUNS_SCHEMA,
+        )
+        names = self.store.table_names(include_reserved=True)
+        durable = self.store.table(RUNS_TABLE).to_arrow() if RUNS_TABLE in names else RUNS_SCHEMA.empty_table()
+        merged: dict[tuple[str, str], dict[str, Any]] = {}
+        for row in durable.to_pylist() + cached.to_pylist():  # bounded by the run count, not data
+            key = (row["run_id"], row["phase"])
+            if key not in merged or row["recorded_at"] >= merged[key]["recorded_at"]:
+                merged[key] = row
+        ordered = sorted(merged.values(), key=lambda r: (r["recorded_at"], r["run_id"], r["phase"] != "plan"))
+        return pa.Table.from_pylist(ordered, schema=RUNS_SCHEMA)
+
+
+def _row(run_id: str, phase: str, table: str, payload: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "phase": phase,
+        "table_name": table,
+        "kind": payload.get("kind"),
+        "status": payload.get("status"),
+        "recorded_at": pa.scalar(int(payload.get("recorded_us", 0)), pa.timestamp("us", tz="UTC")).as_py(),
+        "commit_seq": payload.get("commit_seq"),
+        "rows": payload.get("rows"),
+        "parts": payload.get("parts"),
+        "bytes": payload.get("bytes"),
+        "manifest": payload.get("manifest"),
+        "downgrade_events": payload.get("downgrade_events"),
+    }

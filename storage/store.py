@@ -1,0 +1,137 @@
+"""The store: a root of immutable objects plus the catalog that publishes them.
+
+``Store.open(root)`` binds an object root (a path or fsspec URL) to its catalog: the SQLite file
+``<root>/catalog.sqlite`` for a local root under the embedded default profile, or the PostgreSQL
+catalog under ``CONTEXTFUL_STORAGE_PROFILE=postgres``. ``store.json`` at the root names the store's
+uuid; a catalog bound to another store refuses to serve it.
+
+Layout under the root (docs/store.md)::
+
+    store.json
+    catalog.sqlite                       (local profile, local root)
+    tables/<table>/parts/<run id>-<n>.parquet
+    tables/<table>/runs/<run id>.json    run manifests
+    blobs/<aa>/<sha256>                  content-addressed blobs
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid as uuidlib
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from storage.blobs import BlobStore
+from storage.blobs.files import FileBlobStore
+from storage.catalog import Catalog, open_catalog
+from storage.clock import Clock, SystemClock
+from storage.collect import CollectResult, collect
+from storage.duck import connect
+from storage.errors import TableNotFound
+from storage.fold import FoldResult, fold_table
+from storage.objects import ObjectStore
+from storage.reserved import RESERVED_TABLES, check_table_name
+from storage.run_record import RunRecord
+from storage.table import Table
+from storage.transaction import CommitResult
+
+STORE_FORMAT = 1
+DEFAULT_STORE = os.path.join(".contextful", "store")
+
+
+class Store:
+    def __init__(self, objects: ObjectStore, catalog: Catalog, clock: Clock, store_uuid: str,
+                 durable: bool = True) -> None:
+        self.objects = objects
+        self.catalog = catalog
+        self.clock = clock
+        self.uuid = store_uuid
+        self.durable = durable
+        self.runs = RunRecord(self)
+        self.blobs: BlobStore = FileBlobStore(objects)
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str] = DEFAULT_STORE, *, catalog: Catalog | None = None,
+             profile: str | None = None, catalog_path: str | None = None, clock: Clock | None = None,
+             storage_options: dict[str, Any] | None = None, durable: bool = True) -> Store:
+        """Open (creating if new) the store at ``root``.
+
+        ``catalog`` overrides the profile's catalog; ``catalog_path`` places the local profile's
+        SQLite file (required when the root is remote).
+        """
+        objects = ObjectStore(str(root), storage_options)
+        store_uuid = _store_uuid(objects)
+        if catalog is None:
+            if catalog_path is None and objects.is_local:
+                catalog_path = os.path.join(objects.root, "catalog.sqlite")
+            catalog = open_catalog(profile, sqlite_path=catalog_path)
+        catalog.bind_store(store_uuid, objects.url)
+        return cls(objects, catalog, clock or SystemClock(), store_uuid, durable)
+
+    def close(self) -> None:
+        self.catalog.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- tables ---------------------------------------------------------------------------------
+
+    def table_names(self, include_reserved: bool = False) -> list[str]:
+        names = [h.name for h in self.catalog.list_heads()]
+        return names if include_reserved else [n for n in names if n not in RESERVED_TABLES]
+
+    def table(self, name: str) -> Table:
+        head = self.catalog.load_head(name)
+        if head is None:
+            raise TableNotFound(name)
+        return Table(self, head)
+
+    def create_table(self, name: str, primary_key: tuple[str, ...] | list[str] = ()) -> Table:
+        """Create ``name`` (or return it when it exists; its primary key is fixed at creation)."""
+        check_table_name(name)
+        return self._create(name, tuple(primary_key))
+
+    def reserved_table(self, name: str, primary_key: tuple[str, ...]) -> Table:
+        check_table_name(name, reserved_ok=True)
+        return self._create(name, primary_key)
+
+    def _create(self, name: str, primary_key: tuple[str, ...]) -> Table:
+        head = self.catalog.load_head(name)
+        if head is None:
+            head = self.catalog.create_table(name, str(uuidlib.uuid4()), primary_key, self.clock.now_us())
+        return Table(self, head)
+
+    def append(self, name: str, data: Any, *, primary_key: tuple[str, ...] | list[str] = (),
+               **kwargs: Any) -> CommitResult:
+        """Append ``data`` to ``name`` as one run, creating the table on first use."""
+        return self.create_table(name, primary_key).append(data, **kwargs)
+
+    # --- maintenance ----------------------------------------------------------------------------
+
+    def fold(self, name: str, **kwargs: Any) -> FoldResult | None:
+        return fold_table(self, name, **kwargs)
+
+    def collect(self, **kwargs: Any) -> CollectResult:
+        return collect(self, **kwargs)
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def duckdb(self, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection able to read this store's parts."""
+        return connect(self.objects, database)
+
+
+def _store_uuid(objects: ObjectStore) -> str:
+    doc = {"format": STORE_FORMAT, "store_uuid": str(uuidlib.uuid4())}
+    objects.put_if_absent("store.json", json.dumps(doc).encode("utf-8"))
+    return json.loads(objects.get_bytes("store.json"))["store_uuid"]
+
+
+def default_store_root(project_dir: str | os.PathLike[str] = ".") -> str:
+    return str(Path(project_dir) / DEFAULT_STORE)

@@ -1,0 +1,151 @@
+"""A store table: its head, its history, its snapshots and the runs that append to it.
+
+``append()`` and ``replace()`` are shorthand for a :class:`RunTransaction` that stages and
+commits. Reading resolves a snapshot — the head, a ``commit_seq``, or ``as_of`` a transaction
+time — to its live parts; a table declaring a primary key answers the latest row per key by commit
+order (merge on read) until a fold compacts it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from storage.catalog import CommitRow, TableHead
+from storage.clock import to_us
+from storage.errors import SnapshotCollected, SnapshotNotFound, TableNotFound
+from storage.manifest import RunManifest, manifest_key, schema_from_text
+from storage.reconcile import conform
+from storage.snapshot import Snapshot, snapshot_sql
+from storage.transaction import CommitResult, RunTransaction
+
+if TYPE_CHECKING:
+    from storage.store import Store
+
+
+class Table:
+    def __init__(self, store: Store, head: TableHead) -> None:
+        self.store = store
+        self.name = head.name
+        self.head = head
+
+    def refresh(self) -> TableHead:
+        head = self.store.catalog.load_head(self.name)
+        if head is None:
+            raise TableNotFound(self.name)
+        self.head = head
+        return head
+
+    @property
+    def primary_key(self) -> tuple[str, ...]:
+        return self.head.primary_key
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        return schema_from_text(self.head.schema) if self.head.schema else None
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def transaction(self, kind: str = "append", run_id: str | None = None,
+                    meta: dict[str, Any] | None = None) -> RunTransaction:
+        return RunTransaction(self, kind=kind, run_id=run_id, meta=meta)
+
+    def append(self, data: Any, *, run_id: str | None = None, cursor: tuple[str, Any] | None = None,
+               meta: dict[str, Any] | None = None) -> CommitResult:
+        """Land ``data`` as one run appended to the table."""
+        return self._run("append", data, run_id, cursor, meta)
+
+    def replace(self, data: Any, *, run_id: str | None = None, cursor: tuple[str, Any] | None = None,
+                meta: dict[str, Any] | None = None) -> CommitResult:
+        """Land ``data`` as one run that replaces every row the table answers."""
+        return self._run("replace", data, run_id, cursor, meta)
+
+    def _run(self, kind: str, data: Any, run_id: str | None, cursor: tuple[str, Any] | None,
+             meta: dict[str, Any] | None) -> CommitResult:
+        txn = self.transaction(kind, run_id=run_id, meta=meta)
+        try:
+            txn.stage(data)
+            if cursor is not None:
+                txn.set_cursor(*cursor)
+            return txn.commit()
+        except BaseException:
+            txn.abort()
+            raise
+
+    # --- history --------------------------------------------------------------------------------
+
+    def commits(self) -> list[CommitRow]:
+        return self.store.catalog.commits(self.name)
+
+    def manifest(self, run_id: str) -> RunManifest:
+        return RunManifest.loads(self.store.objects.get_bytes(manifest_key(self.name, run_id)))
+
+    def cursor(self, scope: str) -> tuple[Any, int] | None:
+        """The committed position of ``scope`` and the commit_seq that landed it."""
+        return self.store.catalog.cursor(self.name, scope)
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def resolve_seq(self, commit_seq: int | None = None, as_of: datetime | int | None = None) -> int:
+        head = self.refresh()
+        if commit_seq is not None and as_of is not None:
+            raise ValueError("pass commit_seq or as_of, not both")
+        if as_of is not None:
+            as_of_us = to_us(as_of) if isinstance(as_of, datetime) else int(as_of)
+            seq = self.store.catalog.seq_as_of(self.name, as_of_us)
+            if seq is None:
+                raise SnapshotNotFound(self.name, f"as of {as_of} (no commit landed by then)")
+            return seq
+        if commit_seq is None:
+            return head.commit_seq
+        if not 0 <= commit_seq <= head.commit_seq:
+            raise SnapshotNotFound(self.name, f"at commit_seq {commit_seq} (head is {head.commit_seq})")
+        return commit_seq
+
+    def snapshot(self, commit_seq: int | None = None, as_of: datetime | int | None = None) -> Snapshot:
+        seq = self.resolve_seq(commit_seq, as_of)
+        catalog = self.store.catalog
+        schema_id = catalog.schema_id_at(self.name, seq) if seq else 0
+        schema = schema_from_text(catalog.schema_at(self.name, schema_id)) if schema_id else None
+        parts = catalog.live_parts(self.name, seq)
+        for part in parts:
+            if part.collected_us is not None:
+                raise SnapshotCollected(self.name, seq, part.path)
+        return Snapshot(
+            table=self.name,
+            commit_seq=seq,
+            schema=schema,
+            primary_key=self.primary_key,
+            parts=tuple(parts),
+            uris=tuple(self.store.objects.uri(p.path) for p in parts),
+            mixed_schemas=any(p.schema_id != schema_id for p in parts),
+        )
+
+    def to_arrow(self, commit_seq: int | None = None, as_of: datetime | int | None = None) -> pa.Table:
+        """Every row the snapshot answers, in the table's Arrow schema."""
+        snap = self.snapshot(commit_seq, as_of)
+        sql = snapshot_sql(snap)
+        if sql is None:
+            return (snap.schema or pa.schema([])).empty_table()
+        con = self.store.duckdb()
+        try:
+            result = con.sql(sql).to_arrow_table()
+        finally:
+            con.close()
+        assert snap.schema is not None
+        return conform(result, snap.schema, self.name)
+
+    def count(self, commit_seq: int | None = None, as_of: datetime | int | None = None) -> int:
+        snap = self.snapshot(commit_seq, as_of)
+        if not snap.primary_key:
+            return snap.rows_stored
+        sql = snapshot_sql(snap)
+        if sql is None:
+            return 0
+        con = self.store.duckdb()
+        try:
+            return con.sql(f"SELECT count(*) FROM ({sql})").fetchone()[0]
+        finally:
+            con.close()

@@ -1,0 +1,232 @@
+"""A run's transaction: stage Arrow batches as parts, then land them with one commit.
+
+The sequence is the decision "no representable torn publication": parts are written whole, the
+run manifest is written whole, and only then one catalog commit advances the table head. Until
+that commit the run is invisible; after it, all of it is. A crash in between leaves unreferenced
+objects for collection and nothing a reader can see.
+
+Staging reconciles each batch's schema with the table's (``storage.reconcile``) and keeps the
+downgrade events; they reach the manifest only through the commit, so a stage that never commits
+contributes none (``run.record.schema-diff-shape``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from storage.commits import (
+    AddParts,
+    AssertSchemaId,
+    AssertTableUUID,
+    CommitRequest,
+    PartFile,
+    RemoveAllParts,
+    Requirement,
+    SetCursor,
+    SetSchema,
+    Update,
+)
+from storage.errors import CommitConflict
+from storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
+from storage.parts import part_key, split_table, write_part
+from storage.reconcile import DowngradeEvent, conform, reconcile
+from storage.reserved import RESERVED_TABLES, check_modality
+
+if TYPE_CHECKING:
+    from storage.table import Table
+
+log = logging.getLogger(__name__)
+
+KINDS = ("append", "replace")
+MAX_COMMIT_ATTEMPTS = 20
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    table: str
+    run_id: str
+    commit_seq: int
+    rows: int
+    parts: int
+    bytes: int
+    downgrade_events: tuple[DowngradeEvent, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "run_id": self.run_id,
+            "commit_seq": self.commit_seq,
+            "rows": self.rows,
+            "parts": self.parts,
+            "bytes": self.bytes,
+            "downgrade_events": [e.to_json() for e in self.downgrade_events],
+        }
+
+
+def new_run_id() -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"r{stamp}-{uuid.uuid4().hex[:12]}"
+
+
+def as_arrow(data: Any) -> pa.Table:
+    """An Arrow table from an Arrow table or batch, or anything with ``to_arrow()`` (Polars)."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if hasattr(data, "to_arrow"):
+        return data.to_arrow()
+    raise TypeError(f"cannot land {type(data).__name__}: pass an Arrow table or batch, or a Polars frame")
+
+
+class RunTransaction:
+    """Stages one run on one table; :meth:`commit` lands it, :meth:`abort` drops it."""
+
+    def __init__(self, table: Table, kind: str = "append", run_id: str | None = None,
+                 meta: dict[str, Any] | None = None) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"run kind {kind!r} is not one of {', '.join(KINDS)}")
+        self.table = table
+        self.store = table.store
+        self.kind = kind
+        self.run_id = run_id or new_run_id()
+        self.meta = dict(meta or {})
+        head = table.refresh()
+        self._uuid = head.uuid
+        self._base_schema_id = head.schema_id
+        self._schema: pa.Schema | None = schema_from_text(head.schema) if head.schema else None
+        self._parts: list[PartFile] = []
+        self._part_schemas: list[pa.Schema] = []
+        self._events: list[DowngradeEvent] = []
+        self._arrived: list[str] = []
+        self._cursor: dict[str, Any] | None = None
+        self._done = False
+        self._recorded = table.name not in RESERVED_TABLES
+        if self._recorded:
+            self.store.runs.plan(self.run_id, table.name, kind)
+
+    # --- staging --------------------------------------------------------------------------------
+
+    def stage(self, data: Any) -> None:
+        """Reconcile, conform and write ``data`` (Arrow table/batch, Polars frame) as part(s)."""
+        self._check_open()
+        batch = as_arrow(data)
+        name = self.table.name
+        check_modality(name, batch)
+        rec = reconcile(name, self._schema, batch.schema)
+        landed = conform(batch, rec.schema, name)
+        self._schema = rec.schema
+        self._events.extend(rec.events)
+        arrived = schema_to_text(batch.schema)
+        if arrived not in self._arrived:
+            self._arrived.append(arrived)
+        for piece in split_table(landed):
+            if piece.num_rows == 0:
+                continue
+            key = part_key(name, self.run_id, len(self._parts))
+            part = write_part(self.store.objects, key, piece.to_batches(), rec.schema, durable=self.store.durable)
+            self._parts.append(part)
+            self._part_schemas.append(rec.schema)
+
+    def stage_batches(self, batches: Iterable[Any]) -> None:
+        for batch in batches:
+            self.stage(batch)
+
+    def set_cursor(self, scope: str, value: Any) -> None:
+        """Commit ``value`` as the position of ``scope`` together with this run's rows."""
+        self._cursor = {"scope": scope, "value": value}
+
+    # --- landing --------------------------------------------------------------------------------
+
+    def commit(self, extra_requirements: tuple[Requirement, ...] = (),
+               extra_updates: tuple[Update, ...] = ()) -> CommitResult:
+        """Land the run with one catalog commit; retry while only the head schema moved."""
+        self._check_open()
+        catalog = self.store.catalog
+        name = self.table.name
+        for _attempt in range(MAX_COMMIT_ATTEMPTS):
+            head = self.table.refresh()
+            if head.uuid != self._uuid:
+                raise CommitConflict(name, f"table uuid is {head.uuid}, not {self._uuid}")
+            landed, events = self._landed_against(head.schema_id, head.schema)
+            manifest = RunManifest(
+                table=name, table_uuid=self._uuid, run_id=self.run_id, kind=self.kind,
+                parts=tuple(self._parts), landed_schema=schema_to_text(landed),
+                arrived_schemas=tuple(self._arrived), cursor=self._cursor,
+                downgrade_events=tuple(events), created_us=self.store.clock.now_us(), meta=self.meta,
+            )
+            key = manifest_key(name, self.run_id)
+            self.store.objects.put_bytes(key, manifest.dumps(), durable=self.store.durable)
+            updates: list[Update] = []
+            if self.kind == "replace":
+                updates.append(RemoveAllParts())
+            if len(landed) and schema_to_text(landed) != head.schema:
+                updates.append(SetSchema(schema_to_text(landed)))
+            if self._parts:
+                updates.append(AddParts(tuple(
+                    PartFile(p.path, p.rows, p.bytes, ord_idx=i, exact_schema=written.equals(landed))
+                    for i, (p, written) in enumerate(zip(self._parts, self._part_schemas)))))
+            if self._cursor is not None:
+                updates.append(SetCursor(self._cursor["scope"], self._cursor["value"]))
+            if self._recorded:
+                updates.append(self.store.runs.commit_update(self.run_id, name, manifest, key))
+            updates.extend(extra_updates)
+            request = CommitRequest(
+                table=name, run_id=self.run_id, kind=self.kind, manifest=key,
+                requirements=(AssertTableUUID(self._uuid), AssertSchemaId(head.schema_id), *extra_requirements),
+                updates=tuple(updates), rows=manifest.rows,
+            )
+            try:
+                seq = catalog.commit(request, self.store.clock.now_us())
+            except CommitConflict as exc:
+                if exc.failed != "AssertSchemaId":
+                    raise
+                continue
+            break
+        else:
+            raise CommitConflict(name, "the head schema kept moving", attempts=MAX_COMMIT_ATTEMPTS)
+        self._done = True
+        self.table.refresh()
+        if self._recorded:
+            self.store.runs.after_commit()
+        return CommitResult(name, self.run_id, seq, manifest.rows, len(self._parts), manifest.bytes,
+                            tuple(events))
+
+    def _landed_against(self, head_schema_id: int, head_schema: str | None) -> tuple[pa.Schema, list[DowngradeEvent]]:
+        """The schema the run lands in and its events, given where the head is now."""
+        staged = self._schema if self._schema is not None else pa.schema([])
+        if head_schema_id == self._base_schema_id or head_schema is None:
+            return staged, list(self._events)
+        rec = reconcile(self.table.name, schema_from_text(head_schema), staged)
+        return rec.schema, self._events + list(rec.events)
+
+    def abort(self) -> None:
+        """Drop the staged parts; the run lands nothing."""
+        if self._done:
+            return
+        self._done = True
+        keys = [p.path for p in self._parts] + [manifest_key(self.table.name, self.run_id)]
+        try:
+            self.store.objects.delete([k for k in keys if self.store.objects.exists(k)])
+        except OSError as exc:  # collection removes what is left
+            log.warning("abort of run %s left objects behind: %s", self.run_id, exc)
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise RuntimeError(f"run {self.run_id} is already committed or aborted")
+
+    def __enter__(self) -> RunTransaction:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self._done:
+            self.commit()
