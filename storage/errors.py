@@ -14,20 +14,24 @@ Hierarchy::
         ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
         │   ├── StorageProfileUnknown
         │   ├── TableNameInvalid
-        │   └── ModalityInvalid
+        │   ├── ModalityInvalid
+        │   ├── ProjectInvalid
+        │   └── QueryInvalid
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
-        │   └── SchemaIrreconcilable
+        │   ├── SchemaIrreconcilable
+        │   └── InputUnreadable
         ├── NotFound                     (not-found)
         │   ├── TableNotFound
-        │   └── SnapshotNotFound
+        │   ├── SnapshotNotFound
+        │   ├── InputNotFound
+        │   └── BlobNotFound
         ├── AlreadyExists                (conflict)
         │   └── TableExists
         └── Permanent                    the store or backend cannot do this (permanent)
             ├── ConditionalWriteUnsupported
             ├── StoreCatalogMismatch
             ├── SnapshotCollected
-            ├── BlobCorrupt
-            └── BlobNotFound
+            └── BlobCorrupt
 
 Messages are built from structured fields, so callers and tests read the fields, and the text
 names what the spec says it names.
@@ -163,6 +167,17 @@ class ModalityInvalid(SpecInvalid):
         )
 
 
+class ProjectInvalid(SpecInvalid):
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}", path=path, problem=problem)
+
+
+class QueryInvalid(SpecInvalid):
+    def __init__(self, query: str, reason: str) -> None:
+        shown = query if len(query) <= 200 else query[:197] + "..."
+        super().__init__(f"{reason} (in: {shown})", query=query, reason=reason)
+
+
 # --- data ------------------------------------------------------------------------------------
 
 
@@ -180,6 +195,11 @@ class SchemaIrreconcilable(Incompatible):
         )
 
 
+class InputUnreadable(Incompatible):
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"input {path}: {reason}", path=path, reason=reason)
+
+
 # --- lookups ---------------------------------------------------------------------------------
 
 
@@ -191,6 +211,11 @@ class TableNotFound(NotFound):
 class TableExists(AlreadyExists):
     def __init__(self, table: str) -> None:
         super().__init__(f"table {table!r} already exists", table=table)
+
+
+class InputNotFound(NotFound):
+    def __init__(self, path: str) -> None:
+        super().__init__(f"no input file at {path}", path=path)
 
 
 class SnapshotNotFound(NotFound):

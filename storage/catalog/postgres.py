@@ -27,9 +27,8 @@ class PostgresCatalog(SqlCatalog):
         import psycopg
 
         conn = psycopg.connect(self.dsn, autocommit=True)
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"contextful-ddl:{self.schema}",))
-            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+        # The schema is created in _lock_ddl, after the probe: a read-only server must refuse
+        # with ConditionalWriteUnsupported, not fail on the first DDL statement.
         conn.execute(f'SET search_path TO "{self.schema}"')
         return conn
 
@@ -44,6 +43,7 @@ class PostgresCatalog(SqlCatalog):
 
     def _lock_ddl(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"contextful-ddl:{self.schema}",))
+        cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
 
     def _begin_write(self, cur: Any) -> None:
         cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")

@@ -1,0 +1,49 @@
+"""The ``contextful`` command line: argument parsing over library calls, nothing more.
+
+Expected errors (``storage.errors.ContextfulError``) print one line,
+``error: <ErrorName>: <what it concerns>``, and exit with the category's code (docs/cli.md); no
+traceback. Heavy imports live inside command bodies so ``contextful --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from engine.cli.commands import register
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        from storage.errors import ContextfulError
+
+        try:
+            return super().invoke(ctx)
+        except ContextfulError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=_Group)
+@click.option("--store", "store_url", envvar="CONTEXTFUL_STORE", default=None,
+              help="Store root (path or fsspec URL). Default: the project's store.")
+@click.option("--project", "project_dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Project directory (holding contextful.toml).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.pass_context
+def cli(ctx: click.Context, store_url: str | None, project_dir: str, as_json: bool) -> None:
+    """Contextful: a columnar data engine over a transactional Parquet table store."""
+    ctx.obj = {"store": store_url, "project": project_dir, "json": as_json}
+
+
+register(cli)
+
+
+def main() -> None:
+    cli(prog_name="contextful")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

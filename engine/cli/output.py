@@ -1,0 +1,66 @@
+"""One output switch for the CLI: text for people, JSON for programs (``--json``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+import click
+
+MAX_TEXT_ROWS = 100
+MAX_CELL = 48
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def emit_json(value: Any) -> None:
+    click.echo(json.dumps(value, default=_default, indent=1))
+
+
+def _cell(value: Any) -> str:
+    text = "NULL" if value is None else (value.isoformat() if isinstance(value, datetime) else str(value))
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def emit_rows(columns: list[str], rows: list[tuple[Any, ...]], total: int | None = None) -> None:
+    """A fixed-width text table of ``rows`` (at most MAX_TEXT_ROWS shown)."""
+    shown = [[_cell(v) for v in row] for row in rows[:MAX_TEXT_ROWS]]
+    widths = [max([len(c)] + [len(r[i]) for r in shown]) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    click.echo("  ".join("-" * w for w in widths))
+    for row in shown:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+    total = len(rows) if total is None else total
+    suffix = f" (first {MAX_TEXT_ROWS} shown)" if total > len(shown) else ""
+    click.echo(f"({total} row{'s' if total != 1 else ''}){suffix}")
+
+
+def emit_pairs(pairs: list[tuple[str, Any]]) -> None:
+    width = max(len(k) for k, _ in pairs)
+    for key, value in pairs:
+        click.echo(f"{key.ljust(width)}  {_cell(value) if not isinstance(value, str) else value}")
+
+
+def progress_line(text: str) -> None:
+    """A self-overwriting status line on a terminal's stderr; a plain log line otherwise."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + text)
+        sys.stderr.flush()
+    else:
+        click.echo(text, err=True)
+
+
+def end_progress() -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")

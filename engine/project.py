@@ -1,0 +1,84 @@
+"""Finding a project and its store.
+
+A project is a directory holding ``contextful.toml``; its ``[project]`` block names the project and
+its store (a path relative to the project, or an fsspec URL; default ``.contextful/store``). The
+store to open is, first to last: an explicit store URL (``--store`` or ``CONTEXTFUL_STORE``), the
+project's ``[project].store``, the embedded default under the project directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from storage import Store
+from storage.errors import ProjectInvalid
+from storage.store import DEFAULT_STORE
+
+MANIFEST = "contextful.toml"
+PROJECT_KEYS = {"name": str, "store": str, "catalog": str}
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+    """The project directory."""
+    name: str
+    """The project's name (default: the directory's name)."""
+    store: str
+    """The store root: a local path (resolved against the project) or an fsspec URL."""
+    catalog: str | None
+    """The local profile's SQLite catalog file when the store root is remote."""
+
+
+def find_project(start: str | os.PathLike[str] = ".") -> Path:
+    """The nearest directory at or above ``start`` holding contextful.toml, else ``start``."""
+    here = Path(start).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / MANIFEST).is_file():
+            return candidate
+    return here
+
+
+def load_project(directory: str | os.PathLike[str] = ".") -> Project:
+    root = find_project(directory)
+    block: dict[str, Any] = {}
+    manifest = root / MANIFEST
+    if manifest.is_file():
+        try:
+            doc = tomllib.loads(manifest.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ProjectInvalid(str(manifest), f"not valid TOML: {exc}") from exc
+        block = doc.get("project", {})
+        problems = [f"[project] has no key {k!r}" for k in block if k not in PROJECT_KEYS]
+        problems += [f"[project].{k} must be a string" for k, t in PROJECT_KEYS.items()
+                     if k in block and not isinstance(block[k], t)]
+        if problems:
+            raise ProjectInvalid(str(manifest), "; ".join(problems))
+    store = block.get("store", DEFAULT_STORE)
+    if "://" not in store:
+        store = str((root / store).resolve())
+    catalog = block.get("catalog")
+    if catalog is not None and "://" not in catalog:
+        catalog = str((root / catalog).resolve())
+    return Project(root, block.get("name", root.name), store, catalog)
+
+
+def open_store(project_or_store: str | os.PathLike[str] | None = None, **kwargs: Any) -> Store:
+    """Open the store of a project directory, or the store at a root path or URL.
+
+    ``None`` means ``CONTEXTFUL_STORE`` if set, else the project around the working directory.
+    A path that is not a project directory (no contextful.toml) is taken as a store root.
+    """
+    target = project_or_store if project_or_store is not None else os.environ.get("CONTEXTFUL_STORE")
+    if target is None:
+        project = load_project(".")
+        return Store.open(project.store, catalog_path=project.catalog, **kwargs)
+    text = str(target)
+    if "://" not in text and (Path(text) / MANIFEST).is_file():
+        project = load_project(text)
+        return Store.open(project.store, catalog_path=project.catalog, **kwargs)
+    return Store.open(text, **kwargs)

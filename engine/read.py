@@ -1,0 +1,69 @@
+"""The DuckDB read path: one call gives a connection where every table is a view at a snapshot.
+
+This is how notebooks read::
+
+    import engine.read
+    con = engine.read.connect("path/to/project")          # or a store root, or a Store
+    con.sql("SELECT kind, count(*) FROM events GROUP BY kind").show()
+    old = engine.read.connect("path/to/project", as_of="2026-11-01T00:00:00Z")
+
+Each view reads exactly the parts live at its snapshot — the head, or the newest commit at or
+before ``as_of`` — with schema evolution and primary-key resolution applied (storage.snapshot).
+Views are pinned: a run committing after ``connect`` does not change what they answer; call
+``connect`` again to see it. ``_runs`` is a view like any other.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+import duckdb
+
+from engine.project import open_store
+from storage import Store
+from storage.errors import SnapshotNotFound
+from storage.snapshot import quote, snapshot_sql
+
+
+def parse_instant(value: str | datetime | None) -> datetime | None:
+    """An ``as_of`` given as an ISO-8601 string (``Z`` allowed) or a datetime."""
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def connect(project_or_store: Store | str | os.PathLike[str] | None = None,
+            as_of: str | datetime | None = None, *, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with a view per store table at head (or ``as_of`` a transaction time).
+
+    A table whose first commit came after ``as_of`` has no view.
+    """
+    store = project_or_store if isinstance(project_or_store, Store) else open_store(project_or_store)
+    try:
+        con = store.duckdb(database)
+        attach_views(con, store, parse_instant(as_of))
+        return con
+    finally:
+        if store is not project_or_store:
+            store.close()
+
+
+def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime | None = None) -> list[str]:
+    """Create (or replace) one view per table of ``store`` in ``con``; return their names."""
+    names = []
+    for name in store.table_names(include_reserved=True):
+        try:
+            snap = store.table(name).snapshot(as_of=as_of)
+        except SnapshotNotFound:
+            continue
+        if snap.schema is None:
+            continue
+        sql = snapshot_sql(snap)
+        if sql is None:
+            empty = f"__contextful_empty_{name}"
+            con.register(empty, snap.schema.empty_table())
+            sql = f"SELECT * FROM {quote(empty)}"
+        con.execute(f"CREATE OR REPLACE VIEW {quote(name)} AS {sql}")
+        names.append(name)
+    return names

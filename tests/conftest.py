@@ -1,0 +1,99 @@
+"""Shared fixtures: real PostgreSQL and S3-compatible servers on loopback, and stores over them.
+
+The servers start once per session, on first use. ``store`` runs a test against every store
+configuration: a local root with the SQLite catalog, the PostgreSQL catalog, and an S3 root.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from storage import ManualClock, Store
+from storage.catalog.postgres import PostgresCatalog
+from tests.support.postgres_server import PostgresServer
+from tests.support.s3_server import S3Server
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    dsn = os.environ.get("CONTEXTFUL_TEST_POSTGRES_DSN")
+    if dsn:
+        yield dsn
+        return
+    server = PostgresServer().start()
+    try:
+        yield server.dsn
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_schema() -> str:
+    """A fresh PostgreSQL schema name, so tests sharing the server share nothing else."""
+    return f"t_{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    server = S3Server().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+StoreFactory = Callable[..., Store]
+
+
+@pytest.fixture(params=["local", "postgres", "s3"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Open stores of one kind; every call with the same ``name`` opens the same store."""
+    opened: list[Store] = []
+    kind = request.node.callspec.params.get("store_kind", "local") if hasattr(request.node, "callspec") else "local"
+    roots: dict[str, tuple[str, dict]] = {}
+
+    def factory(name: str = "main", **kwargs) -> Store:
+        if kind == "s3":
+            server = request.getfixturevalue("s3_server")
+            if name not in roots:
+                roots[name] = (f"s3://{server.new_bucket()}/store", server.storage_options)
+            root, options = roots[name]
+            store = Store.open(root, storage_options=options, catalog_path=str(tmp_path / f"{name}-catalog.sqlite"),
+                               **kwargs)
+        elif kind == "postgres":
+            dsn = request.getfixturevalue("pg_dsn")
+            if name not in roots:
+                roots[name] = (str(tmp_path / name), {"schema": f"t_{uuid.uuid4().hex[:16]}"})
+            root, options = roots[name]
+            store = Store.open(root, catalog=PostgresCatalog(dsn, options["schema"]), **kwargs)
+        else:
+            store = Store.open(tmp_path / name, **kwargs)
+        opened.append(store)
+        return store
+
+    yield factory
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(make_store: StoreFactory, store_kind: str) -> Store:
+    """A store of each kind (local/SQLite, PostgreSQL catalog, S3 root), with a manual clock."""
+    return make_store(clock=ManualClock())
+
+
+@pytest.fixture
+def local_store(tmp_path: Path) -> Iterator[Store]:
+    store = Store.open(tmp_path / "store", clock=ManualClock())
+    yield store
+    store.close()
