@@ -292,7 +292,7 @@ def conform(data: pa.Table, schema: pa.Schema, table: str = "") -> pa.Table:
 def _conform_array(arr: pa.Array, target: pa.DataType) -> pa.Array:
     if arr.type == target:
         return arr
-    if pa.types.is_null(arr.type):
+    if pa.types.is_null(arr.type) or len(arr) == 0:
         return pa.nulls(len(arr), target)
     if pa.types.is_dictionary(arr.type):
         return _conform_array(arr.dictionary_decode(), target)
@@ -307,10 +307,12 @@ def _conform_array(arr: pa.Array, target: pa.DataType) -> pa.Array:
     if pa.types.is_list(target) or pa.types.is_large_list(target):
         if pa.types.is_fixed_size_list(arr.type) or _is_view(arr.type):
             arr = arr.cast(pa.large_list(arr.type.value_type))
-        values = _conform_array(arr.values, target.value_type)
         offsets = arr.offsets
+        first, last = offsets[0].as_py(), offsets[-1].as_py()
+        values = _conform_array(arr.values.slice(first, last - first), target.value_type)
+        offset_type = pa.int64() if pa.types.is_large_list(target) else pa.int32()
+        offsets = pc.subtract(offsets.cast(pa.int64()), first).cast(offset_type)  # rebased: no slice offset
         factory = pa.LargeListArray if pa.types.is_large_list(target) else pa.ListArray
-        offsets = offsets.cast(pa.int64() if pa.types.is_large_list(target) else pa.int32())
         mask = arr.is_null() if arr.null_count else None
         return factory.from_arrays(offsets, values, type=target, mask=mask)
     return pc.cast(arr, target, safe=True)

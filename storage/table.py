@@ -146,6 +146,6 @@ class Table:
             return 0
         con = self.store.duckdb()
         try:
-            return con.sql(f"SELECT count(*) FROM ({sql})").fetchone()[0]
+            return con.execute(f"SELECT count(*) FROM ({sql})").fetchone()[0]
         finally:
             con.close()

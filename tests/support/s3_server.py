@@ -29,7 +29,7 @@ class S3Server:
     @property
     def storage_options(self) -> dict[str, Any]:
         return {"key": CREDENTIALS["AWS_ACCESS_KEY_ID"], "secret": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+                "client_kwargs": {"endpoint_url": self.endpoint},
                 "skip_instance_cache": True}
 
     def new_bucket(self) -> str:
