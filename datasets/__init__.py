@@ -1,0 +1,1 @@
+"""Deterministic data generators and small bundled samples for demos, tests and benchmarks."""
