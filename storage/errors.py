@@ -25,8 +25,6 @@ Hierarchy::
         │   ├── SnapshotNotFound
         │   ├── InputNotFound
         │   └── BlobNotFound
-        ├── AlreadyExists                (conflict)
-        │   └── TableExists
         └── Permanent                    the store or backend cannot do this (permanent)
             ├── ConditionalWriteUnsupported
             ├── StoreCatalogMismatch
@@ -109,10 +107,6 @@ class Incompatible(TerminalError):
 
 class NotFound(TerminalError):
     category = "not-found"
-
-
-class AlreadyExists(TerminalError):
-    category = "conflict"
 
 
 class Permanent(TerminalError):
@@ -206,11 +200,6 @@ class InputUnreadable(Incompatible):
 class TableNotFound(NotFound):
     def __init__(self, table: str) -> None:
         super().__init__(f"no table {table!r} in this store", table=table)
-
-
-class TableExists(AlreadyExists):
-    def __init__(self, table: str) -> None:
-        super().__init__(f"table {table!r} already exists", table=table)
 
 
 class InputNotFound(NotFound):
