@@ -33,8 +33,7 @@ def sql(ctx: click.Context, query: str, as_of: str | None) -> None:
     from engine.read import connect
     from storage.errors import QueryInvalid
 
-    store = _store(ctx)
-    try:
+    with _store(ctx) as store:
         con = connect(store, as_of=as_of)
         try:
             rel = con.sql(query)
@@ -43,8 +42,6 @@ def sql(ctx: click.Context, query: str, as_of: str | None) -> None:
             result = rel.to_arrow_table()
         except duckdb.Error as exc:
             raise QueryInvalid(query, str(exc).splitlines()[0]) from exc
-    finally:
-        store.close()
     if _json(ctx):
         emit_json(result.to_pylist())
     else:
@@ -62,15 +59,12 @@ def table() -> None:
 @click.pass_context
 def table_list(ctx: click.Context, include_reserved: bool) -> None:
     """Every table with its head commit, parts and stored rows."""
-    store = _store(ctx)
-    try:
+    with _store(ctx) as store:
         rows = []
         for name in store.table_names(include_reserved=include_reserved):
             snap = store.table(name).snapshot()
             rows.append({"table": name, "commit_seq": snap.commit_seq, "parts": len(snap.parts),
                          "rows_stored": snap.rows_stored, "primary_key": list(snap.primary_key)})
-    finally:
-        store.close()
     if _json(ctx):
         emit_json(rows)
     else:
@@ -86,8 +80,7 @@ def table_show(ctx: click.Context, name: str) -> None:
     """A table's schema, commits and row count."""
     from storage.clock import from_us
 
-    store = _store(ctx)
-    try:
+    with _store(ctx) as store:
         t = store.table(name)
         snap = t.snapshot()
         info: dict[str, Any] = {
@@ -101,8 +94,6 @@ def table_show(ctx: click.Context, name: str) -> None:
             "commits": [{"commit_seq": c.commit_seq, "run_id": c.run_id, "kind": c.kind, "rows": c.rows,
                          "committed_at": from_us(c.committed_us).isoformat()} for c in t.commits()],
         }
-    finally:
-        store.close()
     if _json(ctx):
         emit_json(info)
         return
@@ -129,13 +120,10 @@ def table_load(ctx: click.Context, name: str, file: str, primary_key: str, repla
     from engine.load import load_file
 
     keys = tuple(k.strip() for k in primary_key.split(",") if k.strip())
-    store = _store(ctx)
-    try:
+    with _store(ctx) as store:
         result = load_file(store, name, file, primary_key=keys, replace=replace, fmt=fmt,
                            progress=lambda n: progress_line(f"{name}: {n:,} rows staged"))
         end_progress()
-    finally:
-        store.close()
     if _json(ctx):
         emit_json(result.to_json())
         return
@@ -150,11 +138,8 @@ def table_load(ctx: click.Context, name: str, file: str, primary_key: str, repla
 @click.pass_context
 def table_fold(ctx: click.Context, name: str) -> None:
     """Compact a table's small parts (answers stay the same)."""
-    store = _store(ctx)
-    try:
+    with _store(ctx) as store:
         result = store.fold(name)
-    finally:
-        store.close()
     payload = None if result is None else {"table": result.table, "commit_seq": result.commit_seq,
                                            "parts_removed": result.parts_removed, "parts_added": result.parts_added}
     if _json(ctx):
@@ -178,11 +163,8 @@ def store_group() -> None:
 @click.pass_context
 def store_collect(ctx: click.Context, retain_seconds: float, grace_seconds: float) -> None:
     """Delete parts past retention and orphaned objects."""
-    store = _store(ctx)
-    try:
+    with _store(ctx) as store:
         result = store.collect(retain_seconds=retain_seconds, grace_seconds=grace_seconds)
-    finally:
-        store.close()
     if _json(ctx):
         emit_json(result.to_json())
     else:
@@ -200,11 +182,8 @@ def run() -> None:
 @click.pass_context
 def run_history(ctx: click.Context, table_name: str | None, limit: int) -> None:
     """Runs from _runs, newest last, each with its downgrade events."""
-    store = _store(ctx)
-    try:
+    with _store(ctx) as store:
         runs = _history(store, table_name, limit)
-    finally:
-        store.close()
     if _json(ctx):
         emit_json(runs)
         return
