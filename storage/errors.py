@@ -120,6 +120,11 @@ class CommitConflict(TransientError):
     """A commit's requirement no longer holds at the table head."""
 
     category = "conflict"
+    table: str
+    requirement: str
+    attempts: int
+    failed: str
+    """The requirement class that did not hold (``AssertSchemaId``, …)."""
 
     def __init__(self, table: str, requirement: str, attempts: int = 1, failed: str = "") -> None:
         super().__init__(

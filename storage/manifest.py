@@ -11,6 +11,7 @@ readable column list.
 from __future__ import annotations
 
 import base64
+import builtins
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,11 +84,11 @@ class RunManifest:
             "meta": self.meta,
         }
 
-    def dumps(self) -> bytes:
+    def dumps(self) -> builtins.bytes:
         return json.dumps(self.to_json(), indent=1, sort_keys=True).encode("utf-8")
 
     @classmethod
-    def loads(cls, data: bytes) -> RunManifest:
+    def loads(cls, data: builtins.bytes) -> RunManifest:
         doc = json.loads(data)
         return cls(
             table=doc["table"],

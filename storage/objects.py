@@ -9,6 +9,7 @@ already. Readers therefore see a whole object or none — the substrate of "no t
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import uuid
@@ -137,7 +138,7 @@ class ObjectStore:
     def exists(self, key: str) -> bool:
         return self.fs.exists(self.path(key))
 
-    def list(self, prefix: str) -> list[ObjectInfo]:
+    def list(self, prefix: str) -> builtins.list[ObjectInfo]:
         """Every object under ``prefix`` (recursively), temporaries included."""
         base = self.path(prefix)
         if not self.fs.exists(base):
@@ -150,7 +151,7 @@ class ObjectStore:
             out.append(ObjectInfo(self.key_of(path), int(info.get("size") or 0), _modified(info)))
         return out
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: builtins.list[str]) -> None:
         if keys:
             self.fs.rm([self.path(k) for k in keys])
             if not self.is_local:

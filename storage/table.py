@@ -146,6 +146,7 @@ class Table:
             return 0
         con = self.store.duckdb()
         try:
-            return con.execute(f"SELECT count(*) FROM ({sql})").fetchone()[0]
+            row = con.execute(f"SELECT count(*) FROM ({sql})").fetchone()
+            return int(row[0]) if row else 0
         finally:
             con.close()

@@ -7,7 +7,6 @@ traceback. Heavy imports live inside command bodies so ``contextful --help`` sta
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
@@ -46,4 +45,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -69,7 +69,7 @@ def table_list(ctx: click.Context, include_reserved: bool) -> None:
         emit_json(rows)
     else:
         emit_rows(["table", "commit_seq", "parts", "rows_stored", "primary_key"],
-                  [(r["table"], r["commit_seq"], r["parts"], r["rows_stored"], ",".join(r["primary_key"]) or "-")
+                  [(r["table"], r["commit_seq"], r["parts"], r["rows_stored"], ",".join(r["primary_key"]) or "-")  # type: ignore[arg-type]
                    for r in rows])
 
 
@@ -140,11 +140,11 @@ def table_fold(ctx: click.Context, name: str) -> None:
     """Compact a table's small parts (answers stay the same)."""
     with _store(ctx) as store:
         result = store.fold(name)
-    payload = None if result is None else {"table": result.table, "commit_seq": result.commit_seq,
-                                           "parts_removed": result.parts_removed, "parts_added": result.parts_added}
     if _json(ctx):
-        emit_json(payload)
-    elif payload is None:
+        emit_json(None if result is None else {"table": result.table, "commit_seq": result.commit_seq,
+                                               "parts_removed": result.parts_removed,
+                                               "parts_added": result.parts_added})
+    elif result is None:
         click.echo(f"{name}: nothing to fold")
     else:
         click.echo(f"{name}: folded {result.parts_removed} parts into {result.parts_added} at commit_seq {result.commit_seq}")
