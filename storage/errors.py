@@ -9,7 +9,8 @@ Hierarchy::
 
     ContextfulError                      root; .category, .exit_code, .http_status
     ├── TransientError                   marker: a later attempt may succeed
-    │   └── CommitConflict               the table head moved under a commit (conflict)
+    │   ├── CommitConflict               the table head moved under a commit (conflict)
+    │   └── CatalogUnavailable           the catalog database is locked, down or unreachable
     └── TerminalError                    marker: retrying the same input fails the same way
         ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
         │   ├── StorageProfileUnknown
@@ -29,7 +30,8 @@ Hierarchy::
             ├── ConditionalWriteUnsupported
             ├── StoreCatalogMismatch
             ├── SnapshotCollected
-            └── BlobCorrupt
+            ├── BlobCorrupt
+            └── CatalogRejected           the catalog database refused a write (integrity)
 
 Messages are built from structured fields, so callers and tests read the fields, and the text
 names what the spec says it names.
@@ -134,6 +136,11 @@ class CommitConflict(TransientError):
             attempts=attempts,
             failed=failed,
         )
+
+
+class CatalogUnavailable(TransientError):
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(f"{backend}: {reason}", backend=backend, reason=reason)
 
 
 # --- configuration and names -----------------------------------------------------------------
@@ -249,6 +256,11 @@ class SnapshotCollected(Permanent):
             commit_seq=commit_seq,
             missing=missing,
         )
+
+
+class CatalogRejected(Permanent):
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(f"{backend} refused the write: {reason}", backend=backend, reason=reason)
 
 
 class BlobCorrupt(Permanent):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage.catalog.sql import SqlCatalog
-from storage.errors import ConditionalWriteUnsupported
+from storage.errors import CatalogRejected, CatalogUnavailable, ConditionalWriteUnsupported, ContextfulError
 
 
 class PostgresCatalog(SqlCatalog):
@@ -44,6 +44,15 @@ class PostgresCatalog(SqlCatalog):
     def _lock_ddl(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"contextful-ddl:{self.schema}",))
         cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+
+    def _map_error(self, exc: Exception) -> ContextfulError | None:
+        import psycopg
+
+        if isinstance(exc, psycopg.OperationalError):
+            return CatalogUnavailable(f"postgres:{self.schema}", str(exc).strip())
+        if isinstance(exc, psycopg.Error):
+            return CatalogRejected(f"postgres:{self.schema}", str(exc).strip())
+        return None
 
     def _begin_write(self, cur: Any) -> None:
         cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")

@@ -32,7 +32,7 @@ from storage.commits import (
     SetCursor,
     SetSchema,
 )
-from storage.errors import CommitConflict, StoreCatalogMismatch, TableNotFound
+from storage.errors import CommitConflict, ContextfulError, StoreCatalogMismatch, TableNotFound
 
 DDL = (
     "CREATE TABLE IF NOT EXISTS cf_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -93,6 +93,10 @@ class SqlCatalog(Catalog):
     def _begin_write(self, cur: Any) -> None: ...
 
     @abstractmethod
+    def _map_error(self, exc: Exception) -> ContextfulError | None:
+        """The catalogue error for a driver error (None: not the driver's)."""
+
+    @abstractmethod
     def _lock_head_sql(self) -> str: ...
 
     def _lock_ddl(self, cur: Any) -> None:
@@ -104,31 +108,45 @@ class SqlCatalog(Catalog):
         return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
 
     @contextmanager
-    def _transaction(self) -> Iterator[Any]:
-        with self._lock:
-            cur = self._conn.cursor()
-            self._begin_write(cur)
-            try:
-                yield _Cursor(cur, self._sql)
-            except BaseException:
-                cur.execute("ROLLBACK")
+    def _mapped_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:
+            mapped = self._map_error(exc)
+            if mapped is None:
                 raise
-            else:
+            raise mapped from exc
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        with self._lock, self._mapped_errors():
+            cur = self._conn.cursor()
+            try:
+                self._begin_write(cur)
+                try:
+                    yield _Cursor(cur, self._sql)
+                except BaseException:
+                    self._rollback(cur)
+                    raise
                 cur.execute("COMMIT")
             finally:
                 cur.close()
 
+    @staticmethod
+    def _rollback(cur: Any) -> None:
+        try:
+            cur.execute("ROLLBACK")
+        except Exception:  # the connection itself failed; the server rolled the transaction back
+            pass
+
     def _read(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
+        with self._lock, self._mapped_errors():
             cur = self._conn.cursor()
             try:
                 cur.execute(self._sql(statement), tuple(params))
-                rows = cur.fetchall()
+                return list(cur.fetchall())
             finally:
                 cur.close()
-            if getattr(self._conn, "autocommit", True) is False:
-                self._conn.rollback()
-            return rows
 
     def close(self) -> None:
         with self._lock:

@@ -13,7 +13,7 @@ import sqlite3
 from typing import Any
 
 from storage.catalog.sql import SqlCatalog
-from storage.errors import ConditionalWriteUnsupported
+from storage.errors import CatalogRejected, CatalogUnavailable, ConditionalWriteUnsupported, ContextfulError
 
 BUSY_TIMEOUT_S = 120.0
 
@@ -59,6 +59,13 @@ class SqliteCatalog(SqlCatalog):
             holder.execute("ROLLBACK")
             holder.close()
             rival.close()
+
+    def _map_error(self, exc: Exception) -> ContextfulError | None:
+        if isinstance(exc, sqlite3.OperationalError):
+            return CatalogUnavailable(f"sqlite:{self.path}", str(exc))
+        if isinstance(exc, sqlite3.Error):
+            return CatalogRejected(f"sqlite:{self.path}", str(exc))
+        return None
 
     def _begin_write(self, cur: Any) -> None:
         cur.execute("BEGIN IMMEDIATE")
