@@ -6,7 +6,8 @@ Two kinds of garbage:
   window. Their index rows stay, marked collected, so a snapshot that would read them raises
   ``SnapshotCollected`` instead of answering short;
 - orphans: parts, manifests and temporaries that no commit references (a run that crashed or lost
-  before its commit landed), once older than a grace period that keeps in-flight runs safe.
+  before its commit landed, a blob write that died), once older than a grace period that keeps
+  in-flight writes safe.
 
 Neither touches a part a live snapshot reads, so no answer within retention changes.
 """
@@ -62,5 +63,9 @@ def collect(store: Store, *, retain_seconds: float = DEFAULT_RETAIN_SECONDS,
             is_ours = "/parts/" in obj.key or "/runs/" in obj.key or is_temp
             if is_ours and (obj.modified is None or obj.modified.timestamp() <= orphan_before):
                 result.orphans.append(obj.key)
+    for obj in store.objects.list("blobs"):  # a blob write that died before its rename
+        if TMP_MARK in obj.key.rsplit("/", 1)[-1] and (obj.modified is None
+                                                         or obj.modified.timestamp() <= orphan_before):
+            result.orphans.append(obj.key)
     store.objects.delete(result.orphans)
     return result
