@@ -60,7 +60,15 @@ class PostgresServer:
         return self
 
     def stop(self) -> None:
+        self.stop_at(self.base)
+
+    @staticmethod
+    def stop_at(base: str) -> None:
+        """Stop the server whose private directory is ``base`` and remove it."""
+        pg_ctl = [os.path.join(_bin_dir(), "pg_ctl"), "-D", os.path.join(base, "data"), "-m", "immediate", "-w", "stop"]
+        if os.geteuid() == 0:
+            pg_ctl = ["runuser", "-u", "postgres", "--", *pg_ctl]
         try:
-            self._run("pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
+            subprocess.run(pg_ctl, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=base)
         finally:
-            shutil.rmtree(self.base, ignore_errors=True)
+            shutil.rmtree(base, ignore_errors=True)
