@@ -7,7 +7,9 @@ worst an unreferenced part that collection removes. Large batches split into par
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from typing import IO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,15 +30,25 @@ def part_key(table: str, run_id: str, index: int) -> str:
 def write_part(objects: ObjectStore, key: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
                durable: bool = True) -> PartFile:
     """Stream ``batches`` into one Parquet part at ``key``; return its row and byte counts."""
-    rows = 0
-    with objects.atomic_writer(key, durable=durable) as fh:
-        with pq.ParquetWriter(fh, schema, compression=COMPRESSION, write_statistics=True) as writer:
-            for batch in batches:
-                if batch.num_rows:
-                    writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
-                    rows += batch.num_rows
-        size = fh.tell()
+    if objects.is_local:
+        with objects.atomic_local_path(key, durable=durable) as tmp:
+            rows = _write(tmp, batches, schema)
+            size = os.path.getsize(tmp)
+    else:
+        with objects.atomic_writer(key, durable=durable) as fh:
+            rows = _write(fh, batches, schema)
+            size = fh.tell()
     return PartFile(key, rows, size)
+
+
+def _write(sink: str | IO[bytes], batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> int:
+    rows = 0
+    with pq.ParquetWriter(sink, schema, compression=COMPRESSION) as writer:
+        for batch in batches:
+            if batch.num_rows:
+                writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
+                rows += batch.num_rows
+    return rows
 
 
 def split_table(data: pa.Table, rows_per_part: int = PART_ROWS) -> list[pa.Table]:

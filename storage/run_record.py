@@ -5,11 +5,14 @@ Implements the decision "run-record-folds":
 - ``run.record.reserved-table``: every run writes two rows, one at plan and one at commit. The
   plan row enters the catalog cache when the run opens; the commit row enters it inside the run's
   own catalog commit, so it exists exactly when the run landed. Cached rows are flushed to
-  ``_runs`` — an ordinary store table keyed on ``(run_id, phase)``, latest row winning — by the
-  append that follows each commit; a flush another process already made is not repeated.
+  ``_runs`` — an ordinary store table keyed on ``(run_id, phase)``, latest row winning — as one
+  append once ``flush_rows`` rows wait or the oldest has waited ``flush_age_seconds``, and when
+  the store closes; a flush another process already made is not repeated. Batching keeps the
+  record's upkeep off each run's latency: a lone append would otherwise pay a second append.
 - ``run.record.record-folds``: an append to ``_runs`` runs a fold pass once ``_runs`` holds
-  ``FOLD_TRIGGER_PARTS`` live parts. A failing pass is logged and swallowed: the row stays
-  appended, the run succeeds, and the next append's trigger retries the pass.
+  ``FOLD_TRIGGER_PARTS`` small live parts. A failing pass is logged and swallowed: the row stays
+  appended, the run succeeds, and the next append's trigger retries the pass. Parts of
+  ``FOLD_SMALL_BYTES`` or more are left as they are, so a pass never rewrites the whole history.
 
 Readers of run history get ``_runs`` merged with rows still only in the cache.
 """
@@ -33,7 +36,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FOLD_TRIGGER_PARTS = 16
+FOLD_SMALL_BYTES = 1024 * 1024
 FLUSH_LIMIT = 10_000
+FLUSH_ROWS = 256
+FLUSH_AGE_SECONDS = 30.0
 PRIMARY_KEY = ("run_id", "phase")
 
 RUNS_SCHEMA = pa.schema([
@@ -53,8 +59,13 @@ RUNS_SCHEMA = pa.schema([
 
 
 class RunRecord:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, flush_rows: int = FLUSH_ROWS,
+                 flush_age_seconds: float = FLUSH_AGE_SECONDS) -> None:
         self.store = store
+        self.flush_rows = flush_rows
+        """Flush once this many cached rows wait (1: after every commit)."""
+        self.flush_age_seconds = flush_age_seconds
+        """Flush once the oldest cached row has waited this long."""
 
     # --- writing --------------------------------------------------------------------------------
 
@@ -78,10 +89,20 @@ class RunRecord:
         return RecordRun(run_id, "commit", table, payload)
 
     def after_commit(self) -> None:
-        """Flush the cache to ``_runs`` and fold it when due; never fails the run that called it."""
+        """Flush the cache to ``_runs`` when due; never fails the run that called it."""
+        try:
+            waiting, oldest_us = self.store.catalog.pending_run_summary()
+            age_us = self.store.clock.now_us() - (oldest_us or 0)
+            if waiting >= self.flush_rows or (waiting and age_us >= self.flush_age_seconds * 1_000_000):
+                self.flush()
+        except Exception as exc:  # the run landed; a later append flushes what is left
+            log.warning("flushing run records to %s failed: %s", RUNS_TABLE, exc)
+
+    def flush_quietly(self) -> None:
+        """Flush whatever waits (closing the store); a failure is logged, the rows stay cached."""
         try:
             self.flush()
-        except Exception as exc:  # the run landed; the next append flushes what is left
+        except Exception as exc:
             log.warning("flushing run records to %s failed: %s", RUNS_TABLE, exc)
 
     def flush(self) -> int:
@@ -108,11 +129,13 @@ class RunRecord:
 
     def fold_if_due(self) -> None:
         """``run.record.record-folds``: fold ``_runs`` once its trigger fires; a failure is logged."""
-        table = self.store.table(RUNS_TABLE)
-        if len(self.store.catalog.live_parts(RUNS_TABLE, table.head.commit_seq)) < FOLD_TRIGGER_PARTS:
+        head = self.store.catalog.load_head(RUNS_TABLE)
+        assert head is not None
+        small = [p for p in self.store.catalog.live_parts(RUNS_TABLE, head.commit_seq) if p.bytes < FOLD_SMALL_BYTES]
+        if len(small) < FOLD_TRIGGER_PARTS:
             return
         try:
-            fold_table(self.store, RUNS_TABLE, min_parts=2)
+            fold_table(self.store, RUNS_TABLE, small_bytes=FOLD_SMALL_BYTES, min_parts=2)
         except Exception as exc:
             log.warning("fold pass on %s failed; the next append retries it: %s", RUNS_TABLE, exc)
 

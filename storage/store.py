@@ -51,6 +51,7 @@ class Store:
         self.uuid = store_uuid
         self.durable = durable
         self.runs = RunRecord(self)
+        self._closed = False
         self.blobs: BlobStore = FileBlobStore(objects)
 
     @classmethod
@@ -72,6 +73,11 @@ class Store:
         return cls(objects, catalog, clock or SystemClock(), store_uuid, durable)
 
     def close(self) -> None:
+        """Flush the run-record cache to ``_runs`` and close the catalog."""
+        if self._closed:
+            return
+        self._closed = True
+        self.runs.flush_quietly()
         self.catalog.close()
 
     def __enter__(self) -> Store:

@@ -131,6 +131,10 @@ class Catalog(ABC):
     def pending_run_records(self, limit: int) -> list[RunRecordRow]: ...
 
     @abstractmethod
+    def pending_run_summary(self) -> tuple[int, int | None]:
+        """How many cached run records await a flush, and the oldest one's recorded_us."""
+
+    @abstractmethod
     def run_records(self) -> list[RunRecordRow]:
         """Every cached run record, flushed or not."""
 

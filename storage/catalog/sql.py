@@ -360,6 +360,10 @@ class SqlCatalog(Catalog):
         )
         return [_record(r) for r in rows]
 
+    def pending_run_summary(self) -> tuple[int, int | None]:
+        count, oldest = self._read("SELECT COUNT(*), MIN(recorded_us) FROM cf_run_records WHERE flushed_seq IS NULL")[0]
+        return int(count), oldest
+
     def run_records(self) -> list[RunRecordRow]:
         rows = self._read(
             "SELECT run_id, phase, table_name, payload, recorded_us, flushed_seq FROM cf_run_records"

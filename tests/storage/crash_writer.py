@@ -139,18 +139,18 @@ def install(events: Events) -> None:
     def prefix(table: str) -> str:
         return "runs-" if table == RUNS_TABLE else ""
 
-    writer = ObjectStore.atomic_writer
+    writer = ObjectStore.atomic_local_path  # every local part and manifest write passes here
 
     @contextlib.contextmanager
-    def atomic_writer(self: ObjectStore, key: str, durable: bool = True) -> Iterator[Any]:
+    def atomic_local_path(self: ObjectStore, key: str, durable: bool = True) -> Iterator[Any]:
         parts = key.split("/")
         what = prefix(parts[1]) + ("part" if "/parts/" in key else "manifest")
-        with writer(self, key, durable) as fh:
-            yield fh
+        with writer(self, key, durable) as tmp:
+            yield tmp
             events(f"{what}-tmp")
         events(f"{what}-done")
 
-    ObjectStore.atomic_writer = atomic_writer  # type: ignore[method-assign]
+    ObjectStore.atomic_local_path = atomic_local_path  # type: ignore[method-assign]
 
     execute = sql._Cursor.execute
 
@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     events = Events(args.stall, args.marker)
     install(events)
     store = Store.open(args.root)
+    store.runs.flush_rows = 1  # flush _runs after every run, so kills land inside the flush too
     for name in TABLES:
         store.create_table(name, PRIMARY_KEYS[name])
     print("ready", flush=True)

@@ -202,6 +202,7 @@ def test_collection_removes_orphans_of_runs_that_never_committed(store: Store) -
 def test_runs_holds_a_plan_and_a_commit_row_per_run_latest_per_phase_wins(store: Store) -> None:
     first = store.append("t", pa.table({"n": [1]}))
     second = store.append("t", pa.table({"n": [2, 3]}))
+    assert store.runs.flush() == 4  # the cache holds both rows of both runs until the flush
     durable = store.table(RUNS_TABLE).to_arrow().to_pylist()
     by_key = {(r["run_id"], r["phase"]): r for r in durable}
     for result in (first, second):
@@ -229,8 +230,28 @@ def test_catalog_cache_answers_before_the_record_is_flushed(store: Store) -> Non
     assert [(r["run_id"], r["phase"]) for r in history] == [(txn.run_id, "plan")]
     txn.stage(pa.table({"n": [1]}))
     txn.commit()
+    assert store.runs.history().num_rows == 2
+    assert store.runs.flush() == 2
     durable = {(r["run_id"], r["phase"]) for r in store.table(RUNS_TABLE).to_arrow().to_pylist()}
     assert durable == {(txn.run_id, "plan"), (txn.run_id, "commit")}
+
+
+@pytest.mark.clause("run.record.reserved-table")
+def test_closing_the_store_flushes_the_cache_and_age_triggers_a_flush(tmp_path) -> None:
+    clock = ManualClock()
+    store = Store.open(tmp_path / "s", clock=clock)
+    first = store.append("t", pa.table({"n": [1]}))
+    assert RUNS_TABLE not in store.table_names(include_reserved=True)  # batched: still cached
+    clock.advance(store.runs.flush_age_seconds)
+    store.append("t", pa.table({"n": [2]}))  # the oldest cached row is due: this append flushes
+    assert store.table(RUNS_TABLE).count() == 4
+    third = store.append("t", pa.table({"n": [3]}))
+    store.close()
+    reopened = Store.open(tmp_path / "s", clock=clock)
+    durable = {(r["run_id"], r["phase"]) for r in reopened.table(RUNS_TABLE).to_arrow().to_pylist()}
+    assert {(first.run_id, "commit"), (third.run_id, "plan"), (third.run_id, "commit")} <= durable
+    assert len(durable) == 6
+    reopened.close()
 
 
 @pytest.mark.clause("run.record.record-folds")
@@ -244,6 +265,7 @@ def test_record_fold_failure_leaves_the_append_succeeding_and_the_next_append_re
         calls["failed"] += 1
         raise OSError("disk said no")
 
+    store.runs.flush_rows = 1  # every append flushes its run's rows: one _runs part per run
     for i in range(run_record.FOLD_TRIGGER_PARTS - 1):
         store.append("t", pa.table({"n": [i]}))
     runs_parts = len(store.table(RUNS_TABLE).snapshot().parts)
