@@ -85,7 +85,7 @@ class RunManifest:
         }
 
     def dumps(self) -> builtins.bytes:
-        return json.dumps(self.to_json(), indent=1, sort_keys=True).encode("utf-8")
+        return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True).encode("utf-8")
 
     @classmethod
     def loads(cls, data: builtins.bytes) -> RunManifest:

@@ -54,8 +54,10 @@ class PostgresCatalog(SqlCatalog):
             return CatalogRejected(f"postgres:{self.schema}", str(exc).strip())
         return None
 
-    def _begin_write(self, cur: Any) -> None:
+    def _begin_write(self, cur: Any, durable: bool) -> None:
         cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        if not durable:
+            cur.execute("SET LOCAL synchronous_commit = off")
 
     def _lock_head_sql(self) -> str:
         return ("SELECT table_uuid, commit_seq, schema_id, last_commit_us FROM cf_tables"

@@ -90,7 +90,11 @@ class SqlCatalog(Catalog):
         """Raise ConditionalWriteUnsupported unless a conditional write here is linearizable."""
 
     @abstractmethod
-    def _begin_write(self, cur: Any) -> None: ...
+    def _begin_write(self, cur: Any, durable: bool) -> None:
+        """Begin a write transaction; ``durable=False`` lets its commit return before the log is
+        flushed. The log is sequential, so the next durable commit flushes it too: such a write is
+        lost only if the process's next durable commit never happens (a plan row of a run that
+        never committed)."""
 
     @abstractmethod
     def _map_error(self, exc: Exception) -> ContextfulError | None:
@@ -118,11 +122,11 @@ class SqlCatalog(Catalog):
             raise mapped from exc
 
     @contextmanager
-    def _transaction(self) -> Iterator[Any]:
+    def _transaction(self, durable: bool = True) -> Iterator[Any]:
         with self._lock, self._mapped_errors():
             cur = self._conn.cursor()
             try:
-                self._begin_write(cur)
+                self._begin_write(cur, durable)
                 try:
                     yield _Cursor(cur, self._sql)
                 except BaseException:
@@ -344,7 +348,7 @@ class SqlCatalog(Catalog):
     # --- the run-record cache -------------------------------------------------------------------
 
     def record_run(self, run_id: str, phase: str, table: str, payload: dict[str, Any], now_us: int) -> None:
-        with self._transaction() as cur:
+        with self._transaction(durable=False) as cur:
             cur.execute(
                 "INSERT INTO cf_run_records (run_id, phase, table_name, payload, recorded_us, flushed_seq)"
                 " VALUES (?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, phase) DO UPDATE SET"

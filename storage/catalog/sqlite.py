@@ -40,6 +40,7 @@ class SqliteCatalog(SqlCatalog):
         if mode.lower() not in ("wal", "memory"):
             conn.execute("PRAGMA journal_mode=DELETE")
         conn.execute("PRAGMA synchronous=FULL")
+        self._durable = True
         return conn
 
     def _probe_linearizable(self) -> None:
@@ -67,7 +68,10 @@ class SqliteCatalog(SqlCatalog):
             return CatalogRejected(f"sqlite:{self.path}", str(exc))
         return None
 
-    def _begin_write(self, cur: Any) -> None:
+    def _begin_write(self, cur: Any, durable: bool) -> None:
+        if durable != self._durable:  # a per-connection setting, changed only between transactions
+            cur.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self._durable = durable
         cur.execute("BEGIN IMMEDIATE")
 
     def _lock_head_sql(self) -> str:
