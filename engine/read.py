@@ -23,7 +23,11 @@ import duckdb
 from engine.project import open_store
 from storage import Store
 from storage.errors import SnapshotNotFound
+from storage.reserved import RUNS_TABLE
 from storage.snapshot import quote, snapshot_sql
+
+
+_RUNS_CACHE = "__contextful_runs_history"
 
 
 def parse_instant(value: str | datetime | None) -> datetime | None:
@@ -50,9 +54,19 @@ def connect(project_or_store: Store | str | os.PathLike[str] | None = None,
 
 
 def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime | None = None) -> list[str]:
-    """Create (or replace) one view per table of ``store`` in ``con``; return their names."""
+    """Create (or replace) one view per table of ``store`` in ``con``; return their names.
+
+    At the head, ``_runs`` answers the durable record merged with rows still in the catalog's
+    cache (``storage.run_record``); as of a past instant it answers what ``_runs`` held then.
+    """
     names = []
+    if as_of is None:
+        con.register(_RUNS_CACHE, store.runs.history())
+        con.execute(f"CREATE OR REPLACE VIEW {quote(RUNS_TABLE)} AS SELECT * FROM {quote(_RUNS_CACHE)}")
+        names.append(RUNS_TABLE)
     for name in store.table_names(include_reserved=True):
+        if name in names:
+            continue
         try:
             snap = store.table(name).snapshot(as_of=as_of)
         except SnapshotNotFound:

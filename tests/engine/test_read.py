@@ -70,3 +70,11 @@ def test_parse_instant_accepts_z_suffix() -> None:
     assert engine.read.parse_instant("2026-01-01T00:00:00Z").utcoffset().total_seconds() == 0
     with pytest.raises(ValueError):
         engine.read.parse_instant("yesterday")
+
+
+def test_runs_view_at_head_includes_rows_still_in_the_catalog_cache(local_store: Store) -> None:
+    result = local_store.append("t", pa.table({"n": [1]}))
+    assert "_runs" not in local_store.table_names(include_reserved=True)  # not flushed yet
+    con = engine.read.connect(local_store)
+    phases = con.execute("SELECT phase, status FROM _runs WHERE run_id = ? ORDER BY phase", [result.run_id]).fetchall()
+    assert phases == [("commit", "committed"), ("plan", "planned")]
