@@ -15,11 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from storage import Store
-from storage.errors import ProjectInvalid
+from storage.errors import (
+    ContextfulError,
+    ManifestInvalid,
+    ManifestKeyUnknown,
+    ManifestValueInvalid,
+    ProjectInvalid,
+)
 from storage.store import DEFAULT_STORE
 
 MANIFEST = "contextful.toml"
-PROJECT_KEYS = {"name": str, "store": str, "catalog": str}
+PROJECT_KEYS = ("name", "store", "catalog")
 
 
 @dataclass(frozen=True)
@@ -43,28 +49,45 @@ def find_project(start: str | os.PathLike[str] = ".") -> Path:
     return here
 
 
-def load_project(directory: str | os.PathLike[str] = ".") -> Project:
-    root = find_project(directory)
-    block: dict[str, Any] = {}
-    manifest = root / MANIFEST
-    if manifest.is_file():
-        try:
-            doc = tomllib.loads(manifest.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ProjectInvalid(str(manifest), f"not valid TOML: {exc}") from exc
-        block = doc.get("project", {})
-        problems = [f"[project] has no key {k!r}" for k in block if k not in PROJECT_KEYS]
-        problems += [f"[project].{k} must be a string" for k, t in PROJECT_KEYS.items()
-                     if k in block and not isinstance(block[k], t)]
-        if problems:
-            raise ProjectInvalid(str(manifest), "; ".join(problems))
-    store = block.get("store", DEFAULT_STORE)
+def read_manifest_document(root: Path) -> dict[str, Any]:
+    """The parsed TOML of ``root``'s contextful.toml (empty when there is none)."""
+    path = root / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ProjectInvalid(str(path), f"not valid TOML: {exc}") from exc
+
+
+def parse_project(block: Any, root: Path) -> tuple[Project, list[ContextfulError]]:
+    """The ``[project]`` block read, with every problem found in it."""
+    problems: list[ContextfulError] = []
+    if not isinstance(block, dict):
+        problems.append(ManifestValueInvalid("the manifest", "project", "must be a [project] table"))
+        block = {}
+    problems += [ManifestKeyUnknown("[project]", k, PROJECT_KEYS) for k in block if k not in PROJECT_KEYS]
+    values: dict[str, str | None] = {"name": root.name, "store": DEFAULT_STORE, "catalog": None}
+    for key in PROJECT_KEYS:
+        if key in block:
+            if isinstance(block[key], str) and block[key].strip():
+                values[key] = block[key]
+            else:
+                problems.append(ManifestValueInvalid("[project]", key, f"must be a non-empty string, not {block[key]!r}"))
+    store, catalog = values["store"] or DEFAULT_STORE, values["catalog"]
     if "://" not in store:
         store = str((root / store).resolve())
-    catalog = block.get("catalog")
     if catalog is not None and "://" not in catalog:
         catalog = str((root / catalog).resolve())
-    return Project(root, block.get("name", root.name), store, catalog)
+    return Project(root, values["name"] or root.name, store, catalog), problems
+
+
+def load_project(directory: str | os.PathLike[str] = ".") -> Project:
+    root = find_project(directory)
+    project, problems = parse_project(read_manifest_document(root).get("project", {}), root)
+    if problems:
+        raise ManifestInvalid(str(root / MANIFEST), problems)
+    return project
 
 
 def open_store(project_or_store: str | os.PathLike[str] | None = None, **kwargs: Any) -> Store:

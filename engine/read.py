@@ -26,7 +26,6 @@ from storage.errors import SnapshotNotFound
 from storage.reserved import RUNS_TABLE
 from storage.snapshot import quote, snapshot_sql
 
-
 _RUNS_CACHE = "__contextful_runs_history"
 
 

@@ -17,10 +17,20 @@ Hierarchy::
         │   ├── TableNameInvalid
         │   ├── ModalityInvalid
         │   ├── ProjectInvalid
-        │   └── QueryInvalid
+        │   ├── QueryInvalid
+        │   ├── ManifestInvalid          every problem of a manifest, each one of the classes below
+        │   ├── ManifestKeyUnknown
+        │   ├── ManifestValueInvalid
+        │   ├── PipelineIdDuplicate
+        │   ├── PipelineAfterUnknown
+        │   ├── PipelineAfterCycle
+        │   ├── PipelineSourceKindUnknown
+        │   └── PipelineNormalizeModeUnknown
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
-        │   └── InputUnreadable
+        │   ├── InputUnreadable
+        │   ├── TypeSpellingUnreadable
+        │   └── TypedLandingFailed
         ├── NotFound                     (not-found)
         │   ├── TableNotFound
         │   ├── SnapshotNotFound
@@ -184,6 +194,55 @@ class QueryInvalid(SpecInvalid):
         super().__init__(f"{reason} (in: {shown})", query=query, reason=reason)
 
 
+class ManifestKeyUnknown(SpecInvalid):
+    def __init__(self, block: str, key: str, known: tuple[str, ...]) -> None:
+        super().__init__(f"{block} has no key {key!r} (keys: {', '.join(known)})", block=block, key=key, known=known)
+
+
+class ManifestValueInvalid(SpecInvalid):
+    def __init__(self, block: str, key: str, problem: str) -> None:
+        super().__init__(f"{block}.{key}: {problem}", block=block, key=key, problem=problem)
+
+
+class PipelineIdDuplicate(SpecInvalid):
+    def __init__(self, pipeline: str, first: int, second: int) -> None:
+        super().__init__(f"pipeline id {pipeline!r} is declared by [[pipeline]] #{first} and #{second}",
+                         pipeline=pipeline, first=first, second=second)
+
+
+class PipelineAfterUnknown(SpecInvalid):
+    def __init__(self, pipeline: str, after: str) -> None:
+        super().__init__(f"pipeline {pipeline!r} runs after {after!r}, which no [[pipeline]] declares",
+                         pipeline=pipeline, after=after)
+
+
+class PipelineAfterCycle(SpecInvalid):
+    def __init__(self, cycle: tuple[str, ...]) -> None:
+        super().__init__(f"pipelines wait on each other in a cycle: {' -> '.join(cycle)}", cycle=cycle)
+
+
+class PipelineSourceKindUnknown(SpecInvalid):
+    def __init__(self, pipeline: str, kind: str, known: tuple[str, ...]) -> None:
+        super().__init__(f"pipeline {pipeline!r}: source kind {kind!r} is not one of {', '.join(known)}",
+                         pipeline=pipeline, kind=kind, known=known)
+
+
+class PipelineNormalizeModeUnknown(SpecInvalid):
+    """``run.normalize.mode-unknown``: prints both spellings."""
+
+    def __init__(self, pipeline: str, mode: str, modes: tuple[str, ...]) -> None:
+        super().__init__(f"pipeline {pipeline!r}: normalize = {mode!r}; use {' or '.join(repr(m) for m in modes)}",
+                         pipeline=pipeline, mode=mode, modes=modes)
+
+
+class ManifestInvalid(SpecInvalid):
+    """Every problem of one manifest at once; each problem is a catalogue error of its own."""
+
+    def __init__(self, path: str, problems: list[ContextfulError]) -> None:
+        lines = "; ".join(str(p) for p in problems)
+        super().__init__(f"{path}: {len(problems)} problem(s): {lines}", path=path, problems=problems)
+
+
 # --- data ------------------------------------------------------------------------------------
 
 
@@ -204,6 +263,19 @@ class SchemaIrreconcilable(Incompatible):
 class InputUnreadable(Incompatible):
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"input {path}: {reason}", path=path, reason=reason)
+
+
+class TypeSpellingUnreadable(Incompatible):
+    """``run.land.typed-pull``: a ``types`` entry the typed landing cannot read."""
+
+    def __init__(self, column: str, spelling: str, reason: str) -> None:
+        super().__init__(f"types.{column} = {spelling!r}: {reason}", column=column, spelling=spelling, reason=reason)
+
+
+class TypedLandingFailed(Incompatible):
+    def __init__(self, table: str, column: str, spelling: str, reason: str) -> None:
+        super().__init__(f"table {table!r}, column {column}: values do not read as {spelling} ({reason})",
+                         table=table, column=column, spelling=spelling, reason=reason)
 
 
 # --- lookups ---------------------------------------------------------------------------------

@@ -70,6 +70,14 @@ class CommitResult:
         }
 
 
+@dataclass(frozen=True)
+class Savepoint:
+    parts: int
+    schema: pa.Schema | None
+    events: int
+    arrived: int
+
+
 def new_run_id() -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     return f"r{stamp}-{uuid.uuid4().hex[:12]}"
@@ -138,6 +146,31 @@ class RunTransaction:
     def stage_batches(self, batches: Iterable[Any]) -> None:
         for batch in batches:
             self.stage(batch)
+
+    @property
+    def staged_bytes(self) -> int:
+        return sum(p.bytes for p in self._parts)
+
+    @property
+    def staged_rows(self) -> int:
+        return sum(p.rows for p in self._parts)
+
+    def savepoint(self) -> Savepoint:
+        """A point to return to when what is staged after it must not land (one failed input)."""
+        return Savepoint(len(self._parts), self._schema, len(self._events), len(self._arrived))
+
+    def rollback_to(self, point: Savepoint) -> None:
+        """Forget and delete everything staged after ``point``; its events go with it."""
+        self._check_open()
+        dropped = [p.path for p in self._parts[point.parts:]]
+        del self._parts[point.parts:], self._part_schemas[point.parts:]
+        del self._events[point.events:], self._arrived[point.arrived:]
+        self._schema = point.schema
+        if dropped:
+            try:
+                self.store.objects.delete(dropped)
+            except OSError as exc:  # collection removes what is left
+                log.warning("rollback of run %s left parts behind: %s", self.run_id, exc)
 
     def set_cursor(self, scope: str, value: Any) -> None:
         """Commit ``value`` as the position of ``scope`` together with this run's rows."""

@@ -217,5 +217,7 @@ def _history(store: Store, table_name: str | None, limit: int) -> list[dict[str,
 
 
 def register(cli: click.Group) -> None:
-    for command in (sql, table, store_group, run):
+    from engine.cli.pipeline import pipeline
+
+    for command in (sql, table, store_group, run, pipeline):
         cli.add_command(command)

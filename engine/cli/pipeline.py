@@ -1,0 +1,122 @@
+"""``contextful pipeline validate|plan|run``: the manifest's pipelines from the terminal."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from engine.cli.output import emit_json, emit_rows, end_progress, progress_line
+
+if TYPE_CHECKING:
+    from engine.config import Manifest
+    from storage import Store
+
+
+def _manifest(ctx: click.Context) -> Manifest:
+    from engine.config import load_manifest
+
+    return load_manifest(ctx.obj["project"])
+
+
+def _store(ctx: click.Context, manifest: Manifest) -> Store:
+    from storage import Store
+
+    if ctx.obj["store"]:
+        return Store.open(ctx.obj["store"])
+    return Store.open(manifest.project.store, catalog_path=manifest.project.catalog)
+
+
+def _check_ids(manifest: Manifest, ids: tuple[str, ...]) -> list[str] | None:
+    known = {p.id for p in manifest.pipelines}
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise click.BadParameter(f"no pipeline {', '.join(map(repr, unknown))} (declared: {', '.join(sorted(known))})",
+                                 param_hint="ID")
+    return list(ids) or None
+
+
+@click.group()
+def pipeline() -> None:
+    """Validate, plan and run the manifest's pipelines."""
+
+
+@pipeline.command()
+@click.pass_context
+def validate(ctx: click.Context) -> None:
+    """Check contextful.toml; print every problem, each by its spec error."""
+    from storage.errors import ManifestInvalid
+
+    try:
+        manifest = _manifest(ctx)
+    except ManifestInvalid as exc:
+        if ctx.obj["json"]:
+            emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in exc.problems]})
+        else:
+            for problem in exc.problems:
+                click.echo(f"error: {problem}", err=True)
+        ctx.exit(exc.exit_code)
+    if ctx.obj["json"]:
+        emit_json({"ok": True, "pipelines": [p.id for p in manifest.pipelines]})
+    else:
+        click.echo(f"{manifest.root / 'contextful.toml'}: ok, {len(manifest.pipelines)} pipeline(s)")
+
+
+@pipeline.command()
+@click.argument("ids", nargs=-1)
+@click.pass_context
+def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
+    """What a run would pull and land, without running it."""
+    from engine.land.pipeline import plan_pipeline
+
+    manifest = _manifest(ctx)
+    selected = _check_ids(manifest, ids)
+    with _store(ctx, manifest) as store:
+        plans = [plan_pipeline(store, manifest, spec) for spec in manifest.in_dependency_order(selected)]
+    if ctx.obj["json"]:
+        emit_json([p.to_json() for p in plans])
+        return
+    emit_rows(["pipeline", "table", "inputs to pull", "bytes", "already landed"],
+              [(p.pipeline, p.table, len(p.pull), sum(i.size for i in p.pull), len(p.skip)) for p in plans])
+
+
+@pipeline.command()
+@click.argument("ids", nargs=-1)
+@click.option("--checkpoint-mib", type=float, default=512, show_default=True,
+              help="Commit and keep pulling once this much is staged.")
+@click.pass_context
+def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float) -> None:
+    """Run pipelines (default: all, in dependency order)."""
+    from engine.land.pipeline import Progress, run_pipelines
+
+    manifest = _manifest(ctx)
+    selected = _check_ids(manifest, ids)
+
+    def show(p: Progress) -> None:
+        rate = p.bytes_read / max(p.seconds, 1e-9) / 2**20
+        progress_line(f"{p.pipeline}: {p.inputs_done}/{p.inputs_total} inputs, {p.rows:,} rows,"
+                      f" {p.bytes_read / 2**20:,.1f} MiB read, {p.tables} table(s), {rate:,.1f} MiB/s")
+
+    with _store(ctx, manifest) as store:
+        results = run_pipelines(store, manifest, selected, checkpoint_bytes=int(checkpoint_mib * 2**20),
+                                progress=None if ctx.obj["json"] else show)
+    end_progress()
+    if ctx.obj["json"]:
+        emit_json([r.to_json() for r in results])
+    else:
+        _print_results(results)
+    failed = [f for r in results for f in r.failures]
+    if failed:
+        ctx.exit(failed[0].exit_code)
+
+
+def _print_results(results: list[Any]) -> None:
+    for r in results:
+        for t in r.tables:
+            click.echo(f"{r.pipeline} -> {t.table}: {t.rows:,} rows in {t.parts} part(s), {t.bytes:,} bytes,"
+                       f" {len(r.inputs_landed)} input(s) landed, {r.inputs_skipped} already landed,"
+                       f" {len(t.run_ids)} commit(s) in {r.seconds:.1f}s")
+            for e in t.downgrade_events:
+                click.echo(f"  downgrade {e.path}: {e.source_type} -> {e.landed_type} ({e.reason})")
+        for f in r.failures:
+            click.echo(f"error: {f.error}: {f.detail}", err=True)

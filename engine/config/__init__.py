@@ -1,0 +1,10 @@
+"""The manifest (``contextful.toml``): parsed once into frozen dataclasses, validated all at once.
+
+``load_manifest(project_dir)`` returns a :class:`Manifest` or raises ``ManifestInvalid`` listing
+every problem, each named by its spec error. The reference for every key is docs/manifest.md.
+"""
+
+from engine.config.manifest import Manifest, PipelineSpec, SourceSpec
+from engine.config.parse import load_manifest, parse_manifest
+
+__all__ = ["Manifest", "PipelineSpec", "SourceSpec", "load_manifest", "parse_manifest"]

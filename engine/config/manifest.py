@@ -1,0 +1,77 @@
+"""The manifest's shapes: what a ``contextful.toml`` declares, after validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.project import Project
+
+NORMALIZE_MODES = ("nested", "relational")
+SOURCE_KINDS = ("files",)
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    kind: str
+    """Source kind: ``files``."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Kind-specific settings (``[pipeline.source.config]``), validated by the source."""
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    id: str
+    """Unique pipeline id; names the run scope and the cursor."""
+    source: SourceSpec
+    """Where rows come from."""
+    table: str
+    """Destination table (default: the pipeline id)."""
+    normalize: str = "nested"
+    """``nested`` lands records as they arrive; ``relational`` projects lists into child tables."""
+    incremental: str | None = None
+    """Field whose value orders rows for incremental pulls (a cursor bound to that field)."""
+    primary_key: tuple[str, ...] = ()
+    """Key columns: the table answers the latest row per key."""
+    order_by: str | None = None
+    """Column ordering rows within a key (default: ingest order)."""
+    types: dict[str, str] = field(default_factory=dict)
+    """Column -> type spelling the landing casts to (docs/manifest.md lists the spellings)."""
+    schedule: str | None = None
+    """``every <n><unit>`` or a five-field UTC cron expression (used by the control plane)."""
+    after: tuple[str, ...] = ()
+    """Pipelines that run before this one."""
+    priority: int = 0
+    """Higher runs first among pipelines ready at once."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    root: Path
+    """The project directory."""
+    project: Project
+    pipelines: tuple[PipelineSpec, ...] = ()
+
+    def pipeline(self, pipeline_id: str) -> PipelineSpec:
+        for spec in self.pipelines:
+            if spec.id == pipeline_id:
+                return spec
+        raise KeyError(pipeline_id)
+
+    def in_dependency_order(self, ids: list[str] | None = None) -> list[PipelineSpec]:
+        """The named pipelines (default: all) with each after its ``after`` pipelines; ties by
+        priority (higher first), then id."""
+        wanted = set(ids) if ids else {p.id for p in self.pipelines}
+        by_id = {p.id: p for p in self.pipelines}
+        done: list[PipelineSpec] = []
+        placed: set[str] = set()
+        pending = sorted((by_id[i] for i in wanted), key=lambda p: (-p.priority, p.id))
+        while pending:  # bounded by the pipeline count; validation rejected cycles
+            for spec in pending:
+                if all(dep in placed or dep not in wanted for dep in spec.after):
+                    done.append(spec)
+                    placed.add(spec.id)
+                    pending.remove(spec)
+                    break
+        return done

@@ -1,0 +1,195 @@
+"""Reading ``contextful.toml``: TOML -> validated :class:`Manifest`, every problem reported at once.
+
+Each problem is an instance of its catalogue error (``ManifestKeyUnknown`` naming the key and the
+block, ``PipelineNormalizeModeUnknown`` printing both spellings, …); :func:`parse_manifest`
+collects them all and raises one ``ManifestInvalid`` carrying the list, so ``contextful pipeline
+validate`` can print each by name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from engine.config.manifest import NORMALIZE_MODES, SOURCE_KINDS, Manifest, PipelineSpec, SourceSpec
+from engine.project import MANIFEST, find_project, parse_project, read_manifest_document
+from storage.errors import (
+    ContextfulError,
+    ManifestInvalid,
+    ManifestKeyUnknown,
+    ManifestValueInvalid,
+    PipelineAfterCycle,
+    PipelineAfterUnknown,
+    PipelineIdDuplicate,
+    PipelineNormalizeModeUnknown,
+    PipelineSourceKindUnknown,
+    ProjectInvalid,
+)
+
+TOP_KEYS = ("project", "pipeline")
+PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
+                 "schedule", "after", "priority")
+SOURCE_KEYS = ("kind", "config")
+_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
+_SCHEDULE = re.compile(r"every\s+\d+\s*(s|m|h|d)|(\S+\s+){4}\S+")
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.found: list[ContextfulError] = []
+
+    def add(self, problem: ContextfulError) -> None:
+        self.found.append(problem)
+
+    def unknown_keys(self, block: str, table: dict[str, Any], known: tuple[str, ...]) -> None:
+        for key in table:
+            if key not in known:
+                self.add(ManifestKeyUnknown(block, key, known))
+
+    def string(self, block: str, table: dict[str, Any], key: str, default: str | None = None,
+               required: bool = False) -> str | None:
+        value = table.get(key, default)
+        if value is None:
+            if required:
+                self.add(ManifestValueInvalid(block, key, "is required"))
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.add(ManifestValueInvalid(block, key, f"must be a non-empty string, not {value!r}"))
+            return default
+        return value
+
+    def strings(self, block: str, table: dict[str, Any], key: str) -> tuple[str, ...]:
+        value = table.get(key, [])
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            self.add(ManifestValueInvalid(block, key, f"must be a string or a list of strings, not {value!r}"))
+            return ()
+        return tuple(value)
+
+
+def load_manifest(directory: str | os.PathLike[str] = ".") -> Manifest:
+    """The manifest of the project at or above ``directory``."""
+    root = find_project(directory)
+    path = root / MANIFEST
+    if not path.is_file():
+        raise ProjectInvalid(str(path), "no contextful.toml here or in any parent directory")
+    return parse_manifest(read_manifest_document(root), root, str(path))
+
+
+def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Manifest:
+    problems = _Problems()
+    problems.unknown_keys("the manifest", doc, TOP_KEYS)
+    project, project_problems = parse_project(doc.get("project", {}), root)
+    for problem in project_problems:
+        problems.add(problem)
+    blocks = doc.get("pipeline", [])
+    if not isinstance(blocks, list):
+        problems.add(ManifestValueInvalid("the manifest", "pipeline", "declare pipelines as [[pipeline]] blocks"))
+        blocks = []
+    pipelines = [p for n, block in enumerate(blocks, 1) if (p := _pipeline(block, n, problems)) is not None]
+    _check_ids_and_order(pipelines, problems)
+    if problems.found:
+        raise ManifestInvalid(path, problems.found)
+    return Manifest(root, project, tuple(pipelines))
+
+
+def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
+    where = f"[[pipeline]] #{n}"
+    if not isinstance(block, dict):
+        problems.add(ManifestValueInvalid(where, "pipeline", "must be a table"))
+        return None
+    pipeline_id = problems.string(where, block, "id", required=True)
+    if pipeline_id is not None:
+        where = f"[[pipeline]] {pipeline_id!r}"
+        if not _ID.fullmatch(pipeline_id):
+            problems.add(ManifestValueInvalid(where, "id", "use a letter, then letters, digits or '_'"))
+    problems.unknown_keys(where, block, PIPELINE_KEYS)
+    source = _source(block.get("source"), where, pipeline_id or f"#{n}", problems)
+    table = problems.string(where, block, "table", pipeline_id) or (pipeline_id or "")
+    if table and not _ID.fullmatch(table):
+        problems.add(ManifestValueInvalid(where, "table", f"{table!r} is not a table name (a letter, then letters, digits or '_')"))
+    normalize = problems.string(where, block, "normalize", "nested") or "nested"
+    if normalize not in NORMALIZE_MODES:
+        problems.add(PipelineNormalizeModeUnknown(pipeline_id or f"#{n}", normalize, NORMALIZE_MODES))
+    types = block.get("types", {})
+    if not isinstance(types, dict) or not all(isinstance(v, str) for v in types.values()):
+        problems.add(ManifestValueInvalid(where, "types", "must map column names to type spellings (strings)"))
+        types = {}
+    else:
+        from engine.land.typed import parse_type
+
+        for column, spelling in types.items():
+            try:
+                parse_type(spelling, column)
+            except ContextfulError as exc:
+                problems.add(exc)
+    schedule = problems.string(where, block, "schedule")
+    if schedule is not None and not _SCHEDULE.fullmatch(schedule.strip()):
+        problems.add(ManifestValueInvalid(where, "schedule", f"{schedule!r} is neither 'every <n><s|m|h|d>' nor a five-field cron expression"))
+    priority = block.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        problems.add(ManifestValueInvalid(where, "priority", f"must be an integer, not {priority!r}"))
+        priority = 0
+    if pipeline_id is None or source is None:
+        return None
+    return PipelineSpec(
+        id=pipeline_id, source=source, table=table, normalize=normalize,
+        incremental=problems.string(where, block, "incremental"),
+        primary_key=problems.strings(where, block, "primary_key"),
+        order_by=problems.string(where, block, "order_by"),
+        types=dict(types), schedule=schedule, after=problems.strings(where, block, "after"), priority=priority,
+    )
+
+
+def _source(block: Any, where: str, pipeline_id: str, problems: _Problems) -> SourceSpec | None:
+    if block is None:
+        problems.add(ManifestValueInvalid(where, "source", "is required ([pipeline.source] with a kind)"))
+        return None
+    if not isinstance(block, dict):
+        problems.add(ManifestValueInvalid(where, "source", "must be a table with a kind"))
+        return None
+    problems.unknown_keys(f"{where} source", block, SOURCE_KEYS)
+    kind = problems.string(f"{where} source", block, "kind", required=True)
+    if kind is not None and kind not in SOURCE_KINDS:
+        problems.add(PipelineSourceKindUnknown(pipeline_id, kind, SOURCE_KINDS))
+    config = block.get("config", {})
+    if not isinstance(config, dict):
+        problems.add(ManifestValueInvalid(f"{where} source", "config", "must be a table"))
+        config = {}
+    if kind == "files":
+        from engine.land.files import check_config
+
+        for problem in check_config(f"{where} source.config", config):
+            problems.add(problem)
+    return SourceSpec(kind, config) if kind else None
+
+
+def _check_ids_and_order(pipelines: list[PipelineSpec], problems: _Problems) -> None:
+    seen: dict[str, int] = {}
+    for n, spec in enumerate(pipelines, 1):
+        if spec.id in seen:
+            problems.add(PipelineIdDuplicate(spec.id, seen[spec.id], n))
+        seen.setdefault(spec.id, n)
+    graph = {p.id: p.after for p in pipelines}
+    for spec in pipelines:
+        for dep in spec.after:
+            if dep not in graph:
+                problems.add(PipelineAfterUnknown(spec.id, dep))
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: tuple[str, ...]) -> None:
+        if state.get(node) == 2 or node not in graph:
+            return
+        if state.get(node) == 1:
+            problems.add(PipelineAfterCycle(path[path.index(node):] + (node,)))
+            return
+        state[node] = 1
+        for dep in graph[node]:
+            visit(dep, path + (node,))
+        state[node] = 2
+
+    for node in sorted(graph):
+        visit(node, ())

@@ -1,0 +1,177 @@
+"""Typed landing: the ``types`` object of a pull, read and applied.
+
+Implements ``run.land.typed-pull`` (decision "observed-batch-fixes"): a pull's ``types`` maps a
+column to a type spelling; the run commit lands that column in that type, and a spelling this
+module cannot read fails the pull as incompatible (``TypeSpellingUnreadable``). Values that do not
+read as the declared type fail the batch as ``TypedLandingFailed``.
+
+Spellings, case-insensitive, Arrow's or SQL's (docs/manifest.md)::
+
+    bool boolean | int8 int16 int32 int64 uint8 … uint64 | tinyint smallint int integer bigint
+    float32 real float4 | float64 double float8 | string utf8 large_string varchar text
+    binary blob bytea | date date32 | time64[us] time | timestamp[us] timestamp
+    timestamp[us, UTC] timestamp[ms, tz=Europe/Paris] timestamptz | duration[s]
+    decimal(10, 2) decimal128(10, 2) numeric(10, 2)
+    list<int64> bigint[] | struct<a: int64, b: string> | map<string, int64>
+
+Example::
+
+    >>> parse_type("decimal(10, 2)")
+    Decimal128Type(decimal128(10, 2))
+    >>> str(parse_type("struct<id: bigint, tags: list<varchar>>"))
+    'struct<id: int64, tags: list<item: string>>'
+"""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storage.errors import TypedLandingFailed, TypeSpellingUnreadable
+
+_SIMPLE: dict[str, pa.DataType] = {
+    "bool": pa.bool_(), "boolean": pa.bool_(),
+    "int8": pa.int8(), "tinyint": pa.int8(), "int16": pa.int16(), "smallint": pa.int16(),
+    "int32": pa.int32(), "int": pa.int32(), "integer": pa.int32(), "int64": pa.int64(), "bigint": pa.int64(),
+    "uint8": pa.uint8(), "utinyint": pa.uint8(), "uint16": pa.uint16(), "usmallint": pa.uint16(),
+    "uint32": pa.uint32(), "uinteger": pa.uint32(), "uint64": pa.uint64(), "ubigint": pa.uint64(),
+    "float16": pa.float16(), "halffloat": pa.float16(),
+    "float32": pa.float32(), "float": pa.float32(), "real": pa.float32(), "float4": pa.float32(),
+    "float64": pa.float64(), "double": pa.float64(), "float8": pa.float64(),
+    "string": pa.string(), "utf8": pa.string(), "varchar": pa.string(), "text": pa.string(),
+    "large_string": pa.large_string(), "large_utf8": pa.large_string(),
+    "binary": pa.binary(), "blob": pa.binary(), "bytea": pa.binary(), "large_binary": pa.large_binary(),
+    "date": pa.date32(), "date32": pa.date32(), "date64": pa.date64(),
+    "time": pa.time64("us"), "timestamp": pa.timestamp("us"), "datetime": pa.timestamp("us"),
+    "timestamptz": pa.timestamp("us", tz="UTC"), "timestamp with time zone": pa.timestamp("us", tz="UTC"),
+    "null": pa.null(),
+}
+_TOKEN = re.compile(r"\s*(<|>|\[\]|\[|\]|\(|\)|,|:|=|[A-Za-z_][A-Za-z0-9_/+\-]*|\d+)")
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens: list[str] = []
+        pos = 0
+        while pos < len(text):
+            match = _TOKEN.match(text, pos)
+            if match is None or match.end() == pos:
+                if text[pos:].strip() == "":
+                    break
+                raise ValueError(f"unexpected {text[pos:]!r}")
+            self.tokens.append(match.group(1))
+            pos = match.end()
+        self.i = 0
+
+    def peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self, expected: str | None = None) -> str:
+        token = self.peek()
+        if token is None or (expected is not None and token.lower() != expected):
+            raise ValueError(f"expected {expected or 'a type'} at {' '.join(self.tokens[self.i:]) or 'the end'!r}")
+        self.i += 1
+        return token
+
+    def parse(self) -> pa.DataType:
+        result = self.type_()
+        if self.peek() is not None:
+            raise ValueError(f"unexpected {' '.join(self.tokens[self.i:])!r} after the type")
+        return result
+
+    def type_(self) -> pa.DataType:
+        result = self.base()
+        while self.peek() == "[]":
+            self.take()
+            result = pa.list_(result)
+        return result
+
+    def base(self) -> pa.DataType:
+        name = self.take().lower()
+        if name == "timestamp" and self.peek() is not None and self.peek().lower() == "with":  # type: ignore[union-attr]
+            for word in ("with", "time", "zone"):
+                self.take(word)
+            return pa.timestamp("us", tz="UTC")
+        if name in ("timestamp", "time32", "time64", "duration") and self.peek() == "[":
+            self.take("[")
+            unit = self.take().lower()
+            tz = None
+            if name == "timestamp" and self.peek() == ",":
+                self.take(",")
+                if self.i + 1 < len(self.tokens) and self.tokens[self.i + 1] == "=":
+                    self.take("tz")
+                    self.take("=")
+                tz = self.take()
+            self.take("]")
+            if unit not in ("s", "ms", "us", "ns"):
+                raise ValueError(f"unknown time unit {unit!r}")
+            if name == "timestamp":
+                return pa.timestamp(unit, tz=tz)
+            if name == "duration":
+                return pa.duration(unit)
+            return pa.time32(unit) if name == "time32" else pa.time64(unit)
+        if name in ("decimal", "decimal128", "numeric"):
+            self.take("(")
+            precision = int(self.take())
+            self.take(",")
+            scale = int(self.take())
+            self.take(")")
+            return pa.decimal128(precision, scale)
+        if name in ("list", "large_list"):
+            self.take("<")
+            value = self.type_()
+            self.take(">")
+            return pa.list_(value) if name == "list" else pa.large_list(value)
+        if name == "map":
+            self.take("<")
+            key = self.type_()
+            self.take(",")
+            item = self.type_()
+            self.take(">")
+            return pa.map_(key, item)
+        if name == "struct":
+            self.take("<")
+            fields = []
+            while True:
+                field_name = self.take()
+                self.take(":")
+                fields.append(pa.field(field_name, self.type_()))
+                if self.peek() == ",":
+                    self.take(",")
+                    continue
+                break
+            self.take(">")
+            return pa.struct(fields)
+        if name in _SIMPLE:
+            return _SIMPLE[name]
+        raise ValueError(f"unknown type {name!r}")
+
+
+def parse_type(spelling: str, column: str = "") -> pa.DataType:
+    """The Arrow type ``spelling`` names; TypeSpellingUnreadable when it names none."""
+    try:
+        return _Parser(spelling.strip()).parse()
+    except (ValueError, pa.ArrowInvalid) as exc:
+        raise TypeSpellingUnreadable(column, spelling, str(exc)) from exc
+
+
+def read_types(types: dict[str, str]) -> dict[str, pa.DataType]:
+    """Every spelling of a ``types`` object read (the first unreadable one raises)."""
+    return {column: parse_type(spelling, column) for column, spelling in types.items()}
+
+
+def apply_types(table_name: str, data: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
+    """``data`` with each declared column cast to its declared type (absent columns stay absent)."""
+    for column, target in types.items():
+        index = data.schema.get_field_index(column)
+        if index < 0 or data.schema.field(index).type == target:
+            continue
+        try:
+            cast = pc.cast(data.column(index), target, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise TypedLandingFailed(table_name, column, str(target), str(exc).splitlines()[0]) from exc
+        data = data.set_column(index, pa.field(column, target), cast)
+    return data
