@@ -29,6 +29,8 @@ Hierarchy::
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
         │   ├── InputUnreadable
+        │   ├── InputMalformed           an input's bytes are not its format (a bad line, a damaged stream)
+        │   ├── ParseCrashed             parse-crashed: a decoder child crossed its deadline or memory bound, or died
         │   ├── TypeSpellingUnreadable
         │   └── TypedLandingFailed
         ├── NotFound                     (not-found)
@@ -263,6 +265,38 @@ class SchemaIrreconcilable(Incompatible):
 class InputUnreadable(Incompatible):
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"input {path}: {reason}", path=path, reason=reason)
+
+
+class InputMalformed(Incompatible):
+    """An input is not the format it claims: a bad JSON line or CSV row, a damaged compressed stream.
+
+    ``line`` is the 1-based source line where the format has lines and it is known, else None.
+    """
+
+    path: str
+    line: int | None
+    reason: str
+
+    def __init__(self, path: str, line: int | None, reason: str) -> None:
+        where = f"input {path}" if line is None else f"input {path}, line {line}"
+        super().__init__(f"{where}: {reason}", path=path, line=line, reason=reason)
+
+
+class ParseCrashed(Incompatible):
+    """``run.land.parse-deadline``, ``run.land.parse-memory``: the decoder child of one input was
+    killed at its deadline or memory bound, or died (``bound`` is "deadline", "memory" or "crash").
+
+    Only that input fails; the decoder serves the next one. Terminal: the same input under the same
+    bounds fails the same way.
+    """
+
+    path: str
+    bound: str
+    reason: str
+
+    def __init__(self, path: str, bound: str, reason: str) -> None:
+        what = "the decoder child crashed" if bound == "crash" else f"the decode crossed its {bound} bound"
+        super().__init__(f"input {path}: {what} ({reason})", path=path, bound=bound, reason=reason)
 
 
 class TypeSpellingUnreadable(Incompatible):

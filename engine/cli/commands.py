@@ -112,7 +112,7 @@ def table_show(ctx: click.Context, name: str) -> None:
 @click.argument("file")
 @click.option("--primary-key", default="", help="Comma-separated key columns (fixed when the table is created).")
 @click.option("--replace", is_flag=True, help="Replace every row the table answers instead of appending.")
-@click.option("--format", "fmt", type=click.Choice(["csv", "ndjson", "parquet"]), default=None,
+@click.option("--format", "fmt", type=click.Choice(["csv", "ndjson", "json", "parquet"]), default=None,
               help="Input format (default: from the file name).")
 @click.pass_context
 def table_load(ctx: click.Context, name: str, file: str, primary_key: str, replace: bool, fmt: str | None) -> None:

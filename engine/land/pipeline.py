@@ -19,13 +19,12 @@ The per-pipeline cursor lives on the destination table under the scope ``pipelin
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-
 from engine.config.manifest import Manifest, PipelineSpec
+from engine.land.chunks import coalesce
 from engine.land.decode import Decoder
 from engine.land.files import InputFile, input_format, list_inputs
 from engine.land.typed import apply_types, read_types
@@ -141,19 +140,6 @@ def plan_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec) -> Pipel
     return PipelinePlan(spec.id, spec.table, pull, skip)
 
 
-def _chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
-    pending: list[pa.RecordBatch] = []
-    count = 0
-    for batch in batches:
-        pending.append(batch)
-        count += batch.num_rows
-        if count >= rows:
-            yield pa.Table.from_batches(pending)
-            pending, count = [], 0
-    if pending:
-        yield pa.Table.from_batches(pending)
-
-
 def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: Decoder, *,
                  checkpoint_bytes: int = CHECKPOINT_BYTES,
                  progress: Callable[[Progress], None] | None = None) -> PipelineResult:
@@ -178,7 +164,7 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
                 txn = table.transaction("append", meta=meta)
             point = txn.savepoint()
             try:
-                for chunk in _chunks(decoder.decode(item.path, fmt), STAGE_ROWS):
+                for chunk in coalesce(decoder.decode(item.path, fmt), STAGE_ROWS):
                     txn.stage(apply_types(spec.table, chunk, types))
             except (Incompatible, NotFound) as exc:  # this input alone fails, by name
                 txn.rollback_to(point)

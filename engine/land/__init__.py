@@ -1,0 +1,1 @@
+"""The landing path: sources, decoders, typed landing and pipeline runs."""

@@ -1,0 +1,38 @@
+"""Regrouping decoded batches into the tables a run stages as parts.
+
+A decoder yields batches of about 128 Ki rows; a part of about a million rows reads and compresses
+better. A batch whose schema differs from the ones before it (a later block widened a type)
+starts a new group, so every staged table has one schema.
+
+Example::
+
+    >>> import pyarrow as pa
+    >>> batches = [pa.record_batch({"n": [1, 2]}), pa.record_batch({"n": [3]})]
+    >>> [t.num_rows for t in coalesce(iter(batches), rows=2)]
+    [2, 1]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+PART_TARGET_ROWS = 1_000_000
+
+
+def coalesce(batches: Iterator[pa.RecordBatch], rows: int = PART_TARGET_ROWS) -> Iterator[pa.Table]:
+    """``batches`` regrouped into tables of at least ``rows`` rows (the last may hold fewer)."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if pending and batch.schema != pending[0].schema:  # a later block widened the schema
+            yield pa.Table.from_batches(pending)
+            pending, count = [], 0
+        pending.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(pending)
+            pending, count = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)

@@ -1,0 +1,270 @@
+"""Decode one input file to Arrow batches in a bounded child process.
+
+Implements decision "decoder-child-owns": a decoder child owns one input and two bounds.
+
+- ``run.land.parse-deadline``: a decode runs for at most ``deadline_s`` (60 s) from child spawn;
+  expiry kills the child's process group and raises :class:`ParseCrashed` naming the deadline.
+- ``run.land.parse-memory``: a decoder child gets at most ``memory_bytes`` (512 MiB) of resident
+  memory; exceeding it kills the group and fails that input alone under :class:`ParseCrashed`.
+
+A :class:`Decoder` owns a fork server (``engine.land.decode_child``) that imports pyarrow, numpy and
+fsspec once; each :meth:`Decoder.decode` forks a fresh child from it that decodes one input and
+exits, so many small inputs pay no interpreter start and no parser state carries to another input.
+The child streams Arrow IPC through a pipe and :meth:`~Decoder.decode` yields the batches as they
+arrive, so the serving process holds about one batch at a time. The server, the child's parent,
+enforces the bounds (why a resident-memory watchdog and not an rlimit: see ``decode_child``).
+
+A decode raises, after the batches that came before the failure:
+:class:`InputNotFound` (no such file), :class:`InputUnreadable` (unknown format, unreadable
+file), :class:`InputMalformed` (a bad JSON line or CSV row with its line number, a damaged gzip or
+zstd stream, not Parquet), :class:`ParseCrashed` (a bound, or the child died: exit code or signal).
+
+Schemas: each block of about 16 MiB is inferred on its own and merged into the schema so far. The
+batches of one input share a schema unless a later block brings a new column or a wider type; then
+the schema widens (int and float to float64, mixed kinds to string, new columns last) and every
+earlier batch conforms to the new one (``engine.land.decode_child.conform``: missing columns null,
+types cast). A caller that needs one table conforms its batches to the last batch's schema.
+
+Example::
+
+    with Decoder() as decoder:
+        for batch in decoder.decode("events.ndjson.gz"):
+            ...
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import pyarrow as pa
+from pyarrow import ipc
+
+from engine.land.decode_child import SEGMENT, TRAILER, local_path, split_compression
+from storage.errors import InputMalformed, InputNotFound, InputUnreadable, ParseCrashed
+
+DEFAULT_DEADLINE_S = 60.0
+DEFAULT_MEMORY_BYTES = 512 * 1024 * 1024
+FORMATS = ("ndjson", "json", "csv", "parquet")
+
+_SUFFIXES = {".ndjson": "ndjson", ".jsonl": "ndjson", ".json": "json", ".csv": "csv", ".tsv": "csv",
+             ".parquet": "parquet", ".pq": "parquet"}
+_ROOT = str(Path(__file__).resolve().parents[2])
+_PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = 1031
+_ABANDON_WAIT_S = 10.0
+
+
+def detect_format(path: str) -> str:
+    """The input's format by its name, a .gz/.zst/.zstd/.bz2 suffix stripped."""
+    name, _codec = split_compression(path)
+    for suffix, fmt in _SUFFIXES.items():
+        if name.endswith(suffix):
+            return fmt
+    raise InputUnreadable(path, f"cannot tell the format from the name; pass one of {', '.join(FORMATS)}")
+
+
+class Decoder:
+    """Decodes inputs, each in its own child forked from one preloaded server; a context manager."""
+
+    def __init__(self, *, deadline_s: float = DEFAULT_DEADLINE_S, memory_bytes: int = DEFAULT_MEMORY_BYTES,
+                 batch_rows: int = 131072) -> None:
+        if deadline_s <= 0 or memory_bytes <= 0 or batch_rows <= 0:
+            raise ValueError("deadline_s, memory_bytes and batch_rows must be positive")
+        self.deadline_s = deadline_s
+        self.memory_bytes = memory_bytes
+        self.batch_rows = batch_rows
+        self._lock = threading.Lock()
+        self._server: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+        self._closed = False
+        with self._lock:
+            self._start()
+
+    @property
+    def server_pid(self) -> int:
+        """The fork server's process id: the parent of every decoder child."""
+        assert self._server is not None, "the decoder is closed"
+        return self._server.pid
+
+    def decode(self, path: str, fmt: str | None = None, *,
+               storage_options: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
+        """The input's rows as Arrow batches, decoded in a fresh child as they are read.
+
+        The child is forked at the first ``next()``. Abandoning the iterator kills the child.
+        """
+        fmt = fmt or detect_format(path)
+        if fmt not in FORMATS:
+            raise InputUnreadable(path, f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+        if fmt == "parquet" and split_compression(path)[1] is not None:
+            raise InputUnreadable(path, "a compressed Parquet file cannot be read in place; decompress it first")
+        local = local_path(path)
+        if local is not None and not os.path.exists(local):
+            raise InputNotFound(path)
+        request = {"path": path, "fmt": fmt, "storage_options": storage_options or {},
+                   "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows}
+        return self._run(request)
+
+    def close(self) -> None:
+        """Stop the fork server; it kills any child still running."""
+        with self._lock:
+            self._closed = True
+            self._stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # --- the server ----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1",  # numpy's BLAS threads: none before a fork
+                   PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
+        try:
+            self._server = subprocess.Popen(
+                [sys.executable, "-m", "engine.land.decode_child", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        finally:
+            theirs.close()
+        self._control = mine
+
+    def _stop(self) -> None:
+        if self._control is not None:
+            self._control.close()  # the server kills its children and exits on this hang-up
+            self._control = None
+        if self._server is not None:
+            try:
+                self._server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait()
+            self._server = None
+
+    def _send(self, request: dict[str, Any], fds: list[int]) -> None:
+        payload = pickle.dumps(request)
+        with self._lock:
+            if self._closed:
+                raise ValueError("the decoder is closed")
+            for attempt in (1, 2):
+                if self._server is None or self._server.poll() is not None:
+                    self._stop()
+                    self._start()  # the server died (killed, out of memory): a new one serves this input
+                assert self._control is not None
+                try:
+                    socket.send_fds(self._control, [payload], fds)
+                    return
+                except OSError:
+                    if attempt == 2:
+                        raise
+                    self._stop()
+
+    # --- one input -----------------------------------------------------------------------------
+
+    def _run(self, request: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+        read_fd, write_fd = os.pipe()
+        try:
+            fcntl.fcntl(read_fd, _F_SETPIPE_SZ, _PIPE_BYTES)  # fewer wake-ups per batch
+        except OSError:
+            pass
+        status, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        source = os.fdopen(read_fd, "rb", buffering=_PIPE_BYTES)
+        finished = False
+        try:
+            try:
+                self._send(request, [theirs.fileno(), write_fd])
+            finally:
+                theirs.close()
+                os.close(write_fd)
+            hello = _receive(status)
+            trailer = None
+            if hello is not None and "pid" in hello:
+                try:
+                    trailer = yield from _frames(pa.PythonFile(source, mode="r"))
+                except (pa.ArrowInvalid, OSError):
+                    trailer = None  # the stream broke off: the child died mid-batch
+            final = _receive(status) if hello is not None and "pid" in hello else hello
+            finished = True
+            self._raise_for(request["path"], trailer, hello, final)
+        finally:
+            if not finished:  # abandoned: the server kills the child; wait until its group is gone
+                try:
+                    status.shutdown(socket.SHUT_WR)
+                    status.settimeout(_ABANDON_WAIT_S)
+                    _receive(status)
+                except OSError:
+                    pass
+            status.close()
+            source.close()
+
+    def _raise_for(self, path: str, trailer: dict[str, Any] | None, hello: dict[str, Any] | None,
+                   final: dict[str, Any] | None) -> None:
+        if trailer is not None:  # the child finished and said how
+            error = trailer.get("error")
+            if error is None:
+                return
+            if error == "malformed":
+                raise InputMalformed(path, trailer["line"], trailer["reason"])
+            if error == "not-found":
+                raise InputNotFound(path)
+            if error == "unreadable":
+                raise InputUnreadable(path, trailer["reason"])
+            raise ParseCrashed(path, "memory" if error == "memory" else "crash", trailer["reason"])
+        if final is None:
+            raise ParseCrashed(path, "crash", "the decoder fork server exited")
+        if "error" in final:
+            raise ParseCrashed(path, "crash", final["error"])
+        pid = hello["pid"] if hello else "?"
+        if final["bound"] == "deadline":
+            raise ParseCrashed(path, "deadline", f"still running {self.deadline_s:g} s after spawn; "
+                                                 f"process group {pid} killed")
+        if final["bound"] == "memory":
+            raise ParseCrashed(path, "memory", f"resident {_mib(final['rss'])} over the {_mib(self.memory_bytes)} "
+                                               f"bound; process group {pid} killed")
+        raise ParseCrashed(path, "crash", f"child {pid} {_exit_text(final['status'])} before finishing")
+
+
+def _frames(source: pa.PythonFile) -> Generator[pa.RecordBatch, None, dict[str, Any] | None]:
+    """Batches of the child's IPC segments, then its trailer (None if the pipe ends first)."""
+    while True:
+        tag = source.read(1)
+        if tag == SEGMENT:
+            yield from ipc.open_stream(source)
+        elif tag == TRAILER:
+            size = int.from_bytes(source.read(4), "big")
+            trailer: dict[str, Any] = json.loads(source.read(size))
+            return trailer
+        else:
+            return None
+
+
+def _receive(status: socket.socket) -> dict[str, Any] | None:
+    message = status.recv(1 << 16)
+    return json.loads(message) if message else None
+
+
+def _exit_text(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            return f"was killed by signal {signal.Signals(number).name}"
+        except ValueError:
+            return f"was killed by signal {number}"
+    return f"exited with code {os.waitstatus_to_exitcode(status)}"
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.0f} MiB"

@@ -1,0 +1,809 @@
+"""The decoder's other side: the preloaded fork server, and one input decoded in a forked child.
+
+Implements decision "decoder-child-owns" (``run.land.parse-deadline``, ``run.land.parse-memory``)
+with :mod:`engine.land.decode`, which starts this module as a server process
+(``python -m engine.land.decode_child <fd>``). The server imports pyarrow, numpy and fsspec once and
+then forks one child per input: the child calls ``setsid`` (its own process group), decodes its one
+input as a stream, and exits, so no parser state reaches another input.
+
+The server is the children's parent and enforces both bounds, checking every ``WATCH_S``:
+
+- deadline: ``deadline_s`` after the fork, it SIGKILLs the child's process group;
+- memory: when the child's anonymous resident memory (``RssAnon + RssShmem`` of
+  ``/proc/<pid>/status``) exceeds ``memory_bytes``, it SIGKILLs the group.
+
+Why a resident-memory watchdog and not an rlimit: with pyarrow loaded a child reserves far more
+address space than it touches (mimalloc arenas, an arena and a stack per thread), so RLIMIT_AS at
+512 MiB fails ordinary inputs (measured: an allocation fails at 64 MiB resident), and RLIMIT_DATA
+counts the same reservations (438 MiB VmData for 184 MiB resident with 16 threads), so its
+effective bound would shift with the machine's core count. Resident anonymous memory is what the
+child really takes from the host; file-backed pages (shared libraries, page cache) are not counted.
+The price of polling is overshoot: a child can allocate for up to ``WATCH_S`` past the bound.
+Killing from the parent also names the bound for certain, where an rlimit failure can surface as an
+abort in a pyarrow thread that reads like any other crash. The server kills before it reaps, so the
+group id cannot have been reused, and kills the group again when the child exits, so no grandchild
+outlives its input. A child dies with the server (PR_SET_PDEATHSIG).
+
+Wire protocol. Control socket (parent to server, SOCK_SEQPACKET): a pickled request with two file
+descriptors, the status socket and the data pipe's write end. Status socket (server to parent,
+JSON messages): ``{"pid"}`` at the fork, ``{"status", "bound", "rss"}`` once the child is reaped; a
+parent closing its end abandons the input and the server kills the child. Data pipe (child to
+parent): segments ``b"S"`` + an Arrow IPC stream, then ``b"E"`` + 4-byte length + a JSON trailer
+(``{"ok": true}`` or ``{"error": kind, ...}``).
+
+Decoding. NDJSON, JSON documents and CSV are read in blocks of about ``READ_BYTES`` that end at a
+record boundary (a record longer than that grows its block, up to the memory bound). Each block is
+parsed by pyarrow with its own type inference, ``PARSING`` blocks at a time on worker threads while
+the next is read, and a writer thread sends the tables on. The first non-empty block fixes the
+stream's schema; a later block that fits it (missing columns, a null or narrower type) is cast to
+it, and a block that does not (a new column, int meeting float or string) starts a new IPC segment
+whose schema widens the last one: columns keep their order and new ones follow, int and float widen
+to float64, values of mixed kinds to string (objects and lists as JSON text). So the batches of one
+input change schema only at a widening, and every earlier batch conforms to the last schema
+(:func:`conform`). Within a block, pyarrow's JSON reader refuses a column whose values change kind
+("Column(/a) changed from number to string"); such a block is re-read with polars, which gives the
+column the common supertype (string). Gzip, zstd and bz2 are decompressed as a stream, by name.
+Parquet is read with ``ParquetFile.iter_batches``. A malformed record's line is counted once, by
+reading the input again up to the record (only a failing input pays).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import io
+import json
+import os
+import pickle
+import queue
+import re
+import select
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.json as pjson
+import pyarrow.parquet as pq
+from pyarrow import ipc
+
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2"}
+READ_BYTES = 4 << 20
+"""Bytes read per block (measured: 2-8 MiB parse fastest; larger blocks fall out of cache)."""
+PARSING = min(4, max(2, os.cpu_count() or 2))
+"""Blocks parsing at once, one thread each: a decode uses up to 4 cores and a bounded memory."""
+WATCH_S = 0.01
+"""How often the server checks its children's deadlines and resident memory."""
+SEGMENT = b"S"
+TRAILER = b"E"
+
+_MAX_BLOCK = (1 << 31) - 1  # pyarrow's block sizes are 32-bit
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+
+
+def split_compression(path: str) -> tuple[str, str | None]:
+    """The input's name without its compression suffix, lower-cased, and the codec that suffix names."""
+    name = path.lower().rstrip("/")
+    for suffix, codec in COMPRESSIONS.items():
+        if name.endswith(suffix):
+            return name[: -len(suffix)], codec
+    return name, None
+
+
+def local_path(path: str) -> str | None:
+    """The filesystem path of a local input, None for a URL fsspec opens."""
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    return None if "://" in path else path
+
+
+# --- the server --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Child:
+    pid: int
+    pidfd: int
+    status: socket.socket
+    deadline_at: float
+    memory_bytes: int
+    bound: str | None = None
+    rss: int = 0
+    abandoned: bool = False
+
+
+def serve(control_fd: int) -> None:
+    """Fork one child per request on ``control_fd`` and watch them, until the parent hangs up."""
+    control = socket.socket(fileno=control_fd)
+    children: dict[int, _Child] = {}
+    try:
+        while True:
+            poller = select.poll()
+            poller.register(control, select.POLLIN)
+            for child in children.values():
+                poller.register(child.pidfd, select.POLLIN)
+                if not child.abandoned:
+                    poller.register(child.status, select.POLLIN)
+            events = dict(poller.poll(WATCH_S * 1000 if children else None))
+            if control.fileno() in events and not _spawn(control, children):
+                return
+            for child in list(children.values()):
+                if child.pidfd in events:
+                    _reap(child)
+                    del children[child.pid]
+                elif not child.abandoned and child.status.fileno() in events:
+                    child.abandoned = True  # the parent stopped reading this input
+                    _kill(child.pid)
+            _watch(children.values())
+    finally:
+        for child in children.values():
+            _kill(child.pid)
+            os.waitpid(child.pid, 0)
+
+
+def _spawn(control: socket.socket, children: dict[int, _Child]) -> bool:
+    message, fds, _flags, _addr = socket.recv_fds(control, 1 << 16, 2)
+    if not message:
+        return False
+    status_fd, data_fd = fds
+    status = socket.socket(fileno=status_fd)
+    request = pickle.loads(message)
+    inherited = [control.fileno(), status_fd]
+    inherited += [fd for c in children.values() for fd in (c.pidfd, c.status.fileno())]
+    server = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        _tell(status, {"error": f"fork failed: {exc}"})
+        status.close()
+        os.close(data_fd)
+        return True
+    if pid == 0:
+        _child(request, data_fd, inherited, server)
+    spawned = time.monotonic()
+    os.close(data_fd)
+    children[pid] = _Child(pid, os.pidfd_open(pid), status, spawned + request["deadline_s"], request["memory_bytes"])
+    _tell(status, {"pid": pid})
+    return True
+
+
+def _reap(child: _Child) -> None:
+    _kill(child.pid)  # what is left of its group; the zombie still holds the id
+    _, status = os.waitpid(child.pid, 0)
+    os.close(child.pidfd)
+    _tell(child.status, {"status": status, "bound": child.bound, "rss": child.rss})
+    child.status.close()
+
+
+def _watch(children: Iterable[_Child]) -> None:
+    now = time.monotonic()
+    for child in children:
+        if child.bound is not None:
+            continue
+        if now >= child.deadline_at:
+            child.bound = "deadline"
+        else:
+            child.rss = max(child.rss, _resident(child.pid))
+            if child.rss > child.memory_bytes:
+                child.bound = "memory"
+        if child.bound is not None:
+            _kill(child.pid)
+
+
+def _resident(pid: int) -> int:
+    """Anonymous resident bytes of ``pid`` (0 once it has exited)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            text = fh.read()
+    except OSError:
+        return 0
+    total = 0
+    for key in (b"RssAnon:", b"RssShmem:"):
+        at = text.find(key)
+        if at >= 0:
+            total += int(text[at + len(key):].split(None, 1)[0]) * 1024
+    return total
+
+
+def _kill(pid: int) -> None:
+    for kill, target in ((os.killpg, pid), (os.kill, pid)):  # os.kill: a child not yet in its own group
+        try:
+            kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _tell(status: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        status.send(json.dumps(message).encode())
+    except OSError:
+        pass  # the parent has gone away; nothing to tell
+
+
+def _child(request: dict[str, Any], data_fd: int, inherited: list[int], server: int) -> NoReturn:
+    code = 0
+    try:
+        for fd in inherited:
+            os.close(fd)
+        os.setsid()
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != server:
+            raise SystemExit("the fork server died before this child could watch it")
+        decode_input(request, data_fd)
+    except BrokenPipeError:
+        code = 70  # the parent stopped reading
+    except BaseException:
+        code = 70
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+# --- one input -----------------------------------------------------------------------------------
+
+
+class _Malformed(Exception):
+    """The input is not the format it claims. ``offset`` locates the record in its block, ``at`` in
+    the (decompressed) input; the line is counted from ``at`` once, when the error is reported."""
+
+    def __init__(self, reason: str, *, offset: int | None = None, at: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.offset = offset
+        self.at = at
+
+
+def decode_input(request: dict[str, Any], data_fd: int) -> None:
+    """Decode one input to ``data_fd`` as IPC segments and a trailer (runs in the child)."""
+    sink = _Sink(data_fd, request["batch_rows"])
+    trailer: dict[str, Any]
+    try:
+        for table in _tables(request):
+            sink.send(table)
+        trailer = {"ok": True}
+    except _Malformed as exc:
+        line = _line_at(request, exc.at) if exc.at is not None and _rereadable(request["path"]) else None
+        trailer = {"error": "malformed", "line": line, "reason": exc.reason}
+    except FileNotFoundError:
+        trailer = {"error": "not-found"}
+    except MemoryError as exc:
+        trailer = {"error": "memory", "reason": str(exc) or "an allocation failed"}
+    except BrokenPipeError:
+        raise  # the parent stopped reading: nobody to tell
+    except pa.ArrowInvalid as exc:
+        trailer = {"error": "malformed", "line": None, "reason": _first_line(exc)}
+    except (OSError, pa.ArrowNotImplementedError) as exc:
+        trailer = {"error": "unreadable", "reason": _first_line(exc)}
+    except Exception as exc:
+        trailer = {"error": "crash", "reason": f"{type(exc).__name__}: {_first_line(exc)}"}
+        traceback.print_exc()
+    sink.finish(trailer)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _tables(request: dict[str, Any]) -> Iterator[pa.Table]:
+    path, fmt = request["path"], request["fmt"]
+    if fmt == "parquet":
+        yield from _parquet_tables(_open(path, request["storage_options"]), request["batch_rows"])
+    elif fmt == "ndjson":
+        yield from _records(_reader(request), _LastNewline(), _json_table)
+    elif fmt == "json":
+        yield from _records(_DocumentRows(_reader(request)).readinto, _LastNewline(), _json_table)
+    elif fmt == "csv":
+        delimiter = "\t" if split_compression(path)[0].endswith(".tsv") else ","
+        yield from _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter), header=True)
+    else:
+        raise ValueError(f"format {fmt!r}")
+
+
+def _open(path: str, options: dict[str, Any]) -> pa.NativeFile:
+    """The input as an Arrow file: native for a local file, a FIFO included, else through fsspec."""
+    local = local_path(path)
+    if local is None:
+        return pa.PythonFile(fsspec.open(path, "rb", **options).open(), mode="r")
+    if stat.S_ISREG(os.stat(local).st_mode):
+        return pa.OSFile(local)
+    return pa.PythonFile(open(local, "rb", buffering=0), mode="r")  # OSFile would seek
+
+
+def _reader(request: dict[str, Any]) -> Callable[[memoryview], int]:
+    """``readinto`` of the input's bytes, decompressed by its name's suffix."""
+    stream = _open(request["path"], request["storage_options"])
+    codec = split_compression(request["path"])[1]
+    if codec is None:
+        return stream.readinto
+    decompressed = pa.CompressedInputStream(stream, codec)
+
+    def readinto(target: memoryview) -> int:
+        try:
+            return decompressed.readinto(target)
+        except OSError as exc:
+            if exc.errno is not None:
+                raise  # the system's error reading the file, not the codec's
+            raise _Malformed(f"compressed stream: {_first_line(exc)}") from exc
+    return readinto
+
+
+def _rereadable(path: str) -> bool:
+    local = local_path(path)
+    return local is None or stat.S_ISREG(os.stat(local).st_mode)  # not a FIFO
+
+
+def _line_at(request: dict[str, Any], at: int) -> int:
+    """The 1-based line holding byte ``at`` of the decompressed input: counted again from the
+    start, since only a failing input needs it (a JSON document's rewrite keeps byte positions)."""
+    readinto, buffer = _reader(request), bytearray(READ_BYTES)
+    line = 1
+    while at > 0 and (size := readinto(memoryview(buffer))):
+        line += buffer.count(b"\n", 0, min(size, at))
+        at -= size
+    return line
+
+
+def _parquet_tables(source: pa.NativeFile, batch_rows: int) -> Iterator[pa.Table]:
+    try:
+        parquet = pq.ParquetFile(source)
+    except pa.ArrowInvalid as exc:
+        raise _Malformed(f"not a Parquet file: {_first_line(exc)}") from exc
+    for batch in parquet.iter_batches(batch_size=batch_rows):
+        yield pa.Table.from_batches([batch])
+
+
+# --- blocks of whole records ------------------------------------------------------------------
+
+
+class _LastNewline:
+    """Where the last whole line in ``buffer[start:stop]`` ends (-1: none)."""
+
+    def __call__(self, buffer: bytearray, start: int, stop: int) -> int:
+        at = buffer.rfind(b"\n", start, stop)
+        return at + 1 if at >= 0 else -1
+
+
+class _CsvCut:
+    """Where the last whole CSV record in ``buffer[start:stop]`` ends: after a newline outside quotes."""
+
+    def __init__(self) -> None:
+        self._open = False  # inside a quoted field at ``start``
+
+    def __call__(self, buffer: bytearray, start: int, stop: int) -> int:
+        parity = (self._open + buffer.count(b'"', start, stop)) & 1
+        end = stop
+        # Walks back over newlines inside a quoted field only, so the walk is bounded by one record.
+        while (newline := buffer.rfind(b"\n", start, end)) >= 0:
+            parity ^= buffer.count(b'"', newline, end) & 1
+            if not parity:
+                self._open = bool(buffer.count(b'"', newline + 1, stop) & 1)
+                return newline + 1
+            end = newline
+        self._open = bool(parity)
+        return -1
+
+
+def _records(readinto: Callable[[memoryview], int], cut: Callable[[bytearray, int, int], int],
+             parse: Callable[[memoryview], pa.Table], *, header: bool = False) -> Iterator[pa.Table]:
+    """Parse the stream in blocks of whole records, read into a ring of reused buffers.
+
+    ``PARSING`` blocks parse at once, each on a worker thread of its own, while the next is read
+    (and decompressed). A block's tail (a record it does not end) moves to the front of the next
+    buffer; the parsers copy what they keep, so a buffer is reused once its block's table is out.
+    With a ``header``, the first block parses alone: the later blocks need its column names.
+    """
+    buffers = [bytearray(READ_BYTES)]  # grows to PARSING + 1 buffers as blocks come
+    current, held, consumed = 0, 0, 0  # held: bytes at the front of the current buffer
+    yielded = not header
+    pending: deque[tuple[Future[pa.Table], int]] = deque()
+    with ThreadPoolExecutor(PARSING, thread_name_prefix="decode-parse") as parser:
+        while True:
+            buffer = buffers[current]
+            if held == len(buffer):  # one record longer than the buffer: it grows, up to the memory bound
+                buffer = buffers[current] = buffer + bytearray(len(buffer))
+            size = readinto(memoryview(buffer)[held:])
+            end = cut(buffer, held, held + size) if size else held
+            if end < 0:
+                held += size
+                continue
+            following = (current + 1) % (PARSING + 1)
+            if following == len(buffers):
+                buffers.append(bytearray(READ_BYTES))
+            if pending and len(pending) == (PARSING if yielded else 1):
+                yield _parsed(*pending.popleft())  # frees ``following``, the oldest buffer in use
+                yielded = True
+            tail = held + size - end
+            if len(buffers[following]) <= tail:
+                buffers[following] = bytearray(tail + READ_BYTES)
+            buffers[following][:tail] = buffer[end: held + size]
+            if size or buffer[:end].strip():
+                pending.append((parser.submit(parse, memoryview(buffer)[:end]), consumed))
+            if not size:
+                break
+            consumed += end
+            current, held = following, tail
+        while pending:
+            yield _parsed(*pending.popleft())
+
+
+def _parsed(block: Future[pa.Table], consumed: int) -> pa.Table:
+    try:
+        return block.result()
+    except _Malformed as exc:
+        if exc.at is None and exc.offset is not None:
+            exc.at = consumed + exc.offset
+        raise
+
+
+# --- JSON ------------------------------------------------------------------------------------------
+
+_KIND_CHANGED = re.compile(r"Column\(/[^)]*\) changed from")
+
+
+def _json_table(block: memoryview) -> pa.Table:
+    """One block of newline-delimited JSON objects as a table.
+
+    Parsed as one pyarrow block on one thread: no line straddles pyarrow's blocks, and inference
+    does not hang on thread timing (pyarrow's threaded reader fails a struct promotion now and then:
+    "JSON conversion to struct<...> is not supported"). Blocks parse in parallel instead.
+    """
+    options = pjson.ReadOptions(use_threads=False, block_size=min(len(block) + 1, _MAX_BLOCK))
+    try:
+        table = pjson.read_json(pa.BufferReader(block), read_options=options)
+    except pa.ArrowNotImplementedError as exc:
+        return _mixed_json_table(block, str(exc))
+    except pa.ArrowInvalid as exc:
+        if _KIND_CHANGED.search(str(exc)):
+            return _mixed_json_table(block, str(exc))
+        raise _malformed_json(block, str(exc)) from exc
+    try:
+        table.validate(full=True)  # pyarrow's JSON reader does not check UTF-8
+    except pa.ArrowInvalid as exc:
+        raise _malformed_json(block, str(exc)) from exc
+    return table
+
+
+def _mixed_json_table(block: memoryview, message: str) -> pa.Table:
+    """A block where a column's values change kind, read with polars' supertype inference."""
+    import polars as pl  # only blocks with such a column pay for the import
+
+    try:
+        table = pl.read_ndjson(io.BytesIO(block), infer_schema_length=None).to_arrow()
+    except Exception as exc:  # polars raises its own error classes
+        raise _malformed_json(block, message) from exc
+    return table.cast(pa.schema([pa.field(f.name, _small(f.type)) for f in table.schema]))
+
+
+def _small(t: pa.DataType) -> pa.DataType:
+    """The 32-bit-offset type pyarrow's readers give, for a polars (large or view) type."""
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_list(t):
+        return pa.list_(_small(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _small(f.type)) for f in (t.field(i) for i in range(t.num_fields))])
+    return t
+
+
+def _malformed_json(block: memoryview, message: str) -> _Malformed:
+    """Name the first line of ``block`` that is not one JSON object; pyarrow's row numbers are per
+    parser block, so the line is found here. A Python loop over the lines of one failed block."""
+    start = 0
+    for raw in bytes(block).split(b"\n"):
+        text = raw.strip()
+        if text:
+            offset = start + len(raw) - len(raw.lstrip())
+            try:
+                value = json.loads(text.decode("utf-8"), object_pairs_hook=_unique_keys)
+            except UnicodeDecodeError as exc:
+                return _Malformed(f"not UTF-8 (byte {exc.start + 1} of the record)", offset=offset)
+            except json.JSONDecodeError as exc:
+                return _Malformed(f"{exc.msg} at column {exc.colno}", offset=offset)
+            except _DuplicateKey as exc:
+                return _Malformed(f"key {exc.args[0]!r} appears twice in one object", offset=offset)
+            if not isinstance(value, dict):
+                return _Malformed(f"expected a JSON object, found {type(value).__name__}", offset=offset)
+        start += len(raw) + 1
+    return _Malformed(message.removeprefix("JSON parse error: "))
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+_MARKS = np.zeros(256, dtype=bool)
+_MARKS[[ord(c) for c in "[]{},\n\r\t"]] = True
+_DOCUMENT_READ = 4 << 20  # bytes rewritten at a time: numpy's position arrays take several times a read
+_OPEN_ARRAY, _CLOSE_ARRAY, _OPEN_OBJECT, _CLOSE_OBJECT, _COMMA = (ord(c) for c in "[]{},")
+
+
+class _DocumentRows:
+    r"""A JSON document (an array of objects, or one object) rewritten as one object per line.
+
+    The rewrite is byte for byte, so positions (and error lines) stay those of the source, and it
+    works a read at a time, so memory stays bounded whatever the document's size. Outside strings,
+    the commas between the top-level array's elements become newlines and the array's own brackets
+    spaces; the document's newlines become tabs and its tabs and carriage returns spaces. Strings
+    are found with numpy over the positions of quotes and backslashes.
+
+    >>> source = io.BytesIO(b'[{"a": "x,]"},\n {"a": 2}]')
+    >>> target = bytearray(100)
+    >>> size = _DocumentRows(source.readinto).readinto(memoryview(target))
+    >>> bytes(target[:size])
+    b' {"a": "x,]"}\n\t {"a": 2} '
+    """
+
+    def __init__(self, readinto: Callable[[memoryview], int]) -> None:
+        self._readinto = readinto
+        self._in_string = False
+        self._slashes = 0  # backslashes ending the previous read
+        self._depth = 0
+        self._kind = 0  # the top-level value's opening byte, once seen
+        self._consumed = 0
+
+    def readinto(self, target: memoryview) -> int:
+        size = self._readinto(target[:_DOCUMENT_READ])
+        if size:
+            self._rewrite(np.frombuffer(target, dtype=np.uint8, count=size))
+            self._consumed += size
+        elif self._in_string or self._depth:
+            raise _Malformed("the document ends inside a " + ("string" if self._in_string else "value"),
+                             at=self._consumed)
+        return size
+
+    def _rewrite(self, data: np.ndarray) -> None:
+        quotes = np.flatnonzero(data == ord('"'))
+        slashes = np.flatnonzero(data == ord("\\"))
+        if slashes.size or self._slashes:
+            quotes = quotes[~self._escaped(quotes, slashes)]
+        marks = np.flatnonzero(_MARKS[data])
+        marks = marks[((np.searchsorted(quotes, marks) + self._in_string) & 1) == 0]  # outside strings
+        byte = data[marks]
+        step = (byte == _OPEN_ARRAY).astype(np.int64) + (byte == _OPEN_OBJECT)
+        step -= (byte == _CLOSE_ARRAY).astype(np.int64) + (byte == _CLOSE_OBJECT)
+        after = self._depth + np.cumsum(step)
+        before = after - step
+        if after.size and after.min() < 0:
+            self._fail(marks[np.argmax(after < 0)], "a closing bracket without its opening one")
+        tops = marks[(before == 0) & (step == 1)]
+        if tops.size:
+            second = tops[0] if self._kind else tops[1] if tops.size > 1 else None
+            if second is not None:
+                self._fail(second, "more than one top-level value (one object per line is format ndjson)")
+            self._kind = int(data[tops[0]])
+        strays = marks[(before == 0) & (byte == _COMMA)]
+        if strays.size:
+            self._fail(strays[0], "a comma outside the top-level value")
+        if self._kind == _OPEN_ARRAY:
+            data[marks[(byte == _COMMA) & (before == 1)]] = ord("\n")
+            data[marks[(step != 0) & (np.minimum(before, after) == 0)]] = ord(" ")
+        data[marks[byte == ord("\n")]] = ord("\t")
+        data[marks[(byte == ord("\r")) | (byte == ord("\t"))]] = ord(" ")
+        self._depth = int(after[-1]) if after.size else self._depth
+        self._in_string ^= bool(quotes.size & 1)
+        self._slashes = self._trailing_slashes(data.size, slashes)
+
+    def _escaped(self, quotes: np.ndarray, slashes: np.ndarray) -> np.ndarray:
+        """Which quotes follow an odd run of backslashes (the run may begin in the previous read)."""
+        run = np.zeros(quotes.size, dtype=np.int64)
+        if slashes.size:
+            starts = np.maximum.accumulate(np.where(np.diff(slashes, prepend=-2) != 1, slashes, 0))
+            last = np.searchsorted(slashes, quotes) - 1
+            at = np.maximum(last, 0)
+            follows = (last >= 0) & (slashes[at] == quotes - 1)
+            run = np.where(follows, quotes - starts[at], 0)
+            run += np.where(follows & (starts[at] == 0), self._slashes, 0)
+        run = np.where(quotes == 0, self._slashes, run)
+        return (run & 1) == 1
+
+    def _trailing_slashes(self, size: int, slashes: np.ndarray) -> int:
+        if not slashes.size or slashes[-1] != size - 1:
+            return 0
+        breaks = np.flatnonzero(np.diff(slashes) != 1)
+        start = int(slashes[breaks[-1] + 1]) if breaks.size else int(slashes[0])
+        return size - start + (self._slashes if start == 0 else 0)
+
+    def _fail(self, position: int, reason: str) -> NoReturn:
+        raise _Malformed(reason, at=self._consumed + int(position))
+
+
+# --- CSV -------------------------------------------------------------------------------------------
+
+
+class _CsvBlocks:
+    """Parses CSV blocks: the first holds the header, later ones reuse its column names."""
+
+    def __init__(self, delimiter: str) -> None:
+        self._delimiter = delimiter
+        self._names: list[str] | None = None
+
+    def __call__(self, view: memoryview) -> pa.Table:
+        block = bytes(view)  # parsing CSV costs far more than this copy
+        refused: list[str] = []
+
+        def refuse(row: Any) -> str:
+            refused.append(row.text)
+            return "error"
+
+        try:
+            table = pcsv.read_csv(
+                pa.BufferReader(block),
+                read_options=pcsv.ReadOptions(column_names=self._names, use_threads=False,
+                                              block_size=min(len(block) + 1, _MAX_BLOCK)),
+                parse_options=pcsv.ParseOptions(delimiter=self._delimiter, newlines_in_values=b'"' in block,
+                                                invalid_row_handler=refuse))
+        except pa.ArrowInvalid as exc:
+            raise _Malformed(_first_line(exc).removeprefix("CSV parse error: "),
+                             offset=_row_offset(block, refused[0]) if refused else None) from exc
+        if self._names is None:
+            self._names = table.column_names
+        return table
+
+
+def _row_offset(block: bytes, text: str) -> int | None:
+    row = text.encode()
+    if block.startswith(row):
+        return 0
+    at = block.find(b"\n" + row)
+    return None if at < 0 else at + 1
+
+
+# --- to the parent ---------------------------------------------------------------------------------
+
+
+class _Sink:
+    """Tables to the parent as IPC segments, widening the schema when a table does not fit it.
+
+    A thread of its own writes, so the next block parses while this one goes out (measured: the
+    writes are about 5% of a decode's time); two blocks at most wait for it.
+    """
+
+    def __init__(self, fd: int, batch_rows: int) -> None:
+        self._file = os.fdopen(fd, "wb", buffering=1 << 20)
+        self._out = pa.PythonFile(self._file, mode="w")
+        self._batch_rows = batch_rows
+        self._schema: pa.Schema | None = None
+        self._queue: queue.Queue[tuple[pa.Schema | None, pa.Table] | None] = queue.Queue(maxsize=2)
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._write, name="decode-sink", daemon=True)
+        self._thread.start()
+
+    def send(self, table: pa.Table) -> None:
+        if not table.num_rows:
+            return  # a source reporting no rows offers no guessed columns
+        schema = table.schema if self._schema is None else merged_schema(self._schema, table.schema)
+        segment = schema if self._schema is None or not schema.equals(self._schema) else None
+        self._schema = schema
+        self._put((segment, conform(table, schema)))
+
+    def finish(self, trailer: dict[str, Any]) -> None:
+        self._put(None)
+        self._thread.join()
+        if self._failure is not None:
+            raise self._failure
+        body = json.dumps(trailer).encode()
+        self._file.write(TRAILER + len(body).to_bytes(4, "big") + body)
+        self._file.flush()  # PythonFile.flush does not reach the Python file
+
+    def _put(self, item: tuple[pa.Schema | None, pa.Table] | None) -> None:
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def _write(self) -> None:
+        writer: ipc.RecordBatchStreamWriter | None = None
+        try:
+            while (item := self._queue.get()) is not None:
+                segment, table = item
+                if segment is not None:
+                    if writer is not None:
+                        writer.close()
+                    self._out.write(SEGMENT)
+                    writer = ipc.new_stream(self._out, segment)
+                assert writer is not None
+                for batch in table.to_batches(max_chunksize=self._batch_rows):
+                    writer.write_batch(batch)
+            if writer is not None:
+                writer.close()
+        except BaseException as exc:  # handed to the decoding thread at its next send
+            self._failure = exc
+
+
+def merged_schema(a: pa.Schema, b: pa.Schema) -> pa.Schema:
+    """The narrowest schema both ``a`` and ``b`` cast to; ``a``'s columns first."""
+    if a.equals(b):
+        return a
+    merged = _merged_type(pa.struct(list(a)), pa.struct(list(b)))
+    return pa.schema([merged.field(i) for i in range(merged.num_fields)])
+
+
+def _merged_type(a: pa.DataType, b: pa.DataType) -> pa.DataType:
+    if a.equals(b) or pa.types.is_null(b):
+        return a
+    if pa.types.is_null(a):
+        return b
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        fields = {a.field(i).name: a.field(i).type for i in range(a.num_fields)}
+        for f in (b.field(i) for i in range(b.num_fields)):
+            fields[f.name] = _merged_type(fields[f.name], f.type) if f.name in fields else f.type
+        return pa.struct(list(fields.items()))
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        return pa.list_(_merged_type(a.value_type, b.value_type))
+    if pa.types.is_integer(a) and pa.types.is_integer(b):
+        return pa.int64()
+    numeric = (pa.types.is_integer, pa.types.is_floating)
+    if any(f(a) for f in numeric) and any(f(b) for f in numeric):
+        return pa.float64()
+    return pa.string()
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` cast to ``schema`` (a merge of its own): missing columns null, types widened."""
+    if table.schema.equals(schema):
+        return table
+    columns = []
+    for f in schema:
+        at = table.schema.get_field_index(f.name)
+        columns.append(pa.nulls(table.num_rows, f.type) if at < 0 else _conform_column(table.column(at), f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _conform_column(column: pa.ChunkedArray, t: pa.DataType) -> pa.ChunkedArray:
+    if column.type.equals(t):
+        return column
+    try:
+        return column.cast(t, safe=False)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        # An object or list meeting a string: Arrow has no cast to JSON text. A Python loop over the
+        # values of this one column of this one block, which only inputs mixing those kinds pay.
+        return pa.chunked_array([pa.array([_as_text(v, t) for v in column.to_pylist()], type=t)], type=t)
+
+
+def _as_text(value: Any, t: pa.DataType) -> Any:
+    if value is None:
+        return None
+    if pa.types.is_string(t):
+        if isinstance(value, str):
+            return value
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return json.dumps(value, ensure_ascii=False, default=str) if isinstance(value, (dict, list)) else str(value)
+    if pa.types.is_struct(t):
+        return {f.name: _as_text(value.get(f.name), f.type) for f in (t.field(i) for i in range(t.num_fields))}
+    if pa.types.is_list(t):
+        return [_as_text(v, t.value_type) for v in value]
+    return value
+
+
+if __name__ == "__main__":
+    gc.freeze()  # the preloaded objects: a child's collections skip them, so their pages stay shared
+    serve(int(sys.argv[1]))

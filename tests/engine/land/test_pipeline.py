@@ -1,0 +1,135 @@
+"""``contextful pipeline run`` end to end: generated shards land, re-runs land only what is new,
+a bad input fails alone and by name, checkpoints commit at input boundaries."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from datasets.gharchive import expected_counts, write_shards
+from engine.config import load_manifest
+from engine.land.decode import Decoder
+from engine.land.pipeline import cursor_scope, run_pipelines
+from storage import Store
+
+MANIFEST = """
+[project]
+name = "e2e"
+
+[[pipeline]]
+id = "gh"
+table = "gh_events"
+types = { id = "bigint", created_at = "timestamp[s, UTC]" }
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["raw/*.ndjson.gz"]
+"""
+
+
+def contextful(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
+    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(project), *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "contextful.toml").write_text(MANIFEST)
+    (tmp_path / "raw").mkdir()
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    with Decoder() as d:
+        yield d
+
+
+@pytest.mark.clause("run.land.typed-pull")
+def test_generated_events_land_and_reruns_land_only_new_inputs(project: Path) -> None:
+    n = 3000
+    write_shards(n, project / "raw", shards=3, seed=5, gzip=True)
+    out = json.loads(contextful(project, "--json", "pipeline", "run").stdout)
+    assert out[0]["ok"] and out[0]["tables"][0]["rows"] == n and len(out[0]["inputs_landed"]) == 3
+    counts = expected_counts(n, seed=5)
+    rows = json.loads(contextful(project, "--json", "sql",
+                                 "SELECT type, count(*) AS n FROM gh_events GROUP BY type ORDER BY type").stdout)
+    assert {r["type"]: r["n"] for r in rows} == counts["by_type"]
+    commits = json.loads(contextful(project, "--json", "sql",
+                                    "SELECT sum(len(payload.commits))::BIGINT AS c FROM gh_events WHERE type = 'PushEvent'").stdout)
+    assert commits[0]["c"] == counts["push_commits"]
+    schema = {c["name"]: c["type"] for c in json.loads(contextful(project, "--json", "table", "show", "gh_events").stdout)["schema"]}
+    assert schema["id"] == "int64" and schema["created_at"] == "timestamp[s, tz=UTC]"  # the pull's types landed
+
+    again = json.loads(contextful(project, "--json", "pipeline", "run").stdout)
+    assert again[0]["tables"][0]["rows"] == 0 and again[0]["inputs_skipped"] == 3 and again[0]["tables"][0]["run_ids"] == []
+
+    # two more shards of a longer deterministic stream: only their rows land
+    bigger = write_shards(2 * n, project / "more", shards=6, seed=5, gzip=True)
+    for path in bigger[3:]:
+        path.rename(project / "raw" / path.name.replace("events-", "events-b"))
+    plan = json.loads(contextful(project, "--json", "pipeline", "plan").stdout)
+    assert len(plan[0]["pull"]) == 3 and len(plan[0]["skip"]) == 3
+    third = json.loads(contextful(project, "--json", "pipeline", "run").stdout)
+    assert third[0]["tables"][0]["rows"] == n
+    total = json.loads(contextful(project, "--json", "sql", "SELECT count(*) AS n, count(DISTINCT id) AS d FROM gh_events").stdout)
+    assert total == [{"n": 2 * n, "d": 2 * n}]
+
+
+def test_a_malformed_input_fails_alone_by_name_and_a_rerun_lands_exactly_it(project: Path) -> None:
+    write_shards(600, project / "raw", shards=2, seed=9, gzip=True)
+    bad = project / "raw" / "events-zz.ndjson.gz"
+    lines = ['{"id": "900001", "type": "WatchEvent"}', '{"id": "900002", "type": ', '{"id": "900003", "type": "X"}']
+    bad.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    proc = contextful(project, "--json", "pipeline", "run", check=False)
+    assert proc.returncode == 4
+    result = json.loads(proc.stdout)[0]
+    assert result["tables"][0]["rows"] == 600 and len(result["inputs_landed"]) == 2
+    failure = result["failures"][0]
+    assert failure["error"] == "InputMalformed" and failure["input"].endswith("events-zz.ndjson.gz")
+    assert "line 2" in failure["detail"]
+    assert "error: InputMalformed" in contextful(project, "pipeline", "run", check=False).stderr
+
+    lines[1] = '{"id": "900002", "type": "ForkEvent"}'
+    bad.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    fixed = json.loads(contextful(project, "--json", "pipeline", "run").stdout)[0]
+    assert fixed["inputs_landed"] == [str(bad)] and fixed["tables"][0]["rows"] == 3
+    assert json.loads(contextful(project, "--json", "sql", "SELECT count(*) AS n FROM gh_events").stdout) == [{"n": 603}]
+
+
+def test_checkpoints_commit_at_input_boundaries_with_the_cursor_so_far(project: Path, decoder: Decoder) -> None:
+    paths = write_shards(2000, project / "raw", shards=4, seed=3, gzip=True)
+    manifest = load_manifest(project)
+    with Store.open(manifest.project.store) as store:
+        [result] = run_pipelines(store, manifest, checkpoint_bytes=1, decoder=decoder)
+        assert len(result.tables[0].run_ids) == 4  # every input reached the bound: one commit each
+        table = store.table("gh_events")
+        for seq, path in zip(result.tables[0].commit_seqs, paths):
+            manifest_doc = table.manifest(table.commits()[seq - 1].run_id)
+            assert list(manifest_doc.cursor["value"]["inputs"])[-1] == str(path)
+        value, seq = table.cursor(cursor_scope(manifest.pipeline("gh")))
+        assert seq == result.tables[0].commit_seqs[-1] and len(value["inputs"]) == 4
+        assert table.count() == 2000
+
+
+def test_validate_prints_every_problem_and_exits_spec_invalid(tmp_path: Path) -> None:
+    (tmp_path / "contextful.toml").write_text(
+        '[[pipeline]]\nid = "a"\nnormalize = "flat"\nwat = 1\n[pipeline.source]\nkind = "gopher"\n')
+    proc = contextful(tmp_path, "pipeline", "validate", check=False)
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert any(l.startswith("error: PipelineNormalizeModeUnknown:") for l in lines)
+    assert any(l.startswith("error: ManifestKeyUnknown:") and "'wat'" in l for l in lines)
+    assert any(l.startswith("error: PipelineSourceKindUnknown:") and "'gopher'" in l for l in lines)
+    (tmp_path / "contextful.toml").write_text(MANIFEST)
+    assert "ok, 1 pipeline" in contextful(tmp_path, "pipeline", "validate").stdout
