@@ -12,14 +12,16 @@ fsspec once; each :meth:`Decoder.decode` forks a fresh child from it that decode
 exits, so many small inputs pay no interpreter start and no parser state carries to another input.
 The child streams Arrow IPC through a pipe and :meth:`~Decoder.decode` yields the batches as they
 arrive, so the serving process holds about one batch at a time. The server, the child's parent,
-enforces the bounds (why a resident-memory watchdog and not an rlimit: see ``decode_child``).
+enforces the bounds (why a resident-memory watchdog and not an rlimit: see ``decode_child``). The
+deadline is wall time from the fork and includes time the child waits on a full pipe, so a consumer
+must keep taking batches: a decode is not paused by a slow consumer.
 
 A decode raises, after the batches that came before the failure:
 :class:`InputNotFound` (no such file), :class:`InputUnreadable` (unknown format, unreadable
 file), :class:`InputMalformed` (a bad JSON line or CSV row with its line number, a damaged gzip or
 zstd stream, not Parquet), :class:`ParseCrashed` (a bound, or the child died: exit code or signal).
 
-Schemas: each block of about 16 MiB is inferred on its own and merged into the schema so far. The
+Schemas: each block of about 4 MiB is inferred on its own and merged into the schema so far. The
 batches of one input share a schema unless a later block brings a new column or a wider type; then
 the schema widens (int and float to float64, mixed kinds to string, new columns last) and every
 earlier batch conforms to the new one (``engine.land.decode_child.conform``: missing columns null,
@@ -64,6 +66,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
 _ABANDON_WAIT_S = 10.0
+_SERVER_GONE = "the decoder fork server exited"
 
 
 def detect_format(path: str) -> str:
@@ -190,15 +193,16 @@ class Decoder:
                 theirs.close()
                 os.close(write_fd)
             hello = _receive(status)
-            trailer = None
-            if hello is not None and "pid" in hello:
-                try:
-                    trailer = yield from _frames(pa.PythonFile(source, mode="r"))
-                except (pa.ArrowInvalid, OSError):
-                    trailer = None  # the stream broke off: the child died mid-batch
-            final = _receive(status) if hello is not None and "pid" in hello else hello
+            if hello is None or "pid" not in hello:
+                finished = True
+                raise ParseCrashed(request["path"], "crash", hello["error"] if hello else _SERVER_GONE)
+            try:
+                trailer = yield from _frames(pa.PythonFile(source, mode="r"))
+            except (pa.ArrowInvalid, OSError):
+                trailer = None  # the stream broke off: the child died mid-batch
+            final = _receive(status)
             finished = True
-            self._raise_for(request["path"], trailer, hello, final)
+            self._raise_for(request["path"], hello["pid"], trailer, final)
         finally:
             if not finished:  # abandoned: the server kills the child; wait until its group is gone
                 try:
@@ -210,8 +214,7 @@ class Decoder:
             status.close()
             source.close()
 
-    def _raise_for(self, path: str, trailer: dict[str, Any] | None, hello: dict[str, Any] | None,
-                   final: dict[str, Any] | None) -> None:
+    def _raise_for(self, path: str, pid: int, trailer: dict[str, Any] | None, final: dict[str, Any] | None) -> None:
         if trailer is not None:  # the child finished and said how
             error = trailer.get("error")
             if error is None:
@@ -224,10 +227,7 @@ class Decoder:
                 raise InputUnreadable(path, trailer["reason"])
             raise ParseCrashed(path, "memory" if error == "memory" else "crash", trailer["reason"])
         if final is None:
-            raise ParseCrashed(path, "crash", "the decoder fork server exited")
-        if "error" in final:
-            raise ParseCrashed(path, "crash", final["error"])
-        pid = hello["pid"] if hello else "?"
+            raise ParseCrashed(path, "crash", _SERVER_GONE)
         if final["bound"] == "deadline":
             raise ParseCrashed(path, "deadline", f"still running {self.deadline_s:g} s after spawn; "
                                                  f"process group {pid} killed")

@@ -160,7 +160,13 @@ def _spawn(control: socket.socket, children: dict[int, _Child]) -> bool:
         return False
     status_fd, data_fd = fds
     status = socket.socket(fileno=status_fd)
-    request = pickle.loads(message)
+    try:
+        request = pickle.loads(message)
+    except Exception as exc:  # e.g. storage options of a class this server cannot import
+        _tell(status, {"error": f"unreadable request: {exc}"})
+        status.close()
+        os.close(data_fd)
+        return True
     inherited = [control.fileno(), status_fd]
     inherited += [fd for c in children.values() for fd in (c.pidfd, c.status.fileno())]
     server = os.getpid()
