@@ -240,6 +240,8 @@ class PipelineNormalizeModeUnknown(SpecInvalid):
 class ManifestInvalid(SpecInvalid):
     """Every problem of one manifest at once; each problem is a catalogue error of its own."""
 
+    problems: list[ContextfulError]
+
     def __init__(self, path: str, problems: list[ContextfulError]) -> None:
         lines = "; ".join(str(p) for p in problems)
         super().__init__(f"{path}: {len(problems)} problem(s): {lines}", path=path, problems=problems)
