@@ -10,6 +10,7 @@ Hierarchy::
     ContextfulError                      root; .category, .exit_code, .http_status
     ├── TransientError                   marker: a later attempt may succeed
     │   ├── CommitConflict               the table head moved under a commit (conflict)
+    │   ├── StagingFailed                writing a part failed (disk full, permissions, network)
     │   └── CatalogUnavailable           the catalog database is locked, down or unreachable
     └── TerminalError                    marker: retrying the same input fails the same way
         ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
@@ -148,6 +149,14 @@ class CommitConflict(TransientError):
             attempts=attempts,
             failed=failed,
         )
+
+
+class StagingFailed(TransientError):
+    """A part could not be written; the run lands nothing of what it staged."""
+
+    def __init__(self, table: str, run_id: str, key: str, reason: str) -> None:
+        super().__init__(f"table {table!r}, run {run_id}: writing {key} failed ({reason})",
+                         table=table, run_id=run_id, key=key, reason=reason)
 
 
 class CatalogUnavailable(TransientError):

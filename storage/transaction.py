@@ -33,7 +33,7 @@ from storage.commits import (
     SetSchema,
     Update,
 )
-from storage.errors import CommitConflict
+from storage.errors import CommitConflict, StagingFailed
 from storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
 from storage.parts import part_key, split_table, write_part
 from storage.reconcile import DowngradeEvent, conform, reconcile
@@ -139,7 +139,10 @@ class RunTransaction:
             if piece.num_rows == 0:
                 continue
             key = part_key(name, self.run_id, len(self._parts))
-            part = write_part(self.store.objects, key, piece.to_batches(), rec.schema, durable=self.store.durable)
+            try:
+                part = write_part(self.store.objects, key, piece.to_batches(), rec.schema, durable=self.store.durable)
+            except OSError as exc:  # disk full, permissions, a lost connection: nothing of it is visible
+                raise StagingFailed(name, self.run_id, key, exc.strerror or str(exc)) from exc
             self._parts.append(part)
             self._part_schemas.append(rec.schema)
 

@@ -133,3 +133,26 @@ def test_validate_prints_every_problem_and_exits_spec_invalid(tmp_path: Path) ->
     assert any(l.startswith("error: PipelineSourceKindUnknown:") and "'gopher'" in l for l in lines)
     (tmp_path / "contextful.toml").write_text(MANIFEST)
     assert "ok, 1 pipeline" in contextful(tmp_path, "pipeline", "validate").stdout
+
+
+def test_a_staging_write_failure_fails_the_run_by_name_and_lands_nothing(project: Path) -> None:
+    import resource
+    import signal
+
+    write_shards(8000, project / "raw", shards=1, seed=2, gzip=True)
+    limit = 1024 * 1024  # a file-size limit the catalog stays under and the part does not
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
+    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(project), "pipeline", "run"],
+                          capture_output=True, text=True, env=env, timeout=300, preexec_fn=small_disk)
+    assert proc.returncode == 75, proc.stderr
+    assert proc.stderr.strip().startswith("error: StagingFailed: table 'gh_events'") and "File too large" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    plan = json.loads(contextful(project, "--json", "pipeline", "plan").stdout)
+    assert len(plan[0]["pull"]) == 1  # the cursor did not move
+    done = json.loads(contextful(project, "--json", "pipeline", "run").stdout)
+    assert done[0]["tables"][0]["rows"] == 8000
