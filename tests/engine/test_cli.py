@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-
-def contextful(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("CONTEXTFUL_STORE", "CONTEXTFUL_STORAGE_PROFILE")}
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(project), *args],
-                          capture_output=True, text=True, env=env, timeout=120)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
-    return proc
+from tests.support.cli import contextful
 
 
 @pytest.fixture

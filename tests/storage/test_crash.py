@@ -172,7 +172,9 @@ def assert_answers(store: Store, name: str, seq: int, expected: list[tuple[Any, 
     if actual != expected:
         missing = Counter(expected) - Counter(actual)
         extra = Counter(actual) - Counter(expected)
-        runs = lambda c: sorted({r[0] if name != cw.KEYED else r[1] for r in c})
+        def runs(c: Counter) -> list:
+            return sorted({r[0] if name != cw.KEYED else r[1] for r in c})
+
         pytest.fail(f"{name} at commit_seq {seq}: {len(actual)} rows, expected {len(expected)};"
                     f" missing rows of runs {runs(missing)}, extra rows of runs {runs(extra)}")
 

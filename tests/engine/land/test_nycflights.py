@@ -4,15 +4,13 @@ what DuckDB answers straight over the same CSV files."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
 
 from datasets.nycflights import TABLES, write_csvs
+from tests.support.cli import contextful
 
 TYPES = {
     "flights": '{ year = "smallint", month = "tinyint", day = "tinyint", dep_delay = "double", arr_delay = "double",'
@@ -31,21 +29,13 @@ def landed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     blocks = [f'[[pipeline]]\nid = "{t}"\ntypes = {TYPES[t]}\n[pipeline.source]\nkind = "files"\n'
               f'config = {{ paths = "raw/{t}.csv" }}\n' for t in TABLES]
     (project / "contextful.toml").write_text('[project]\nname = "nyc"\n\n' + "\n".join(blocks))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(project), "--json", "pipeline", "run"],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    results = {r["pipeline"]: r for r in json.loads(proc.stdout)}
+    results = {r["pipeline"]: r for r in json.loads(contextful(project, "--json", "pipeline", "run").stdout)}
     assert results["flights"]["tables"][0]["rows"] == 336_776
     return project
 
 
 def query(project: Path, sql: str) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(project), "--json", "sql", sql],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return json.loads(contextful(project, "--json", "sql", sql).stdout)
 
 
 @pytest.mark.clause("run.land.typed-pull")

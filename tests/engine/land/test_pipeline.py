@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ from engine.config import load_manifest
 from engine.land.decode import Decoder
 from engine.land.pipeline import cursor_scope, run_pipelines
 from storage import Store
+from tests.support.cli import contextful
 
 MANIFEST = """
 [project]
@@ -31,15 +29,6 @@ kind = "files"
 [pipeline.source.config]
 paths = ["raw/*.ndjson.gz"]
 """
-
-
-def contextful(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(project), *args],
-                          capture_output=True, text=True, env=env, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
-    return proc
 
 
 @pytest.fixture
@@ -128,9 +117,9 @@ def test_validate_prints_every_problem_and_exits_spec_invalid(tmp_path: Path) ->
     proc = contextful(tmp_path, "pipeline", "validate", check=False)
     assert proc.returncode == 3
     lines = proc.stderr.strip().splitlines()
-    assert any(l.startswith("error: PipelineNormalizeModeUnknown:") for l in lines)
-    assert any(l.startswith("error: ManifestKeyUnknown:") and "'wat'" in l for l in lines)
-    assert any(l.startswith("error: PipelineSourceKindUnknown:") and "'gopher'" in l for l in lines)
+    assert any(line.startswith("error: PipelineNormalizeModeUnknown:") for line in lines)
+    assert any(line.startswith("error: ManifestKeyUnknown:") and "'wat'" in line for line in lines)
+    assert any(line.startswith("error: PipelineSourceKindUnknown:") and "'gopher'" in line for line in lines)
     (tmp_path / "contextful.toml").write_text(MANIFEST)
     assert "ok, 1 pipeline" in contextful(tmp_path, "pipeline", "validate").stdout
 
@@ -146,9 +135,7 @@ def test_a_staging_write_failure_fails_the_run_by_name_and_lands_nothing(project
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(project), "pipeline", "run"],
-                          capture_output=True, text=True, env=env, timeout=300, preexec_fn=small_disk)
+    proc = contextful(project, "pipeline", "run", check=False, preexec_fn=small_disk)
     assert proc.returncode == 75, proc.stderr
     assert proc.stderr.strip().startswith("error: StagingFailed: table 'gh_events'") and "File too large" in proc.stderr
     assert "Traceback" not in proc.stderr

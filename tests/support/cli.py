@@ -1,0 +1,20 @@
+"""Running the ``contextful`` command as a user does: a real child process, a clean environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+def contextful(project: Path, *args: str, check: bool = True, timeout: float = 300,
+               preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
+    """``contextful --project PROJECT ARGS…``; raises with its stderr when ``check`` and it fails."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
+    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(project), *args],
+                          capture_output=True, text=True, env=env, timeout=timeout, preexec_fn=preexec_fn)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"contextful {' '.join(args)}: exit {proc.returncode}: {proc.stderr}")
+    return proc
