@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from engine.cli.output import emit_json, emit_pairs, emit_rows, end_progress, progress_line
+from engine.cli.output import describe_event, emit_json, emit_pairs, emit_rows, end_progress, progress_line
 
 if TYPE_CHECKING:
     from storage import Store
@@ -130,7 +130,7 @@ def table_load(ctx: click.Context, name: str, file: str, primary_key: str, repla
     click.echo(f"{name}: run {result.run_id} committed at commit_seq {result.commit_seq}: "
                f"{result.rows:,} rows in {result.parts} part(s), {result.bytes:,} bytes")
     for event in result.downgrade_events:
-        click.echo(f"  downgrade {event.path}: {event.source_type} -> {event.landed_type} ({event.reason})")
+        click.echo(f"  {describe_event(event.to_json())}")
 
 
 @table.command("fold")
@@ -192,8 +192,7 @@ def run_history(ctx: click.Context, table_name: str | None, limit: int) -> None:
                 len(r["downgrade_events"])) for r in runs])
     for r in runs:
         for e in r["downgrade_events"]:
-            click.echo(f"  {r['run_id']} {e['table']}.{e['path']}: {e['source_type']} -> {e['landed_type']}"
-                       f" ({e['reason']})")
+            click.echo(f"  {r['run_id']} {describe_event(e)}")
 
 
 def _history(store: Store, table_name: str | None, limit: int) -> list[dict[str, Any]]:

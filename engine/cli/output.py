@@ -52,6 +52,12 @@ def emit_pairs(pairs: list[tuple[str, Any]]) -> None:
         click.echo(f"{key.ljust(width)}  {_cell(value) if not isinstance(value, str) else value}")
 
 
+def describe_event(event: dict[str, Any]) -> str:
+    """One line for a downgrade event: where, what arrived, what landed, and why."""
+    return (f"downgrade {event['table']}.{event['path']}: arrived {event['source_type']},"
+            f" landed {event['landed_type']} ({event['reason']})")
+
+
 def progress_line(text: str) -> None:
     """A self-overwriting status line on a terminal's stderr; a plain log line otherwise."""
     if sys.stderr.isatty():

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from engine.cli.output import emit_json, emit_rows, end_progress, progress_line
+from engine.cli.output import describe_event, emit_json, emit_rows, end_progress, progress_line
 
 if TYPE_CHECKING:
     from engine.config import Manifest
@@ -117,6 +117,6 @@ def _print_results(results: list[Any]) -> None:
                        f" {len(r.inputs_landed)} input(s) landed, {r.inputs_skipped} already landed,"
                        f" {len(t.run_ids)} commit(s) in {r.seconds:.1f}s")
             for e in t.downgrade_events:
-                click.echo(f"  downgrade {e.path}: {e.source_type} -> {e.landed_type} ({e.reason})")
+                click.echo(f"  {describe_event(e.to_json())}")
         for f in r.failures:
             click.echo(f"error: {f.error}: {f.detail}", err=True)
