@@ -58,9 +58,12 @@ def list_inputs(config: dict[str, Any], root: Path) -> list[InputFile]:
     for pattern in _patterns(config, root):
         fs, _, _ = fsspec.get_fs_token_paths(pattern)
         protocol = pattern.split("://", 1)[0] if "://" in pattern else None
-        matches = fs.glob(pattern, detail=True) if fs.isfile(pattern) is False else {pattern: fs.info(pattern)}
-        if not matches and not any(ch in pattern for ch in "*?["):
-            raise InputNotFound(pattern)
+        if not any(ch in pattern for ch in "*?["):
+            if not fs.exists(pattern):
+                raise InputNotFound(pattern)
+            matches = {pattern: fs.info(pattern)}
+        else:
+            matches = fs.glob(pattern, detail=True)
         for path, info in matches.items():
             if info.get("type") == "directory":
                 continue
