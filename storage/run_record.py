@@ -66,11 +66,14 @@ class RunRecord:
         """Flush once this many cached rows wait (1: after every commit)."""
         self.flush_age_seconds = flush_age_seconds
         """Flush once the oldest cached row has waited this long."""
+        self.wrote = False
+        """Whether this store handle recorded a run (closing then flushes; a reader's close writes nothing)."""
 
     # --- writing --------------------------------------------------------------------------------
 
     def plan(self, run_id: str, table: str, kind: str) -> None:
         now = self.store.clock.now_us()
+        self.wrote = True
         payload = {"kind": kind, "status": "planned", "recorded_us": now}
         self.store.catalog.record_run(run_id, "plan", table, payload, now)
 

@@ -73,11 +73,12 @@ class Store:
         return cls(objects, catalog, clock or SystemClock(), store_uuid, durable)
 
     def close(self) -> None:
-        """Flush the run-record cache to ``_runs`` and close the catalog."""
+        """Close the catalog, first flushing the run-record cache if this handle recorded runs."""
         if self._closed:
             return
         self._closed = True
-        self.runs.flush_quietly()
+        if self.runs.wrote:
+            self.runs.flush_quietly()
         self.catalog.close()
 
     def __enter__(self) -> Store:
