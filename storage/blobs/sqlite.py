@@ -6,6 +6,7 @@ import os
 import sqlite3
 
 from storage.blobs import BlobStore
+from storage.catalog.sqlite import enable_wal
 from storage.errors import BlobNotFound
 
 
@@ -13,7 +14,7 @@ class SqliteBlobStore(BlobStore):
     def __init__(self, path: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._conn = sqlite3.connect(path, timeout=120.0, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
+        enable_wal(self._conn)
         self._conn.execute("CREATE TABLE IF NOT EXISTS cf_blobs (digest TEXT PRIMARY KEY, content BLOB NOT NULL)")
 
     def _write(self, digest: str, data: bytes) -> None:

@@ -10,12 +10,32 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from typing import Any
 
 from storage.catalog.sql import SqlCatalog
 from storage.errors import CatalogRejected, CatalogUnavailable, ConditionalWriteUnsupported, ContextfulError
 
 BUSY_TIMEOUT_S = 120.0
+
+
+def enable_wal(conn: sqlite3.Connection, timeout_s: float = BUSY_TIMEOUT_S) -> str:
+    """Put the database in WAL mode (once per file); return the journal mode it is in.
+
+    Switching modes needs an exclusive lock and SQLite answers a concurrent switch with "database
+    is locked" without consulting the busy handler, so processes opening a new file at once retry.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if mode.lower() != "wal":
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            return str(mode)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 class SqliteCatalog(SqlCatalog):
@@ -36,9 +56,7 @@ class SqliteCatalog(SqlCatalog):
         if sqlite3.sqlite_version_info < (3, 24):
             raise ConditionalWriteUnsupported("sqlite", f"SQLite {sqlite3.sqlite_version} lacks upsert")
         conn = self._open(BUSY_TIMEOUT_S)
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if mode.lower() not in ("wal", "memory"):
-            conn.execute("PRAGMA journal_mode=DELETE")
+        enable_wal(conn)
         conn.execute("PRAGMA synchronous=FULL")
         self._durable = True
         return conn
