@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import uuid as uuidlib
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -138,7 +137,3 @@ def _store_uuid(objects: ObjectStore) -> str:
     doc = {"format": STORE_FORMAT, "store_uuid": str(uuidlib.uuid4())}
     objects.put_if_absent("store.json", json.dumps(doc).encode("utf-8"))
     return json.loads(objects.get_bytes("store.json"))["store_uuid"]
-
-
-def default_store_root(project_dir: str | os.PathLike[str] = ".") -> str:
-    return str(Path(project_dir) / DEFAULT_STORE)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -145,10 +144,6 @@ class RunTransaction:
                 raise StagingFailed(name, self.run_id, key, exc.strerror or str(exc)) from exc
             self._parts.append(part)
             self._part_schemas.append(rec.schema)
-
-    def stage_batches(self, batches: Iterable[Any]) -> None:
-        for batch in batches:
-            self.stage(batch)
 
     @property
     def staged_bytes(self) -> int:

@@ -71,7 +71,3 @@ def list_inputs(config: dict[str, Any], root: Path) -> list[InputFile]:
             tag = info.get("ETag") or info.get("etag") or f"{info.get('mtime', info.get('LastModified', ''))}"
             found[address] = InputFile(address, int(info.get("size") or 0), f"{info.get('size')}:{tag}")
     return [found[k] for k in sorted(found)]
-
-
-def input_format(config: dict[str, Any]) -> str | None:
-    return config.get("format")

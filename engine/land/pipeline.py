@@ -26,7 +26,7 @@ from typing import Any
 from engine.config.manifest import Manifest, PipelineSpec
 from engine.land.chunks import coalesce
 from engine.land.decode import Decoder
-from engine.land.files import InputFile, input_format, list_inputs
+from engine.land.files import InputFile, list_inputs
 from engine.land.typed import apply_types, read_types
 from storage import Store
 from storage.errors import Incompatible, ManifestValueInvalid, NotFound
@@ -153,7 +153,7 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
     landing = TableLanding(spec.table)
     result = PipelineResult(spec.id, [landing], inputs_skipped=len(plan.skip))
     landed = _landed_inputs(store, spec)
-    fmt = input_format(spec.source.config)
+    fmt = spec.source.config.get("format")
     meta = {"pipeline": spec.id}
     txn: RunTransaction | None = None
     pending = 0  # inputs staged since the last commit
