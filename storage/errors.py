@@ -11,10 +11,15 @@ Hierarchy::
     ├── TransientError                   marker: a later attempt may succeed
     │   ├── CommitConflict               the table head moved under a commit (conflict)
     │   ├── StagingFailed                writing a part failed (disk full, permissions, network)
-    │   └── CatalogUnavailable           the catalog database is locked, down or unreachable
+    │   ├── CatalogUnavailable           the catalog database is locked, down or unreachable
+    │   ├── RateLimited                  a limiter or server denied the call; the retry schedule waits
+    │   ├── ConnectorBoundHit            a connector struck its linear-memory or call-deadline bound
+    │   └── SourceUnavailable            a source is unreachable or answered 5xx
     └── TerminalError                    marker: retrying the same input fails the same way
         ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
         │   ├── StorageProfileUnknown
+        │   ├── PipelineSeedDeclarationMissing
+        │   ├── LeaseCursorKindMismatch
         │   ├── TableNameInvalid
         │   ├── ModalityInvalid
         │   ├── ProjectInvalid
@@ -33,7 +38,14 @@ Hierarchy::
         │   ├── InputMalformed           an input's bytes are not its format (a bad line, a damaged stream)
         │   ├── ParseCrashed             parse-crashed: a decoder child crossed its deadline or memory bound, or died
         │   ├── TypeSpellingUnreadable
-        │   └── TypedLandingFailed
+        │   ├── TypedLandingFailed
+        │   ├── CursorFieldMismatch, CursorPositionUnorderable
+        │   ├── SourceResponseMalformed, SourceRequestRefused
+        │   └── PipelineSeedCeilingBreached, PipelineSeedCeilingUnevaluable
+        ├── Conflict                     two values disagree for good (conflict)
+        │   └── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch
+        ├── Expired                      a window closed (expired; HTTP 410)
+        │   └── ReceiveBatchKeyExpired
         ├── NotFound                     (not-found)
         │   ├── TableNotFound
         │   ├── SnapshotNotFound
@@ -61,6 +73,7 @@ EXIT_CODES: dict[str, int] = {
     "conflict": 5,
     "not-found": 6,
     "transient": 75,
+    "expired": 7,
     "permanent": 1,
 }
 
@@ -70,6 +83,7 @@ HTTP_STATUS: dict[str, int] = {
     "conflict": 409,
     "not-found": 404,
     "transient": 503,
+    "expired": 410,
     "permanent": 500,
 }
 
@@ -124,6 +138,18 @@ class NotFound(TerminalError):
     category = "not-found"
 
 
+class Conflict(TerminalError):
+    """Two writers or two values disagree and retrying cannot reconcile them (conflict)."""
+
+    category = "conflict"
+
+
+class Expired(TerminalError):
+    """A window the request depended on has closed (expired)."""
+
+    category = "expired"
+
+
 class Permanent(TerminalError):
     category = "permanent"
 
@@ -162,6 +188,38 @@ class StagingFailed(TransientError):
 class CatalogUnavailable(TransientError):
     def __init__(self, backend: str, reason: str) -> None:
         super().__init__(f"{backend}: {reason}", backend=backend, reason=reason)
+
+
+# --- connectors and retries ------------------------------------------------------------------
+
+
+class RateLimited(TransientError):
+    """``connector.meter.acquire-call``: a limiter denied a reservation, or the server answered 429.
+
+    ``retry_after_s`` is the wait the run's retry schedule performs; the limiter never sleeps.
+    """
+
+    def __init__(self, source: str, retry_after_s: float, reason: str) -> None:
+        super().__init__(f"{source}: rate limited, retry after {retry_after_s:.3f} s ({reason})",
+                         source=source, retry_after_s=retry_after_s, reason=reason)
+
+
+class ConnectorBoundHit(TransientError):
+    """``run.retry.bound-hit-is-transient``: a connector struck its memory or deadline bound.
+
+    ``bound`` is ``linear-memory`` or ``call-deadline``; ``step`` labels the pull that struck it.
+    """
+
+    def __init__(self, step: str, bound: str, reason: str) -> None:
+        super().__init__(f"{step}: the connector struck its {bound} bound ({reason})",
+                         step=step, bound=bound, reason=reason)
+
+
+class SourceUnavailable(TransientError):
+    """A source could not be reached or answered a server error (5xx, refused, reset, timeout)."""
+
+    def __init__(self, source: str, reason: str, status: int | None = None) -> None:
+        super().__init__(f"{source}: {reason}", source=source, reason=reason, status=status)
 
 
 # --- configuration and names -----------------------------------------------------------------
@@ -246,6 +304,21 @@ class PipelineNormalizeModeUnknown(SpecInvalid):
                          pipeline=pipeline, mode=mode, modes=modes)
 
 
+class PipelineSeedDeclarationMissing(SpecInvalid):
+    """``run.seed.declaration-missing``: a seeded table needs a primary key and a real order_by."""
+
+    def __init__(self, pipeline: str, missing: str) -> None:
+        super().__init__(f"pipeline {pipeline!r} declares a seed but {missing}", pipeline=pipeline, missing=missing)
+
+
+class LeaseCursorKindMismatch(SpecInvalid):
+    """``store.lease.cursor-kind``: only a cursor kind that takes a lease may live under cursors/."""
+
+    def __init__(self, name: str, kind: str, leased: tuple[str, ...]) -> None:
+        super().__init__(f"cursor {name!r} of kind {kind!r} takes no lease and cannot be held under cursors/ "
+                         f"(kinds that take a lease: {', '.join(leased)})", name=name, kind=kind, leased=leased)
+
+
 class ManifestInvalid(SpecInvalid):
     """Every problem of one manifest at once; each problem is a catalogue error of its own."""
 
@@ -310,6 +383,52 @@ class ParseCrashed(Incompatible):
         super().__init__(f"input {path}: {what} ({reason})", path=path, bound=bound, reason=reason)
 
 
+class CursorFieldMismatch(Incompatible):
+    """``run.advance.field-rename``: the stored position was measured on another field."""
+
+    def __init__(self, scope: str, stored: str | None, declared: str | None) -> None:
+        super().__init__(f"cursor {scope}: the stored position is on field {stored!r} but the pipeline declares "
+                         f"incremental = {declared!r}; restore the field or reset the cursor",
+                         scope=scope, stored=stored, declared=declared)
+
+
+class CursorPositionUnorderable(Incompatible):
+    """``run.advance.unorderable-position``: terminal for the pull."""
+
+    def __init__(self, scope: str, field: str, reason: str) -> None:
+        super().__init__(f"cursor {scope}, field {field!r}: {reason}", scope=scope, field=field, reason=reason)
+
+
+class SourceResponseMalformed(Incompatible):
+    """A source answered with a body that is not what its kind reads (malformed JSON, no records)."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"{source}: {reason}", source=source, reason=reason)
+
+
+class SourceRequestRefused(Incompatible):
+    """A source refused a request in a way a retry cannot change (a 4xx other than 408/429)."""
+
+    def __init__(self, source: str, status: int, reason: str) -> None:
+        super().__init__(f"{source}: HTTP {status} ({reason})", source=source, status=status, reason=reason)
+
+
+class PipelineSeedCeilingBreached(Incompatible):
+    """``run.seed.ceiling-breached``: the chunk holding the value lands nothing."""
+
+    def __init__(self, pipeline: str, column: str, value: str, ceiling: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}: seeded row with {column} = {value} reaches the seed ceiling "
+                         f"{ceiling}", pipeline=pipeline, column=column, value=value, ceiling=ceiling)
+
+
+class PipelineSeedCeilingUnevaluable(Incompatible):
+    """``run.seed.ceiling-unevaluable``."""
+
+    def __init__(self, pipeline: str, column: str, reason: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}: cannot compare {column} with the seed ceiling ({reason})",
+                         pipeline=pipeline, column=column, reason=reason)
+
+
 class TypeSpellingUnreadable(Incompatible):
     """``run.land.typed-pull``: a ``types`` entry the typed landing cannot read."""
 
@@ -321,6 +440,50 @@ class TypedLandingFailed(Incompatible):
     def __init__(self, table: str, column: str, spelling: str, reason: str) -> None:
         super().__init__(f"table {table!r}, column {column}: values do not read as {spelling} ({reason})",
                          table=table, column=column, spelling=spelling, reason=reason)
+
+
+# --- conflicts and windows -------------------------------------------------------------------
+
+
+class SyncCursorConflict(Conflict):
+    """``store.merge.cursor-recency``: a cursor resolves through its commit, never by write time."""
+
+    def __init__(self, table: str, scope: str, reason: str) -> None:
+        super().__init__(f"table {table!r}, cursor {scope}: {reason}", table=table, scope=scope, reason=reason)
+
+
+class PipelineSeedSourceChanged(Conflict):
+    """``run.seed.source-changed``: names both fingerprints."""
+
+    def __init__(self, pipeline: str, landed: str, current: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}: the seed landed from fingerprint {landed} but its source now has "
+                         f"{current}", pipeline=pipeline, landed=landed, current=current)
+
+
+class JournalConflict(Conflict):
+    """A journal step already holds a different recorded value (conditional journal write lost)."""
+
+    def __init__(self, execution: str, step: int, reason: str) -> None:
+        super().__init__(f"execution {execution}, step {step}: {reason}", execution=execution, step=step,
+                         reason=reason)
+
+
+class OwnerPlanMismatch(Conflict):
+    """A scope's pending owner is pinned to another plan; it resumes only under that plan."""
+
+    def __init__(self, scope: str, execution: str, pinned: str, offered: str) -> None:
+        super().__init__(f"scope {scope}: execution {execution} is pending under plan {pinned[:12]}; this run's "
+                         f"plan is {offered[:12]} (run the pending plan to completion, or rewind the execution)",
+                         scope=scope, execution=execution, pinned=pinned, offered=offered)
+
+
+class ReceiveBatchKeyExpired(Expired):
+    """``run.land.receive-key-expired``: non-retryable; raised before the body is read."""
+
+    def __init__(self, pipeline: str, key: str, age_s: float, retention_s: float) -> None:
+        super().__init__(f"pipeline {pipeline!r}: batch key {key!r} was first tried {age_s:.0f} s ago, past "
+                         f"key_retention_secs = {retention_s:g}", pipeline=pipeline, key=key, age_s=age_s,
+                         retention_s=retention_s)
 
 
 # --- lookups ---------------------------------------------------------------------------------
