@@ -40,7 +40,7 @@ Hierarchy::
         │   ├── TypeSpellingUnreadable
         │   ├── TypedLandingFailed
         │   ├── CursorFieldMismatch, CursorPositionUnorderable
-        │   ├── SourceResponseMalformed, SourceRequestRefused
+        │   ├── SourceResponseMalformed, SourceRequestRefused, PageCapExceeded
         │   └── PipelineSeedCeilingBreached, PipelineSeedCeilingUnevaluable
         ├── Conflict                     two values disagree for good (conflict)
         │   └── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch
@@ -404,6 +404,14 @@ class SourceResponseMalformed(Incompatible):
 
     def __init__(self, source: str, reason: str) -> None:
         super().__init__(f"{source}: {reason}", source=source, reason=reason)
+
+
+class PageCapExceeded(Incompatible):
+    """``connector.source.page-cap``: a walk would issue more than ``cap`` requests (an endless page)."""
+
+    def __init__(self, pipeline: str, cap: int, url: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}: the walk reached its cap of {cap} requests without an end "
+                         f"(next: {url}); the source's pagination does not end", pipeline=pipeline, cap=cap, url=url)
 
 
 class SourceRequestRefused(Incompatible):

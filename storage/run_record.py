@@ -55,7 +55,11 @@ RUNS_SCHEMA = pa.schema([
     ("bytes", pa.int64()),
     ("manifest", pa.string()),
     ("downgrade_events", pa.int64()),
+    ("bound_hits", pa.list_(pa.struct([("step", pa.string()), ("attempt", pa.int64()), ("bound", pa.string())]))),
 ])
+"""``bound_hits`` (``run.retry.bound-hit-recorded``): every connector bound the run's pulls struck,
+with the pull's step label and attempt, a hit a later attempt recovered from included; a run
+records them in its manifest's ``meta["bound_hits"]``."""
 
 
 class RunRecord:
@@ -88,6 +92,7 @@ class RunRecord:
             "bytes": manifest.bytes,
             "manifest": manifest_path,
             "downgrade_events": len(manifest.downgrade_events),
+            "bound_hits": list(manifest.meta.get("bound_hits", [])),
         }
         return RecordRun(run_id, "commit", table, payload)
 
@@ -175,4 +180,5 @@ def _row(run_id: str, phase: str, table: str, payload: dict[str, Any]) -> dict[s
         "bytes": payload.get("bytes"),
         "manifest": payload.get("manifest"),
         "downgrade_events": payload.get("downgrade_events"),
+        "bound_hits": payload.get("bound_hits") or [],
     }

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.project import Project
 
+if TYPE_CHECKING:
+    from engine.land.seed import SeedSpec
+
 NORMALIZE_MODES = ("nested", "relational")
-SOURCE_KINDS = ("files",)
+SOURCE_KINDS = ("files", "http", "receive")
 
 
 @dataclass(frozen=True)
 class SourceSpec:
     kind: str
-    """Source kind: ``files``."""
+    """Source kind: ``files``, ``http`` or ``receive``."""
     config: dict[str, Any] = field(default_factory=dict)
     """Kind-specific settings (``[pipeline.source.config]``), validated by the source."""
 
@@ -44,6 +47,8 @@ class PipelineSpec:
     """Pipelines that run before this one."""
     priority: int = 0
     """Higher runs first among pipelines ready at once."""
+    seed: SeedSpec | None = None
+    """A one-time historical load landed before the live source's first pull (``[pipeline.seed]``)."""
 
 
 @dataclass(frozen=True)

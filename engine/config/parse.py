@@ -30,7 +30,7 @@ from storage.errors import (
 
 TOP_KEYS = ("project", "pipeline")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
-                 "schedule", "after", "priority")
+                 "schedule", "after", "priority", "seed")
 SOURCE_KEYS = ("kind", "config")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 _SCHEDULE = re.compile(r"every\s+\d+\s*(s|m|h|d)|(\S+\s+){4}\S+")
@@ -107,7 +107,8 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
         if not _ID.fullmatch(pipeline_id):
             problems.add(ManifestValueInvalid(where, "id", "use a letter, then letters, digits or '_'"))
     problems.unknown_keys(where, block, PIPELINE_KEYS)
-    source = _source(block.get("source"), where, pipeline_id or f"#{n}", problems)
+    incremental = problems.string(where, block, "incremental")
+    source = _source(block.get("source"), where, pipeline_id or f"#{n}", incremental, problems)
     table = problems.string(where, block, "table", pipeline_id) or (pipeline_id or "")
     if table and not _ID.fullmatch(table):
         problems.add(ManifestValueInvalid(where, "table", f"{table!r} is not a table name (a letter, then letters, digits or '_')"))
@@ -133,18 +134,27 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
     if not isinstance(priority, int) or isinstance(priority, bool):
         problems.add(ManifestValueInvalid(where, "priority", f"must be an integer, not {priority!r}"))
         priority = 0
+    primary_key = problems.strings(where, block, "primary_key")
+    order_by = problems.string(where, block, "order_by")
+    seed = None
+    if "seed" in block:
+        from engine.land.seed import check_declaration, parse_seed
+
+        seed, found = parse_seed(f"{where} seed", block["seed"])
+        found += check_declaration(pipeline_id or f"#{n}", primary_key, order_by)
+        for problem in found:
+            problems.add(problem)
     if pipeline_id is None or source is None:
         return None
     return PipelineSpec(
-        id=pipeline_id, source=source, table=table, normalize=normalize,
-        incremental=problems.string(where, block, "incremental"),
-        primary_key=problems.strings(where, block, "primary_key"),
-        order_by=problems.string(where, block, "order_by"),
-        types=dict(types), schedule=schedule, after=problems.strings(where, block, "after"), priority=priority,
+        id=pipeline_id, source=source, table=table, normalize=normalize, incremental=incremental,
+        primary_key=primary_key, order_by=order_by, types=dict(types), schedule=schedule,
+        after=problems.strings(where, block, "after"), priority=priority, seed=seed,
     )
 
 
-def _source(block: Any, where: str, pipeline_id: str, problems: _Problems) -> SourceSpec | None:
+def _source(block: Any, where: str, pipeline_id: str, incremental: str | None,
+            problems: _Problems) -> SourceSpec | None:
     if block is None:
         problems.add(ManifestValueInvalid(where, "source", "is required ([pipeline.source] with a kind)"))
         return None
@@ -159,11 +169,21 @@ def _source(block: Any, where: str, pipeline_id: str, problems: _Problems) -> So
     if not isinstance(config, dict):
         problems.add(ManifestValueInvalid(f"{where} source", "config", "must be a table"))
         config = {}
+    found: list[ContextfulError] = []
     if kind == "files":
-        from engine.land.files import check_config
+        from engine.land import files
 
-        for problem in check_config(f"{where} source.config", config):
-            problems.add(problem)
+        found = files.check_config(f"{where} source.config", config)
+    elif kind == "http":
+        from engine.land import http
+
+        found = http.check_config(f"{where} source.config", config, incremental)
+    elif kind == "receive":
+        from engine.land.receive import config as receive
+
+        found = receive.check_config(f"{where} source.config", config)
+    for problem in found:
+        problems.add(problem)
     return SourceSpec(kind, config) if kind else None
 
 

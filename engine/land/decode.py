@@ -54,7 +54,17 @@ import pyarrow as pa
 from pyarrow import ipc
 
 from engine.land.decode_child import SEGMENT, TRAILER, local_path, split_compression
-from storage.errors import InputMalformed, InputNotFound, InputUnreadable, ParseCrashed
+from storage.errors import (
+    ConnectorBoundHit,
+    InputMalformed,
+    InputNotFound,
+    InputUnreadable,
+    ParseCrashed,
+    RateLimited,
+    SourceRequestRefused,
+    SourceResponseMalformed,
+    SourceUnavailable,
+)
 
 DEFAULT_DEADLINE_S = 60.0
 DEFAULT_MEMORY_BYTES = 512 * 1024 * 1024
@@ -119,6 +129,22 @@ class Decoder:
                    "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows}
         return self._run(request)
 
+    def fetch(self, url: str, *, step: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0,
+              records: str | None = None, next_key: str | None = None,
+              token_key: str | None = None) -> PageFetch:
+        """One page of a JSON API, fetched and decoded in a fresh connector child.
+
+        The child's deadline and memory bound are the connector's call-deadline and linear-memory
+        bounds: striking either raises :class:`ConnectorBoundHit` naming it and ``step``
+        (``run.retry.bound-hit-is-transient``). Iterate the result for the page's batches; its
+        ``meta`` (status, next URL, next token) is set once they are read.
+        """
+        request = {"kind": "http", "path": url, "url": url, "step": step, "headers": headers or {},
+                   "timeout_s": min(timeout_s, self.deadline_s), "records": records, "next_key": next_key,
+                   "token_key": token_key, "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes,
+                   "batch_rows": self.batch_rows}
+        return PageFetch(self, request)
+
     def close(self) -> None:
         """Stop the fork server; it kills any child still running."""
         with self._lock:
@@ -177,7 +203,7 @@ class Decoder:
 
     # --- one input -----------------------------------------------------------------------------
 
-    def _run(self, request: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+    def _run(self, request: dict[str, Any], page: PageFetch | None = None) -> Iterator[pa.RecordBatch]:
         read_fd, write_fd = os.pipe()
         try:
             fcntl.fcntl(read_fd, _F_SETPIPE_SZ, _PIPE_BYTES)  # fewer wake-ups per batch
@@ -202,7 +228,11 @@ class Decoder:
                 trailer = None  # the stream broke off: the child died mid-batch
             final = _receive(status)
             finished = True
-            self._raise_for(request["path"], hello["pid"], trailer, final)
+            if page is not None:
+                page.meta = (trailer or {}).get("page")
+                _raise_for_page(request, hello["pid"], trailer, final, self.deadline_s, self.memory_bytes)
+            else:
+                self._raise_for(request["path"], hello["pid"], trailer, final)
         finally:
             if not finished:  # abandoned: the server kills the child; wait until its group is gone
                 try:
@@ -235,6 +265,52 @@ class Decoder:
             raise ParseCrashed(path, "memory", f"resident {_mib(final['rss'])} over the {_mib(self.memory_bytes)} "
                                                f"bound; process group {pid} killed")
         raise ParseCrashed(path, "crash", f"child {pid} {_exit_text(final['status'])} before finishing")
+
+
+class PageFetch:
+    """One page being fetched: iterate for its batches; ``meta`` is set after the last one."""
+
+    def __init__(self, decoder: Decoder, request: dict[str, Any]) -> None:
+        self.decoder = decoder
+        self.request = request
+        self.meta: dict[str, Any] | None = None
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        return self.decoder._run(self.request, self)
+
+
+def _raise_for_page(request: dict[str, Any], pid: int, trailer: dict[str, Any] | None,
+                    final: dict[str, Any] | None, deadline_s: float, memory_bytes: int) -> None:
+    """The catalogue error for a page that did not arrive: a connector's failures are transient
+    where a later attempt may succeed (bounds, 429, 5xx, unreachable) and terminal otherwise."""
+    url, step = request["url"], request["step"]
+    if trailer is not None:
+        error = trailer.get("error")
+        if error is None:
+            return
+        if error == "http":
+            status = int(trailer["status"])
+            if status == 429:
+                raise RateLimited(url, trailer.get("retry_after_s") or 1.0, trailer["reason"])
+            if status >= 500 or status == 408:
+                raise SourceUnavailable(url, trailer["reason"], status)
+            raise SourceRequestRefused(url, status, trailer["reason"])
+        if error == "unreachable":
+            raise SourceUnavailable(url, trailer["reason"])
+        if error == "malformed":
+            raise SourceResponseMalformed(url, trailer["reason"])
+        if error == "memory":
+            raise ConnectorBoundHit(step, "linear-memory", f"{url}: {trailer['reason']}")
+        raise ParseCrashed(url, "crash", trailer["reason"])
+    if final is None:
+        raise ParseCrashed(url, "crash", _SERVER_GONE)
+    if final["bound"] == "deadline":
+        raise ConnectorBoundHit(step, "call-deadline", f"{url}: still running {deadline_s:g} s after spawn; "
+                                                       f"process group {pid} killed")
+    if final["bound"] == "memory":
+        raise ConnectorBoundHit(step, "linear-memory", f"{url}: resident {_mib(final['rss'])} over the "
+                                                       f"{_mib(memory_bytes)} bound; process group {pid} killed")
+    raise ParseCrashed(url, "crash", f"child {pid} {_exit_text(final['status'])} before finishing")
 
 
 def _frames(source: pa.PythonFile) -> Generator[pa.RecordBatch, None, dict[str, Any] | None]:

@@ -276,6 +276,9 @@ def decode_input(request: dict[str, Any], data_fd: int) -> None:
     """Decode one input to ``data_fd`` as IPC segments and a trailer (runs in the child)."""
     sink = _Sink(data_fd, request["batch_rows"])
     trailer: dict[str, Any]
+    if request.get("kind") == "http":
+        sink.finish(_fetch(request, sink))
+        return
     try:
         for table in _tables(request):
             sink.send(table)
@@ -297,6 +300,31 @@ def decode_input(request: dict[str, Any], data_fd: int) -> None:
         trailer = {"error": "crash", "reason": f"{type(exc).__name__}: {_first_line(exc)}"}
         traceback.print_exc()
     sink.finish(trailer)
+
+
+def _fetch(request: dict[str, Any], sink: _Sink) -> dict[str, Any]:
+    """One page of a JSON API (``engine.land.http_fetch``) to ``sink``; the trailer carries its meta."""
+    from engine.land.http_fetch import FetchFailed, fetch_page
+
+    def parse(data: bytes) -> Iterator[pa.Table]:
+        return _records(io.BytesIO(data).readinto, _LastNewline(), _json_table)
+
+    try:
+        meta, tables = fetch_page(request, parse)
+        for table in tables:
+            sink.send(table)
+        return {"ok": True, "page": meta}
+    except FetchFailed as exc:
+        return exc.trailer()
+    except _Malformed as exc:
+        return {"error": "malformed", "line": None, "reason": exc.reason}
+    except MemoryError as exc:
+        return {"error": "memory", "reason": str(exc) or "an allocation failed"}
+    except BrokenPipeError:
+        raise
+    except Exception as exc:
+        traceback.print_exc()
+        return {"error": "crash", "reason": f"{type(exc).__name__}: {_first_line(exc)}"}
 
 
 def _first_line(exc: BaseException) -> str:
@@ -811,5 +839,7 @@ def _as_text(value: Any, t: pa.DataType) -> Any:
 
 
 if __name__ == "__main__":
+    import engine.land.http_fetch  # noqa: F401  (preloaded: a connector child pays no urllib import)
+
     gc.freeze()  # the preloaded objects: a child's collections skip them, so their pages stay shared
     serve(int(sys.argv[1]))

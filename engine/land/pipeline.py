@@ -18,90 +18,28 @@ The per-pipeline cursor lives on the destination table under the scope ``pipelin
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.config.manifest import Manifest, PipelineSpec
 from engine.land.chunks import coalesce
 from engine.land.decode import Decoder
 from engine.land.files import InputFile, list_inputs
+from engine.land.http import HttpConfig
+from engine.land.position import open_position, since_text
+from engine.land.results import InputFailure, PipelineResult, Progress, TableLanding
+from engine.land.seed import land_seed
 from engine.land.typed import apply_types, read_types
+from engine.land.walk import run_http_pipeline
 from storage import Store
-from storage.errors import Incompatible, ManifestValueInvalid, NotFound
-from storage.reconcile import DowngradeEvent
-from storage.transaction import CommitResult, RunTransaction
+from storage.errors import ContextfulError, Incompatible, ManifestValueInvalid, NotFound
+from storage.transaction import RunTransaction
 
 CHECKPOINT_BYTES = 512 * 1024 * 1024
 STAGE_ROWS = 1_000_000
-
-
-@dataclass(frozen=True)
-class InputFailure:
-    input: str
-    error: str
-    detail: str
-    exit_code: int
-
-    def to_json(self) -> dict[str, str]:
-        return {"input": self.input, "error": self.error, "detail": self.detail}
-
-
-@dataclass
-class TableLanding:
-    """What one pipeline run landed in one table, across its checkpoint commits."""
-
-    table: str
-    run_ids: list[str] = field(default_factory=list)
-    commit_seqs: list[int] = field(default_factory=list)
-    rows: int = 0
-    parts: int = 0
-    bytes: int = 0
-    downgrade_events: list[DowngradeEvent] = field(default_factory=list)
-
-    def add(self, result: CommitResult) -> None:
-        self.run_ids.append(result.run_id)
-        self.commit_seqs.append(result.commit_seq)
-        self.rows += result.rows
-        self.parts += result.parts
-        self.bytes += result.bytes
-        self.downgrade_events.extend(result.downgrade_events)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"table": self.table, "run_ids": self.run_ids, "commit_seqs": self.commit_seqs, "rows": self.rows,
-                "parts": self.parts, "bytes": self.bytes,
-                "downgrade_events": [e.to_json() for e in self.downgrade_events]}
-
-
-@dataclass
-class PipelineResult:
-    pipeline: str
-    tables: list[TableLanding]
-    inputs_landed: list[str] = field(default_factory=list)
-    inputs_skipped: int = 0
-    failures: list[InputFailure] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "ok": self.ok, "tables": [t.to_json() for t in self.tables],
-                "inputs_landed": self.inputs_landed, "inputs_skipped": self.inputs_skipped,
-                "failures": [f.to_json() for f in self.failures], "seconds": round(self.seconds, 3)}
-
-
-@dataclass(frozen=True)
-class Progress:
-    pipeline: str
-    inputs_done: int
-    inputs_total: int
-    rows: int
-    bytes_read: int
-    tables: int
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -109,12 +47,20 @@ class PipelinePlan:
     pipeline: str
     table: str
     pull: list[InputFile]
+    """files: the inputs a run would pull."""
     skip: list[InputFile]
+    """files: the inputs already landed in this form."""
+    source: str = "files"
+    position: dict[str, Any] | None = None
+    """http: the stored position a run starts from (checked against the declared field)."""
+    first_request: str | None = None
+    """http: the URL a run would ask first."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "table": self.table,
+        return {"pipeline": self.pipeline, "table": self.table, "source": self.source,
                 "pull": [{"input": i.path, "bytes": i.size} for i in self.pull],
-                "skip": [i.path for i in self.skip]}
+                "skip": [i.path for i in self.skip], "position": self.position,
+                "first_request": self.first_request}
 
 
 def cursor_scope(spec: PipelineSpec) -> str:
@@ -133,6 +79,10 @@ def _landed_inputs(store: Store, spec: PipelineSpec) -> dict[str, str]:
 
 def plan_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec) -> PipelinePlan:
     """What a run would pull (inputs new or changed since the cursor) and what it would skip."""
+    if spec.source.kind == "http":
+        return _plan_http(store, spec)
+    if spec.source.kind == "receive":
+        return PipelinePlan(spec.id, spec.table, [], [], source="receive")
     landed = _landed_inputs(store, spec)
     inputs = list_inputs(spec.source.config, manifest.root)
     pull = [i for i in inputs if landed.get(i.path) != i.fingerprint]
@@ -140,12 +90,51 @@ def plan_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec) -> Pipel
     return PipelinePlan(spec.id, spec.table, pull, skip)
 
 
+def _plan_http(store: Store, spec: PipelineSpec) -> PipelinePlan:
+    scope = cursor_scope(spec)
+    stored = store.table(spec.table).cursor(scope) if spec.table in store.table_names() else None
+    position = open_position(scope, stored[0] if stored else None, spec.incremental)
+    config = HttpConfig.from_config(spec.source.config)
+    since = since_text(position.watermark, position.clock) if position.watermark is not None else None
+    first = (config.page_url(since, position.token) if config.walk_kind(spec.incremental) == "watermark"
+             else config.first_url(since))
+    return PipelinePlan(spec.id, spec.table, [], [], source="http", position=position.to_json() if stored else None,
+                        first_request=first)
+
+
 def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: Decoder, *,
                  checkpoint_bytes: int = CHECKPOINT_BYTES,
-                 progress: Callable[[Progress], None] | None = None) -> PipelineResult:
+                 progress: Callable[[Progress], None] | None = None,
+                 cancel: threading.Event | None = None,
+                 sleep: Callable[[float], None] | None = None) -> PipelineResult:
+    """One run of ``spec``: its seed first (once), then its source's new rows."""
     if spec.normalize != "nested":
         raise ManifestValueInvalid(f"[[pipeline]] {spec.id!r}", "normalize",
                                    f"{spec.normalize!r} normalization is not available in this version; use 'nested'")
+    seeded = None
+    if spec.seed is not None:
+        seeded = land_seed(store, manifest.root, spec.id, spec.table, spec.primary_key, spec.order_by, spec.seed,
+                           decoder, types=spec.types)
+    if spec.source.kind == "http":
+        result = run_http_pipeline(store, spec, decoder, scope=cursor_scope(spec), checkpoint_bytes=checkpoint_bytes,
+                                   progress=progress, cancel=cancel, sleep=sleep)
+    elif spec.source.kind == "receive":
+        from engine.land.receive.drain import drain_queue
+
+        result = drain_queue(store, manifest, spec, decoder)
+    else:
+        result = _run_files(store, manifest, spec, decoder, checkpoint_bytes=checkpoint_bytes, progress=progress)
+    if seeded is not None:
+        result.seed = seeded.to_json()
+        if seeded.commit is not None:
+            result.tables[0].add(seeded.commit)
+        if seeded.warning:
+            result.warnings.append(seeded.warning)
+    return result
+
+
+def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: Decoder, *,
+               checkpoint_bytes: int, progress: Callable[[Progress], None] | None) -> PipelineResult:
     started = time.monotonic()
     types = read_types(spec.types)
     plan = plan_pipeline(store, manifest, spec)
@@ -197,14 +186,33 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
 
 def run_pipelines(store: Store, manifest: Manifest, ids: list[str] | None = None, *,
                   checkpoint_bytes: int = CHECKPOINT_BYTES, decoder: Decoder | None = None,
-                  progress: Callable[[Progress], None] | None = None) -> list[PipelineResult]:
+                  progress: Callable[[Progress], None] | None = None,
+                  cancel: threading.Event | None = None) -> list[PipelineResult]:
     """Run the named pipelines (default: all) in dependency order, sharing one decoder server."""
     specs = manifest.in_dependency_order(ids)
     owned = decoder is None
     decoder = decoder or Decoder()
+    results: list[PipelineResult] = []
+    failed: set[str] = set()
     try:
-        return [run_pipeline(store, manifest, spec, decoder, checkpoint_bytes=checkpoint_bytes, progress=progress)
-                for spec in specs]
+        for spec in specs:
+            upstream = sorted(failed.intersection(spec.after))
+            if upstream:  # its inputs did not land: running it would build on stale rows
+                failed.add(spec.id)
+                results.append(PipelineResult(spec.id, [TableLanding(spec.table)], failures=[InputFailure(
+                    spec.id, "UpstreamFailed", f"not run: pipeline(s) {', '.join(upstream)} it runs after failed",
+                    1)]))
+                continue
+            try:
+                result = run_pipeline(store, manifest, spec, decoder, checkpoint_bytes=checkpoint_bytes,
+                                      progress=progress, cancel=cancel)
+            except ContextfulError as exc:  # this pipeline fails by name; the others still run
+                result = PipelineResult(spec.id, [TableLanding(spec.table)],
+                                        failures=[InputFailure(spec.id, exc.name, exc.detail, exc.exit_code)])
+            if not result.ok:
+                failed.add(spec.id)
+            results.append(result)
+        return results
     finally:
         if owned:
             decoder.close()

@@ -1,0 +1,87 @@
+"""What a pipeline run reports: per table landed, per input or pull failed, and its progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from storage.reconcile import DowngradeEvent
+from storage.transaction import CommitResult
+
+
+@dataclass(frozen=True)
+class InputFailure:
+    input: str
+    error: str
+    detail: str
+    exit_code: int
+
+    def to_json(self) -> dict[str, str]:
+        return {"input": self.input, "error": self.error, "detail": self.detail}
+
+
+@dataclass
+class TableLanding:
+    """What one pipeline run landed in one table, across its checkpoint commits."""
+
+    table: str
+    run_ids: list[str] = field(default_factory=list)
+    commit_seqs: list[int] = field(default_factory=list)
+    rows: int = 0
+    parts: int = 0
+    bytes: int = 0
+    downgrade_events: list[DowngradeEvent] = field(default_factory=list)
+
+    def add(self, result: CommitResult) -> None:
+        self.run_ids.append(result.run_id)
+        self.commit_seqs.append(result.commit_seq)
+        self.rows += result.rows
+        self.parts += result.parts
+        self.bytes += result.bytes
+        self.downgrade_events.extend(result.downgrade_events)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": self.table, "run_ids": self.run_ids, "commit_seqs": self.commit_seqs, "rows": self.rows,
+                "parts": self.parts, "bytes": self.bytes,
+                "downgrade_events": [e.to_json() for e in self.downgrade_events]}
+
+
+@dataclass
+class PipelineResult:
+    pipeline: str
+    tables: list[TableLanding]
+    inputs_landed: list[str] = field(default_factory=list)
+    inputs_skipped: int = 0
+    failures: list[InputFailure] = field(default_factory=list)
+    seconds: float = 0.0
+    pulls: int = 0
+    """Requests a source walk issued (retries included)."""
+    bound_hits: list[dict[str, Any]] = field(default_factory=list)
+    """Every connector bound struck, recovered or not: {"step", "attempt", "bound"}."""
+    warnings: list[str] = field(default_factory=list)
+    execution: str | None = None
+    """The execution the run opened or resumed (position-addressed sources)."""
+    seed: dict[str, Any] | None = None
+    """What the pipeline's seed did this run (``engine.land.seed.SeedOutcome``)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pipeline": self.pipeline, "ok": self.ok, "tables": [t.to_json() for t in self.tables],
+                "inputs_landed": self.inputs_landed, "inputs_skipped": self.inputs_skipped,
+                "failures": [f.to_json() for f in self.failures], "seconds": round(self.seconds, 3),
+                "pulls": self.pulls, "bound_hits": self.bound_hits, "warnings": self.warnings,
+                "execution": self.execution, "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class Progress:
+    pipeline: str
+    inputs_done: int
+    inputs_total: int
+    rows: int
+    bytes_read: int
+    tables: int
+    seconds: float

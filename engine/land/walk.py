@@ -1,0 +1,242 @@
+"""Running an ``http`` pipeline: walk the source page by page, commit rows with their position.
+
+One run of an ``http`` pipeline (``engine.land.http`` describes the walks):
+
+1. open the stored position and check its field against the declared ``incremental`` field before
+   any request is built (``run.advance.field-rename``);
+2. pull page after page, each pull under the run's retry schedule (``engine.run.retry``): a 429,
+   a 5xx, an unreachable server, a meter's denial or a struck connector bound is transient and the
+   schedule waits and tries again; every bound hit is kept and lands on the run record
+   (``run.retry.bound-hit-recorded``);
+3. read each page's clocks (``engine.land.position.ClockTracker``): a row without an orderable
+   clock, or a switch between text and numeric positions, fails the pull
+   (``run.advance.unorderable-position``); a watermark walk admits the rows after its floor;
+4. a watermark walk is position-addressed: once the parts staged since the last commit reach
+   ``checkpoint_bytes`` (512 MiB), the run commits them with the position after its last staged
+   pull before staging more rows (``run.own.checkpoint-commit``), but only before a pull whose
+   every clock passes the run's frontier, so no commit splits the rows of one instant
+   (``run.own.checkpoint-frontier``); a checkpoint inside a walk stores the walk's floor and the
+   next page's token, so a resumed run asks that page and admits rows from the same floor
+   (``run.advance.walk-position``), and the walk's last commit stores the frontier as the new
+   watermark. A url walk commits once (``run.own.checkpoint-scope``).
+
+A failing pull fails the run: its staged rows since the last commit are dropped, the position
+stays at the last commit, and a re-run walks on from there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from engine.config.manifest import PipelineSpec
+from engine.land.decode import Decoder
+from engine.land.decode_child import conform
+from engine.land.http import PAGE_CAP, HttpConfig
+from engine.land.meter import Meter
+from engine.land.position import ClockTracker, Position, open_position, since_text
+from engine.land.results import PipelineResult, Progress, TableLanding
+from engine.land.typed import apply_types, read_types
+from engine.run.retry import RetrySchedule
+from storage import Store
+from storage.errors import PageCapExceeded, SourceResponseMalformed
+from storage.transaction import RunTransaction
+
+
+@dataclass
+class Page:
+    label: str
+    url: str
+    rows: pa.Table
+    next_url: str | None
+    next_token: Any
+    span: tuple[Any, Any] | None
+
+
+class _Walker:
+    """Issues one walk's requests: meter, retries, the page cap, the connector child."""
+
+    def __init__(self, spec: PipelineSpec, config: HttpConfig, decoder: Decoder, schedule: RetrySchedule,
+                 meter: Meter | None, tracker: ClockTracker | None, cancel: threading.Event | None) -> None:
+        self.spec = spec
+        self.config = config
+        self.decoder = decoder
+        self.schedule = schedule
+        self.meter = meter
+        self.tracker = tracker
+        self.cancel = cancel
+        self.requests = 0
+        self.since_progress = 0
+        self.served_max: Any = None
+        self.pages = 0
+
+    def page(self, url: str) -> Page:
+        self.pages += 1
+        label = f"{self.spec.id} page {self.pages}"
+        rows, meta = self.schedule.run(label, lambda _attempt: self._request(label, url), cancel=self.cancel)
+        span = self.tracker.span(rows, f"page {self.pages} ({url})") if self.tracker is not None else None
+        if span is not None:
+            if self.served_max is None or span[0] > self.served_max:
+                self.since_progress = 1  # every clock passes every clock served before
+            self.served_max = span[1] if self.served_max is None else max(self.served_max, span[1])
+        return Page(label, url, rows, meta.get("next_url"), meta.get("next_token"), span)
+
+    def _request(self, label: str, url: str) -> tuple[pa.Table, dict[str, Any]]:
+        if self.meter is not None:
+            self.meter.reserve()  # denial raises RateLimited; the schedule waits, never the meter
+        if self.since_progress >= PAGE_CAP:
+            raise PageCapExceeded(self.spec.id, PAGE_CAP, url)
+        self.requests += 1
+        self.since_progress += 1
+        fetch = self.decoder.fetch(url, step=label, headers=self.config.headers, timeout_s=self.config.timeout_s,
+                                   records=self.config.records, next_key=self.config.next_key,
+                                   token_key=self.config.token_key)
+        batches = list(fetch)
+        return _one_table(batches), fetch.meta or {}
+
+
+def _one_table(batches: list[pa.RecordBatch]) -> pa.Table:
+    if not batches:
+        return pa.table({})
+    schema = batches[-1].schema  # later batches only widen: earlier ones conform to the last
+    return pa.concat_tables([conform(pa.Table.from_batches([b]), schema) for b in batches])
+
+
+def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, scope: str,
+                      checkpoint_bytes: int, progress: Callable[[Progress], None] | None = None,
+                      cancel: threading.Event | None = None,
+                      sleep: Callable[[float], None] | None = None) -> PipelineResult:
+    started = time.monotonic()
+    config = HttpConfig.from_config(spec.source.config)
+    table = store.create_table(spec.table, spec.primary_key)
+    stored = table.cursor(scope)
+    position = open_position(scope, stored[0] if stored else None, spec.incremental)  # before any request
+    schedule = RetrySchedule.from_config(config.retry, where=f"[[pipeline]] {spec.id!r} source.config.retry")
+    if sleep is not None:
+        schedule.sleep = sleep
+    meter = Meter.from_config(config.url, config.rate_limit) if config.rate_limit else None
+    tracker = ClockTracker(scope, spec.incremental, position.clock) if spec.incremental else None
+    walker = _Walker(spec, config, decoder, schedule, meter, tracker, cancel)
+    landing = TableLanding(spec.table)
+    result = PipelineResult(spec.id, [landing])
+    run = _Run(store, spec, scope, landing, walker, checkpoint_bytes)
+    try:
+        if config.walk_kind(spec.incremental) == "watermark":
+            assert tracker is not None
+            run.watermark_walk(position, tracker, progress, started)
+        else:
+            run.url_walk(position, config, progress, started)
+    finally:
+        run.abort()
+        result.pulls = walker.requests
+        result.bound_hits = [hit.to_json() for hit in schedule.bound_hits]
+        result.seconds = time.monotonic() - started
+    return result
+
+
+class _Run:
+    """The staging side of one walk: transactions, checkpoints, the committed position."""
+
+    def __init__(self, store: Store, spec: PipelineSpec, scope: str, landing: TableLanding, walker: _Walker,
+                 checkpoint_bytes: int) -> None:
+        self.store = store
+        self.spec = spec
+        self.scope = scope
+        self.landing = landing
+        self.walker = walker
+        self.checkpoint_bytes = checkpoint_bytes
+        self.types = read_types(spec.types)
+        self.table = store.table(spec.table)
+        self.txn: RunTransaction | None = None
+
+    def stage(self, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        if self.txn is None:
+            self.txn = self.table.transaction("append", meta={"pipeline": self.spec.id})
+        self.txn.stage(apply_types(self.spec.table, rows, self.types))
+
+    def commit(self, position: Position | None) -> None:
+        """Commit what is staged with ``position`` (a position alone still commits: it moved)."""
+        if self.txn is None:
+            if position is None:
+                return
+            self.txn = self.table.transaction("append", meta={"pipeline": self.spec.id})
+        self.txn.meta["bound_hits"] = [hit.to_json() for hit in self.walker.schedule.bound_hits]
+        if position is not None:
+            self.txn.set_cursor(self.scope, position.to_json())
+        self.landing.add(self.txn.commit())
+        self.txn = None
+
+    def abort(self) -> None:
+        if self.txn is not None:
+            self.txn.abort()
+            self.txn = None
+
+    def staged_bytes(self) -> int:
+        return self.txn.staged_bytes if self.txn is not None else 0
+
+    def report(self, progress: Callable[[Progress], None] | None, started: float) -> None:
+        if progress is not None:
+            staged = self.txn.staged_rows if self.txn is not None else 0
+            progress(Progress(self.spec.id, self.walker.pages, 0, self.landing.rows + staged,
+                              self.landing.bytes + self.staged_bytes(), 1, time.monotonic() - started))
+
+    # --- the two walks ---------------------------------------------------------------------------
+
+    def watermark_walk(self, position: Position, tracker: ClockTracker,
+                       progress: Callable[[Progress], None] | None, started: float) -> None:
+        config = self.walker.config
+        floor, token = position.watermark, position.token
+        frontier = position.frontier if position.in_walk else floor
+        since = since_text(floor, tracker.clock) if floor is not None else None
+        committed = stored = position.to_json() if position.field else None
+        while True:
+            asked = Position(position.field, tracker.clock, floor, token, frontier)
+            page = self.walker.page(config.page_url(since, token))
+            admitted = tracker.after(page.rows, floor)
+            passes = page.span is None or frontier is None or page.span[0] > frontier
+            if self.staged_bytes() >= self.checkpoint_bytes and passes and token is not None:
+                self.commit(asked)  # a checkpoint: the position after the last staged pull
+                committed = asked.to_json()
+            self.stage(admitted)
+            if page.span is not None:
+                frontier = page.span[1] if frontier is None else max(frontier, page.span[1])
+            self.report(progress, started)
+            if page.next_token is None:
+                break
+            if page.next_token == token:
+                raise SourceResponseMalformed(page.url, f"the page answered its own token {token!r} as the next one")
+            token = page.next_token
+        final = Position(position.field, tracker.clock, frontier)
+        if self.txn is not None or final.to_json() != (committed or stored):
+            self.commit(final)
+
+    def url_walk(self, position: Position, config: HttpConfig,
+                 progress: Callable[[Progress], None] | None, started: float) -> None:
+        tracker = self.walker.tracker
+        floor = position.watermark
+        since = since_text(floor, position.clock) if floor is not None else None
+        url: str | None = config.first_url(since)
+        seen: set[str] = set()
+        frontier = floor
+        while url is not None:
+            page = self.walker.page(url)
+            rows = tracker.after(page.rows, floor) if tracker is not None else page.rows
+            self.stage(rows)
+            if page.span is not None:
+                frontier = page.span[1] if frontier is None else max(frontier, page.span[1])
+            self.report(progress, started)
+            seen.add(url)
+            if config.paginate == "none":
+                break
+            url = page.next_url
+            if url in seen:
+                raise SourceResponseMalformed(page.url, f"the next page is {url}, a page this walk already read")
+        final = Position(position.field, tracker.clock if tracker else None, frontier) if position.field else None
+        self.commit(final)  # a url walk commits once
