@@ -314,9 +314,9 @@ class PipelineSeedDeclarationMissing(SpecInvalid):
 class LeaseCursorKindMismatch(SpecInvalid):
     """``store.lease.cursor-kind``: only a cursor kind that takes a lease may live under cursors/."""
 
-    def __init__(self, name: str, kind: str, leased: tuple[str, ...]) -> None:
-        super().__init__(f"cursor {name!r} of kind {kind!r} takes no lease and cannot be held under cursors/ "
-                         f"(kinds that take a lease: {', '.join(leased)})", name=name, kind=kind, leased=leased)
+    def __init__(self, scope: str, kind: str, leased: tuple[str, ...]) -> None:
+        super().__init__(f"cursor {scope!r} of kind {kind!r} takes no lease and cannot be held under cursors/ "
+                         f"(kinds that take a lease: {', '.join(leased)})", scope=scope, kind=kind, leased=leased)
 
 
 class ManifestInvalid(SpecInvalid):

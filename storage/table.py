@@ -83,7 +83,8 @@ class Table:
         return RunManifest.loads(self.store.objects.get_bytes(manifest_key(self.name, run_id)))
 
     def cursor(self, scope: str) -> tuple[Any, int] | None:
-        """The committed position of ``scope`` and the commit_seq that landed it."""
+        """The committed position of ``scope`` at the head and the commit_seq that landed it
+        (``storage.cursors.resolve_cursor`` resolves one at an earlier snapshot)."""
         return self.store.catalog.cursor(self.name, scope)
 
     # --- reading --------------------------------------------------------------------------------

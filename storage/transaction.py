@@ -32,6 +32,7 @@ from storage.commits import (
     SetSchema,
     Update,
 )
+from storage.cursors import check_cursor
 from storage.errors import CommitConflict, StagingFailed
 from storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
 from storage.parts import part_key, split_table, write_part
@@ -172,6 +173,7 @@ class RunTransaction:
 
     def set_cursor(self, scope: str, value: Any) -> None:
         """Commit ``value`` as the position of ``scope`` together with this run's rows."""
+        check_cursor(scope, value)
         self._cursor = {"scope": scope, "value": value}
 
     # --- landing --------------------------------------------------------------------------------

@@ -1,0 +1,204 @@
+"""The execution handle: one interface a derive step or host job runs through.
+
+Implements ``run.journal.substrate-port`` (decision "host-opens-execution": a host opens an
+execution through one handle keyed on a declared scope): open or resume under a scope and a
+content-hashed plan reference, record step output, commit a cursor, attach a retry schedule,
+describe capabilities. Suspending on an awakeable attaches here once the awakeable store exists;
+until then :meth:`Execution.capabilities` reports ``awakeables: False``.
+
+Also ``run.own.unclosed-execution`` (decision "unclosed-execution-recovers"): only :meth:`close`
+writes a status. A handle dropped without it, or a process killed under it, leaves the owner
+pending, and the next :func:`open_execution` under its scope resumes the same execution once the
+owner lease lapses, replaying the recorded steps instead of computing them again.
+
+    >>> from storage.clock import ManualClock
+    >>> from storage.journal import open_journal_store
+    >>> import tempfile
+    >>> journal = open_journal_store("sqlite", path=tempfile.mkdtemp() + "/journal.sqlite")
+    >>> clock, plan = ManualClock(), plan_reference({"pipeline": "orders", "v": 1})
+    >>> first = open_execution(journal, "orders", plan, holder="a", lease_s=30, clock=clock)
+    >>> first.step("pull page 1", lambda: {"rows": 10})
+    {'rows': 10}
+    >>> del first                      # dropped without close: the owner stays pending
+    >>> clock.advance(30)              # the lease lapses
+    >>> again = open_execution(journal, "orders", plan, holder="b", lease_s=30, clock=clock)
+    >>> again.resumed, again.step("pull page 1", lambda: {"rows": 99})
+    (True, {'rows': 10})
+    >>> again.close(ok=True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from storage.clock import Clock, SystemClock
+from storage.errors import JournalConflict
+from storage.journal import CLOSED_FAILED, CLOSED_OK, JournalStore, StepRow
+
+if TYPE_CHECKING:
+    from engine.run.retry import RetrySchedule
+
+StepValue = bytes | dict[str, Any]
+
+# A recorded step value starts with one tag byte saying how to read the rest.
+_TAG_BYTES = b"b"
+_TAG_JSON = b"j"
+
+
+def _canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def plan_reference(plan: dict[str, Any]) -> str:
+    """The content hash pinning an execution: SHA-256 hex of the plan's canonical JSON.
+
+    >>> plan_reference({"b": 1, "a": [1, 2]}) == plan_reference({"a": [1, 2], "b": 1})
+    True
+    """
+    return hashlib.sha256(_canonical_json(plan).encode()).hexdigest()
+
+
+def _encode(value: StepValue) -> bytes:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return _TAG_BYTES + bytes(value)
+    return _TAG_JSON + _canonical_json(value).encode()
+
+
+def _decode(stored: bytes) -> StepValue:
+    tag, body = stored[:1], stored[1:]
+    if tag == _TAG_BYTES:
+        return body
+    if tag == _TAG_JSON:
+        decoded: dict[str, Any] = json.loads(body)
+        return decoded
+    raise ValueError(f"a recorded step value starts with tag {tag!r}, neither {_TAG_BYTES!r} nor {_TAG_JSON!r}")
+
+
+def default_holder() -> str:
+    """A holder id unique to one handle: host, process and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Execution:
+    """A claimed execution: record-or-replay steps, cache a cursor, close once.
+
+    Opened by :func:`open_execution`. Nothing happens on drop: there is no ``__del__``, because a
+    killed process runs no destructor either, and one event must read one way.
+    """
+
+    def __init__(self, journal: JournalStore, scope: str, plan_ref: str, holder: str, lease_us: int,
+                 clock: Clock) -> None:
+        self.journal = journal
+        self.scope = scope
+        self.plan_ref = plan_ref
+        self.holder = holder
+        self.lease_us = lease_us
+        self.clock = clock
+        self.retry: RetrySchedule | None = None
+        self.closed = False
+        row = journal.claim(scope, plan_ref, holder, clock.now_us(), lease_us)
+        self.execution_id = row.execution_id
+        self.attempt = row.attempts
+        self.resumed = row.attempts > 1
+        self.cached_cursor: dict[str, Any] | None = None if row.cursor is None else json.loads(row.cursor)
+        self.lease_expires_us = row.lease_expires_us
+        self._replay_from = row.replay_from
+        self._next_seq = row.replay_from
+        # Steps below the replay point belong before the last cached cursor: never replayed.
+        self._recorded: dict[int, StepRow] = {
+            step.seq: step for step in journal.steps(row.execution_id) if step.seq >= row.replay_from}
+
+    def __repr__(self) -> str:
+        return (f"Execution({self.execution_id}, scope={self.scope!r}, attempt={self.attempt}, "
+                f"{'closed' if self.closed else 'open'})")
+
+    def _check_open(self, seq: int) -> None:
+        if self.closed:
+            raise JournalConflict(self.execution_id, seq, "the execution is closed")
+
+    # --- steps ------------------------------------------------------------------------------------
+
+    def step(self, label: str, compute: Callable[[], StepValue]) -> StepValue:
+        """Record-or-replay the next step.
+
+        A step this execution recorded before (an earlier attempt) returns its recorded value and
+        ``compute`` is not called; one recorded under another label raises JournalConflict. A new
+        step calls ``compute`` and records its value (bytes, or a JSON object); if another writer
+        recorded the step first, its value is returned instead.
+        """
+        seq = self._next_seq
+        self._check_open(seq)
+        recorded = self._recorded.get(seq)
+        if recorded is not None:
+            if recorded.label != label:
+                raise JournalConflict(self.execution_id, seq,
+                                      f"step {seq} was recorded as {recorded.label!r}; this attempt offers {label!r}")
+            stored = recorded.value
+        else:
+            stored = self.journal.record(self.execution_id, seq, label, _encode(compute()), self.clock.now_us())
+        self._next_seq = seq + 1
+        return _decode(stored)
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next :meth:`step` records or replays."""
+        return self._next_seq
+
+    def cache_cursor(self, value: dict[str, Any]) -> None:
+        """Cache a checkpoint's position and marker on the pending owner.
+
+        With it the owner records that a resumption replays from the next step on: the steps
+        before it are the pulls the checkpoint committed, which :meth:`collect_steps` removes.
+        """
+        self._check_open(self._next_seq)
+        self.journal.cache_cursor(self.execution_id, self.holder, _canonical_json(value),
+                                  replay_from=self._next_seq)
+        self.cached_cursor = value
+        self._replay_from = self._next_seq
+
+    def collect_steps(self) -> int:
+        """Delete the recorded steps the last cached cursor covers; return how many."""
+        return self.journal.collect(self.execution_id, below=self._replay_from)
+
+    # --- lease, retry, capabilities -----------------------------------------------------------------
+
+    def renew(self) -> None:
+        """Extend the owner lease by ``lease_s`` from now; JournalConflict if it was lost."""
+        self._check_open(self._next_seq)
+        row = self.journal.renew(self.execution_id, self.holder, self.clock.now_us(), self.lease_us)
+        self.lease_expires_us = row.lease_expires_us
+
+    def attach_retry(self, schedule: RetrySchedule) -> None:
+        """The retry schedule this execution's steps run under (kept on ``.retry``)."""
+        self.retry = schedule
+
+    def capabilities(self) -> dict[str, bool]:
+        """What this execution can do over its journal store's profile."""
+        return self.journal.capabilities()
+
+    # --- close ------------------------------------------------------------------------------------
+
+    def close(self, ok: bool) -> None:
+        """Settle the owner as ``closed-ok`` or ``closed-failed``: the scope's next open starts a new
+        execution. The only write of a status."""
+        self._check_open(self._next_seq)
+        self.journal.close(self.execution_id, self.holder, CLOSED_OK if ok else CLOSED_FAILED, self.clock.now_us())
+        self.closed = True
+
+
+def open_execution(journal: JournalStore, scope: str, plan_ref: str, *, holder: str | None = None,
+                   lease_s: float = 60.0, clock: Clock | None = None) -> Execution:
+    """Open a new execution under ``scope``, or resume its pending one.
+
+    Resumes when the pending owner is pinned to ``plan_ref`` and its lease lapsed (or ``holder``
+    holds it). Raises OwnerPlanMismatch when the pending owner is pinned to another plan, and
+    JournalConflict naming the holder and expiry while another holder's lease runs.
+    """
+    return Execution(journal, scope, plan_ref, holder or default_holder(), int(lease_s * 1_000_000),
+                     clock or SystemClock())

@@ -1,0 +1,224 @@
+"""The journal store port: execution owners keyed on their scope, and the steps they recorded.
+
+Implements the journal part of ``run.journal.storage-ports`` (decision "run-substrate-storage":
+the run substrate is three storage ports, and the file tree is one adapter) and the owner rules of
+``run.own.host-scope`` and ``run.own.unclosed-execution`` (decision
+"unclosed-execution-recovers"). Adapters beside this module: ``files`` (a file tree under a local
+store root), ``sqlite`` and ``postgres``; :func:`open_journal_store` picks one by profile.
+
+Two kinds of rows:
+
+* **Owners**, one per scope. Every owner verb (:meth:`JournalStore.claim`, ``renew``,
+  ``cache_cursor``, ``close``, ``retire``) is a pure transition of the current row, applied through
+  one atomic read-modify-write primitive each adapter provides (:meth:`JournalStore._swap_owner`),
+  so the rules live here once and every adapter serializes them the same way.
+* **Steps**, ``(execution_id, seq)`` → ``(label, value)``. :meth:`JournalStore.record` is a
+  conditional insert: the first value recorded at a sequence number is the one every later writer
+  and every replay reads.
+
+An owner row never records a status on its own: a handle dropped without ``close`` leaves its
+owner ``pending`` until the lease lapses and the next claim under the scope resumes it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from storage.clock import SystemClock, from_us
+from storage.errors import JournalConflict, OwnerPlanMismatch
+
+PENDING = "pending"
+CLOSED_OK = "closed-ok"
+CLOSED_FAILED = "closed-failed"
+RETIRED = "retired"
+STATUSES = (PENDING, CLOSED_OK, CLOSED_FAILED, RETIRED)
+
+PROFILES = ("files", "sqlite", "postgres")
+
+
+@dataclass(frozen=True)
+class OwnerRow:
+    """The owner of one scope: the execution pending (or last settled) under it."""
+
+    scope: str
+    """The key: a live table, a backfill chunk or a host-declared id, byte for byte as supplied."""
+    execution_id: str
+    plan_ref: str
+    """SHA-256 hex of the canonical plan the execution is pinned to."""
+    status: str
+    """``pending``, ``closed-ok``, ``closed-failed`` or ``retired``."""
+    holder: str | None
+    """Opaque id of the process or handle holding the lease."""
+    lease_expires_us: int
+    opened_us: int
+    closed_us: int | None
+    cursor: str | None
+    """JSON text a checkpoint caches while the owner is pending (position and marker), or None."""
+    attempts: int
+    """How many claims opened this execution: 1 when created, +1 on every resumption."""
+    replay_from: int = 0
+    """The step sequence number a resumption replays from; steps below it are collectable."""
+
+
+@dataclass(frozen=True)
+class StepRow:
+    execution_id: str
+    seq: int
+    label: str
+    value: bytes
+    recorded_us: int
+
+
+def _held_reason(row: OwnerRow) -> str:
+    return f"held by {row.holder} until {from_us(row.lease_expires_us).isoformat()}"
+
+
+def _require_held(row: OwnerRow | None, execution_id: str, holder: str | None) -> OwnerRow:
+    """The row, if ``execution_id`` is its pending execution and (unless None) ``holder`` holds it."""
+    if row is None or row.execution_id != execution_id:
+        raise JournalConflict(execution_id, 0, "no owner holds this execution any more")
+    if row.status != PENDING:
+        raise JournalConflict(execution_id, 0, f"the owner of scope {row.scope} is {row.status}, not pending")
+    if holder is not None and row.holder != holder:
+        raise JournalConflict(execution_id, 0, f"lease lost: {_held_reason(row)}")
+    return row
+
+
+class JournalStore(ABC):
+    """Owners and steps behind conditional writes; adapters supply storage, this class the rules."""
+
+    # --- adapter primitives ---------------------------------------------------------------------
+
+    @abstractmethod
+    def _swap_owner(self, change: Callable[[OwnerRow | None], OwnerRow], *, scope: str | None = None,
+                    execution_id: str | None = None) -> OwnerRow:
+        """Atomically read the owner row of ``scope`` (or of the scope ``execution_id`` was opened
+        under, which may since hold a newer execution; None when absent), compute ``change(row)``
+        and write its result in its scope's place. An exception from ``change`` writes nothing and
+        propagates."""
+
+    @abstractmethod
+    def _insert_step(self, row: StepRow) -> StepRow:
+        """Insert ``row`` unless its ``(execution_id, seq)`` is present; return the stored row."""
+
+    @abstractmethod
+    def owner(self, scope: str) -> OwnerRow | None: ...
+
+    @abstractmethod
+    def owners(self) -> list[OwnerRow]:
+        """Every owner row, ordered by scope."""
+
+    @abstractmethod
+    def steps(self, execution_id: str) -> list[StepRow]:
+        """The execution's recorded steps, ordered by sequence number."""
+
+    @abstractmethod
+    def collect(self, execution_id: str, below: int | None = None) -> int:
+        """Delete the execution's steps (those with ``seq < below`` when given); return how many."""
+
+    def close_store(self) -> None:
+        """Release connections and handles (an adapter with none keeps this no-op)."""
+
+    # --- capabilities -----------------------------------------------------------------------------
+
+    def capabilities(self) -> dict[str, bool]:
+        """What an execution over this store can do. Every profile pairs the journal with a blob
+        store and writes conditionally (an adapter that cannot refuses to open); awakeables are not
+        built yet."""
+        return {"journal": True, "blobs": True, "awakeables": False, "conditional_writes": True}
+
+    # --- owner verbs ------------------------------------------------------------------------------
+
+    def claim(self, scope: str, plan_ref: str, holder: str, now_us: int, lease_us: int) -> OwnerRow:
+        """Open or resume the execution under ``scope``.
+
+        No pending owner: a new execution, pending, leased to ``holder``. A pending owner under
+        the same plan whose lease lapsed (``lease_expires_us <= now_us``) or that ``holder`` already
+        holds: the same execution, ``attempts + 1``. Pending under another plan: OwnerPlanMismatch.
+        Pending and leased to another holder: JournalConflict naming the holder and the expiry.
+        """
+
+        def change(row: OwnerRow | None) -> OwnerRow:
+            if row is None or row.status != PENDING:
+                return OwnerRow(scope=scope, execution_id=uuid.uuid4().hex, plan_ref=plan_ref, status=PENDING,
+                                holder=holder, lease_expires_us=now_us + lease_us, opened_us=now_us,
+                                closed_us=None, cursor=None, attempts=1)
+            if row.plan_ref != plan_ref:
+                raise OwnerPlanMismatch(scope, row.execution_id, row.plan_ref, plan_ref)
+            if row.holder != holder and row.lease_expires_us > now_us:
+                raise JournalConflict(row.execution_id, 0, _held_reason(row))
+            return replace(row, holder=holder, lease_expires_us=now_us + lease_us, attempts=row.attempts + 1)
+
+        return self._swap_owner(change, scope=scope)
+
+    def renew(self, execution_id: str, holder: str, now_us: int, lease_us: int) -> OwnerRow:
+        """Extend ``holder``'s lease to ``now_us + lease_us``; JournalConflict if it lost the owner."""
+        return self._swap_owner(
+            lambda row: replace(_require_held(row, execution_id, holder), lease_expires_us=now_us + lease_us),
+            execution_id=execution_id)
+
+    def cache_cursor(self, execution_id: str, holder: str, value: str | None,
+                     replay_from: int | None = None) -> OwnerRow:
+        """Cache a checkpoint's cursor (JSON text) on the pending owner, and with it, atomically,
+        the step a resumption replays from (unchanged when None)."""
+
+        def change(row: OwnerRow | None) -> OwnerRow:
+            held = _require_held(row, execution_id, holder)
+            return replace(held, cursor=value,
+                           replay_from=held.replay_from if replay_from is None else replay_from)
+
+        return self._swap_owner(change, execution_id=execution_id)
+
+    def close(self, execution_id: str, holder: str, status: str, now_us: int) -> OwnerRow:
+        """Settle ``holder``'s pending owner as ``closed-ok`` or ``closed-failed``."""
+        if status not in (CLOSED_OK, CLOSED_FAILED):
+            raise ValueError(f"close takes {CLOSED_OK!r} or {CLOSED_FAILED!r}, not {status!r}")
+        return self._swap_owner(
+            lambda row: replace(_require_held(row, execution_id, holder), status=status, closed_us=now_us),
+            execution_id=execution_id)
+
+    def retire(self, execution_id: str, now_us: int) -> OwnerRow:
+        """Retire a pending owner whoever holds it (an operator's rewind or an applied declaration);
+        the scope's next claim opens a fresh execution."""
+        return self._swap_owner(
+            lambda row: replace(_require_held(row, execution_id, None), status=RETIRED, closed_us=now_us),
+            execution_id=execution_id)
+
+    # --- steps ------------------------------------------------------------------------------------
+
+    def record(self, execution_id: str, seq: int, label: str, value: bytes, now_us: int | None = None) -> bytes:
+        """Record ``value`` as step ``seq`` unless a value is there; return the stored value.
+
+        A second writer of the step (a retry, a resumed attempt, a racing process) gets the first
+        recorded value back and no error: replay reads what the first attempt saw. A step recorded
+        under another label means the replay diverged from the recording: JournalConflict.
+        """
+        recorded_us = SystemClock().now_us() if now_us is None else now_us
+        stored = self._insert_step(StepRow(execution_id, seq, label, bytes(value), recorded_us))
+        if stored.label != label:
+            raise JournalConflict(execution_id, seq,
+                                  f"step {seq} was recorded as {stored.label!r}; this attempt offers {label!r}")
+        return stored.value
+
+
+def open_journal_store(profile: str, **kwargs: object) -> JournalStore:
+    """``files`` (root=…, a local path), ``sqlite`` (path=…) or ``postgres`` (dsn=…, schema=…)."""
+    if profile == "files":
+        from storage.journal.files import FileJournalStore
+        from storage.objects import ObjectStore
+
+        return FileJournalStore(ObjectStore(str(kwargs["root"])))
+    if profile == "sqlite":
+        from storage.journal.sqlite import SqliteJournalStore
+
+        return SqliteJournalStore(str(kwargs["path"]))
+    if profile == "postgres":
+        from storage.journal.postgres import PostgresJournalStore
+
+        return PostgresJournalStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
+    from storage.errors import StorageProfileUnknown
+
+    raise StorageProfileUnknown(profile, PROFILES)

@@ -1,0 +1,131 @@
+"""Journal store adapter: a file tree under a local store root.
+
+Layout::
+
+    journal/owners.lock                       the lock every owner write takes (fcntl.flock)
+    journal/owners/<sha256(scope)>.json        one owner row per scope, replaced atomically
+    journal/executions/<execution_id>.json     which scope an execution was opened under
+    journal/<execution_id>/<seq:08d>.json      one step, written once (put_if_absent)
+
+An owner write is a read-modify-write under an exclusive ``flock`` on ``journal/owners.lock``, and
+the row lands by atomic rename, so readers (who take no lock) see a whole row. ``flock`` excludes
+writers only on a local filesystem, so this adapter needs a local root: on an fsspec root (S3, …)
+no compare-and-swap is linearizable and it refuses to open with ConditionalWriteUnsupported. A step
+lands by hard link, which fails when the step is present: the first whole writer wins and every
+later writer reads its value.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+
+from storage.errors import ConditionalWriteUnsupported
+from storage.journal import JournalStore, OwnerRow, StepRow
+from storage.objects import TMP_MARK, ObjectStore
+
+LOCK_KEY = "journal/owners.lock"
+
+
+class FileJournalStore(JournalStore):
+    def __init__(self, objects: ObjectStore) -> None:
+        if not objects.is_local:
+            raise ConditionalWriteUnsupported(
+                f"files:{objects.url}", "the file-tree journal takes its owner lock with flock on a local root")
+        self.objects = objects
+
+    # --- keys ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def owner_key(scope: str) -> str:
+        # Scopes are arbitrary text (slashes, long ids); their hash is a safe, fixed-length name.
+        return f"journal/owners/{hashlib.sha256(scope.encode()).hexdigest()}.json"
+
+    @staticmethod
+    def execution_key(execution_id: str) -> str:
+        return f"journal/executions/{execution_id}.json"
+
+    @staticmethod
+    def step_key(execution_id: str, seq: int) -> str:
+        return f"journal/{execution_id}/{seq:08d}.json"
+
+    # --- owners -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _owner_lock(self) -> Iterator[None]:
+        path = self.objects.path(LOCK_KEY)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _read_owner(self, key: str) -> OwnerRow | None:
+        try:
+            return OwnerRow(**json.loads(self.objects.get_bytes(key)))
+        except FileNotFoundError:
+            return None
+
+    def _scope_of(self, execution_id: str) -> str | None:
+        try:
+            return str(json.loads(self.objects.get_bytes(self.execution_key(execution_id)))["scope"])
+        except FileNotFoundError:
+            return None
+
+    def _swap_owner(self, change: Callable[[OwnerRow | None], OwnerRow], *, scope: str | None = None,
+                    execution_id: str | None = None) -> OwnerRow:
+        with self._owner_lock():
+            if scope is None:
+                assert execution_id is not None
+                scope = self._scope_of(execution_id)
+            row = None if scope is None else self._read_owner(self.owner_key(scope))
+            new = change(row)
+            if row is None or new.execution_id != row.execution_id:
+                self.objects.put_if_absent(self.execution_key(new.execution_id),
+                                           json.dumps({"scope": new.scope}).encode())
+            self.objects.put_bytes(self.owner_key(new.scope), json.dumps(asdict(new), sort_keys=True).encode())
+            return new
+
+    def owner(self, scope: str) -> OwnerRow | None:
+        return self._read_owner(self.owner_key(scope))
+
+    def owners(self) -> list[OwnerRow]:
+        rows = [self._read_owner(info.key) for info in self.objects.list("journal/owners")
+                if TMP_MARK not in info.key]
+        return sorted((row for row in rows if row is not None), key=lambda row: row.scope)
+
+    # --- steps --------------------------------------------------------------------------------
+
+    def _insert_step(self, row: StepRow) -> StepRow:
+        key = self.step_key(row.execution_id, row.seq)
+        payload = {"label": row.label, "value": base64.b64encode(row.value).decode(), "recorded_us": row.recorded_us}
+        self.objects.put_if_absent(key, json.dumps(payload).encode())
+        return self._read_step(row.execution_id, row.seq, key)
+
+    def _read_step(self, execution_id: str, seq: int, key: str) -> StepRow:
+        doc = json.loads(self.objects.get_bytes(key))
+        return StepRow(execution_id, seq, doc["label"], base64.b64decode(doc["value"]), int(doc["recorded_us"]))
+
+    def _step_keys(self, execution_id: str) -> list[tuple[int, str]]:
+        found = []
+        for info in self.objects.list(f"journal/{execution_id}"):
+            name = info.key.rsplit("/", 1)[-1]
+            if TMP_MARK not in name and name.endswith(".json"):
+                found.append((int(name[: -len(".json")]), info.key))
+        return sorted(found)
+
+    def steps(self, execution_id: str) -> list[StepRow]:
+        return [self._read_step(execution_id, seq, key) for seq, key in self._step_keys(execution_id)]
+
+    def collect(self, execution_id: str, below: int | None = None) -> int:
+        doomed = [key for seq, key in self._step_keys(execution_id) if below is None or seq < below]
+        self.objects.delete(doomed)
+        return len(doomed)

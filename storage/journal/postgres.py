@@ -1,0 +1,55 @@
+"""Journal store adapter: tables ``cf_journal_owners`` and ``cf_journal_steps`` in a PostgreSQL
+schema (psycopg 3).
+
+An owner write takes a transaction-scoped advisory lock on its scope, then ``SELECT … FOR UPDATE``
+on the row: claims of one scope serialize across connections even before its first row exists,
+and a verb addressed by execution id waits on the row lock, re-reading the row once the lock is
+granted (a row whose execution a claim replaced meanwhile no longer matches). A step insert is
+``ON CONFLICT DO NOTHING``: a racing insert of the same step waits for the first to commit, then
+does nothing, and both read the first value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from storage.errors import CatalogRejected, CatalogUnavailable, ContextfulError
+from storage.journal.sql import SqlJournalStore
+
+
+class PostgresJournalStore(SqlJournalStore):
+    placeholder = "%s"
+    blob_type = "BYTEA"
+    row_lock = " FOR UPDATE"
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        super().__init__()
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(self.dsn, autocommit=True)
+        conn.execute(f'SET search_path TO "{self.schema}"')
+        return conn
+
+    def _begin_write(self, cur: Any) -> None:
+        cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+
+    def _lock_ddl(self, cur: Any) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"contextful-ddl:{self.schema}",))
+        cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+
+    def _lock_scope(self, cur: Any, scope: str) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    (f"contextful-journal-owner:{self.schema}:{scope}",))
+
+    def _map_error(self, exc: Exception) -> ContextfulError | None:
+        import psycopg
+
+        if isinstance(exc, psycopg.OperationalError):
+            return CatalogUnavailable(f"postgres:{self.schema}", str(exc).strip())
+        if isinstance(exc, psycopg.Error):
+            return CatalogRejected(f"postgres:{self.schema}", str(exc).strip())
+        return None

@@ -1,0 +1,169 @@
+"""The journal store's SQL, shared by the SQLite and PostgreSQL adapters.
+
+An owner verb is one write transaction: lock the scope (SQLite's ``BEGIN IMMEDIATE`` writer lock;
+on PostgreSQL an advisory lock on the scope, which also covers a scope with no row yet, and
+``SELECT … FOR UPDATE`` on the row), read the row, apply the transition, upsert the result. A step
+is ``INSERT … ON CONFLICT DO NOTHING`` followed by a read of the stored row, so a second writer of
+one step waits for the first insert to commit and then reads its value.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from storage.errors import ContextfulError
+from storage.journal import JournalStore, OwnerRow, StepRow
+
+OWNER_COLUMNS = ("scope", "execution_id", "plan_ref", "status", "holder", "lease_expires_us", "opened_us",
+                 "closed_us", "cursor", "attempts", "replay_from")
+
+DDL = (
+    """CREATE TABLE IF NOT EXISTS cf_journal_owners (
+        scope TEXT PRIMARY KEY, execution_id TEXT NOT NULL UNIQUE, plan_ref TEXT NOT NULL, status TEXT NOT NULL,
+        holder TEXT, lease_expires_us BIGINT NOT NULL, opened_us BIGINT NOT NULL, closed_us BIGINT,
+        cursor TEXT, attempts BIGINT NOT NULL, replay_from BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS cf_journal_steps (
+        execution_id TEXT NOT NULL, seq BIGINT NOT NULL, label TEXT NOT NULL, value {blob} NOT NULL,
+        recorded_us BIGINT NOT NULL, PRIMARY KEY (execution_id, seq))""",
+)
+
+_SELECT_OWNER = f"SELECT {', '.join(OWNER_COLUMNS)} FROM cf_journal_owners"
+_UPSERT_OWNER = (f"INSERT INTO cf_journal_owners ({', '.join(OWNER_COLUMNS)})"
+                 f" VALUES ({', '.join('?' for _ in OWNER_COLUMNS)}) ON CONFLICT (scope) DO UPDATE SET "
+                 + ", ".join(f"{c} = excluded.{c}" for c in OWNER_COLUMNS[1:]))
+_SELECT_STEP = "SELECT execution_id, seq, label, value, recorded_us FROM cf_journal_steps"
+
+
+def _owner(row: Any) -> OwnerRow | None:
+    return None if row is None else OwnerRow(*row)
+
+
+def _step(row: Any) -> StepRow:
+    return StepRow(row[0], int(row[1]), row[2], bytes(row[3]), int(row[4]))
+
+
+class SqlJournalStore(JournalStore, ABC):
+    """A journal store over one DB-API connection; adapters fill in the dialect hooks."""
+
+    placeholder = "?"
+    blob_type = "BLOB"
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        with self._lock, self._mapped_errors():
+            self._conn = self._connect()
+        with self._transaction() as cur:
+            self._lock_ddl(cur)
+            for statement in DDL:
+                cur.execute(statement.format(blob=self.blob_type))
+
+    # --- dialect hooks --------------------------------------------------------------------------
+
+    @abstractmethod
+    def _connect(self) -> Any: ...
+
+    @abstractmethod
+    def _begin_write(self, cur: Any) -> None:
+        """Begin a write transaction."""
+
+    @abstractmethod
+    def _map_error(self, exc: Exception) -> ContextfulError | None:
+        """The catalogue error for a driver error (None: not the driver's)."""
+
+    def _lock_ddl(self, cur: Any) -> None:
+        """Serialize table creation between processes opening the store at once."""
+
+    def _lock_scope(self, cur: Any, scope: str) -> None:
+        """Serialize owner writes of ``scope``, the row present or not (after ``_begin_write``)."""
+
+    row_lock = ""
+    """Appended to the owner read inside a write transaction (`` FOR UPDATE`` where rows lock)."""
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    def _sql(self, statement: str) -> str:
+        return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
+
+    @contextmanager
+    def _mapped_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:
+            mapped = self._map_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        with self._lock, self._mapped_errors():
+            cur = self._conn.cursor()
+            try:
+                self._begin_write(cur)
+                try:
+                    yield cur
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+                cur.execute("COMMIT")
+            finally:
+                cur.close()
+
+    def _query(self, statement: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        with self._lock, self._mapped_errors():
+            return list(self._conn.execute(self._sql(statement), params).fetchall())
+
+    def close_store(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # --- owners ---------------------------------------------------------------------------------
+
+    def _swap_owner(self, change: Callable[[OwnerRow | None], OwnerRow], *, scope: str | None = None,
+                    execution_id: str | None = None) -> OwnerRow:
+        with self._transaction() as cur:
+            if scope is not None:
+                self._lock_scope(cur, scope)
+                cur.execute(self._sql(f"{_SELECT_OWNER} WHERE scope = ?{self.row_lock}"), (scope,))
+            else:
+                cur.execute(self._sql(f"{_SELECT_OWNER} WHERE execution_id = ?{self.row_lock}"), (execution_id,))
+            new = change(_owner(cur.fetchone()))
+            cur.execute(self._sql(_UPSERT_OWNER), tuple(getattr(new, c) for c in OWNER_COLUMNS))
+            return new
+
+    def owner(self, scope: str) -> OwnerRow | None:
+        rows = self._query(f"{_SELECT_OWNER} WHERE scope = ?", (scope,))
+        return _owner(rows[0]) if rows else None
+
+    def owners(self) -> list[OwnerRow]:
+        return [OwnerRow(*row) for row in self._query(f"{_SELECT_OWNER} ORDER BY scope")]
+
+    # --- steps ----------------------------------------------------------------------------------
+
+    def _insert_step(self, row: StepRow) -> StepRow:
+        while True:  # bounded in practice: it loops only if a collect removes the step in between
+            with self._lock, self._mapped_errors():
+                self._conn.execute(
+                    self._sql("INSERT INTO cf_journal_steps (execution_id, seq, label, value, recorded_us)"
+                              " VALUES (?, ?, ?, ?, ?) ON CONFLICT (execution_id, seq) DO NOTHING"),
+                    (row.execution_id, row.seq, row.label, row.value, row.recorded_us))
+            stored = self._query(f"{_SELECT_STEP} WHERE execution_id = ? AND seq = ?", (row.execution_id, row.seq))
+            if stored:
+                return _step(stored[0])
+
+    def steps(self, execution_id: str) -> list[StepRow]:
+        return [_step(row) for row in self._query(f"{_SELECT_STEP} WHERE execution_id = ? ORDER BY seq",
+                                                  (execution_id,))]
+
+    def collect(self, execution_id: str, below: int | None = None) -> int:
+        with self._transaction() as cur:
+            if below is None:
+                cur.execute(self._sql("DELETE FROM cf_journal_steps WHERE execution_id = ?"), (execution_id,))
+            else:
+                cur.execute(self._sql("DELETE FROM cf_journal_steps WHERE execution_id = ? AND seq < ?"),
+                            (execution_id, below))
+            return int(cur.rowcount)

@@ -1,0 +1,41 @@
+"""Journal store adapter: its own SQLite file in WAL mode.
+
+Owner writes begin with ``BEGIN IMMEDIATE``, taking SQLite's single writer lock before they read
+the row, so every owner transition is linearizable across processes; a writer waits for the lock
+up to the busy timeout. WAL is switched on the way the catalog does it (:func:`enable_wal`
+retries the switch, which SQLite answers without its busy handler).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Any
+
+from storage.catalog.sqlite import BUSY_TIMEOUT_S, enable_wal
+from storage.errors import CatalogRejected, CatalogUnavailable, ContextfulError
+from storage.journal.sql import SqlJournalStore
+
+
+class SqliteJournalStore(SqlJournalStore):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        super().__init__()
+
+    def _connect(self) -> Any:
+        conn = sqlite3.connect(os.path.abspath(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                               check_same_thread=False)
+        enable_wal(conn)
+        conn.execute("PRAGMA synchronous=FULL")
+        return conn
+
+    def _begin_write(self, cur: Any) -> None:
+        cur.execute("BEGIN IMMEDIATE")
+
+    def _map_error(self, exc: Exception) -> ContextfulError | None:
+        if isinstance(exc, sqlite3.OperationalError):
+            return CatalogUnavailable(f"sqlite:{self.path}", str(exc))
+        if isinstance(exc, sqlite3.Error):
+            return CatalogRejected(f"sqlite:{self.path}", str(exc))
+        return None
