@@ -31,6 +31,7 @@ from storage.collect import CollectResult, collect
 from storage.duck import connect
 from storage.errors import TableNotFound
 from storage.fold import FoldResult, fold_table
+from storage.journal import JournalStore, open_journal_store
 from storage.objects import ObjectStore
 from storage.reserved import RESERVED_TABLES, check_table_name
 from storage.run_record import RunRecord
@@ -52,6 +53,23 @@ class Store:
         self.runs = RunRecord(self)
         self._closed = False
         self.blobs: BlobStore = FileBlobStore(objects)
+        self._journal: JournalStore | None = None
+
+    @property
+    def journal(self) -> JournalStore:
+        """The journal store beside this store's catalog: the same SQLite file or PostgreSQL schema
+        (one transactional home for owners, journal rows and table heads)."""
+        if self._journal is None:
+            from storage.catalog.postgres import PostgresCatalog
+            from storage.catalog.sqlite import SqliteCatalog
+
+            if isinstance(self.catalog, SqliteCatalog):
+                self._journal = open_journal_store("sqlite", path=self.catalog.path)
+            elif isinstance(self.catalog, PostgresCatalog):
+                self._journal = open_journal_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
+            else:
+                raise ValueError(f"no journal store for a {type(self.catalog).__name__} catalog")
+        return self._journal
 
     @classmethod
     def open(cls, root: str | os.PathLike[str] = DEFAULT_STORE, *, catalog: Catalog | None = None,
@@ -78,6 +96,8 @@ class Store:
         self._closed = True
         if self.runs.wrote:
             self.runs.flush_quietly()
+        if self._journal is not None:
+            self._journal.close_store()
         self.catalog.close()
 
     def __enter__(self) -> Store:

@@ -29,6 +29,7 @@ from engine.land.chunks import coalesce
 from engine.land.decode import Decoder
 from engine.land.files import InputFile, list_inputs
 from engine.land.http import HttpConfig
+from engine.land.journal import PullJournal
 from engine.land.position import open_position, since_text
 from engine.land.results import InputFailure, PipelineResult, Progress, TableLanding
 from engine.land.seed import land_seed
@@ -115,15 +116,26 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
     if spec.seed is not None:
         seeded = land_seed(store, manifest.root, spec.id, spec.table, spec.primary_key, spec.order_by, spec.seed,
                            decoder, types=spec.types)
-    if spec.source.kind == "http":
-        result = run_http_pipeline(store, spec, decoder, scope=cursor_scope(spec), checkpoint_bytes=checkpoint_bytes,
-                                   progress=progress, cancel=cancel, sleep=sleep)
-    elif spec.source.kind == "receive":
-        from engine.land.receive.drain import drain_queue
+    journal = PullJournal.open(store, spec, cursor_scope(spec)) if spec.source.kind in ("files", "http") else None
+    try:
+        if spec.source.kind == "http":
+            result = run_http_pipeline(store, spec, decoder, scope=cursor_scope(spec),
+                                       checkpoint_bytes=checkpoint_bytes, progress=progress, cancel=cancel,
+                                       sleep=sleep, journal=journal)
+        elif spec.source.kind == "receive":
+            from engine.land.receive.drain import drain_queue
 
-        result = drain_queue(store, manifest, spec, decoder)
-    else:
-        result = _run_files(store, manifest, spec, decoder, checkpoint_bytes=checkpoint_bytes, progress=progress)
+            result = drain_queue(store, manifest, spec, decoder)
+        else:
+            result = _run_files(store, manifest, spec, decoder, checkpoint_bytes=checkpoint_bytes,
+                                progress=progress, journal=journal)
+    except ContextfulError:
+        if journal is not None:
+            journal.close(ok=False)  # failed by name: settled; a killed run stays pending instead
+        raise
+    if journal is not None:
+        journal.close(ok=result.ok)
+        result.execution = journal.execution_id
     if seeded is not None:
         result.seed = seeded.to_json()
         if seeded.commit is not None:
@@ -134,7 +146,8 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
 
 
 def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: Decoder, *,
-               checkpoint_bytes: int, progress: Callable[[Progress], None] | None) -> PipelineResult:
+               checkpoint_bytes: int, progress: Callable[[Progress], None] | None,
+               journal: PullJournal | None = None) -> PipelineResult:
     started = time.monotonic()
     types = read_types(spec.types)
     plan = plan_pipeline(store, manifest, spec)
@@ -161,15 +174,21 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                 continue
             landed[item.path] = item.fingerprint
             result.inputs_landed.append(item.path)
+            if journal is not None:
+                journal.pulled(f"input {item.path}", {"input": item.path, "fingerprint": item.fingerprint})
             pending += 1
             bytes_read += item.size
             if progress is not None:
                 progress(Progress(spec.id, done + 1, len(plan.pull), landing.rows + txn.staged_rows, bytes_read, 1,
                                   time.monotonic() - started))
             if txn.staged_bytes >= checkpoint_bytes:  # a checkpoint, at an input boundary
-                txn.set_cursor(cursor_scope(spec), {"kind": "files", "inputs": dict(landed)})
-                landing.add(txn.commit())
+                position = {"kind": "files", "inputs": dict(landed)}
+                txn.set_cursor(cursor_scope(spec), position)
+                committed = txn.commit()
+                landing.add(committed)
                 txn, pending = None, 0
+                if journal is not None:
+                    journal.checkpoint(position, committed)
         if txn is not None and pending:
             txn.set_cursor(cursor_scope(spec), {"kind": "files", "inputs": dict(landed)})
             landing.add(txn.commit())

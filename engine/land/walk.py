@@ -38,6 +38,7 @@ from engine.config.manifest import PipelineSpec
 from engine.land.decode import Decoder
 from engine.land.decode_child import conform
 from engine.land.http import PAGE_CAP, HttpConfig
+from engine.land.journal import PullJournal
 from engine.land.meter import Meter
 from engine.land.position import ClockTracker, Position, open_position, since_text
 from engine.land.results import PipelineResult, Progress, TableLanding
@@ -62,8 +63,10 @@ class _Walker:
     """Issues one walk's requests: meter, retries, the page cap, the connector child."""
 
     def __init__(self, spec: PipelineSpec, config: HttpConfig, decoder: Decoder, schedule: RetrySchedule,
-                 meter: Meter | None, tracker: ClockTracker | None, cancel: threading.Event | None) -> None:
+                 meter: Meter | None, tracker: ClockTracker | None, cancel: threading.Event | None,
+                 journal: PullJournal | None) -> None:
         self.spec = spec
+        self.journal = journal
         self.config = config
         self.decoder = decoder
         self.schedule = schedule
@@ -84,6 +87,10 @@ class _Walker:
             if self.served_max is None or span[0] > self.served_max:
                 self.since_progress = 1  # every clock passes every clock served before
             self.served_max = span[1] if self.served_max is None else max(self.served_max, span[1])
+        if self.journal is not None:
+            self.journal.pulled(label, {"url": url, "rows": rows.num_rows, "next_url": meta.get("next_url"),
+                                        "next_token": meta.get("next_token"),
+                                        "clocks": list(span) if span is not None else None})
         return Page(label, url, rows, meta.get("next_url"), meta.get("next_token"), span)
 
     def _request(self, label: str, url: str) -> tuple[pa.Table, dict[str, Any]]:
@@ -110,7 +117,8 @@ def _one_table(batches: list[pa.RecordBatch]) -> pa.Table:
 def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, scope: str,
                       checkpoint_bytes: int, progress: Callable[[Progress], None] | None = None,
                       cancel: threading.Event | None = None,
-                      sleep: Callable[[float], None] | None = None) -> PipelineResult:
+                      sleep: Callable[[float], None] | None = None,
+                      journal: PullJournal | None = None) -> PipelineResult:
     started = time.monotonic()
     config = HttpConfig.from_config(spec.source.config)
     table = store.create_table(spec.table, spec.primary_key)
@@ -121,7 +129,9 @@ def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, sco
         schedule.sleep = sleep
     meter = Meter.from_config(config.url, config.rate_limit) if config.rate_limit else None
     tracker = ClockTracker(scope, spec.incremental, position.clock) if spec.incremental else None
-    walker = _Walker(spec, config, decoder, schedule, meter, tracker, cancel)
+    walker = _Walker(spec, config, decoder, schedule, meter, tracker, cancel, journal)
+    if journal is not None:
+        journal.execution.attach_retry(schedule)
     landing = TableLanding(spec.table)
     result = PipelineResult(spec.id, [landing])
     run = _Run(store, spec, scope, landing, walker, checkpoint_bytes)
@@ -170,8 +180,11 @@ class _Run:
         self.txn.meta["bound_hits"] = [hit.to_json() for hit in self.walker.schedule.bound_hits]
         if position is not None:
             self.txn.set_cursor(self.scope, position.to_json())
-        self.landing.add(self.txn.commit())
+        result = self.txn.commit()
         self.txn = None
+        self.landing.add(result)
+        if self.walker.journal is not None:
+            self.walker.journal.checkpoint(position.to_json() if position is not None else None, result)
 
     def abort(self) -> None:
         if self.txn is not None:

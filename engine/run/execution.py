@@ -93,7 +93,7 @@ class Execution:
     """
 
     def __init__(self, journal: JournalStore, scope: str, plan_ref: str, holder: str, lease_us: int,
-                 clock: Clock) -> None:
+                 clock: Clock, claim_at_us: int | None = None) -> None:
         self.journal = journal
         self.scope = scope
         self.plan_ref = plan_ref
@@ -102,7 +102,7 @@ class Execution:
         self.clock = clock
         self.retry: RetrySchedule | None = None
         self.closed = False
-        row = journal.claim(scope, plan_ref, holder, clock.now_us(), lease_us)
+        row = journal.claim(scope, plan_ref, holder, max(clock.now_us(), claim_at_us or 0), lease_us)
         self.execution_id = row.execution_id
         self.attempt = row.attempts
         self.resumed = row.attempts > 1
@@ -162,6 +162,12 @@ class Execution:
         self.cached_cursor = value
         self._replay_from = self._next_seq
 
+    def discard_recorded(self) -> int:
+        """Delete every step still recorded: a resumption that pulls afresh from its cached
+        position replays none of the pulls made after it."""
+        self._recorded = {}
+        return self.journal.collect(self.execution_id)
+
     def collect_steps(self) -> int:
         """Delete the recorded steps the last cached cursor covers; return how many."""
         return self.journal.collect(self.execution_id, below=self._replay_from)
@@ -192,13 +198,43 @@ class Execution:
         self.closed = True
 
 
+def holder_is_dead(holder: str) -> bool:
+    """Whether ``holder`` (``host:pid:suffix``) names a process of this host that no longer runs.
+
+    Only a provably dead holder counts: another host's, or a pid that answers, is alive.
+    """
+    host, _, rest = holder.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def open_execution(journal: JournalStore, scope: str, plan_ref: str, *, holder: str | None = None,
-                   lease_s: float = 60.0, clock: Clock | None = None) -> Execution:
+                   lease_s: float = 60.0, clock: Clock | None = None, take_over_dead: bool = False) -> Execution:
     """Open a new execution under ``scope``, or resume its pending one.
 
     Resumes when the pending owner is pinned to ``plan_ref`` and its lease lapsed (or ``holder``
     holds it). Raises OwnerPlanMismatch when the pending owner is pinned to another plan, and
-    JournalConflict naming the holder and expiry while another holder's lease runs.
+    JournalConflict naming the holder and expiry while another holder's lease runs. With
+    ``take_over_dead``, a lease held by a process of this host that died (SIGKILL, a crash) is
+    taken over at once instead of after it lapses.
     """
-    return Execution(journal, scope, plan_ref, holder or default_holder(), int(lease_s * 1_000_000),
-                     clock or SystemClock())
+    clock = clock or SystemClock()
+    holder = holder or default_holder()
+    lease_us = int(lease_s * 1_000_000)
+    try:
+        return Execution(journal, scope, plan_ref, holder, lease_us, clock)
+    except JournalConflict:
+        owner = journal.owner(scope)
+        if not take_over_dead or owner is None or not holder_is_dead(owner.holder):
+            raise
+    execution = Execution(journal, scope, plan_ref, holder, lease_us, clock, claim_at_us=owner.lease_expires_us)
+    execution.renew()
+    return execution

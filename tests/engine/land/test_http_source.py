@@ -411,3 +411,57 @@ def test_a_failing_pipeline_fails_by_name_and_the_others_run(tmp_path: Path, api
     results = run_pipelines(store, manifest, decoder=decoder)
     assert not results[0].ok and results[0].failures[0].error == "SourceResponseMalformed"
     assert json.dumps(results[0].to_json())
+
+
+@pytest.mark.clause("run.own.checkpoint-resume")
+def test_a_killed_walk_resumes_its_execution_from_the_cached_checkpoint(tmp_path: Path, api: JsonApi) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    api.records.extend(records(12))
+    serve = watermark_pages(api.records, "updated_at", 2)
+    release = threading.Event()
+
+    def fourth_page_hangs(request: Request) -> Reply:
+        if len(api.requests_to("/items")) == 4 and not release.is_set():
+            release.wait(30)
+        return serve(request)
+
+    api.route("/items", fourth_page_hangs)
+    manifest_for(tmp_path, f"{api.url}/items")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
+    child = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "run",
+                              "--checkpoint-mib", "0.000001"], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(api.requests_to("/items")) < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # the walk is inside page 4's request
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    release.set()
+
+    store = Store.open(tmp_path / ".contextful" / "store")
+    scope = "pipeline:events"
+    owner = store.journal.owner(scope)
+    table = store.table("events")
+    committed, seq = table.cursor(scope)
+    assert owner is not None and owner.status == "pending" and owner.closed_us is None
+    cached = json.loads(owner.cursor)
+    assert cached == {"position": committed, "run_id": table.commits()[-1].run_id, "commit_seq": seq}
+    assert committed["kind"] == "walk" and committed["token"]
+    assert all(step.seq >= owner.replay_from for step in store.journal.steps(owner.execution_id))
+    landed = ids_of(store)
+    api.requests.clear()
+    manifest = parse_manifest(tomllib.loads((tmp_path / "contextful.toml").read_text()), tmp_path)
+    with Decoder() as decoder:
+        result = run(store, manifest, decoder)
+    assert result.execution == owner.execution_id  # the same execution, resumed
+    first = api.requests[0]
+    assert first.query.get("page_token") == committed["token"]
+    assert ids_of(store) == list(range(12)) and len(landed) < 12  # every row exactly once
+    assert store.journal.owner(scope).status == "closed-ok"
+    store.close()

@@ -325,3 +325,50 @@ def test_a_multi_file_seed_commits_exactly_once(store: Store, root: Path) -> Non
     assert run.cursor == {"scope": "seed:events",
                           "value": {"kind": "seed", "fingerprint": outcome.fingerprint, "ceiling": CEILING}}
     assert table.count() == 400
+
+
+SEEDED_PROJECT = """
+[project]
+name = "seeded"
+
+[[pipeline]]
+id = "events"
+table = "events"
+{declaration}
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["live/*.ndjson"]
+[pipeline.seed]
+paths = ["seed/*.ndjson"]
+ceiling = "2026-01-01T00:00:00Z"
+"""
+
+
+@pytest.mark.clause("run.seed.declaration-missing")
+@pytest.mark.parametrize("declaration", ['order_by = "at"', 'primary_key = ["id"]'])
+def test_validate_and_plan_refuse_a_seed_missing_its_declaration(tmp_path: Path, declaration: str) -> None:
+    from tests.support.cli import contextful
+
+    (tmp_path / "contextful.toml").write_text(SEEDED_PROJECT.format(declaration=declaration))
+    for verb in ("validate", "plan"):
+        out = contextful(tmp_path, "pipeline", verb, check=False)
+        assert out.returncode == 3 and "PipelineSeedDeclarationMissing" in out.stderr, (verb, out.stderr)
+
+
+def test_pipeline_run_lands_the_seed_once_then_the_live_rows(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    (tmp_path / "contextful.toml").write_text(SEEDED_PROJECT.format(
+        declaration='primary_key = ["id"]\norder_by = "at"'))
+    (tmp_path / "seed").mkdir()
+    (tmp_path / "live").mkdir()
+    (tmp_path / "seed" / "old.ndjson").write_text(
+        "".join(json.dumps({"id": i, "at": f"2025-06-0{i + 1}T00:00:00Z"}) + "\n" for i in range(3)))
+    (tmp_path / "live" / "new.ndjson").write_text(json.dumps({"id": 3, "at": "2026-02-01T00:00:00Z"}) + "\n")
+    first = json.loads(contextful(tmp_path, "--json", "pipeline", "run").stdout)[0]
+    assert first["seed"]["status"] == "landed" and first["tables"][0]["rows"] == 4
+    again = json.loads(contextful(tmp_path, "--json", "pipeline", "run").stdout)[0]
+    assert again["seed"]["status"] == "skipped-equal" and again["tables"][0]["rows"] == 0
+    count = json.loads(contextful(tmp_path, "--json", "sql", "SELECT count(*) AS n FROM events").stdout)
+    assert count == [{"n": 4}]

@@ -1,0 +1,67 @@
+"""A pipeline run's execution: opened on the pipeline's scope and plan, journaling each pull.
+
+Implements, for landing, ``run.own.checkpoint-resume`` (decision "host-registered-derive"): a run
+opens or resumes the execution keyed on ``pipeline:<id>`` and the SHA-256 of its plan
+(:func:`pipeline_plan`), journals each pull (its request, position and rows), and at each
+checkpoint caches the committed position and its marker (the checkpoint's run id and commit) on the
+pending owner and collects the journal's recorded pulls. A resumption — the run that follows a
+crash, taking over the dead holder's lease — discards the pulls recorded after the checkpoint and
+pulls afresh from the committed position: rows land only through commits, so nothing replays
+a page's rows from the journal.
+
+A run that ends, well or failing by name, closes its execution; one killed leaves it pending.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.config.manifest import PipelineSpec
+from engine.run.execution import Execution, open_execution, plan_reference
+from storage import Store
+from storage.transaction import CommitResult
+
+LEASE_S = 300.0
+"""The owner lease a run renews at every pull; a crashed holder on this host is taken over at once."""
+
+
+def pipeline_plan(spec: PipelineSpec) -> dict[str, Any]:
+    """What pins a pipeline's execution: everything that decides which rows land where."""
+    return {"pipeline": spec.id, "table": spec.table, "source": {"kind": spec.source.kind,
+                                                                 "config": spec.source.config},
+            "normalize": spec.normalize, "incremental": spec.incremental, "primary_key": list(spec.primary_key),
+            "order_by": spec.order_by, "types": spec.types}
+
+
+class PullJournal:
+    """The journal side of one run: one step per pull, a cached cursor per checkpoint."""
+
+    def __init__(self, execution: Execution) -> None:
+        self.execution = execution
+        self.pulls = 0
+
+    @classmethod
+    def open(cls, store: Store, spec: PipelineSpec, scope: str) -> PullJournal:
+        execution = open_execution(store.journal, scope, plan_reference(pipeline_plan(spec)), lease_s=LEASE_S,
+                                   take_over_dead=True)
+        if execution.resumed:
+            execution.discard_recorded()  # pulls after the last checkpoint never committed: pull afresh
+        return cls(execution)
+
+    @property
+    def execution_id(self) -> str:
+        return self.execution.execution_id
+
+    def pulled(self, label: str, record: dict[str, Any]) -> None:
+        self.pulls += 1
+        self.execution.step(label, lambda: record)
+        self.execution.renew()
+
+    def checkpoint(self, position: Any, result: CommitResult) -> None:
+        self.execution.cache_cursor({"position": position, "run_id": result.run_id,
+                                     "commit_seq": result.commit_seq})
+        self.execution.collect_steps()
+
+    def close(self, ok: bool) -> None:
+        if not self.execution.closed:
+            self.execution.close(ok)
