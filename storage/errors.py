@@ -199,6 +199,10 @@ class RateLimited(TransientError):
     ``retry_after_s`` is the wait the run's retry schedule performs; the limiter never sleeps.
     """
 
+    source: str
+    retry_after_s: float
+    reason: str
+
     def __init__(self, source: str, retry_after_s: float, reason: str) -> None:
         super().__init__(f"{source}: rate limited, retry after {retry_after_s:.3f} s ({reason})",
                          source=source, retry_after_s=retry_after_s, reason=reason)
@@ -209,6 +213,10 @@ class ConnectorBoundHit(TransientError):
 
     ``bound`` is ``linear-memory`` or ``call-deadline``; ``step`` labels the pull that struck it.
     """
+
+    step: str
+    bound: str
+    reason: str
 
     def __init__(self, step: str, bound: str, reason: str) -> None:
         super().__init__(f"{step}: the connector struck its {bound} bound ({reason})",
