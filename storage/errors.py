@@ -43,7 +43,8 @@ Hierarchy::
         │   ├── SourceResponseMalformed, SourceRequestRefused, PageCapExceeded
         │   └── PipelineSeedCeilingBreached, PipelineSeedCeilingUnevaluable
         ├── Conflict                     two values disagree for good (conflict)
-        │   └── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch
+        │   └── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
+        │       ExecutionRewindUnsafe
         ├── Expired                      a window closed (expired; HTTP 410)
         │   └── ReceiveBatchKeyExpired
         ├── NotFound                     (not-found)
@@ -493,6 +494,14 @@ class OwnerPlanMismatch(Conflict):
                          scope=scope, execution=execution, pinned=pinned, offered=offered)
 
 
+class ExecutionRewindUnsafe(Conflict):
+    """``run.own.rewind-unsafe``: the owner has a live attempt; ``--force`` overrides none."""
+
+    def __init__(self, execution: str, reason: str) -> None:
+        super().__init__(f"execution {execution}: {reason}; rewinding it now would let two attempts run",
+                         execution=execution, reason=reason)
+
+
 class ReceiveBatchKeyExpired(Expired):
     """``run.land.receive-key-expired``: non-retryable; raised before the body is read."""
 
@@ -513,6 +522,11 @@ class TableNotFound(NotFound):
 class InputNotFound(NotFound):
     def __init__(self, path: str) -> None:
         super().__init__(f"no input file at {path}", path=path)
+
+
+class ExecutionNotFound(NotFound):
+    def __init__(self, execution: str, reason: str = "no owner holds it") -> None:
+        super().__init__(f"execution {execution}: {reason}", execution=execution, reason=reason)
 
 
 class SnapshotNotFound(NotFound):

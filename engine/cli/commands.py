@@ -195,6 +195,38 @@ def run_history(ctx: click.Context, table_name: str | None, limit: int) -> None:
             click.echo(f"  {r['run_id']} {describe_event(e)}")
 
 
+@run.command("executions")
+@click.pass_context
+def run_executions(ctx: click.Context) -> None:
+    """Execution owners by scope: pending ones hold a checkpoint and resume on the next run."""
+    with _store(ctx) as store:
+        owners = store.journal.owners()
+    rows = [{"scope": o.scope, "execution": o.execution_id, "status": o.status, "attempts": o.attempts,
+             "holder": o.holder, "plan": o.plan_ref[:12]} for o in owners]
+    if _json(ctx):
+        emit_json(rows)
+        return
+    emit_rows(["scope", "execution", "status", "attempts", "holder", "plan"], [tuple(r.values()) for r in rows])
+
+
+@run.command("rewind")
+@click.argument("execution_id")
+@click.option("--reason", required=True, help="Why the execution is abandoned (kept in the output).")
+@click.option("--force", is_flag=True, help="Accepted, and overrides none of the refusals.")
+@click.pass_context
+def run_rewind(ctx: click.Context, execution_id: str, reason: str, force: bool) -> None:
+    """Retire a pending execution; its scope keeps its committed position and the next run starts fresh."""
+    from engine.run.rewind import rewind
+
+    with _store(ctx) as store:
+        done = rewind(store.journal, execution_id, reason, force=force)
+    if _json(ctx):
+        emit_json({"execution": execution_id, "scope": done.owner.scope, "status": done.owner.status,
+                   "reason": reason})
+    else:
+        click.echo(f"rewound execution {execution_id} on {done.owner.scope}: {reason}")
+
+
 def _history(store: Store, table_name: str | None, limit: int) -> list[dict[str, Any]]:
     """Latest row per run (commit over plan), with the run's downgrade events from its manifest."""
     latest: dict[str, dict[str, Any]] = {}

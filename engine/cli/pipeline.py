@@ -113,10 +113,15 @@ def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float) -> None
 def _print_results(results: list[Any]) -> None:
     for r in results:
         for t in r.tables:
+            source = (f"{r.pulls} request(s)" if r.pulls else
+                      f"{len(r.inputs_landed)} input(s) landed, {r.inputs_skipped} already landed")
             click.echo(f"{r.pipeline} -> {t.table}: {t.rows:,} rows in {t.parts} part(s), {t.bytes:,} bytes,"
-                       f" {len(r.inputs_landed)} input(s) landed, {r.inputs_skipped} already landed,"
-                       f" {len(t.run_ids)} commit(s) in {r.seconds:.1f}s")
+                       f" {source}, {len(t.run_ids)} commit(s) in {r.seconds:.1f}s")
             for e in t.downgrade_events:
                 click.echo(f"  {describe_event(e.to_json())}")
+        for hit in r.bound_hits:
+            click.echo(f"  bound hit: {hit['step']}, attempt {hit['attempt']}: {hit['bound']}")
+        for warning in r.warnings:
+            click.echo(f"warning: {warning}", err=True)
         for f in r.failures:
             click.echo(f"error: {f.error}: {f.detail}", err=True)

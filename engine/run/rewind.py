@@ -1,0 +1,42 @@
+"""``contextful run rewind``: retire a pending owner so its scope's next run claims a fresh execution.
+
+Implements ``run.own.rewind`` and ``run.own.rewind-unsafe`` (decision "superseded-owner-retires":
+a superseded owner retires by operator verb or applied declaration, never at open). Rewinding
+retires the owner holding the execution and leaves the scope's committed position alone: the
+rows and cursor its commits landed stay, and the next run starts a new execution from that
+position. An owner whose attempt still holds an unexpired lease (its holder is not provably dead)
+refuses with :class:`ExecutionRewindUnsafe`; ``force`` overrides none of that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.run.execution import holder_is_dead
+from storage.clock import Clock, SystemClock, from_us
+from storage.errors import ExecutionNotFound, ExecutionRewindUnsafe
+from storage.journal import PENDING, JournalStore, OwnerRow
+
+
+@dataclass(frozen=True)
+class Rewound:
+    owner: OwnerRow
+    reason: str
+
+
+def rewind(journal: JournalStore, execution_id: str, reason: str, *, force: bool = False,
+           clock: Clock | None = None) -> Rewound:
+    """Retire the pending owner holding ``execution_id``; ``force`` changes nothing (spec)."""
+    del force  # named so callers can pass it; it overrides none of the refusals below
+    if not reason.strip():
+        raise ExecutionNotFound(execution_id, "a rewind needs a --reason")
+    now = (clock or SystemClock()).now_us()
+    owner = next((o for o in journal.owners() if o.execution_id == execution_id), None)
+    if owner is None:
+        raise ExecutionNotFound(execution_id)
+    if owner.status != PENDING:
+        raise ExecutionNotFound(execution_id, f"its owner on {owner.scope} is {owner.status}, not pending")
+    if owner.lease_expires_us > now and not holder_is_dead(owner.holder):
+        raise ExecutionRewindUnsafe(execution_id, f"attempt {owner.attempts} of {owner.holder} holds the owner "
+                                                  f"lease on {owner.scope} until {from_us(owner.lease_expires_us)}")
+    return Rewound(journal.retire(execution_id, now), reason)

@@ -1,0 +1,79 @@
+"""``contextful run rewind``: a pending owner retires by operator verb, never while an attempt lives."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from engine.config import load_manifest
+from engine.land.journal import pipeline_plan
+from engine.run.execution import open_execution, plan_reference
+from storage import Store
+from tests.support.cli import contextful
+
+MANIFEST = """
+[project]
+name = "rw"
+
+[[pipeline]]
+id = "events"
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["raw/*.ndjson"]
+"""
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "contextful.toml").write_text(MANIFEST)
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.ndjson").write_text('{"id": 1}\n')
+    contextful(tmp_path, "pipeline", "run")
+    return tmp_path
+
+
+def _pending(project: Path, holder: str, plan: str | None = None) -> str:
+    spec = load_manifest(project).pipeline("events")
+    with Store.open(project / ".contextful" / "store") as store:
+        execution = open_execution(store.journal, "pipeline:events", plan or plan_reference(pipeline_plan(spec)),
+                                   holder=holder, lease_s=600)
+        return execution.execution_id  # dropped without close: pending, as after a crash
+
+
+@pytest.mark.clause("run.own.rewind")
+def test_rewind_retires_the_pending_owner_and_keeps_the_committed_position(project: Path) -> None:
+    execution = _pending(project, f"{socket.gethostname()}:{_dead_pid()}:gone", plan="0" * 64)
+    blocked = contextful(project, "pipeline", "run", check=False)  # pinned to a plan no declaration produces
+    assert blocked.returncode == 5 and "OwnerPlanMismatch" in blocked.stderr and execution in blocked.stderr
+    done = json.loads(contextful(project, "--json", "run", "rewind", execution, "--reason", "plan changed").stdout)
+    assert done == {"execution": execution, "scope": "pipeline:events", "status": "retired", "reason": "plan changed"}
+    with Store.open(project / ".contextful" / "store") as store:
+        position = store.table("events").cursor("pipeline:events")[0]
+    assert list(position["inputs"]) == [str(project / "raw" / "a.ndjson")]  # the position is left alone
+    (project / "raw" / "b.ndjson").write_text('{"id": 2}\n')
+    out = json.loads(contextful(project, "--json", "pipeline", "run").stdout)[0]
+    assert out["ok"] and out["execution"] != execution and out["tables"][0]["rows"] == 1
+
+
+@pytest.mark.clause("run.own.rewind-unsafe")
+def test_rewind_refuses_an_owner_whose_attempt_holds_its_lease_even_forced(project: Path) -> None:
+    execution = _pending(project, f"{socket.gethostname()}:{os.getpid()}:alive")
+    for extra in ((), ("--force",)):
+        out = contextful(project, "run", "rewind", execution, "--reason", "stuck?", *extra, check=False)
+        assert out.returncode == 5 and "ExecutionRewindUnsafe" in out.stderr and execution in out.stderr
+    listing = json.loads(contextful(project, "--json", "run", "executions").stdout)
+    assert [o["status"] for o in listing if o["execution"] == execution] == ["pending"]
+    unknown = contextful(project, "run", "rewind", "nope", "--reason", "x", check=False)
+    assert unknown.returncode == 6 and "ExecutionNotFound" in unknown.stderr
