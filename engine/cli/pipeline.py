@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from engine.cli.output import describe_event, emit_json, emit_rows, end_progress, progress_line
+from engine.cli.serve import register_serve
 
 if TYPE_CHECKING:
     from engine.config import Manifest
@@ -125,3 +126,6 @@ def _print_results(results: list[Any]) -> None:
             click.echo(f"warning: {warning}", err=True)
         for f in r.failures:
             click.echo(f"error: {f.error}: {f.detail}", err=True)
+
+
+register_serve(pipeline)

@@ -123,7 +123,7 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
                                        checkpoint_bytes=checkpoint_bytes, progress=progress, cancel=cancel,
                                        sleep=sleep, journal=journal)
         elif spec.source.kind == "receive":
-            from engine.land.receive.drain import drain_queue
+            from engine.land.receive.group import drain_queue
 
             result = drain_queue(store, manifest, spec, decoder)
         else:

@@ -1,0 +1,92 @@
+"""``contextful pipeline serve --http HOST:PORT``: receive pushed batches for ``receive`` pipelines.
+
+The command parses its arguments and calls :func:`serve_manifest`; the receiving itself is
+``engine.land.receive`` (docs/receive.md). It prints ``listening on http://HOST:PORT`` (the bound
+port when port 0 was asked for) on stdout once the socket is bound, and serves until SIGTERM or
+SIGINT, then stops accepting, lets batches in flight answer, and exits 0.
+
+``register_serve(pipeline)`` adds the command to the ``pipeline`` group. Until then (or to run it
+alone) ``python -m engine.cli.serve --project DIR --http 127.0.0.1:0`` runs the same command.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from engine.config import Manifest
+
+
+def serve_manifest(manifest: Manifest, store_url: str | None, address: str) -> None:
+    """Serve the manifest's receive pipelines on ``address`` until SIGTERM or SIGINT."""
+    from engine.land.decode import Decoder
+    from engine.land.receive.server import serve_receivers
+    from engine.land.receive.spool import queue_root
+    from storage import Store
+
+    def open_store() -> Store:
+        if store_url:
+            return Store.open(store_url)
+        return Store.open(manifest.project.store, catalog_path=manifest.project.catalog)
+
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with Decoder() as decoder:
+            server = serve_receivers(open_store, manifest, address, queue_root=queue_root(manifest.root),
+                                     decoder=decoder)
+            try:
+                click.echo(f"listening on {server.url}")
+                sys.stdout.flush()
+                while not stop.wait(0.5):  # a timed wait: the signal handler runs between waits
+                    pass
+            finally:
+                server.shutdown()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@click.command()
+@click.option("--http", "address", required=True, metavar="HOST:PORT",
+              help="Address to listen on; port 0 picks a free port (printed on stdout).")
+@click.pass_context
+def serve(ctx: click.Context, address: str) -> None:
+    """Receive batches pushed to the manifest's 'receive' pipelines over HTTP."""
+    from engine.config import load_manifest
+
+    serve_manifest(load_manifest(ctx.obj["project"]), ctx.obj["store"], address)
+
+
+def register_serve(pipeline_group: click.Group) -> None:
+    """Add ``serve`` to the ``pipeline`` command group."""
+    pipeline_group.add_command(serve)
+
+
+@click.command()
+@click.option("--store", "store_url", envvar="CONTEXTFUL_STORE", default=None,
+              help="Store root (path or fsspec URL). Default: the project's store.")
+@click.option("--project", "project_dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Project directory (holding contextful.toml).")
+@click.option("--http", "address", required=True, metavar="HOST:PORT",
+              help="Address to listen on; port 0 picks a free port (printed on stdout).")
+@click.pass_context
+def main(ctx: click.Context, store_url: str | None, project_dir: str, address: str) -> None:
+    """``contextful pipeline serve``, runnable alone as ``python -m engine.cli.serve``."""
+    from storage.errors import ContextfulError
+
+    ctx.obj = {"store": store_url, "project": project_dir, "json": False}
+    try:
+        ctx.invoke(serve, address=address)
+    except ContextfulError as exc:
+        click.echo(f"error: {exc}", err=True)
+        ctx.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main(prog_name="contextful pipeline serve")

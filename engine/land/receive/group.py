@@ -1,0 +1,318 @@
+"""What the land lock's holder does: land spooled members as one run per touched table.
+
+Implements ``run.land.receive-group`` (decision "received-batches-spooled") and
+``run.land.receive-batch-key`` (decision "batch-key-answers"):
+
+- The holder takes spooled members first in first out, up to ``max_queue_depth`` members and
+  64 MiB of spooled Arrow bytes (always at least one), a dead receiver's members included, and
+  lands them as one run per touched table: one commit and one part where each batch alone would
+  pay its own. It keeps taking groups until its own member has landed (:func:`land_pending`), so
+  every member spooled before it lands first; :func:`drain` empties the queue (at server start).
+- A touched table's run id is ``receive-<digest>.<table>``, the digest being the lone member's
+  key digest or, for a group, the digest of its members' sorted keys; an attempt after a planned
+  run that never committed takes ``.2``, ``.3``, … (the key index hands out attempts durably
+  before the run is planned, so no id is planned twice).
+- Each member's owner scope is the cursor ``receive:<key digest>`` on every touched table, written
+  by the run's own commit and naming the run, the group digest and the member's rows. A table
+  whose scope for a key exists committed it: that member replays there and lands nothing.
+- After every touched table committed, the key index records each member's answer, the spooled
+  files go, and the single post-commit hook (``push``) runs once for the group. There is no remote
+  push in this version; the hook is where one goes. A failing hook is logged: the rows committed.
+
+A member whose schema cannot join the group's is deferred to a later group; one that cannot land
+in the table even alone (or whose spooled files cannot be read) fails by itself, recorded in the
+key index for its receiver to answer. Nothing about one member fails another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from engine.config.manifest import Manifest, PipelineSpec
+from engine.land.decode import Decoder
+from engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig
+from engine.land.receive.spool import DIGEST_HEX, LANDED, Member, Queue, key_digest, queue_root
+from engine.land.results import InputFailure, PipelineResult, TableLanding
+from storage import Store
+from storage.clock import Clock, SystemClock
+from storage.commits import SetCursor
+from storage.errors import ContextfulError, InputUnreadable, SchemaIrreconcilable
+from storage.manifest import schema_from_text
+from storage.reconcile import conform, reconcile
+from storage.transaction import CommitResult
+
+log = logging.getLogger(__name__)
+
+
+def group_digest(pipeline: str, keys: list[str]) -> str:
+    """The digest a run is keyed by: a lone key's own digest, else that of the sorted keys.
+
+    >>> group_digest("clicks", ["k1"]) == key_digest("clicks", "k1")
+    True
+    >>> group_digest("clicks", ["b", "a"]) == group_digest("clicks", ["a", "b"])
+    True
+    """
+    if len(keys) == 1:
+        return key_digest(pipeline, keys[0])
+    joined = "\0".join(sorted(keys))  # a header value holds no NUL, so no group reads as one key
+    return hashlib.sha256(f"{pipeline}\0group\0{joined}".encode()).hexdigest()[:DIGEST_HEX]
+
+
+def run_stem(digest: str, table: str) -> str:
+    return f"receive-{digest}.{table}"
+
+
+def attempt_run_id(stem: str, attempt: int) -> str:
+    """``stem`` for the first attempt, ``stem.2``, ``stem.3``, … for later ones."""
+    return stem if attempt == 1 else f"{stem}.{attempt}"
+
+
+def owner_scope(digest: str) -> str:
+    """The cursor scope a key's commit writes on each touched table."""
+    return f"receive:{digest}"
+
+
+def touched_tables(spec: PipelineSpec) -> list[str]:
+    """The tables a batch of ``spec`` lands in (nested normalization: the pipeline's table)."""
+    return [spec.table]
+
+
+@dataclass(frozen=True)
+class TableAnswer:
+    """Where a key landed in one table."""
+
+    table: str
+    run_id: str
+    commit_seq: int
+    rows: int
+    """The key's own rows in that run."""
+    group: str
+    """The digest the run is keyed by."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": self.table, "run_id": self.run_id, "commit_seq": self.commit_seq, "rows": self.rows,
+                "group": self.group}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> TableAnswer:
+        return cls(doc["table"], doc["run_id"], int(doc["commit_seq"]), int(doc["rows"]), doc["group"])
+
+
+def committed_scopes(store: Store, spec: PipelineSpec, digest: str) -> dict[str, TableAnswer]:
+    """The touched tables whose run under the key (or under the group its scope names) committed."""
+    found = {}
+    for table in touched_tables(spec):
+        cursor = store.catalog.cursor(table, owner_scope(digest))
+        if cursor is not None:
+            value, seq = cursor
+            found[table] = TableAnswer(table, value["run_id"], seq, int(value["rows"]), value["group"])
+    return found
+
+
+def committed_answer(store: Store, spec: PipelineSpec, digest: str) -> list[TableAnswer] | None:
+    """The key's answer when every touched table committed it, else None (land it)."""
+    found = committed_scopes(store, spec, digest)
+    tables = touched_tables(spec)
+    return [found[t] for t in tables] if len(found) == len(tables) else None
+
+
+def take_group(members: list[Member], depth: int, max_bytes: int = MAX_GROUP_BYTES) -> list[Member]:
+    """The next group, first in first out: at most ``depth`` keys and ``max_bytes`` (at least one member).
+
+    A later member with a key already in the group stays out: it is that key's duplicate (a
+    retry that arrived while the first was spooled) and settles once the key lands.
+    """
+    group: list[Member] = []
+    keys: set[str] = set()
+    size = 0
+    for member in members:
+        if member.digest in keys:
+            continue
+        if group and (len(group) >= depth or size + member.bytes > max_bytes):
+            break
+        group.append(member)
+        keys.add(member.digest)
+        size += member.bytes
+    return group
+
+
+@dataclass
+class GroupLanding:
+    """What one group landing did."""
+
+    landed: list[Member] = field(default_factory=list)
+    """Members whose keys this landing committed."""
+    replayed: list[Member] = field(default_factory=list)
+    """Members whose keys had committed already (a leader died before the index knew)."""
+    deferred: list[Member] = field(default_factory=list)
+    """Members whose schema could not join this group's; they stay spooled for the next."""
+    failed: dict[str, ContextfulError] = field(default_factory=dict)
+    """Member id -> why it cannot land even alone."""
+    commits: list[CommitResult] = field(default_factory=list)
+    """One per touched table that landed rows of this group."""
+
+
+PushHook = Callable[[GroupLanding], None]
+
+
+def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Member], *, clock: Clock,
+               push: PushHook | None = None) -> GroupLanding:
+    """Land ``members`` (the caller holds the land lock) as one run per touched table."""
+    index = queue.index
+    landing = GroupLanding()
+    settled: list[Member] = []
+    pending: dict[str, list[str]] = {}  # member id -> touched tables it has not committed in
+    for member in members:
+        record = index.get(member.digest)
+        if (record is not None and record.state == LANDED) or index.failure(member.id) is not None:
+            settled.append(member)  # a duplicate of a landed key, or a failure already answered
+            continue
+        done = committed_scopes(store, spec, member.digest)
+        todo = [t for t in touched_tables(spec) if t not in done]
+        if not todo:
+            replay = [done[t] for t in touched_tables(spec)]
+            index.mark_landed([(member, replay[0].group, [a.to_json() for a in replay])], clock.now_us())
+            landing.replayed.append(member)
+            settled.append(member)
+            continue
+        pending[member.id] = todo
+
+    kept, data, schemas = _prepare(store, queue, [m for m in members if m.id in pending], pending, landing)
+    for table in touched_tables(spec):
+        group = [m for m in kept if table in pending[m.id]]
+        if group:
+            landing.commits.append(_commit(store, spec, queue, table, group, data, schemas[table]))
+
+    now = clock.now_us()
+    answers = []
+    for member in kept:
+        answer = committed_answer(store, spec, member.digest)
+        assert answer is not None, f"key {member.key!r} committed in every touched table"
+        answers.append((member, answer[0].group, [a.to_json() for a in answer]))
+    index.mark_landed(answers, now)
+    landing.landed = kept
+    for member_id, error in landing.failed.items():
+        failed = next(m for m in members if m.id == member_id)
+        index.record_failure(failed, error, now)
+        log.warning("receive %s: batch %r fails alone: %s", spec.id, failed.key, error)
+    queue.remove(settled + kept + [m for m in members if m.id in landing.failed])
+    if landing.commits and push is not None:
+        try:
+            push(landing)
+        except Exception as exc:  # noqa: BLE001 - the rows committed; a later push carries them
+            log.warning("receive %s: the post-commit push failed: %s", spec.id, exc)
+    return landing
+
+
+def _prepare(store: Store, queue: Queue, candidates: list[Member], pending: dict[str, list[str]],
+             landing: GroupLanding) -> tuple[list[Member], dict[tuple[str, str], pa.Table], dict[str, pa.Schema | None]]:
+    """Read each candidate's tables and reconcile them into one schema per table, in FIFO order."""
+    heads: dict[str, pa.Schema | None] = {}
+    for member in candidates:
+        for table in pending[member.id]:
+            if table not in heads:
+                head = store.catalog.load_head(table)
+                heads[table] = schema_from_text(head.schema) if head is not None and head.schema else None
+    schemas = dict(heads)
+    kept: list[Member] = []
+    data: dict[tuple[str, str], pa.Table] = {}
+    for member in candidates:
+        try:
+            frames = {t: queue.read(member, t) for t in pending[member.id]}
+        except (OSError, pa.ArrowInvalid) as exc:
+            landing.failed[member.id] = InputUnreadable(f"spooled batch {member.key!r}", str(exc))
+            continue
+        try:
+            joined = {t: reconcile(t, schemas[t], f.schema).schema for t, f in frames.items()}
+        except SchemaIrreconcilable:
+            try:
+                for table, frame in frames.items():
+                    reconcile(table, heads[table], frame.schema)
+            except SchemaIrreconcilable as alone:
+                landing.failed[member.id] = alone
+                continue
+            landing.deferred.append(member)
+            continue
+        schemas.update(joined)
+        kept.append(member)
+        data.update({(member.id, t): f for t, f in frames.items()})
+    return kept, data, schemas
+
+
+def _commit(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: list[Member],
+            data: dict[tuple[str, str], pa.Table], schema: pa.Schema | None) -> CommitResult:
+    keys = [m.key for m in group]
+    digest = group_digest(spec.id, keys)
+    stem = run_stem(digest, table)
+    run_id = attempt_run_id(stem, queue.index.next_attempt(stem))
+    frames = [data[m.id, table] for m in group]
+    rows = pa.concat_tables([conform(f, schema, table) for f in frames]) if schema is not None else frames[0]
+    txn = store.create_table(table, spec.primary_key).transaction(
+        "append", run_id=run_id, meta={"pipeline": spec.id, "receive_group": keys, "receive_digest": digest})
+    try:
+        txn.stage(rows)
+        scopes = tuple(SetCursor(owner_scope(m.digest), {"key": m.key, "group": digest, "run_id": run_id,
+                                                          "rows": m.rows.get(table, 0), "member": m.id})
+                       for m in group)
+        return txn.commit(extra_updates=scopes)
+    except BaseException:
+        txn.abort()
+        raise
+
+
+def land_pending(store: Store, spec: PipelineSpec, queue: Queue, config: ReceiveConfig, *, clock: Clock,
+                 until: str | None = None, push: PushHook | None = None) -> list[GroupLanding]:
+    """Land groups until member ``until`` has left the queue (None: until the queue is empty).
+
+    The caller holds the land lock. Every group's first member leaves the queue (landed, settled or
+    failed), so each pass makes progress.
+    """
+    landings: list[GroupLanding] = []
+    while True:
+        members = queue.members()
+        if not members or (until is not None and all(m.id != until for m in members)):
+            return landings
+        group = take_group(members, config.max_queue_depth)
+        landings.append(land_group(store, spec, queue, group, clock=clock, push=push))
+
+
+def drain(store: Store, spec: PipelineSpec, queue: Queue, config: ReceiveConfig, *, clock: Clock,
+          push: PushHook | None = None) -> list[GroupLanding]:
+    """Take the land lock and land every spooled member (a dead receiver's included)."""
+    with queue.land_lock():
+        return land_pending(store, spec, queue, config, clock=clock, push=push)
+
+
+def drain_queue(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: Decoder | None = None, *,
+                clock: Clock | None = None, push: PushHook | None = None) -> PipelineResult:
+    """``contextful pipeline run`` of a receive pipeline: land what its queue holds, report it.
+
+    Batches arrive through ``contextful pipeline serve``; a run lands only members left spooled
+    (their receivers died or are still waiting). ``decoder`` is unused: members are decoded already.
+    """
+    started = time.monotonic()
+    config = ReceiveConfig.from_config(spec.source.config, f"[[pipeline]] {spec.id!r} source.config")
+    queue = Queue(queue_root(manifest.root), spec.id)
+    try:
+        queue.sweep()
+        landings = drain(store, spec, queue, config, clock=clock or SystemClock(), push=push)
+    finally:
+        queue.close()
+    tables = {t: TableLanding(t) for t in touched_tables(spec)}
+    result = PipelineResult(spec.id, list(tables.values()))
+    for landing in landings:
+        for commit in landing.commits:
+            tables[commit.table].add(commit)
+        result.inputs_landed += [m.key for m in landing.landed]
+        result.inputs_skipped += len(landing.replayed)
+        result.failures += [InputFailure(member_id, error.name, error.detail, error.exit_code)
+                            for member_id, error in landing.failed.items()]
+    result.seconds = time.monotonic() - started
+    return result
