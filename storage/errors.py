@@ -41,6 +41,7 @@ Hierarchy::
         │   ├── TypedLandingFailed
         │   ├── CursorFieldMismatch, CursorPositionUnorderable
         │   ├── SourceResponseMalformed, SourceRequestRefused, PageCapExceeded
+        │   ├── PipelineListIndexMissing
         │   └── PipelineSeedCeilingBreached, PipelineSeedCeilingUnevaluable
         ├── Conflict                     two values disagree for good (conflict)
         │   └── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
@@ -428,6 +429,14 @@ class SourceRequestRefused(Incompatible):
 
     def __init__(self, source: str, status: int, reason: str) -> None:
         super().__init__(f"{source}: HTTP {status} ({reason})", source=source, status=status, reason=reason)
+
+
+class PipelineListIndexMissing(Incompatible):
+    """``run.normalize.list-index-missing``: a relational child table without its list index."""
+
+    def __init__(self, parent: str, list_path: str, table: str) -> None:
+        super().__init__(f"child table {table!r} of {parent!r} (list {list_path}) carries no list index, so its "
+                         "projection is not reversible", parent=parent, list_path=list_path, table=table)
 
 
 class PipelineSeedCeilingBreached(Incompatible):
