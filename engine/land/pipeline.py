@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config.manifest import Manifest, PipelineSpec
+from engine.guard import mask_message
 from engine.land.chunks import coalesce
 from engine.land.decode import Decoder
 from engine.land.files import InputFile, list_inputs
@@ -33,11 +34,10 @@ from engine.land.journal import PullJournal
 from engine.land.position import open_position, since_text
 from engine.land.results import InputFailure, PipelineResult, Progress, TableLanding
 from engine.land.seed import land_seed
-from engine.land.typed import apply_types, read_types
+from engine.land.sink import LandingSink
 from engine.land.walk import run_http_pipeline
 from storage import Store
-from storage.errors import ContextfulError, Incompatible, ManifestValueInvalid, NotFound
-from storage.transaction import RunTransaction
+from storage.errors import ContextfulError, Incompatible, NotFound
 
 CHECKPOINT_BYTES = 512 * 1024 * 1024
 STAGE_ROWS = 1_000_000
@@ -109,13 +109,10 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
                  cancel: threading.Event | None = None,
                  sleep: Callable[[float], None] | None = None) -> PipelineResult:
     """One run of ``spec``: its seed first (once), then its source's new rows."""
-    if spec.normalize != "nested":
-        raise ManifestValueInvalid(f"[[pipeline]] {spec.id!r}", "normalize",
-                                   f"{spec.normalize!r} normalization is not available in this version; use 'nested'")
     seeded = None
     if spec.seed is not None:
         seeded = land_seed(store, manifest.root, spec.id, spec.table, spec.primary_key, spec.order_by, spec.seed,
-                           decoder, types=spec.types)
+                           decoder, types=spec.types, normalize=spec.normalize)
     journal = PullJournal.open(store, spec, cursor_scope(spec)) if spec.source.kind in ("files", "http") else None
     try:
         if spec.source.kind == "http":
@@ -149,28 +146,22 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                checkpoint_bytes: int, progress: Callable[[Progress], None] | None,
                journal: PullJournal | None = None) -> PipelineResult:
     started = time.monotonic()
-    types = read_types(spec.types)
     plan = plan_pipeline(store, manifest, spec)
-    table = store.create_table(spec.table, spec.primary_key)
-    landing = TableLanding(spec.table)
-    result = PipelineResult(spec.id, [landing], inputs_skipped=len(plan.skip))
+    sink = LandingSink(store, spec)
+    result = PipelineResult(spec.id, [], inputs_skipped=len(plan.skip))
     landed = _landed_inputs(store, spec)
     fmt = spec.source.config.get("format")
-    meta = {"pipeline": spec.id}
-    txn: RunTransaction | None = None
     pending = 0  # inputs staged since the last commit
     bytes_read = 0
     try:
         for done, item in enumerate(plan.pull):
-            if txn is None:
-                txn = table.transaction("append", meta=meta)
-            point = txn.savepoint()
+            point = sink.savepoint()
             try:
                 for chunk in coalesce(decoder.decode(item.path, fmt), STAGE_ROWS):
-                    txn.stage(apply_types(spec.table, chunk, types))
+                    sink.stage(chunk, f"input {item.path}")
             except (Incompatible, NotFound) as exc:  # this input alone fails, by name
-                txn.rollback_to(point)
-                result.failures.append(InputFailure(item.path, exc.name, exc.detail, exc.exit_code))
+                sink.rollback_to(point)
+                result.failures.append(InputFailure(item.path, exc.name, mask_message(exc.detail), exc.exit_code))
                 continue
             landed[item.path] = item.fingerprint
             result.inputs_landed.append(item.path)
@@ -179,26 +170,19 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
             pending += 1
             bytes_read += item.size
             if progress is not None:
-                progress(Progress(spec.id, done + 1, len(plan.pull), landing.rows + txn.staged_rows, bytes_read, 1,
-                                  time.monotonic() - started))
-            if txn.staged_bytes >= checkpoint_bytes:  # a checkpoint, at an input boundary
+                progress(Progress(spec.id, done + 1, len(plan.pull), sink.landings[spec.table].rows + sink.staged_rows,
+                                  bytes_read, len(sink.landings), time.monotonic() - started))
+            if sink.staged_bytes >= checkpoint_bytes:  # a checkpoint, at an input boundary
                 position = {"kind": "files", "inputs": dict(landed)}
-                txn.set_cursor(cursor_scope(spec), position)
-                committed = txn.commit()
-                landing.add(committed)
-                txn, pending = None, 0
-                if journal is not None:
+                committed = sink.commit(cursor_scope(spec), position)
+                pending = 0
+                if journal is not None and committed is not None:
                     journal.checkpoint(position, committed)
-        if txn is not None and pending:
-            txn.set_cursor(cursor_scope(spec), {"kind": "files", "inputs": dict(landed)})
-            landing.add(txn.commit())
-        elif txn is not None:
-            txn.abort()
-        txn = None
-    except BaseException:
-        if txn is not None:
-            txn.abort()
-        raise
+        if pending:
+            sink.commit(cursor_scope(spec), {"kind": "files", "inputs": dict(landed)})
+    finally:
+        sink.abort()  # what is still staged did not commit
+    result.tables = sink.results()
     result.seconds = time.monotonic() - started
     return result
 

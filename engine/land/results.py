@@ -31,6 +31,8 @@ class TableLanding:
     parts: int = 0
     bytes: int = 0
     downgrade_events: list[DowngradeEvent] = field(default_factory=list)
+    masked_cells: dict[str, int] = field(default_factory=dict)
+    """Cells the secret guard masked, per column path (``run.guard-secrets.mask-only``)."""
 
     def add(self, result: CommitResult) -> None:
         self.run_ids.append(result.run_id)
@@ -43,7 +45,8 @@ class TableLanding:
     def to_json(self) -> dict[str, Any]:
         return {"table": self.table, "run_ids": self.run_ids, "commit_seqs": self.commit_seqs, "rows": self.rows,
                 "parts": self.parts, "bytes": self.bytes,
-                "downgrade_events": [e.to_json() for e in self.downgrade_events]}
+                "downgrade_events": [e.to_json() for e in self.downgrade_events],
+                "masked_cells": dict(self.masked_cells)}
 
 
 @dataclass

@@ -49,9 +49,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.config.manifest import PipelineSpec, SourceSpec
 from engine.land.chunks import coalesce
 from engine.land.decode import Decoder
 from engine.land.files import InputFile, check_config, list_inputs
+from engine.land.sink import LandingSink
 from engine.land.typed import apply_types, read_types
 from storage import Store
 from storage.errors import (
@@ -184,7 +186,7 @@ def seed_fingerprint(inputs: Iterable[InputFile]) -> str:
 
 def land_seed(store: Store, root: Path, pipeline_id: str, table_name: str, primary_key: tuple[str, ...],
               order_by: str | None, seed: SeedSpec, decoder: Decoder, *,
-              types: dict[str, str] | None = None) -> SeedOutcome:
+              types: dict[str, str] | None = None, normalize: str = "nested") -> SeedOutcome:
     """Land the seed into ``table_name`` in one commit, unless it landed before from these inputs.
 
     Every chunk is typed and checked against the ceiling before it is staged; any failure aborts
@@ -208,18 +210,20 @@ def land_seed(store: Store, root: Path, pipeline_id: str, table_name: str, prima
         if landed == current:
             return SeedOutcome("skipped-equal", current, 0, None, None)
         raise PipelineSeedSourceChanged(pipeline_id, str(landed), current)
-    txn = store.create_table(table_name, primary_key).transaction("append", meta={"pipeline": pipeline_id, "seed": True})
+    spec = PipelineSpec(pipeline_id, SourceSpec("files", {"paths": list(seed.paths)}), table_name, normalize=normalize,
+                        primary_key=primary_key, order_by=order_by, types=dict(types or {}))
+    store.create_table(table_name, primary_key)
+    sink = LandingSink(store, spec, meta={"pipeline": pipeline_id, "seed": True})
     try:
         for item in inputs:
             for chunk in coalesce(decoder.decode(item.path, seed.format)):
                 typed = apply_types(table_name, chunk, declared)
-                check_ceiling(pipeline_id, order_by, seed.ceiling, typed)
-                txn.stage(typed)
-        txn.set_cursor(scope, {"kind": "seed", "fingerprint": current, "ceiling": seed.ceiling})
-        result = txn.commit()
-    except BaseException:
-        txn.abort()
-        raise
+                check_ceiling(pipeline_id, order_by, seed.ceiling, typed)  # before anything is staged
+                sink.stage(typed, f"seed input {item.path}", typed=True)
+        result = sink.commit(scope, {"kind": "seed", "fingerprint": current, "ceiling": seed.ceiling})
+    finally:
+        sink.abort()
+    assert result is not None
     return SeedOutcome("landed", current, result.rows, result, None)
 
 

@@ -41,12 +41,11 @@ from engine.land.http import PAGE_CAP, HttpConfig
 from engine.land.journal import PullJournal
 from engine.land.meter import Meter
 from engine.land.position import ClockTracker, Position, open_position, since_text
-from engine.land.results import PipelineResult, Progress, TableLanding
-from engine.land.typed import apply_types, read_types
+from engine.land.results import PipelineResult, Progress
+from engine.land.sink import LandingSink
 from engine.run.retry import RetrySchedule
 from storage import Store
 from storage.errors import PageCapExceeded, SourceResponseMalformed
-from storage.transaction import RunTransaction
 
 
 @dataclass
@@ -132,9 +131,8 @@ def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, sco
     walker = _Walker(spec, config, decoder, schedule, meter, tracker, cancel, journal)
     if journal is not None:
         journal.execution.attach_retry(schedule)
-    landing = TableLanding(spec.table)
-    result = PipelineResult(spec.id, [landing])
-    run = _Run(store, spec, scope, landing, walker, checkpoint_bytes)
+    result = PipelineResult(spec.id, [])
+    run = _Run(store, spec, scope, walker, checkpoint_bytes)
     try:
         if config.walk_kind(spec.incremental) == "watermark":
             assert tracker is not None
@@ -143,6 +141,7 @@ def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, sco
             run.url_walk(position, config, progress, started)
     finally:
         run.abort()
+        result.tables = run.sink.results()
         result.pulls = walker.requests
         result.bound_hits = [hit.to_json() for hit in schedule.bound_hits]
         result.seconds = time.monotonic() - started
@@ -150,55 +149,38 @@ def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, sco
 
 
 class _Run:
-    """The staging side of one walk: transactions, checkpoints, the committed position."""
+    """The staging side of one walk: the landing sink, checkpoints, the committed position."""
 
-    def __init__(self, store: Store, spec: PipelineSpec, scope: str, landing: TableLanding, walker: _Walker,
-                 checkpoint_bytes: int) -> None:
-        self.store = store
+    def __init__(self, store: Store, spec: PipelineSpec, scope: str, walker: _Walker, checkpoint_bytes: int) -> None:
         self.spec = spec
         self.scope = scope
-        self.landing = landing
         self.walker = walker
         self.checkpoint_bytes = checkpoint_bytes
-        self.types = read_types(spec.types)
-        self.table = store.table(spec.table)
-        self.txn: RunTransaction | None = None
+        self.sink = LandingSink(store, spec)
 
-    def stage(self, rows: pa.Table) -> None:
-        if rows.num_rows == 0:
-            return
-        if self.txn is None:
-            self.txn = self.table.transaction("append", meta={"pipeline": self.spec.id})
-        self.txn.stage(apply_types(self.spec.table, rows, self.types))
+    def stage(self, rows: pa.Table, pull: str) -> None:
+        self.sink.stage(rows, pull)
 
     def commit(self, position: Position | None) -> None:
         """Commit what is staged with ``position`` (a position alone still commits: it moved)."""
-        if self.txn is None:
-            if position is None:
-                return
-            self.txn = self.table.transaction("append", meta={"pipeline": self.spec.id})
-        self.txn.meta["bound_hits"] = [hit.to_json() for hit in self.walker.schedule.bound_hits]
-        if position is not None:
-            self.txn.set_cursor(self.scope, position.to_json())
-        result = self.txn.commit()
-        self.txn = None
-        self.landing.add(result)
-        if self.walker.journal is not None:
-            self.walker.journal.checkpoint(position.to_json() if position is not None else None, result)
+        meta = {"bound_hits": [hit.to_json() for hit in self.walker.schedule.bound_hits]}
+        value = position.to_json() if position is not None else None
+        result = self.sink.commit(self.scope if position is not None else None, value, meta)
+        if result is not None and self.walker.journal is not None:
+            self.walker.journal.checkpoint(value, result)
 
     def abort(self) -> None:
-        if self.txn is not None:
-            self.txn.abort()
-            self.txn = None
+        self.sink.abort()
 
     def staged_bytes(self) -> int:
-        return self.txn.staged_bytes if self.txn is not None else 0
+        return self.sink.staged_bytes
 
     def report(self, progress: Callable[[Progress], None] | None, started: float) -> None:
         if progress is not None:
-            staged = self.txn.staged_rows if self.txn is not None else 0
-            progress(Progress(self.spec.id, self.walker.pages, 0, self.landing.rows + staged,
-                              self.landing.bytes + self.staged_bytes(), 1, time.monotonic() - started))
+            landed = self.sink.landings[self.spec.table]
+            progress(Progress(self.spec.id, self.walker.pages, 0, landed.rows + self.sink.staged_rows,
+                              landed.bytes + self.staged_bytes(), len(self.sink.landings),
+                              time.monotonic() - started))
 
     # --- the two walks ---------------------------------------------------------------------------
 
@@ -217,7 +199,7 @@ class _Run:
             if self.staged_bytes() >= self.checkpoint_bytes and passes and token is not None:
                 self.commit(asked)  # a checkpoint: the position after the last staged pull
                 committed = asked.to_json()
-            self.stage(admitted)
+            self.stage(admitted, page.label)
             if page.span is not None:
                 frontier = page.span[1] if frontier is None else max(frontier, page.span[1])
             self.report(progress, started)
@@ -227,7 +209,7 @@ class _Run:
                 raise SourceResponseMalformed(page.url, f"the page answered its own token {token!r} as the next one")
             token = page.next_token
         final = Position(position.field, tracker.clock, frontier)
-        if self.txn is not None or final.to_json() != (committed or stored):
+        if self.sink.pending or final.to_json() != (committed or stored):
             self.commit(final)
 
     def url_walk(self, position: Position, config: HttpConfig,
@@ -241,7 +223,7 @@ class _Run:
         while url is not None:
             page = self.walker.page(url)
             rows = tracker.after(page.rows, floor) if tracker is not None else page.rows
-            self.stage(rows)
+            self.stage(rows, page.label)
             if page.span is not None:
                 frontier = page.span[1] if frontier is None else max(frontier, page.span[1])
             self.report(progress, started)

@@ -242,8 +242,8 @@ def test_checkpoints_commit_staged_parts_with_the_position_and_keep_pulling(tmp_
     api.records.extend(records(40))
     api.route("/items", watermark_pages(api.records, "updated_at", 5))
     manifest = manifest_for(tmp_path, f"{api.url}/items")
-    one_page = 2500  # bytes: a 5-row page stages ~1.5-2.5 KiB of Parquet
-    result = run(store, manifest, decoder, checkpoint_bytes=one_page)
+    two_pages = 300  # bytes: a 5-row page holds ~170 bytes of Arrow data while it waits to be staged
+    result = run(store, manifest, decoder, checkpoint_bytes=two_pages)
     table = store.table("events")
     commits = table.commits()
     assert 2 < len(commits) < 8 and result.pulls == 8 and ids_of(store) == list(range(40))

@@ -1,0 +1,212 @@
+"""Relational landing: ``contextful pipeline run`` (normalize = "relational") vs dlt vs the raw path.
+
+Run ``python bench/bench_relational.py [--events N] [--shards K] [--reps R] [--dlt-reps R] [--json PATH]``
+(needs the ``bench`` extra: ``pip install -e '.[bench]'`` installs dlt).
+
+The same GitHub-archive-like NDJSON shards (``datasets.gharchive.write_shards``, default 1,000,000
+events in 10 shards) are landed, each side a child process timed from spawn to exit:
+
+- ``ours``: ``python -m engine.cli pipeline run`` over a project declaring one ``files`` pipeline in
+  ``relational`` mode (root table plus one child table per list, secret guard on);
+- ``dlt``: a dlt pipeline (PyPI ``dlt``) with the ``filesystem`` destination writing Parquet, fed by
+  a resource yielding each NDJSON line's object; dlt normalizes nested lists into child tables too;
+- ``raw``: ``pyarrow.json.read_json`` + ``pyarrow.parquet.write_table`` per shard (no normalization).
+
+Throughput is MB (10^6 bytes) of NDJSON input per second. Targets (issue 4): ours >= 10x dlt, and
+ours / raw >= 0.4. After the first rep the landed relational row counts are printed.
+
+A second figure: the secret guard alone (``engine.guard.guard_table``) over the decoded shards,
+in MB/s of string data, and its share of the landing time (target <= 15%).
+
+Figures: ``bench/README.md``. Benchmarks are not tests: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from bench.bench_pipeline import mb, mib, raw_argv, timed_tree  # noqa: E402
+
+TABLE = "events"
+MANIFEST = """\
+[project]
+name = "bench-relational"
+
+[[pipeline]]
+id = "{table}"
+table = "{table}"
+normalize = "relational"
+
+[pipeline.source]
+kind = "files"
+
+[pipeline.source.config]
+paths = ["{glob}"]
+"""
+
+
+def make_project(path: str, shard_dir: str) -> str:
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    with open(os.path.join(path, "contextful.toml"), "w") as fh:
+        fh.write(MANIFEST.format(table=TABLE, glob=os.path.join(shard_dir, "events-*.ndjson")))
+    return path
+
+
+def ours_argv(project: str) -> list[str]:
+    return [sys.executable, "-m", "engine.cli", "--project", project, "pipeline", "run"]
+
+
+def dlt_argv(shards: list[str], out_dir: str) -> list[str]:
+    return [sys.executable, os.path.abspath(__file__), "--dlt-side", out_dir, *shards]
+
+
+def dlt_side(out_dir: str, shards: list[str]) -> None:
+    """dlt's own path: a resource of dicts, normalized by dlt, loaded as Parquet files."""
+    import dlt
+
+    os.environ["DLT_DATA_DIR"] = os.path.join(out_dir, "dlt-data")
+    os.environ["RUNTIME__LOG_LEVEL"] = "WARNING"
+
+    @dlt.resource(name=TABLE, write_disposition="append")
+    def events() -> Any:
+        for path in shards:
+            with open(path, "rb") as fh:
+                for line in fh:
+                    if line.strip():
+                        yield json.loads(line)
+
+    pipeline = dlt.pipeline(pipeline_name="bench", destination=dlt.destinations.filesystem(
+        bucket_url=os.path.join(out_dir, "lake")), dataset_name="bench", pipelines_dir=os.path.join(out_dir, "p"))
+    pipeline.run(events(), loader_file_format="parquet")
+
+
+def relational_counts(project: str) -> dict[str, int]:
+    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", project, "--json", "table", "list"],
+                          capture_output=True, text=True, cwd=REPO, check=True)
+    return {t["name"]: t.get("rows", t.get("stored_rows")) for t in json.loads(proc.stdout)}
+
+
+def bench_landing(work: str, shard_dir: str, shards: list[str], events: int, reps: int,
+                  dlt_reps: int) -> dict[str, Any]:
+    size = sum(os.path.getsize(p) for p in shards)
+    print(f"relational landing: {events:,} events in {len(shards)} NDJSON shards ({mb(size):.0f} MB)")
+    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "raw": [], "dlt": []}
+    for rep in range(max(reps, dlt_reps)):
+        sides = [s for s, n in (("ours", reps), ("raw", reps), ("dlt", dlt_reps)) if rep < n]
+        for side in sides if rep % 2 == 0 else list(reversed(sides)):
+            target = os.path.join(work, f"{side}-rep")
+            shutil.rmtree(target, ignore_errors=True)
+            argv = (ours_argv(make_project(target, shard_dir)) if side == "ours"
+                    else raw_argv(shards, target) if side == "raw" else dlt_argv(shards, target))
+            os.sync()
+            run = timed_tree(argv)
+            runs[side].append(run)
+            print(f"  rep {rep + 1} {side:>4}: {run['seconds']:.2f} s ({mb(size) / run['seconds']:.1f} MB/s),"
+                  f" tree peak RSS {mib(run['tree_peak_bytes'])}", flush=True)
+            if side == "ours" and rep == 0:
+                print(f"  landed: {relational_counts(target)}")
+            shutil.rmtree(target, ignore_errors=True)
+    med = {side: statistics.median(r["seconds"] for r in rs) for side, rs in runs.items() if rs}
+    thr = {side: mb(size) / s for side, s in med.items()}
+    out: dict[str, Any] = {"events": events, "input_mb": round(mb(size), 1),
+                           "median_s": {k: round(v, 2) for k, v in med.items()},
+                           "mb_per_s": {k: round(v, 2) for k, v in thr.items()},
+                           "peak_rss_tree_mib": {k: round(max(r["tree_peak_bytes"] for r in rs) / 2**20)
+                                                 for k, rs in runs.items() if rs}}
+    if "dlt" in thr:
+        out["ours_over_dlt"] = round(thr["ours"] / thr["dlt"], 1)
+        print(f"  ours / dlt = {out['ours_over_dlt']}x (target >= 10x:"
+              f" {'met' if out['ours_over_dlt'] >= 10 else 'MISSED'})")
+    out["ours_over_raw"] = round(thr["ours"] / thr["raw"], 3)
+    print(f"  ours / raw = {out['ours_over_raw']} (target >= 0.4: {'met' if out['ours_over_raw'] >= 0.4 else 'MISSED'})")
+    return out
+
+
+def bench_guard(shards: list[str], landing_s: float) -> dict[str, Any]:
+    """The guard alone over every decoded shard, and its share of the landing time."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    from engine.guard import guard_table
+
+    seconds, string_bytes = 0.0, 0
+    for path in shards:
+        table = pj.read_json(path)
+        string_bytes += _string_bytes(table, pa)
+        t0 = time.perf_counter()
+        guard_table(table)
+        seconds += time.perf_counter() - t0
+    rate = mb(string_bytes) / seconds
+    share = seconds / landing_s
+    print(f"guard: {mb(string_bytes):.0f} MB of strings in {seconds:.2f} s = {rate:.0f} MB/s (target >= 100);"
+          f" {share:.1%} of the landing's {landing_s:.1f} s (target <= 15%)")
+    return {"string_mb": round(mb(string_bytes), 1), "seconds": round(seconds, 2), "mb_per_s": round(rate),
+            "share_of_landing": round(share, 3)}
+
+
+def _string_bytes(table: Any, pa: Any) -> int:
+    total = 0
+
+    def walk(array: Any) -> None:
+        nonlocal total
+        t = array.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            total += array.buffers()[2].size if array.buffers()[2] is not None else 0
+        elif pa.types.is_struct(t):
+            for i in range(t.num_fields):
+                walk(array.field(i))
+        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+            walk(array.values)
+
+    for column in table.columns:
+        for chunk in column.chunks:
+            walk(chunk)
+    return total
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--shards", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=3, help="reps of ours and raw")
+    parser.add_argument("--dlt-reps", type=int, default=1, help="reps of dlt (slow)")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--dlt-side", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.dlt_side:
+        dlt_side(args.dlt_side[0], args.dlt_side[1:])
+        return 0
+    from datasets.gharchive import write_shards
+
+    work = tempfile.mkdtemp(prefix="cf-bench-rel-", dir=args.workdir)
+    try:
+        shard_dir = os.path.join(work, "shards")
+        write_shards(args.events, shard_dir, shards=args.shards, seed=11)
+        shards = sorted(os.path.join(shard_dir, f) for f in os.listdir(shard_dir))
+        results = {"landing": bench_landing(work, shard_dir, shards, args.events, args.reps, args.dlt_reps)}
+        results["guard"] = bench_guard(shards, results["landing"]["median_s"]["ours"])
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(results, fh, indent=2)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

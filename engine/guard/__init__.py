@@ -1,0 +1,60 @@
+"""The secret guard: mask credentials in landed data before anything is staged.
+
+Implements decision ``secret-guard-has`` ("The secret guard has one host-owned catalogue"):
+
+- ``run.guard-secrets.matchers``: matchers are linear-time, regex-free forward scans, each
+  anchored on a literal prefix; the catalogue lives in code (``engine.guard.catalogue``) under a
+  precision and recall fixture test (``tests/engine/guard/test_precision_recall.py``).
+- ``run.guard-secrets.llm-candidate``: an LLM candidate starts with ``sk-`` at input start or after
+  a byte outside ASCII alphanumerics, ``-`` and ``_``; its tail spans that alphabet; admission
+  masks the whole candidate.
+- ``run.guard-secrets.llm-admission``: a candidate needs 32 bytes of tail; a ``proj-``,
+  ``svcacct-``, ``service-``, ``admin-`` or ``ant-`` prefix permits the whole tail, otherwise its
+  first 32 bytes are ASCII alphanumerics.
+- ``run.guard-secrets.mask-only``: the guard is on by default and blocks no run; each pull logs
+  the count of masked cells per column (``log_masked``).
+
+A masked span becomes ``[masked:<family>]`` (``aws-access-key-id``, ``llm-api-key``, ... — the
+names in ``FAMILIES``); the rest of the cell stays. ``guard_table``/``guard_batch`` scan every string
+cell at any nesting depth (``engine.guard.arrow``); ``mask_message`` masks an error message or a
+log line.
+
+    >>> import pyarrow as pa
+    >>> result = guard_table(pa.table({"note": ["key " + "AKIA" + "Q" * 16, "none"]}))
+    >>> result.masked
+    {'note': 1}
+    >>> log_masked("gh", "pull-7", result.masked)  # INFO on engine.guard:
+    ... # pipeline gh pull pull-7: masked 1 cell(s) in column note
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from engine.guard.arrow import BatchGuardResult, GuardResult, guard_batch, guard_table, mask_message
+from engine.guard.catalogue import FAMILIES, Family, Finding, mask_text, scan_text
+
+__all__ = [
+    "FAMILIES",
+    "BatchGuardResult",
+    "Family",
+    "Finding",
+    "GuardResult",
+    "guard_batch",
+    "guard_table",
+    "log_masked",
+    "mask_message",
+    "mask_text",
+    "scan_text",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def log_masked(pipeline: str, pull_label: str, masked: Mapping[str, int]) -> None:
+    """Log one pull's masked-cell counts at INFO: a line per column, or one line saying none."""
+    if not masked:
+        logger.info("pipeline %s pull %s: masked 0 cell(s)", pipeline, pull_label)
+    for path, cells in masked.items():
+        logger.info("pipeline %s pull %s: masked %d cell(s) in column %s", pipeline, pull_label, cells, path)

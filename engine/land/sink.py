@@ -1,0 +1,210 @@
+"""Where a pipeline run's rows go: typed landing, the secret guard, normalization, staging, commits.
+
+Every source runner (files, http, receive, seed) hands its decoded batches to one
+:class:`LandingSink`, which applies the landing path of DESIGN.md to each batch, in order:
+
+1. typed landing (the pipeline's ``types``);
+2. the secret guard (``engine.guard``): every string cell, nested ones included, is scanned and
+   credentials are masked before anything is staged; the masked-cell counts per column are kept
+   per table and logged per pull (``run.guard-secrets.mask-only``);
+3. normalization: ``nested`` keeps the batch as it is; ``relational`` shreds it into the root table
+   and one child table per list (``engine.normalize``), each child checked for its list index
+   before it is staged (``run.normalize.list-index-missing``);
+4. staging into one :class:`RunTransaction` per touched table. Small batches (an HTTP page) are
+   buffered per table until :data:`BUFFER_ROWS` rows or :data:`BUFFER_BYTES`, so pages do not
+   become tiny parts.
+
+:meth:`LandingSink.commit` lands every touched table: child tables first, the pipeline's root
+table last carrying the cursor, so a position never commits ahead of any of its rows. A crash
+between those commits leaves child rows whose root rows never landed; readers join from the root
+(``docs/normalization.md``), and the re-run lands the root rows again with fresh ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from engine.config.manifest import PipelineSpec
+from engine.land.results import TableLanding
+from engine.land.typed import apply_types, read_types
+from storage import Store
+from storage.transaction import CommitResult, RunTransaction, Savepoint
+
+log = logging.getLogger(__name__)
+
+BUFFER_ROWS = 1_000_000
+BUFFER_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class _Staging:
+    txn: RunTransaction
+    buffered: list[pa.Table] = field(default_factory=list)
+    buffered_rows: int = 0
+    buffered_bytes: int = 0
+
+    def flush(self) -> None:
+        if not self.buffered:
+            return
+        pending, self.buffered = self.buffered, []
+        self.buffered_rows = self.buffered_bytes = 0
+        for table in pending:  # each keeps its own schema: the transaction reconciles them
+            self.txn.stage(table)
+
+
+@dataclass(frozen=True)
+class SinkPoint:
+    points: dict[str, Savepoint]
+    masked: dict[str, dict[str, int]]
+
+
+class LandingSink:
+    """Stages one pipeline run's batches into its tables and commits them together."""
+
+    def __init__(self, store: Store, spec: PipelineSpec, *, meta: dict[str, Any] | None = None,
+                 guard: bool = True, run_id: Callable[[str], str | None] | None = None) -> None:
+        self.store = store
+        self.spec = spec
+        self.meta = dict(meta or {"pipeline": spec.id})
+        self.guard = guard
+        self.types = read_types(spec.types)
+        self.run_id = run_id
+        self.landings: dict[str, TableLanding] = {spec.table: TableLanding(spec.table)}
+        self._staging: dict[str, _Staging] = {}
+        self._masked: dict[str, dict[str, int]] = {}
+        self._batches = 0
+
+    # --- staging --------------------------------------------------------------------------------
+
+    def stage(self, batch: pa.Table, pull: str = "", *, typed: bool = False) -> None:
+        """Type (unless ``typed``), guard, normalize and stage one batch of the root table."""
+        if batch.num_rows == 0:
+            return
+        table = batch if typed else apply_types(self.spec.table, batch, self.types)
+        if self.guard:
+            from engine.guard import guard_table, log_masked
+
+            guarded = guard_table(table)
+            table = guarded.table
+            if guarded.masked:
+                counts = self._masked.setdefault(self.spec.table, {})
+                for column, n in guarded.masked.items():
+                    counts[column] = counts.get(column, 0) + n
+                log_masked(self.spec.id, pull or f"batch {self._batches + 1}", guarded.masked)
+        self._batches += 1
+        if self.spec.normalize == "relational":
+            from engine.normalize import shred, write_relational
+
+            root = self._transaction(self.spec.table)
+            tables = shred(table, self.spec.table, id_prefix=f"{root.run_id}.{self._batches}")
+            write_relational(tables, self._buffer)
+        else:
+            self._buffer(self.spec.table, table)
+
+    def _buffer(self, name: str, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        staging = self._staging_for(name)
+        staging.buffered.append(table)
+        staging.buffered_rows += table.num_rows
+        staging.buffered_bytes += table.nbytes
+        if staging.buffered_rows >= BUFFER_ROWS or staging.buffered_bytes >= BUFFER_BYTES:
+            staging.flush()
+
+    def _staging_for(self, name: str) -> _Staging:
+        if name not in self._staging:
+            primary_key = self.spec.primary_key if name == self.spec.table else ()
+            run_id = self.run_id(name) if self.run_id is not None else None
+            txn = self.store.create_table(name, primary_key).transaction("append", run_id=run_id,
+                                                                        meta=dict(self.meta))
+            self._staging[name] = _Staging(txn)
+            self.landings.setdefault(name, TableLanding(name))
+        return self._staging[name]
+
+    def _transaction(self, name: str) -> RunTransaction:
+        return self._staging_for(name).txn
+
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes staged as parts plus those buffered, across every table since the last commit."""
+        return sum(s.txn.staged_bytes + s.buffered_bytes for s in self._staging.values())
+
+    @property
+    def staged_rows(self) -> int:
+        return sum(s.txn.staged_rows + s.buffered_rows for s in self._staging.values())
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._staging)
+
+    # --- savepoints -----------------------------------------------------------------------------
+
+    def savepoint(self) -> SinkPoint:
+        """A point to roll back to when what follows must not land (one failed input)."""
+        for staging in self._staging.values():
+            staging.flush()
+        return SinkPoint({name: s.txn.savepoint() for name, s in self._staging.items()},
+                         {t: dict(c) for t, c in self._masked.items()})
+
+    def rollback_to(self, point: SinkPoint) -> None:
+        for name in list(self._staging):
+            staging = self._staging[name]
+            staging.buffered, staging.buffered_rows, staging.buffered_bytes = [], 0, 0
+            if name in point.points:
+                staging.txn.rollback_to(point.points[name])
+            else:  # a table first touched after the point
+                staging.txn.abort()
+                del self._staging[name]
+        self._masked = {t: dict(c) for t, c in point.masked.items()}
+
+    # --- landing --------------------------------------------------------------------------------
+
+    def commit(self, scope: str | None = None, position: Any = None,
+               meta: dict[str, Any] | None = None) -> CommitResult | None:
+        """Commit every touched table, children first and the root last with ``position``.
+
+        A position with nothing staged still commits (an empty run on the root table): it moved.
+        Returns the root table's commit (None when nothing was staged and no position given).
+        """
+        if not self._staging and scope is None:
+            return None
+        root = self._staging_for(self.spec.table) if scope is not None else self._staging.get(self.spec.table)
+        order = [n for n in self._staging if n != self.spec.table] + ([self.spec.table] if root else [])
+        result: CommitResult | None = None
+        try:
+            for name in order:
+                staging = self._staging[name]
+                staging.flush()
+                staging.txn.meta.update(meta or {})
+                if self._masked.get(name):
+                    staging.txn.meta["masked_cells"] = self._masked[name]
+                if name == self.spec.table and scope is not None:
+                    staging.txn.set_cursor(scope, position)
+                committed = staging.txn.commit()
+                del self._staging[name]
+                landing = self.landings[name]
+                landing.add(committed)
+                for column, n in self._masked.pop(name, {}).items():
+                    landing.masked_cells[column] = landing.masked_cells.get(column, 0) + n
+                if name == self.spec.table:
+                    result = committed
+        except BaseException:
+            self.abort()
+            raise
+        return result
+
+    def abort(self) -> None:
+        """Drop everything staged since the last commit."""
+        for staging in self._staging.values():
+            staging.txn.abort()
+        self._staging.clear()
+        self._masked.clear()
+
+    def results(self) -> list[TableLanding]:
+        """The root table's landing first, then each child table's."""
+        return [self.landings[self.spec.table]] + [t for n, t in self.landings.items() if n != self.spec.table]
