@@ -21,7 +21,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except ContextfulError as exc:
-            click.echo(f"error: {exc}", err=True)
+            from engine.guard import mask_message
+
+            click.echo(f"error: {mask_message(str(exc))}", err=True)
             ctx.exit(exc.exit_code)
 
 

@@ -210,8 +210,8 @@ def run_pipelines(store: Store, manifest: Manifest, ids: list[str] | None = None
                 result = run_pipeline(store, manifest, spec, decoder, checkpoint_bytes=checkpoint_bytes,
                                       progress=progress, cancel=cancel)
             except ContextfulError as exc:  # this pipeline fails by name; the others still run
-                result = PipelineResult(spec.id, [TableLanding(spec.table)],
-                                        failures=[InputFailure(spec.id, exc.name, exc.detail, exc.exit_code)])
+                result = PipelineResult(spec.id, [TableLanding(spec.table)], failures=[
+                    InputFailure(spec.id, exc.name, mask_message(exc.detail), exc.exit_code)])
             if not result.ok:
                 failed.add(spec.id)
             results.append(result)

@@ -41,6 +41,31 @@ BUFFER_ROWS = 1_000_000
 BUFFER_BYTES = 64 * 1024 * 1024
 
 
+def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types: dict[str, pa.DataType] | None,
+                  guard: bool = True, pull: str = "") -> tuple[dict[str, pa.Table], dict[str, int]]:
+    """One decoded batch as the tables it lands in, and the cells the guard masked per column.
+
+    Typed landing (when ``types`` is given), then the secret guard, then normalization: ``nested``
+    gives ``{root: batch}``; ``relational`` the root table then its child tables, each checked for
+    its list index. ``id_prefix`` makes the relational row ids unique (a run id and a counter).
+    """
+    table = apply_types(spec.table, batch, types) if types is not None else batch
+    masked: dict[str, int] = {}
+    if guard:
+        from engine.guard import guard_table, log_masked
+
+        guarded = guard_table(table)
+        table, masked = guarded.table, dict(guarded.masked)
+        log_masked(spec.id, pull, masked)
+    if spec.normalize != "relational":
+        return {spec.table: table}, masked
+    from engine.normalize import shred, write_relational
+
+    tables: dict[str, pa.Table] = {}
+    write_relational(shred(table, spec.table, id_prefix=id_prefix), tables.__setitem__)
+    return tables, masked
+
+
 @dataclass
 class _Staging:
     txn: RunTransaction
@@ -85,26 +110,16 @@ class LandingSink:
         """Type (unless ``typed``), guard, normalize and stage one batch of the root table."""
         if batch.num_rows == 0:
             return
-        table = batch if typed else apply_types(self.spec.table, batch, self.types)
-        if self.guard:
-            from engine.guard import guard_table, log_masked
-
-            guarded = guard_table(table)
-            table = guarded.table
-            if guarded.masked:
-                counts = self._masked.setdefault(self.spec.table, {})
-                for column, n in guarded.masked.items():
-                    counts[column] = counts.get(column, 0) + n
-                log_masked(self.spec.id, pull or f"batch {self._batches + 1}", guarded.masked)
         self._batches += 1
-        if self.spec.normalize == "relational":
-            from engine.normalize import shred, write_relational
-
-            root = self._transaction(self.spec.table)
-            tables = shred(table, self.spec.table, id_prefix=f"{root.run_id}.{self._batches}")
-            write_relational(tables, self._buffer)
-        else:
-            self._buffer(self.spec.table, table)
+        id_prefix = f"{self._transaction(self.spec.table).run_id}.{self._batches}"
+        tables, masked = prepare_batch(self.spec, batch, id_prefix, types=None if typed else self.types,
+                                       guard=self.guard, pull=pull or f"batch {self._batches}")
+        if masked:
+            counts = self._masked.setdefault(self.spec.table, {})
+            for column, n in masked.items():
+                counts[column] = counts.get(column, 0) + n
+        for name, table in tables.items():
+            self._buffer(name, table)
 
     def _buffer(self, name: str, table: pa.Table) -> None:
         if table.num_rows == 0:

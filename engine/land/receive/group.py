@@ -79,9 +79,12 @@ def owner_scope(digest: str) -> str:
     return f"receive:{digest}"
 
 
-def touched_tables(spec: PipelineSpec) -> list[str]:
-    """The tables a batch of ``spec`` lands in (nested normalization: the pipeline's table)."""
-    return [spec.table]
+def touched_tables(spec: PipelineSpec, members: list[Member] = ()) -> list[str]:  # type: ignore[assignment]
+    """The tables ``members`` land in, child tables first and the pipeline's table last (it
+    commits last, so a key committed there committed everywhere); nested normalization touches
+    only the pipeline's table."""
+    children = sorted({t for m in members for t in m.rows} - {spec.table})
+    return [*children, spec.table]
 
 
 @dataclass(frozen=True)
@@ -105,10 +108,10 @@ class TableAnswer:
         return cls(doc["table"], doc["run_id"], int(doc["commit_seq"]), int(doc["rows"]), doc["group"])
 
 
-def committed_scopes(store: Store, spec: PipelineSpec, digest: str) -> dict[str, TableAnswer]:
+def committed_scopes(store: Store, tables: list[str], digest: str) -> dict[str, TableAnswer]:
     """The touched tables whose run under the key (or under the group its scope names) committed."""
     found = {}
-    for table in touched_tables(spec):
+    for table in tables:
         cursor = store.catalog.cursor(table, owner_scope(digest))
         if cursor is not None:
             value, seq = cursor
@@ -116,10 +119,19 @@ def committed_scopes(store: Store, spec: PipelineSpec, digest: str) -> dict[str,
     return found
 
 
-def committed_answer(store: Store, spec: PipelineSpec, digest: str) -> list[TableAnswer] | None:
-    """The key's answer when every touched table committed it, else None (land it)."""
-    found = committed_scopes(store, spec, digest)
-    tables = touched_tables(spec)
+def committed_answer(store: Store, spec: PipelineSpec, digest: str,
+                     tables: list[str] | None = None) -> list[TableAnswer] | None:
+    """The key's answer when every touched table committed it, else None (land it).
+
+    Without ``tables`` (a receiver that has not read the body), the pipeline's table answers: it
+    commits last, and its scope names the key's touched tables.
+    """
+    if tables is None:
+        root = store.catalog.cursor(spec.table, owner_scope(digest))
+        if root is None:
+            return None
+        tables = list(root[0].get("tables") or [spec.table])
+    found = committed_scopes(store, tables, digest)
     return [found[t] for t in tables] if len(found) == len(tables) else None
 
 
@@ -174,10 +186,11 @@ def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Mem
         if (record is not None and record.state == LANDED) or index.failure(member.id) is not None:
             settled.append(member)  # a duplicate of a landed key, or a failure already answered
             continue
-        done = committed_scopes(store, spec, member.digest)
-        todo = [t for t in touched_tables(spec) if t not in done]
+        mine = touched_tables(spec, [member])
+        done = committed_scopes(store, mine, member.digest)
+        todo = [t for t in mine if t not in done]
         if not todo:
-            replay = [done[t] for t in touched_tables(spec)]
+            replay = [done[t] for t in mine]
             index.mark_landed([(member, replay[0].group, [a.to_json() for a in replay])], clock.now_us())
             landing.replayed.append(member)
             settled.append(member)
@@ -185,7 +198,7 @@ def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Mem
         pending[member.id] = todo
 
     kept, data, schemas = _prepare(store, queue, [m for m in members if m.id in pending], pending, landing)
-    for table in touched_tables(spec):
+    for table in touched_tables(spec, kept):
         group = [m for m in kept if table in pending[m.id]]
         if group:
             landing.commits.append(_commit(store, spec, queue, table, group, data, schemas[table]))
@@ -193,7 +206,7 @@ def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Mem
     now = clock.now_us()
     answers = []
     for member in kept:
-        answer = committed_answer(store, spec, member.digest)
+        answer = committed_answer(store, spec, member.digest, touched_tables(spec, [member]))
         assert answer is not None, f"key {member.key!r} committed in every touched table"
         answers.append((member, answer[0].group, [a.to_json() for a in answer]))
     index.mark_landed(answers, now)
@@ -259,7 +272,8 @@ def _commit(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: l
     try:
         txn.stage(rows)
         scopes = tuple(SetCursor(owner_scope(m.digest), {"key": m.key, "group": digest, "run_id": run_id,
-                                                          "rows": m.rows.get(table, 0), "member": m.id})
+                                                          "rows": m.rows.get(table, 0), "member": m.id,
+                                                          "tables": touched_tables(spec, [m])})
                        for m in group)
         return txn.commit(extra_updates=scopes)
     except BaseException:
@@ -305,14 +319,15 @@ def drain_queue(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: D
         landings = drain(store, spec, queue, config, clock=clock or SystemClock(), push=push)
     finally:
         queue.close()
-    tables = {t: TableLanding(t) for t in touched_tables(spec)}
-    result = PipelineResult(spec.id, list(tables.values()))
+    tables = {spec.table: TableLanding(spec.table)}
+    result = PipelineResult(spec.id, [])
     for landing in landings:
         for commit in landing.commits:
-            tables[commit.table].add(commit)
+            tables.setdefault(commit.table, TableLanding(commit.table)).add(commit)
         result.inputs_landed += [m.key for m in landing.landed]
         result.inputs_skipped += len(landing.replayed)
         result.failures += [InputFailure(member_id, error.name, error.detail, error.exit_code)
                             for member_id, error in landing.failed.items()]
+    result.tables = list(tables.values())
     result.seconds = time.monotonic() - started
     return result

@@ -51,7 +51,8 @@ from engine.land.decode import Decoder
 from engine.land.receive.config import ReceiveConfig
 from engine.land.receive.group import PushHook, TableAnswer, committed_answer, drain, land_pending
 from engine.land.receive.spool import LANDED, Member, Queue, key_digest
-from engine.land.typed import apply_types, read_types
+from engine.land.sink import prepare_batch
+from engine.land.typed import read_types
 from storage import Store
 from storage import errors as catalogue
 from storage.clock import Clock, SystemClock
@@ -172,11 +173,12 @@ class Receiver:
             data = self._decode(key, path)
         finally:
             path.unlink(missing_ok=True)
-        return self.queue.spool(key, digest, {self.spec.table: data}, received_us=now, body_bytes=size,
+        return self.queue.spool(key, digest, data, received_us=now, body_bytes=size,
                                 body_sha256=sha)
 
-    def _decode(self, key: str, path: Path) -> pa.Table:
-        """The body as one typed table, validated against the table's schema alone."""
+    def _decode(self, key: str, path: Path) -> dict[str, pa.Table]:
+        """The body as the tables it lands in — typed, guarded, normalized — each validated against
+        its table's schema alone."""
         where = f"batch {key!r} of pipeline {self.spec.id!r}"
         try:
             batches = list(self.decoder.decode(str(path), self.config.format))
@@ -192,11 +194,13 @@ class Receiver:
         else:
             schema = batches[-1].schema  # a later block may have widened it: earlier batches conform
             data = pa.concat_tables([conform(pa.Table.from_batches([b]), schema, table) for b in batches])
-        data = apply_types(table, data, self.types)
-        check_modality(table, data)
-        head = self.store.catalog.load_head(table)
-        reconcile(table, schema_from_text(head.schema) if head is not None and head.schema else None, data.schema)
-        return data
+        tables, _masked = prepare_batch(self.spec, data, key_digest(self.spec.id, key), types=self.types,
+                                        pull=f"batch {key!r}")
+        for name, frame in tables.items():
+            check_modality(name, frame)
+            head = self.store.catalog.load_head(name)
+            reconcile(name, schema_from_text(head.schema) if head is not None and head.schema else None, frame.schema)
+        return tables
 
     def _answer(self, member: Member) -> Answer:
         record = self.queue.index.get(member.digest)
