@@ -128,3 +128,15 @@ def test_unknown_top_level_block_and_missing_source(tmp_path: Path) -> None:
     rendered = [str(p) for p in info.value.problems]
     assert any("ManifestKeyUnknown" in r and "'pipelines'" in r for r in rendered)
     assert any("source" in r and "required" in r for r in rendered)
+
+
+@pytest.mark.clause("run.normalize.mode-unknown")
+def test_a_normalize_mode_outside_the_two_is_refused_printing_both_spellings(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    (tmp_path / "contextful.toml").write_text(
+        '[[pipeline]]\nid = "a"\nnormalize = "flattened"\nsource = { kind = "files", config = { paths = "x" } }\n')
+    for verb in ("validate", "run"):
+        out = contextful(tmp_path, "pipeline", verb, check=False)
+        assert out.returncode == 3 and "PipelineNormalizeModeUnknown" in out.stderr
+        assert "'nested'" in out.stderr and "'relational'" in out.stderr and "'flattened'" in out.stderr
