@@ -140,7 +140,7 @@ class Decoder:
         ``meta`` (status, next URL, next token) is set once they are read.
         """
         request = {"kind": "http", "path": url, "url": url, "step": step, "headers": headers or {},
-                   "timeout_s": min(timeout_s, self.deadline_s), "records": records, "next_key": next_key,
+                   "timeout_s": timeout_s, "records": records, "next_key": next_key,
                    "token_key": token_key, "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes,
                    "batch_rows": self.batch_rows}
         return PageFetch(self, request)
