@@ -147,7 +147,7 @@ name = "bench-landing"
 [[pipeline]]
 id = "{table}"
 table = "{table}"
-normalize = "nested"
+normalize = "{mode}"
 
 [pipeline.source]
 kind = "files"
@@ -157,11 +157,12 @@ paths = ["{glob}"]
 """
 
 
-def make_project(path: str, shard_dir: str) -> str:
+def make_project(path: str, shard_dir: str, mode: str = "nested") -> str:
+    """A fresh project at ``path`` with one ``files`` pipeline over the shards, in ``mode``."""
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     with open(os.path.join(path, "contextful.toml"), "w") as fh:
-        fh.write(MANIFEST.format(table=TABLE, glob=os.path.join(shard_dir, "events-*.ndjson")))
+        fh.write(MANIFEST.format(table=TABLE, mode=mode, glob=os.path.join(shard_dir, "events-*.ndjson")))
     return path
 
 

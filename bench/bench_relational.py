@@ -38,36 +38,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from bench.bench_pipeline import mb, mib, raw_argv, timed_tree
+from bench import bench_pipeline
+from bench.bench_pipeline import mb, mib, ours_argv, raw_argv, timed_tree
 
 TABLE = "events"
-MANIFEST = """\
-[project]
-name = "bench-relational"
-
-[[pipeline]]
-id = "{table}"
-table = "{table}"
-normalize = "relational"
-
-[pipeline.source]
-kind = "files"
-
-[pipeline.source.config]
-paths = ["{glob}"]
-"""
 
 
 def make_project(path: str, shard_dir: str) -> str:
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
-    with open(os.path.join(path, "contextful.toml"), "w") as fh:
-        fh.write(MANIFEST.format(table=TABLE, glob=os.path.join(shard_dir, "events-*.ndjson")))
-    return path
-
-
-def ours_argv(project: str) -> list[str]:
-    return [sys.executable, "-m", "engine.cli", "--project", project, "pipeline", "run"]
+    return bench_pipeline.make_project(path, shard_dir, mode="relational")
 
 
 def dlt_argv(shards: list[str], out_dir: str) -> list[str]:

@@ -7,7 +7,7 @@ test advances a :class:`ManualClock` instead of sleeping.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol
 
 
@@ -37,9 +37,9 @@ class ManualClock:
 
 def to_us(value: datetime) -> int:
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
+        value = value.replace(tzinfo=UTC)
     return int(value.timestamp() * 1_000_000)
 
 
 def from_us(value: int) -> datetime:
-    return datetime.fromtimestamp(value / 1_000_000, tz=timezone.utc)
+    return datetime.fromtimestamp(value / 1_000_000, tz=UTC)

@@ -15,7 +15,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import fsspec
@@ -177,8 +177,8 @@ def _modified(info: dict[str, Any]) -> datetime | None:
         if value is None:
             continue
         if isinstance(value, datetime):
-            return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-        return datetime.fromtimestamp(float(value), tz=timezone.utc)
+            return value if value.tzinfo else value.replace(tzinfo=UTC)
+        return datetime.fromtimestamp(float(value), tz=UTC)
     return None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage.catalog.sql import SqlCatalog
+from storage.dbapi import postgres_connection
 from storage.errors import CatalogRejected, CatalogUnavailable, ConditionalWriteUnsupported, ContextfulError
 
 
@@ -24,13 +25,9 @@ class PostgresCatalog(SqlCatalog):
         super().__init__()
 
     def _connect(self) -> Any:
-        import psycopg
-
-        conn = psycopg.connect(self.dsn, autocommit=True)
         # The schema is created in _lock_ddl, after the probe: a read-only server must refuse
         # with ConditionalWriteUnsupported, not fail on the first DDL statement.
-        conn.execute(f'SET search_path TO "{self.schema}"')
-        return conn
+        return postgres_connection(self.dsn, self.schema)
 
     def _probe_linearizable(self) -> None:
         in_recovery, read_only = self._conn.execute(

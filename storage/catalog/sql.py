@@ -32,6 +32,7 @@ from storage.commits import (
     SetCursor,
     SetSchema,
 )
+from storage.dbapi import SqlDialect
 from storage.errors import CommitConflict, ContextfulError, StoreCatalogMismatch, TableNotFound
 
 DDL = (
@@ -66,7 +67,7 @@ _PART_COLUMNS = "path, rows_count, bytes, added_seq, removed_seq, ord_seq, ord_i
 _SELECT_PARTS = f"SELECT {_PART_COLUMNS}, schema_id FROM cf_parts"
 
 
-class SqlCatalog(Catalog):
+class SqlCatalog(SqlDialect, Catalog):
     """A catalog over a DB-API connection; adapters fill in the dialect hooks."""
 
     placeholder = "?"
@@ -107,19 +108,6 @@ class SqlCatalog(Catalog):
         """Serialize schema creation between processes opening the catalog at once."""
 
     # --- plumbing -------------------------------------------------------------------------------
-
-    def _sql(self, statement: str) -> str:
-        return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
-
-    @contextmanager
-    def _mapped_errors(self) -> Iterator[None]:
-        try:
-            yield
-        except Exception as exc:
-            mapped = self._map_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
 
     @contextmanager
     def _transaction(self, durable: bool = True) -> Iterator[Any]:

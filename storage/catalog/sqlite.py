@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 from storage.catalog.sql import SqlCatalog
-from storage.errors import CatalogRejected, CatalogUnavailable, ConditionalWriteUnsupported, ContextfulError
+from storage.dbapi import sqlite_error
+from storage.errors import ConditionalWriteUnsupported, ContextfulError
 
 BUSY_TIMEOUT_S = 120.0
 
@@ -80,11 +81,7 @@ class SqliteCatalog(SqlCatalog):
             rival.close()
 
     def _map_error(self, exc: Exception) -> ContextfulError | None:
-        if isinstance(exc, sqlite3.OperationalError):
-            return CatalogUnavailable(f"sqlite:{self.path}", str(exc))
-        if isinstance(exc, sqlite3.Error):
-            return CatalogRejected(f"sqlite:{self.path}", str(exc))
-        return None
+        return sqlite_error(self.path, exc)
 
     def _begin_write(self, cur: Any, durable: bool) -> None:
         if durable != self._durable:  # a per-connection setting, changed only between transactions

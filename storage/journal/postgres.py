@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from storage.dbapi import postgres_connection
 from storage.errors import CatalogRejected, CatalogUnavailable, ContextfulError
 from storage.journal.sql import SqlJournalStore
 
@@ -28,11 +29,7 @@ class PostgresJournalStore(SqlJournalStore):
         super().__init__()
 
     def _connect(self) -> Any:
-        import psycopg
-
-        conn = psycopg.connect(self.dsn, autocommit=True)
-        conn.execute(f'SET search_path TO "{self.schema}"')
-        return conn
+        return postgres_connection(self.dsn, self.schema)
 
     def _begin_write(self, cur: Any) -> None:
         cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")

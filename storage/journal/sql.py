@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from storage.dbapi import SqlDialect
 from storage.errors import ContextfulError
 from storage.journal import JournalStore, OwnerRow, StepRow
 
@@ -46,7 +47,7 @@ def _step(row: Any) -> StepRow:
     return StepRow(row[0], int(row[1]), row[2], bytes(row[3]), int(row[4]))
 
 
-class SqlJournalStore(JournalStore, ABC):
+class SqlJournalStore(SqlDialect, JournalStore, ABC):
     """A journal store over one DB-API connection; adapters fill in the dialect hooks."""
 
     placeholder = "?"
@@ -84,19 +85,6 @@ class SqlJournalStore(JournalStore, ABC):
     """Appended to the owner read inside a write transaction (`` FOR UPDATE`` where rows lock)."""
 
     # --- plumbing -------------------------------------------------------------------------------
-
-    def _sql(self, statement: str) -> str:
-        return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
-
-    @contextmanager
-    def _mapped_errors(self) -> Iterator[None]:
-        try:
-            yield
-        except Exception as exc:
-            mapped = self._map_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
 
     @contextmanager
     def _transaction(self) -> Iterator[Any]:

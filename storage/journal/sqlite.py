@@ -13,7 +13,8 @@ import sqlite3
 from typing import Any
 
 from storage.catalog.sqlite import BUSY_TIMEOUT_S, enable_wal
-from storage.errors import CatalogRejected, CatalogUnavailable, ContextfulError
+from storage.dbapi import sqlite_error
+from storage.errors import ContextfulError
 from storage.journal.sql import SqlJournalStore
 
 
@@ -34,8 +35,4 @@ class SqliteJournalStore(SqlJournalStore):
         cur.execute("BEGIN IMMEDIATE")
 
     def _map_error(self, exc: Exception) -> ContextfulError | None:
-        if isinstance(exc, sqlite3.OperationalError):
-            return CatalogUnavailable(f"sqlite:{self.path}", str(exc))
-        if isinstance(exc, sqlite3.Error):
-            return CatalogRejected(f"sqlite:{self.path}", str(exc))
-        return None
+        return sqlite_error(self.path, exc)
