@@ -165,9 +165,11 @@ class _Merger:
         return pa.map_(key, item)
 
     def merge_scalar(self, path: str, have: pa.DataType, got: pa.DataType) -> pa.DataType:
-        for kind_have, kind_got in ((have, got), (got, have)):
-            if _representation(kind_have) is not None or _representation(kind_got) is not None:
-                raise self.fail(path, have, got, "nested and scalar shapes, or different nested shapes")
+        shapes = {_representation(have), _representation(got)} - {None}
+        if shapes & {"list", "struct", "map"}:
+            raise self.fail(path, have, got, "nested and scalar shapes, or different nested shapes")
+        if shapes:
+            raise self.fail(path, have, got, "text or bytes meeting another kind of value")
         if _is_number(have) and _is_number(got):
             return self.merge_number(path, have, got)
         if _is_temporal(have) and _is_temporal(got):
