@@ -33,9 +33,14 @@ class _Group(click.Group):
 @click.option("--project", "project_dir", default=".", show_default=True, type=click.Path(file_okay=False),
               help="Project directory (holding contextful.toml).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("-v", "--verbose", is_flag=True, help="Log each pull's details on stderr (masked cells per column, ...).")
 @click.pass_context
-def cli(ctx: click.Context, store_url: str | None, project_dir: str, as_json: bool) -> None:
+def cli(ctx: click.Context, store_url: str | None, project_dir: str, as_json: bool, verbose: bool) -> None:
     """Contextful: a columnar data engine over a transactional Parquet table store."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
     ctx.obj = {"store": store_url, "project": project_dir, "json": as_json}
 
 

@@ -120,6 +120,9 @@ def _print_results(results: list[Any]) -> None:
                        f" {source}, {len(t.run_ids)} commit(s) in {r.seconds:.1f}s")
             for e in t.downgrade_events:
                 click.echo(f"  {describe_event(e.to_json())}")
+            if t.masked_cells:
+                shown = ", ".join(f"{column} ({n:,})" for column, n in sorted(t.masked_cells.items()))
+                click.echo(f"  secret guard masked {sum(t.masked_cells.values()):,} cell(s): {shown}")
         for hit in r.bound_hits:
             click.echo(f"  bound hit: {hit['step']}, attempt {hit['attempt']}: {hit['bound']}")
         for warning in r.warnings:
