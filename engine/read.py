@@ -10,7 +10,8 @@ This is how notebooks read::
 Each view reads exactly the parts live at its snapshot — the head, or the newest commit at or
 before ``as_of`` — with schema evolution and primary-key resolution applied (storage.snapshot).
 Views are pinned: a run committing after ``connect`` does not change what they answer; call
-``connect`` again to see it. ``_runs`` is a view like any other.
+``connect`` again to see it. ``_runs`` is a view like any other, and so is each model (its latest
+published build); :func:`model_build` adds a view of one specific build (docs/notebooks.md).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import os
 from datetime import datetime
 
 import duckdb
+import pyarrow as pa
 
 from engine.project import open_store
 from storage import Store
 from storage.errors import SnapshotNotFound
 from storage.reserved import RUNS_TABLE
-from storage.snapshot import quote, snapshot_sql
+from storage.snapshot import Snapshot, quote, snapshot_sql
 
 _RUNS_CACHE = "__contextful_runs_history"
 
@@ -72,11 +74,29 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
             continue
         if snap.schema is None:
             continue
-        sql = snapshot_sql(snap)
-        if sql is None:
-            empty = f"__contextful_empty_{name}"
-            con.register(empty, snap.schema.empty_table())
-            sql = f"SELECT * FROM {quote(empty)}"
-        con.execute(f"CREATE OR REPLACE VIEW {quote(name)} AS {sql}")
+        attach_snapshot(con, snap, name)
         names.append(name)
     return names
+
+
+def attach_snapshot(con: duckdb.DuckDBPyConnection, snap: Snapshot, view: str) -> None:
+    """Create (or replace) the view ``view`` answering exactly ``snap``."""
+    sql = snapshot_sql(snap)
+    if sql is None:
+        empty = f"__contextful_empty_{view}"
+        con.register(empty, (snap.schema or pa.schema([])).empty_table())
+        sql = f"SELECT * FROM {quote(empty)}"
+    con.execute(f"CREATE OR REPLACE VIEW {quote(view)} AS {sql}")
+
+
+def model_build(con: duckdb.DuckDBPyConnection, store: Store, model: str, build_id: int,
+                view: str | None = None) -> str:
+    """Add a view answering build ``build_id`` of ``model`` (default name ``<model>@<build_id>``);
+    return its name. SnapshotNotFound when no build of the model has that id."""
+    table = store.table(model)
+    commit = next((c for c in table.commits() if c.commit_seq == build_id and c.manifest), None)
+    if commit is None or table.manifest(commit.run_id).meta.get("model") != model:
+        raise SnapshotNotFound(model, f"at build {build_id} (no build of model {model!r} has that id)")
+    name = view or f"{model}@{build_id}"
+    attach_snapshot(con, table.snapshot(commit_seq=build_id), name)
+    return name

@@ -9,7 +9,8 @@ Two kinds of garbage:
   before its commit landed, a blob write that died), once older than a grace period that keeps
   in-flight writes safe.
 
-Neither touches a part a live snapshot reads, so no answer within retention changes.
+Neither touches a part a live snapshot reads, so no answer within retention changes. Parts a
+held build added (``storage.holds``, ``run.publish.hold``) are kept past retention.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from storage.holds import holds
 from storage.manifest import table_prefix
 from storage.objects import TMP_MARK
 
@@ -46,9 +48,10 @@ def collect(store: Store, *, retain_seconds: float = DEFAULT_RETAIN_SECONDS,
     for name in store.table_names(include_reserved=True):
         committed = {c.commit_seq: c for c in catalog.commits(name)}
         parts = catalog.all_parts(name)
+        held = {h.build_id for h in holds(store, name)}
         expired = [
             p.path for p in parts
-            if p.removed_seq is not None and p.collected_us is None
+            if p.removed_seq is not None and p.collected_us is None and p.added_seq not in held
             and committed[p.removed_seq].committed_us <= horizon_us
         ]
         if expired:

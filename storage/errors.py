@@ -31,7 +31,8 @@ Hierarchy::
         │   ├── PipelineAfterUnknown
         │   ├── PipelineAfterCycle
         │   ├── PipelineSourceKindUnknown
-        │   └── PipelineNormalizeModeUnknown
+        │   ├── PipelineNormalizeModeUnknown
+        │   └── ModelCycle               [[model]] blocks read each other in a cycle
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
         │   ├── InputUnreadable
@@ -42,7 +43,9 @@ Hierarchy::
         │   ├── CursorFieldMismatch, CursorPositionUnorderable
         │   ├── SourceResponseMalformed, SourceRequestRefused, PageCapExceeded
         │   ├── PipelineListIndexMissing
-        │   └── PipelineSeedCeilingBreached, PipelineSeedCeilingUnevaluable
+        │   ├── PipelineSeedCeilingBreached, PipelineSeedCeilingUnevaluable
+        │   ├── ContractMismatch         contract-mismatch: a model's contract or result breaks the published one
+        │   └── ModelTestFailed          a model's data test found offending rows; nothing published
         ├── Conflict                     two values disagree for good (conflict)
         │   └── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │       ExecutionRewindUnsafe
@@ -339,6 +342,11 @@ class ManifestInvalid(SpecInvalid):
         super().__init__(f"{path}: {len(problems)} problem(s): {lines}", path=path, problems=problems)
 
 
+class ModelCycle(SpecInvalid):
+    def __init__(self, cycle: tuple[str, ...]) -> None:
+        super().__init__(f"models read each other in a cycle: {' -> '.join(cycle)}", cycle=cycle)
+
+
 # --- data ------------------------------------------------------------------------------------
 
 
@@ -469,6 +477,24 @@ class TypedLandingFailed(Incompatible):
 
 
 # --- conflicts and windows -------------------------------------------------------------------
+
+
+class ContractMismatch(Incompatible):
+    """contract-mismatch (``run.model.contract-major``/``-minor``): names the column and, where a
+    version bump would admit the change, the version to declare."""
+
+    def __init__(self, model: str, column: str, reason: str, bump: str | None = None) -> None:
+        hint = f"; declare contract version {bump}" if bump else ""
+        super().__init__(f"model {model!r}, column {column!r}: {reason}{hint}", model=model, column=column,
+                         reason=reason, bump=bump)
+
+
+class ModelTestFailed(Incompatible):
+    """A model's data test found offending rows; the build publishes nothing."""
+
+    def __init__(self, model: str, test: str, failures: int) -> None:
+        super().__init__(f"model {model!r}: test {test} failed on {failures} row(s); nothing was published",
+                         model=model, test=test, failures=failures)
 
 
 class SyncCursorConflict(Conflict):

@@ -49,8 +49,9 @@ class Table:
     # --- writing --------------------------------------------------------------------------------
 
     def transaction(self, kind: str = "append", run_id: str | None = None,
-                    meta: dict[str, Any] | None = None) -> RunTransaction:
-        return RunTransaction(self, kind=kind, run_id=run_id, meta=meta)
+                    meta: dict[str, Any] | None = None, record: bool = True,
+                    own_schema: bool = False) -> RunTransaction:
+        return RunTransaction(self, kind=kind, run_id=run_id, meta=meta, record=record, own_schema=own_schema)
 
     def append(self, data: Any, *, run_id: str | None = None, cursor: tuple[str, Any] | None = None,
                meta: dict[str, Any] | None = None) -> CommitResult:

@@ -98,9 +98,11 @@ class RunTransaction:
     """Stages one run on one table; :meth:`commit` lands it, :meth:`abort` drops it."""
 
     def __init__(self, table: Table, kind: str = "append", run_id: str | None = None,
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, record: bool = True, own_schema: bool = False) -> None:
         if kind not in KINDS:
             raise ValueError(f"run kind {kind!r} is not one of {', '.join(KINDS)}")
+        if own_schema and kind != "replace":
+            raise ValueError("only a replacing run can land in a schema of its own")
         self.table = table
         self.store = table.store
         self.kind = kind
@@ -109,14 +111,15 @@ class RunTransaction:
         head = table.refresh()
         self._uuid = head.uuid
         self._base_schema_id = head.schema_id
-        self._schema: pa.Schema | None = schema_from_text(head.schema) if head.schema else None
+        # own_schema: a replacing run (a model build) lands in its result's schema, not merged with the table's
+        self._schema: pa.Schema | None = schema_from_text(head.schema) if head.schema and not own_schema else None
         self._parts: list[PartFile] = []
         self._part_schemas: list[pa.Schema] = []
         self._events: list[DowngradeEvent] = []
         self._arrived: list[str] = []
         self._cursor: dict[str, Any] | None = None
         self._done = False
-        self._recorded = table.name not in RESERVED_TABLES
+        self._recorded = record and table.name not in RESERVED_TABLES  # record=False: no _runs rows
         if self._recorded:
             self.store.runs.plan(self.run_id, table.name, kind)
 
@@ -145,6 +148,11 @@ class RunTransaction:
                 raise StagingFailed(name, self.run_id, key, exc.strerror or str(exc)) from exc
             self._parts.append(part)
             self._part_schemas.append(rec.schema)
+
+    @property
+    def staged_uris(self) -> list[str]:
+        """Where a reader finds each staged part (checks run over them before the commit)."""
+        return [self.store.objects.uri(p.path) for p in self._parts]
 
     @property
     def staged_bytes(self) -> int:

@@ -10,6 +10,7 @@ from engine.project import Project
 
 if TYPE_CHECKING:
     from engine.land.seed import SeedSpec
+    from engine.model.spec import ModelSpec
 
 NORMALIZE_MODES = ("nested", "relational")
 SOURCE_KINDS = ("files", "http", "receive")
@@ -57,12 +58,36 @@ class Manifest:
     """The project directory."""
     project: Project
     pipelines: tuple[PipelineSpec, ...] = ()
+    models: tuple[ModelSpec, ...] = ()
+    """The ``[[model]]`` blocks (docs/models.md)."""
 
     def pipeline(self, pipeline_id: str) -> PipelineSpec:
         for spec in self.pipelines:
             if spec.id == pipeline_id:
                 return spec
         raise KeyError(pipeline_id)
+
+    def model(self, name: str) -> ModelSpec:
+        for spec in self.models:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def models_in_order(self, names: list[str] | None = None) -> list[ModelSpec]:
+        """The named models (default: all), each after the models it reads."""
+        by_name = {m.name: m for m in self.models}
+        done: list[ModelSpec] = []
+
+        def visit(name: str) -> None:  # bounded by the model count; validation rejected cycles
+            if name not in by_name or by_name[name] in done:
+                return
+            for dep in by_name[name].input_names(set(by_name)):
+                visit(dep)
+            done.append(by_name[name])
+
+        for name in sorted(by_name):
+            visit(name)
+        return [m for m in done if names is None or m.name in names]
 
     def in_dependency_order(self, ids: list[str] | None = None) -> list[PipelineSpec]:
         """The named pipelines (default: all) with each after its ``after`` pipelines; ties by

@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from engine.config.manifest import NORMALIZE_MODES, SOURCE_KINDS, Manifest, PipelineSpec, SourceSpec
+from engine.model.spec import ModelSpec
 from engine.project import MANIFEST, find_project, parse_project, read_manifest_document
 from storage.errors import (
     ContextfulError,
     ManifestInvalid,
     ManifestKeyUnknown,
     ManifestValueInvalid,
+    ModelCycle,
     PipelineAfterCycle,
     PipelineAfterUnknown,
     PipelineIdDuplicate,
@@ -28,7 +30,7 @@ from storage.errors import (
     ProjectInvalid,
 )
 
-TOP_KEYS = ("project", "pipeline")
+TOP_KEYS = ("project", "pipeline", "model")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
                  "schedule", "after", "priority", "seed")
 SOURCE_KEYS = ("kind", "config")
@@ -91,9 +93,44 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
         blocks = []
     pipelines = [p for n, block in enumerate(blocks, 1) if (p := _pipeline(block, n, problems)) is not None]
     _check_ids_and_order(pipelines, problems)
+    models = _models(doc.get("model", []), root, pipelines, problems)
     if problems.found:
         raise ManifestInvalid(path, problems.found)
-    return Manifest(root, project, tuple(pipelines))
+    return Manifest(root, project, tuple(pipelines), tuple(models))
+
+
+def _models(blocks: Any, root: Path, pipelines: list[PipelineSpec], problems: _Problems) -> list[ModelSpec]:
+    """The [[model]] blocks: names unique and apart from pipeline tables, no cycle among models."""
+    from engine.model.spec import parse_model
+
+    if not isinstance(blocks, list):
+        problems.add(ManifestValueInvalid("the manifest", "model", "declare models as [[model]] blocks"))
+        return []
+    models = [m for n, block in enumerate(blocks, 1) if (m := parse_model(block, n, root, problems)) is not None]
+    tables = {p.table for p in pipelines}
+    seen: set[str] = set()
+    for model in models:
+        if model.name in tables or model.name in seen:
+            problems.add(ManifestValueInvalid(f"[[model]] {model.name!r}", "name",
+                                              "is already a pipeline's table or another model"))
+        seen.add(model.name)
+    graph = {m.name: [i for i in m.input_names(seen) if i in seen] for m in models}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: tuple[str, ...]) -> None:
+        if state.get(node) == 2:
+            return
+        if state.get(node) == 1:
+            problems.add(ModelCycle(path[path.index(node):] + (node,)))
+            return
+        state[node] = 1
+        for dep in graph[node]:
+            visit(dep, path + (node,))
+        state[node] = 2
+
+    for node in sorted(graph):
+        visit(node, ())
+    return models
 
 
 def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:

@@ -1,0 +1,91 @@
+"""Side by side: a model build over the store vs the same SQL run by DuckDB directly over the same
+Parquet files, writing its result as zstd Parquet (``COPY … TO``).
+
+Run ``python bench/bench_models.py [--rows N] [--reps N]`` (default 10,000,000 rows in 10 parts,
+3 timed reps after a warm-up, interleaved). Two models: ``grouped`` (a GROUP BY down to a few
+thousand rows) and ``wide`` (a filter keeping about half the rows, so the build streams millions
+of rows into parts). Ratio = our build time / DuckDB's time; figures go to bench/README.md.
+Benchmarks are not tests: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from engine.model.build import build_model
+from engine.model.spec import ModelSpec
+from storage import Store
+
+QUERIES = {
+    "grouped": "SELECT cat, month, count(*) AS n, sum(x) AS x, avg(y) AS y FROM events GROUP BY cat, month",
+    "wide": "SELECT id, cat, x * 2 AS x2, y FROM events WHERE y > 0.5",
+}
+
+
+def batch(start: int, rows: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({
+        "id": np.arange(start, start + rows, dtype=np.int64),
+        "cat": pa.array(np.array([f"cat-{i:03d}" for i in range(200)])[rng.integers(0, 200, rows)]),
+        "month": rng.integers(1, 13, rows, dtype=np.int64),
+        "x": rng.integers(0, 1_000, rows, dtype=np.int64),
+        "y": rng.random(rows),
+    })
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--parts", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="bench-models-")
+    store = Store.open(os.path.join(work, "store"))
+    per = args.rows // args.parts
+    for i in range(args.parts):
+        store.append("events", batch(i * per, per, i))
+    snap = store.table("events").snapshot()
+    files = "[" + ", ".join(f"'{u}'" for u in snap.uris) + "]"
+    raw = duckdb.connect()
+    raw.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet({files})")
+    print(f"{args.rows:,} rows in {len(snap.uris)} parts")
+    for name, sql in QUERIES.items():
+        spec = ModelSpec(name=f"m_{name}", sql=sql, referenced=("events",), record=False)
+        ours, theirs = [], []
+        for rep in range(args.reps + 1):  # interleaved; rep 0 warms up
+            t0 = time.perf_counter()
+            result = build_model(store, spec, {"events"})
+            t1 = time.perf_counter()
+            out = os.path.join(work, f"raw-{name}-{rep}.parquet")
+            raw.execute(f"COPY ({sql}) TO '{out}' (FORMAT parquet, COMPRESSION zstd)")
+            t2 = time.perf_counter()
+            if rep:
+                ours.append(t1 - t0)
+                theirs.append(t2 - t1)
+        a, b = statistics.median(ours), statistics.median(theirs)
+        print(f"{name}: build {a:.3f} s ({result.rows:,} rows, {result.parts} parts); duckdb COPY {b:.3f} s;"
+              f" ratio {a / b:.2f}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {peak:.0f} MiB (both sides and the input generation, one process)")
+    store.close()
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

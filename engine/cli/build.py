@@ -1,0 +1,124 @@
+"""``contextful build run|hold|release|list|status``: the manifest's models from the terminal (docs/models.md)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from engine.cli.output import emit_json, emit_rows
+
+if TYPE_CHECKING:
+    from engine.config import Manifest
+    from storage import Store
+
+
+def _open(ctx: click.Context) -> tuple[Manifest, Store]:
+    from engine.cli.pipeline import _manifest, _store
+
+    manifest = _manifest(ctx)
+    return manifest, _store(ctx, manifest)
+
+
+@click.group()
+def build() -> None:
+    """Build, hold and list the manifest's models."""
+
+
+@build.command("run")
+@click.argument("models", nargs=-1)
+@click.pass_context
+def build_run(ctx: click.Context, models: tuple[str, ...]) -> None:
+    """Build models (default: all), each after the models it reads."""
+    from engine.model.build import build_models
+
+    manifest, store = _open(ctx)
+    known = {m.name for m in manifest.models}
+    unknown = [m for m in models if m not in known]
+    if unknown:
+        raise click.BadParameter(f"no model {', '.join(map(repr, unknown))} (declared: {', '.join(sorted(known))})",
+                                 param_hint="MODEL")
+    with store:
+        results = build_models(store, manifest, list(models) or None)
+    if ctx.obj["json"]:
+        emit_json([r.to_json() for r in results])
+        return
+    for r in results:
+        marks = ", ".join(f"{k}@{v}" for k, v in r.watermark.items()) or "no inputs"
+        click.echo(f"{r.model}: build {r.build_id} published, {r.rows:,} rows in {r.parts} part(s), read {marks}")
+
+
+@build.command("hold")
+@click.argument("model")
+@click.argument("build_id", type=int)
+@click.option("--reason", default="", help="Why the build is kept (stored in the hold record).")
+@click.pass_context
+def build_hold(ctx: click.Context, model: str, build_id: int, reason: str) -> None:
+    """Keep a build's parts past retention (holds/<build id>.json)."""
+    from engine.project import open_store
+    from storage.holds import hold_build
+
+    with open_store(ctx.obj["store"] or ctx.obj["project"]) as store:
+        record = hold_build(store, model, build_id, reason)
+    if ctx.obj["json"]:
+        emit_json(record.__dict__)
+    else:
+        click.echo(f"{model}: build {build_id} held ({reason or 'no reason given'})")
+
+
+@build.command("release")
+@click.argument("model")
+@click.argument("build_id", type=int)
+@click.pass_context
+def build_release(ctx: click.Context, model: str, build_id: int) -> None:
+    """Remove the hold on a build; collection may then remove it past retention."""
+    from engine.project import open_store
+    from storage.holds import release_hold
+
+    with open_store(ctx.obj["store"] or ctx.obj["project"]) as store:
+        released = release_hold(store, model, build_id)
+    if ctx.obj["json"]:
+        emit_json({"model": model, "build_id": build_id, "released": released})
+    else:
+        click.echo(f"{model}: build {build_id} {'released' if released else 'was not held'}")
+
+
+@build.command("list")
+@click.pass_context
+def build_list(ctx: click.Context) -> None:
+    """Every declared model with its published build, watermark and held builds."""
+    from engine.model.build import published_build
+    from storage.holds import holds
+
+    manifest, store = _open(ctx)
+    rows = []
+    with store:
+        for spec in manifest.models:
+            found = published_build(store, spec.name)
+            meta = found[1].meta if found else {}
+            rows.append({"model": spec.name, "build_id": found[0] if found else None,
+                         "watermark": meta.get("watermark", {}),
+                         "contract": (meta.get("contract") or {}).get("version"),
+                         "held": [h.build_id for h in holds(store, spec.name)] if found else []})
+    if ctx.obj["json"]:
+        emit_json(rows)
+        return
+    emit_rows(["model", "build_id", "watermark", "contract", "held"],
+              [(r["model"], r["build_id"], ", ".join(f"{k}@{v}" for k, v in r["watermark"].items()) or "-",
+                r["contract"] or "-", ",".join(map(str, r["held"])) or "-") for r in rows])
+
+
+@build.command("status")
+@click.pass_context
+def build_status_command(ctx: click.Context) -> None:
+    """Each model's published build, watermark and stale inputs (older than its max_lag)."""
+    from engine.model.status import build_status
+
+    manifest, store = _open(ctx)
+    with store:
+        found = build_status(store, manifest)
+    if ctx.obj["json"]:
+        emit_json([s.to_json() for s in found])
+        return
+    emit_rows(["model", "build_id", "stale_inputs"],
+              [(s.model, s.build_id, ", ".join(s.stale_inputs) or "-") for s in found])

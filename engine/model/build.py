@@ -1,0 +1,196 @@
+"""Model builds (decision "model-declared-sql"): pin inputs, run the SQL in DuckDB, check, publish.
+
+One build of one model:
+
+1. pins each input at its table's current head ``commit_seq`` — the **watermark** (a model input
+   is that model's latest published build);
+2. checks the declared contract against the published build's (``engine.model.contract``);
+3. runs the SQL in DuckDB over views answering exactly the pinned snapshots, streaming the result
+   (``to_arrow_reader``) into Parquet parts staged on a ``replace`` run of the model's table, each
+   batch conformed to the contract (columns, types, nullability) on the way; the run lands in the
+   result's own schema (a new major may drop or retype columns);
+4. checks the grain's uniqueness and runs the data tests in DuckDB over the staged parts;
+5. only then commits, with meta ``{"model", "watermark", "contract", "sql_digest", "inputs"}``.
+
+The **build id** is the ``commit_seq`` that commit gives the model's table — the snapshot id it
+publishes (``run.model.build-id``). A failing build or test aborts the run: nothing publishes and
+the previous build keeps answering.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+
+from engine.land.typed import parse_type
+from engine.model.contract import check_contract
+from engine.model.spec import Contract, ModelSpec, ModelTest
+from engine.read import attach_snapshot
+from storage.errors import ContractMismatch, ModelTestFailed, QueryInvalid
+from storage.snapshot import quote
+
+if TYPE_CHECKING:
+    from engine.config.manifest import Manifest
+    from storage import Store
+    from storage.manifest import RunManifest
+    from storage.transaction import RunTransaction
+
+PART_ROWS = 1_000_000
+"""Rows gathered before one stage call writes them (bounds a build's memory)."""
+_RESULT = "__contextful_model_result"
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    model: str
+    build_id: int
+    """The snapshot id the build published: the model table's commit_seq."""
+    run_id: str
+    rows: int
+    parts: int
+    watermark: dict[str, int]
+    """Each input's commit_seq the build read."""
+    contract_version: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def published_build(store: Store, model: str) -> tuple[int, RunManifest] | None:
+    """The model's latest published build: its build id and run manifest (None before the first)."""
+    if model not in store.table_names():
+        return None
+    table = store.table(model)
+    for commit in reversed(table.commits()):  # newest first; folds carry no model meta
+        if commit.manifest:
+            manifest = table.manifest(commit.run_id)
+            if manifest.meta.get("model") == model:
+                return commit.commit_seq, manifest
+    return None
+
+
+def build_models(store: Store, manifest: Manifest, names: list[str] | None = None) -> list[BuildResult]:
+    """Build the named models (default: all), each after the models it reads; the first failure
+    raises, and models after it are not built."""
+    known = set(store.table_names()) | {m.name for m in manifest.models}
+    return [build_model(store, spec, known) for spec in manifest.models_in_order(names)]
+
+
+def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
+    published = published_build(store, spec.name)
+    if spec.contract is not None and published is not None and published[1].meta.get("contract"):
+        check_contract(spec.name, spec.contract, Contract.from_json(published[1].meta["contract"]))
+    inputs = spec.input_names(known)
+    con = store.duckdb()
+    try:
+        watermark = {}
+        for name in inputs:
+            snap = store.table(name).snapshot()
+            watermark[name] = snap.commit_seq
+            attach_snapshot(con, snap, name)
+        try:
+            reader = con.sql(spec.sql).to_arrow_reader(PART_ROWS)
+        except duckdb.Error as exc:
+            raise QueryInvalid(spec.sql, str(exc).splitlines()[0]) from exc
+        meta = {"model": spec.name, "watermark": watermark, "inputs": list(inputs),
+                "contract": spec.contract.to_json() if spec.contract else None,
+                "sql_digest": hashlib.sha256(spec.sql.encode("utf-8")).hexdigest()}
+        txn = store.create_table(spec.name).transaction("replace", meta=meta, record=spec.record,
+                                                         own_schema=True)
+        try:
+            schema = _conform(spec, reader.schema.empty_table()).schema
+            _stage(spec, reader, txn)
+            _check(con, spec, txn.staged_uris, schema)
+            result = txn.commit()
+        except BaseException:
+            txn.abort()
+            raise
+    finally:
+        con.close()
+    return BuildResult(spec.name, result.commit_seq, result.run_id, result.rows, result.parts, watermark,
+                       spec.contract.version if spec.contract else None)
+
+
+def _stage(spec: ModelSpec, reader: pa.RecordBatchReader, txn: RunTransaction) -> None:
+    pending: list[pa.Table] = []
+    rows = 0
+    staged = False
+    for batch in reader:  # one pass over the stream; memory bounded by PART_ROWS
+        table = _conform(spec, pa.Table.from_batches([batch]))
+        pending.append(table)
+        rows += table.num_rows
+        if rows >= PART_ROWS:
+            txn.stage(pa.concat_tables(pending))
+            pending, rows, staged = [], 0, True
+    if pending or not staged:
+        txn.stage(pa.concat_tables(pending) if pending else _conform(spec, reader.schema.empty_table()))
+
+
+def _conform(spec: ModelSpec, table: pa.Table) -> pa.Table:
+    """``table`` in the contract's columns and types; ContractMismatch naming the column that breaks it."""
+    contract = spec.contract
+    if contract is None:
+        return table
+    for column in table.column_names:
+        if column not in contract.columns:
+            raise ContractMismatch(spec.name, column, "the result has a column the contract does not declare")
+    arrays = []
+    for column, declared in contract.columns.items():
+        if column not in table.column_names:
+            raise ContractMismatch(spec.name, column, "the contract declares it but the result has no such column")
+        target = parse_type(declared.type, column)
+        try:
+            array = table[column].cast(target, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ContractMismatch(spec.name, column, f"the result's {table[column].type} does not cast to "
+                                   f"{declared.type}: {exc}") from exc
+        if not declared.nullable and array.null_count:
+            raise ContractMismatch(spec.name, column, f"declared non-null, but the result holds {array.null_count} null(s)")
+        arrays.append(array)
+    return pa.Table.from_arrays(arrays, names=list(contract.columns))
+
+
+def _check(con: duckdb.DuckDBPyConnection, spec: ModelSpec, uris: list[str], schema: pa.Schema) -> None:
+    """Grain uniqueness and data tests over the staged parts, before anything publishes."""
+    if uris:
+        files = "[" + ", ".join("'" + u.replace("'", "''") + "'" for u in uris) + "]"
+        con.execute(f"CREATE OR REPLACE VIEW {_RESULT} AS SELECT * FROM read_parquet({files})")
+    else:
+        con.register(_RESULT, schema.empty_table())
+    if spec.contract is not None and spec.contract.grain:
+        keys = ", ".join(quote(c) for c in spec.contract.grain)
+        dupes = _count(con, f"SELECT count(*) FROM (SELECT {keys} FROM {_RESULT} GROUP BY ALL HAVING count(*) > 1)")
+        if dupes:
+            raise ContractMismatch(spec.name, ",".join(spec.contract.grain),
+                                   f"the grain is not unique: {dupes} key(s) repeat in the result")
+    for test in spec.tests:
+        failures = _count(con, _test_sql(test), [list(test.values)] if test.kind == "accepted_values" else None)
+        if failures:
+            raise ModelTestFailed(spec.name, test.describe(), failures)
+
+
+def _test_sql(test: ModelTest) -> str:
+    """A query counting the rows that fail ``test``."""
+    cols = [quote(c) for c in test.columns]
+    if test.kind == "not_null":
+        return f"SELECT count(*) FROM {_RESULT} WHERE " + " OR ".join(f"{c} IS NULL" for c in cols)
+    if test.kind == "unique":
+        return (f"SELECT coalesce(sum(n), 0) FROM (SELECT count(*) AS n FROM {_RESULT}"
+                f" GROUP BY {', '.join(cols)} HAVING count(*) > 1)")
+    if test.kind == "accepted_values":
+        return f"SELECT count(*) FROM {_RESULT} WHERE {cols[0]} IS NOT NULL AND {cols[0]} NOT IN (SELECT unnest(?))"
+    assert test.to is not None and test.field is not None
+    return (f"SELECT count(*) FROM {_RESULT} AS r WHERE r.{cols[0]} IS NOT NULL AND NOT EXISTS"
+            f" (SELECT 1 FROM {quote(test.to)} AS t WHERE t.{quote(test.field)} = r.{cols[0]})")
+
+
+def _count(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> int:
+    try:
+        row = con.execute(sql, params).fetchone()
+    except duckdb.Error as exc:
+        raise QueryInvalid(sql, str(exc).splitlines()[0]) from exc
+    return int(row[0]) if row and row[0] is not None else 0

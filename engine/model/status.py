@@ -1,0 +1,77 @@
+"""Build status and staleness (decision "build-stale-landings"): a build is stale by the landings
+it has not read.
+
+With ``cutoff = t - max_lag`` (``policy.max_lag``, default 0), a published model is stale at ``t``
+when an input holds a committed run above the build's watermark for it (``through``) that
+committed before the cutoff (``run.publish.staleness``). An input that is a model also waits on
+each of its published builds newer than the watermark, aged by that build's ``created_at`` (its
+run manifest's creation time; ``run.publish.staleness-model-input``); a build whose manifest is
+gone counts as older than the cutoff. A rebuild over the current frontier always clears
+staleness: its watermark is every input's head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engine.model.build import published_build
+
+if TYPE_CHECKING:
+    from engine.config.manifest import Manifest
+    from engine.model.spec import ModelSpec
+    from storage import Store
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    model: str
+    build_id: int | None
+    """The published build (None before the first)."""
+    watermark: dict[str, int] = field(default_factory=dict)
+    stale_inputs: list[str] = field(default_factory=list)
+    """Inputs holding a run the build has not read that is older than ``max_lag``."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "build_id": self.build_id, "watermark": self.watermark,
+                "stale": bool(self.stale_inputs), "stale_inputs": self.stale_inputs}
+
+
+def build_status(store: Store, manifest: Manifest, now_us: int | None = None) -> list[ModelStatus]:
+    """Every declared model's published build, watermark and stale inputs at ``now_us``
+    (default: the store's clock)."""
+    now = store.clock.now_us() if now_us is None else now_us
+    models = {m.name for m in manifest.models}
+    return [_status(store, spec, models, now) for spec in manifest.models]
+
+
+def _status(store: Store, spec: ModelSpec, models: set[str], now: int) -> ModelStatus:
+    found = published_build(store, spec.name)
+    if found is None:
+        return ModelStatus(spec.name, None)
+    watermark: dict[str, int] = found[1].meta.get("watermark", {})
+    cutoff = now - int((spec.policy.max_lag_seconds or 0) * 1_000_000)
+    stale = [name for name, through in watermark.items()
+             if _waits(store, name, through, cutoff, name in models)]
+    return ModelStatus(spec.name, found[0], watermark, stale)
+
+
+def _waits(store: Store, name: str, through: int, cutoff: int, is_model: bool) -> bool:
+    if name not in store.table_names(include_reserved=True):
+        return False
+    table = store.table(name)
+    newer = [c for c in table.commits() if c.commit_seq > through]  # the commits since the build: bounded
+    if any(c.committed_us < cutoff for c in newer):
+        return True
+    if not is_model:
+        return False
+    for commit in newer:
+        if not commit.manifest:
+            continue
+        try:
+            manifest = table.manifest(commit.run_id)
+        except FileNotFoundError:  # its manifest was collected: counts as older than the cutoff
+            return True
+        if manifest.meta.get("model") == name and manifest.created_us < cutoff:
+            return True
+    return False
