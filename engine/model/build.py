@@ -80,6 +80,15 @@ def build_models(store: Store, manifest: Manifest, names: list[str] | None = Non
     return [build_model(store, spec, known) for spec in manifest.models_in_order(names)]
 
 
+def chain_record(store: Store, table: str, through: int) -> dict[str, Any]:
+    """The runs an input's watermark snapshot chain holds at or below ``through``: their count and a
+    digest of their run ids in commit order. A later status recomputes it; a difference means runs
+    the build did not read now sit at or below its watermark (``run.publish.staleness-omitted-check``)."""
+    runs = [c.run_id for c in sorted(store.table(table).commits(), key=lambda c: c.commit_seq)
+            if c.commit_seq <= through]
+    return {"runs": len(runs), "digest": hashlib.sha256("\n".join(runs).encode()).hexdigest()}
+
+
 def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
     published = published_build(store, spec.name)
     if spec.contract is not None and published is not None and published[1].meta.get("contract"):
@@ -88,15 +97,17 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
     con = store.duckdb()
     try:
         watermark = {}
+        chains = {}
         for name in inputs:
             snap = store.table(name).snapshot()
             watermark[name] = snap.commit_seq
+            chains[name] = chain_record(store, name, snap.commit_seq)
             attach_snapshot(con, snap, name)
         try:
             reader = con.sql(spec.sql).to_arrow_reader(PART_ROWS)
         except duckdb.Error as exc:
             raise QueryInvalid(spec.sql, str(exc).splitlines()[0]) from exc
-        meta = {"model": spec.name, "watermark": watermark, "inputs": list(inputs),
+        meta = {"model": spec.name, "watermark": watermark, "chain": chains, "inputs": list(inputs),
                 "contract": spec.contract.to_json() if spec.contract else None,
                 "sql_digest": hashlib.sha256(spec.sql.encode("utf-8")).hexdigest()}
         txn = store.create_table(spec.name).transaction("replace", meta=meta, record=spec.record,

@@ -3,7 +3,9 @@ it has not read.
 
 With ``cutoff = t - max_lag`` (``policy.max_lag``, default 0), a published model is stale at ``t``
 when an input holds a committed run above the build's watermark for it (``through``) that
-committed before the cutoff (``run.publish.staleness``). An input that is a model also waits on
+committed before the cutoff (``run.publish.staleness``), or when the runs at or below ``through``
+differ in count or digest from those the build recorded (``run.publish.staleness-omitted-check``:
+the input was dropped and made again under its name, so its commit sequence means other runs). An input that is a model also waits on
 each of its published builds newer than the watermark, aged by that build's ``created_at`` (its
 run manifest's creation time; ``run.publish.staleness-model-input``); a build whose manifest is
 gone counts as older than the cutoff. A rebuild over the current frontier always clears
@@ -50,10 +52,23 @@ def _status(store: Store, spec: ModelSpec, models: set[str], now: int) -> ModelS
     if found is None:
         return ModelStatus(spec.name, None)
     watermark: dict[str, int] = found[1].meta.get("watermark", {})
+    chains: dict[str, dict[str, Any]] = found[1].meta.get("chain", {})
     cutoff = now - int((spec.policy.max_lag_seconds or 0) * 1_000_000)
     stale = [name for name, through in watermark.items()
-             if _waits(store, name, through, cutoff, name in models)]
+             if _omitted_changed(store, name, through, chains.get(name))
+             or _waits(store, name, through, cutoff, name in models)]
     return ModelStatus(spec.name, found[0], watermark, stale)
+
+
+def _omitted_changed(store: Store, name: str, through: int, recorded: dict[str, Any] | None) -> bool:
+    """``run.publish.staleness-omitted-check``: the runs at or below ``through`` differ in count or
+    digest from what the build recorded (the input was replaced under its name, or its history
+    was rewritten): it holds a waiting run counted as committed before the cutoff."""
+    if recorded is None or name not in store.table_names(include_reserved=True):
+        return recorded is not None  # the input is gone: what the build read cannot be current
+    from engine.model.build import chain_record
+
+    return chain_record(store, name, through) != recorded
 
 
 def _waits(store: Store, name: str, through: int, cutoff: int, is_model: bool) -> bool:

@@ -66,3 +66,20 @@ def test_a_model_input_waits_on_its_newer_builds(tmp_path: Path, clocked: tuple[
     assert stale(store, tmp_path) == {"m1": [], "m2": ["m1"]}
     build_models(store, manifest(tmp_path), ["m2"])
     assert stale(store, tmp_path) == {"m1": [], "m2": []}
+
+
+@pytest.mark.clause("run.publish.staleness-omitted-check")
+def test_runs_at_or_below_the_watermark_that_differ_from_the_build_make_it_stale(
+        tmp_path: Path, clocked: tuple[Store, ManualClock]) -> None:
+    store, clock = clocked
+    build_models(store, manifest(tmp_path))
+    assert stale(store, tmp_path)["m1"] == []
+    # The input's history at or below the watermark no longer holds the run the build read (a
+    # catalog restored from elsewhere, a table made again under its name): the digest differs, and
+    # the input holds a waiting run counted as older than max_lag, with no time passing.
+    with store.catalog._transaction() as cur:
+        cur.execute("UPDATE cf_commits SET run_id = ? WHERE table_name = ? AND commit_seq = ?",
+                    ("r-from-elsewhere", "src", 1))
+    assert stale(store, tmp_path)["m1"] == ["src"]
+    build_models(store, manifest(tmp_path), ["m1"])  # a rebuild reads the input as it is now
+    assert stale(store, tmp_path)["m1"] == []
