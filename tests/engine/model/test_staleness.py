@@ -83,3 +83,18 @@ def test_runs_at_or_below_the_watermark_that_differ_from_the_build_make_it_stale
     assert stale(store, tmp_path)["m1"] == ["src"]
     build_models(store, manifest(tmp_path), ["m1"])  # a rebuild reads the input as it is now
     assert stale(store, tmp_path)["m1"] == []
+
+
+@pytest.mark.clause("run.publish.staleness-collected-run")
+def test_a_waiting_build_whose_manifest_was_collected_counts_as_old(
+        tmp_path: Path, clocked: tuple[Store, ManualClock]) -> None:
+    from storage.manifest import manifest_key
+
+    store, clock = clocked
+    build_models(store, manifest(tmp_path))
+    clock.advance(60)
+    between = build_models(store, manifest(tmp_path), ["m1"])[0]  # m2 has read neither this build ...
+    build_models(store, manifest(tmp_path), ["m1"])  # ... nor this one, m1's published build
+    assert stale(store, tmp_path)["m2"] == []  # both a minute old, under max_lag
+    store.objects.delete([manifest_key("m1", between.run_id)])  # retention collected its manifest
+    assert stale(store, tmp_path)["m2"] == ["m1"]  # no age to read: it counts as older than max_lag
