@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 MODEL_KEYS = ("name", "sql", "sql_file", "inputs", "contract", "policy", "tests", "record")
 CONTRACT_KEYS = ("version", "grain", "columns")
 COLUMN_KEYS = ("type", "nullable")
-POLICY_KEYS = ("max_lag", "retain_builds")
+POLICY_KEYS = ("max_lag",)
 TEST_KINDS = ("not_null", "unique", "accepted_values", "relationships")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 _VERSION = re.compile(r"(\d+)\.(\d+)")
@@ -72,8 +72,6 @@ class Contract:
 class ModelPolicy:
     max_lag_seconds: float | None = None
     """How far behind its inputs a published build may fall (``max_lag = "1h"``)."""
-    retain_builds: int | None = None
-    """How many superseded builds collection keeps readable (held builds are always kept)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +106,7 @@ class ModelSpec:
     contract: Contract | None = None
     """Columns, types, nullability, grain and version every build must satisfy."""
     policy: ModelPolicy = field(default_factory=ModelPolicy)
-    """Model policy (``max_lag``, ``retain_builds``)."""
+    """Model policy (``max_lag``)."""
     tests: tuple[ModelTest, ...] = ()
     """Data tests run over the staged result before it publishes."""
     record: bool = True
@@ -261,11 +259,7 @@ def _policy(block: Any, where: str, problems: _Problems) -> ModelPolicy:
             problems.add(ManifestValueInvalid(here, "max_lag", f"{block['max_lag']!r} is not '<n><s|m|h|d>'"))
         else:
             lag = float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
-    retain = block.get("retain_builds")
-    if retain is not None and (not isinstance(retain, int) or isinstance(retain, bool) or retain < 1):
-        problems.add(ManifestValueInvalid(here, "retain_builds", f"must be a positive integer, not {retain!r}"))
-        retain = None
-    return ModelPolicy(lag, retain)
+    return ModelPolicy(lag)
 
 
 def _tests(block: Any, where: str, problems: _Problems) -> tuple[ModelTest, ...]:

@@ -65,7 +65,7 @@ def problems(root: Path, text: str) -> list:
 def test_model_block_reads_every_part_and_refuses_unknown_keys(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "top.sql").write_text("SELECT region FROM by_region WHERE total > 2")
-    m = manifest(tmp_path, model_toml(extra='policy = { max_lag = "1h", retain_builds = 5 }\nrecord = false\n'
+    m = manifest(tmp_path, model_toml(extra='policy = { max_lag = "1h" }\nrecord = false\n'
                                             'tests = [{ not_null = "region" }, { unique = ["region"] },'
                                             ' { accepted_values = { column = "region", values = ["n", "s", "e"] } }]\n')
                  + '[[model]]\nname = "top"\nsql_file = "models/top.sql"\n')
@@ -73,7 +73,7 @@ def test_model_block_reads_every_part_and_refuses_unknown_keys(tmp_path: Path) -
     assert spec.sql == BY_REGION and spec.inputs is None and spec.referenced == ("sales",)
     assert spec.contract is not None and spec.contract.version == "1.0" and spec.contract.grain == ("region",)
     assert spec.contract.columns["region"].nullable is False and spec.contract.columns["total"].type == "double"
-    assert spec.policy.max_lag_seconds == 3600 and spec.policy.retain_builds == 5
+    assert spec.policy.max_lag_seconds == 3600
     assert [t.kind for t in spec.tests] == ["not_null", "unique", "accepted_values"] and spec.record is False
     top = m.model("top")
     assert top.sql_file == "models/top.sql" and top.input_names({"by_region", "sales"}) == ("by_region",)
