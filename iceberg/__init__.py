@@ -1,5 +1,15 @@
 """Iceberg export: hand-written create and overwrite commits through pyiceberg's catalog client,
 one namespace per audience (decisions "iceberg-overwrite-commit" and "iceberg-audience").
 
-The package depends on ``storage`` only; its modules arrive with the export work.
+The package depends on ``storage`` only. Modules:
+
+- ``iceberg.commit``: ``export_table(catalog, identifier, data)`` replaces an Iceberg table's rows
+  with one snapshot built by hand (``append`` on creation, ``overwrite`` after), committed through
+  ``catalog.commit_table`` with explicit requirements, retried at most 3 times on a conflict;
+  ``ExportResult`` says what landed.
+- ``iceberg.files``: Arrow batches -> Parquet data files with field ids and column statistics.
+- ``iceberg.schema``: Arrow schema -> Iceberg schema, nested types included.
+
+The ``[[export]]`` block, the CLI, audience/namespace mapping and the query gateway come next
+(docs/exports.md). Nothing is imported here, so importing the package stays cheap.
 """

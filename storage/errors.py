@@ -47,8 +47,9 @@ Hierarchy::
         │   ├── ContractMismatch         contract-mismatch: a model's contract or result breaks the published one
         │   └── ModelTestFailed          a model's data test found offending rows; nothing published
         ├── Conflict                     two values disagree for good (conflict)
-        │   └── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
-        │       ExecutionRewindUnsafe
+        │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
+        │   │   ExecutionRewindUnsafe
+        │   └── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         ├── Expired                      a window closed (expired; HTTP 410)
         │   └── ReceiveBatchKeyExpired
         ├── NotFound                     (not-found)
@@ -535,6 +536,22 @@ class ExecutionRewindUnsafe(Conflict):
     def __init__(self, execution: str, reason: str) -> None:
         super().__init__(f"execution {execution}: {reason}; rewinding it now would let two attempts run",
                          execution=execution, reason=reason)
+
+
+class ExportCommitConflict(Conflict):
+    """``run.export-iceberg.commit-retry``: an Iceberg export's commit lost and retrying cannot win.
+
+    Raised when the table's uuid, current schema id or default spec id changed between attempts,
+    or when the last of ``attempts`` attempts met a conflicting commit; ``reason`` says which.
+    """
+
+    table: str
+    reason: str
+    attempts: int
+
+    def __init__(self, table: str, reason: str, attempts: int) -> None:
+        super().__init__(f"Iceberg table {table!r}: {reason} (after {attempts} attempt(s)); nothing was published",
+                         table=table, reason=reason, attempts=attempts)
 
 
 class ReceiveBatchKeyExpired(Expired):
