@@ -31,7 +31,9 @@ from pyiceberg.exceptions import (
     CommitFailedException,
     CommitStateUnknownException,
     NoSuchTableError,
+    ResolveError,
     TableAlreadyExistsError,
+    ValidationError,
 )
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
@@ -66,7 +68,7 @@ from pyiceberg.typedef import Identifier
 
 from iceberg.files import batches_of, delete_files, write_data_files
 from iceberg.schema import arrow_to_iceberg
-from storage.errors import ExportCommitConflict
+from storage.errors import ExportCommitConflict, SchemaIrreconcilable
 
 MAX_ATTEMPTS = 3
 
@@ -101,6 +103,7 @@ def export_table(
     schema, batches = batches_of(data)
     name = identifier if isinstance(identifier, str) else ".".join(identifier)
     table = _load_or_create(catalog, identifier, schema, format_version, properties or {}, name)
+    table = _evolve(catalog, identifier, table, schema, name)
     io = table.io
     data_files = write_data_files(table, io, schema, batches)
     pinned = _ids(table)
@@ -147,6 +150,26 @@ def _load_or_create(catalog: Catalog, identifier: str | Identifier, schema: pa.S
     except TableAlreadyExistsError:
         # A rival export created it first: ours becomes an overwrite of whatever it committed.
         return catalog.load_table(identifier)
+
+
+def _evolve(catalog: Catalog, identifier: str | Identifier, table: Table, schema: pa.Schema, name: str) -> Table:
+    """The table with its schema evolved, through the catalog, to hold ``schema``.
+
+    Rules (pyiceberg's union by name): a new column or struct field is added (optional); a column
+    the export no longer has stays, written null; int widens to long and float to double. Any other
+    change (a type that does not promote, a struct meeting a scalar) refuses as SchemaIrreconcilable
+    before any data file is written.
+    """
+    wanted = arrow_to_iceberg(schema, name)
+    current = table.metadata.schema()
+    if [(f.name, f.field_type) for f in current.fields] == [(f.name, f.field_type) for f in wanted.fields]:
+        return table
+    try:
+        with table.update_schema() as update:
+            update.union_by_name(wanted)
+    except (ValidationError, ValueError, ResolveError) as exc:
+        raise SchemaIrreconcilable(name, "<columns>", str(current), str(wanted), str(exc)) from exc
+    return catalog.load_table(identifier)
 
 
 def _ids(table: Table) -> dict[str, object]:

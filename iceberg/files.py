@@ -30,6 +30,7 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
 from storage.errors import SchemaIrreconcilable
+from storage.reconcile import conform
 
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 
@@ -57,9 +58,6 @@ def write_data_files(
     iceberg_schema = metadata.schema()
     target = schema_to_pyarrow(iceberg_schema, include_field_ids=True)
     name = ".".join(table.name())
-    if schema.names != target.names:
-        raise SchemaIrreconcilable(name, "<columns>", ", ".join(target.names), ", ".join(schema.names),
-                                   "the export's columns differ from the table's; schema evolution is not built yet")
     stats_plan = compute_statistics_plan(iceberg_schema, metadata.properties)
     column_ids = parquet_path_to_id_mapping(iceberg_schema)
     locations = table.location_provider()
@@ -114,8 +112,12 @@ def write_data_files(
 
 
 def _cast(chunk: pa.Table, target: pa.Schema, table: str) -> pa.Table:
+    """``chunk`` in the table's schema: columns in its order, columns the export no longer has null
+    (an evolved table keeps them), types cast recursively, the field ids attached."""
+    plain = pa.schema([f.remove_metadata() for f in target])
     try:
-        return chunk.cast(target)
+        conformed = conform(chunk, plain, table)
+        return pa.Table.from_arrays(conformed.columns, schema=target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         raise SchemaIrreconcilable(table, "<columns>", str(target), str(chunk.schema), str(exc)) from exc
 

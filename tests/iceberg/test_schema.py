@@ -44,7 +44,7 @@ def test_an_unmappable_type_raises_schema_irreconcilable() -> None:
     assert caught.value.path == "u" and caught.value.table == "exports.t"
 
 
-def test_nested_values_round_trip_and_a_changed_schema_is_refused(tmp_path: Path) -> None:
+def test_nested_values_round_trip_and_an_incompatible_schema_is_refused(tmp_path: Path) -> None:
     catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=f"file://{tmp_path / 'wh'}")
     catalog.create_namespace("exports")
     data = pa.table({
@@ -65,6 +65,21 @@ def test_nested_values_round_trip_and_a_changed_schema_is_refused(tmp_path: Path
 
     before = set((tmp_path / "wh").rglob("*.parquet"))
     with pytest.raises(SchemaIrreconcilable):
-        export_table(catalog, "exports.t", pa.table({"other": [1]}))
+        export_table(catalog, "exports.t", pa.table({"id": ["not a number"]}))
     assert set((tmp_path / "wh").rglob("*.parquet")) == before
     assert len(catalog.load_table("exports.t").snapshots()) == 1
+
+
+def test_a_compatible_source_change_evolves_the_iceberg_schema(tmp_path: Path) -> None:
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=f"file://{tmp_path / 'wh'}")
+    catalog.create_namespace("exports")
+    export_table(catalog, "exports.t", pa.table({"id": pa.array([1], pa.int32()), "gone": ["x"],
+                                                 "p": [{"a": 1.5}]}))
+    later = pa.table({"id": pa.array([2, 3], pa.int64()), "new": ["n", None], "p": [{"a": 2.5, "b": "q"}, None]})
+    export_table(catalog, "exports.t", later)
+    table = catalog.load_table("exports.t")
+    fields = {f.name: str(f.field_type) for f in table.schema().fields}
+    assert fields["id"] == "long" and "new" in fields and "gone" in fields  # widened, added, kept
+    assert table.scan().to_arrow().sort_by("id").to_pylist() == [
+        {"id": 2, "gone": None, "p": {"a": 2.5, "b": "q"}, "new": "n"},
+        {"id": 3, "gone": None, "p": None, "new": None}]
