@@ -10,6 +10,7 @@ The package depends on ``storage`` only. Modules:
 - ``iceberg.files``: Arrow batches -> Parquet data files with field ids and column statistics.
 - ``iceberg.schema``: Arrow schema -> Iceberg schema, nested types included.
 
-The ``[[export]]`` block, the CLI, audience/namespace mapping and the query gateway come next
-(docs/exports.md). Nothing is imported here, so importing the package stays cheap.
+The ``[[export]]`` block, ``contextful export run|status`` and the audience preflight live in
+``engine.export``; the query gateway comes next (docs/exports.md). Nothing is imported here, so
+importing the package stays cheap.
 """

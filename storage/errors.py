@@ -32,7 +32,8 @@ Hierarchy::
         │   ├── PipelineAfterCycle
         │   ├── PipelineSourceKindUnknown
         │   ├── PipelineNormalizeModeUnknown
-        │   └── ModelCycle               [[model]] blocks read each other in a cycle
+        │   ├── ModelCycle               [[model]] blocks read each other in a cycle
+        │   └── ExportNamespaceShared    two [[export]] blocks share a namespace, credential or table
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
         │   ├── InputUnreadable
@@ -346,6 +347,19 @@ class ManifestInvalid(SpecInvalid):
 class ModelCycle(SpecInvalid):
     def __init__(self, cycle: tuple[str, ...]) -> None:
         super().__init__(f"models read each other in a cycle: {' -> '.join(cycle)}", cycle=cycle)
+
+
+class ExportNamespaceShared(SpecInvalid):
+    """``run.export-iceberg.namespace-shared``: one namespace under two credentials, one credential
+    under two namespaces, or one Iceberg table for two exports; names both exports."""
+
+    first: str
+    second: str
+    shared: str
+
+    def __init__(self, first: str, second: str, shared: str) -> None:
+        super().__init__(f"exports {first!r} and {second!r} share {shared}; each export publishes for exactly one "
+                         f"credential mapped to exactly one namespace", first=first, second=second, shared=shared)
 
 
 # --- data ------------------------------------------------------------------------------------

@@ -249,7 +249,8 @@ def _history(store: Store, table_name: str | None, limit: int) -> list[dict[str,
 
 def register(cli: click.Group) -> None:
     from engine.cli.build import build
+    from engine.cli.export import export
     from engine.cli.pipeline import pipeline
 
-    for command in (sql, table, store_group, run, pipeline, build):
+    for command in (sql, table, store_group, run, pipeline, build, export):
         cli.add_command(command)

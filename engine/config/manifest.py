@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from engine.project import Project
 
 if TYPE_CHECKING:
+    from engine.export.spec import ExportSpec
     from engine.land.seed import SeedSpec
     from engine.model.spec import ModelSpec
 
@@ -60,6 +61,14 @@ class Manifest:
     pipelines: tuple[PipelineSpec, ...] = ()
     models: tuple[ModelSpec, ...] = ()
     """The ``[[model]]`` blocks (docs/models.md)."""
+    exports: tuple[ExportSpec, ...] = ()
+    """The ``[[export]]`` blocks (docs/exports.md)."""
+
+    def export(self, name: str) -> ExportSpec:
+        for spec in self.exports:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
 
     def pipeline(self, pipeline_id: str) -> PipelineSpec:
         for spec in self.pipelines:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config.manifest import NORMALIZE_MODES, SOURCE_KINDS, Manifest, PipelineSpec, SourceSpec
+from engine.export.spec import ExportSpec
 from engine.model.spec import ModelSpec
 from engine.project import MANIFEST, find_project, parse_project, read_manifest_document
 from storage.errors import (
@@ -30,7 +31,7 @@ from storage.errors import (
     ProjectInvalid,
 )
 
-TOP_KEYS = ("project", "pipeline", "model")
+TOP_KEYS = ("project", "pipeline", "model", "export")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
                  "schedule", "after", "priority", "seed")
 SOURCE_KEYS = ("kind", "config")
@@ -94,9 +95,29 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
     pipelines = [p for n, block in enumerate(blocks, 1) if (p := _pipeline(block, n, problems)) is not None]
     _check_ids_and_order(pipelines, problems)
     models = _models(doc.get("model", []), root, pipelines, problems)
+    exports = _exports(doc.get("export", []), root, problems)
     if problems.found:
         raise ManifestInvalid(path, problems.found)
-    return Manifest(root, project, tuple(pipelines), tuple(models))
+    return Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports))
+
+
+def _exports(blocks: Any, root: Path, problems: _Problems) -> list[ExportSpec]:
+    """The [[export]] blocks: names unique, then the audience preflight (engine.export.preflight)."""
+    from engine.export.preflight import shared_namespaces
+    from engine.export.spec import parse_export
+
+    if not isinstance(blocks, list):
+        problems.add(ManifestValueInvalid("the manifest", "export", "declare exports as [[export]] blocks"))
+        return []
+    exports = [e for n, block in enumerate(blocks, 1) if (e := parse_export(block, n, root, problems)) is not None]
+    seen: set[str] = set()
+    for spec in exports:
+        if spec.name in seen:
+            problems.add(ManifestValueInvalid(f"[[export]] {spec.name!r}", "name", "is already another export's name"))
+        seen.add(spec.name)
+    for problem in shared_namespaces(exports):
+        problems.add(problem)
+    return exports
 
 
 def _models(blocks: Any, root: Path, pipelines: list[PipelineSpec], problems: _Problems) -> list[ModelSpec]:

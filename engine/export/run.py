@@ -1,0 +1,161 @@
+"""Running ``[[export]]`` blocks and reporting their state (issue 6; docs/exports.md).
+
+:func:`run_exports` preflights the audience mapping, then for each export loads its pyiceberg
+catalog, creates the namespace if missing, reads the source at its current snapshot (a table at
+its head, a model at its latest published build) as an Arrow stream through DuckDB, and hands it
+to ``iceberg.commit.export_table``.
+
+What was exported is recorded in ``<project>/.contextful/exports/<name>.json``: ``export_table``
+takes table properties, not snapshot summary properties, and a table property would go stale at
+the next export. The state file names the Iceberg snapshot it describes, so
+:func:`export_status` reports the source only while that snapshot is still the table's current
+one (another writer may have committed since).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.export.preflight import preflight
+from storage.errors import SnapshotNotFound, TableNotFound
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.catalog import Catalog
+
+    from engine.config.manifest import Manifest
+    from engine.export.spec import CatalogSpec, ExportSpec
+    from storage import Store
+
+STATE_DIR = Path(".contextful") / "exports"
+
+
+@dataclass(frozen=True)
+class ExportRunResult:
+    export: str
+    identifier: str
+    """The Iceberg table, ``namespace.table``."""
+    snapshot_id: int
+    """The committed Iceberg snapshot."""
+    operation: str
+    """``append`` (the table's first snapshot) or ``overwrite``."""
+    rows: int
+    files: int
+    """Data files the snapshot added."""
+    attempts: int
+    source: dict[str, Any]
+    """``{"kind": "table"|"model", "name", "commit_seq", "build_id"}``: what was read."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ExportStatus:
+    export: str
+    identifier: str
+    credential: str
+    snapshot_id: int | None
+    """The table's current snapshot (None before the first export)."""
+    source: dict[str, Any] | None
+    """What that snapshot holds, from the state file; None when another writer committed since."""
+    rows: int | None
+    """``total-records`` of the current snapshot."""
+    files: int | None
+    """``total-data-files`` of the current snapshot."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_catalog(spec: CatalogSpec) -> Catalog:
+    """The pyiceberg catalog an export commits through; a local SQLite catalog gets its directory."""
+    from pyiceberg.catalog import load_catalog as load
+
+    if spec.uri.startswith("sqlite:///"):
+        Path(spec.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return load(spec.name, **spec.pyiceberg_properties())
+
+
+def run_exports(store: Store, manifest: Manifest, names: list[str] | None = None) -> list[ExportRunResult]:
+    """Run the named exports (default: all) in manifest order; the first failure raises."""
+    preflight(manifest)
+    return [run_export(store, manifest, spec) for spec in manifest.exports if names is None or spec.name in names]
+
+
+def run_export(store: Store, manifest: Manifest, spec: ExportSpec) -> ExportRunResult:
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError
+
+    from iceberg.commit import export_table
+
+    catalog = load_catalog(spec.catalog)
+    try:
+        catalog.create_namespace(spec.namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    con = store.duckdb()
+    try:
+        reader, source = _read_source(con, store, manifest, spec.source)
+        result = export_table(catalog, spec.identifier, reader, format_version=spec.format_version)
+    finally:
+        con.close()
+    done = ExportRunResult(spec.name, spec.identifier, result.snapshot_id, result.operation, result.rows,
+                           len(result.files), result.attempts, source)
+    path = manifest.root / STATE_DIR / f"{spec.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {**done.to_json(), "exported_at": datetime.now(UTC).isoformat()}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
+    tmp.replace(path)
+    return done
+
+
+def _read_source(con: Any, store: Store, manifest: Manifest, name: str) -> tuple[pa.RecordBatchReader, dict[str, Any]]:
+    """``name`` at its current snapshot as an Arrow stream, and what was read."""
+    from engine.model.build import published_build
+    from engine.read import attach_snapshot
+    from storage.snapshot import quote
+
+    view = "__contextful_export_source"
+    if name in {m.name for m in manifest.models}:
+        found = published_build(store, name)
+        if found is None:
+            raise SnapshotNotFound(name, "to export (the model has no published build yet)")
+        snap = store.table(name).snapshot(commit_seq=found[0])
+        source = {"kind": "model", "name": name, "commit_seq": found[0], "build_id": found[0]}
+    elif name in store.table_names():
+        snap = store.table(name).snapshot()
+        source = {"kind": "table", "name": name, "commit_seq": snap.commit_seq, "build_id": None}
+    else:
+        raise TableNotFound(name)
+    attach_snapshot(con, snap, view)
+    return con.sql(f"SELECT * FROM {quote(view)}").to_arrow_reader(), source
+
+
+def export_status(manifest: Manifest) -> list[ExportStatus]:
+    """Per export: the Iceberg table, its current snapshot, the source it holds, rows and files."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    found = []
+    for spec in manifest.exports:
+        snapshot = None
+        try:
+            snapshot = load_catalog(spec.catalog).load_table(spec.identifier).current_snapshot()
+        except (NoSuchTableError, NoSuchNamespaceError):
+            pass
+        source = None
+        path = manifest.root / STATE_DIR / f"{spec.name}.json"
+        if snapshot is not None and path.is_file():
+            state = json.loads(path.read_text(encoding="utf-8"))
+            if state.get("snapshot_id") == snapshot.snapshot_id:
+                source = state["source"]
+        totals = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
+        found.append(ExportStatus(
+            spec.name, spec.identifier, spec.credential, snapshot.snapshot_id if snapshot else None, source,
+            int(totals["total-records"]) if "total-records" in totals else None,
+            int(totals["total-data-files"]) if "total-data-files" in totals else None))
+    return found

@@ -1,0 +1,143 @@
+"""The ``[[export]]`` block (kind ``iceberg``): ExportSpec with its source, catalog, namespace, table,
+admitted credential and format version (decision "iceberg-audience", docs/exports.md).
+
+``parse_export`` collects every problem of one block into the manifest's problem list; unknown keys
+refuse as ``ManifestKeyUnknown`` naming the key and the block. Which exports may share what is the
+preflight's business (``engine.export.preflight``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from storage.errors import ManifestValueInvalid
+
+if TYPE_CHECKING:
+    from engine.config.parse import _Problems
+
+EXPORT_KEYS = ("name", "kind", "source", "catalog", "namespace", "table", "credential", "format_version")
+EXPORT_KINDS = ("iceberg",)
+CATALOG_TYPES = ("sql", "rest")
+FORMAT_VERSIONS = (1, 2)
+DEFAULT_CATALOG_NAME = "contextful"
+DEFAULT_CATALOG_DB = Path(".contextful") / "iceberg" / "catalog.sqlite"
+DEFAULT_WAREHOUSE = Path(".contextful") / "iceberg" / "warehouse"
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
+_ICEBERG_NAME = re.compile(r"[a-z_][a-z0-9_]{0,127}")
+
+
+@dataclass(frozen=True)
+class CatalogSpec:
+    name: str
+    """The catalog's name (default ``contextful``); a SQL catalog keeps each name's tables apart."""
+    type: str
+    """``sql`` (SQLite or PostgreSQL through SQLAlchemy) or ``rest``."""
+    uri: str
+    """The catalog's URI: a SQLAlchemy URL for ``sql``, the REST endpoint for ``rest``."""
+    warehouse: str | None = None
+    """Where table files go (a ``file://`` URI by default for ``sql``; None leaves it to a REST server)."""
+    properties: dict[str, str] = field(default_factory=dict)
+    """Any other key of the block, passed through to pyiceberg as a catalog property."""
+
+    @property
+    def key(self) -> tuple[str, str, str, str | None]:
+        """What identifies the catalog when comparing exports."""
+        return (self.name, self.type, self.uri, self.warehouse)
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        """The properties ``pyiceberg.catalog.load_catalog`` takes."""
+        props = {**self.properties, "type": self.type, "uri": self.uri}
+        if self.warehouse is not None:
+            props["warehouse"] = self.warehouse
+        return props
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    name: str
+    """The export's name (a letter, then letters, digits or '_'); names its state file."""
+    source: str
+    """A store table (exported at its head) or a model (exported at its latest published build)."""
+    catalog: CatalogSpec
+    """The Iceberg catalog the export commits through."""
+    namespace: str
+    """The Iceberg namespace: the one the credential's readers see."""
+    table: str
+    """The Iceberg table name (default: the export's name)."""
+    credential: str
+    """The admitted credential (audience key) this export publishes for."""
+    format_version: int = 2
+    """The Iceberg format version a new table is created at: 1 or 2."""
+    kind: str = "iceberg"
+    """The export kind; only ``iceberg``."""
+
+    @property
+    def identifier(self) -> str:
+        """``namespace.table`` as pyiceberg names it."""
+        return f"{self.namespace}.{self.table}"
+
+
+def parse_export(block: Any, n: int, root: Path, problems: _Problems) -> ExportSpec | None:
+    where = f"[[export]] #{n}"
+    if not isinstance(block, dict):
+        problems.add(ManifestValueInvalid(where, "export", "must be a table"))
+        return None
+    name = problems.string(where, block, "name", required=True)
+    if name is not None:
+        where = f"[[export]] {name!r}"
+        if not _NAME.fullmatch(name):
+            problems.add(ManifestValueInvalid(where, "name", f"{name!r} is not a name (a letter, then letters, digits or '_')"))
+    problems.unknown_keys(where, block, EXPORT_KEYS)
+    kind = problems.string(where, block, "kind", "iceberg") or "iceberg"
+    if kind not in EXPORT_KINDS:
+        problems.add(ManifestValueInvalid(where, "kind", f"{kind!r} is not one of {', '.join(EXPORT_KINDS)}"))
+    source = problems.string(where, block, "source", required=True)
+    namespace = problems.string(where, block, "namespace", required=True)
+    table = problems.string(where, block, "table", name)
+    for key, value in (("namespace", namespace), ("table", table)):
+        if value is not None and not _ICEBERG_NAME.fullmatch(value):
+            problems.add(ManifestValueInvalid(where, key, f"{value!r} is not an Iceberg name ([a-z_][a-z0-9_]*)"))
+    credential = problems.string(where, block, "credential", required=True)
+    version = block.get("format_version", 2)
+    if version not in FORMAT_VERSIONS or isinstance(version, bool):
+        problems.add(ManifestValueInvalid(where, "format_version", f"must be 1 or 2, not {version!r}"))
+        version = 2
+    catalog = _catalog(block.get("catalog", {}), where, root, problems)
+    if None in (name, source, namespace, table, credential, catalog):
+        return None
+    assert name and source and namespace and table and credential and catalog
+    return ExportSpec(name=name, source=source, catalog=catalog, namespace=namespace, table=table,
+                      credential=credential, format_version=version, kind=kind)
+
+
+def _catalog(block: Any, where: str, root: Path, problems: _Problems) -> CatalogSpec | None:
+    """``catalog = { type = "sql" | "rest", name, uri, warehouse, <pyiceberg properties> }``."""
+    where = f"{where} catalog"
+    if not isinstance(block, dict):
+        problems.add(ManifestValueInvalid(where, "catalog", "must be a table with a type"))
+        return None
+    kind = problems.string(where, block, "type", "sql") or "sql"
+    if kind not in CATALOG_TYPES:
+        problems.add(ManifestValueInvalid(where, "type", f"{kind!r} is not one of {', '.join(CATALOG_TYPES)}"))
+        return None
+    name = problems.string(where, block, "name", DEFAULT_CATALOG_NAME) or DEFAULT_CATALOG_NAME
+    extra: dict[str, str] = {}
+    for key, value in block.items():
+        if key in ("name", "type", "uri", "warehouse"):
+            continue
+        if isinstance(value, (dict, list)):
+            problems.add(ManifestValueInvalid(where, key, "a catalog property must be a string, number or boolean"))
+            continue
+        extra[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    if kind == "rest":
+        uri = problems.string(where, block, "uri", required=True)
+        warehouse = problems.string(where, block, "warehouse")
+        return CatalogSpec(name, "rest", uri, warehouse, extra) if uri else None
+    uri = problems.string(where, block, "uri") or f"sqlite:///{(root / DEFAULT_CATALOG_DB).resolve()}"
+    warehouse = problems.string(where, block, "warehouse") or str(DEFAULT_WAREHOUSE)
+    if "://" not in warehouse:
+        warehouse = (root / warehouse).resolve().as_uri()
+    return CatalogSpec(name, "sql", uri, warehouse, extra)
