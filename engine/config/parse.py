@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,21 +137,8 @@ def _models(blocks: Any, root: Path, pipelines: list[PipelineSpec], problems: _P
                                               "is already a pipeline's table or another model"))
         seen.add(model.name)
     graph = {m.name: [i for i in m.input_names(seen) if i in seen] for m in models}
-    state: dict[str, int] = {}
-
-    def visit(node: str, path: tuple[str, ...]) -> None:
-        if state.get(node) == 2:
-            return
-        if state.get(node) == 1:
-            problems.add(ModelCycle(path[path.index(node):] + (node,)))
-            return
-        state[node] = 1
-        for dep in graph[node]:
-            visit(dep, path + (node,))
-        state[node] = 2
-
-    for node in sorted(graph):
-        visit(node, ())
+    for cycle in _cycles(graph):
+        problems.add(ModelCycle(cycle))
     return models
 
 
@@ -256,13 +244,21 @@ def _check_ids_and_order(pipelines: list[PipelineSpec], problems: _Problems) -> 
         for dep in spec.after:
             if dep not in graph:
                 problems.add(PipelineAfterUnknown(spec.id, dep))
+    for cycle in _cycles(graph):
+        problems.add(PipelineAfterCycle(cycle))
+
+
+def _cycles(graph: Mapping[str, Sequence[str]]) -> list[tuple[str, ...]]:
+    """Each cycle a depth-first walk of ``graph`` (node -> what it waits on) meets, as the path
+    around it; edges to nodes outside the graph are ignored (reported elsewhere)."""
     state: dict[str, int] = {}
+    found: list[tuple[str, ...]] = []
 
     def visit(node: str, path: tuple[str, ...]) -> None:
         if state.get(node) == 2 or node not in graph:
             return
         if state.get(node) == 1:
-            problems.add(PipelineAfterCycle(path[path.index(node):] + (node,)))
+            found.append(path[path.index(node):] + (node,))
             return
         state[node] = 1
         for dep in graph[node]:
@@ -271,3 +267,4 @@ def _check_ids_and_order(pipelines: list[PipelineSpec], problems: _Problems) -> 
 
     for node in sorted(graph):
         visit(node, ())
+    return found
