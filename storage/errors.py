@@ -53,6 +53,10 @@ Hierarchy::
         │   └── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         ├── Expired                      a window closed (expired; HTTP 410)
         │   └── ReceiveBatchKeyExpired
+        ├── Refused                      an admitted caller asked beyond its grant (refused; HTTP 403)
+        │   └── ExportQueryRefused       a gateway request names a namespace, an undeclared template, ...
+        ├── Unauthenticated              no admitted credential (unauthenticated; HTTP 401)
+        │   └── ReaderCredentialUnadmitted
         ├── NotFound                     (not-found)
         │   ├── TableNotFound
         │   ├── SnapshotNotFound
@@ -81,6 +85,8 @@ EXIT_CODES: dict[str, int] = {
     "not-found": 6,
     "transient": 75,
     "expired": 7,
+    "refused": 8,
+    "unauthenticated": 9,
     "permanent": 1,
 }
 
@@ -91,6 +97,8 @@ HTTP_STATUS: dict[str, int] = {
     "not-found": 404,
     "transient": 503,
     "expired": 410,
+    "refused": 403,
+    "unauthenticated": 401,
     "permanent": 500,
 }
 
@@ -155,6 +163,18 @@ class Expired(TerminalError):
     """A window the request depended on has closed (expired)."""
 
     category = "expired"
+
+
+class Refused(TerminalError):
+    """An admitted caller asked for what its grant does not allow (refused; HTTP 403)."""
+
+    category = "refused"
+
+
+class Unauthenticated(TerminalError):
+    """The request carries no credential this face admits (unauthenticated; HTTP 401)."""
+
+    category = "unauthenticated"
 
 
 class Permanent(TerminalError):
@@ -575,6 +595,30 @@ class ReceiveBatchKeyExpired(Expired):
         super().__init__(f"pipeline {pipeline!r}: batch key {key!r} was first tried {age_s:.0f} s ago, past "
                          f"key_retention_secs = {retention_s:g}", pipeline=pipeline, key=key, age_s=age_s,
                          retention_s=retention_s)
+
+
+class ExportQueryRefused(Refused):
+    """``run.export-iceberg.query-refused``: a mapped reader's gateway request names a namespace, an
+    undeclared template, a table outside ``[a-z_][a-z0-9_]*``, or caller SQL the entry or its
+    warehouse does not allow; raised before any catalog or engine is touched."""
+
+    credential: str
+    reason: str
+
+    def __init__(self, credential: str, reason: str) -> None:
+        super().__init__(f"reader credential {credential!r}: {reason}; nothing was run", credential=credential,
+                         reason=reason)
+
+
+class ReaderCredentialUnadmitted(Unauthenticated):
+    """A gateway request's bearer key is missing, malformed, unknown, revoked, or its credential is
+    one no ``[[export]]`` admits."""
+
+    reason: str
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason}; the query gateway admits a reader key issued by `contextful export key "
+                         f"issue` for a credential an [[export]] declares", reason=reason)
 
 
 # --- lookups ---------------------------------------------------------------------------------

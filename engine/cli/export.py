@@ -58,3 +58,63 @@ def export_status_command(ctx: click.Context) -> None:
 
     emit_rows(["export", "table", "snapshot_id", "source", "rows", "files"],
               [(s.export, s.identifier, s.snapshot_id, source(s.source), s.rows, s.files) for s in found])
+
+
+@export.group("key")
+def key() -> None:
+    """Reader keys: how a reader proves an export's credential to the query gateway."""
+
+
+@key.command("issue")
+@click.argument("credential")
+@click.pass_context
+def key_issue(ctx: click.Context, credential: str) -> None:
+    """Mint a reader key for CREDENTIAL (an [[export]]'s credential); printed once, stored hashed."""
+    from engine.cli.pipeline import _manifest
+    from engine.export import readers
+    from engine.export.preflight import preflight
+    from storage.errors import ReaderCredentialUnadmitted
+
+    manifest = _manifest(ctx)
+    admitted = preflight(manifest)
+    if credential not in admitted:
+        raise ReaderCredentialUnadmitted(
+            f"credential {credential!r} is admitted by no [[export]] (declared: {', '.join(sorted(admitted)) or 'none'})")
+    issued = readers.issue(manifest.root, credential)
+    if ctx.obj["json"]:
+        emit_json({**issued.key.public(), "token": issued.token})
+        return
+    click.echo(issued.token)
+    click.echo(f"reader key {issued.key.key_id} for credential {credential!r}: shown once, kept only as a digest; "
+               f"send it as 'Authorization: Bearer <key>'", err=True)
+
+
+@key.command("list")
+@click.pass_context
+def key_list(ctx: click.Context) -> None:
+    """Every reader key (revoked ones too); never the secrets."""
+    from engine.cli.pipeline import _manifest
+    from engine.export import readers
+
+    keys = readers.list_keys(_manifest(ctx).root)
+    if ctx.obj["json"]:
+        emit_json([k.public() for k in keys])
+        return
+    emit_rows(["key_id", "credential", "created_at", "revoked_at"],
+              [(k.key_id, k.credential, k.created_at, k.revoked_at or "-") for k in keys])
+
+
+@key.command("revoke")
+@click.argument("key_id")
+@click.pass_context
+def key_revoke(ctx: click.Context, key_id: str) -> None:
+    """Revoke a reader key; the gateway refuses it from the next request on."""
+    from engine.cli.pipeline import _manifest
+    from engine.export import readers
+
+    try:
+        revoked = readers.revoke(_manifest(ctx).root, key_id)
+    except KeyError:
+        raise click.BadParameter(f"no reader key {key_id!r} (see `contextful export key list`)",
+                                 param_hint="KEY_ID") from None
+    click.echo(f"reader key {revoked.key_id} ({revoked.credential!r}) revoked at {revoked.revoked_at}")

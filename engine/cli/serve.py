@@ -1,7 +1,8 @@
-"""``contextful pipeline serve --http HOST:PORT``: receive pushed batches for ``receive`` pipelines.
+"""``contextful pipeline serve --http HOST:PORT``: the project's served face.
 
-The command parses its arguments and calls :func:`serve_manifest`; the receiving itself is
-``engine.land.receive`` (docs/receive.md). It prints ``listening on http://HOST:PORT`` (the bound
+It hosts the receive source for ``receive`` pipelines (``engine.land.receive``, docs/receive.md)
+and the Iceberg query gateway for the manifest's exports (``engine.export.gateway``,
+docs/exports.md). The command parses its arguments and calls :func:`serve_manifest`. It prints ``listening on http://HOST:PORT`` (the bound
 port when port 0 was asked for) on stdout once the socket is bound, and serves until SIGTERM or
 SIGINT, then stops accepting, lets batches in flight answer, and exits 0.
 
@@ -23,10 +24,10 @@ if TYPE_CHECKING:
 
 
 def serve_manifest(manifest: Manifest, store_url: str | None, address: str) -> None:
-    """Serve the manifest's receive pipelines on ``address`` until SIGTERM or SIGINT."""
+    """Serve the manifest's receive pipelines and query gateway on ``address`` until SIGTERM or SIGINT."""
     from engine.land.decode import Decoder
-    from engine.land.receive.server import serve_receivers
     from engine.land.receive.spool import queue_root
+    from engine.served.project import serve_project
     from storage import Store
 
     def open_store() -> Store:
@@ -38,8 +39,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str) -> N
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with Decoder() as decoder:
-            server = serve_receivers(open_store, manifest, address, queue_root=queue_root(manifest.root),
-                                     decoder=decoder)
+            server = serve_project(manifest, open_store, address, queue_root=queue_root(manifest.root),
+                                   decoder=decoder)
             try:
                 click.echo(f"listening on {server.url}")
                 sys.stdout.flush()
@@ -57,7 +58,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str) -> N
               help="Address to listen on; port 0 picks a free port (printed on stdout).")
 @click.pass_context
 def serve(ctx: click.Context, address: str) -> None:
-    """Receive batches pushed to the manifest's 'receive' pipelines over HTTP."""
+    """Serve 'receive' pipelines' batches and the exports' query gateway over HTTP."""
     from engine.config import load_manifest
 
     serve_manifest(load_manifest(ctx.obj["project"]), ctx.obj["store"], address)

@@ -104,7 +104,7 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
 
 def _exports(blocks: Any, root: Path, problems: _Problems) -> list[ExportSpec]:
     """The [[export]] blocks: names unique, then the audience preflight (engine.export.preflight)."""
-    from engine.export.preflight import shared_namespaces
+    from engine.export.preflight import shared_namespaces, template_problems
     from engine.export.spec import parse_export
 
     if not isinstance(blocks, list):
@@ -116,7 +116,7 @@ def _exports(blocks: Any, root: Path, problems: _Problems) -> list[ExportSpec]:
         if spec.name in seen:
             problems.add(ManifestValueInvalid(f"[[export]] {spec.name!r}", "name", "is already another export's name"))
         seen.add(spec.name)
-    for problem in shared_namespaces(exports):
+    for problem in [*shared_namespaces(exports), *template_problems(exports)]:
         problems.add(problem)
     return exports
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from storage.errors import ExportNamespaceShared
+from storage.errors import ExportNamespaceShared, ManifestValueInvalid
 
 if TYPE_CHECKING:
     from engine.config.manifest import Manifest
@@ -83,3 +83,26 @@ def namespace_for(manifest: Manifest, credential: str) -> str | None:
     """The namespace a reader holding ``credential`` reads (None for a credential no export admits)."""
     audience = preflight(manifest).get(credential)
     return audience.namespace if audience else None
+
+
+def template_problems(exports: Sequence[ExportSpec]) -> list[ManifestValueInvalid]:
+    """Templates reading a table no export publishes into their entry's namespace."""
+    published: dict[tuple[object, str], set[str]] = {}
+    for spec in exports:
+        published.setdefault((spec.catalog.key, spec.namespace), set()).add(spec.table)
+    found = []
+    for spec in exports:
+        tables = published[(spec.catalog.key, spec.namespace)]
+        for template in spec.templates.values():
+            for table in template.tables:
+                if table not in tables:
+                    found.append(ManifestValueInvalid(
+                        f"[[export]] {spec.name!r}", f"templates.{template.name}",
+                        f"reads {table!r}, which no export publishes into the namespace {spec.namespace!r} "
+                        f"(it holds {', '.join(sorted(tables))})"))
+    return found
+
+
+def warehouse_credentials(exports: Sequence[ExportSpec], spec: ExportSpec) -> set[str]:
+    """Every credential publishing into ``spec``'s warehouse (one catalog token reads all of them)."""
+    return {e.credential for e in exports if e.catalog.warehouse_key == spec.catalog.warehouse_key}

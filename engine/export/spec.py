@@ -1,5 +1,6 @@
 """The ``[[export]]`` block (kind ``iceberg``): ExportSpec with its source, catalog, namespace, table,
-admitted credential and format version (decision "iceberg-audience", docs/exports.md).
+admitted credential, format version, and what its gateway entry serves — declared query templates
+and whether caller SQL is allowed (decision "iceberg-audience", docs/exports.md).
 
 ``parse_export`` collects every problem of one block into the manifest's problem list; unknown keys
 refuse as ``ManifestKeyUnknown`` naming the key and the block. Which exports may share what is the
@@ -13,12 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.export.sql_shape import TABLE_NAME, SqlShapeError, read_shape
 from storage.errors import ManifestValueInvalid
 
 if TYPE_CHECKING:
     from engine.config.parse import _Problems
 
-EXPORT_KEYS = ("name", "kind", "source", "catalog", "namespace", "table", "credential", "format_version")
+EXPORT_KEYS = ("name", "kind", "source", "catalog", "namespace", "table", "credential", "format_version",
+               "templates", "caller_sql")
 EXPORT_KINDS = ("iceberg",)
 CATALOG_TYPES = ("sql", "rest")
 FORMAT_VERSIONS = (1, 2)
@@ -47,12 +50,32 @@ class CatalogSpec:
         """What identifies the catalog when comparing exports."""
         return (self.name, self.type, self.uri, self.warehouse)
 
+    @property
+    def warehouse_key(self) -> tuple[str, ...]:
+        """What one catalog token reads whole: a SQL catalog's database (every catalog name in it),
+        or a REST endpoint's warehouse."""
+        if self.type == "sql":
+            return ("sql", self.uri)
+        return ("rest", self.uri, self.warehouse or "")
+
     def pyiceberg_properties(self) -> dict[str, str]:
         """The properties ``pyiceberg.catalog.load_catalog`` takes."""
         props = {**self.properties, "type": self.type, "uri": self.uri}
         if self.warehouse is not None:
             props["warehouse"] = self.warehouse
         return props
+
+
+@dataclass(frozen=True)
+class Template:
+    """A declared query of a gateway entry: one SELECT over tables of the entry's namespace."""
+
+    name: str
+    sql: str
+    parameters: tuple[str, ...]
+    """Its ``$name`` parameters, sorted; a request binds exactly these."""
+    tables: tuple[str, ...]
+    """The tables it reads (bare names in the entry's namespace)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +96,10 @@ class ExportSpec:
     """The Iceberg format version a new table is created at: 1 or 2."""
     kind: str = "iceberg"
     """The export kind; only ``iceberg``."""
+    templates: dict[str, Template] = field(default_factory=dict)
+    """The gateway entry's declared queries, by name."""
+    caller_sql: bool = False
+    """Whether the gateway runs readers' own SQL for this entry (only on a single-audience warehouse)."""
 
     @property
     def identifier(self) -> str:
@@ -106,11 +133,51 @@ def parse_export(block: Any, n: int, root: Path, problems: _Problems) -> ExportS
         problems.add(ManifestValueInvalid(where, "format_version", f"must be 1 or 2, not {version!r}"))
         version = 2
     catalog = _catalog(block.get("catalog", {}), where, root, problems)
+    templates = _templates(block.get("templates", {}), where, problems)
+    caller_sql = block.get("caller_sql", False)
+    if not isinstance(caller_sql, bool):
+        problems.add(ManifestValueInvalid(where, "caller_sql", f"must be true or false, not {caller_sql!r}"))
+        caller_sql = False
     if None in (name, source, namespace, table, credential, catalog):
         return None
     assert name and source and namespace and table and credential and catalog
     return ExportSpec(name=name, source=source, catalog=catalog, namespace=namespace, table=table,
-                      credential=credential, format_version=version, kind=kind)
+                      credential=credential, format_version=version, kind=kind, templates=templates,
+                      caller_sql=caller_sql)
+
+
+def _templates(block: Any, where: str, problems: _Problems) -> dict[str, Template]:
+    """``[export.templates]``: name = one SELECT with ``$name`` parameters over bare table names."""
+    if not isinstance(block, dict):
+        problems.add(ManifestValueInvalid(where, "templates", "must be a table of name = \"SELECT ...\""))
+        return {}
+    found: dict[str, Template] = {}
+    for name, sql in block.items():
+        key = f"templates.{name}"
+        if not _NAME.fullmatch(name):
+            problems.add(ManifestValueInvalid(where, key, "a template name is a letter, then letters, digits or '_'"))
+            continue
+        if not isinstance(sql, str) or not sql.strip():
+            problems.add(ManifestValueInvalid(where, key, f"must be a SELECT statement, not {sql!r}"))
+            continue
+        try:
+            shape = read_shape(sql)
+        except SqlShapeError as exc:
+            problems.add(ManifestValueInvalid(where, key, exc.reason))
+            continue
+        reasons = [f"names {t} outside its namespace; a template reads bare table names" for t in shape.tables
+                   if t.qualified]
+        reasons += [f"reads {t.name!r}, not a table name ([a-z_][a-z0-9_]*)" for t in shape.tables
+                    if not t.qualified and not TABLE_NAME.fullmatch(t.name)]
+        reasons += [f"calls the table function {f}(); a template reads its namespace's tables"
+                    for f in shape.unsafe_functions()]
+        if shape.positional:
+            reasons.append("has positional parameters; name them ($since)")
+        for reason in reasons:
+            problems.add(ManifestValueInvalid(where, key, reason))
+        if not reasons:
+            found[name] = Template(name, sql, tuple(sorted(shape.parameters)), tuple(t.name for t in shape.tables))
+    return found
 
 
 def _catalog(block: Any, where: str, root: Path, problems: _Problems) -> CatalogSpec | None:

@@ -32,17 +32,13 @@ connection.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
-import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import urlsplit
 
 import pyarrow as pa
 
@@ -53,6 +49,7 @@ from engine.land.receive.group import PushHook, TableAnswer, committed_answer, d
 from engine.land.receive.spool import LANDED, Member, Queue, key_digest
 from engine.land.sink import prepare_batch
 from engine.land.typed import read_types
+from engine.served.face import SHUTDOWN_GRACE_S, Exchange, Route, ServedFace, serve_face
 from storage import Store
 from storage import errors as catalogue
 from storage.clock import Clock, SystemClock
@@ -75,8 +72,6 @@ log = logging.getLogger(__name__)
 KEY_HEADER = "Contextful-Batch-Key"
 MAX_KEY_CHARS = 256
 ENCODINGS = {"gzip": ".gz", "x-gzip": ".gz", "zstd": ".zst"}
-SHUTDOWN_GRACE_S = 30.0
-_COPY_BYTES = 1 << 20
 _BATCHES = re.compile(r"/pipelines/([^/]+)/batches/?")
 
 BodyWriter = Callable[[BinaryIO], None]
@@ -226,145 +221,64 @@ def _revive(failure: dict[str, Any]) -> ContextfulError:
 # --- HTTP --------------------------------------------------------------------------------------
 
 
-def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port``; an empty host listens on every interface) as a pair.
+def receive_routes(receivers: dict[str, Receiver]) -> list[Route]:
+    """The served face's ``POST /pipelines/<id>/batches`` route over ``receivers``."""
 
-    >>> parse_address("127.0.0.1:0"), parse_address("[::1]:8080")
-    (('127.0.0.1', 0), ('::1', 8080))
-    """
-    if isinstance(address, tuple):
-        return address
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise SpecInvalid(f"--http {address!r}: give HOST:PORT (port 0 picks a free one)")
-    return host.strip("[]"), int(port)
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-
-    def __init__(self, address: tuple[str, int], receivers: dict[str, Receiver]) -> None:
-        self.receivers = receivers
-        self.active = 0
-        self.idle = threading.Condition()
-        super().__init__(address, _Handler)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        with self.idle:
-            self.active += 1
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self.idle:
-                self.active -= 1
-                self.idle.notify_all()
-
-
-class _HTTP6Server(_HTTPServer):
-    address_family = socket.AF_INET6
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _HTTPServer
-    protocol_version = "HTTP/1.1"
-    continue_pending = False
-    timeout = 120  # seconds a client may stall while sending a body
-
-    def handle_expect_100(self) -> bool:
-        # ``Expect: 100-continue`` is answered only when the body is wanted: an expired key, an
-        # unknown pipeline or a refused encoding answers before the sender uploads a byte.
-        self.continue_pending = True
-        return True
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _send(self, status: int, doc: dict[str, Any], *, close: bool = False) -> None:
-        payload = json.dumps(doc).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            if close:
-                self.close_connection = True
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(payload)
-        except (BrokenPipeError, ConnectionResetError):  # the sender left; a retry replays its key
-            self.close_connection = True
-            log.info("receive: %s left before its %d answer", self.address_string(), status)
-
-    def _error(self, exc: ContextfulError, *, close: bool) -> None:
-        status = 400 if isinstance(exc, InputMalformed) else exc.http_status
-        self._send(status, {"error": exc.name, "detail": exc.detail}, close=close)
-
-    def do_GET(self) -> None:
-        if urlsplit(self.path).path == "/healthz":
-            self._send(200, {"ok": True, "pipelines": sorted(self.server.receivers)})
-        else:
-            self._error(NotFound(f"no resource {self.path}; POST /pipelines/<id>/batches"), close=False)
-
-    def do_POST(self) -> None:
-        length_header = self.headers.get("Content-Length")
-        match = _BATCHES.fullmatch(urlsplit(self.path).path)
-        receiver = self.server.receivers.get(match.group(1)) if match else None
+    def batches(exchange: Exchange, match: re.Match[str]) -> None:
+        receiver = receivers.get(match.group(1))
         if receiver is None:
-            known = ", ".join(sorted(self.server.receivers)) or "none"
-            self._error(NotFound(f"no receive pipeline at {self.path} (receiving: {known})"), close=True)
+            known = ", ".join(sorted(receivers)) or "none"
+            exchange.send_error(NotFound(f"no receive pipeline at {exchange.path} (receiving: {known})"), close=True)
             return
+        length_header = exchange.headers.get("Content-Length")
         if length_header is None or not length_header.strip().isdigit():
             error = SpecInvalid(f"a batch needs a Content-Length header, not {length_header!r}")
-            self._send(411 if length_header is None else 400, {"error": error.name, "detail": error.detail},
-                       close=True)
+            exchange.send_error(error, status=411 if length_header is None else 400, close=True)
             return
-        length = int(length_header)
-        read = 0
-
-        def body(out: BinaryIO) -> None:
-            nonlocal read
-            if self.continue_pending:
-                self.continue_pending = False
-                self.send_response_only(100)
-                self.end_headers()
-            while read < length:
-                chunk = self.rfile.read(min(_COPY_BYTES, length - read))
-                if not chunk:
-                    raise InputUnreadable(f"batch {self.headers.get(KEY_HEADER)!r}",
-                                          f"the body ended after {read} of {length} bytes")
-                out.write(chunk)
-                read += len(chunk)
-
+        key = exchange.headers.get(KEY_HEADER)
         try:
-            answer = receiver.receive(self.headers.get(KEY_HEADER), body,
-                                      encoding=self.headers.get("Content-Encoding"))
-        except ContextfulError as exc:
-            self._error(exc, close=read < length)
+            answer = receiver.receive(key, lambda out: exchange.copy_body(out, f"batch {key!r}"),
+                                      encoding=exchange.headers.get("Content-Encoding"))
+        except InputMalformed as exc:
+            exchange.send_error(exc, status=400)
             return
-        except Exception as exc:
-            log.exception("receive %s: batch failed", receiver.spec.id)
-            self._send(500, {"error": type(exc).__name__, "detail": str(exc)}, close=True)
-            return
-        self._send(200, answer.to_json(), close=read < length)
+        exchange.send_json(200, answer.to_json(), close=exchange.body_pending)
+
+    return [Route("POST", _BATCHES, batches, "POST /pipelines/<id>/batches")]
 
 
 class ReceiveServer:
-    """A running receive server: ``url``, ``address``, ``shutdown()``."""
+    """The receive service: its receivers, their start-up recovery, and (alone) a served face.
 
-    def __init__(self, httpd: _HTTPServer, store: Store, receivers: dict[str, Receiver]) -> None:
-        self._httpd = httpd
+    ``serve_receivers`` starts one with a face of its own (``url``, ``address``); ``contextful
+    pipeline serve`` shares one face among services (``routes()``, ``start()``, ``close()``).
+    """
+
+    def __init__(self, store: Store, receivers: dict[str, Receiver]) -> None:
         self._store = store
         self.receivers = receivers
-        host, port = str(httpd.server_address[0]), int(httpd.server_address[1])
-        self.address: tuple[str, int] = (host, port)
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{port}"
-        self._serving = threading.Thread(target=httpd.serve_forever, name="receive-http", daemon=True)
+        self.face: ServedFace | None = None
         self._recovering = [threading.Thread(target=self._recover, args=(r,), name=f"receive-recover-{r.spec.id}",
                                              daemon=True) for r in receivers.values()]
 
-    def _start(self) -> None:
-        self._serving.start()
+    @property
+    def url(self) -> str:
+        assert self.face is not None, "serve_receivers starts a face; a shared face has its own url"
+        return self.face.url
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self.face is not None
+        return self.face.address
+
+    def routes(self) -> list[Route]:
+        return receive_routes(self.receivers)
+
+    def health(self) -> dict[str, Any]:
+        return {"pipelines": sorted(self.receivers)}
+
+    def start(self) -> None:
+        """Land, in the background, what earlier receivers spooled but did not land."""
         for thread in self._recovering:
             thread.start()
 
@@ -381,15 +295,11 @@ class ReceiveServer:
             thread.join(timeout)
         return not any(t.is_alive() for t in self._recovering)
 
-    def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-        """Stop accepting; give batches in flight ``grace_s`` to answer; close what is idle.
+    def close(self, grace_s: float = SHUTDOWN_GRACE_S, *, idle: bool = True) -> None:
+        """Wait for the start-up recovery; close the receivers and the store once nothing is in flight.
 
         A batch still in flight after the grace stays spooled (unacknowledged) for the next leader.
         """
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        with self._httpd.idle:
-            idle = self._httpd.idle.wait_for(lambda: self._httpd.active == 0, timeout=grace_s)
         for thread in self._recovering:
             thread.join(timeout=grace_s)
         if idle and not any(t.is_alive() for t in self._recovering):
@@ -397,31 +307,47 @@ class ReceiveServer:
                 receiver.close()
             self._store.close()
 
+    def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Stop this server's own face; give batches in flight ``grace_s`` to answer; close what is idle."""
+        idle = self.face.shutdown(grace_s) if self.face is not None else True
+        self.close(grace_s, idle=idle)
 
-def serve_receivers(store_factory: Callable[[], Store], manifest: Manifest, address: str | tuple[str, int], *,
-                    queue_root: str | Path, decoder: Decoder, clock: Clock | None = None,
-                    push: PushHook | None = None) -> ReceiveServer:
-    """Serve every ``receive`` pipeline of ``manifest`` on ``address`` (port 0 picks one).
 
-    Opens one store (``store_factory()``), owned and closed by the server; ``decoder`` stays the
-    caller's. Spooled members found at start are landed in the background.
+def open_receivers(store_factory: Callable[[], Store], manifest: Manifest, *, queue_root: str | Path,
+                   decoder: Decoder, clock: Clock | None = None, push: PushHook | None = None) -> ReceiveServer:
+    """The receive service for every ``receive`` pipeline of ``manifest`` (not started, no face).
+
+    Opens one store (``store_factory()``), owned and closed by the service; ``decoder`` stays the
+    caller's.
     """
     specs = [p for p in manifest.pipelines if p.source.kind == "receive"]
     if not specs:
         raise SpecInvalid("no [[pipeline]] of the manifest has a source of kind 'receive'")
-    host, port = parse_address(address)
     store = store_factory()
     receivers: dict[str, Receiver] = {}
     try:
         for spec in specs:
             receivers[spec.id] = Receiver(store, spec, queue_root=queue_root, decoder=decoder, clock=clock, push=push)
-        server_class = _HTTP6Server if ":" in host else _HTTPServer
-        httpd = server_class((host, port), receivers)
     except BaseException:
         for receiver in receivers.values():
             receiver.close()
         store.close()
         raise
-    server = ReceiveServer(httpd, store, receivers)
-    server._start()
-    return server
+    return ReceiveServer(store, receivers)
+
+
+def serve_receivers(store_factory: Callable[[], Store], manifest: Manifest, address: str | tuple[str, int], *,
+                    queue_root: str | Path, decoder: Decoder, clock: Clock | None = None,
+                    push: PushHook | None = None) -> ReceiveServer:
+    """Serve every ``receive`` pipeline of ``manifest`` alone on ``address`` (port 0 picks one).
+
+    Spooled members found at start are landed in the background.
+    """
+    service = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder, clock=clock, push=push)
+    try:
+        service.face = serve_face(address, service.routes(), service.health)
+    except BaseException:
+        service.close(0)
+        raise
+    service.start()
+    return service

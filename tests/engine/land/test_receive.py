@@ -592,7 +592,7 @@ def test_serve_prints_its_address_and_stops_cleanly_on_sigterm(tmp_path: Path) -
         host, port = url.removeprefix("http://").rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=10)
         conn.request("GET", "/healthz")
-        assert json.loads(conn.getresponse().read()) == {"ok": True, "pipelines": [PIPELINE]}
+        assert json.loads(conn.getresponse().read()) == {"ok": True, "pipelines": [PIPELINE], "gateway": False}
         conn.close()
         assert post(url, "one", ndjson("one", 2))[0] == 200
         status, doc = post(url, "one", b"", pipeline="nope")

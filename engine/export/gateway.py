@@ -1,0 +1,301 @@
+"""The Iceberg query gateway (decision "iceberg-audience"; docs/exports.md#the-query-gateway).
+
+A reader authenticates with a reader key (``engine.export.readers``) proving one credential; the
+gateway derives the reader's namespace from that credential's audience — the reader never names
+one (``run.export-iceberg.audience``). A request picks an entry of that namespace by its table
+name and either one of the entry's declared templates or, where allowed, its own SQL:
+
+    {"table": "orders_by_day", "template": "since", "params": {"day": "2024-01-01"}}
+    {"table": "orders_by_day", "sql": "SELECT count(*) FROM orders_by_day"}
+
+:meth:`Gateway.check` decides everything from the manifest and the request alone, so a refusal
+reaches no catalog and no engine (``run.export-iceberg.query-refused``); it raises
+``ExportQueryRefused`` for a request
+
+- naming a namespace (a ``namespace``/``schema``/``catalog``/``database``/``warehouse`` key, a
+  dotted table, or a qualified table in caller SQL),
+- naming an undeclared template,
+- naming a table outside ``[a-z_][a-z0-9_]*`` (or one that is not an entry of its namespace),
+- sending caller SQL to an entry not declaring ``caller_sql``, or on a warehouse serving more than
+  one audience (``run.export-iceberg.caller-sql``), or caller SQL that is not one plain SELECT
+  over its namespace's tables.
+
+Only then does :meth:`Gateway.query` open the audience's :class:`~engine.export.query.NamespaceReader`.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from engine.export import readers
+from engine.export.preflight import Audience, preflight, warehouse_credentials
+from engine.export.query import CatalogCache, NamespaceReader, QueryResult
+from engine.export.sql_shape import TABLE_NAME, SqlShapeError, read_shape
+from engine.served.face import Exchange, Route
+from storage.errors import ExportQueryRefused, QueryInvalid, ReaderCredentialUnadmitted
+
+if TYPE_CHECKING:
+    from engine.config.manifest import Manifest
+    from engine.export.spec import ExportSpec
+
+REQUEST_KEYS = ("table", "template", "sql", "params", "max_rows", "format")
+NAMESPACE_KEYS = ("namespace", "schema", "catalog", "database", "warehouse")
+DEFAULT_MAX_ROWS = 10_000
+MAX_ROWS_CEILING = 1_000_000
+FORMATS = ("json", "arrow")
+
+ReaderFactory = Callable[[Audience], NamespaceReader]
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """A request the gateway admitted: what to run, over which tables, for whom."""
+
+    credential: str
+    entry: str
+    """The export whose entry the request picked."""
+    table: str
+    sql: str
+    tables: tuple[str, ...]
+    params: dict[str, Any]
+    max_rows: int
+    template: str | None = None
+    """The template run, or None for caller SQL."""
+    format: str = "json"
+
+
+@dataclass(frozen=True)
+class QueryAnswer:
+    plan: QueryPlan
+    result: QueryResult
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.result.data
+        return {
+            "table": self.plan.table,
+            "template": self.plan.template,
+            "caller_sql": self.plan.template is None,
+            "snapshots": self.result.snapshots,
+            "columns": [{"name": f.name, "type": str(f.type)} for f in data.schema],
+            "rows": [list(row.values()) for row in data.to_pylist()],
+            "row_count": data.num_rows,
+            "truncated": self.result.truncated,
+        }
+
+
+@dataclass
+class Gateway:
+    """Admits reader keys and runs their requests against the manifest's exports."""
+
+    manifest: Manifest
+    reader_factory: ReaderFactory | None = None
+    """Opens the query engine for an audience (default: a NamespaceReader over a shared catalog cache)."""
+    audiences: dict[str, Audience] = field(init=False)
+    entries: dict[str, dict[str, ExportSpec]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.audiences = preflight(self.manifest)
+        self.entries = {}
+        for spec in self.manifest.exports:
+            self.entries.setdefault(spec.credential, {})[spec.table] = spec
+        self._catalogs = CatalogCache()
+
+    # --- admission ----------------------------------------------------------------------------
+
+    def admit(self, authorization: str | None) -> str:
+        """The credential a request's ``Authorization`` header proves, if an export admits it."""
+        credential = readers.admit(self.manifest.root, authorization)
+        if credential not in self.audiences:
+            raise ReaderCredentialUnadmitted(f"credential {credential!r} is admitted by no [[export]] of this project")
+        return credential
+
+    def describe(self, credential: str) -> dict[str, Any]:
+        """What a reader may ask: its entries, their templates and parameters, and caller SQL."""
+        return {"credential": credential, "entries": [
+            {"table": spec.table,
+             "templates": {t.name: {"parameters": list(t.parameters)} for t in spec.templates.values()},
+             "caller_sql": self._caller_sql_allowed(spec) is None}
+            for spec in self.entries.get(credential, {}).values()]}
+
+    # --- the refusals -------------------------------------------------------------------------
+
+    def check(self, credential: str, request: Any) -> QueryPlan:
+        """The plan for ``request``; ExportQueryRefused (or QueryInvalid) without touching any engine."""
+        if not isinstance(request, dict):
+            raise QueryInvalid(repr(request)[:200], "a query request is a JSON object")
+
+        def refuse(reason: str) -> ExportQueryRefused:
+            return ExportQueryRefused(credential, reason)
+
+        named = [k for k in request if k.lower() in NAMESPACE_KEYS]
+        if named:
+            raise refuse(f"the request names a namespace ({named[0]!r}); the gateway derives it from the "
+                         f"reader's credential")
+        unknown = [k for k in request if k not in REQUEST_KEYS]
+        if unknown:
+            raise QueryInvalid(str(request)[:200], f"unknown request key {unknown[0]!r} (known: "
+                                                   f"{', '.join(REQUEST_KEYS)})")
+        table = request.get("table")
+        if not isinstance(table, str):
+            raise QueryInvalid(str(request)[:200], "a query request names its entry's table: {\"table\": ...}")
+        if "." in table:
+            raise refuse(f"the table {table!r} names a namespace; give the bare table name")
+        if not TABLE_NAME.fullmatch(table) or len(table) > 128:
+            raise refuse(f"the table {table[:80]!r} is outside [a-z_][a-z0-9_]*")
+        entry = self.entries.get(credential, {}).get(table)
+        if entry is None:
+            raise refuse(f"no entry {table!r} is published for this credential")
+        template, sql = request.get("template"), request.get("sql")
+        if (template is None) == (sql is None):
+            raise QueryInvalid(str(request)[:200], "give exactly one of \"template\" and \"sql\"")
+        max_rows = _max_rows(request)
+        answer_format = request.get("format", "json")
+        if answer_format not in FORMATS:
+            raise QueryInvalid(str(request)[:200], f"format is one of {', '.join(FORMATS)}, not {answer_format!r}")
+        params = _params(request)
+        if template is not None:
+            declared = entry.templates.get(template) if isinstance(template, str) else None
+            if declared is None:
+                raise refuse(f"the template {template!r} is not declared on the entry {table!r}")
+            if set(params) != set(declared.parameters):
+                raise QueryInvalid(declared.sql, f"template {template!r} binds exactly the parameters "
+                                                 f"{list(declared.parameters)}, not {sorted(params)}")
+            return QueryPlan(credential, entry.name, table, declared.sql, declared.tables, params, max_rows,
+                             template, answer_format)
+        if not isinstance(sql, str) or not sql.strip():
+            raise QueryInvalid(str(request)[:200], "\"sql\" is one SELECT statement")
+        why = self._caller_sql_allowed(entry)
+        if why is not None:
+            raise refuse(why)
+        tables = self._caller_tables(credential, sql, params, refuse)
+        return QueryPlan(credential, entry.name, table, sql, tables, params, max_rows, None, answer_format)
+
+    def _caller_sql_allowed(self, entry: ExportSpec) -> str | None:
+        """None when the entry may run caller SQL; else why not (``run.export-iceberg.caller-sql``)."""
+        if not entry.caller_sql:
+            return f"the entry {entry.table!r} does not declare caller_sql; run one of its templates"
+        audiences = warehouse_credentials(self.manifest.exports, entry)
+        if len(audiences) > 1:
+            return (f"caller SQL on a shared warehouse: the entry {entry.table!r} lives in a warehouse serving "
+                    f"{len(audiences)} audiences, and a catalog query reads every namespace of its warehouse")
+        return None
+
+    def _caller_tables(self, credential: str, sql: str, params: Mapping[str, Any],
+                       refuse: Callable[[str], ExportQueryRefused]) -> tuple[str, ...]:
+        try:
+            shape = read_shape(sql)
+        except SqlShapeError as exc:
+            raise refuse(f"caller SQL: {exc.reason}") from exc
+        for ref in shape.tables:
+            if ref.qualified:
+                raise refuse(f"caller SQL names a namespace ({ref}); name tables bare")
+            if not TABLE_NAME.fullmatch(ref.name):
+                raise refuse(f"caller SQL reads {ref.name!r}, outside [a-z_][a-z0-9_]*")
+            if ref.name not in self.entries.get(credential, {}):
+                raise refuse(f"caller SQL reads {ref.name!r}, which is no entry published for this credential")
+        unsafe = shape.unsafe_functions()
+        if unsafe:
+            raise refuse(f"caller SQL calls the table function {unsafe[0]}(); it reads its namespace's tables only")
+        if shape.positional:
+            raise QueryInvalid(sql, "caller SQL names its parameters ($name); positional ones are not bound")
+        if set(params) != set(shape.parameters):
+            raise QueryInvalid(sql, f"the SQL binds the parameters {sorted(shape.parameters)}, not {sorted(params)}")
+        return tuple(ref.name for ref in shape.tables)
+
+    # --- running ------------------------------------------------------------------------------
+
+    def query(self, credential: str, request: Any) -> QueryAnswer:
+        """Check ``request``, then run it on the audience's engine."""
+        plan = self.check(credential, request)
+        audience = self.audiences[credential]
+        reader = self.reader_factory(audience) if self.reader_factory else \
+            NamespaceReader(self._catalogs, audience.catalog, audience.namespace)
+        return QueryAnswer(plan, reader.run(plan.sql, plan.tables, plan.params, plan.max_rows))
+
+
+def _max_rows(request: dict[str, Any]) -> int:
+    value = request.get("max_rows", DEFAULT_MAX_ROWS)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ROWS_CEILING:
+        raise QueryInvalid(str(request)[:200], f"max_rows is an integer from 1 to {MAX_ROWS_CEILING:,}")
+    return value
+
+
+def _params(request: dict[str, Any]) -> dict[str, Any]:
+    params = request.get("params", {})
+    if not isinstance(params, dict):
+        raise QueryInvalid(str(request)[:200], "params is an object of name: value")
+    for name, value in params.items():
+        if isinstance(value, (dict, list)) or (isinstance(value, float) and not math.isfinite(value)):
+            raise QueryInvalid(str(request)[:200], f"parameter {name!r} must be a string, number, boolean or null")
+    return params
+
+
+# --- HTTP --------------------------------------------------------------------------------------
+
+MAX_REQUEST_BYTES = 1 << 20
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+def gateway_routes(gateway: Gateway) -> list[Route]:
+    """``GET /exports`` (what the reader may ask) and ``POST /query`` on the served face.
+
+    Both need ``Authorization: Bearer <reader key>`` (401 ``ReaderCredentialUnadmitted`` without
+    one). ``POST /query`` answers JSON, or an Arrow IPC stream for ``"format": "arrow"`` or
+    ``Accept: application/vnd.apache.arrow.stream``; refusals answer 403 ``ExportQueryRefused``.
+    """
+
+    def exports(exchange: Exchange, _match: re.Match[str]) -> None:
+        credential = gateway.admit(exchange.headers.get("Authorization"))
+        exchange.send_json(200, gateway.describe(credential))
+
+    def query(exchange: Exchange, _match: re.Match[str]) -> None:
+        credential = gateway.admit(exchange.headers.get("Authorization"))
+        body = exchange.read_body(MAX_REQUEST_BYTES, "a query request")
+        try:
+            request = json.loads(body or b"null")
+        except ValueError as exc:
+            raise QueryInvalid(body[:200].decode(errors="replace"), f"the body is not JSON: {exc}") from exc
+        if isinstance(request, dict) and ARROW_STREAM in (exchange.headers.get("Accept") or ""):
+            request.setdefault("format", "arrow")
+        answer = gateway.query(credential, request)
+        if answer.plan.format == "arrow":
+            meta = {"contextful.snapshots": json.dumps(answer.result.snapshots),
+                    "contextful.truncated": json.dumps(answer.result.truncated)}
+            data = answer.result.data
+            exchange.send_bytes(200, _arrow_stream(data.replace_schema_metadata({**(data.schema.metadata or {}),
+                                                                                 **meta})), ARROW_STREAM)
+        else:
+            exchange.send_bytes(200, json.dumps(answer.to_json(), default=_json_value).encode(), "application/json")
+
+    return [Route("GET", re.compile(r"/exports/?"), exports, "GET /exports"),
+            Route("POST", re.compile(r"/query/?"), query, "POST /query")]
+
+
+def _json_value(value: Any) -> Any:
+    """A cell JSON has no type for: decimals as numbers, times in ISO 8601, bytes in base64."""
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return str(value)
+
+
+def _arrow_stream(data: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write_table(data)
+    return sink.getvalue().to_pybytes()
