@@ -1,9 +1,15 @@
-"""Iceberg exports: the ``[[export]]`` block, the audience preflight, ``export run``/``status``
-(issue 6; decisions "iceberg-overwrite-commit" and "iceberg-audience"; docs/exports.md).
+"""Iceberg exports: the ``[[export]]`` block, the audience preflight, ``export run``/``status`` and
+the query gateway (decisions "iceberg-overwrite-commit" and "iceberg-audience"; docs/exports.md).
 
-- ``engine.export.spec``: ``ExportSpec``/``CatalogSpec`` and ``parse_export``.
-- ``engine.export.preflight``: ``preflight``, ``shared_namespaces``, ``namespace_for``.
+- ``engine.export.spec``: ``ExportSpec``/``CatalogSpec``/``Template`` and ``parse_export``.
+- ``engine.export.preflight``: ``preflight``, ``shared_namespaces``, ``namespace_for``,
+  ``template_problems``, ``warehouse_credentials``.
+- ``engine.export.catalogs``: ``load_catalog``, ``guard_catalog`` (CatalogUnavailable), ``CatalogCache``.
 - ``engine.export.run``: ``run_exports``, ``export_status`` (imports pyiceberg; import it lazily).
+- ``engine.export.readers``: reader keys — ``issue``, ``revoke``, ``list_keys``, ``admit``.
+- ``engine.export.sql_shape``: what a template or caller SQL reads, by DuckDB's parser alone.
+- ``engine.export.gateway``: ``Gateway`` (admission, the refusals, running) and its HTTP routes.
+- ``engine.export.query``: ``NamespaceReader``, DuckDB over a namespace's current snapshots, sealed.
 """
 
 from engine.export.preflight import namespace_for, preflight

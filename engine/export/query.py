@@ -19,7 +19,7 @@ table not exported yet is ``NotFound``; DuckDB refusing the statement is ``Query
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +28,8 @@ from urllib.parse import unquote, urlsplit
 import duckdb
 import pyarrow as pa
 
-from storage.errors import CatalogUnavailable, ContextfulError, NotFound, QueryInvalid
+from engine.export.catalogs import CatalogCache, guard_catalog
+from storage.errors import NotFound, QueryInvalid
 from storage.snapshot import quote
 
 if TYPE_CHECKING:
@@ -52,25 +53,6 @@ class QueryResult:
     """The Iceberg snapshot each table was read at (None: the table holds no snapshot yet)."""
     reads: dict[str, str]
     """How each table was read: ``parquet`` (DuckDB over its data files) or ``arrow`` (pyiceberg's scan)."""
-
-
-class CatalogCache:
-    """pyiceberg catalogs by configuration, loaded once and shared across requests (thread-safe)."""
-
-    def __init__(self, load: Callable[[CatalogSpec], Catalog] | None = None) -> None:
-        from engine.export.run import load_catalog
-
-        self._load = load or load_catalog
-        self._lock = threading.Lock()
-        self._catalogs: dict[tuple[str, str, str, str | None], Catalog] = {}
-
-    def get(self, spec: CatalogSpec) -> Catalog:
-        with self._lock:
-            catalog = self._catalogs.get(spec.key)
-            if catalog is None:
-                catalog = _guard_catalog(spec, lambda: self._load(spec))
-                self._catalogs[spec.key] = catalog
-            return catalog
 
 
 class NamespaceReader:
@@ -109,7 +91,7 @@ class NamespaceReader:
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
         try:
-            return _guard_catalog(self.spec, lambda: catalog.load_table((self.namespace, name)))
+            return guard_catalog(self.spec, lambda: catalog.load_table((self.namespace, name)))
         except (NoSuchTableError, NoSuchNamespaceError) as exc:
             raise NotFound(f"the Iceberg table {name!r} has not been exported yet "
                            f"(`contextful export run` publishes it)", table=name) from exc
@@ -172,27 +154,6 @@ def _local_path(uri: str) -> Path | None:
     if not parts.scheme and uri.startswith("/"):
         return Path(uri)
     return None
-
-
-def _guard_catalog(spec: CatalogSpec, call: Callable[[], Any]) -> Any:
-    """Run a catalog call, mapping a catalog that cannot be reached to CatalogUnavailable."""
-    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-
-    try:
-        return call()
-    except (NoSuchTableError, NoSuchNamespaceError, ContextfulError):
-        raise
-    except Exception as exc:
-        if _unreachable(exc):
-            raise CatalogUnavailable(f"Iceberg catalog {spec.name!r} ({spec.type})", _first_line(exc)) from exc
-        raise
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the catalog's database or endpoint cannot be reached."""
-    names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"OperationalError", "InterfaceError", "ConnectionError", "Timeout", "ServerError",
-                         "ServiceUnavailableError", "OSError"})
 
 
 def _first_line(exc: BaseException) -> str:

@@ -20,15 +20,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.export.catalogs import guard_catalog, load_catalog
 from engine.export.preflight import preflight
 from storage.errors import SnapshotNotFound, TableNotFound
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyiceberg.catalog import Catalog
 
     from engine.config.manifest import Manifest
-    from engine.export.spec import CatalogSpec, ExportSpec
+    from engine.export.spec import ExportSpec
     from storage import Store
 
 STATE_DIR = Path(".contextful") / "exports"
@@ -72,15 +72,6 @@ class ExportStatus:
         return asdict(self)
 
 
-def load_catalog(spec: CatalogSpec) -> Catalog:
-    """The pyiceberg catalog an export commits through; a local SQLite catalog gets its directory."""
-    from pyiceberg.catalog import load_catalog as load
-
-    if spec.uri.startswith("sqlite:///"):
-        Path(spec.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return load(spec.name, **spec.pyiceberg_properties())
-
-
 def run_exports(store: Store, manifest: Manifest, names: list[str] | None = None) -> list[ExportRunResult]:
     """Run the named exports (default: all) in manifest order; the first failure raises."""
     preflight(manifest)
@@ -94,7 +85,7 @@ def run_export(store: Store, manifest: Manifest, spec: ExportSpec) -> ExportRunR
 
     catalog = load_catalog(spec.catalog)
     try:
-        catalog.create_namespace(spec.namespace)
+        guard_catalog(spec.catalog, lambda: catalog.create_namespace(spec.namespace))
     except NamespaceAlreadyExistsError:
         pass
     con = store.duckdb()
@@ -144,7 +135,9 @@ def export_status(manifest: Manifest) -> list[ExportStatus]:
     for spec in manifest.exports:
         snapshot = None
         try:
-            snapshot = load_catalog(spec.catalog).load_table(spec.identifier).current_snapshot()
+            catalog = load_catalog(spec.catalog)
+            table = guard_catalog(spec.catalog, lambda c=catalog, s=spec: c.load_table(s.identifier))
+            snapshot = table.current_snapshot()
         except (NoSuchTableError, NoSuchNamespaceError):
             pass
         source = None

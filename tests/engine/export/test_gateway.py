@@ -438,3 +438,12 @@ def test_cli_issues_keys_and_serve_hosts_the_gateway(tmp_path: Path) -> None:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
     assert manifest.exports
+
+
+def test_export_commands_map_an_unreachable_catalog_to_catalog_unavailable(tmp_path: Path) -> None:
+    dead = 'catalog = { uri = "postgresql+psycopg://postgres@127.0.0.1:9/postgres" }'
+    make_project(tmp_path, project_toml(bi_catalog=dead, finance_catalog=dead.split('"')[1]), export=False)
+    for args in (("export", "run"), ("export", "status")):
+        proc = contextful(tmp_path, *args, check=False)
+        assert proc.returncode == 75 and "CatalogUnavailable" in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
