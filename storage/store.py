@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid as uuidlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import duckdb
@@ -42,6 +44,14 @@ STORE_FORMAT = 1
 DEFAULT_STORE = os.path.join(".contextful", "store")
 
 
+def write_threads() -> int:
+    """``CONTEXTFUL_WRITE_THREADS``, default the CPU count up to 4 (0 writes parts inline)."""
+    raw = os.environ.get("CONTEXTFUL_WRITE_THREADS")
+    if raw is not None and raw.strip().isdigit():
+        return int(raw)
+    return min(4, os.cpu_count() or 1)
+
+
 class Store:
     def __init__(self, objects: ObjectStore, catalog: Catalog, clock: Clock, store_uuid: str,
                  durable: bool = True) -> None:
@@ -54,6 +64,19 @@ class Store:
         self._closed = False
         self.blobs: BlobStore = FileBlobStore(objects)
         self._journal: JournalStore | None = None
+        self.write_threads = write_threads()
+        """Parts one run writes behind its caller at once (``CONTEXTFUL_WRITE_THREADS``; 0: write inline)."""
+        self._writers: ThreadPoolExecutor | None = None
+        self._writers_lock = threading.Lock()
+
+    def writer_pool(self) -> ThreadPoolExecutor | None:
+        """The threads runs write their parts on (a local store only; None: write inline)."""
+        if self.write_threads < 1 or not self.objects.is_local:
+            return None
+        with self._writers_lock:
+            if self._writers is None:
+                self._writers = ThreadPoolExecutor(self.write_threads, thread_name_prefix="part-writer")
+            return self._writers
 
     @property
     def journal(self) -> JournalStore:
@@ -99,6 +122,8 @@ class Store:
         if self._journal is not None:
             self._journal.close_store()
         self.catalog.close()
+        if self._writers is not None:  # after the record's flush, which writes a part too
+            self._writers.shutdown(wait=True)
 
     def __enter__(self) -> Store:
         return self

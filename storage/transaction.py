@@ -8,12 +8,21 @@ objects for collection and nothing a reader can see.
 Staging reconciles each batch's schema with the table's (``storage.reconcile``) and keeps the
 downgrade events; they reach the manifest only through the commit, so a stage that never commits
 contributes none (``run.record.schema-diff-shape``).
+
+On a local store, parts are written behind the caller: ``stage`` reconciles and conforms at once,
+then hands each part to the store's writer threads (Parquet encoding releases the GIL) and returns,
+so the next batch is produced while earlier ones are written. At most ``store.write_threads``
+parts of one run are in flight (that bounds the memory held). Everything that needs the parts —
+``commit``, ``savepoint``, ``rollback_to``, ``abort``, ``staged_*`` — first waits for them; a
+failed write raises its ``StagingFailed`` there, and the run lands nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -114,6 +123,8 @@ class RunTransaction:
         # own_schema: a replacing run (a model build) lands in its result's schema, not merged with the table's
         self._schema: pa.Schema | None = schema_from_text(head.schema) if head.schema and not own_schema else None
         self._parts: list[PartFile] = []
+        self._writing: list[Future[PartFile]] = []  # parts in flight, in part order after _parts
+        self._orphans: list[str] = []
         self._part_schemas: list[pa.Schema] = []
         self._events: list[DowngradeEvent] = []
         self._arrived: list[str] = []
@@ -141,35 +152,83 @@ class RunTransaction:
         for piece in split_table(landed):
             if piece.num_rows == 0:
                 continue
-            key = part_key(name, self.run_id, len(self._parts))
+            key = part_key(name, self.run_id, len(self._parts) + len(self._writing))
+            write = self._writer(key, piece, rec.schema)
+            pool = self.store.writer_pool()
+            if pool is None:
+                self._parts.append(write())
+            else:
+                if len(self._writing) >= self.store.write_threads:
+                    self._settle(self._writing[0])
+                self._writing.append(pool.submit(write))
+            self._part_schemas.append(rec.schema)
+
+    def _writer(self, key: str, piece: pa.Table, schema: pa.Schema) -> Callable[[], PartFile]:
+        name, objects, durable = self.table.name, self.store.objects, self.store.durable
+
+        def write() -> PartFile:
             try:
-                part = write_part(self.store.objects, key, piece.to_batches(), rec.schema, durable=self.store.durable)
+                return write_part(objects, key, piece.to_batches(), schema, durable=durable)
             except OSError as exc:  # disk full, permissions, a lost connection: nothing of it is visible
                 raise StagingFailed(name, self.run_id, key, exc.strerror or str(exc)) from exc
+
+        return write
+
+    def _settle(self, until: Future[PartFile] | None = None) -> None:
+        """Wait for the parts in flight (up to and including ``until``); raise the first failure.
+
+        On a failure every other write is still waited for, so nothing is written after the run
+        is given up; the failed part itself left nothing behind.
+        """
+        failure: BaseException | None = None
+        while self._writing:
+            future = self._writing[0]
+            try:
+                part = future.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after the rest settle
+                failure = failure or exc
+                for rest in self._writing[1:]:
+                    rest.exception()  # wait; their parts are deleted by the caller's abort
+                done = [f.result() for f in self._writing[1:] if f.exception() is None]
+                self._orphans = [p.path for p in done]
+                self._writing.clear()
+                break
             self._parts.append(part)
-            self._part_schemas.append(rec.schema)
+            self._writing.pop(0)
+            if future is until:
+                break
+        if failure is not None:
+            raise failure
 
     @property
     def staged_uris(self) -> list[str]:
         """Where a reader finds each staged part (checks run over them before the commit)."""
+        self._settle()
         return [self.store.objects.uri(p.path) for p in self._parts]
 
     @property
     def staged_bytes(self) -> int:
+        self._settle()
         return sum(p.bytes for p in self._parts)
 
     @property
     def staged_rows(self) -> int:
+        self._settle()
         return sum(p.rows for p in self._parts)
 
     def savepoint(self) -> Savepoint:
         """A point to return to when what is staged after it must not land (one failed input)."""
+        self._settle()
         return Savepoint(len(self._parts), self._schema, len(self._events), len(self._arrived))
 
     def rollback_to(self, point: Savepoint) -> None:
         """Forget and delete everything staged after ``point``; its events go with it."""
         self._check_open()
-        dropped = [p.path for p in self._parts[point.parts:]]
+        try:
+            self._settle()
+        except StagingFailed:
+            pass  # the failed part wrote nothing; the rest are dropped below
+        dropped = [p.path for p in self._parts[point.parts:]] + self._take_orphans()
         del self._parts[point.parts:], self._part_schemas[point.parts:]
         del self._events[point.events:], self._arrived[point.arrived:]
         self._schema = point.schema
@@ -190,6 +249,7 @@ class RunTransaction:
                extra_updates: tuple[Update, ...] = ()) -> CommitResult:
         """Land the run with one catalog commit; retry while only the head schema moved."""
         self._check_open()
+        self._settle()
         catalog = self.store.catalog
         name = self.table.name
         for _attempt in range(MAX_COMMIT_ATTEMPTS):
@@ -253,11 +313,20 @@ class RunTransaction:
         if self._done:
             return
         self._done = True
-        keys = [p.path for p in self._parts] + [manifest_key(self.table.name, self.run_id)]
+        try:
+            self._settle()
+        except Exception as exc:  # noqa: BLE001 - giving the run up anyway; its written parts go below
+            log.info("abort of run %s: a part write had failed: %s", self.run_id, exc)
+        keys = [p.path for p in self._parts] + self._take_orphans() + [manifest_key(self.table.name, self.run_id)]
         try:
             self.store.objects.delete([k for k in keys if self.store.objects.exists(k)])
         except OSError as exc:  # collection removes what is left
             log.warning("abort of run %s left objects behind: %s", self.run_id, exc)
+
+    def _take_orphans(self) -> list[str]:
+        """Parts written after a failed one: never in ``_parts``, deleted with the run."""
+        orphans, self._orphans = self._orphans, []
+        return orphans
 
     def _check_open(self) -> None:
         if self._done:

@@ -4,6 +4,7 @@ the PostgreSQL catalog, and an S3 root through s3fs (moto on loopback)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pyarrow as pa
 import pytest
@@ -15,6 +16,7 @@ from storage.errors import (
     SchemaIrreconcilable,
     SnapshotCollected,
     SnapshotNotFound,
+    StagingFailed,
     TableNameInvalid,
 )
 from storage.manifest import manifest_key
@@ -189,6 +191,7 @@ def test_collection_removes_orphans_of_runs_that_never_committed(store: Store) -
     store.append("t", pa.table({"n": [1]}))
     txn = store.table("t").transaction()
     txn.stage(pa.table({"n": [2]}))  # staged, never committed: the process "died"
+    assert txn.staged_rows == 1  # waits for the part written behind the stage call
     orphan = f"tables/t/parts/{txn.run_id}-00000.parquet"
     assert store.objects.exists(orphan)
     result = store.collect(grace_seconds=3600)
@@ -308,3 +311,31 @@ def test_polars_frames_land_as_arrow(store: Store) -> None:
     pl = pytest.importorskip("polars")
     store.append("t", pl.DataFrame({"a": [1, 2], "s": ["x", None]}))
     assert rows(store.table("t").to_arrow(), "a") == [{"a": 1, "s": "x"}, {"a": 2, "s": None}]
+
+
+def test_parts_written_behind_stage_fail_at_commit_and_leave_nothing(local_store: Store) -> None:
+    from storage.parts import part_key
+
+    store = local_store
+    assert store.writer_pool() is not None  # a local store writes parts behind the caller
+    store.append("t", pa.table({"n": [0]}))
+    txn = store.table("t").transaction()
+    # A directory where the second part goes: its rename fails, the others are written.
+    blocked = store.objects.path(part_key("t", txn.run_id, 1))
+    os.makedirs(os.path.join(blocked, "x"))
+    with pytest.raises(StagingFailed) as info:  # from a later stage call or the commit
+        for n in range(4):
+            txn.stage(pa.table({"n": [n + 1] * 10}))
+        txn.commit()
+    assert info.value.run_id == txn.run_id and info.value.key.endswith("-00001.parquet")
+    txn.abort()
+    written = [part_key("t", txn.run_id, i) for i in (0, 2, 3)]
+    assert not any(store.objects.exists(k) for k in written)
+    assert store.table("t").to_arrow().column("n").to_pylist() == [0]
+    # Staged parts in order, each one written once it is asked for.
+    txn = store.table("t").transaction()
+    for n in range(6):
+        txn.stage(pa.table({"n": [n] * 3}))
+    assert txn.staged_rows == 18
+    assert txn.commit().parts == 6
+    assert store.table("t").to_arrow().column("n").to_pylist()[1:] == sorted([n for n in range(6)] * 3)
