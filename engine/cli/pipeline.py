@@ -57,9 +57,14 @@ def validate(ctx: click.Context) -> None:
             for problem in exc.problems:
                 click.echo(f"error: {problem}", err=True)
         ctx.exit(exc.exit_code)
+    from engine.export.preflight import caller_sql_warnings
+
+    warnings = caller_sql_warnings(manifest.exports)
     if ctx.obj["json"]:
-        emit_json({"ok": True, "pipelines": [p.id for p in manifest.pipelines]})
+        emit_json({"ok": True, "pipelines": [p.id for p in manifest.pipelines], "warnings": warnings})
     else:
+        for warning in warnings:
+            click.echo(f"warning: {warning}", err=True)
         click.echo(f"{manifest.root / 'contextful.toml'}: ok, {len(manifest.pipelines)} pipeline(s)")
 
 

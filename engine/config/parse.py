@@ -47,6 +47,26 @@ class _Problems:
     def add(self, problem: ContextfulError) -> None:
         self.found.append(problem)
 
+    def open_block(self, kind: str, n: int, block: Any, name_key: str, known: tuple[str, ...],
+                   pattern: re.Pattern[str], spelled: str) -> tuple[str, str | None] | None:
+        """Start the ``n``-th ``[[kind]]`` block: it must be a table; ``name_key`` names it (checked
+        against ``pattern``, described as ``spelled``); its unknown keys are refused.
+
+        Answers ``(where, name)`` — ``where`` names the block in later messages — or None when the
+        block is not a table at all.
+        """
+        where = f"[[{kind}]] #{n}"
+        if not isinstance(block, dict):
+            self.add(ManifestValueInvalid(where, kind, "must be a table"))
+            return None
+        name = self.string(where, block, name_key, required=True)
+        if name is not None:
+            where = f"[[{kind}]] {name!r}"
+            if not pattern.fullmatch(name):
+                self.add(ManifestValueInvalid(where, name_key, f"{name!r} is not {spelled}"))
+        self.unknown_keys(where, block, known)
+        return where, name
+
     def unknown_keys(self, block: str, table: dict[str, Any], known: tuple[str, ...]) -> None:
         for key in table:
             if key not in known:
@@ -143,16 +163,11 @@ def _models(blocks: Any, root: Path, pipelines: list[PipelineSpec], problems: _P
 
 
 def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
-    where = f"[[pipeline]] #{n}"
-    if not isinstance(block, dict):
-        problems.add(ManifestValueInvalid(where, "pipeline", "must be a table"))
+    opened = problems.open_block("pipeline", n, block, "id", PIPELINE_KEYS, _ID,
+                                 "an id (a letter, then letters, digits or '_')")
+    if opened is None:
         return None
-    pipeline_id = problems.string(where, block, "id", required=True)
-    if pipeline_id is not None:
-        where = f"[[pipeline]] {pipeline_id!r}"
-        if not _ID.fullmatch(pipeline_id):
-            problems.add(ManifestValueInvalid(where, "id", "use a letter, then letters, digits or '_'"))
-    problems.unknown_keys(where, block, PIPELINE_KEYS)
+    where, pipeline_id = opened
     incremental = problems.string(where, block, "incremental")
     source = _source(block.get("source"), where, pipeline_id or f"#{n}", incremental, problems)
     table = problems.string(where, block, "table", pipeline_id) or (pipeline_id or "")

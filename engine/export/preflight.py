@@ -106,3 +106,16 @@ def template_problems(exports: Sequence[ExportSpec]) -> list[ManifestValueInvali
 def warehouse_credentials(exports: Sequence[ExportSpec], spec: ExportSpec) -> set[str]:
     """Every credential publishing into ``spec``'s warehouse (one catalog token reads all of them)."""
     return {e.credential for e in exports if e.catalog.warehouse_key == spec.catalog.warehouse_key}
+
+
+def caller_sql_warnings(exports: Sequence[ExportSpec]) -> list[str]:
+    """Exports declaring ``caller_sql`` on a warehouse serving several audiences: the gateway will
+    refuse their caller SQL (``run.export-iceberg.caller-sql``), so ``validate`` says so early."""
+    found = []
+    for spec in exports:
+        audiences = warehouse_credentials(exports, spec)
+        if spec.caller_sql and len(audiences) > 1:
+            found.append(f"[[export]] {spec.name!r} declares caller_sql, but its warehouse serves "
+                         f"{len(audiences)} credentials ({', '.join(sorted(audiences))}); the query gateway "
+                         f"refuses its caller SQL and runs its templates only")
+    return found

@@ -108,16 +108,11 @@ class ExportSpec:
 
 
 def parse_export(block: Any, n: int, root: Path, problems: _Problems) -> ExportSpec | None:
-    where = f"[[export]] #{n}"
-    if not isinstance(block, dict):
-        problems.add(ManifestValueInvalid(where, "export", "must be a table"))
+    opened = problems.open_block("export", n, block, "name", EXPORT_KEYS, _NAME,
+                                 "a name (a letter, then letters, digits or '_')")
+    if opened is None:
         return None
-    name = problems.string(where, block, "name", required=True)
-    if name is not None:
-        where = f"[[export]] {name!r}"
-        if not _NAME.fullmatch(name):
-            problems.add(ManifestValueInvalid(where, "name", f"{name!r} is not a name (a letter, then letters, digits or '_')"))
-    problems.unknown_keys(where, block, EXPORT_KEYS)
+    where, name = opened
     kind = problems.string(where, block, "kind", "iceberg") or "iceberg"
     if kind not in EXPORT_KINDS:
         problems.add(ManifestValueInvalid(where, "kind", f"{kind!r} is not one of {', '.join(EXPORT_KINDS)}"))

@@ -13,9 +13,9 @@ nothing (the cells of ``payload.commits.message`` are the messages of every comm
 a map's keys and values are ``<map>.key`` and ``<map>.value``. ``masked`` maps a path to the
 number of cells in which at least one span was masked, holding only paths with a masked cell.
 
-Speed: one vectorized pass per string array (``pyarrow.compute.match_substring_regex`` over the
-alternation of the catalogue's literal prefixes, which RE2 runs as one linear automaton) selects
-the candidate cells; only those are scanned in Python by the regex-free matchers; the array is
+Speed: one vectorized pass per string array (``engine.guard.prefilter``: a Hyperscan
+multi-literal scan of the array's value bytes, or RE2 where Hyperscan is unavailable) selects the
+candidate cells; only those are scanned in Python by the regex-free matchers; the array is
 rebuilt with ``replace_with_mask`` so nulls, the type and every other cell stay as they were. An
 array with no candidate comes back as the same object, and so does a table with none.
 
@@ -31,25 +31,16 @@ array with no candidate comes back as the same object, and so does a table with 
 
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass
 from functools import lru_cache
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.guard.catalogue import PREFIXES, mask_text
+from engine.guard.catalogue import mask_text
+from engine.guard.prefilter import PREFILTER_PATTERN, candidate_cells
 
-_SAFE = frozenset(string.ascii_letters + string.digits)
-
-
-def _literal_alternation(literals: tuple[str, ...]) -> str:
-    """An RE2 pattern matching any of ``literals`` verbatim: each non-alphanumeric escaped."""
-    return "|".join("".join(c if c in _SAFE else "\\" + c for c in literal) for literal in literals)
-
-
-PREFILTER_PATTERN = _literal_alternation(PREFIXES)
-"""The candidate test: a cell holding none of the catalogue's prefixes holds no credential."""
+__all__ = ["PREFILTER_PATTERN", "GuardResult", "guard_table"]
 
 
 @dataclass(frozen=True)
@@ -201,7 +192,7 @@ def _mask_strings(arr: pa.Array) -> tuple[pa.Array, list[int]]:
     if pa.types.is_string_view(arr.type):  # no compute kernels for views: scan a plain copy
         plain, positions = _mask_strings(arr.cast(pa.large_string()))
         return (plain.cast(arr.type) if positions else arr), positions
-    candidates = pc.indices_nonzero(pc.match_substring_regex(arr, PREFILTER_PATTERN))
+    candidates = pa.array(candidate_cells(arr), pa.int64())
     if len(candidates) == 0:
         return arr, []
     raw = pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary()

@@ -151,16 +151,11 @@ def referenced_tables(sql: str) -> tuple[str, ...] | str:
 
 
 def parse_model(block: Any, n: int, root: Path, problems: _Problems) -> ModelSpec | None:
-    where = f"[[model]] #{n}"
-    if not isinstance(block, dict):
-        problems.add(ManifestValueInvalid(where, "model", "must be a table"))
+    opened = problems.open_block("model", n, block, "name", MODEL_KEYS, _NAME,
+                                 "a table name (a letter, then letters, digits or '_')")
+    if opened is None:
         return None
-    name = problems.string(where, block, "name", required=True)
-    if name is not None:
-        where = f"[[model]] {name!r}"
-        if not _NAME.fullmatch(name):
-            problems.add(ManifestValueInvalid(where, "name", f"{name!r} is not a table name (a letter, then letters, digits or '_')"))
-    problems.unknown_keys(where, block, MODEL_KEYS)
+    where, name = opened
     sql = _statement(block, where, root, problems)
     referenced: tuple[str, ...] = ()
     if sql is not None:

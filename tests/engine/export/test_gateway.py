@@ -447,3 +447,14 @@ def test_export_commands_map_an_unreachable_catalog_to_catalog_unavailable(tmp_p
         proc = contextful(tmp_path, *args, check=False)
         assert proc.returncode == 75 and "CatalogUnavailable" in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+def test_validate_warns_of_caller_sql_declared_on_a_shared_warehouse(tmp_path: Path) -> None:
+    (tmp_path / "contextful.toml").write_text(project_toml())
+    proc = contextful(tmp_path, "pipeline", "validate")
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2 and all("caller_sql" in w and "analysts, finance" in w for w in warnings)
+    assert "'orders_bi'" in warnings[0] and "'orders_fin'" in warnings[1]
+    (tmp_path / "contextful.toml").write_text(project_toml(finance_catalog=f"sqlite:///{tmp_path / 'f.sqlite'}"))
+    proc = contextful(tmp_path, "--json", "pipeline", "validate")
+    assert json.loads(proc.stdout)["warnings"] == []

@@ -25,6 +25,7 @@ from engine.guard import (
     mask_message,
 )
 from engine.guard.arrow import PREFILTER_PATTERN
+from engine.guard.prefilter import candidate_cells
 from engine.guard.catalogue import PREFIXES
 from tests.engine.guard.synthetic import B64URL, CREDENTIALS, chars
 
@@ -164,6 +165,7 @@ def test_the_prefilter_keeps_exactly_the_cells_holding_a_literal_prefix() -> Non
     cells += [chars(rng, B64URL + " ./:=\n", rng.randint(0, 80)) for _ in range(500)]
     expected = [any(p in c for p in PREFIXES) for c in cells]
     assert pc.match_substring_regex(pa.array(cells), PREFILTER_PATTERN).to_pylist() == expected
+    assert candidate_cells(pa.array(cells)).tolist() == [i for i, hit in enumerate(expected) if hit]
     assert sum(expected) >= len(PREFIXES)
 
 

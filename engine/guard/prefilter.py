@@ -1,0 +1,117 @@
+"""The guard's prefilter: which cells of a string array contain any of the catalogue's prefixes.
+
+A cell holding none of the catalogue's literal prefixes holds no credential, so only the cells
+this answers are scanned by the exact matchers. Two implementations, one answer:
+
+- **Hyperscan** (the default where the ``hyperscan`` package loads): the array's value bytes are
+  scanned as one block by a multi-literal automaton (several GB/s), each match end is turned into
+  its start (literals have fixed lengths) and mapped to its cell through the offsets buffer with
+  one ``searchsorted``; a match straddling two cells (possible only because the cells are scanned
+  back to back) is dropped, and so are null cells. One compiled database and scratch per thread.
+- **RE2** (the fallback): ``pyarrow.compute.match_substring_regex`` over the alternation of the
+  escaped literals. It compiles the pattern on every call, which dominates on the many small
+  arrays a nested batch is made of.
+
+``CONTEXTFUL_GUARD_PREFILTER=re2`` forces the fallback. Both are tested to answer the same cells.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import string
+import threading
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.guard.catalogue import PREFIXES
+
+log = logging.getLogger(__name__)
+
+_SAFE = frozenset(string.ascii_letters + string.digits)
+
+
+def _literal_alternation(literals: tuple[str, ...]) -> str:
+    """An RE2 pattern matching any of ``literals`` verbatim: each non-alphanumeric escaped."""
+    return "|".join("".join(c if c in _SAFE else "\\" + c for c in literal) for literal in literals)
+
+
+PREFILTER_PATTERN = _literal_alternation(PREFIXES)
+"""The RE2 candidate test: a cell holding none of the catalogue's prefixes holds no credential."""
+
+_LITERALS = tuple(p.encode("utf-8") for p in PREFIXES)
+_LENGTHS = np.array([len(p) for p in _LITERALS], dtype=np.int64)
+_local = threading.local()
+
+
+def candidate_cells(arr: pa.Array) -> np.ndarray:
+    """Sorted indices (int64) of the non-null cells of a ``string``/``large_string`` array that
+    contain a catalogue prefix."""
+    database = _database()
+    if database is None:
+        return _re2_cells(arr)
+    return _hyperscan_cells(arr, database)
+
+
+def engine_name() -> str:
+    """``hyperscan`` or ``re2``: which implementation :func:`candidate_cells` uses here."""
+    return "re2" if _database() is None else "hyperscan"
+
+
+def _re2_cells(arr: pa.Array) -> np.ndarray:
+    found = pc.indices_nonzero(pc.match_substring_regex(arr, PREFILTER_PATTERN))
+    return found.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _hyperscan_cells(arr: pa.Array, database: Any) -> np.ndarray:
+    if len(arr) == 0:
+        return np.empty(0, np.int64)
+    _validity, offsets_buffer, data = arr.buffers()
+    wide = pa.types.is_large_string(arr.type)
+    all_offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)
+    offsets = all_offsets[arr.offset: arr.offset + len(arr) + 1].astype(np.int64)
+    start, end = int(offsets[0]), int(offsets[-1])
+    if data is None or end <= start:
+        return np.empty(0, np.int64)
+    ends: list[int] = []
+    ids: list[int] = []
+
+    def on_match(pattern: int, _from: int, to: int, _flags: int, _context: Any) -> None:
+        ids.append(pattern)
+        ends.append(to)
+
+    database.scan(memoryview(data)[start:end], match_event_handler=on_match)
+    if not ends:
+        return np.empty(0, np.int64)
+    match_end = np.asarray(ends, dtype=np.int64) + start
+    match_start = match_end - _LENGTHS[np.asarray(ids, dtype=np.int64)]
+    cells = np.searchsorted(offsets, match_start, side="right") - 1
+    inside = match_end <= offsets[cells + 1]  # a match across two cells is no cell's
+    cells = np.unique(cells[inside])
+    if arr.null_count and len(cells):
+        cells = cells[arr.is_valid().take(pa.array(cells)).to_numpy(zero_copy_only=False)]
+    return cells
+
+
+def _database() -> Any | None:
+    """This thread's compiled Hyperscan database, or None (not installed, refused, or forced off)."""
+    database = getattr(_local, "database", False)
+    if database is not False:
+        return database
+    database = None
+    if os.environ.get("CONTEXTFUL_GUARD_PREFILTER", "").lower() != "re2":
+        try:
+            import hyperscan
+
+            database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            expressions = [_literal_alternation((p,)).encode("utf-8") for p in PREFIXES]
+            database.compile(expressions=expressions, ids=list(range(len(_LITERALS))),
+                             elements=len(_LITERALS), flags=[0] * len(_LITERALS))
+        except Exception as exc:  # noqa: BLE001 - any failure means the RE2 fallback
+            log.info("guard prefilter: Hyperscan unavailable (%s); using RE2", exc)
+            database = None
+    _local.database = database
+    return database
