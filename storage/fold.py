@@ -111,7 +111,7 @@ def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, gr
     sub = Snapshot(
         table=snap.table, commit_seq=snap.commit_seq, schema=snap.schema, primary_key=snap.primary_key,
         parts=tuple(group), uris=tuple(snap.uris[i] for i in positions),
-        mixed_schemas=snap.mixed_schemas,
+        mixed_schemas=snap.mixed_schemas, order_by=snap.order_by,
     )
     sql = snapshot_sql(sub)
     assert sql is not None and snap.schema is not None

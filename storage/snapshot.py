@@ -4,8 +4,9 @@ A snapshot is the set of parts live at a ``commit_seq`` (the head, a given seq, 
 commit at or before an ``as_of`` transaction time), the schema at that commit and the table's
 primary key. :func:`snapshot_sql` turns it into one DuckDB ``SELECT``: parts written under older
 schemas are unified by name and cast to the snapshot's types, and a table with a primary key
-answers the latest row per key by commit order (merge on read: ``ord_seq``, then the part's place
-in its run, then the row's place in its part).
+answers one row per key (merge on read): the one with the largest ``order_by`` value when the
+table declares that column (nulls lose), then the latest by commit order (``ord_seq``, then the
+part's place in its run, then the row's place in its part).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class Snapshot:
     """Where a reader finds each part, in ``parts`` order."""
     mixed_schemas: bool
     """Whether some live part was written under a schema other than the snapshot's."""
+    order_by: str | None = None
+    """The column whose larger value wins a key's merge before commit order does (None: commit order)."""
 
     @property
     def rows_stored(self) -> int:
@@ -79,9 +82,10 @@ def snapshot_sql(snapshot: Snapshot) -> str | None:
         f"({_sql_literal(u)}, {p.ord_seq}, {p.ord_idx})" for u, p in zip(snapshot.uris, snapshot.parts)
     )
     keys = ", ".join(f"src.{quote(k)}" for k in snapshot.primary_key)
+    stamp = f"src.{quote(snapshot.order_by)} DESC NULLS LAST, " if snapshot.order_by in names else ""
     return (
         f"SELECT {columns} FROM read_parquet({files}{options}, filename = true, file_row_number = true) AS src"
         f" JOIN (VALUES {order}) AS part_order(part_uri, ord_seq, ord_idx) ON src.filename = part_order.part_uri"
         f" QUALIFY row_number() OVER (PARTITION BY {keys}"
-        " ORDER BY part_order.ord_seq DESC, part_order.ord_idx DESC, src.file_row_number DESC) = 1"
+        f" ORDER BY {stamp}part_order.ord_seq DESC, part_order.ord_idx DESC, src.file_row_number DESC) = 1"
     )

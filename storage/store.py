@@ -143,19 +143,28 @@ class Store:
             raise TableNotFound(name)
         return Table(self, head)
 
-    def create_table(self, name: str, primary_key: tuple[str, ...] | list[str] = ()) -> Table:
-        """Create ``name`` (or return it when it exists; its primary key is fixed at creation)."""
+    def create_table(self, name: str, primary_key: tuple[str, ...] | list[str] = (),
+                     order_by: str | None = None) -> Table:
+        """Create ``name`` (or return it when it exists; its primary key is fixed at creation).
+
+        ``order_by`` names the column whose larger value wins a primary-key merge (docs/store.md);
+        a table created without one takes it the first time one is declared, and keeps it.
+        """
         check_table_name(name)
-        return self._create(name, tuple(primary_key))
+        table = self._create(name, tuple(primary_key), order_by)
+        if order_by is not None and table.head.order_by is None and table.primary_key:
+            table = Table(self, self.catalog.declare_order_by(name, order_by))
+        return table
 
     def reserved_table(self, name: str, primary_key: tuple[str, ...]) -> Table:
         check_table_name(name, reserved_ok=True)
         return self._create(name, primary_key)
 
-    def _create(self, name: str, primary_key: tuple[str, ...]) -> Table:
+    def _create(self, name: str, primary_key: tuple[str, ...], order_by: str | None = None) -> Table:
         head = self.catalog.load_head(name)
         if head is None:
-            head = self.catalog.create_table(name, str(uuidlib.uuid4()), primary_key, self.clock.now_us())
+            head = self.catalog.create_table(name, str(uuidlib.uuid4()), primary_key, self.clock.now_us(),
+                                             order_by if primary_key else None)
         return Table(self, head)
 
     def append(self, name: str, data: Any, *, primary_key: tuple[str, ...] | list[str] = (),

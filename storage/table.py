@@ -120,6 +120,7 @@ class Table:
             commit_seq=seq,
             schema=schema,
             primary_key=self.primary_key,
+            order_by=self.head.order_by,
             parts=tuple(parts),
             uris=tuple(self.store.objects.uri(p.path) for p in parts),
             mixed_schemas=any(p.schema_id != schema_id for p in parts),

@@ -226,8 +226,8 @@ class RunTransaction:
         self._check_open()
         try:
             self._settle()
-        except StagingFailed:
-            pass  # the failed part wrote nothing; the rest are dropped below
+        except StagingFailed as exc:  # the failed part wrote nothing; the rest are dropped below
+            log.info("rollback of run %s drops a failed part write: %s", self.run_id, exc)
         dropped = [p.path for p in self._parts[point.parts:]] + self._take_orphans()
         del self._parts[point.parts:], self._part_schemas[point.parts:]
         del self._events[point.events:], self._arrived[point.arrived:]

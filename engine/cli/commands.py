@@ -88,6 +88,7 @@ def table_show(ctx: click.Context, name: str) -> None:
             "uuid": t.head.uuid,
             "commit_seq": snap.commit_seq,
             "primary_key": list(t.primary_key),
+            "order_by": t.head.order_by,
             "rows": t.count(),
             "parts": len(snap.parts),
             "schema": [{"name": f.name, "type": str(f.type)} for f in (snap.schema or [])],
@@ -98,7 +99,8 @@ def table_show(ctx: click.Context, name: str) -> None:
         emit_json(info)
         return
     emit_pairs([("table", name), ("uuid", info["uuid"]), ("commit_seq", str(info["commit_seq"])),
-                ("primary key", ",".join(info["primary_key"]) or "-"), ("rows", str(info["rows"])),
+                ("primary key", ",".join(info["primary_key"]) or "-"), ("order by", info["order_by"] or "-"),
+                ("rows", str(info["rows"])),
                 ("parts", str(info["parts"]))])
     click.echo("\nschema")
     emit_rows(["column", "type"], [(c["name"], c["type"]) for c in info["schema"]])

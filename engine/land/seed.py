@@ -212,7 +212,7 @@ def land_seed(store: Store, root: Path, pipeline_id: str, table_name: str, prima
         raise PipelineSeedSourceChanged(pipeline_id, str(landed), current)
     spec = PipelineSpec(pipeline_id, SourceSpec("files", {"paths": list(seed.paths)}), table_name, normalize=normalize,
                         primary_key=primary_key, order_by=order_by, types=dict(types or {}))
-    store.create_table(table_name, primary_key)
+    store.create_table(table_name, primary_key, order_by)  # rows merge by order_by, live rows too
     sink = LandingSink(store, spec, meta={"pipeline": pipeline_id, "seed": True})
     try:
         for item in inputs:

@@ -133,9 +133,11 @@ class LandingSink:
 
     def _staging_for(self, name: str) -> _Staging:
         if name not in self._staging:
-            primary_key = self.spec.primary_key if name == self.spec.table else ()
+            root = name == self.spec.table
+            primary_key = self.spec.primary_key if root else ()
             run_id = self.run_id(name) if self.run_id is not None else None
-            txn = self.store.create_table(name, primary_key).transaction("append", run_id=run_id,
+            table = self.store.create_table(name, primary_key, self.spec.order_by if root else None)
+            txn = table.transaction("append", run_id=run_id,
                                                                         meta=dict(self.meta))
             self._staging[name] = _Staging(txn)
             self.landings.setdefault(name, TableLanding(name))

@@ -31,6 +31,8 @@ class TableHead:
     primary_key: tuple[str, ...]
     created_us: int
     last_commit_us: int
+    order_by: str | None = None
+    """The column whose larger value wins a primary-key merge (None: the later commit wins)."""
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,13 @@ class Catalog(ABC):
         """Record the store this catalog serves; refuse a catalog that serves another store."""
 
     @abstractmethod
-    def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int) -> TableHead:
+    def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
+                     order_by: str | None = None) -> TableHead:
         """Create the table's head at commit_seq 0, or return the existing head."""
+
+    @abstractmethod
+    def declare_order_by(self, name: str, order_by: str) -> TableHead:
+        """Give a table that merges by commit order an ``order_by`` column; return its head."""
 
     @abstractmethod
     def load_head(self, name: str) -> TableHead | None: ...

@@ -155,15 +155,28 @@ class SqlCatalog(SqlDialect, Catalog):
         if bound != store_uuid:
             raise StoreCatalogMismatch(store_uuid, bound, root)
 
-    def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int) -> TableHead:
+    def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
+                     order_by: str | None = None) -> TableHead:
         with self._transaction() as cur:
             cur.execute(
                 "INSERT INTO cf_tables (name, table_uuid, commit_seq, schema_id, primary_key, created_us,"
                 " last_commit_us) VALUES (?, ?, 0, 0, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
-                (name, uuid, json.dumps(list(primary_key)), now_us, now_us),
+                (name, uuid, _merge_text(primary_key, order_by), now_us, now_us),
             )
         head = self.load_head(name)
         assert head is not None
+        return head
+
+    def declare_order_by(self, name: str, order_by: str) -> TableHead:
+        head = self.load_head(name)
+        if head is None:
+            raise TableNotFound(name)
+        if head.order_by is None:
+            with self._transaction() as cur:
+                cur.execute("UPDATE cf_tables SET primary_key = ? WHERE name = ? AND primary_key = ?",
+                            (_merge_text(head.primary_key, order_by), name, _merge_text(head.primary_key, None)))
+            head = self.load_head(name)
+            assert head is not None
         return head
 
     def load_head(self, name: str) -> TableHead | None:
@@ -387,8 +400,24 @@ class _Cursor:
 
 
 def _head(row: tuple[Any, ...]) -> TableHead:
-    name, uuid, seq, schema_id, pk, created_us, last_us, schema_text = row
-    return TableHead(name, uuid, seq, schema_id, schema_text, tuple(json.loads(pk)), created_us, last_us)
+    name, uuid, seq, schema_id, merge, created_us, last_us, schema_text = row
+    primary_key, order_by = _merge_declaration(merge)
+    return TableHead(name, uuid, seq, schema_id, schema_text, primary_key, created_us, last_us, order_by)
+
+
+def _merge_text(primary_key: tuple[str, ...], order_by: str | None) -> str:
+    """The ``primary_key`` column's text: the key as a JSON list (the original form, kept when no
+    ``order_by`` is declared), or ``{"key": [...], "order_by": column}``."""
+    if order_by is None:
+        return json.dumps(list(primary_key))
+    return json.dumps({"key": list(primary_key), "order_by": order_by})
+
+
+def _merge_declaration(text: str) -> tuple[tuple[str, ...], str | None]:
+    doc = json.loads(text)
+    if isinstance(doc, list):
+        return tuple(doc), None
+    return tuple(doc["key"]), doc.get("order_by")
 
 
 def _record(row: tuple[Any, ...]) -> RunRecordRow:
