@@ -20,7 +20,10 @@ reaches no catalog and no engine (``run.export-iceberg.query-refused``); it rais
   one audience (``run.export-iceberg.caller-sql``), or caller SQL that is not one plain SELECT
   over its namespace's tables.
 
-Only then does :meth:`Gateway.query` open the audience's :class:`~engine.export.query.NamespaceReader`.
+Only then does :meth:`Gateway.query` take one of ``max_concurrent`` query slots (waiting up to
+``queue_wait_s``; past that ``RateLimited``, answered 429) and open the audience's
+:class:`~engine.export.query.NamespaceReader`. Each answered query is logged at INFO: credential,
+entry, template or caller SQL, rows and milliseconds.
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ import base64
 import datetime
 import decimal
 import json
+import logging
 import math
 import re
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,11 +48,13 @@ from engine.export.preflight import Audience, preflight, warehouse_credentials
 from engine.export.query import CatalogCache, NamespaceReader, QueryResult
 from engine.export.sql_shape import TABLE_NAME, SqlShapeError, read_shape
 from engine.served.face import Exchange, Route
-from storage.errors import ExportQueryRefused, QueryInvalid, ReaderCredentialUnadmitted
+from storage.errors import ExportQueryRefused, QueryInvalid, RateLimited, ReaderCredentialUnadmitted
 
 if TYPE_CHECKING:
     from engine.config.manifest import Manifest
     from engine.export.spec import ExportSpec
+
+log = logging.getLogger(__name__)
 
 REQUEST_KEYS = ("table", "template", "sql", "params", "max_rows", "format")
 NAMESPACE_KEYS = ("namespace", "schema", "catalog", "database", "warehouse")
@@ -100,6 +108,10 @@ class Gateway:
     manifest: Manifest
     reader_factory: ReaderFactory | None = None
     """Opens the query engine for an audience (default: a NamespaceReader over a shared catalog cache)."""
+    max_concurrent: int = 4
+    """Queries run at once; each holds a DuckDB connection with its own memory limit."""
+    queue_wait_s: float = 30.0
+    """How long a query waits for a slot before it is answered RateLimited (429)."""
     audiences: dict[str, Audience] = field(init=False)
     entries: dict[str, dict[str, ExportSpec]] = field(init=False)
 
@@ -109,6 +121,7 @@ class Gateway:
         for spec in self.manifest.exports:
             self.entries.setdefault(spec.credential, {})[spec.table] = spec
         self._catalogs = CatalogCache()
+        self._slots = threading.BoundedSemaphore(self.max_concurrent)
 
     # --- admission ----------------------------------------------------------------------------
 
@@ -218,9 +231,20 @@ class Gateway:
         """Check ``request``, then run it on the audience's engine."""
         plan = self.check(credential, request)
         audience = self.audiences[credential]
-        reader = self.reader_factory(audience) if self.reader_factory else \
-            NamespaceReader(self._catalogs, audience.catalog, audience.namespace)
-        return QueryAnswer(plan, reader.run(plan.sql, plan.tables, plan.params, plan.max_rows))
+        if not self._slots.acquire(timeout=self.queue_wait_s):
+            raise RateLimited("the query gateway", self.queue_wait_s,
+                              f"all {self.max_concurrent} query slots stayed busy for {self.queue_wait_s:g} s")
+        started = time.perf_counter()
+        try:
+            reader = self.reader_factory(audience) if self.reader_factory else \
+                NamespaceReader(self._catalogs, audience.catalog, audience.namespace)
+            answer = QueryAnswer(plan, reader.run(plan.sql, plan.tables, plan.params, plan.max_rows))
+        finally:
+            self._slots.release()
+        log.info("gateway: credential %r entry %r %s: %d row(s)%s in %.0f ms", credential, plan.table,
+                 f"template {plan.template!r}" if plan.template else "caller SQL", answer.result.data.num_rows,
+                 " (truncated)" if answer.result.truncated else "", (time.perf_counter() - started) * 1000)
+        return answer
 
 
 def _max_rows(request: dict[str, Any]) -> int:
@@ -267,7 +291,11 @@ def gateway_routes(gateway: Gateway) -> list[Route]:
             raise QueryInvalid(body[:200].decode(errors="replace"), f"the body is not JSON: {exc}") from exc
         if isinstance(request, dict) and ARROW_STREAM in (exchange.headers.get("Accept") or ""):
             request.setdefault("format", "arrow")
-        answer = gateway.query(credential, request)
+        try:
+            answer = gateway.query(credential, request)
+        except RateLimited as exc:
+            exchange.send_error(exc, status=429)
+            return
         if answer.plan.format == "arrow":
             meta = {"contextful.snapshots": json.dumps(answer.result.snapshots),
                     "contextful.truncated": json.dumps(answer.result.truncated)}

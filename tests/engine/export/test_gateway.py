@@ -458,3 +458,34 @@ def test_validate_warns_of_caller_sql_declared_on_a_shared_warehouse(tmp_path: P
     (tmp_path / "contextful.toml").write_text(project_toml(finance_catalog=f"sqlite:///{tmp_path / 'f.sqlite'}"))
     proc = contextful(tmp_path, "--json", "pipeline", "validate")
     assert json.loads(proc.stdout)["warnings"] == []
+
+
+def test_queries_beyond_the_slots_wait_then_are_rate_limited(tmp_path: Path) -> None:
+    import threading
+
+    from storage.errors import RateLimited
+
+    manifest = make_project(tmp_path, project_toml())
+    gateway = Gateway(manifest, max_concurrent=1, queue_wait_s=0.2)
+    entered, release = threading.Event(), threading.Event()
+
+    class HeldReader(NamespaceReader):
+        def run(self, *args: Any, **kwargs: Any) -> Any:
+            entered.set()
+            release.wait(30)
+            return super().run(*args, **kwargs)
+
+    gateway.reader_factory = lambda a: HeldReader(gateway._catalogs, a.catalog, a.namespace)
+    request = {"table": "orders", "template": "all"}
+    answers: list[Any] = []
+    first = threading.Thread(target=lambda: answers.append(gateway.query("analysts", request)))
+    first.start()
+    assert entered.wait(30)
+    with pytest.raises(RateLimited):
+        gateway.query("analysts", request)  # the one slot is held
+    with pytest.raises(ExportQueryRefused):
+        gateway.query("analysts", {"table": "Orders", "template": "all"})  # refusals take no slot
+    release.set()
+    first.join(30)
+    assert answers[0].result.data.num_rows == 4
+    assert gateway.query("analysts", request).result.data.num_rows == 4  # the slot came back
