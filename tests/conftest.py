@@ -2,6 +2,7 @@
 
 The servers start once per session, on first use. ``store`` runs a test against every store
 configuration: a local root with the SQLite catalog, the PostgreSQL catalog, and an S3 root.
+``decoder`` is a real decoder fork server, one per test module.
 """
 
 from __future__ import annotations
@@ -13,10 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from engine.land.decode import Decoder
 from storage import ManualClock, Store
 from storage.catalog.postgres import PostgresCatalog
 from tests.support.postgres_server import PostgresServer
 from tests.support.s3_server import S3Server
+
+
+@pytest.fixture(scope="module")
+def decoder() -> Iterator[Decoder]:
+    """A decoder fork server shared by the tests of one module."""
+    with Decoder() as shared:
+        yield shared
 
 
 @pytest.fixture(scope="session")

@@ -99,11 +99,6 @@ def make_project(root: Path, text: str, *, export: bool = True) -> Manifest:
     return manifest
 
 
-@pytest.fixture
-def decoder() -> Iterator[Decoder]:
-    with Decoder() as d:
-        yield d
-
 
 @pytest.fixture
 def serve(decoder: Decoder) -> Iterator[Any]:

@@ -37,11 +37,6 @@ NDJSON = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ROWS).encode(
 CSV = ("id,name,score\n" + "".join(f'{i},"näme, {i}\n""quoted""",{i / 4}\n' for i in range(2000))).encode()
 
 
-@pytest.fixture(scope="module")
-def decoder() -> Iterator[Decoder]:
-    with Decoder() as shared:
-        yield shared
-
 
 def table_of(batches: Iterator[pa.RecordBatch]) -> pa.Table:
     return pa.Table.from_batches(list(batches))

@@ -40,11 +40,6 @@ from tests.support.http_api import (
 )
 
 
-@pytest.fixture(scope="module")
-def decoder() -> Iterator[Decoder]:
-    with Decoder() as d:
-        yield d
-
 
 @pytest.fixture
 def api() -> Iterator[JsonApi]:

@@ -38,11 +38,6 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture(scope="module")
-def decoder():
-    with Decoder() as d:
-        yield d
-
 
 @pytest.mark.clause("run.land.typed-pull")
 def test_generated_events_land_and_reruns_land_only_new_inputs(project: Path) -> None:

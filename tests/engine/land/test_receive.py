@@ -190,11 +190,6 @@ def receive_commits(root: Path) -> list[Any]:
         return store.table(PIPELINE).commits()
 
 
-@pytest.fixture(scope="module")
-def decoder() -> Iterator[Decoder]:
-    with Decoder() as d:
-        yield d
-
 
 Serve = Callable[..., ReceiveServer]
 

@@ -41,11 +41,6 @@ CEILING = "2026-01-01T00:00:00Z"
 SEED = SeedSpec(paths=("seed/*.ndjson",), ceiling=CEILING, format=None)
 
 
-@pytest.fixture(scope="module")
-def decoder() -> Iterator[Decoder]:
-    with Decoder() as d:
-        yield d
-
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
