@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KINDS = ("append", "replace")
+PART_OVERHEAD_BOUND = 1 << 20
+"""Bytes a part file may hold beyond its rows' Arrow size (footer, page headers, statistics)."""
 MAX_COMMIT_ATTEMPTS = 20
 
 
@@ -124,6 +126,8 @@ class RunTransaction:
         self._schema: pa.Schema | None = schema_from_text(head.schema) if head.schema and not own_schema else None
         self._parts: list[PartFile] = []
         self._writing: list[Future[PartFile]] = []  # parts in flight, in part order after _parts
+        self._writing_bound: list[int] = []  # per part in flight: bytes its file cannot exceed
+        self._rows = 0  # rows staged (settled or in flight)
         self._orphans: list[str] = []
         self._part_schemas: list[pa.Schema] = []
         self._events: list[DowngradeEvent] = []
@@ -161,7 +165,9 @@ class RunTransaction:
                 if len(self._writing) >= self.store.write_threads:
                     self._settle(self._writing[0])
                 self._writing.append(pool.submit(write))
+                self._writing_bound.append(piece.nbytes + PART_OVERHEAD_BOUND)
             self._part_schemas.append(rec.schema)
+            self._rows += piece.num_rows
 
     def _writer(self, key: str, piece: pa.Table, schema: pa.Schema) -> Callable[[], PartFile]:
         name, objects, durable = self.table.name, self.store.objects, self.store.durable
@@ -192,9 +198,11 @@ class RunTransaction:
                 done = [f.result() for f in self._writing[1:] if f.exception() is None]
                 self._orphans = [p.path for p in done]
                 self._writing.clear()
+                self._writing_bound.clear()
                 break
             self._parts.append(part)
             self._writing.pop(0)
+            self._writing_bound.pop(0)
             if future is until:
                 break
         if failure is not None:
@@ -208,18 +216,37 @@ class RunTransaction:
 
     @property
     def staged_bytes(self) -> int:
+        """Bytes of the staged part files (waits for the parts in flight)."""
         self._settle()
         return sum(p.bytes for p in self._parts)
 
+    def staged_bytes_at_most(self) -> int:
+        """An upper bound of :attr:`staged_bytes` that waits for nothing: the written parts' bytes
+        plus, per part in flight, its Arrow size and a fixed file overhead (a zstd Parquet file of
+        the same rows is smaller)."""
+        written = sum(p.bytes for p in self._parts)
+        pending = 0
+        for future, bound in zip(self._writing, self._writing_bound):
+            done = future.done() and future.exception() is None
+            pending += future.result().bytes if done else bound
+        return written + pending
+
+    def staged_bytes_written(self) -> int:
+        """Bytes of the parts whose files are written so far (waits for nothing; for progress)."""
+        done = [f.result().bytes for f in self._writing if f.done() and f.exception() is None]
+        return sum(p.bytes for p in self._parts) + sum(done)
+
     @property
     def staged_rows(self) -> int:
-        self._settle()
-        return sum(p.rows for p in self._parts)
+        """Rows staged so far, parts in flight included (waits for nothing)."""
+        return self._rows
 
     def savepoint(self) -> Savepoint:
-        """A point to return to when what is staged after it must not land (one failed input)."""
-        self._settle()
-        return Savepoint(len(self._parts), self._schema, len(self._events), len(self._arrived))
+        """A point to return to when what is staged after it must not land (one failed input).
+
+        Waits for nothing: parts keep their order, so the point counts the parts in flight too.
+        """
+        return Savepoint(len(self._parts) + len(self._writing), self._schema, len(self._events), len(self._arrived))
 
     def rollback_to(self, point: Savepoint) -> None:
         """Forget and delete everything staged after ``point``; its events go with it."""
@@ -230,6 +257,7 @@ class RunTransaction:
             log.info("rollback of run %s drops a failed part write: %s", self.run_id, exc)
         dropped = [p.path for p in self._parts[point.parts:]] + self._take_orphans()
         del self._parts[point.parts:], self._part_schemas[point.parts:]
+        self._rows = sum(p.rows for p in self._parts)
         del self._events[point.events:], self._arrived[point.arrived:]
         self._schema = point.schema
         if dropped:

@@ -172,7 +172,7 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
             if progress is not None:
                 progress(Progress(spec.id, done + 1, len(plan.pull), sink.landings[spec.table].rows + sink.staged_rows,
                                   bytes_read, len(sink.landings), time.monotonic() - started))
-            if sink.staged_bytes >= checkpoint_bytes:  # a checkpoint, at an input boundary
+            if sink.staged_reach(checkpoint_bytes):  # a checkpoint, at an input boundary
                 position = {"kind": "files", "inputs": dict(landed)}
                 committed = sink.commit(cursor_scope(spec), position)
                 pending = 0

@@ -148,8 +148,20 @@ class LandingSink:
 
     @property
     def staged_bytes(self) -> int:
-        """Bytes staged as parts plus those buffered, across every table since the last commit."""
+        """Bytes staged as parts plus those buffered, across every table since the last commit
+        (waits for the parts being written)."""
         return sum(s.txn.staged_bytes + s.buffered_bytes for s in self._staging.values())
+
+    def staged_reach(self, threshold: int) -> bool:
+        """Whether :attr:`staged_bytes` reaches ``threshold``; waits for part writes only when an
+        upper bound of it (no waiting) says it might."""
+        bound = sum(s.txn.staged_bytes_at_most() + s.buffered_bytes for s in self._staging.values())
+        return bound >= threshold and self.staged_bytes >= threshold
+
+    @property
+    def staged_bytes_written(self) -> int:
+        """Bytes staged so far as far as written files and buffers show (waits for nothing; progress)."""
+        return sum(s.txn.staged_bytes_written() + s.buffered_bytes for s in self._staging.values())
 
     @property
     def staged_rows(self) -> int:

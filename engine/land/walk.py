@@ -172,14 +172,14 @@ class _Run:
     def abort(self) -> None:
         self.sink.abort()
 
-    def staged_bytes(self) -> int:
-        return self.sink.staged_bytes
+    def staged_reach(self, threshold: int) -> bool:
+        return self.sink.staged_reach(threshold)
 
     def report(self, progress: Callable[[Progress], None] | None, started: float) -> None:
         if progress is not None:
             landed = self.sink.landings[self.spec.table]
             progress(Progress(self.spec.id, self.walker.pages, 0, landed.rows + self.sink.staged_rows,
-                              landed.bytes + self.staged_bytes(), len(self.sink.landings),
+                              landed.bytes + self.sink.staged_bytes_written, len(self.sink.landings),
                               time.monotonic() - started))
 
     # --- the two walks ---------------------------------------------------------------------------
@@ -196,7 +196,7 @@ class _Run:
             page = self.walker.page(config.page_url(since, token))
             admitted = tracker.after(page.rows, floor)
             passes = page.span is None or frontier is None or page.span[0] > frontier
-            if self.staged_bytes() >= self.checkpoint_bytes and passes and token is not None:
+            if passes and token is not None and self.staged_reach(self.checkpoint_bytes):
                 self.commit(asked)  # a checkpoint: the position after the last staged pull
                 committed = asked.to_json()
             self.stage(admitted, page.label)

@@ -191,7 +191,7 @@ def test_collection_removes_orphans_of_runs_that_never_committed(store: Store) -
     store.append("t", pa.table({"n": [1]}))
     txn = store.table("t").transaction()
     txn.stage(pa.table({"n": [2]}))  # staged, never committed: the process "died"
-    assert txn.staged_rows == 1  # waits for the part written behind the stage call
+    assert txn.staged_rows == 1 and txn.staged_bytes > 0  # staged_bytes waits for the part written behind
     orphan = f"tables/t/parts/{txn.run_id}-00000.parquet"
     assert store.objects.exists(orphan)
     result = store.collect(grace_seconds=3600)
