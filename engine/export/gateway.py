@@ -95,7 +95,7 @@ class QueryAnswer:
             "caller_sql": self.plan.template is None,
             "snapshots": self.result.snapshots,
             "columns": [{"name": f.name, "type": str(f.type)} for f in data.schema],
-            "rows": [list(row.values()) for row in data.to_pylist()],
+            "rows": [list(row) for row in zip(*(column.to_pylist() for column in data.columns))],
             "row_count": data.num_rows,
             "truncated": self.result.truncated,
         }

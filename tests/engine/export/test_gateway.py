@@ -231,6 +231,10 @@ def test_caller_sql_runs_only_for_an_entry_declaring_it_on_a_single_audience_war
     status, doc, _ = call(url, "POST", "/query", {"table": "orders", "sql": "SELECT count(*) AS n FROM orders"},
                           tokens["finance"])
     assert (status, doc.get("rows")) == (200, [[1]])
+    # Columns sharing a name keep their own values.
+    status, doc, _ = call(url, "POST", "/query", {"table": "orders", "sql": "SELECT amount AS a, region AS a "
+                                                  "FROM orders ORDER BY day, region LIMIT 1"}, tokens["analysts"])
+    assert status == 200 and [c["name"] for c in doc["columns"]] == ["a", "a"] and doc["rows"] == [[10, "n"]]
     # The regions entry does not declare caller_sql: its reader gets templates only.
     status, doc, _ = call(url, "POST", "/query", {"table": "regions", "sql": "SELECT * FROM regions"},
                           tokens["analysts"])
