@@ -7,7 +7,9 @@ Parquet footer by pyiceberg's statistics helpers. Columns carry the table schema
 any Iceberg reader resolves them by id.
 
 A file rolls over when the Arrow bytes written into it reach ``target_file_bytes``; the input is
-streamed batch by batch, so memory stays at one batch plus the writer's buffers.
+streamed batch by batch, so memory stays at one batch plus the writer's buffers. Files are zstd
+(Iceberg's default codec) with dictionary encoding on string and binary columns only, as the
+store writes its parts (``storage.parts.dictionary_columns``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
 from storage.errors import SchemaIrreconcilable
+from storage.parts import dictionary_columns
 from storage.reconcile import conform
 
 TARGET_FILE_BYTES = 128 * 1024 * 1024
@@ -95,7 +98,8 @@ def write_data_files(
             if writer is None:
                 path = locations.new_data_location(f"00000-{len(files)}-{write_id}.parquet")
                 stream = io.new_output(path).create(overwrite=False)
-                writer = pq.ParquetWriter(cast(IO[Any], stream), schema=target, store_decimal_as_integer=True)
+                writer = pq.ParquetWriter(cast(IO[Any], stream), schema=target, store_decimal_as_integer=True,
+                                          compression="zstd", use_dictionary=list(dictionary_columns(target)))
             writer.write_table(chunk)
             written += chunk.nbytes
             if written >= target_file_bytes:
