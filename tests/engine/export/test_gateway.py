@@ -488,3 +488,21 @@ def test_queries_beyond_the_slots_wait_then_are_rate_limited(tmp_path: Path) -> 
     first.join(30)
     assert answers[0].result.data.num_rows == 4
     assert gateway.query("analysts", request).result.data.num_rows == 4  # the slot came back
+
+
+def test_the_gateway_reads_exports_on_a_postgres_catalog(tmp_path: Path, pg_dsn: str, serve: Any) -> None:
+    import uuid
+
+    parts = dict(item.split("=", 1) for item in pg_dsn.split())
+    uri = f"postgresql+psycopg://{parts.get('user', 'postgres')}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    name = f"gw_{uuid.uuid4().hex[:8]}"  # the catalog name keys its rows in the shared database
+    pg = f'catalog = {{ uri = "{uri}", name = "{name}", warehouse = "{(tmp_path / "wh").as_uri()}" }}'
+    manifest = make_project(tmp_path, project_toml(bi_catalog=pg, finance_catalog=f"sqlite:///{tmp_path / 'f.db'}"))
+    token = keys(tmp_path)["analysts"]
+    url = serve(manifest).url
+    status, doc, _ = call(url, "POST", "/query", {"table": "orders", "template": "since",
+                                                 "params": {"day": "2024-01-03"}}, token)
+    assert (status, doc.get("rows")) == (200, [["2024-01-03", 40]]), doc
+    status, doc, _ = call(url, "POST", "/query", {"table": "orders", "sql": "SELECT count(*) FROM orders o "
+                                                  "JOIN regions r USING (region)"}, token)
+    assert (status, doc.get("rows")) == (200, [[4]]), doc
