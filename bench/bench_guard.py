@@ -55,8 +55,8 @@ if REPO not in sys.path:
 from datasets.gharchive import generate_events
 from engine.guard import guard_table
 from engine.guard.arrow import PREFILTER_PATTERN
-from engine.guard.prefilter import candidate_cells, engine_name
 from engine.guard.catalogue import PREFIXES
+from engine.guard.prefilter import candidate_cells, engine_name
 from tests.engine.guard.synthetic import CREDENTIALS, DECOYS
 
 FULL = {"rows": 200_000, "events": 50_000, "reps": 7}

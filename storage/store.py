@@ -21,7 +21,7 @@ import os
 import threading
 import uuid as uuidlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Self
 
 import duckdb
 
@@ -125,7 +125,7 @@ class Store:
         if self._writers is not None:  # after the record's flush, which writes a part too
             self._writers.shutdown(wait=True)
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

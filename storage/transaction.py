@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
 
@@ -360,10 +360,10 @@ class RunTransaction:
         if self._done:
             raise RuntimeError(f"run {self.run_id} is already committed or aborted")
 
-    def __enter__(self) -> RunTransaction:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if exc_type is not None:
             self.abort()
         elif not self._done:

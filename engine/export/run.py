@@ -127,6 +127,13 @@ def _read_source(con: Any, store: Store, manifest: Manifest, name: str) -> tuple
     return con.sql(f"SELECT * FROM {quote(view)}").to_arrow_reader(), source
 
 
+def _current_snapshot(spec: ExportSpec) -> Any:
+    """The export's Iceberg table's current snapshot (None before its first); NoSuchTableError without it."""
+    catalog = load_catalog(spec.catalog)
+    table = guard_catalog(spec.catalog, lambda: catalog.load_table(spec.identifier))
+    return table.current_snapshot()
+
+
 def export_status(manifest: Manifest) -> list[ExportStatus]:
     """Per export: the Iceberg table, its current snapshot, the source it holds, rows and files."""
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
@@ -135,9 +142,7 @@ def export_status(manifest: Manifest) -> list[ExportStatus]:
     for spec in manifest.exports:
         snapshot = None
         try:
-            catalog = load_catalog(spec.catalog)
-            table = guard_catalog(spec.catalog, lambda c=catalog, s=spec: c.load_table(s.identifier))
-            snapshot = table.current_snapshot()
+            snapshot = _current_snapshot(spec)
         except (NoSuchTableError, NoSuchNamespaceError):
             pass
         source = None

@@ -162,7 +162,7 @@ def _spawn(control: socket.socket, children: dict[int, _Child]) -> bool:
     status = socket.socket(fileno=status_fd)
     try:
         request = pickle.loads(message)
-    except Exception as exc:  # e.g. storage options of a class this server cannot import
+    except Exception as exc:  # noqa: BLE001 - e.g. storage options of a class this server cannot import
         _tell(status, {"error": f"unreadable request: {exc}"})
         status.close()
         os.close(data_fd)
@@ -251,7 +251,7 @@ def _child(request: dict[str, Any], data_fd: int, inherited: list[int], server: 
         decode_input(request, data_fd)
     except BrokenPipeError:
         code = 70  # the parent stopped reading
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the child's last word: print it and exit non-zero
         code = 70
         traceback.print_exc()
     finally:
@@ -296,7 +296,7 @@ def decode_input(request: dict[str, Any], data_fd: int) -> None:
         trailer = {"error": "malformed", "line": None, "reason": _first_line(exc)}
     except (OSError, pa.ArrowNotImplementedError) as exc:
         trailer = {"error": "unreadable", "reason": _first_line(exc)}
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any other failure is a crash the parent names
         trailer = {"error": "crash", "reason": f"{type(exc).__name__}: {_first_line(exc)}"}
         traceback.print_exc()
     sink.finish(trailer)
@@ -322,7 +322,7 @@ def _fetch(request: dict[str, Any], sink: _Sink) -> dict[str, Any]:
         return {"error": "memory", "reason": str(exc) or "an allocation failed"}
     except BrokenPipeError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any other failure is a crash the parent names
         traceback.print_exc()
         return {"error": "crash", "reason": f"{type(exc).__name__}: {_first_line(exc)}"}
 
@@ -768,7 +768,7 @@ class _Sink:
                     writer.write_batch(batch)
             if writer is not None:
                 writer.close()
-        except BaseException as exc:  # handed to the decoding thread at its next send
+        except BaseException as exc:  # noqa: BLE001 - handed to the decoding thread at its next send
             self._failure = exc
 
 

@@ -86,8 +86,8 @@ def _get(url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, Any,
         reason = f"{exc.code} {exc.reason}" + (f": {body}" if body else "")
         raise FetchFailed("http", reason, exc.code, _retry_after(exc.headers.get("Retry-After"))) from None
     except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise FetchFailed("unreachable", str(reason)) from None
+        cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        raise FetchFailed("unreachable", str(cause)) from None
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -198,11 +198,14 @@ class Execution:
         self.closed = True
 
 
-def holder_is_dead(holder: str) -> bool:
+def holder_is_dead(holder: str | None) -> bool:
     """Whether ``holder`` (``host:pid:suffix``) names a process of this host that no longer runs.
 
-    Only a provably dead holder counts: another host's, or a pid that answers, is alive.
+    Only a provably dead holder counts: another host's, or a pid that answers, is alive; no holder
+    at all is not a dead one.
     """
+    if holder is None:
+        return False
     host, _, rest = holder.partition(":")
     pid_text = rest.partition(":")[0]
     if host != socket.gethostname() or not pid_text.isdigit():

@@ -128,7 +128,7 @@ class SqlCatalog(SqlDialect, Catalog):
     def _rollback(cur: Any) -> None:
         try:
             cur.execute("ROLLBACK")
-        except Exception:  # the connection itself failed; the server rolled the transaction back
+        except Exception:  # noqa: BLE001, S110 - the connection itself failed; the server rolled it back
             pass
 
     def _read(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

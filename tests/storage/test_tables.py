@@ -9,8 +9,7 @@ import os
 import pyarrow as pa
 import pytest
 
-import storage.run_record as run_record
-from storage import ManualClock, Store
+from storage import ManualClock, Store, run_record
 from storage.errors import (
     ModalityInvalid,
     SchemaIrreconcilable,

@@ -25,8 +25,8 @@ from engine.guard import (
     mask_message,
 )
 from engine.guard.arrow import PREFILTER_PATTERN
-from engine.guard.prefilter import candidate_cells
 from engine.guard.catalogue import PREFIXES
+from engine.guard.prefilter import candidate_cells
 from tests.engine.guard.synthetic import B64URL, CREDENTIALS, chars
 
 AWS = "AKIA" + "Q7" * 8

@@ -40,7 +40,6 @@ from tests.support.http_api import (
 )
 
 
-
 @pytest.fixture
 def api() -> Iterator[JsonApi]:
     with JsonApi() as server:

@@ -71,7 +71,7 @@ def test_a_model_input_waits_on_its_newer_builds(tmp_path: Path, clocked: tuple[
 @pytest.mark.clause("run.publish.staleness-omitted-check")
 def test_runs_at_or_below_the_watermark_that_differ_from_the_build_make_it_stale(
         tmp_path: Path, clocked: tuple[Store, ManualClock]) -> None:
-    store, clock = clocked
+    store, _clock = clocked
     build_models(store, manifest(tmp_path))
     assert stale(store, tmp_path)["m1"] == []
     # The input's history at or below the watermark no longer holds the run the build read (a
