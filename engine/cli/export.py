@@ -17,8 +17,9 @@ def export() -> None:
 @click.pass_context
 def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
     """Run exports (default: all): each replaces its Iceberg table's rows with its source's."""
+    from engine.cli.output import end_progress, progress_line
     from engine.cli.pipeline import _manifest, _store
-    from engine.export.run import run_exports
+    from engine.export.run import ExportProgress, run_exports
 
     manifest = _manifest(ctx)
     known = {e.name for e in manifest.exports}
@@ -26,8 +27,12 @@ def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
     if unknown:
         raise click.BadParameter(f"no export {', '.join(map(repr, unknown))} (declared: {', '.join(sorted(known))})",
                                  param_hint="NAME")
+    def show(p: ExportProgress) -> None:
+        progress_line(f"{p.export}: {p.rows:,} rows written, {p.rows / max(p.seconds, 1e-9):,.0f} rows/s")
+
     with _store(ctx, manifest) as store:
-        results = run_exports(store, manifest, list(names) or None)
+        results = run_exports(store, manifest, list(names) or None, progress=None if ctx.obj["json"] else show)
+    end_progress()
     if ctx.obj["json"]:
         emit_json([r.to_json() for r in results])
         return

@@ -15,6 +15,8 @@ one (another writer may have committed since).
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,13 +74,27 @@ class ExportStatus:
         return asdict(self)
 
 
-def run_exports(store: Store, manifest: Manifest, names: list[str] | None = None) -> list[ExportRunResult]:
-    """Run the named exports (default: all) in manifest order; the first failure raises."""
+@dataclass(frozen=True)
+class ExportProgress:
+    export: str
+    rows: int
+    """Rows read from the source and handed to the data file writer so far."""
+    seconds: float
+
+
+def run_exports(store: Store, manifest: Manifest, names: list[str] | None = None, *,
+                progress: Callable[[ExportProgress], None] | None = None) -> list[ExportRunResult]:
+    """Run the named exports (default: all) in manifest order; the first failure raises.
+
+    ``progress`` is called as batches reach the data file writer (at most twice a second).
+    """
     preflight(manifest)
-    return [run_export(store, manifest, spec) for spec in manifest.exports if names is None or spec.name in names]
+    return [run_export(store, manifest, spec, progress=progress) for spec in manifest.exports
+            if names is None or spec.name in names]
 
 
-def run_export(store: Store, manifest: Manifest, spec: ExportSpec) -> ExportRunResult:
+def run_export(store: Store, manifest: Manifest, spec: ExportSpec, *,
+               progress: Callable[[ExportProgress], None] | None = None) -> ExportRunResult:
     from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
     from iceberg.commit import export_table
@@ -91,6 +107,8 @@ def run_export(store: Store, manifest: Manifest, spec: ExportSpec) -> ExportRunR
     con = store.duckdb()
     try:
         reader, source = _read_source(con, store, manifest, spec.source)
+        if progress is not None:
+            reader = _reporting(reader, spec.name, progress)
         result = export_table(catalog, spec.identifier, reader, format_version=spec.format_version)
     finally:
         con.close()
@@ -103,6 +121,27 @@ def run_export(store: Store, manifest: Manifest, spec: ExportSpec) -> ExportRunR
     tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
     tmp.replace(path)
     return done
+
+
+def _reporting(reader: pa.RecordBatchReader, export: str,
+               progress: Callable[[ExportProgress], None]) -> pa.RecordBatchReader:
+    """``reader`` again, calling ``progress`` as its batches pass (every 0.5 s and at the end)."""
+    import pyarrow as pa
+
+    started = time.monotonic()
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        rows, shown = 0, started
+        for batch in reader:
+            rows += batch.num_rows
+            now = time.monotonic()
+            if now - shown >= 0.5:
+                progress(ExportProgress(export, rows, now - started))
+                shown = now
+            yield batch
+        progress(ExportProgress(export, rows, time.monotonic() - started))
+
+    return pa.RecordBatchReader.from_batches(reader.schema, batches())
 
 
 def _read_source(con: Any, store: Store, manifest: Manifest, name: str) -> tuple[pa.RecordBatchReader, dict[str, Any]]:

@@ -139,7 +139,8 @@ def test_export_run_and_status_end_to_end(tmp_path: Path) -> None:
         first = store.append("sales", SALES)
         build = build_models(store, m)[0]
 
-    contextful(tmp_path, "export", "run")
+    ran = contextful(tmp_path, "export", "run")
+    assert "sales_out: 3 rows written" in ran.stderr and "regions: 2 rows written" in ran.stderr  # progress
     assert scan(tmp_path, "bi.sales_out") == [{"region": "n", "amount": 1}, {"region": "n", "amount": 2},
                                               {"region": "s", "amount": 3}]
     assert scan(tmp_path, "bi.regions") == [{"region": "n", "total": 3}, {"region": "s", "total": 3}]
@@ -176,3 +177,19 @@ def test_validate_reports_a_shared_namespace_naming_both_exports(tmp_path: Path)
     run = contextful(tmp_path, "export", "run", check=False)
     assert run.returncode == 3 and "ExportNamespaceShared" in run.stderr
     assert not (tmp_path / ".contextful" / "iceberg").exists()  # nothing reached a catalog
+
+
+def test_export_progress_reports_rows_as_they_reach_the_writer(tmp_path: Path) -> None:
+    from engine.config import load_manifest
+    from engine.export.run import ExportProgress
+
+    (tmp_path / "contextful.toml").write_text('[project]\nname = "p"\n' + export_toml("big", "bi", "analysts"))
+    m = load_manifest(tmp_path)
+    seen: list[ExportProgress] = []
+    with Store.open(m.project.store) as store:
+        for n in range(3):
+            store.append("sales", pa.table({"region": ["n"] * 1000, "amount": pa.array([n] * 1000, pa.int64())}))
+        (result,) = run_exports(store, m, progress=seen.append)
+    assert result.rows == 3000
+    assert seen and seen[-1].export == "big" and seen[-1].rows == 3000
+    assert [p.rows for p in seen] == sorted(p.rows for p in seen)
