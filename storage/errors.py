@@ -103,6 +103,13 @@ HTTP_STATUS: dict[str, int] = {
 }
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its class name when the message is empty): what a
+    catalogue error quotes of a driver's or library's error."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class ContextfulError(Exception):
     """Root of every Contextful error. Subclasses set ``category`` and build ``detail``."""
 

@@ -31,7 +31,7 @@ def sql(ctx: click.Context, query: str, as_of: str | None) -> None:
     import duckdb
 
     from engine.read import connect
-    from storage.errors import QueryInvalid
+    from storage.errors import QueryInvalid, first_line
 
     with _store(ctx) as store:
         con = connect(store, as_of=as_of)
@@ -41,7 +41,7 @@ def sql(ctx: click.Context, query: str, as_of: str | None) -> None:
                 return
             result = rel.to_arrow_table()
         except duckdb.Error as exc:
-            raise QueryInvalid(query, str(exc).splitlines()[0]) from exc
+            raise QueryInvalid(query, first_line(exc)) from exc
     if _json(ctx):
         emit_json(result.to_pylist())
     else:

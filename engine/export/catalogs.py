@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from storage.errors import CatalogUnavailable, ContextfulError
+from storage.errors import CatalogUnavailable, ContextfulError, first_line
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -40,7 +40,7 @@ def guard_catalog(spec: CatalogSpec, call: Callable[[], Any]) -> Any:
         raise
     except Exception as exc:
         if _unreachable(exc):
-            raise CatalogUnavailable(f"Iceberg catalog {spec.name!r} ({spec.type})", _first_line(exc)) from exc
+            raise CatalogUnavailable(f"Iceberg catalog {spec.name!r} ({spec.type})", first_line(exc)) from exc
         raise
 
 
@@ -49,11 +49,6 @@ def _unreachable(exc: BaseException) -> bool:
     names = {c.__name__ for c in type(exc).__mro__}
     return bool(names & {"OperationalError", "InterfaceError", "ConnectionError", "Timeout", "ServerError",
                          "ServiceUnavailableError", "OSError"})
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class CatalogCache:

@@ -29,7 +29,7 @@ import duckdb
 import pyarrow as pa
 
 from engine.export.catalogs import CatalogCache, guard_catalog
-from storage.errors import NotFound, QueryInvalid
+from storage.errors import NotFound, QueryInvalid, first_line
 from storage.snapshot import quote
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class NamespaceReader:
         except duckdb.InterruptException as exc:
             raise QueryInvalid(sql, f"it ran past the gateway's {self.deadline_s:g} s deadline") from exc
         except duckdb.Error as exc:
-            raise QueryInvalid(sql, _first_line(exc)) from exc
+            raise QueryInvalid(sql, first_line(exc)) from exc
         finally:
             timer.cancel()
         return (data.slice(0, max_rows), True) if data.num_rows > max_rows else (data, False)
@@ -154,8 +154,3 @@ def _local_path(uri: str) -> Path | None:
     if not parts.scheme and uri.startswith("/"):
         return Path(uri)
     return None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -19,6 +19,8 @@ from typing import Any
 
 import duckdb
 
+from storage.errors import first_line
+
 TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 """The only spelling of a table a gateway request or its SQL may use."""
 
@@ -74,7 +76,7 @@ def read_shape(sql: str) -> SqlShape:
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
-        raise SqlShapeError(f"DuckDB's parser refused it: {_first_line(exc)}") from exc
+        raise SqlShapeError(f"DuckDB's parser refused it: {first_line(exc)}") from exc
     if len(statements) != 1:
         raise SqlShapeError(f"it holds {len(statements)} statements; give exactly one SELECT")
     statement = statements[0]
@@ -126,7 +128,3 @@ def _nodes(tree: Any) -> Iterator[dict[str, Any]]:
             stack.extend(reversed(list(item.values())))
         elif isinstance(item, list):
             stack.extend(reversed(item))
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -79,6 +79,8 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 from pyarrow import ipc
 
+from storage.errors import first_line
+
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2"}
 READ_BYTES = 4 << 20
 """Bytes read per block (measured: 2-8 MiB parse fastest; larger blocks fall out of cache)."""
@@ -293,11 +295,11 @@ def decode_input(request: dict[str, Any], data_fd: int) -> None:
     except BrokenPipeError:
         raise  # the parent stopped reading: nobody to tell
     except pa.ArrowInvalid as exc:
-        trailer = {"error": "malformed", "line": None, "reason": _first_line(exc)}
+        trailer = {"error": "malformed", "line": None, "reason": first_line(exc)}
     except (OSError, pa.ArrowNotImplementedError) as exc:
-        trailer = {"error": "unreadable", "reason": _first_line(exc)}
+        trailer = {"error": "unreadable", "reason": first_line(exc)}
     except Exception as exc:  # noqa: BLE001 - any other failure is a crash the parent names
-        trailer = {"error": "crash", "reason": f"{type(exc).__name__}: {_first_line(exc)}"}
+        trailer = {"error": "crash", "reason": f"{type(exc).__name__}: {first_line(exc)}"}
         traceback.print_exc()
     sink.finish(trailer)
 
@@ -324,11 +326,7 @@ def _fetch(request: dict[str, Any], sink: _Sink) -> dict[str, Any]:
         raise
     except Exception as exc:  # noqa: BLE001 - any other failure is a crash the parent names
         traceback.print_exc()
-        return {"error": "crash", "reason": f"{type(exc).__name__}: {_first_line(exc)}"}
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return {"error": "crash", "reason": f"{type(exc).__name__}: {first_line(exc)}"}
 
 
 def _tables(request: dict[str, Any]) -> Iterator[pa.Table]:
@@ -370,7 +368,7 @@ def _reader(request: dict[str, Any]) -> Callable[[memoryview], int]:
         except OSError as exc:
             if exc.errno is not None:
                 raise  # the system's error reading the file, not the codec's
-            raise _Malformed(f"compressed stream: {_first_line(exc)}") from exc
+            raise _Malformed(f"compressed stream: {first_line(exc)}") from exc
     return readinto
 
 
@@ -394,7 +392,7 @@ def _parquet_tables(source: pa.NativeFile, batch_rows: int) -> Iterator[pa.Table
     try:
         parquet = pq.ParquetFile(source)
     except pa.ArrowInvalid as exc:
-        raise _Malformed(f"not a Parquet file: {_first_line(exc)}") from exc
+        raise _Malformed(f"not a Parquet file: {first_line(exc)}") from exc
     for batch in parquet.iter_batches(batch_size=batch_rows):
         yield pa.Table.from_batches([batch])
 
@@ -691,7 +689,7 @@ class _CsvBlocks:
                 parse_options=pcsv.ParseOptions(delimiter=self._delimiter, newlines_in_values=b'"' in block,
                                                 invalid_row_handler=refuse))
         except pa.ArrowInvalid as exc:
-            raise _Malformed(_first_line(exc).removeprefix("CSV parse error: "),
+            raise _Malformed(first_line(exc).removeprefix("CSV parse error: "),
                              offset=_row_offset(block, refused[0]) if refused else None) from exc
         if self._names is None:
             self._names = table.column_names

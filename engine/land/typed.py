@@ -29,7 +29,7 @@ import re
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.errors import TypedLandingFailed, TypeSpellingUnreadable
+from storage.errors import TypedLandingFailed, TypeSpellingUnreadable, first_line
 
 _SIMPLE: dict[str, pa.DataType] = {
     "bool": pa.bool_(), "boolean": pa.bool_(),
@@ -172,6 +172,6 @@ def apply_types(table_name: str, data: pa.Table, types: dict[str, pa.DataType]) 
         try:
             cast = pc.cast(data.column(index), target, safe=True)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise TypedLandingFailed(table_name, column, str(target), str(exc).splitlines()[0]) from exc
+            raise TypedLandingFailed(table_name, column, str(target), first_line(exc)) from exc
         data = data.set_column(index, pa.field(column, target), cast)
     return data

@@ -30,7 +30,7 @@ from engine.land.typed import parse_type
 from engine.model.contract import check_contract
 from engine.model.spec import Contract, ModelSpec, ModelTest
 from engine.read import attach_snapshot
-from storage.errors import ContractMismatch, ModelTestFailed, QueryInvalid
+from storage.errors import ContractMismatch, ModelTestFailed, QueryInvalid, first_line
 from storage.snapshot import quote
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
         try:
             reader = con.sql(spec.sql).to_arrow_reader(PART_ROWS)
         except duckdb.Error as exc:
-            raise QueryInvalid(spec.sql, str(exc).splitlines()[0]) from exc
+            raise QueryInvalid(spec.sql, first_line(exc)) from exc
         meta = {"model": spec.name, "watermark": watermark, "chain": chains, "inputs": list(inputs),
                 "contract": spec.contract.to_json() if spec.contract else None,
                 "sql_digest": hashlib.sha256(spec.sql.encode("utf-8")).hexdigest()}
@@ -203,5 +203,5 @@ def _count(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = 
     try:
         row = con.execute(sql, params).fetchone()
     except duckdb.Error as exc:
-        raise QueryInvalid(sql, str(exc).splitlines()[0]) from exc
+        raise QueryInvalid(sql, first_line(exc)) from exc
     return int(row[0]) if row and row[0] is not None else 0
