@@ -6,8 +6,11 @@ Two kinds of garbage:
   window. Their index rows stay, marked collected, so a snapshot that would read them raises
   ``SnapshotCollected`` instead of answering short;
 - orphans: parts, manifests and temporaries that no commit references (a run that crashed or lost
-  before its commit landed, a blob write that died), once older than a grace period that keeps
-  in-flight writes safe.
+  before its commit landed, a blob write that died), once older than a grace period. A run still
+  staging is known to the catalog (its staging lease, ``Catalog.begin_staging``), and its objects
+  are never orphans however long it takes — a seed or backfill staging for hours, or a run whose
+  commit outcome is unknown — until it commits, gives up, its lease lapses or its holder is
+  provably dead.
 
 Neither touches a part a live snapshot reads, so no answer within retention changes. Parts a
 held build added (``storage.holds``, ``run.publish.hold``) are kept past retention.
@@ -19,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from storage.holders import holder_is_dead
 from storage.holds import holds
 from storage.manifest import table_prefix
 from storage.objects import TMP_MARK
@@ -45,7 +49,17 @@ def collect(store: Store, *, retain_seconds: float = DEFAULT_RETAIN_SECONDS,
     horizon_us = store.clock.now_us() - int(retain_seconds * 1_000_000)
     orphan_before = time.time() - grace_seconds  # object mtimes are wall-clock
     catalog = store.catalog
+    now_us = store.clock.now_us()
     for name in store.table_names(include_reserved=True):
+        # List first: an object listed now was written after its run registered as staging, so the
+        # staging rows and commits read below know of it (as staging, or as committed).
+        listed = store.objects.list(table_prefix(name))
+        staging = set()
+        for run in catalog.staging_runs(name):
+            if run.expires_us > now_us and not holder_is_dead(run.holder):
+                staging.add(run.run_id)
+            else:
+                catalog.end_staging(name, run.run_id)  # abandoned: its objects age out as orphans
         committed = {c.commit_seq: c for c in catalog.commits(name)}
         parts = catalog.all_parts(name)
         held = {h.build_id for h in holds(store, name)}
@@ -59,8 +73,8 @@ def collect(store: Store, *, retain_seconds: float = DEFAULT_RETAIN_SECONDS,
             catalog.mark_collected(name, expired, store.clock.now_us())
             result.removed_parts.extend(expired)
         referenced = {p.path for p in parts} | {c.manifest for c in committed.values() if c.manifest}
-        for obj in store.objects.list(table_prefix(name)):
-            if obj.key in referenced:
+        for obj in listed:
+            if obj.key in referenced or run_of(obj.key) in staging:
                 continue
             is_temp = TMP_MARK in obj.key.rsplit("/", 1)[-1]
             is_ours = "/parts/" in obj.key or "/runs/" in obj.key or is_temp
@@ -72,3 +86,21 @@ def collect(store: Store, *, retain_seconds: float = DEFAULT_RETAIN_SECONDS,
             result.orphans.append(obj.key)
     store.objects.delete(result.orphans)
     return result
+
+
+def run_of(key: str) -> str | None:
+    """The run id an object of a table belongs to (a part, a manifest, or a temporary of either).
+
+    >>> run_of("tables/t/parts/r1-abc-00003.parquet"), run_of("tables/t/runs/r1-abc.json")
+    ('r1-abc', 'r1-abc')
+    >>> run_of("tables/t/parts/.tmp-0123456789abcdef0123456789abcdef-r1-abc-00000.parquet")
+    'r1-abc'
+    """
+    base = key.rsplit("/", 1)[-1]
+    if base.startswith(TMP_MARK):
+        base = base[len(TMP_MARK) + 33:]  # the 32-hex random part and its dash
+    if "/parts/" in key and base.endswith(".parquet"):
+        return base[: -len(".parquet")].rsplit("-", 1)[0]
+    if "/runs/" in key and base.endswith(".json"):
+        return base[: -len(".json")]
+    return None

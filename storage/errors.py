@@ -12,6 +12,7 @@ Hierarchy::
     │   ├── CommitConflict               the table head moved under a commit (conflict)
     │   ├── StagingFailed                writing a part failed (disk full, permissions, network)
     │   ├── CatalogUnavailable           the catalog database is locked, down or unreachable
+    │   ├── CommitOutcomeUnknown         a commit was sent and its outcome could not be learned (unknown)
     │   ├── RateLimited                  a limiter or server denied the call; the retry schedule waits
     │   ├── ConnectorBoundHit            a connector struck its linear-memory or call-deadline bound
     │   └── SourceUnavailable            a source is unreachable or answered 5xx
@@ -88,6 +89,7 @@ EXIT_CODES: dict[str, int] = {
     "refused": 8,
     "unauthenticated": 9,
     "permanent": 1,
+    "unknown": 75,
 }
 
 HTTP_STATUS: dict[str, int] = {
@@ -100,6 +102,7 @@ HTTP_STATUS: dict[str, int] = {
     "refused": 403,
     "unauthenticated": 401,
     "permanent": 500,
+    "unknown": 503,
 }
 
 
@@ -698,3 +701,17 @@ class BlobCorrupt(Permanent):
 class BlobNotFound(NotFound):
     def __init__(self, digest: str) -> None:
         super().__init__(f"no blob {digest}", digest=digest)
+
+
+class CommitOutcomeUnknown(TransientError):
+    """A commit was sent but its outcome could not be learned; nothing was deleted or undone.
+
+    The run may have landed or not: the next attempt (or ``contextful table show``) finds out by
+    looking for ``run_id`` in the table's history. Its parts and manifest stay until then.
+    """
+
+    category = "unknown"
+
+    def __init__(self, target: str, run_id: str, reason: str) -> None:
+        super().__init__(f"the outcome of commit {run_id} on {target} is unknown ({reason}); nothing was deleted",
+                         target=target, run_id=run_id, reason=reason)

@@ -27,10 +27,12 @@ from storage.commits import (
     PartFile,
     RemoveParts,
 )
+from storage.errors import CommitOutcomeUnknown
 from storage.manifest import RunManifest, manifest_key, schema_to_text
 from storage.parts import part_key, write_part
 from storage.reconcile import conform
 from storage.snapshot import Snapshot, snapshot_sql
+from storage.staging import StagingLease
 from storage.transaction import new_run_id
 
 if TYPE_CHECKING:
@@ -76,9 +78,11 @@ def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, 
     run_id = "fold-" + new_run_id()
     added: list[PartFile] = []
     removed: list[str] = []
+    lease = StagingLease(store, name, run_id)
     con = store.duckdb()
     try:
         for index, group in enumerate(groups):
+            lease.renew()
             part = _fold_group(store, con, snap, group, part_key(name, run_id, index))
             added.append(PartFile(part.path, part.rows, part.bytes,
                                   ord_seq=group[-1].ord_seq, ord_idx=group[-1].ord_idx))
@@ -99,8 +103,11 @@ def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, 
     )
     try:
         seq = store.catalog.commit(request, store.clock.now_us())
+    except CommitOutcomeUnknown:
+        raise  # it may have landed: its parts stay, and the lease keeps collection away
     except BaseException:
         store.objects.delete([p.path for p in added] + [key])
+        lease.end()
         raise
     table.refresh()
     return FoldResult(name, seq, len(removed), len(added))

@@ -76,8 +76,15 @@ class ObjectStore:
     def atomic_writer(self, key: str, durable: bool = True) -> Iterator[IO[bytes]]:
         """A binary file handle whose contents appear at ``key`` whole, or not at all."""
         if not self.is_local:
-            with self.fs.open(self.path(key), "wb") as fh:
+            # fsspec's ``with`` closes — and so publishes — a file the body failed to finish; an
+            # object store must get all of it or nothing: abort the upload instead of completing it.
+            fh = self.fs.open(self.path(key), "wb")
+            try:
                 yield fh
+            except BaseException:
+                _discard(fh)
+                raise
+            fh.close()
             return
         with self.atomic_local_path(key, durable=durable) as tmp, open(tmp, "wb") as fh:
             yield fh
@@ -169,6 +176,16 @@ class ObjectStore:
             self.fs.rm([self.path(k) for k in keys])
             if not self.is_local:
                 self.fs.invalidate_cache()
+
+
+def _discard(fh: Any) -> None:
+    """Abandon a remote file being written: abort its multipart upload, never publish it."""
+    discard = getattr(fh, "discard", None)
+    try:
+        if discard is not None:
+            discard()
+    finally:
+        fh.closed = True  # close() would complete the upload with what was buffered
 
 
 def _modified(info: dict[str, Any]) -> datetime | None:

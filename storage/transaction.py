@@ -42,11 +42,12 @@ from storage.commits import (
     Update,
 )
 from storage.cursors import check_cursor
-from storage.errors import CommitConflict, StagingFailed
+from storage.errors import CommitConflict, CommitOutcomeUnknown, StagingFailed
 from storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
 from storage.parts import part_key, split_table, write_part
 from storage.reconcile import DowngradeEvent, conform, reconcile
 from storage.reserved import RESERVED_TABLES, check_modality
+from storage.staging import StagingLease
 
 if TYPE_CHECKING:
     from storage.table import Table
@@ -134,7 +135,10 @@ class RunTransaction:
         self._arrived: list[str] = []
         self._cursor: dict[str, Any] | None = None
         self._done = False
+        self._outcome_unknown = False
         self._recorded = record and table.name not in RESERVED_TABLES  # record=False: no _runs rows
+        # Known to the catalog before the first part exists, so collection never takes its parts.
+        self._lease = StagingLease(self.store, table.name, self.run_id)
         if self._recorded:
             self.store.runs.plan(self.run_id, table.name, kind)
 
@@ -143,6 +147,7 @@ class RunTransaction:
     def stage(self, data: Any) -> None:
         """Reconcile, conform and write ``data`` (Arrow table/batch, Polars frame) as part(s)."""
         self._check_open()
+        self._lease.renew()
         batch = as_arrow(data)
         name = self.table.name
         check_modality(name, batch)
@@ -314,6 +319,11 @@ class RunTransaction:
             )
             try:
                 seq = catalog.commit(request, self.store.clock.now_us())
+            except CommitOutcomeUnknown:
+                # It may have landed: keep every part, the manifest and the staging lease; an
+                # abort after this deletes nothing (the next run or collection settles it).
+                self._outcome_unknown = self._done = True
+                raise
             except CommitConflict as exc:
                 if exc.failed != "AssertSchemaId":
                     raise
@@ -336,8 +346,13 @@ class RunTransaction:
         rec = reconcile(self.table.name, schema_from_text(head_schema), staged)
         return rec.schema, self._events + list(rec.events)
 
+    @property
+    def outcome_unknown(self) -> bool:
+        """Whether the commit was sent and its outcome could not be learned (nothing is deleted)."""
+        return self._outcome_unknown
+
     def abort(self) -> None:
-        """Drop the staged parts; the run lands nothing."""
+        """Drop the staged parts; the run lands nothing. After an unknown commit outcome, nothing."""
         if self._done:
             return
         self._done = True
@@ -348,8 +363,10 @@ class RunTransaction:
         keys = [p.path for p in self._parts] + self._take_orphans() + [manifest_key(self.table.name, self.run_id)]
         try:
             self.store.objects.delete([k for k in keys if self.store.objects.exists(k)])
-        except OSError as exc:  # collection removes what is left
+        except OSError as exc:  # collection removes what is left once the lease lapses
             log.warning("abort of run %s left objects behind: %s", self.run_id, exc)
+            return
+        self._lease.end()
 
     def _take_orphans(self) -> list[str]:
         """Parts written after a failed one: never in ``_parts``, deleted with the run."""

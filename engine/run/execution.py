@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import socket
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from storage.clock import Clock, SystemClock
 from storage.errors import JournalConflict
+from storage.holders import default_holder, holder_is_dead
 from storage.journal import CLOSED_FAILED, CLOSED_OK, JournalStore, StepRow
 
 if TYPE_CHECKING:
@@ -78,11 +76,6 @@ def _decode(stored: bytes) -> StepValue:
         decoded: dict[str, Any] = json.loads(body)
         return decoded
     raise ValueError(f"a recorded step value starts with tag {tag!r}, neither {_TAG_BYTES!r} nor {_TAG_JSON!r}")
-
-
-def default_holder() -> str:
-    """A holder id unique to one handle: host, process and a random suffix."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class Execution:
@@ -196,27 +189,6 @@ class Execution:
         self._check_open(self._next_seq)
         self.journal.close(self.execution_id, self.holder, CLOSED_OK if ok else CLOSED_FAILED, self.clock.now_us())
         self.closed = True
-
-
-def holder_is_dead(holder: str | None) -> bool:
-    """Whether ``holder`` (``host:pid:suffix``) names a process of this host that no longer runs.
-
-    Only a provably dead holder counts: another host's, or a pid that answers, is alive; no holder
-    at all is not a dead one.
-    """
-    if holder is None:
-        return False
-    host, _, rest = holder.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def open_execution(journal: JournalStore, scope: str, plan_ref: str, *, holder: str | None = None,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.run.execution import holder_is_dead
 from storage.clock import Clock, SystemClock, from_us
 from storage.errors import ExecutionNotFound, ExecutionRewindUnsafe
+from storage.holders import holder_is_dead
 from storage.journal import PENDING, JournalStore, OwnerRow
 
 

@@ -21,11 +21,11 @@ def digest_of(data: bytes) -> str:
 
 class BlobStore(ABC):
     @abstractmethod
-    def _write(self, digest: str, data: bytes) -> None:
+    def _store_bytes(self, digest: str, data: bytes) -> None:
         """Store ``data`` under ``digest`` unless present; a racing writer of the same digest wins harmlessly."""
 
     @abstractmethod
-    def _read(self, digest: str) -> bytes:
+    def _load_bytes(self, digest: str) -> bytes:
         """The stored bytes, raising BlobNotFound when absent."""
 
     @abstractmethod
@@ -34,11 +34,11 @@ class BlobStore(ABC):
     def put(self, data: bytes) -> str:
         """Store ``data``; return its lowercase hex SHA-256."""
         digest = digest_of(data)
-        self._write(digest, data)
+        self._store_bytes(digest, data)
         return digest
 
     def get(self, digest: str) -> bytes:
-        data = self._read(digest)
+        data = self._load_bytes(digest)
         actual = digest_of(data)
         if actual != digest:
             raise BlobCorrupt(digest, actual)

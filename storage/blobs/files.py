@@ -20,10 +20,10 @@ class FileBlobStore(BlobStore):
     def key(digest: str) -> str:
         return f"blobs/{digest[:2]}/{digest}"
 
-    def _write(self, digest: str, data: bytes) -> None:
+    def _store_bytes(self, digest: str, data: bytes) -> None:
         self.objects.put_if_absent(self.key(digest), data)
 
-    def _read(self, digest: str) -> bytes:
+    def _load_bytes(self, digest: str) -> bytes:
         try:
             return self.objects.get_bytes(self.key(digest))
         except FileNotFoundError as exc:

@@ -17,11 +17,11 @@ class SqliteBlobStore(BlobStore):
         enable_wal(self._conn)
         self._conn.execute("CREATE TABLE IF NOT EXISTS cf_blobs (digest TEXT PRIMARY KEY, content BLOB NOT NULL)")
 
-    def _write(self, digest: str, data: bytes) -> None:
+    def _store_bytes(self, digest: str, data: bytes) -> None:
         self._conn.execute("INSERT INTO cf_blobs (digest, content) VALUES (?, ?) ON CONFLICT (digest) DO NOTHING",
                            (digest, data))
 
-    def _read(self, digest: str) -> bytes:
+    def _load_bytes(self, digest: str) -> bytes:
         row = self._conn.execute("SELECT content FROM cf_blobs WHERE digest = ?", (digest,)).fetchone()
         if row is None:
             raise BlobNotFound(digest)

@@ -70,6 +70,18 @@ class RunRecordRow:
     flushed_seq: int | None
 
 
+@dataclass(frozen=True)
+class StagingRow:
+    """A run staging parts that has not committed or given up yet: collection keeps its objects."""
+
+    run_id: str
+    holder: str
+    """``host:pid:suffix`` of the staging process (``storage.holders``)."""
+    started_us: int
+    expires_us: int
+    """The lease: past it (or once its holder is provably dead) the run counts as abandoned."""
+
+
 class Catalog(ABC):
     """What the store asks of its catalog. Every method is safe across processes."""
 
@@ -98,7 +110,12 @@ class Catalog(ABC):
     def commit(self, request: CommitRequest, now_us: int) -> int:
         """Check the requirements and apply the updates atomically; return the new commit_seq.
 
-        Raises CommitConflict when a requirement does not hold at the head.
+        Every outcome is known to the caller: a return means committed; CommitConflict (a
+        requirement does not hold at the head) or any other catalogue error means not committed,
+        so the caller may delete what it staged; CommitOutcomeUnknown means it could not be
+        learned (the commit may have landed), so the caller deletes nothing. A run id commits at
+        most once per table: the same request sent again after a lost answer returns the
+        commit_seq it landed at.
         """
 
     @abstractmethod
@@ -129,6 +146,22 @@ class Catalog(ABC):
     @abstractmethod
     def cursor(self, name: str, scope: str) -> tuple[Any, int] | None:
         """The committed cursor value for ``scope`` and the commit that wrote it."""
+
+    @abstractmethod
+    def begin_staging(self, name: str, run_id: str, holder: str, now_us: int, lease_us: int) -> None:
+        """Register ``run_id`` as staging parts of table ``name`` (before its first part is written)."""
+
+    @abstractmethod
+    def renew_staging(self, name: str, run_id: str, expires_us: int) -> None:
+        """Extend a staging run's lease."""
+
+    @abstractmethod
+    def end_staging(self, name: str, run_id: str) -> None:
+        """Forget a staging run that gave up (a commit forgets its own in the same transaction)."""
+
+    @abstractmethod
+    def staging_runs(self, name: str) -> list[StagingRow]:
+        """The runs registered as staging on table ``name``."""
 
     @abstractmethod
     def record_run(self, run_id: str, phase: str, table: str, payload: dict[str, Any], now_us: int) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from storage.catalog.sql import SqlCatalog
-from storage.dbapi import postgres_connection
-from storage.errors import CatalogRejected, CatalogUnavailable, ConditionalWriteUnsupported, ContextfulError
+from storage.dbapi import postgres_connection, postgres_connection_lost, postgres_error
+from storage.errors import ConditionalWriteUnsupported, ContextfulError
 
 
 class PostgresCatalog(SqlCatalog):
@@ -43,13 +43,10 @@ class PostgresCatalog(SqlCatalog):
         cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
 
     def _map_error(self, exc: Exception) -> ContextfulError | None:
-        import psycopg
+        return postgres_error(self.schema, exc)
 
-        if isinstance(exc, psycopg.OperationalError):
-            return CatalogUnavailable(f"postgres:{self.schema}", str(exc).strip())
-        if isinstance(exc, psycopg.Error):
-            return CatalogRejected(f"postgres:{self.schema}", str(exc).strip())
-        return None
+    def _connection_lost(self, exc: BaseException) -> bool:
+        return postgres_connection_lost(self._conn, exc)
 
     def _begin_write(self, cur: Any, durable: bool) -> None:
         cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")

@@ -10,13 +10,11 @@ SQLite, ``SELECT … FOR UPDATE`` on PostgreSQL) and the placeholder style.
 from __future__ import annotations
 
 import json
-import threading
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any
 
-from storage.catalog import Catalog, CommitRow, PartRow, RunRecordRow, TableHead
+from storage.catalog import Catalog, CommitRow, PartRow, RunRecordRow, StagingRow, TableHead
 from storage.commits import (
     AddParts,
     AssertHeadSeq,
@@ -32,8 +30,14 @@ from storage.commits import (
     SetCursor,
     SetSchema,
 )
-from storage.dbapi import SqlDialect
-from storage.errors import CommitConflict, ContextfulError, StoreCatalogMismatch, TableNotFound
+from storage.dbapi import CommitUnheard, SqlDialect
+from storage.errors import (
+    CommitConflict,
+    CommitOutcomeUnknown,
+    ContextfulError,
+    StoreCatalogMismatch,
+    TableNotFound,
+)
 
 DDL = (
     "CREATE TABLE IF NOT EXISTS cf_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -60,6 +64,10 @@ DDL = (
         run_id TEXT NOT NULL, phase TEXT NOT NULL, table_name TEXT NOT NULL, payload TEXT NOT NULL,
         recorded_us BIGINT NOT NULL, flushed_seq BIGINT, PRIMARY KEY (run_id, phase))""",
     "CREATE INDEX IF NOT EXISTS cf_run_records_pending ON cf_run_records (flushed_seq)",
+    "CREATE INDEX IF NOT EXISTS cf_commits_run ON cf_commits (table_name, run_id)",
+    """CREATE TABLE IF NOT EXISTS cf_staging (
+        table_name TEXT NOT NULL, run_id TEXT NOT NULL, holder TEXT NOT NULL, started_us BIGINT NOT NULL,
+        expires_us BIGINT NOT NULL, PRIMARY KEY (table_name, run_id))""",
 )
 
 _HEAD_COLUMNS = "t.name, t.table_uuid, t.commit_seq, t.schema_id, t.primary_key, t.created_us, t.last_commit_us"
@@ -73,13 +81,15 @@ class SqlCatalog(SqlDialect, Catalog):
     placeholder = "?"
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._conn = self._connect()
+        self._open_connection()
         self._probe_linearizable()
-        with self._transaction() as cur:
+
+        def create(cur: _Cursor) -> None:
             self._lock_ddl(cur)
             for statement in DDL:
                 cur.execute(statement)
+
+        self._write(create)
 
     # --- dialect hooks --------------------------------------------------------------------------
 
@@ -109,36 +119,11 @@ class SqlCatalog(SqlDialect, Catalog):
 
     # --- plumbing -------------------------------------------------------------------------------
 
-    @contextmanager
-    def _transaction(self, durable: bool = True) -> Iterator[Any]:
-        with self._lock, self._mapped_errors():
-            cur = self._conn.cursor()
-            try:
-                self._begin_write(cur, durable)
-                try:
-                    yield _Cursor(cur, self._sql)
-                except BaseException:
-                    self._rollback(cur)
-                    raise
-                cur.execute("COMMIT")
-            finally:
-                cur.close()
-
-    @staticmethod
-    def _rollback(cur: Any) -> None:
-        try:
-            cur.execute("ROLLBACK")
-        except Exception:  # noqa: BLE001, S110 - the connection itself failed; the server rolled it back
-            pass
+    def _cursor_for(self, cur: Any) -> _Cursor:
+        return _Cursor(cur, self._sql)
 
     def _read(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock, self._mapped_errors():
-            cur = self._conn.cursor()
-            try:
-                cur.execute(self._sql(statement), tuple(params))
-                return list(cur.fetchall())
-            finally:
-                cur.close()
+        return self._query_rows(statement, params)
 
     def close(self) -> None:
         with self._lock:
@@ -147,22 +132,23 @@ class SqlCatalog(SqlDialect, Catalog):
     # --- the store and its tables ---------------------------------------------------------------
 
     def bind_store(self, store_uuid: str, root: str) -> None:
-        with self._transaction() as cur:
+        def bind(cur: _Cursor) -> str:
             cur.execute("INSERT INTO cf_meta (key, value) VALUES ('store_uuid', ?) ON CONFLICT (key) DO NOTHING",
                         (store_uuid,))
             cur.execute("SELECT value FROM cf_meta WHERE key = 'store_uuid'")
-            bound = cur.fetchone()[0]
+            return str(cur.fetchone()[0])
+
+        bound = self._write(bind, rerun_unheard=True)
         if bound != store_uuid:
             raise StoreCatalogMismatch(store_uuid, bound, root)
 
     def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
                      order_by: str | None = None) -> TableHead:
-        with self._transaction() as cur:
-            cur.execute(
-                "INSERT INTO cf_tables (name, table_uuid, commit_seq, schema_id, primary_key, created_us,"
-                " last_commit_us) VALUES (?, ?, 0, 0, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
-                (name, uuid, _merge_text(primary_key, order_by), now_us, now_us),
-            )
+        self._write(lambda cur: cur.execute(
+            "INSERT INTO cf_tables (name, table_uuid, commit_seq, schema_id, primary_key, created_us,"
+            " last_commit_us) VALUES (?, ?, 0, 0, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
+            (name, uuid, _merge_text(primary_key, order_by), now_us, now_us),
+        ), rerun_unheard=True)
         head = self.load_head(name)
         assert head is not None
         return head
@@ -172,9 +158,10 @@ class SqlCatalog(SqlDialect, Catalog):
         if head is None:
             raise TableNotFound(name)
         if head.order_by is None:
-            with self._transaction() as cur:
-                cur.execute("UPDATE cf_tables SET primary_key = ? WHERE name = ? AND primary_key = ?",
-                            (_merge_text(head.primary_key, order_by), name, _merge_text(head.primary_key, None)))
+            key = head.primary_key
+            self._write(lambda cur: cur.execute(
+                "UPDATE cf_tables SET primary_key = ? WHERE name = ? AND primary_key = ?",
+                (_merge_text(key, order_by), name, _merge_text(key, None))), rerun_unheard=True)
             head = self.load_head(name)
             assert head is not None
         return head
@@ -202,30 +189,57 @@ class SqlCatalog(SqlDialect, Catalog):
     # --- the commit -----------------------------------------------------------------------------
 
     def commit(self, request: CommitRequest, now_us: int) -> int:
-        with self._transaction() as cur:
-            cur.execute(self._lock_head_sql(), (request.table,))
-            row = cur.fetchone()
-            if row is None:
-                raise TableNotFound(request.table)
-            uuid, head_seq, schema_id, last_us = row
-            self._check(cur, request, uuid, head_seq, schema_id)
-            seq = head_seq + 1
-            committed_us = max(now_us, last_us)  # transaction time never runs backwards
-            schema_id = self._apply(cur, request, seq, schema_id)
-            cur.execute(
-                "INSERT INTO cf_commits (table_name, commit_seq, run_id, kind, manifest, schema_id,"
-                " committed_us, rows_added) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (request.table, seq, request.run_id, request.kind, request.manifest, schema_id,
-                 committed_us, request.rows),
-            )
-            cur.execute(
-                "UPDATE cf_tables SET commit_seq = ?, schema_id = ?, last_commit_us = ?"
-                " WHERE name = ? AND commit_seq = ?",
-                (seq, schema_id, committed_us, request.table, head_seq),
-            )
-            if cur.rowcount != 1:
-                raise CommitConflict(request.table, f"head moved from commit_seq {head_seq}")
-            return seq
+        """One transaction; a commit whose answer was lost runs again and finds its run id landed
+        (a run id commits at most once per table), so it never lands twice. Raises
+        CommitOutcomeUnknown only when no working connection could tell."""
+        try:
+            return self._write(lambda cur: self._commit(cur, request, now_us), rerun_unheard=True)
+        except CommitUnheard as exc:
+            raise CommitOutcomeUnknown(f"table {request.table!r}", request.run_id, str(exc)) from exc
+
+    def _commit(self, cur: _Cursor, request: CommitRequest, now_us: int) -> int:
+        cur.execute(self._lock_head_sql(), (request.table,))
+        row = cur.fetchone()
+        if row is None:
+            raise TableNotFound(request.table)
+        uuid, head_seq, schema_id, last_us = row
+        landed = self._landed_seq(cur, request)
+        if landed is not None:
+            return landed
+        self._check(cur, request, uuid, head_seq, schema_id)
+        seq = head_seq + 1
+        committed_us = max(now_us, last_us)  # transaction time never runs backwards
+        schema_id = self._apply(cur, request, seq, schema_id)
+        cur.execute(
+            "INSERT INTO cf_commits (table_name, commit_seq, run_id, kind, manifest, schema_id,"
+            " committed_us, rows_added) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (request.table, seq, request.run_id, request.kind, request.manifest, schema_id,
+             committed_us, request.rows),
+        )
+        cur.execute("DELETE FROM cf_staging WHERE table_name = ? AND run_id = ?", (request.table, request.run_id))
+        cur.execute(
+            "UPDATE cf_tables SET commit_seq = ?, schema_id = ?, last_commit_us = ?"
+            " WHERE name = ? AND commit_seq = ?",
+            (seq, schema_id, committed_us, request.table, head_seq),
+        )
+        if cur.rowcount != 1:
+            raise CommitConflict(request.table, f"head moved from commit_seq {head_seq}")
+        return seq
+
+    @staticmethod
+    def _landed_seq(cur: _Cursor, request: CommitRequest) -> int | None:
+        """The commit_seq at which this request's run id already landed (under the head lock, so
+        no earlier attempt is still in flight), else None."""
+        cur.execute("SELECT commit_seq, manifest, rows_added FROM cf_commits WHERE table_name = ? AND run_id = ?",
+                    (request.table, request.run_id))
+        found = cur.fetchone()
+        if found is None:
+            return None
+        seq, manifest, rows = found
+        if manifest != request.manifest or rows != request.rows:
+            raise CommitConflict(request.table, f"run {request.run_id} already landed at commit_seq {seq}"
+                                 " with other contents", failed="RunIdLanded")
+        return int(seq)
 
     def _check(self, cur: _Cursor, request: CommitRequest, uuid: str, head_seq: int, schema_id: int) -> None:
         table = request.table
@@ -337,25 +351,48 @@ class SqlCatalog(SqlDialect, Catalog):
         return [PartRow(*r) for r in rows]
 
     def mark_collected(self, name: str, paths: list[str], now_us: int) -> None:
-        with self._transaction() as cur:
-            cur.executemany("UPDATE cf_parts SET collected_us = ? WHERE table_name = ? AND path = ?",
-                            [(now_us, name, p) for p in paths])
+        self._write(lambda cur: cur.executemany(
+            "UPDATE cf_parts SET collected_us = ? WHERE table_name = ? AND path = ?",
+            [(now_us, name, p) for p in paths]), rerun_unheard=True)
 
     def cursor(self, name: str, scope: str) -> tuple[Any, int] | None:
         rows = self._read("SELECT value, commit_seq FROM cf_cursors WHERE table_name = ? AND scope = ?",
                           (name, scope))
         return (json.loads(rows[0][0]), rows[0][1]) if rows else None
 
+    # --- runs staging ---------------------------------------------------------------------------
+
+    def begin_staging(self, name: str, run_id: str, holder: str, now_us: int, lease_us: int) -> None:
+        self._write(lambda cur: cur.execute(
+            "INSERT INTO cf_staging (table_name, run_id, holder, started_us, expires_us) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (table_name, run_id) DO UPDATE SET holder = excluded.holder,"
+            " expires_us = excluded.expires_us",
+            (name, run_id, holder, now_us, now_us + lease_us)), durable=False, rerun_unheard=True)
+
+    def renew_staging(self, name: str, run_id: str, expires_us: int) -> None:
+        self._write(lambda cur: cur.execute(
+            "UPDATE cf_staging SET expires_us = ? WHERE table_name = ? AND run_id = ?",
+            (expires_us, name, run_id)), durable=False, rerun_unheard=True)
+
+    def end_staging(self, name: str, run_id: str) -> None:
+        self._write(lambda cur: cur.execute(
+            "DELETE FROM cf_staging WHERE table_name = ? AND run_id = ?", (name, run_id)),
+            durable=False, rerun_unheard=True)
+
+    def staging_runs(self, name: str) -> list[StagingRow]:
+        rows = self._read("SELECT run_id, holder, started_us, expires_us FROM cf_staging WHERE table_name = ?",
+                          (name,))
+        return [StagingRow(*r) for r in rows]
+
     # --- the run-record cache -------------------------------------------------------------------
 
     def record_run(self, run_id: str, phase: str, table: str, payload: dict[str, Any], now_us: int) -> None:
-        with self._transaction(durable=False) as cur:
-            cur.execute(
-                "INSERT INTO cf_run_records (run_id, phase, table_name, payload, recorded_us, flushed_seq)"
-                " VALUES (?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, phase) DO UPDATE SET"
-                " payload = excluded.payload, recorded_us = excluded.recorded_us, flushed_seq = NULL",
-                (run_id, phase, table, json.dumps(payload), now_us),
-            )
+        self._write(lambda cur: cur.execute(
+            "INSERT INTO cf_run_records (run_id, phase, table_name, payload, recorded_us, flushed_seq)"
+            " VALUES (?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, phase) DO UPDATE SET"
+            " payload = excluded.payload, recorded_us = excluded.recorded_us, flushed_seq = NULL",
+            (run_id, phase, table, json.dumps(payload), now_us),
+        ), durable=False, rerun_unheard=True)
 
     def pending_run_records(self, limit: int) -> list[RunRecordRow]:
         rows = self._read(

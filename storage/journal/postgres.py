@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.dbapi import postgres_connection
-from storage.errors import CatalogRejected, CatalogUnavailable, ContextfulError
+from storage.dbapi import postgres_connection, postgres_connection_lost, postgres_error
+from storage.errors import ContextfulError
 from storage.journal.sql import SqlJournalStore
 
 
@@ -31,7 +31,10 @@ class PostgresJournalStore(SqlJournalStore):
     def _connect(self) -> Any:
         return postgres_connection(self.dsn, self.schema)
 
-    def _begin_write(self, cur: Any) -> None:
+    def _connection_lost(self, exc: BaseException) -> bool:
+        return postgres_connection_lost(self._conn, exc)
+
+    def _begin_write(self, cur: Any, durable: bool = True) -> None:
         cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
 
     def _lock_ddl(self, cur: Any) -> None:
@@ -43,10 +46,4 @@ class PostgresJournalStore(SqlJournalStore):
                     (f"contextful-journal-owner:{self.schema}:{scope}",))
 
     def _map_error(self, exc: Exception) -> ContextfulError | None:
-        import psycopg
-
-        if isinstance(exc, psycopg.OperationalError):
-            return CatalogUnavailable(f"postgres:{self.schema}", str(exc).strip())
-        if isinstance(exc, psycopg.Error):
-            return CatalogRejected(f"postgres:{self.schema}", str(exc).strip())
-        return None
+        return postgres_error(self.schema, exc)

@@ -9,14 +9,12 @@ one step waits for the first insert to commit and then reads its value.
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-from storage.dbapi import SqlDialect
-from storage.errors import ContextfulError
+from storage.dbapi import CommitUnheard, SqlDialect
+from storage.errors import CommitOutcomeUnknown, ContextfulError
 from storage.journal import JournalStore, OwnerRow, StepRow
 
 OWNER_COLUMNS = ("scope", "execution_id", "plan_ref", "status", "holder", "lease_expires_us", "opened_us",
@@ -54,13 +52,14 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
     blob_type = "BLOB"
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
-        with self._lock, self._mapped_errors():
-            self._conn = self._connect()
-        with self._transaction() as cur:
+        self._open_connection()
+
+        def create(cur: Any) -> None:
             self._lock_ddl(cur)
             for statement in DDL:
                 cur.execute(statement.format(blob=self.blob_type))
+
+        self._write(create, rerun_unheard=True)
 
     # --- dialect hooks --------------------------------------------------------------------------
 
@@ -68,7 +67,7 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
     def _connect(self) -> Any: ...
 
     @abstractmethod
-    def _begin_write(self, cur: Any) -> None:
+    def _begin_write(self, cur: Any, durable: bool = True) -> None:
         """Begin a write transaction."""
 
     @abstractmethod
@@ -86,24 +85,8 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
 
     # --- plumbing -------------------------------------------------------------------------------
 
-    @contextmanager
-    def _transaction(self) -> Iterator[Any]:
-        with self._lock, self._mapped_errors():
-            cur = self._conn.cursor()
-            try:
-                self._begin_write(cur)
-                try:
-                    yield cur
-                except BaseException:
-                    cur.execute("ROLLBACK")
-                    raise
-                cur.execute("COMMIT")
-            finally:
-                cur.close()
-
     def _query(self, statement: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        with self._lock, self._mapped_errors():
-            return list(self._conn.execute(self._sql(statement), params).fetchall())
+        return self._query_rows(statement, params)
 
     def close_store(self) -> None:
         with self._lock:
@@ -113,7 +96,7 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
 
     def _swap_owner(self, change: Callable[[OwnerRow | None], OwnerRow], *, scope: str | None = None,
                     execution_id: str | None = None) -> OwnerRow:
-        with self._transaction() as cur:
+        def swap(cur: Any) -> OwnerRow:
             if scope is not None:
                 self._lock_scope(cur, scope)
                 cur.execute(self._sql(f"{_SELECT_OWNER} WHERE scope = ?{self.row_lock}"), (scope,))
@@ -122,6 +105,12 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
             new = change(_owner(cur.fetchone()))
             cur.execute(self._sql(_UPSERT_OWNER), tuple(getattr(new, c) for c in OWNER_COLUMNS))
             return new
+
+        try:  # an owner transition is not repeatable blindly: a lost answer is an unknown outcome
+            return self._write(swap)
+        except CommitUnheard as exc:
+            raise CommitOutcomeUnknown(f"journal owner {scope or execution_id}", str(execution_id or scope),
+                                       str(exc)) from exc
 
     def owner(self, scope: str) -> OwnerRow | None:
         rows = self._query(f"{_SELECT_OWNER} WHERE scope = ?", (scope,))
@@ -134,11 +123,10 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
 
     def _insert_step(self, row: StepRow) -> StepRow:
         while True:  # bounded in practice: it loops only if a collect removes the step in between
-            with self._lock, self._mapped_errors():
-                self._conn.execute(
-                    self._sql("INSERT INTO cf_journal_steps (execution_id, seq, label, value, recorded_us)"
-                              " VALUES (?, ?, ?, ?, ?) ON CONFLICT (execution_id, seq) DO NOTHING"),
-                    (row.execution_id, row.seq, row.label, row.value, row.recorded_us))
+            self._write(lambda cur: cur.execute(
+                self._sql("INSERT INTO cf_journal_steps (execution_id, seq, label, value, recorded_us)"
+                          " VALUES (?, ?, ?, ?, ?) ON CONFLICT (execution_id, seq) DO NOTHING"),
+                (row.execution_id, row.seq, row.label, row.value, row.recorded_us)), rerun_unheard=True)
             stored = self._query(f"{_SELECT_STEP} WHERE execution_id = ? AND seq = ?", (row.execution_id, row.seq))
             if stored:
                 return _step(stored[0])
@@ -148,10 +136,12 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
                                                   (execution_id,))]
 
     def collect(self, execution_id: str, below: int | None = None) -> int:
-        with self._transaction() as cur:
+        def delete(cur: Any) -> int:
             if below is None:
                 cur.execute(self._sql("DELETE FROM cf_journal_steps WHERE execution_id = ?"), (execution_id,))
             else:
                 cur.execute(self._sql("DELETE FROM cf_journal_steps WHERE execution_id = ? AND seq < ?"),
                             (execution_id, below))
             return int(cur.rowcount)
+
+        return self._write(delete, rerun_unheard=True)

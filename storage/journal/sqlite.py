@@ -31,7 +31,7 @@ class SqliteJournalStore(SqlJournalStore):
         conn.execute("PRAGMA synchronous=FULL")
         return conn
 
-    def _begin_write(self, cur: Any) -> None:
+    def _begin_write(self, cur: Any, durable: bool = True) -> None:
         cur.execute("BEGIN IMMEDIATE")
 
     def _map_error(self, exc: Exception) -> ContextfulError | None:

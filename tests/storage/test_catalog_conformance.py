@@ -10,6 +10,8 @@ module.
 
 from __future__ import annotations
 
+import itertools
+
 import sqlite3
 import threading
 import uuid
@@ -97,8 +99,12 @@ def part(path: str, rows: int = 1, size: int = 100, **kwargs: Any) -> PartFile:
     return PartFile(path, rows, size, **kwargs)
 
 
+RUN_NUMBERS = itertools.count(1)
+
+
 def request(*updates: Update, table: str = "t", requirements: tuple[Requirement, ...] = (),
-            run_id: str = "run", kind: str = "append", rows: int = 0) -> CommitRequest:
+            run_id: str | None = None, kind: str = "append", rows: int = 0) -> CommitRequest:
+    run_id = run_id or f"run-{next(RUN_NUMBERS)}"  # a run id commits at most once per table
     return CommitRequest(table=table, run_id=run_id, kind=kind, manifest=f"tables/{table}/runs/{run_id}.json",
                          requirements=requirements, updates=updates, rows=rows)
 

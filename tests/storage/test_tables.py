@@ -186,18 +186,26 @@ def test_fold_compacts_small_parts_and_collection_removes_them_past_retention(ma
         table.to_arrow(commit_seq=5)
 
 
-def test_collection_removes_orphans_of_runs_that_never_committed(store: Store) -> None:
+def test_collection_keeps_a_staging_run_and_removes_it_once_abandoned(store: Store) -> None:
+    clock = store.clock
+    assert isinstance(clock, ManualClock)
     store.append("t", pa.table({"n": [1]}))
     txn = store.table("t").transaction()
-    txn.stage(pa.table({"n": [2]}))  # staged, never committed: the process "died"
+    txn.stage(pa.table({"n": [2]}))
     assert txn.staged_rows == 1 and txn.staged_bytes > 0  # staged_bytes waits for the part written behind
     orphan = f"tables/t/parts/{txn.run_id}-00000.parquet"
     assert store.objects.exists(orphan)
-    result = store.collect(grace_seconds=3600)
-    assert orphan not in result.orphans  # young objects may belong to a run in flight
+    # A run still staging is known to the catalog: no grace period is needed to spare its parts.
+    assert orphan not in store.collect(grace_seconds=0).orphans
+    clock.advance(3 * 3600)  # hours of staging: each stage renews the lease
+    txn.stage(pa.table({"n": [3]}))
+    assert orphan not in store.collect(grace_seconds=0).orphans and store.objects.exists(orphan)
+    # The process "died": it stages no more, and past its lease the parts are orphans.
+    clock.advance(2 * 3600)
     result = store.collect(grace_seconds=0)
     assert orphan in result.orphans and not store.objects.exists(orphan)
     assert store.table("t").to_arrow().column("n").to_pylist() == [1]
+    assert store.catalog.staging_runs("t") == []
 
 
 @pytest.mark.clause("run.record.reserved-table")
