@@ -81,11 +81,19 @@ class SqlDialect:
             self._conn.close()
         except Exception as exc:  # noqa: BLE001 - the old connection is already gone; replaced below
             log.debug("closing a lost connection: %s", exc)
+        self._reconnect_owed = True
         self._conn = self._connect()
+        self._reconnect_owed = False
+
+    def _settle_connection(self) -> None:
+        """Reconnect first when an earlier reconnect failed (its old connection is closed)."""
+        if getattr(self, "_reconnect_owed", False):
+            self._reconnect()
 
     def _query_rows(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run one read; on a lost connection, once more on a new one."""
         with self._lock, self._mapped_errors():
+            self._settle_connection()
             for attempt in (1, 2):
                 try:
                     cur = self._conn.cursor()
@@ -110,11 +118,13 @@ class SqlDialect:
         effect), run again once on a working connection; otherwise raise :class:`CommitUnheard`.
         """
         with self._lock, self._mapped_errors():
+            self._settle_connection()
             unheard: BaseException | None = None
             for attempt in (1, 2):
-                cur = self._conn.cursor()
+                cur = None
                 phase = "begin"
                 try:
+                    cur = self._conn.cursor()
                     self._begin_write(cur, durable)
                     phase = "body"
                     result = body(self._cursor_for(cur))
@@ -163,6 +173,8 @@ class SqlDialect:
 
 
 def _close_quietly(cur: Any) -> None:
+    if cur is None:
+        return
     try:
         cur.close()
     except Exception as exc:  # noqa: BLE001 - a cursor of a lost connection; nothing to release
@@ -170,6 +182,8 @@ def _close_quietly(cur: Any) -> None:
 
 
 def _rollback_quietly(cur: Any) -> None:
+    if cur is None:
+        return
     try:
         cur.execute("ROLLBACK")
     except Exception as exc:  # noqa: BLE001 - the connection failed; the server rolled back with it
