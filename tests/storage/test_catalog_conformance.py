@@ -11,7 +11,6 @@ module.
 from __future__ import annotations
 
 import itertools
-
 import sqlite3
 import threading
 import uuid
