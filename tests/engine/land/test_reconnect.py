@@ -1,0 +1,95 @@
+"""A dropped catalog connection costs one retried operation, not the rest of the process's life.
+
+A long ``contextful pipeline run`` on the PostgreSQL profile has its backends terminated
+(``pg_terminate_backend``) in the middle of a walk; it reconnects and lands every row once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from storage import Store
+from storage.catalog.postgres import PostgresCatalog
+from tests.support.http_api import JsonApi, Reply, Request, watermark_pages
+
+
+@pytest.fixture
+def api() -> Iterator[JsonApi]:
+    with JsonApi() as server:
+        yield server
+
+
+def terminate_backends(dsn: str, application_name: str) -> int:
+    """Terminate every backend of ``application_name``; how many there were."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                            (application_name,)).fetchall()
+    return len(rows)
+
+
+def postgres_env(dsn: str, schema: str, application_name: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
+    env.update(CONTEXTFUL_STORAGE_PROFILE="postgres", CONTEXTFUL_POSTGRES_DSN=f"{dsn} application_name={application_name}",
+               CONTEXTFUL_POSTGRES_SCHEMA=schema)
+    return env
+
+
+def test_a_long_run_whose_backends_are_terminated_goes_on(tmp_path: Path, api: JsonApi, pg_dsn: str) -> None:
+    rows = [{"id": i, "updated_at": i} for i in range(12)]
+    serve = watermark_pages(rows, "updated_at", 2)
+    inside_page_4 = threading.Event()
+    release = threading.Event()
+
+    def fourth_page_waits(request: Request) -> Reply:
+        if len(api.requests_to("/items")) == 4 and not release.is_set():
+            inside_page_4.set()
+            release.wait(120)
+        return serve(request)
+
+    api.route("/items", fourth_page_waits)
+    (tmp_path / "contextful.toml").write_text(f"""
+[project]
+name = "reconnect"
+
+[[pipeline]]
+id = "events"
+table = "events"
+incremental = "updated_at"
+[pipeline.source]
+kind = "http"
+[pipeline.source.config]
+url = "{api.url}/items"
+""")
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    name = f"cf-{uuid.uuid4().hex[:12]}"
+    child = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "run",
+                              "--checkpoint-mib", "0.000001"], env=postgres_env(pg_dsn, schema, name),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert inside_page_4.wait(120), "the walk never reached page 4"
+        # Checkpoints have committed through the catalog; now every connection of the run dies.
+        assert terminate_backends(pg_dsn, name) >= 1
+        release.set()
+        out, err = child.communicate(timeout=300)
+    finally:
+        release.set()
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0, err
+    assert "Traceback" not in err
+    store = Store.open(tmp_path / ".contextful" / "store", catalog=PostgresCatalog(pg_dsn, schema))
+    try:
+        ids = store.table("events").to_arrow().column("id").to_pylist()
+        assert sorted(ids) == list(range(12))  # every row exactly once
+        assert len(store.table("events").commits()) > 1  # committed before and after the terminations
+    finally:
+        store.close()
