@@ -240,3 +240,26 @@ def test_a_run_id_commits_at_most_once(rig: Rig) -> None:
                             requirements=(), updates=(), rows=commit.rows)
     assert store.catalog.commit(request, 1) == commit.commit_seq  # the same commit sent again
     assert store.catalog.commits("t") == again
+
+
+def test_a_model_build_whose_outcome_is_unknown_deletes_nothing(rig: Rig, tmp_path: Path) -> None:
+    import tomllib
+
+    from engine.config.parse import parse_manifest
+    from engine.model.build import build_models, published_build
+
+    store = rig.store
+    land_missing(store, 4)
+    text = ('[project]\nname = "m"\n[[model]]\nname = "evens"\n'
+            'sql = "SELECT id FROM t WHERE id % 2 = 0"\n')
+    manifest = parse_manifest(tomllib.loads(text), tmp_path)
+    before = {o.key for o in store.objects.list("tables/evens")}
+    rig.after_commit(then_refuse=True)
+    with pytest.raises(CommitOutcomeUnknown):
+        build_models(store, manifest)
+    rig.heal()
+    kept = [o.key for o in store.objects.list("tables/evens") if o.key not in before]
+    assert any("/parts/" in k for k in kept)  # the build's parts were not deleted
+    build = published_build(store, "evens")
+    assert build is not None  # it had landed, and it reads
+    assert sorted(store.table("evens").to_arrow().column("id").to_pylist()) == [0, 2]
