@@ -117,6 +117,8 @@ class PgProxy:
             except OSError:
                 _close(client)
                 continue
+            for sock in (client, server):  # no Nagle delay on the many small protocol messages
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             pair = _Pair(self, client, server)
             with self._lock:
                 self._sockets.update((client, server))

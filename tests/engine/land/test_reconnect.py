@@ -1,11 +1,15 @@
-"""A dropped catalog connection costs one retried operation, not the rest of the process's life.
+"""A dropped catalog connection costs one retried operation, not the rest of the process's life;
+a commit whose outcome cannot be learned loses nothing.
 
 A long ``contextful pipeline run`` on the PostgreSQL profile has its backends terminated
-(``pg_terminate_backend``) in the middle of a walk; it reconnects and lands every row once.
+(``pg_terminate_backend``) in the middle of a walk; it reconnects and lands every row once. A run
+whose checkpoint committed on the server while the answer was lost and the server stayed
+unreachable exits naming ``CommitOutcomeUnknown``; the next run settles it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +24,7 @@ import pytest
 from storage import Store
 from storage.catalog.postgres import PostgresCatalog
 from tests.support.http_api import JsonApi, Reply, Request, watermark_pages
+from tests.support.pg_proxy import PgProxy
 
 
 @pytest.fixture
@@ -91,5 +96,50 @@ url = "{api.url}/items"
         ids = store.table("events").to_arrow().column("id").to_pylist()
         assert sorted(ids) == list(range(12))  # every row exactly once
         assert len(store.table("events").commits()) > 1  # committed before and after the terminations
+    finally:
+        store.close()
+
+
+def test_a_pipeline_run_whose_commit_outcome_is_unknown_settles_on_the_next_run(tmp_path: Path,
+                                                                               pg_dsn: str) -> None:
+    """The server commits a checkpoint, the answer is lost and the catalog cannot be reached
+    again: the run exits 75 naming CommitOutcomeUnknown and deletes nothing; once the catalog is
+    back, the next run lands exactly what is missing and every row is there once."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for shard in range(3):
+        lines = [json.dumps({"id": shard * 10 + i, "kind": "view"}) for i in range(10)]
+        (raw / f"events-{shard}.ndjson").write_text("\n".join(lines) + "\n")
+    (tmp_path / "contextful.toml").write_text("""
+[project]
+name = "outcome"
+
+[[pipeline]]
+id = "events"
+table = "events"
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["raw/events-*.ndjson"]
+""")
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    with PgProxy(pg_dsn) as proxy:
+        env = postgres_env(proxy.dsn(), schema, "cf-outcome")
+        command = [sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "run",
+                   "--checkpoint-mib", "0.000001"]
+        proxy.cut_after_commit(b"INSERT INTO cf_commits", then_refuse=True)
+        first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert proxy.fired.is_set()
+        assert first.returncode == 75, first.stderr
+        assert "CommitOutcomeUnknown" in first.stderr and "Traceback" not in first.stderr
+        proxy.heal()
+        second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert second.returncode == 0, second.stderr
+    store = Store.open(tmp_path / ".contextful" / "store", catalog=PostgresCatalog(pg_dsn, schema))
+    try:
+        ids = store.table("events").to_arrow().column("id").to_pylist()
+        assert sorted(ids) == list(range(30))  # every row exactly once
+        runs = [c.run_id for c in store.table("events").commits()]
+        assert len(runs) == len(set(runs))
     finally:
         store.close()
