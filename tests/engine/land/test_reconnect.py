@@ -84,7 +84,7 @@ url = "{api.url}/items"
         # Checkpoints have committed through the catalog; now every connection of the run dies.
         assert terminate_backends(pg_dsn, name) >= 1
         release.set()
-        out, err = child.communicate(timeout=300)
+        _out, err = child.communicate(timeout=300)
     finally:
         release.set()
         if child.poll() is None:
