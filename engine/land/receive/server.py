@@ -17,16 +17,19 @@ Implements ``run.land.receive-spool`` and ``run.land.receive-key-expired`` at th
 
 HTTP::
 
-    POST /pipelines/<id>/batches     Contextful-Batch-Key: <key>   (body: ndjson, or a JSON array)
+    POST /pipelines/<id>/batches     Authorization: Bearer cfw_…  Contextful-Batch-Key: <key>
+                                     (body: ndjson, or a JSON array; Content-Length or chunked)
       200 {"pipeline", "key", "replayed", "tables": [{"table", "run_id", "commit_seq", "rows", "group"}]}
       4xx/5xx {"error": <ErrorName>, "detail": <what it concerns>}
-    GET /healthz                     200 {"ok": true, "pipelines": [...]}
+    GET /healthz                     200 {"ok": true}
 
+A request first proves a writer key naming the pipeline (``writers``: 401, 403); a body declared
+past ``max_body_bytes`` answers 413 before a byte is read, a chunked one the moment it passes.
 Errors answer with the error's ``http_status``, except a malformed body (``InputMalformed``), which
-answers 400. ``Content-Encoding: gzip`` or ``zstd`` bodies are decoded as such. A request with
-``Expect: 100-continue`` gets its ``100 Continue`` only once the receiver wants the body, so a
-refused key costs the sender no upload. An answer given without reading the body closes the
-connection.
+answers 400. ``Content-Encoding: gzip`` or ``zstd`` bodies are decoded within ``max_decoded_bytes``
+(``body``). A request with ``Expect: 100-continue`` gets its ``100 Continue`` only once the
+receiver wants the body, so a refused key costs the sender no upload. An answer given without
+reading the body closes the connection.
 """
 
 from __future__ import annotations

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import load_manifest
 from engine.export import readers
 from engine.land.receive import writers
 from engine.served.project import serve_project
 from storage import Store
-from storage.errors import ReaderCredentialUnadmitted
+from storage.errors import ReaderCredentialUnadmitted, WriterCredentialUnadmitted
 from tests.engine.land.test_receive import (
     PIPELINE,
     TOKENS,
@@ -103,8 +102,6 @@ def test_writer_keys_never_admit_queries_and_reader_keys_never_admit_writes(tmp_
     with pytest.raises(ReaderCredentialUnadmitted):
         readers.admit(tmp_path, f"Bearer {writer.token}")  # what the gateway's /query and /exports admit
     assert readers.admit(tmp_path, f"Bearer {reader.token}") == "analysts"
-    from storage.errors import WriterCredentialUnadmitted
-
     with pytest.raises(WriterCredentialUnadmitted):
         writers.admit(tmp_path, f"Bearer {reader.token}", PIPELINE)
     assert writers.admit(tmp_path, f"Bearer {writer.token}", PIPELINE).key_id == writer.key.key_id
@@ -180,7 +177,6 @@ def test_serve_puts_receive_and_the_gateway_on_separate_addresses(tmp_path: Path
 def test_the_serve_command_takes_separate_addresses(tmp_path: Path) -> None:
     (tmp_path / "contextful.toml").write_text(RECEIVE_TOML)
     writer = writers.issue(tmp_path, [PIPELINE]).token
-    load_manifest(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "serve",
                              "--receive-http", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=_env())

@@ -11,8 +11,9 @@ import json
 import logging
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pyarrow as pa
 import pytest
@@ -52,7 +53,7 @@ class Connection:
         self.sock = socket.create_connection((host, int(port)), timeout=30)
         self.file = self.sock.makefile("rb")
 
-    def __enter__(self) -> Connection:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -143,7 +144,7 @@ def test_a_chunked_body_lands_and_the_next_request_on_the_connection_is_its_own(
 
 def test_a_body_a_route_does_not_read_never_becomes_the_next_request(tmp_path: Path, serve: Serve) -> None:
     server = serve()
-    smuggled = f"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    smuggled = b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"
     for framing, body in ((f"Content-Length: {len(smuggled)}\r\n", smuggled),
                           ("Transfer-Encoding: chunked\r\n", chunked(smuggled))):
         with Connection(server.url) as conn:
@@ -207,8 +208,6 @@ def test_a_member_whose_values_fail_conform_fails_alone_and_the_others_land(tmp_
         store.append(PIPELINE, pa.table({"batch": ["seed"], "i": pa.array([-1], pa.int64())}))
     server = serve(types={"i": "uint64"})
     too_big = json.dumps({"batch": "bad", "i": 2**63}).encode() + b"\n"  # fits uint64, not int64
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(3) as pool:
         with land_lock_held(tmp_path):
             futures = {}
