@@ -203,6 +203,7 @@ def test_a_compression_bomb_fails_by_name_within_the_decoded_bound(tmp_path: Pat
 # --- one bad member ----------------------------------------------------------------------------
 
 
+@pytest.mark.clause("run.land.receive-group", "run.land.irreconcilable-schema")
 def test_a_member_whose_values_fail_conform_fails_alone_and_the_others_land(tmp_path: Path, serve: Serve) -> None:
     with open_store(tmp_path) as store:  # the table holds signed 64-bit integers
         store.append(PIPELINE, pa.table({"batch": ["seed"], "i": pa.array([-1], pa.int64())}))
