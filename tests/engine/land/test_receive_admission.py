@@ -169,6 +169,26 @@ def test_serve_puts_receive_and_the_gateway_on_separate_addresses(tmp_path: Path
         assert (status, doc["error"]) == (401, "ReaderCredentialUnadmitted")
         status, body = post(receive_url, "r2", ndjson("r2", 1), token=reader)
         assert (status, body["error"]) == (401, "WriterCredentialUnadmitted")
+        # the gateway reads a chunked query body too, and refuses one past its bound before reading it
+        host, port = gateway_url.removeprefix("http://").rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            conn.request("POST", "/query", body=iter([json.dumps(query).encode()[:9], json.dumps(query).encode()[9:]]),
+                         headers={"Authorization": f"Bearer {reader}", "Transfer-Encoding": "chunked"},
+                         encode_chunked=True)
+            response = conn.getresponse()
+            assert (response.status, json.loads(response.read())["row_count"]) == (200, 4)
+            conn.request("GET", "/exports", headers={"Authorization": f"Bearer {reader}"})  # the same connection
+            response = conn.getresponse()
+            assert (response.status, json.loads(response.read())["credential"]) == (200, "analysts")
+            conn.putrequest("POST", "/query")
+            conn.putheader("Authorization", f"Bearer {reader}")
+            conn.putheader("Content-Length", str(2 << 20))
+            conn.endheaders()
+            response = conn.getresponse()
+            assert (response.status, json.loads(response.read())["error"]) == (413, "RequestBodyTooLarge")
+        finally:
+            conn.close()
     finally:
         served.shutdown(grace_s=10)
     assert rows_by_batch(tmp_path) == {"r1": 2}
