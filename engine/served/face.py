@@ -39,6 +39,7 @@ _COPY_BYTES = 1 << 20
 _MAX_LINE = 4096
 _MAX_TRAILERS = 64
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() admits '²', which int() refuses
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
     if isinstance(address, tuple):
         return address
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    if not sep or not _DIGITS.fullmatch(port) or int(port) > 65535:
         raise SpecInvalid(f"--http {address!r}: give HOST:PORT (port 0 picks a free one)")
     return host.strip("[]"), int(port)
 
@@ -80,7 +81,7 @@ def _framing(headers: Message) -> tuple[ContextfulError, int] | None:
                            f"'chunked'"), 411
     if codings and lengths:
         return SpecInvalid("a request carries both Transfer-Encoding and Content-Length"), 400
-    if len(lengths) > 1 or (lengths and not lengths[0].strip().isdigit()):
+    if len(lengths) > 1 or (lengths and not _DIGITS.fullmatch(lengths[0].strip())):
         return SpecInvalid(f"Content-Length {', '.join(lengths)!r} is not one byte count"), 400
     return None
 
@@ -106,7 +107,7 @@ class Exchange:
         """Why the body's framing is refused, with the status to answer; None when it reads."""
         self.chunked = self.framing is None and "Transfer-Encoding" in self.headers
         raw = self.headers.get("Content-Length")
-        self._length: int | None = int(raw) if raw is not None and raw.strip().isdigit() else None
+        self._length: int | None = int(raw) if raw is not None and _DIGITS.fullmatch(raw.strip()) else None
 
     @property
     def body_pending(self) -> bool:
@@ -125,7 +126,7 @@ class Exchange:
         raw = self.headers.get("Content-Length")
         if raw is None:
             return None
-        if not raw.strip().isdigit():
+        if not _DIGITS.fullmatch(raw.strip()):
             raise SpecInvalid(f"Content-Length {raw!r} is not a byte count")
         self._length = int(raw)
         return self._length

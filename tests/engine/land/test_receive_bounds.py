@@ -161,6 +161,10 @@ def test_a_body_a_route_does_not_read_never_becomes_the_next_request(tmp_path: P
             answer = conn.answer()
             assert answer is not None and answer[0] == status, framing
             assert conn.answer() is None
+    with Connection(server.url) as conn:  # a length str.isdigit() takes for a digit, int() does not
+        conn.send(batch_head(conn, server.url, "f", "").replace(b"\r\n\r\n", b"\r\nContent-Length: \xb2\r\n\r\n"))
+        answer = conn.answer()
+        assert answer is not None and answer[0] == 400 and conn.answer() is None
     assert rows_by_batch(tmp_path) == {} and incoming(tmp_path) == []
 
 
