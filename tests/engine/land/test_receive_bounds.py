@@ -10,6 +10,7 @@ import gzip
 import json
 import logging
 import os
+import resource
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -202,6 +203,22 @@ def test_a_compression_bomb_fails_by_name_within_the_decoded_bound(tmp_path: Pat
     status, doc = post(server.url, "cut", damaged, headers={"Content-Encoding": encoding})
     assert (status, doc["error"]) == (400, "InputMalformed")
     assert rows_by_batch(tmp_path) == {"fine": 4} and incoming(tmp_path) == []
+
+
+def test_a_gigabyte_bomb_is_decoded_in_pieces_never_whole(tmp_path: Path, serve: Serve) -> None:
+    """One zstd frame of 1 GiB (about 32 KiB sent): decoding it whole would lift this process's peak
+    memory by a gigabyte; decoding it in pieces stops at the bound having held about one piece."""
+    server = serve(max_decoded_bytes=8 << 20)
+    compressor = zstandard.ZstdCompressor(level=1).compressobj()
+    piece = b"\n" * (16 << 20)
+    bomb = b"".join([compressor.compress(piece) for _ in range(64)] + [compressor.flush()])
+    assert len(bomb) < 1 << 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    status, doc = post(server.url, "giga", bomb, headers={"Content-Encoding": "zstd"})
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert (status, doc["error"]) == (413, "RequestBodyTooLarge") and "decoded" in doc["detail"]
+    assert grown_kib < 256 << 10, f"peak memory grew by {grown_kib >> 10} MiB"
+    assert incoming(tmp_path) == [] and rows_by_batch(tmp_path) == {}
 
 
 # --- one bad member ----------------------------------------------------------------------------
