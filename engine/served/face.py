@@ -63,7 +63,7 @@ def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
         return address
     host, sep, port = address.rpartition(":")
     if not sep or not _DIGITS.fullmatch(port) or int(port) > 65535:
-        raise SpecInvalid(f"--http {address!r}: give HOST:PORT (port 0 picks a free one)")
+        raise SpecInvalid(f"address {address!r}: give HOST:PORT (port 0 picks a free one)")
     return host.strip("[]"), int(port)
 
 
