@@ -201,7 +201,7 @@ def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Mem
             continue
         pending[member.id] = todo
 
-    kept, data, _schemas = _prepare(store, queue, [m for m in members if m.id in pending], pending, landing)
+    kept, data = _prepare(store, queue, [m for m in members if m.id in pending], pending, landing)
     for table in touched_tables(spec, kept):
         group = [m for m in kept if table in pending[m.id]]
         if group:
@@ -230,7 +230,7 @@ def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Mem
 
 
 def _prepare(store: Store, queue: Queue, candidates: list[Member], pending: dict[str, list[str]],
-             landing: GroupLanding) -> tuple[list[Member], dict[tuple[str, str], pa.Table], dict[str, pa.Schema]]:
+             landing: GroupLanding) -> tuple[list[Member], dict[tuple[str, str], pa.Table]]:
     """Read each candidate's tables and join them, in FIFO order, into one schema per table, every
     kept member's frames conformed to it.
 
@@ -274,7 +274,7 @@ def _prepare(store: Store, queue: Queue, candidates: list[Member], pending: dict
         kept.append(member)
         raw.update({(member.id, t): f for t, f in frames.items()})
         data.update(conformed)
-    return kept, data, schemas
+    return kept, data
 
 
 def _commit(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: list[Member],
