@@ -34,7 +34,8 @@ Hierarchy::
         │   ├── PipelineSourceKindUnknown
         │   ├── PipelineNormalizeModeUnknown
         │   ├── ModelCycle               [[model]] blocks read each other in a cycle
-        │   └── ExportNamespaceShared    two [[export]] blocks share a namespace, credential or table
+        │   ├── ExportNamespaceShared    two [[export]] blocks share a namespace, credential or table
+        │   └── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
         │   ├── InputUnreadable
@@ -55,9 +56,11 @@ Hierarchy::
         ├── Expired                      a window closed (expired; HTTP 410)
         │   └── ReceiveBatchKeyExpired
         ├── Refused                      an admitted caller asked beyond its grant (refused; HTTP 403)
-        │   └── ExportQueryRefused       a gateway request names a namespace, an undeclared template, ...
+        │   ├── ExportQueryRefused       a gateway request names a namespace, an undeclared template, ...
+        │   └── WriterPipelineRefused    a writer key posted to a pipeline it does not name
         ├── Unauthenticated              no admitted credential (unauthenticated; HTTP 401)
-        │   └── ReaderCredentialUnadmitted
+        │   ├── ReaderCredentialUnadmitted
+        │   └── WriterCredentialUnadmitted
         ├── NotFound                     (not-found)
         │   ├── TableNotFound
         │   ├── SnapshotNotFound
@@ -715,3 +718,46 @@ class CommitOutcomeUnknown(TransientError):
     def __init__(self, target: str, run_id: str, reason: str) -> None:
         super().__init__(f"the outcome of commit {run_id} on {target} is unknown ({reason}); nothing was deleted",
                          target=target, run_id=run_id, reason=reason)
+
+
+# --- the served face's admission and bounds ---------------------------------------------------
+
+
+class WriterCredentialUnadmitted(Unauthenticated):
+    """A receive request's bearer key is missing, malformed, unknown or revoked (a reader key included)."""
+
+    reason: str
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason}; the receive routes admit a writer key issued by `contextful pipeline key "
+                         f"issue PIPELINE`", reason=reason)
+
+
+class WriterPipelineRefused(Refused):
+    """An admitted writer key does not name the pipeline a batch was posted to."""
+
+    key_id: str
+    pipeline: str
+
+    def __init__(self, key_id: str, pipeline: str) -> None:
+        super().__init__(f"writer key {key_id} does not admit batches to pipeline {pipeline!r}", key_id=key_id,
+                         pipeline=pipeline)
+
+
+class RequestBodyTooLarge(SpecInvalid):
+    """A request body (as sent, or once decoded) is past its declared bound; answered 413 and
+    nothing of it is spooled."""
+
+    what: str
+    limit: int
+    decoded: bool
+
+    def __init__(self, what: str, limit: int, *, decoded: bool = False, declared: int | None = None) -> None:
+        body = "decoded body" if decoded else "body"
+        size = f"of {declared:,} bytes" if declared is not None else f"past {limit:,} bytes"
+        super().__init__(f"{what}: a {body} {size} is over the {limit:,}-byte bound", what=what, limit=limit,
+                         decoded=decoded, declared=declared)
+
+    @property
+    def http_status(self) -> int:
+        return 413

@@ -1,4 +1,4 @@
-"""``contextful pipeline validate|plan|run``: the manifest's pipelines from the terminal."""
+"""``contextful pipeline validate|plan|run|serve|key``: the manifest's pipelines from the terminal."""
 
 from __future__ import annotations
 
@@ -134,6 +134,62 @@ def _print_results(results: list[Any]) -> None:
             click.echo(f"warning: {warning}", err=True)
         for f in r.failures:
             click.echo(f"error: {f.error}: {f.detail}", err=True)
+
+
+@pipeline.group("key")
+def key() -> None:
+    """Writer keys: how a sender proves it may push batches to 'receive' pipelines."""
+
+
+@key.command("issue")
+@click.argument("pipelines", nargs=-1, required=True)
+@click.pass_context
+def key_issue(ctx: click.Context, pipelines: tuple[str, ...]) -> None:
+    """Mint a writer key for PIPELINES ('receive' pipelines); printed once, stored hashed."""
+    from engine.land.receive import writers
+
+    manifest = _manifest(ctx)
+    receiving = sorted(p.id for p in manifest.pipelines if p.source.kind == "receive")
+    unknown = [p for p in pipelines if p not in receiving]
+    if unknown:
+        raise click.BadParameter(f"no receive pipeline {', '.join(map(repr, unknown))} (receive pipelines: "
+                                 f"{', '.join(receiving) or 'none'})", param_hint="PIPELINES")
+    issued = writers.issue(manifest.root, list(pipelines))
+    if ctx.obj["json"]:
+        emit_json({**issued.key.public(), "token": issued.token})
+        return
+    click.echo(issued.token)
+    click.echo(f"writer key {issued.key.key_id} for {', '.join(issued.key.pipelines)}: shown once, kept only as a "
+               f"digest; send it as 'Authorization: Bearer <key>'", err=True)
+
+
+@key.command("list")
+@click.pass_context
+def key_list(ctx: click.Context) -> None:
+    """Every writer key (revoked ones too); never the secrets."""
+    from engine.land.receive import writers
+
+    keys = writers.list_keys(_manifest(ctx).root)
+    if ctx.obj["json"]:
+        emit_json([k.public() for k in keys])
+        return
+    emit_rows(["key_id", "pipelines", "created_at", "revoked_at"],
+              [(k.key_id, ", ".join(k.pipelines), k.created_at, k.revoked_at or "-") for k in keys])
+
+
+@key.command("revoke")
+@click.argument("key_id")
+@click.pass_context
+def key_revoke(ctx: click.Context, key_id: str) -> None:
+    """Revoke a writer key; the receive routes refuse it from the next request on."""
+    from engine.land.receive import writers
+
+    try:
+        revoked = writers.revoke(_manifest(ctx).root, key_id)
+    except KeyError:
+        raise click.BadParameter(f"no writer key {key_id!r} (see `contextful pipeline key list`)",
+                                 param_hint="KEY_ID") from None
+    click.echo(f"writer key {revoked.key_id} ({', '.join(revoked.pipelines)}) revoked at {revoked.revoked_at}")
 
 
 register_serve(pipeline)

@@ -1,10 +1,13 @@
-"""``contextful pipeline serve --http HOST:PORT``: the project's served face.
+"""``contextful pipeline serve --http HOST:PORT``: the project's served face(s).
 
 It hosts the receive source for ``receive`` pipelines (``engine.land.receive``, docs/receive.md)
 and the Iceberg query gateway for the manifest's exports (``engine.export.gateway``,
-docs/exports.md). The command parses its arguments and calls :func:`serve_manifest`. It prints ``listening on http://HOST:PORT`` (the bound
-port when port 0 was asked for) on stdout once the socket is bound, and serves until SIGTERM or
-SIGINT, then stops accepting, lets batches in flight answer, and exits 0.
+docs/exports.md): both on ``--http``, or each on its own address with ``--receive-http`` and
+``--gateway-http`` (a service with no address is not served). The command parses its arguments
+and calls :func:`serve_manifest`. Once the sockets are bound it prints on stdout ``listening on
+http://HOST:PORT`` for the shared address and ``listening on http://HOST:PORT (receive)`` (or
+``(gateway)``) for a service's own (the bound port when port 0 was asked for), and serves until
+SIGTERM or SIGINT, then stops accepting, lets batches in flight answer, and exits 0.
 
 ``register_serve(pipeline)`` adds the command to the ``pipeline`` group. Until then (or to run it
 alone) ``python -m engine.cli.serve --project DIR --http 127.0.0.1:0`` runs the same command.
@@ -15,7 +18,8 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -23,8 +27,9 @@ if TYPE_CHECKING:
     from engine.config import Manifest
 
 
-def serve_manifest(manifest: Manifest, store_url: str | None, address: str) -> None:
-    """Serve the manifest's receive pipelines and query gateway on ``address`` until SIGTERM or SIGINT."""
+def serve_manifest(manifest: Manifest, store_url: str | None, address: str | None, *,
+                   receive_address: str | None = None, gateway_address: str | None = None) -> None:
+    """Serve the manifest's receive pipelines and query gateway until SIGTERM or SIGINT."""
     from engine.land.decode import Decoder
     from engine.land.receive.spool import queue_root
     from engine.served.project import serve_project
@@ -40,9 +45,11 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str) -> N
     try:
         with Decoder() as decoder:
             server = serve_project(manifest, open_store, address, queue_root=queue_root(manifest.root),
-                                   decoder=decoder)
+                                   decoder=decoder, receive_address=receive_address,
+                                   gateway_address=gateway_address)
             try:
-                click.echo(f"listening on {server.url}")
+                for label, face in server.faces.items():
+                    click.echo(f"listening on {face.url}" + (f" ({label})" if label else ""))
                 sys.stdout.flush()
                 while not stop.wait(0.5):  # a timed wait: the signal handler runs between waits
                     pass
@@ -53,15 +60,33 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str) -> N
             signal.signal(sig, handler)
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _addresses(command: F) -> F:
+    """The address options ``serve`` and ``main`` share."""
+    for option in reversed((
+            click.option("--http", "address", metavar="HOST:PORT",
+                         help="Address of every service without its own; port 0 picks a free port (printed)."),
+            click.option("--receive-http", "receive_address", metavar="HOST:PORT",
+                         help="Address of the receive routes alone (writer keys)."),
+            click.option("--gateway-http", "gateway_address", metavar="HOST:PORT",
+                         help="Address of the query gateway alone (reader keys)."))):
+        command = option(command)
+    return command
+
+
 @click.command()
-@click.option("--http", "address", required=True, metavar="HOST:PORT",
-              help="Address to listen on; port 0 picks a free port (printed on stdout).")
+@_addresses
 @click.pass_context
-def serve(ctx: click.Context, address: str) -> None:
+def serve(ctx: click.Context, address: str | None, receive_address: str | None, gateway_address: str | None) -> None:
     """Serve 'receive' pipelines' batches and the exports' query gateway over HTTP."""
     from engine.config import load_manifest
 
-    serve_manifest(load_manifest(ctx.obj["project"]), ctx.obj["store"], address)
+    if not (address or receive_address or gateway_address):
+        raise click.UsageError("give --http, --receive-http or --gateway-http")
+    serve_manifest(load_manifest(ctx.obj["project"]), ctx.obj["store"], address, receive_address=receive_address,
+                   gateway_address=gateway_address)
 
 
 def register_serve(pipeline_group: click.Group) -> None:
@@ -74,18 +99,20 @@ def register_serve(pipeline_group: click.Group) -> None:
               help="Store root (path or fsspec URL). Default: the project's store.")
 @click.option("--project", "project_dir", default=".", show_default=True, type=click.Path(file_okay=False),
               help="Project directory (holding contextful.toml).")
-@click.option("--http", "address", required=True, metavar="HOST:PORT",
-              help="Address to listen on; port 0 picks a free port (printed on stdout).")
+@_addresses
 @click.pass_context
-def main(ctx: click.Context, store_url: str | None, project_dir: str, address: str) -> None:
+def main(ctx: click.Context, store_url: str | None, project_dir: str, address: str | None,
+         receive_address: str | None, gateway_address: str | None) -> None:
     """``contextful pipeline serve``, runnable alone as ``python -m engine.cli.serve``."""
     from storage.errors import ContextfulError
 
     ctx.obj = {"store": store_url, "project": project_dir, "json": False}
     try:
-        ctx.invoke(serve, address=address)
+        ctx.invoke(serve, address=address, receive_address=receive_address, gateway_address=gateway_address)
     except ContextfulError as exc:
-        click.echo(f"error: {exc}", err=True)
+        from engine.guard import mask_message
+
+        click.echo(f"error: {mask_message(str(exc))}", err=True)
         ctx.exit(exc.exit_code)
 
 

@@ -1,4 +1,6 @@
-"""The served face of ``contextful pipeline serve --http``: one HTTP server, routes from each service.
+"""The served face of ``contextful pipeline serve``: HTTP servers, routes from each service.
 
-- ``engine.served.face``: :class:`~.face.Route`, :class:`~.face.Exchange`, :func:`~.face.serve_face`.
+- ``engine.served.face``: :class:`~.face.Route`, :class:`~.face.Exchange`, :func:`~.face.serve_face`;
+- ``engine.served.keys``: bearer keys (reader and writer keys), stored hashed, compared in constant time;
+- ``engine.served.project``: :func:`~.project.serve_project`, the services of one project on their addresses.
 """

@@ -5,7 +5,11 @@ Iceberg query gateway (``engine.export.gateway``) on one address; later the cont
 routes join them. A service contributes :class:`Route` objects; a route's handler gets an
 :class:`Exchange` (headers, a streamed body, JSON or streamed answers). Every answer to a
 :class:`~storage.errors.ContextfulError` is ``{"error": <ErrorName>, "detail": <what it concerns>}``
-with the error's ``http_status``. ``GET /healthz`` answers ``{"ok": true, <each service's health>}``.
+with the error's ``http_status`` and its detail masked by the secret guard. ``GET /healthz``
+answers ``{"ok": true}`` and a path no route serves ``404 NotFound``: neither names a route or a
+pipeline to a caller that proved nothing. Request bodies are framed by ``Content-Length`` or
+chunked transfer coding (:class:`Exchange`); an answer leaving body bytes unread closes the
+connection, so no body is ever parsed as the next request.
 
 :func:`serve_face` binds (port 0 picks one) and serves in a daemon thread; :meth:`ServedFace.shutdown`
 stops accepting and gives requests in flight a grace period to answer.
@@ -18,18 +22,24 @@ import logging
 import re
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
-from storage.errors import ContextfulError, InputUnreadable, NotFound, SpecInvalid
+from engine.guard import mask_message
+from storage.errors import ContextfulError, InputUnreadable, NotFound, RequestBodyTooLarge, SpecInvalid
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 30.0
 _COPY_BYTES = 1 << 20
+_MAX_LINE = 4096
+_MAX_TRAILERS = 64
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() admits '²', which int() refuses
 
 
 @dataclass(frozen=True)
@@ -52,13 +62,38 @@ def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
     if isinstance(address, tuple):
         return address
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise SpecInvalid(f"--http {address!r}: give HOST:PORT (port 0 picks a free one)")
+    if not sep or not _DIGITS.fullmatch(port) or int(port) > 65535:
+        raise SpecInvalid(f"address {address!r}: give HOST:PORT (port 0 picks a free one)")
     return host.strip("[]"), int(port)
 
 
+def _framing(headers: Message) -> tuple[ContextfulError, int] | None:
+    """Why a request's body framing is refused (and the status), or None when the face reads it.
+
+    Only ``Transfer-Encoding: chunked`` alone is read (411 for any other coding); a request with
+    both framings, or with several or malformed ``Content-Length`` values, is refused (400): either
+    could make the body's end, and so the next request, ambiguous.
+    """
+    codings = [c.strip().lower() for v in headers.get_all("Transfer-Encoding") or () for c in v.split(",")]
+    lengths = headers.get_all("Content-Length") or []
+    if codings and codings != ["chunked"]:
+        return SpecInvalid(f"Transfer-Encoding {', '.join(codings)!r} is not read; send Content-Length or "
+                           f"'chunked'"), 411
+    if codings and lengths:
+        return SpecInvalid("a request carries both Transfer-Encoding and Content-Length"), 400
+    if len(lengths) > 1 or (lengths and not _DIGITS.fullmatch(lengths[0].strip())):
+        return SpecInvalid(f"Content-Length {', '.join(lengths)!r} is not one byte count"), 400
+    return None
+
+
 class Exchange:
-    """One request and its answer, as a route handler sees them."""
+    """One request and its answer, as a route handler sees them.
+
+    A body is framed by ``Content-Length`` or by ``Transfer-Encoding: chunked`` (decoded here, chunk
+    extensions and trailers read and dropped); :attr:`framing` holds why any other framing is
+    refused. An answer given while body bytes stay unread closes the connection, so they are never
+    parsed as the next request.
+    """
 
     def __init__(self, handler: _Handler) -> None:
         self._handler = handler
@@ -67,63 +102,127 @@ class Exchange:
         self.query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         self.headers = handler.headers
         self._read = 0
+        self._done = False
+        self.framing = _framing(handler.headers)
+        """Why the body's framing is refused, with the status to answer; None when it reads."""
+        self.chunked = self.framing is None and "Transfer-Encoding" in self.headers
         raw = self.headers.get("Content-Length")
-        self._length: int | None = int(raw) if raw is not None and raw.strip().isdigit() else None
+        self._length: int | None = int(raw) if raw is not None and _DIGITS.fullmatch(raw.strip()) else None
 
     @property
     def body_pending(self) -> bool:
-        """Whether the request declared body bytes the handler has not read."""
+        """Whether the request has body bytes the handler has not read."""
+        if self.chunked:
+            return not self._done
         return self._length is not None and self._read < self._length
+
+    @property
+    def has_body(self) -> bool:
+        """Whether the request is framed with a body (chunked, or a Content-Length above zero)."""
+        return self.chunked or bool(self._length)
 
     def content_length(self) -> int | None:
         """The declared body length (None without a header); a malformed header is SpecInvalid."""
         raw = self.headers.get("Content-Length")
         if raw is None:
             return None
-        if not raw.strip().isdigit():
+        if not _DIGITS.fullmatch(raw.strip()):
             raise SpecInvalid(f"Content-Length {raw!r} is not a byte count")
         self._length = int(raw)
         return self._length
 
-    def copy_body(self, out: BinaryIO, what: str) -> None:
-        """Stream the declared body into ``out``, sending ``100 Continue`` first if it was asked for."""
-        length = self.content_length() or 0
+    def check_length(self, limit: int, what: str) -> None:
+        """RequestBodyTooLarge when the declared length is past ``limit`` (before a byte is read)."""
+        length = None if self.chunked else self.content_length()
+        if length is not None and length > limit:
+            raise RequestBodyTooLarge(what, limit, declared=length)
+
+    def copy_body(self, out: BinaryIO, what: str, limit: int | None = None) -> None:
+        """Stream the body into ``out``, sending ``100 Continue`` first if it was asked for.
+
+        Past ``limit`` bytes (declared, or counted while a chunked body streams) it raises
+        RequestBodyTooLarge; what was written to ``out`` is the caller's to discard.
+        """
+        if self.framing is not None:
+            raise self.framing[0]
+        if limit is not None:
+            self.check_length(limit, what)
         handler = self._handler
         if handler.continue_pending:
             handler.continue_pending = False
             handler.send_response_only(100)
             handler.end_headers()
-        while self._read < length:
-            chunk = handler.rfile.read(min(_COPY_BYTES, length - self._read))
-            if not chunk:
-                raise InputUnreadable(what, f"the body ended after {self._read} of {length} bytes")
-            out.write(chunk)
+        for chunk in (self._chunked(what) if self.chunked else self._sized(what)):
             self._read += len(chunk)
+            if limit is not None and self._read > limit:
+                raise RequestBodyTooLarge(what, limit)
+            out.write(chunk)
+
+    def _sized(self, what: str) -> Iterator[bytes]:
+        length = self.content_length() or 0
+        read = 0
+        while read < length:
+            chunk = self._handler.rfile.read(min(_COPY_BYTES, length - read))
+            if not chunk:
+                raise InputUnreadable(what, f"the body ended after {read} of {length} bytes")
+            read += len(chunk)
+            yield chunk
+
+    def _chunked(self, what: str) -> Iterator[bytes]:
+        """The data of a chunked body (RFC 9112 7.1): size lines in hex, data, CRLF, ..., 0, trailers."""
+        rfile = self._handler.rfile
+        while True:
+            size_line = self._line(what)
+            size_text = size_line.split(b";", 1)[0].strip()
+            if not _CHUNK_SIZE.fullmatch(size_text):
+                raise SpecInvalid(f"{what}: a chunked body has a malformed chunk size {size_text[:20]!r}")
+            left = int(size_text, 16)
+            if left == 0:
+                for _ in range(_MAX_TRAILERS):  # trailer fields, dropped; a bounded count
+                    if self._line(what) in (b"\r\n", b"\n"):
+                        self._done = True
+                        return
+                raise SpecInvalid(f"{what}: a chunked body has more than {_MAX_TRAILERS} trailer lines")
+            while left:
+                data = rfile.read(min(_COPY_BYTES, left))
+                if not data:
+                    raise InputUnreadable(what, f"the chunked body ended inside a chunk after {self._read} bytes")
+                left -= len(data)
+                yield data
+            if rfile.read(2) != b"\r\n":
+                raise SpecInvalid(f"{what}: a chunk of a chunked body does not end with CRLF")
+
+    def _line(self, what: str) -> bytes:
+        line: bytes = self._handler.rfile.readline(_MAX_LINE + 1)
+        if not line.endswith(b"\n"):
+            if len(line) > _MAX_LINE:
+                raise SpecInvalid(f"{what}: a chunked body has a line over {_MAX_LINE} bytes")
+            raise InputUnreadable(what, f"the chunked body ended after {self._read} bytes")
+        return line
 
     def read_body(self, limit: int, what: str) -> bytes:
-        """The whole (small) body; SpecInvalid past ``limit`` bytes, before reading any."""
-        length = self.content_length() or 0
-        if length > limit:
-            raise SpecInvalid(f"{what}: a body of {length} bytes is over the {limit}-byte limit")
+        """The whole (small) body; RequestBodyTooLarge past ``limit`` bytes."""
 
         class _Buffer(list[bytes]):
             def write(self, chunk: bytes) -> None:
                 self.append(chunk)
 
         buffer = _Buffer()
-        self.copy_body(buffer, what)  # type: ignore[arg-type]
+        self.copy_body(buffer, what, limit)  # type: ignore[arg-type]
         return b"".join(buffer)
 
     def send_json(self, status: int, doc: Any, *, close: bool = False) -> None:
         self.send_bytes(status, json.dumps(doc, default=str).encode(), "application/json", close=close)
 
-    def send_error(self, exc: ContextfulError, *, status: int | None = None, close: bool | None = None) -> None:
-        """``{"error", "detail"}`` at the error's HTTP status; closes when body bytes stay unread."""
-        self.send_json(status or exc.http_status, {"error": exc.name, "detail": exc.detail},
-                       close=self.body_pending if close is None else close)
+    def send_error(self, exc: ContextfulError, *, status: int | None = None, close: bool = False) -> None:
+        """``{"error", "detail"}`` at the error's HTTP status, the detail masked by the secret guard."""
+        self.send_json(status or exc.http_status, {"error": exc.name, "detail": mask_message(exc.detail)},
+                       close=close)
 
     def send_bytes(self, status: int, payload: bytes, content_type: str, *, close: bool = False) -> None:
+        """One answer; it closes the connection when asked to or when body bytes stay unread."""
         handler = self._handler
+        close = close or self.body_pending
         try:
             handler.send_response(status)
             handler.send_header("Content-Type", content_type)
@@ -144,6 +243,9 @@ class Exchange:
             handler.send_response(status)
             handler.send_header("Content-Type", content_type)
             handler.send_header("Transfer-Encoding", "chunked")
+            if self.body_pending:
+                handler.close_connection = True
+                handler.send_header("Connection", "close")
             handler.end_headers()
             for chunk in chunks:
                 if chunk:
@@ -158,9 +260,8 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, address: tuple[str, int], routes: list[Route], health: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, address: tuple[str, int], routes: list[Route]) -> None:
         self.routes = routes
-        self.health = health
         self.active = 0
         self.idle = threading.Condition()
         super().__init__(address, _Handler)
@@ -203,8 +304,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         exchange = Exchange(self)
+        if exchange.framing is not None:
+            error, status = exchange.framing
+            exchange.send_error(error, status=status, close=True)
+            return
         if method == "GET" and exchange.path == "/healthz":
-            exchange.send_json(200, {"ok": True, **self.server.health()})
+            exchange.send_json(200, {"ok": True})
             return
         for route in self.server.routes:
             match = route.pattern.fullmatch(exchange.path) if route.method == method else None
@@ -214,13 +319,12 @@ class _Handler(BaseHTTPRequestHandler):
                 route.handle(exchange, match)
             except ContextfulError as exc:
                 exchange.send_error(exc)
-            except Exception as exc:
-                log.exception("served: %s %s failed", method, exchange.path)
-                exchange.send_json(500, {"error": type(exc).__name__, "detail": str(exc)}, close=True)
+            except Exception:
+                log.exception("served: %s %s failed", method, mask_message(exchange.path))
+                exchange.send_json(500, {"error": "InternalError", "detail": "the server failed; see its log"},
+                                   close=True)
             return
-        known = "; ".join(r.describe for r in self.server.routes) or "none"
-        has_body = self.headers.get("Content-Length", "0").strip() not in ("", "0")
-        exchange.send_error(NotFound(f"no resource {method} {exchange.path} (served: {known})"), close=has_body)
+        exchange.send_error(NotFound(f"no resource {method} {exchange.path}"))
 
 
 class ServedFace:
@@ -243,9 +347,8 @@ class ServedFace:
             return self._httpd.idle.wait_for(lambda: self._httpd.active == 0, timeout=grace_s)
 
 
-def serve_face(address: str | tuple[str, int], routes: list[Route],
-               health: Callable[[], dict[str, Any]] | None = None) -> ServedFace:
+def serve_face(address: str | tuple[str, int], routes: list[Route]) -> ServedFace:
     """Bind ``address`` and serve ``routes`` in a daemon thread."""
     host, port = parse_address(address)
     server_class = _HTTP6Server if ":" in host else _HTTPServer
-    return ServedFace(server_class((host, port), routes, health or dict))
+    return ServedFace(server_class((host, port), routes))

@@ -1,10 +1,13 @@
-"""Everything ``contextful pipeline serve --http`` hosts for one project, on one served face.
+"""Everything ``contextful pipeline serve`` hosts for one project, on one served face or several.
 
 - the receive source, when a ``[[pipeline]]`` has a source of kind ``receive`` (docs/receive.md);
 - the Iceberg query gateway, when the manifest declares an ``[[export]]`` (docs/exports.md).
 
-:func:`serve_project` starts both on one address; :meth:`Served.shutdown` stops accepting, lets
-requests in flight answer, and closes the services.
+:func:`serve_project` serves each service on its own address when given one (``receive_address``,
+``gateway_address``) and the others on the shared ``address``; a service with no address is not
+served. Writer keys admit only receive routes and reader keys only the gateway's, wherever they
+are served; separate addresses let a deployment expose one and not the other.
+:meth:`Served.shutdown` stops accepting, lets requests in flight answer, and closes the services.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.served.face import SHUTDOWN_GRACE_S, Route, ServedFace, serve_face
 from storage.errors import SpecInvalid
@@ -24,53 +27,69 @@ if TYPE_CHECKING:
     from engine.land.receive.server import ReceiveServer
     from storage import Store
 
+Address = str | tuple[str, int]
+
 
 @dataclass
 class Served:
-    face: ServedFace
+    faces: dict[str, ServedFace]
+    """Each face by what it serves: ``""`` for the shared address, else the service's name."""
+    urls: dict[str, str]
+    """Each served service (``receive``, ``gateway``) -> the URL it answers on."""
     receive: ReceiveServer | None
     gateway: Gateway | None
 
     @property
     def url(self) -> str:
-        return self.face.url
+        """The shared face's URL (the first face's when every service has its own)."""
+        face = self.faces.get("") or next(iter(self.faces.values()))
+        return face.url
 
     def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-        idle = self.face.shutdown(grace_s)
+        idle = True
+        for face in self.faces.values():  # every face stops, whether or not an earlier one went idle
+            idle = face.shutdown(grace_s) and idle
         if self.receive is not None:
             self.receive.close(grace_s, idle=idle)
 
 
-def serve_project(manifest: Manifest, store_factory: Callable[[], Store], address: str | tuple[str, int], *,
-                  decoder: Decoder, queue_root: str | Path) -> Served:
-    """Serve the manifest's receive pipelines and its exports' query gateway on ``address``."""
+def serve_project(manifest: Manifest, store_factory: Callable[[], Store], address: Address | None, *,
+                  decoder: Decoder, queue_root: str | Path, receive_address: Address | None = None,
+                  gateway_address: Address | None = None) -> Served:
+    """Serve the manifest's receive pipelines and its exports' query gateway (see the module docstring)."""
     from engine.export.gateway import Gateway, gateway_routes
     from engine.land.receive.server import open_receivers
 
-    receive = None
-    if any(p.source.kind == "receive" for p in manifest.pipelines):
-        receive = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder)
-    gateway = Gateway(manifest) if manifest.exports else None
-    if receive is None and gateway is None:
-        raise SpecInvalid("nothing to serve: no [[pipeline]] has a source of kind 'receive' and no [[export]] is "
-                          "declared")
-    routes: list[Route] = []
-    if receive is not None:
-        routes += receive.routes()
-    if gateway is not None:
-        routes += gateway_routes(gateway)
-
-    def health() -> dict[str, Any]:
-        doc: dict[str, Any] = receive.health() if receive is not None else {"pipelines": []}
-        doc["gateway"] = gateway is not None
-        return doc
-
+    receive_at = receive_address or address
+    gateway_at = gateway_address or address
+    receiving = any(p.source.kind == "receive" for p in manifest.pipelines) and receive_at is not None
+    gateway = Gateway(manifest) if manifest.exports and gateway_at is not None else None
+    if not receiving and gateway is None:
+        raise SpecInvalid("nothing to serve: no [[pipeline]] of kind 'receive' or [[export]] has an address "
+                          "(--http, --receive-http, --gateway-http)")
+    receive = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder) if receiving else None
+    wanted: dict[str, tuple[Address, list[Route], list[str]]] = {}
+    for name, own, routes in (("receive", receive_address, receive.routes() if receive else None),
+                              ("gateway", gateway_address, gateway_routes(gateway) if gateway else None)):
+        if routes is None:
+            continue
+        at = own or address
+        assert at is not None, f"{name} is served only with an address"
+        _, gathered, names = wanted.setdefault(name if own else "", (at, [], []))
+        gathered += routes
+        names.append(name)
+    faces: dict[str, ServedFace] = {}
+    urls: dict[str, str] = {}
     try:
-        face = serve_face(address, routes, health)
+        for label, (at, routes, names) in wanted.items():
+            faces[label] = serve_face(at, routes)
+            urls.update(dict.fromkeys(names, faces[label].url))
     except BaseException:
+        for face in faces.values():
+            face.shutdown(0)
         if receive is not None:
             receive.close(0)
         raise
     if receive is not None:
         receive.start()
-    return Served(face, receive, gateway)
+    return Served(faces, urls, receive, gateway)

@@ -19,9 +19,12 @@ Implements ``run.land.receive-group`` (decision "received-batches-spooled") and
   files go, and the single post-commit hook (``push``) runs once for the group. There is no remote
   push in this version; the hook is where one goes. A failing hook is logged: the rows committed.
 
-A member whose schema cannot join the group's is deferred to a later group; one that cannot land
-in the table even alone (or whose spooled files cannot be read) fails by itself, recorded in the
-key index for its receiver to answer. Nothing about one member fails another.
+A member whose schema cannot join the group's (or whose values do not conform to the joined
+schema, e.g. a uint64 past int64 meeting a signed column) is deferred to a later group; one that
+cannot land in the table even alone (or whose spooled files cannot be read) fails by itself,
+recorded in the key index — its detail masked by the secret guard — for its receiver to answer.
+Nothing about one member fails another. Error text reaching a log, an answer or the run's result
+is masked like every other.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine.config.manifest import Manifest, PipelineSpec
+from engine.guard import mask_message
 from engine.land.decode import Decoder
 from engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig
 from engine.land.receive.spool import DIGEST_HEX, LANDED, Member, Queue, key_digest, queue_root
@@ -43,7 +47,7 @@ from engine.land.results import InputFailure, PipelineResult, TableLanding
 from storage import Store
 from storage.clock import Clock, SystemClock
 from storage.commits import SetCursor
-from storage.errors import ContextfulError, InputUnreadable, SchemaIrreconcilable
+from storage.errors import ContextfulError, InputUnreadable, SchemaIrreconcilable, first_line
 from storage.manifest import schema_from_text
 from storage.reconcile import conform, reconcile
 from storage.transaction import CommitResult
@@ -197,11 +201,11 @@ def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Mem
             continue
         pending[member.id] = todo
 
-    kept, data, schemas = _prepare(store, queue, [m for m in members if m.id in pending], pending, landing)
+    kept, data = _prepare(store, queue, [m for m in members if m.id in pending], pending, landing)
     for table in touched_tables(spec, kept):
         group = [m for m in kept if table in pending[m.id]]
         if group:
-            landing.commits.append(_commit(store, spec, queue, table, group, data, schemas[table]))
+            landing.commits.append(_commit(store, spec, queue, table, group, data))
 
     now = clock.now_us()
     answers = []
@@ -214,40 +218,53 @@ def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Mem
     for member_id, error in landing.failed.items():
         failed = next(m for m in members if m.id == member_id)
         index.record_failure(failed, error, now)
-        log.warning("receive %s: batch %r fails alone: %s", spec.id, failed.key, error)
+        log.warning("receive %s: batch %s fails alone: %s", spec.id, mask_message(repr(failed.key)),
+                    mask_message(str(error)))
     queue.remove(settled + kept + [m for m in members if m.id in landing.failed])
     if landing.commits and push is not None:
         try:
             push(landing)
         except Exception as exc:  # noqa: BLE001 - the rows committed; a later push carries them
-            log.warning("receive %s: the post-commit push failed: %s", spec.id, exc)
+            log.warning("receive %s: the post-commit push failed: %s", spec.id, mask_message(str(exc)))
     return landing
 
 
 def _prepare(store: Store, queue: Queue, candidates: list[Member], pending: dict[str, list[str]],
-             landing: GroupLanding) -> tuple[list[Member], dict[tuple[str, str], pa.Table], dict[str, pa.Schema | None]]:
-    """Read each candidate's tables and reconcile them into one schema per table, in FIFO order."""
+             landing: GroupLanding) -> tuple[list[Member], dict[tuple[str, str], pa.Table]]:
+    """Read each candidate's tables and join them, in FIFO order, into one schema per table, every
+    kept member's frames conformed to it.
+
+    A member joins only if its schema reconciles with the group's and every kept member's values
+    (its own included) conform to the joined schema — a uint64 past int64 fails conform, not
+    reconcile. One that does not is checked alone against the table: failing there it fails by
+    itself, else it waits for a later group. The first candidate therefore always leaves.
+    """
     heads: dict[str, pa.Schema | None] = {}
     for member in candidates:
         for table in pending[member.id]:
             if table not in heads:
                 head = store.catalog.load_head(table)
                 heads[table] = schema_from_text(head.schema) if head is not None and head.schema else None
-    schemas = dict(heads)
+    schemas: dict[str, pa.Schema] = {}
     kept: list[Member] = []
+    raw: dict[tuple[str, str], pa.Table] = {}
     data: dict[tuple[str, str], pa.Table] = {}
     for member in candidates:
         try:
             frames = {t: queue.read(member, t) for t in pending[member.id]}
         except (OSError, pa.ArrowInvalid) as exc:
-            landing.failed[member.id] = InputUnreadable(f"spooled batch {member.key!r}", str(exc))
+            landing.failed[member.id] = InputUnreadable(f"spooled batch {member.key!r}", first_line(exc))
             continue
         try:
-            joined = {t: reconcile(t, schemas[t], f.schema).schema for t, f in frames.items()}
+            joined = {t: reconcile(t, schemas.get(t, heads[t]), f.schema).schema for t, f in frames.items()}
+            conformed = {(member.id, t): conform(f, joined[t], t) for t, f in frames.items()}
+            for (other, table), frame in raw.items():  # earlier members, where the schema widened
+                if table in joined and not joined[table].equals(schemas[table]):
+                    conformed[other, table] = conform(frame, joined[table], table)
         except SchemaIrreconcilable:
             try:
                 for table, frame in frames.items():
-                    reconcile(table, heads[table], frame.schema)
+                    conform(frame, reconcile(table, heads[table], frame.schema).schema, table)
             except SchemaIrreconcilable as alone:
                 landing.failed[member.id] = alone
                 continue
@@ -255,18 +272,18 @@ def _prepare(store: Store, queue: Queue, candidates: list[Member], pending: dict
             continue
         schemas.update(joined)
         kept.append(member)
-        data.update({(member.id, t): f for t, f in frames.items()})
-    return kept, data, schemas
+        raw.update({(member.id, t): f for t, f in frames.items()})
+        data.update(conformed)
+    return kept, data
 
 
 def _commit(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: list[Member],
-            data: dict[tuple[str, str], pa.Table], schema: pa.Schema | None) -> CommitResult:
+            data: dict[tuple[str, str], pa.Table]) -> CommitResult:
     keys = [m.key for m in group]
     digest = group_digest(spec.id, keys)
     stem = run_stem(digest, table)
     run_id = attempt_run_id(stem, queue.index.next_attempt(stem))
-    frames = [data[m.id, table] for m in group]
-    rows = pa.concat_tables([conform(f, schema, table) for f in frames]) if schema is not None else frames[0]
+    rows = pa.concat_tables([data[m.id, table] for m in group])  # each conformed to the group's schema
     txn = store.create_table(table, spec.primary_key).transaction(
         "append", run_id=run_id, meta={"pipeline": spec.id, "receive_group": keys, "receive_digest": digest})
     try:
@@ -326,7 +343,7 @@ def drain_queue(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: D
             tables.setdefault(commit.table, TableLanding(commit.table)).add(commit)
         result.inputs_landed += [m.key for m in landing.landed]
         result.inputs_skipped += len(landing.replayed)
-        result.failures += [InputFailure(member_id, error.name, error.detail, error.exit_code)
+        result.failures += [InputFailure(member_id, error.name, mask_message(error.detail), error.exit_code)
                             for member_id, error in landing.failed.items()]
     result.tables = list(tables.values())
     result.seconds = time.monotonic() - started

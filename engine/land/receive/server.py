@@ -17,16 +17,19 @@ Implements ``run.land.receive-spool`` and ``run.land.receive-key-expired`` at th
 
 HTTP::
 
-    POST /pipelines/<id>/batches     Contextful-Batch-Key: <key>   (body: ndjson, or a JSON array)
+    POST /pipelines/<id>/batches     Authorization: Bearer cfw_…  Contextful-Batch-Key: <key>
+                                     (body: ndjson, or a JSON array; Content-Length or chunked)
       200 {"pipeline", "key", "replayed", "tables": [{"table", "run_id", "commit_seq", "rows", "group"}]}
       4xx/5xx {"error": <ErrorName>, "detail": <what it concerns>}
-    GET /healthz                     200 {"ok": true, "pipelines": [...]}
+    GET /healthz                     200 {"ok": true}
 
+A request first proves a writer key naming the pipeline (``writers``: 401, 403); a body declared
+past ``max_body_bytes`` answers 413 before a byte is read, a chunked one the moment it passes.
 Errors answer with the error's ``http_status``, except a malformed body (``InputMalformed``), which
-answers 400. ``Content-Encoding: gzip`` or ``zstd`` bodies are decoded as such. A request with
-``Expect: 100-continue`` gets its ``100 Continue`` only once the receiver wants the body, so a
-refused key costs the sender no upload. An answer given without reading the body closes the
-connection.
+answers 400. ``Content-Encoding: gzip`` or ``zstd`` bodies are decoded within ``max_decoded_bytes``
+(``body``). A request with ``Expect: 100-continue`` gets its ``100 Continue`` only once the
+receiver wants the body, so a refused key costs the sender no upload. An answer given without
+reading the body closes the connection.
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 
 from engine.config.manifest import Manifest, PipelineSpec
+from engine.guard import mask_message
 from engine.land.decode import Decoder
+from engine.land.receive import writers
+from engine.land.receive.body import CODECS, decode_body, private_file
 from engine.land.receive.config import ReceiveConfig
 from engine.land.receive.group import PushHook, TableAnswer, committed_answer, drain, land_pending
 from engine.land.receive.spool import LANDED, Member, Queue, key_digest
@@ -71,7 +77,6 @@ log = logging.getLogger(__name__)
 
 KEY_HEADER = "Contextful-Batch-Key"
 MAX_KEY_CHARS = 256
-ENCODINGS = {"gzip": ".gz", "x-gzip": ".gz", "zstd": ".zst"}
 _BATCHES = re.compile(r"/pipelines/([^/]+)/batches/?")
 
 BodyWriter = Callable[[BinaryIO], None]
@@ -110,7 +115,11 @@ class Receiver:
         self.push = push
 
     def receive(self, key: str | None, body: BodyWriter, *, encoding: str | None = None) -> Answer:
-        """Land (or replay) one batch; raise its error. ``body`` is called only once the key is live."""
+        """Land (or replay) one batch; raise its error. ``body`` is called only once the key is live.
+
+        ``body`` writes the body as sent; bounding it by ``max_body_bytes`` is the writer's part (the
+        HTTP route's writer raises RequestBodyTooLarge past it).
+        """
         key = self._check_key(key)
         digest = key_digest(self.spec.id, key)
         now = self.clock.now_us()
@@ -123,8 +132,8 @@ class Receiver:
         stored = committed_answer(self.store, self.spec, digest)
         if stored is not None:  # committed by a leader that died before the index learnt it
             return Answer(self.spec.id, key, True, stored)
-        suffix = self._suffix(key, encoding)
-        member = self._spool(key, digest, body, suffix, now)
+        codec = self._codec(key, encoding)
+        member = self._spool(key, digest, body, codec, now)
         with self.queue.land_lock():
             land_pending(self.store, self.spec, self.queue, self.config, clock=self.clock, until=member.id,
                          push=self.push)
@@ -148,26 +157,32 @@ class Receiver:
                               f"characters, not {key[:40]!r}…")
         return key
 
-    def _suffix(self, key: str, encoding: str | None) -> str:
+    def _codec(self, key: str, encoding: str | None) -> str | None:
         coding = (encoding or "identity").strip().lower()
         if coding == "identity":
-            return ""
-        if coding not in ENCODINGS:
+            return None
+        if coding not in CODECS:
             raise InputUnreadable(f"batch {key!r}", f"Content-Encoding {coding!r} is not one of identity, "
-                                                    f"{', '.join(ENCODINGS)}")
-        return ENCODINGS[coding]
+                                                    f"{', '.join(CODECS)}")
+        return CODECS[coding]
 
-    def _spool(self, key: str, digest: str, body: BodyWriter, suffix: str, now: int) -> Member:
-        path = self.queue.body_path(suffix)
+    def _spool(self, key: str, digest: str, body: BodyWriter, codec: str | None, now: int) -> Member:
+        """Write the body (owner-only), decode it within its bound, spool the member; the body files go."""
+        raw = self.queue.body_path(f".{codec}" if codec else "")
+        plain = self.queue.body_path() if codec else raw
         try:
-            with open(path, "wb") as f:
+            with private_file(raw) as f:
                 body(f)
-            with open(path, "rb") as f:
+            with open(raw, "rb") as f:
                 sha = hashlib.file_digest(f, "sha256").hexdigest()
-            size = path.stat().st_size
-            data = self._decode(key, path)
+            size = raw.stat().st_size
+            if codec is not None:
+                decode_body(raw, codec, plain, self.config.max_decoded_bytes, f"batch {key!r} of pipeline "
+                                                                             f"{self.spec.id!r}")
+            data = self._decode(key, plain)
         finally:
-            path.unlink(missing_ok=True)
+            raw.unlink(missing_ok=True)
+            plain.unlink(missing_ok=True)
         return self.queue.spool(key, digest, data, received_us=now, body_bytes=size,
                                 body_sha256=sha)
 
@@ -221,28 +236,35 @@ def _revive(failure: dict[str, Any]) -> ContextfulError:
 # --- HTTP --------------------------------------------------------------------------------------
 
 
-def receive_routes(receivers: dict[str, Receiver]) -> list[Route]:
-    """The served face's ``POST /pipelines/<id>/batches`` route over ``receivers``."""
+def receive_routes(receivers: dict[str, Receiver], root: Path) -> list[Route]:
+    """The served face's ``POST /pipelines/<id>/batches`` route over ``receivers``.
+
+    A request first proves a writer key of project ``root`` naming the pipeline (401
+    WriterCredentialUnadmitted, 403 WriterPipelineRefused), so nothing about the pipelines is told
+    to a caller that proved nothing; then a declared body past ``max_body_bytes`` answers 413.
+    """
 
     def batches(exchange: Exchange, match: re.Match[str]) -> None:
-        receiver = receivers.get(match.group(1))
+        pipeline = match.group(1)
+        writers.admit(root, exchange.headers.get("Authorization"), pipeline)
+        receiver = receivers.get(pipeline)
         if receiver is None:
-            known = ", ".join(sorted(receivers)) or "none"
-            exchange.send_error(NotFound(f"no receive pipeline at {exchange.path} (receiving: {known})"), close=True)
-            return
-        length_header = exchange.headers.get("Content-Length")
-        if length_header is None or not length_header.strip().isdigit():
-            error = SpecInvalid(f"a batch needs a Content-Length header, not {length_header!r}")
-            exchange.send_error(error, status=411 if length_header is None else 400, close=True)
+            raise NotFound(f"no receive pipeline {pipeline!r} is served here")
+        if not exchange.has_body and exchange.headers.get("Content-Length") is None:
+            error = SpecInvalid("a batch needs a Content-Length header or a chunked body")
+            exchange.send_error(error, status=411, close=True)
             return
         key = exchange.headers.get(KEY_HEADER)
+        what = f"batch {key!r} of pipeline {pipeline!r}"
+        limit = receiver.config.max_body_bytes
+        exchange.check_length(limit, what)
         try:
-            answer = receiver.receive(key, lambda out: exchange.copy_body(out, f"batch {key!r}"),
+            answer = receiver.receive(key, lambda out: exchange.copy_body(out, what, limit),
                                       encoding=exchange.headers.get("Content-Encoding"))
         except InputMalformed as exc:
             exchange.send_error(exc, status=400)
             return
-        exchange.send_json(200, answer.to_json(), close=exchange.body_pending)
+        exchange.send_json(200, answer.to_json())
 
     return [Route("POST", _BATCHES, batches, "POST /pipelines/<id>/batches")]
 
@@ -254,9 +276,11 @@ class ReceiveServer:
     pipeline serve`` shares one face among services (``routes()``, ``start()``, ``close()``).
     """
 
-    def __init__(self, store: Store, receivers: dict[str, Receiver]) -> None:
+    def __init__(self, store: Store, receivers: dict[str, Receiver], root: Path) -> None:
         self._store = store
         self.receivers = receivers
+        self.root = root
+        """The project root: its writer keys admit batches."""
         self.face: ServedFace | None = None
         self._recovering = [threading.Thread(target=self._recover, args=(r,), name=f"receive-recover-{r.spec.id}",
                                              daemon=True) for r in receivers.values()]
@@ -272,10 +296,7 @@ class ReceiveServer:
         return self.face.address
 
     def routes(self) -> list[Route]:
-        return receive_routes(self.receivers)
-
-    def health(self) -> dict[str, Any]:
-        return {"pipelines": sorted(self.receivers)}
+        return receive_routes(self.receivers, self.root)
 
     def start(self) -> None:
         """Land, in the background, what earlier receivers spooled but did not land."""
@@ -287,7 +308,8 @@ class ReceiveServer:
         try:
             receiver.recover()
         except Exception as exc:  # noqa: BLE001 - the next batch's leader lands what is left
-            log.warning("receive %s: landing the spooled members at start failed: %s", receiver.spec.id, exc)
+            log.warning("receive %s: landing the spooled members at start failed: %s", receiver.spec.id,
+                        mask_message(str(exc)))
 
     def recovered(self, timeout: float | None = None) -> bool:
         """Wait until the members spooled before the start have landed; whether they have."""
@@ -333,7 +355,7 @@ def open_receivers(store_factory: Callable[[], Store], manifest: Manifest, *, qu
             receiver.close()
         store.close()
         raise
-    return ReceiveServer(store, receivers)
+    return ReceiveServer(store, receivers, manifest.root)
 
 
 def serve_receivers(store_factory: Callable[[], Store], manifest: Manifest, address: str | tuple[str, int], *,
@@ -345,7 +367,7 @@ def serve_receivers(store_factory: Callable[[], Store], manifest: Manifest, addr
     """
     service = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder, clock=clock, push=push)
     try:
-        service.face = serve_face(address, service.routes(), service.health)
+        service.face = serve_face(address, service.routes())
     except BaseException:
         service.close(0)
         raise

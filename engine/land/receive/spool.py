@@ -11,12 +11,13 @@ One directory per pipeline, ``<queue root>/<pipeline id>/`` (the project's
     <member id>.json              the sidecar: key, digest, received time, bytes, rows, holder
     keys.sqlite                   the key index (WAL): first attempts, landed answers, attempts
     land.lock                     the land lock (an exclusive ``flock``)
-    incoming/<pid>-<uuid>.body    request bodies being decoded
+    incoming/<pid>-<uuid>.body    request bodies being decoded (``.gzip``/``.zstd`` as sent, then decoded)
 
 A member id is ``<ns since the epoch, 20 digits>-<pid>-<hex>``, so names sort first-in first-out
 and name the process that wrote them. Each file is written to a ``.tmp-`` name, fsync'ed and
 renamed; the Arrow files before the sidecar, then the directory is fsync'ed. The sidecar is the
-member: a member exists once its sidecar is renamed. Removal goes the other way (Arrow files,
+member: a member exists once its sidecar is renamed. The directory and ``incoming/`` are ``0700``
+and every file in them ``0600``: a batch's data is its sender's, readable by the owner only. Removal goes the other way (Arrow files,
 then the sidecar), so a sidecar never outlives a member that is not landed or failed.
 :meth:`Queue.sweep` deletes what a killed writer left half-written (files of a dead pid with no
 sidecar).
@@ -54,6 +55,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 from pyarrow import ipc
 
+from engine.guard import mask_message
 from storage.catalog.sqlite import BUSY_TIMEOUT_S, enable_wal
 from storage.errors import ContextfulError
 
@@ -177,6 +179,7 @@ class KeyIndex:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # SQLite gives its -wal and -shm files this mode
         self._conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                      check_same_thread=False)
         enable_wal(self._conn)
@@ -237,7 +240,9 @@ class KeyIndex:
             return int(cur.fetchone()[0])
 
     def record_failure(self, member: Member, error: ContextfulError, now_us: int) -> None:
-        doc = {"name": error.name, "detail": error.detail, "fields": _jsonable(error.fields)}
+        """Record why a member failed, its text masked by the secret guard (it is answered on replay)."""
+        fields = {k: mask_message(v) if isinstance(v, str) else v for k, v in _jsonable(error.fields).items()}
+        doc = {"name": error.name, "detail": mask_message(error.detail), "fields": fields}
         with self._write() as cur:
             cur.execute("INSERT INTO member_failures (member, digest, error, failed_us) VALUES (?, ?, ?, ?)"
                         " ON CONFLICT (member) DO NOTHING", (member.id, member.digest, json.dumps(doc), now_us))
@@ -265,6 +270,8 @@ class Queue:
         self.dir = Path(root) / pipeline
         self.incoming = self.dir / "incoming"
         self.incoming.mkdir(parents=True, exist_ok=True)
+        for folder in (self.dir, self.incoming):  # owner-only, a queue made before this rule included
+            folder.chmod(0o700)
         self.index = KeyIndex(self.dir / "keys.sqlite")
         self._holder = {"host": socket.gethostname(), "pid": os.getpid()}
 
@@ -300,7 +307,7 @@ class Queue:
 
     def _write_synced(self, path: Path, write: Callable[[BinaryIO], object]) -> int:
         tmp = path.with_name(f".tmp-{path.name}")
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -360,7 +367,7 @@ class Queue:
     def land_lock(self) -> Iterator[None]:
         """Hold the pipeline's land lock (blocking): an exclusive ``flock`` on ``land.lock``. Each
         holding opens the file anew, so threads of one process exclude each other too."""
-        fd = os.open(self.dir / "land.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.dir / "land.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

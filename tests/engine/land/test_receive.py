@@ -34,6 +34,7 @@ from click.testing import CliRunner
 
 from engine.config.manifest import SOURCE_KINDS, Manifest, PipelineSpec, SourceSpec
 from engine.land.decode import Decoder
+from engine.land.receive import writers
 from engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig, check_config
 from engine.land.receive.group import (
     attempt_run_id,
@@ -119,12 +120,34 @@ def ndjson(key: str, rows: int, start: int = 0) -> bytes:
     return "".join(json.dumps({"batch": key, "i": i}) + "\n" for i in range(start, start + rows)).encode()
 
 
+TOKENS: dict[str, str] = {}
+"""The writer key of each served URL (issued by whatever started the server); ``post`` sends it."""
+SERVED_KEY = "served"
+"""``post``'s default ``token``: the served URL's key from ``TOKENS``."""
+
+
+def issue_writer(root: Path, url: str) -> str:
+    """Issue a writer key for the test pipeline and remember it as ``url``'s."""
+    TOKENS[url] = writers.issue(root, [PIPELINE]).token
+    return TOKENS[url]
+
+
+def auth(url: str) -> str:
+    """The ``Authorization`` header line for ``url``'s writer key."""
+    return f"Authorization: Bearer {TOKENS[url]}\r\n"
+
+
 def post(url: str, key: str | None, body: bytes, *, pipeline: str = PIPELINE,
-         headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict[str, Any]]:
+         headers: dict[str, str] | None = None, timeout: float = 60,
+         token: str | None = SERVED_KEY) -> tuple[int, dict[str, Any]]:
+    """POST a batch; ``token`` is the writer key sent (the URL's own by default, None for none)."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
         sent = dict(headers or {})
+        token = TOKENS.get(url) if token == SERVED_KEY else token
+        if token is not None:
+            sent["Authorization"] = f"Bearer {token}"
         if key is not None:
             sent[KEY_HEADER] = key
         conn.request("POST", f"/pipelines/{pipeline}/batches", body=body, headers=sent)
@@ -206,6 +229,7 @@ def serve(tmp_path: Path, decoder: Decoder) -> Iterator[Serve]:
                                  queue_root=tmp_path / ".contextful" / "queue", decoder=decoder, clock=clock,
                                  push=push)
         servers.append(server)
+        issue_writer(tmp_path, server.url)
         assert server.recovered(timeout=30)
         return server
 
@@ -224,6 +248,7 @@ def start_child(root: Path, config: dict[str, Any]) -> tuple[subprocess.Popen[st
     if match is None:
         proc.kill()
         raise AssertionError(f"serve child said {line!r}: {proc.communicate()[1]}")
+    issue_writer(root, match.group(1))
     return proc, match.group(1)
 
 
@@ -441,7 +466,7 @@ def _raw_post(url: str, key: str, length: int, body: bytes, expect: bool = False
     """POST declaring ``length`` body bytes but sending only ``body``; the status, JSON and what followed."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        head = (f"POST /pipelines/{PIPELINE}/batches HTTP/1.1\r\nHost: {host}\r\n{KEY_HEADER}: {key}\r\n"
+        head = (f"POST /pipelines/{PIPELINE}/batches HTTP/1.1\r\nHost: {host}\r\n{KEY_HEADER}: {key}\r\n{auth(url)}"
                 f"Content-Length: {length}\r\nContent-Type: application/x-ndjson\r\n"
                 + ("Expect: 100-continue\r\n" if expect else "") + "\r\n")
         sock.sendall(head.encode() + body)
@@ -509,7 +534,7 @@ def test_http_face_compressed_bodies_and_expect_continue(tmp_path: Path, serve: 
     records = json.dumps([{"batch": "ex", "i": i} for i in range(3)]).encode()
     host, port = server.url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall((f"POST /pipelines/{PIPELINE}/batches HTTP/1.1\r\nHost: {host}\r\n{KEY_HEADER}: ex\r\n"
+        sock.sendall((f"POST /pipelines/{PIPELINE}/batches HTTP/1.1\r\nHost: {host}\r\n{KEY_HEADER}: ex\r\n{auth(server.url)}"
                       f"Content-Length: {len(records)}\r\nExpect: 100-continue\r\n\r\n").encode())
         interim = sock.recv(65536)
         assert interim.startswith(b"HTTP/1.1 100 ")  # the key is live: the receiver asks for the body
@@ -587,11 +612,11 @@ def test_serve_prints_its_address_and_stops_cleanly_on_sigterm(tmp_path: Path) -
         host, port = url.removeprefix("http://").rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=10)
         conn.request("GET", "/healthz")
-        assert json.loads(conn.getresponse().read()) == {"ok": True, "pipelines": [PIPELINE], "gateway": False}
+        assert json.loads(conn.getresponse().read()) == {"ok": True}  # names nothing to an unauthenticated caller
         conn.close()
         assert post(url, "one", ndjson("one", 2))[0] == 200
-        status, doc = post(url, "one", b"", pipeline="nope")
-        assert (status, doc["error"]) == (404, "NotFound")
+        status, doc = post(url, "one", b"", pipeline="nope")  # the key names only clicks
+        assert (status, doc["error"]) == (403, "WriterPipelineRefused")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -617,6 +642,7 @@ def test_the_serve_command_serves_a_project(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         url = re.fullmatch(r"listening on (http://\S+)\n", proc.stdout.readline()).group(1)  # type: ignore[union-attr]
+        issue_writer(tmp_path, url)
         assert post(url, "cli-1", ndjson("cli-1", 3))[0] == 200
     finally:
         proc.send_signal(signal.SIGTERM)
