@@ -143,3 +143,54 @@ paths = ["raw/events-*.ndjson"]
         assert len(runs) == len(set(runs))
     finally:
         store.close()
+
+
+def test_a_serving_receiver_whose_backends_are_terminated_goes_on(tmp_path: Path, pg_dsn: str) -> None:
+    """``pipeline serve`` on the PostgreSQL profile: a batch lands, every backend of the server is
+    terminated, and the next batch lands too; both batches once each."""
+    import re
+    import signal
+
+    from engine.land.receive import writers
+    from tests.engine.land.test_receive import PIPELINE, ndjson, post
+
+    (tmp_path / "contextful.toml").write_text(f"""
+[project]
+name = "served"
+
+[[pipeline]]
+id = "{PIPELINE}"
+[pipeline.source]
+kind = "receive"
+[pipeline.source.config]
+key_retention_secs = 60
+""")
+    token = writers.issue(tmp_path, [PIPELINE]).token
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    name = f"cf-{uuid.uuid4().hex[:12]}"
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "serve",
+                             "--http", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=postgres_env(pg_dsn, schema, name))
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.match(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        if match is None:
+            proc.wait(timeout=60)
+            raise AssertionError(f"serve did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}")
+        url = match.group(1)
+        assert post(url, "before", ndjson("before", 3), token=token)[0] == 200
+        assert terminate_backends(pg_dsn, name) >= 1
+        status, answer = post(url, "after", ndjson("after", 4), token=token)
+        assert status == 200, answer
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read() if proc.stderr else ""
+    assert code == 0, err
+    store = Store.open(tmp_path / ".contextful" / "store", catalog=PostgresCatalog(pg_dsn, schema))
+    try:
+        batches = store.table(PIPELINE).to_arrow().column("batch").to_pylist()
+        assert sorted(batches) == ["after"] * 4 + ["before"] * 3
+    finally:
+        store.close()
