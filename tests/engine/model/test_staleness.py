@@ -77,9 +77,8 @@ def test_runs_at_or_below_the_watermark_that_differ_from_the_build_make_it_stale
     # The input's history at or below the watermark no longer holds the run the build read (a
     # catalog restored from elsewhere, a table made again under its name): the digest differs, and
     # the input holds a waiting run counted as older than max_lag, with no time passing.
-    with store.catalog._transaction() as cur:
-        cur.execute("UPDATE cf_commits SET run_id = ? WHERE table_name = ? AND commit_seq = ?",
-                    ("r-from-elsewhere", "src", 1))
+    store.catalog._write(lambda cur: cur.execute(  # type: ignore[attr-defined]
+        "UPDATE cf_commits SET run_id = ? WHERE table_name = ? AND commit_seq = ?", ("r-from-elsewhere", "src", 1)))
     assert stale(store, tmp_path)["m1"] == ["src"]
     build_models(store, manifest(tmp_path), ["m1"])  # a rebuild reads the input as it is now
     assert stale(store, tmp_path)["m1"] == []
