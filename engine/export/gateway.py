@@ -46,7 +46,7 @@ import pyarrow as pa
 from engine.export import readers
 from engine.export.preflight import Audience, preflight, warehouse_credentials
 from engine.export.query import CatalogCache, NamespaceReader, QueryResult
-from engine.export.sql_shape import TABLE_NAME, SqlShapeError, read_shape
+from engine.export.sql_shape import TABLE_NAME, SqlShape, SqlShapeError, read_shape
 from engine.served.face import Exchange, Route
 from storage.errors import ExportQueryRefused, QueryInvalid, RateLimited, ReaderCredentialUnadmitted
 
@@ -190,8 +190,9 @@ class Gateway:
         why = self._caller_sql_allowed(entry)
         if why is not None:
             raise refuse(why)
-        tables = self._caller_tables(credential, sql, params, refuse)
-        return QueryPlan(credential, entry.name, table, sql, tables, params, max_rows, None, answer_format)
+        shape = self._caller_sql(credential, sql, params, refuse)
+        return QueryPlan(credential, entry.name, table, shape.sql, shape.tables, params, max_rows, None,
+                         answer_format)
 
     def _caller_sql_allowed(self, entry: ExportSpec) -> str | None:
         """None when the entry may run caller SQL; else why not (``run.export-iceberg.caller-sql``)."""
@@ -203,27 +204,21 @@ class Gateway:
                     f"{len(audiences)} audiences, and a catalog query reads every namespace of its warehouse")
         return None
 
-    def _caller_tables(self, credential: str, sql: str, params: Mapping[str, Any],
-                       refuse: Callable[[str], ExportQueryRefused]) -> tuple[str, ...]:
+    def _caller_sql(self, credential: str, sql: str, params: Mapping[str, Any],
+                    refuse: Callable[[str], ExportQueryRefused]) -> SqlShape:
+        """The checked shape of caller SQL reading only entries of the credential's namespace."""
         try:
             shape = read_shape(sql)
         except SqlShapeError as exc:
             raise refuse(f"caller SQL: {exc.reason}") from exc
-        for ref in shape.tables:
-            if ref.qualified:
-                raise refuse(f"caller SQL names a namespace ({ref}); name tables bare")
-            if not TABLE_NAME.fullmatch(ref.name):
-                raise refuse(f"caller SQL reads {ref.name!r}, outside [a-z_][a-z0-9_]*")
-            if ref.name not in self.entries.get(credential, {}):
-                raise refuse(f"caller SQL reads {ref.name!r}, which is no entry published for this credential")
-        unsafe = shape.unsafe_functions()
-        if unsafe:
-            raise refuse(f"caller SQL calls the table function {unsafe[0]}(); it reads its namespace's tables only")
+        for name in shape.tables:
+            if name not in self.entries.get(credential, {}):
+                raise refuse(f"caller SQL reads {name!r}, which is no entry published for this credential")
         if shape.positional:
             raise QueryInvalid(sql, "caller SQL names its parameters ($name); positional ones are not bound")
         if set(params) != set(shape.parameters):
             raise QueryInvalid(sql, f"the SQL binds the parameters {sorted(shape.parameters)}, not {sorted(params)}")
-        return tuple(ref.name for ref in shape.tables)
+        return shape
 
     # --- running ------------------------------------------------------------------------------
 

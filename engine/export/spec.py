@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.export.sql_shape import TABLE_NAME, SqlShapeError, read_shape
+from engine.export.sql_shape import SqlShapeError, read_shape
 from storage.errors import ManifestValueInvalid
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ class Template:
 
     name: str
     sql: str
+    """The checked statement as the engine runs it: DuckDB's rendering of its parse tree."""
     parameters: tuple[str, ...]
     """Its ``$name`` parameters, sorted; a request binds exactly these."""
     tables: tuple[str, ...]
@@ -160,18 +161,10 @@ def _templates(block: Any, where: str, problems: _Problems) -> dict[str, Templat
         except SqlShapeError as exc:
             problems.add(ManifestValueInvalid(where, key, exc.reason))
             continue
-        reasons = [f"names {t} outside its namespace; a template reads bare table names" for t in shape.tables
-                   if t.qualified]
-        reasons += [f"reads {t.name!r}, not a table name ([a-z_][a-z0-9_]*)" for t in shape.tables
-                    if not t.qualified and not TABLE_NAME.fullmatch(t.name)]
-        reasons += [f"calls the table function {f}(); a template reads its namespace's tables"
-                    for f in shape.unsafe_functions()]
         if shape.positional:
-            reasons.append("has positional parameters; name them ($since)")
-        for reason in reasons:
-            problems.add(ManifestValueInvalid(where, key, reason))
-        if not reasons:
-            found[name] = Template(name, sql, tuple(sorted(shape.parameters)), tuple(t.name for t in shape.tables))
+            problems.add(ManifestValueInvalid(where, key, "has positional parameters; name them ($since)"))
+            continue
+        found[name] = Template(name, shape.sql, tuple(sorted(shape.parameters)), shape.tables)
     return found
 
 

@@ -11,7 +11,6 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,6 @@ from engine.export import readers
 from engine.export.gateway import Gateway
 from engine.export.query import NamespaceReader
 from engine.export.run import run_exports
-from engine.land.decode import Decoder
-from engine.served.project import Served, serve_project
 from storage import Store
 from storage.errors import (
     CatalogUnavailable,
@@ -98,21 +95,6 @@ def make_project(root: Path, text: str, *, export: bool = True) -> Manifest:
             run_exports(store, manifest)
     return manifest
 
-
-
-@pytest.fixture
-def serve(decoder: Decoder) -> Iterator[Any]:
-    started: list[Served] = []
-
-    def start(manifest: Manifest) -> Served:
-        served = serve_project(manifest, lambda: Store.open(manifest.project.store), "127.0.0.1:0",
-                               decoder=decoder, queue_root=manifest.root / ".contextful" / "queue")
-        started.append(served)
-        return served
-
-    yield start
-    for served in started:
-        served.shutdown(grace_s=10)
 
 
 def call(url: str, method: str, path: str, body: Any = None, token: str | None = None,
