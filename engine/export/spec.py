@@ -21,11 +21,13 @@ if TYPE_CHECKING:
     from engine.config.parse import _Problems
 
 EXPORT_KEYS = ("name", "kind", "source", "catalog", "namespace", "table", "credential", "format_version",
-               "templates", "caller_sql")
+               "templates", "caller_sql", "max_answer_bytes")
 EXPORT_KINDS = ("iceberg",)
 CATALOG_TYPES = ("sql", "rest")
 FORMAT_VERSIONS = (1, 2)
 DEFAULT_CATALOG_NAME = "contextful"
+DEFAULT_MAX_ANSWER_BYTES = 64 << 20
+"""The most bytes a gateway answer carries unless an export declares ``max_answer_bytes``."""
 DEFAULT_CATALOG_DB = Path(".contextful") / "iceberg" / "catalog.sqlite"
 DEFAULT_WAREHOUSE = Path(".contextful") / "iceberg" / "warehouse"
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
@@ -77,6 +79,8 @@ class Template:
     """Its ``$name`` parameters, sorted; a request binds exactly these."""
     tables: tuple[str, ...]
     """The tables it reads (bare names in the entry's namespace)."""
+    rescanned: frozenset[str] = frozenset()
+    """The tables the engine may scan more than once (see ``SqlShape.rescanned``)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ class ExportSpec:
     """The gateway entry's declared queries, by name."""
     caller_sql: bool = False
     """Whether the gateway runs readers' own SQL for this entry (only on a single-audience warehouse)."""
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    """The most bytes a gateway answer for this entry carries; a request's ``max_bytes`` may only lower it."""
 
     @property
     def identifier(self) -> str:
@@ -134,12 +140,17 @@ def parse_export(block: Any, n: int, root: Path, problems: _Problems) -> ExportS
     if not isinstance(caller_sql, bool):
         problems.add(ManifestValueInvalid(where, "caller_sql", f"must be true or false, not {caller_sql!r}"))
         caller_sql = False
+    max_answer_bytes = block.get("max_answer_bytes", DEFAULT_MAX_ANSWER_BYTES)
+    if isinstance(max_answer_bytes, bool) or not isinstance(max_answer_bytes, int) or max_answer_bytes < 1:
+        problems.add(ManifestValueInvalid(where, "max_answer_bytes", f"must be a positive byte count, not "
+                                                                     f"{max_answer_bytes!r}"))
+        max_answer_bytes = DEFAULT_MAX_ANSWER_BYTES
     if None in (name, source, namespace, table, credential, catalog):
         return None
     assert name and source and namespace and table and credential and catalog
     return ExportSpec(name=name, source=source, catalog=catalog, namespace=namespace, table=table,
                       credential=credential, format_version=version, kind=kind, templates=templates,
-                      caller_sql=caller_sql)
+                      caller_sql=caller_sql, max_answer_bytes=max_answer_bytes)
 
 
 def _templates(block: Any, where: str, problems: _Problems) -> dict[str, Template]:
@@ -164,7 +175,7 @@ def _templates(block: Any, where: str, problems: _Problems) -> dict[str, Templat
         if shape.positional:
             problems.add(ManifestValueInvalid(where, key, "has positional parameters; name them ($since)"))
             continue
-        found[name] = Template(name, shape.sql, tuple(sorted(shape.parameters)), shape.tables)
+        found[name] = Template(name, shape.sql, tuple(sorted(shape.parameters)), shape.tables, shape.rescanned)
     return found
 
 

@@ -75,6 +75,8 @@ class SqlShape:
     """Its ``$name`` parameters (positional ones appear as ``1``, ``2``, ...)."""
     sql: str
     """The checked parse tree rendered back to SQL: the text the engine runs."""
+    rescanned: frozenset[str] = frozenset()
+    """The base tables the engine may scan more than once: named twice or more, or inside a CTE."""
 
     @property
     def positional(self) -> bool:
@@ -97,9 +99,10 @@ def read_shape(sql: str) -> SqlShape:
     # what runs is exactly what was checked, whatever the serializer leaves out or spells anew.
     rendered = _render(sql)
     again = _checked(rendered)
-    if again.tables != walk.tables or again.parameters != walk.parameters:
+    if (again.tables, again.parameters, again.references) != (walk.tables, walk.parameters, walk.references):
         raise SqlShapeError("it reads differently once rendered back to SQL; the gateway runs only what it checks")
-    return SqlShape(tuple(walk.tables), frozenset(walk.parameters), rendered)
+    rescanned = frozenset(t for t in walk.tables if walk.references.count(t) > 1) | walk.in_cte
+    return SqlShape(tuple(walk.tables), frozenset(walk.parameters), rendered, rescanned)
 
 
 def _checked(sql: str) -> _Walk:
@@ -183,6 +186,11 @@ class _Walk:
 
     def __init__(self) -> None:
         self.tables: list[str] = []
+        self.references: list[str] = []
+        """Every base-table reference, once per place it stands."""
+        self.in_cte: set[str] = set()
+        """Base tables referenced inside a CTE body (which the engine may inline more than once)."""
+        self._cte_depth = 0
         self.parameters: set[str] = set()
 
     # --- statements and query nodes -----------------------------------------------------------
@@ -246,10 +254,12 @@ class _Walk:
             _empty(value, ("key_targets", "payload_aggregates"), f"the CTE {name!r} USING KEY")
             _strings(value.get("aliases"), f"the CTE {name!r}'s column names")
             body = value.get("query_node")
+            self._cte_depth += 1
             if isinstance(body, dict) and body.get("type") == "RECURSIVE_CTE_NODE":
                 self._recursive(body, name, scope)
             else:
                 self.query(body, scope)  # a non-recursive CTE does not see itself
+            self._cte_depth -= 1
             scope = (*scope, name.lower())
         return scope
 
@@ -351,6 +361,9 @@ class _Walk:
             raise SqlShapeError(f"reads {name!r}, outside [a-z_][a-z0-9_]*")
         if name not in self.tables:
             self.tables.append(name)
+        self.references.append(name)
+        if self._cte_depth:
+            self.in_cte.add(name)
 
     # --- expressions --------------------------------------------------------------------------
 

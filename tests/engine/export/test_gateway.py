@@ -11,6 +11,8 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +118,19 @@ def call(url: str, method: str, path: str, body: Any = None, token: str | None =
     return response.status, doc, dict(response.getheaders())
 
 
+def arrow_trailer(raw: bytes) -> dict[bytes, bytes]:
+    """The custom metadata of an Arrow answer's last (empty) batch: whether and why it was cut."""
+    reader = pa.ipc.open_stream(raw)
+    last: Any = None
+    while True:
+        try:
+            last = reader.read_next_batch_with_custom_metadata()
+        except StopIteration:
+            break
+    assert last is not None and last.batch.num_rows == 0
+    return dict(last.custom_metadata)
+
+
 def keys(root: Path) -> dict[str, str]:
     return {c: readers.issue(root, c).token for c in ("analysts", "finance")}
 
@@ -175,7 +190,8 @@ def test_templates_bind_parameters_join_entries_and_answer_arrow(tmp_path: Path,
     assert status == 200 and headers["Content-Type"] == "application/vnd.apache.arrow.stream"
     table = pa.ipc.open_stream(raw).read_all()
     assert table.to_pylist() == ORDERS_BI.to_pylist()
-    assert json.loads(table.schema.metadata[b"contextful.truncated"]) is False
+    assert set(json.loads(table.schema.metadata[b"contextful.snapshots"])) == {"orders"}
+    assert arrow_trailer(raw)[b"contextful.truncated"] == b"false"
     # Parameters: exactly the template's, else QueryInvalid before any engine.
     for params in ({}, {"day": "2024-01-01", "extra": 1}, {"day": [1]}):
         status, doc, _ = call(url, "POST", "/query", {"table": "orders", "template": "since", "params": params}, token)
@@ -451,10 +467,12 @@ def test_queries_beyond_the_slots_wait_then_are_rate_limited(tmp_path: Path) -> 
     entered, release = threading.Event(), threading.Event()
 
     class HeldReader(NamespaceReader):
-        def run(self, *args: Any, **kwargs: Any) -> Any:
+        @contextmanager
+        def open(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
             entered.set()
             release.wait(30)
-            return super().run(*args, **kwargs)
+            with super().open(*args, **kwargs) as stream:
+                yield stream
 
     gateway.reader_factory = lambda a: HeldReader(gateway._catalogs, a.catalog, a.namespace)
     request = {"table": "orders", "template": "all"}
