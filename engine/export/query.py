@@ -111,7 +111,13 @@ class NamespaceReader:
         """
         catalog = self.catalogs.get(self.spec)
         con = duckdb.connect()
-        timer = threading.Timer(self.deadline_s, con.interrupt)
+        deadline = threading.Event()
+
+        def interrupt() -> None:
+            deadline.set()
+            con.interrupt()
+
+        timer = threading.Timer(self.deadline_s, interrupt)
         timer.start()
         try:
             snapshots: dict[str, int | None] = {}
@@ -129,7 +135,7 @@ class NamespaceReader:
             except duckdb.Error as exc:
                 raise self._engine_error(exc, sql, scans) from exc
             stream = QueryStream(reader.schema, snapshots, reads, scans)
-            stream.batches = self._bounded(stream, reader, max_rows, sql)
+            stream.batches = self._bounded(stream, reader, max_rows, sql, deadline)
             yield stream
         finally:
             timer.cancel()
@@ -141,21 +147,29 @@ class NamespaceReader:
             data = pa.Table.from_batches(list(stream.batches), stream.schema)
         return QueryResult(data, stream.truncated, stream.snapshots, stream.reads)
 
-    def _bounded(self, stream: QueryStream, reader: pa.RecordBatchReader, max_rows: int,
-                 sql: str) -> Iterator[pa.RecordBatch]:
-        try:
-            for batch in reader:  # bounded: it stops at the first batch past max_rows
-                room = max_rows - stream.rows
-                if batch.num_rows > room:
-                    stream.truncated = True
-                    if room:
-                        stream.rows += room
-                        yield batch.slice(0, room)
-                    return
-                stream.rows += batch.num_rows
-                yield batch
-        except duckdb.Error as exc:
-            raise self._engine_error(exc, sql, stream.scans) from exc
+    def _bounded(self, stream: QueryStream, reader: pa.RecordBatchReader, max_rows: int, sql: str,
+                 deadline: threading.Event) -> Iterator[pa.RecordBatch]:
+        batches = iter(reader)
+        while True:  # bounded: it stops at the first batch past max_rows
+            try:
+                batch = next(batches, None)
+            except duckdb.Error as exc:
+                raise self._engine_error(exc, sql, stream.scans) from exc
+            except (pa.ArrowException, OSError) as exc:  # DuckDB's error, carried through Arrow's C stream as text
+                raise self._engine_error(_as_duckdb(exc), sql, stream.scans) from exc
+            if deadline.is_set():  # an interrupted stream may just end: never take that for the whole answer
+                raise self._engine_error(duckdb.InterruptException("deadline"), sql, stream.scans)
+            if batch is None:
+                return
+            room = max_rows - stream.rows
+            if batch.num_rows > room:
+                stream.truncated = True
+                if room:
+                    stream.rows += room
+                    yield batch.slice(0, room)
+                return
+            stream.rows += batch.num_rows
+            yield batch
 
     def _engine_error(self, exc: duckdb.Error, sql: str, scans: _Scans) -> Exception:
         """The catalogue error for a statement's own failure; any other failure as it is."""
@@ -201,6 +215,23 @@ class NamespaceReader:
             return "stream"
         con.register(name, _read_within(counted, self.memory_limit_bytes, name))
         return "arrow"
+
+
+_KINDS: dict[str, type[duckdb.Error]] = {
+    "Parser": duckdb.ParserException, "Syntax": duckdb.SyntaxException, "Binder": duckdb.BinderException,
+    "Catalog": duckdb.CatalogException, "Conversion": duckdb.ConversionException,
+    "Invalid Input": duckdb.InvalidInputException, "Invalid Type": duckdb.InvalidTypeException,
+    "Type Mismatch": duckdb.TypeMismatchException, "Out of Range": duckdb.OutOfRangeException,
+    "Not implemented": duckdb.NotImplementedException, "Permission": duckdb.PermissionException,
+    "INTERRUPT": duckdb.InterruptException, "Out of Memory": duckdb.OutOfMemoryException,
+}
+"""DuckDB's error kinds by the name its messages start with (``Conversion Error: ...``)."""
+
+
+def _as_duckdb(exc: Exception) -> duckdb.Error:
+    """The DuckDB error an Arrow stream error carries, by its message's kind; a plain ``duckdb.Error`` else."""
+    kind, sep, _ = str(exc).partition(" Error: ")
+    return _KINDS.get(kind, duckdb.Error)(str(exc)) if sep else duckdb.Error(str(exc))
 
 
 class _Scans:

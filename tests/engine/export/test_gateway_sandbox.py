@@ -118,3 +118,34 @@ def test_the_engine_runs_the_checked_tree_rendered_back_to_sql() -> None:
     shape = read_shape("SELECT count(*) AS n /* a comment */ FROM orders o WHERE o.amount > $least")
     assert shape.tables == ("orders",) and shape.parameters == {"least"}
     assert "comment" not in shape.sql and read_shape(shape.sql).sql == shape.sql
+
+
+SHADOWED = "WITH duckdb_tables AS (SELECT 42 AS x) "
+CTE_PLACES = (
+    "SELECT * FROM duckdb_tables UNION ALL SELECT max(x) FROM duckdb_tables",
+    "SELECT * FROM range((SELECT max(x) FROM duckdb_tables))",
+    "SELECT 1 LIMIT (SELECT max(x) FROM duckdb_tables)",
+    "SELECT * FROM (VALUES ((SELECT max(x) FROM duckdb_tables))) v(a)",
+    "SELECT * FROM range(1) r, LATERAL (SELECT max(x) FROM duckdb_tables) l",
+    "SELECT (SELECT max(x) FROM (SELECT * FROM duckdb_tables))",
+    ", b AS (SELECT max(x) AS y FROM duckdb_tables) SELECT * FROM b",
+    "SELECT 1 ORDER BY (SELECT max(x) FROM duckdb_tables)",
+    "SELECT sum(1) OVER (PARTITION BY (SELECT max(x) FROM duckdb_tables))",
+    "SELECT 1 WHERE 42 IN (SELECT x FROM duckdb_tables)",
+    "(SELECT * FROM duckdb_tables) UNION (SELECT max(x) FROM duckdb_tables) ORDER BY 1",
+    "SELECT * FROM duckdb_tables a, LATERAL (SELECT * FROM duckdb_tables WHERE x = a.x)",
+    "SELECT * FROM duckdb_tables WHERE x = (WITH duckdb_tables AS (SELECT 43 AS x) SELECT max(x) FROM duckdb_tables) - 1",
+    "SELECT max(x) FILTER (WHERE x IN (SELECT x FROM duckdb_tables)) FROM duckdb_tables",
+)
+
+
+def test_where_the_checker_sees_a_cte_duckdb_binds_the_cte() -> None:
+    # duckdb_tables is also a system view with no column x: a statement DuckDB bound to the view
+    # instead of the CTE would fail on x. The checker and DuckDB must agree on every scope.
+    con = duckdb.connect()
+    for place in CTE_PLACES:
+        sql = SHADOWED + place
+        assert read_shape(sql).tables == (), sql
+        assert con.execute(sql).fetchall(), sql
+    outside = "WITH a AS (WITH duckdb_tables AS (SELECT 42 AS x) SELECT 1) SELECT * FROM a, duckdb_tables"
+    assert read_shape(outside).tables == ("duckdb_tables",)  # a base table: no entry, refused by the gateway
