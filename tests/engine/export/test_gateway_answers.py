@@ -198,8 +198,9 @@ def test_the_deadline_ends_a_statement_however_it_reads(tmp_path: Path) -> None:
     gateway = Gateway(manifest)
     audience = gateway.audiences["analysts"]
     reader = NamespaceReader(gateway._catalogs, audience.catalog, audience.namespace, deadline_s=0.5)
-    # Neither can finish in any time: an aggregate, and a filter streaming rows it never finds.
+    # Neither can finish in any time: an aggregate, and a filter whose first rows stream at once
+    # while the rest is never found (an interrupted Arrow stream may just end: not a whole answer).
     for sql in ("SELECT count(*) FROM range(10000000000000) t(i)",
-                "SELECT i FROM range(10000000000000) t(i) WHERE i < 0"):
+                "SELECT i FROM range(10000000000000) t(i) WHERE i < 10 OR i = 10000000000001"):
         with pytest.raises(QueryInvalid, match="0.5 s deadline"):
             reader.run(sql, [], {}, 10)
