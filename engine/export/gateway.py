@@ -20,10 +20,16 @@ reaches no catalog and no engine (``run.export-iceberg.query-refused``); it rais
   one audience (``run.export-iceberg.caller-sql``), or caller SQL that is not one plain SELECT
   over its namespace's tables.
 
-Only then does :meth:`Gateway.query` take one of ``max_concurrent`` query slots (waiting up to
-``queue_wait_s``; past that ``RateLimited``, answered 429) and open the audience's
-:class:`~engine.export.query.NamespaceReader`. Each answered query is logged at INFO: credential,
-entry, template or caller SQL, rows and milliseconds.
+Caller SQL and templates are judged by :mod:`engine.export.sql_shape`'s allow-list walk of the
+whole parse tree. Only then does :meth:`Gateway.open` take one of ``max_concurrent`` query slots
+(waiting up to ``queue_wait_s``; past that ``RateLimited``, answered 429) and open the audience's
+:class:`~engine.export.query.NamespaceReader`. Answers are written from the engine's batches as
+they come (:mod:`engine.export.answer`), bounded by ``max_rows`` and by ``max_bytes`` (the entry's
+``max_answer_bytes``, 64 MiB unless declared; a request may lower it): an answer of at most
+``STREAM_AFTER_BYTES`` is written whole, or answered 413 ``AnswerTooLarge`` when it crossed its
+bound; a larger one streams and ends with a trailer saying where and why it stopped. A failure that
+is not the reader's answers 500 with its catalogue name and an error id, never its text. Each
+answered query is logged at INFO: credential, entry, template or caller SQL, rows and milliseconds.
 """
 
 from __future__ import annotations

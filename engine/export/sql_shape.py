@@ -94,11 +94,14 @@ def read_shape(sql: str) -> SqlShape:
     statement = statements[0]
     if statement.type != duckdb.StatementType.SELECT:
         raise SqlShapeError(f"it is {statement.type.name}, not SELECT; only SELECT reads through the gateway")
-    walk = _checked(sql)
-    # The engine runs the checked tree rendered back to text, and that text is checked in turn:
-    # what runs is exactly what was checked, whatever the serializer leaves out or spells anew.
-    rendered = _render(sql)
-    again = _checked(rendered)
+    try:
+        walk = _checked(sql)
+        # The engine runs the checked tree rendered back to text, and that text is checked in turn:
+        # what runs is exactly what was checked, whatever the serializer leaves out or spells anew.
+        rendered = _render(sql)
+        again = _checked(rendered)
+    except RecursionError as exc:
+        raise SqlShapeError("it nests deeper than the gateway checks") from exc
     if (again.tables, again.parameters, again.references) != (walk.tables, walk.parameters, walk.references):
         raise SqlShapeError("it reads differently once rendered back to SQL; the gateway runs only what it checks")
     rescanned = frozenset(t for t in walk.tables if walk.references.count(t) > 1) | walk.in_cte

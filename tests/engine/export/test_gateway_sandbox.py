@@ -114,6 +114,17 @@ def test_legitimate_analytic_selects_are_admitted_and_answer_as_duckdb_does(tmp_
     assert counting.opened == len(LEGIT)
 
 
+def test_a_statement_nested_too_deep_to_check_is_refused(tmp_path: Path) -> None:
+    gateway = Gateway(single_audience(tmp_path))
+    counting = CountingReaders(gateway)
+    gateway.reader_factory = counting
+    for depth in (300, 900):
+        sql = "SELECT * FROM " + "(SELECT * FROM " * depth + "orders" + ") t" * depth
+        with pytest.raises(ExportQueryRefused, match="nests deeper|parser refused"):
+            gateway.query("analysts", {"table": "orders", "sql": sql})
+    assert counting.opened == 0
+
+
 def test_the_engine_runs_the_checked_tree_rendered_back_to_sql() -> None:
     shape = read_shape("SELECT count(*) AS n /* a comment */ FROM orders o WHERE o.amount > $least")
     assert shape.tables == ("orders",) and shape.parameters == {"least"}
