@@ -41,7 +41,7 @@ cume_dist dense_rank first_value lag last_value lead nth_value ntile percent_ran
 """Functions that exist only with OVER."""
 
 SCALARS = _words("""
-abs acos acosh add ago age array_append array_cat array_concat array_contains array_cosine_distance
+abs acos acosh add ago age apply array_append array_apply array_cat array_concat array_contains array_cosine_distance
 array_cosine_similarity array_cross_product array_distance array_distinct array_dot_product array_extract
 array_filter array_grade_up array_has array_has_all array_has_any array_indexof array_inner_product
 array_intersect array_length array_negative_dot_product array_negative_inner_product array_pop_back
@@ -62,7 +62,7 @@ json_array_length json_contains json_exists json_extract json_extract_path json_
 json_extract_string json_keys json_merge_patch json_object json_pretty json_quote json_structure
 json_transform json_transform_strict json_type json_valid json_value julian last_day lcase lcm least
 least_common_multiple left left_grapheme len length length_grapheme levenshtein lgamma like_escape
-list_any_value list_append list_approx_count_distinct list_avg list_bit_and list_bit_or list_bit_xor
+list_any_value list_append list_apply list_approx_count_distinct list_avg list_bit_and list_bit_or list_bit_xor
 list_bool_and list_bool_or list_cat list_concat list_contains list_cosine_distance list_cosine_similarity
 list_count list_distance list_distinct list_dot_product list_element list_entropy list_extract list_filter
 list_first list_grade_up list_has list_has_all list_has_any list_histogram list_indexof list_inner_product

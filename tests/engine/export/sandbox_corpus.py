@@ -186,7 +186,7 @@ LEGIT = (
     "SELECT day, amount FROM orders WHERE amount BETWEEN $low AND $high",
     "SELECT DISTINCT ON (region) region, day, amount FROM orders ORDER BY region, amount DESC",
     "SELECT * EXCLUDE (amount), amount * 2 AS doubled FROM orders",
-    "SELECT unnest([1, 2, 3]) AS x, generate_series(1, 3) AS s",
+    "SELECT unnest([1, 2, 3]) AS x, generate_series(1, 3) AS s, [i * 2 FOR i IN [1, 2, 3] IF i > 1] AS evens",
     "SELECT count(DISTINCT region), approx_count_distinct(day), bool_and(amount > 0) FROM orders",
     "SELECT struct_pack(d := day, a := amount) AS s, {'r': region} AS t, [amount, amount + 1] AS l FROM orders",
     "FROM orders SELECT region, count(*) GROUP BY region",
