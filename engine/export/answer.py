@@ -117,6 +117,8 @@ class ArrowAnswer(AnswerWriter):
         schema = stream.schema.with_metadata({**(stream.schema.metadata or {}),
                                               "contextful.snapshots": json.dumps(stream.snapshots)})
         self._writer = pa.ipc.new_stream(pa.PythonFile(self._sink, mode="w"), schema)
+        self._unwritten_schema = schema.serialize().size
+        """The schema message's size until the writer emits it, with the first batch."""
 
     def _open(self) -> bytes:
         return self._sink.take()
@@ -125,10 +127,11 @@ class ArrowAnswer(AnswerWriter):
         step = max(1, batch.num_rows * ARROW_SLICE_BYTES // max(batch.nbytes, 1))
         for start in range(0, batch.num_rows, step):  # bounded: a batch holds at most max_rows rows
             piece = batch.slice(start, step)
-            if self.sent + piece.serialize().size + TRAILER_RESERVE > self.max_bytes:
+            if self.sent + self._unwritten_schema + piece.serialize().size + TRAILER_RESERVE > self.max_bytes:
                 yield None, 0  # decided before the writer writes it: the stream stays whole
                 return
             self._writer.write_batch(piece)
+            self._unwritten_schema = 0
             yield self._sink.take(), piece.num_rows
 
     def _close(self, error: str | None, error_id: str | None) -> bytes:
