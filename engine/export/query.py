@@ -115,7 +115,10 @@ class NamespaceReader:
 
         def interrupt() -> None:
             deadline.set()
-            con.interrupt()
+            try:
+                con.interrupt()
+            except duckdb.Error:
+                pass  # the connection closed as the deadline passed: nothing left to interrupt
 
         timer = threading.Timer(self.deadline_s, interrupt)
         timer.start()
