@@ -25,6 +25,7 @@ Hierarchy::
         │   ├── ModalityInvalid
         │   ├── ProjectInvalid
         │   ├── QueryInvalid
+        │   ├── AnswerTooLarge           a gateway answer crossed its byte bound before a byte was sent (HTTP 413)
         │   ├── ManifestInvalid          every problem of a manifest, each one of the classes below
         │   ├── ManifestKeyUnknown
         │   ├── ManifestValueInvalid
@@ -71,6 +72,7 @@ Hierarchy::
             ├── StoreCatalogMismatch
             ├── SnapshotCollected
             ├── BlobCorrupt
+            ├── QueryFailed              an admitted gateway query failed for a reason not the reader's (error id)
             └── CatalogRejected           the catalog database refused a write (integrity)
 
 Messages are built from structured fields, so callers and tests read the fields, and the text
@@ -761,3 +763,32 @@ class RequestBodyTooLarge(SpecInvalid):
     @property
     def http_status(self) -> int:
         return 413
+
+
+# --- the query gateway's answers ---------------------------------------------------------------
+
+
+class AnswerTooLarge(SpecInvalid):
+    """A gateway answer crossed its byte bound (the entry's ``max_answer_bytes`` or the request's
+    ``max_bytes``) before its first byte was sent; HTTP 413, the one spec-invalid error that is not 400."""
+
+    limit: int
+
+    def __init__(self, table: str, limit: int) -> None:
+        super().__init__(f"the answer for entry {table!r} is over its {limit:,}-byte bound; ask for fewer rows or "
+                         f"columns, or aggregate", table=table, limit=limit)
+
+    @property
+    def http_status(self) -> int:
+        return 413
+
+
+class QueryFailed(Permanent):
+    """An admitted gateway query failed for a reason that is not the reader's (a data file missing or
+    unreadable under the catalog, an engine fault). The answer names only this class and
+    ``error_id``; the log holds the cause and its trace under the same id."""
+
+    error_id: str
+
+    def __init__(self, error_id: str) -> None:
+        super().__init__(f"the query failed inside the gateway (error id {error_id})", error_id=error_id)

@@ -7,7 +7,8 @@ the query gateway (decisions "iceberg-overwrite-commit" and "iceberg-audience"; 
 - ``engine.export.catalogs``: ``load_catalog``, ``guard_catalog`` (CatalogUnavailable), ``CatalogCache``.
 - ``engine.export.run``: ``run_exports``, ``export_status`` (imports pyiceberg; import it lazily).
 - ``engine.export.readers``: reader keys — ``issue``, ``revoke``, ``list_keys``, ``admit``.
-- ``engine.export.sql_shape``: what a template or caller SQL reads, by DuckDB's parser alone.
+- ``engine.export.sql_shape``: whether a template or caller SQL may run, by an allow-list walk of
+  DuckDB's parse tree (``sql_vocabulary``: the functions and types it admits).
 - ``engine.export.gateway``: ``Gateway`` (admission, the refusals, running) and its HTTP routes.
 - ``engine.export.query``: ``NamespaceReader``, DuckDB over a namespace's current snapshots, sealed.
 """

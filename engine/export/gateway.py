@@ -20,35 +20,51 @@ reaches no catalog and no engine (``run.export-iceberg.query-refused``); it rais
   one audience (``run.export-iceberg.caller-sql``), or caller SQL that is not one plain SELECT
   over its namespace's tables.
 
-Only then does :meth:`Gateway.query` take one of ``max_concurrent`` query slots (waiting up to
-``queue_wait_s``; past that ``RateLimited``, answered 429) and open the audience's
-:class:`~engine.export.query.NamespaceReader`. Each answered query is logged at INFO: credential,
-entry, template or caller SQL, rows and milliseconds.
+Caller SQL and templates are judged by :mod:`engine.export.sql_shape`'s allow-list walk of the
+whole parse tree. Only then does :meth:`Gateway.open` take one of ``max_concurrent`` query slots
+(waiting up to ``queue_wait_s``; past that ``RateLimited``, answered 429) and open the audience's
+:class:`~engine.export.query.NamespaceReader`. Answers are written from the engine's batches as
+they come (:mod:`engine.export.answer`), bounded by ``max_rows`` and by ``max_bytes`` (the entry's
+``max_answer_bytes``, 64 MiB unless declared; a request may lower it): an answer of at most
+``STREAM_AFTER_BYTES`` is written whole, or answered 413 ``AnswerTooLarge`` when it crossed its
+bound; a larger one streams and ends with a trailer saying where and why it stopped. A failure that
+is not the reader's answers 500 with its catalogue name and an error id, never its text. Each
+answered query is logged at INFO: credential, entry, template or caller SQL, rows and milliseconds.
 """
 
 from __future__ import annotations
 
-import base64
-import datetime
-import decimal
 import json
 import logging
 import math
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from engine.export import readers
+from engine.export.answer import AnswerWriter, ArrowAnswer, JsonAnswer
 from engine.export.preflight import Audience, preflight, warehouse_credentials
-from engine.export.query import CatalogCache, NamespaceReader, QueryResult
-from engine.export.sql_shape import TABLE_NAME, SqlShapeError, read_shape
+from engine.export.query import CatalogCache, NamespaceReader, QueryResult, QueryStream
+from engine.export.sql_shape import TABLE_NAME, SqlShape, SqlShapeError, read_shape
 from engine.served.face import Exchange, Route
-from storage.errors import ExportQueryRefused, QueryInvalid, RateLimited, ReaderCredentialUnadmitted
+from storage.errors import (
+    AnswerTooLarge,
+    ContextfulError,
+    ExportQueryRefused,
+    QueryFailed,
+    QueryInvalid,
+    RateLimited,
+    ReaderCredentialUnadmitted,
+    TransientError,
+)
 
 if TYPE_CHECKING:
     from engine.config.manifest import Manifest
@@ -56,7 +72,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REQUEST_KEYS = ("table", "template", "sql", "params", "max_rows", "format")
+REQUEST_KEYS = ("table", "template", "sql", "params", "max_rows", "max_bytes", "format")
 NAMESPACE_KEYS = ("namespace", "schema", "catalog", "database", "warehouse")
 DEFAULT_MAX_ROWS = 10_000
 MAX_ROWS_CEILING = 1_000_000
@@ -77,28 +93,24 @@ class QueryPlan:
     tables: tuple[str, ...]
     params: dict[str, Any]
     max_rows: int
+    max_bytes: int
+    """The most bytes the answer carries: the entry's ``max_answer_bytes``, or less if the request asked."""
     template: str | None = None
     """The template run, or None for caller SQL."""
     format: str = "json"
+    rescanned: frozenset[str] = frozenset()
+    """The tables the statement may scan more than once (``SqlShape.rescanned``)."""
+
+    @property
+    def head(self) -> dict[str, Any]:
+        """What an answer says of its request before its rows."""
+        return {"table": self.table, "template": self.template, "caller_sql": self.template is None}
 
 
 @dataclass(frozen=True)
 class QueryAnswer:
     plan: QueryPlan
     result: QueryResult
-
-    def to_json(self) -> dict[str, Any]:
-        data = self.result.data
-        return {
-            "table": self.plan.table,
-            "template": self.plan.template,
-            "caller_sql": self.plan.template is None,
-            "snapshots": self.result.snapshots,
-            "columns": [{"name": f.name, "type": str(f.type)} for f in data.schema],
-            "rows": [list(row) for row in zip(*(column.to_pylist() for column in data.columns))],
-            "row_count": data.num_rows,
-            "truncated": self.result.truncated,
-        }
 
 
 @dataclass
@@ -172,6 +184,7 @@ class Gateway:
         if (template is None) == (sql is None):
             raise QueryInvalid(str(request)[:200], "give exactly one of \"template\" and \"sql\"")
         max_rows = _max_rows(request)
+        max_bytes = _max_bytes(request, entry.max_answer_bytes)
         answer_format = request.get("format", "json")
         if answer_format not in FORMATS:
             raise QueryInvalid(str(request)[:200], f"format is one of {', '.join(FORMATS)}, not {answer_format!r}")
@@ -184,14 +197,15 @@ class Gateway:
                 raise QueryInvalid(declared.sql, f"template {template!r} binds exactly the parameters "
                                                  f"{list(declared.parameters)}, not {sorted(params)}")
             return QueryPlan(credential, entry.name, table, declared.sql, declared.tables, params, max_rows,
-                             template, answer_format)
+                             max_bytes, template, answer_format, declared.rescanned)
         if not isinstance(sql, str) or not sql.strip():
             raise QueryInvalid(str(request)[:200], "\"sql\" is one SELECT statement")
         why = self._caller_sql_allowed(entry)
         if why is not None:
             raise refuse(why)
-        tables = self._caller_tables(credential, sql, params, refuse)
-        return QueryPlan(credential, entry.name, table, sql, tables, params, max_rows, None, answer_format)
+        shape = self._caller_sql(credential, sql, params, refuse)
+        return QueryPlan(credential, entry.name, table, shape.sql, shape.tables, params, max_rows, max_bytes, None,
+                         answer_format, shape.rescanned)
 
     def _caller_sql_allowed(self, entry: ExportSpec) -> str | None:
         """None when the entry may run caller SQL; else why not (``run.export-iceberg.caller-sql``)."""
@@ -203,32 +217,27 @@ class Gateway:
                     f"{len(audiences)} audiences, and a catalog query reads every namespace of its warehouse")
         return None
 
-    def _caller_tables(self, credential: str, sql: str, params: Mapping[str, Any],
-                       refuse: Callable[[str], ExportQueryRefused]) -> tuple[str, ...]:
+    def _caller_sql(self, credential: str, sql: str, params: Mapping[str, Any],
+                    refuse: Callable[[str], ExportQueryRefused]) -> SqlShape:
+        """The checked shape of caller SQL reading only entries of the credential's namespace."""
         try:
             shape = read_shape(sql)
         except SqlShapeError as exc:
             raise refuse(f"caller SQL: {exc.reason}") from exc
-        for ref in shape.tables:
-            if ref.qualified:
-                raise refuse(f"caller SQL names a namespace ({ref}); name tables bare")
-            if not TABLE_NAME.fullmatch(ref.name):
-                raise refuse(f"caller SQL reads {ref.name!r}, outside [a-z_][a-z0-9_]*")
-            if ref.name not in self.entries.get(credential, {}):
-                raise refuse(f"caller SQL reads {ref.name!r}, which is no entry published for this credential")
-        unsafe = shape.unsafe_functions()
-        if unsafe:
-            raise refuse(f"caller SQL calls the table function {unsafe[0]}(); it reads its namespace's tables only")
+        for name in shape.tables:
+            if name not in self.entries.get(credential, {}):
+                raise refuse(f"caller SQL reads {name!r}, which is no entry published for this credential")
         if shape.positional:
             raise QueryInvalid(sql, "caller SQL names its parameters ($name); positional ones are not bound")
         if set(params) != set(shape.parameters):
             raise QueryInvalid(sql, f"the SQL binds the parameters {sorted(shape.parameters)}, not {sorted(params)}")
-        return tuple(ref.name for ref in shape.tables)
+        return shape
 
     # --- running ------------------------------------------------------------------------------
 
-    def query(self, credential: str, request: Any) -> QueryAnswer:
-        """Check ``request``, then run it on the audience's engine."""
+    @contextmanager
+    def open(self, credential: str, request: Any) -> Iterator[tuple[QueryPlan, QueryStream]]:
+        """Check ``request``, take a query slot, and open its answer on the audience's engine."""
         plan = self.check(credential, request)
         audience = self.audiences[credential]
         if not self._slots.acquire(timeout=self.queue_wait_s):
@@ -238,19 +247,39 @@ class Gateway:
         try:
             reader = self.reader_factory(audience) if self.reader_factory else \
                 NamespaceReader(self._catalogs, audience.catalog, audience.namespace)
-            answer = QueryAnswer(plan, reader.run(plan.sql, plan.tables, plan.params, plan.max_rows))
+            with reader.open(plan.sql, plan.tables, plan.params, plan.max_rows, rescanned=plan.rescanned) as stream:
+                yield plan, stream
+                log.info("gateway: credential %r entry %r %s: %d row(s)%s in %.0f ms", credential, plan.table,
+                         f"template {plan.template!r}" if plan.template else "caller SQL", stream.rows,
+                         " (truncated)" if stream.truncated else "", (time.perf_counter() - started) * 1000)
         finally:
             self._slots.release()
-        log.info("gateway: credential %r entry %r %s: %d row(s)%s in %.0f ms", credential, plan.table,
-                 f"template {plan.template!r}" if plan.template else "caller SQL", answer.result.data.num_rows,
-                 " (truncated)" if answer.result.truncated else "", (time.perf_counter() - started) * 1000)
-        return answer
+
+    def query(self, credential: str, request: Any) -> QueryAnswer:
+        """Check ``request`` and run it; the whole answer in memory (AnswerTooLarge past ``max_bytes``)."""
+        with self.open(credential, request) as (plan, stream):
+            batches: list[pa.RecordBatch] = []
+            held = 0
+            for batch in stream.batches:  # bounded by max_rows and max_bytes
+                held += batch.nbytes
+                if held > plan.max_bytes:
+                    raise AnswerTooLarge(plan.table, plan.max_bytes)
+                batches.append(batch)
+            data = pa.Table.from_batches(batches, stream.schema)
+        return QueryAnswer(plan, QueryResult(data, stream.truncated, stream.snapshots, stream.reads))
 
 
 def _max_rows(request: dict[str, Any]) -> int:
     value = request.get("max_rows", DEFAULT_MAX_ROWS)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ROWS_CEILING:
         raise QueryInvalid(str(request)[:200], f"max_rows is an integer from 1 to {MAX_ROWS_CEILING:,}")
+    return value
+
+
+def _max_bytes(request: dict[str, Any], bound: int) -> int:
+    value = request.get("max_bytes", bound)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+        raise QueryInvalid(str(request)[:200], f"max_bytes is an integer from 1 to the entry's bound, {bound:,}")
     return value
 
 
@@ -268,6 +297,8 @@ def _params(request: dict[str, Any]) -> dict[str, Any]:
 
 MAX_REQUEST_BYTES = 1 << 20
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+STREAM_AFTER_BYTES = 1 << 20
+"""An answer up to this size is written whole (413 when it crossed its bound); a larger one streams."""
 
 
 def gateway_routes(gateway: Gateway) -> list[Route]:
@@ -276,6 +307,8 @@ def gateway_routes(gateway: Gateway) -> list[Route]:
     Both need ``Authorization: Bearer <reader key>`` (401 ``ReaderCredentialUnadmitted`` without
     one). ``POST /query`` answers JSON, or an Arrow IPC stream for ``"format": "arrow"`` or
     ``Accept: application/vnd.apache.arrow.stream``; refusals answer 403 ``ExportQueryRefused``.
+    A failure that is not the reader's answers 500 with the error's catalogue name and an error
+    id only (``QueryFailed`` for anything unclassified); the log holds the cause under that id.
     """
 
     def exports(exchange: Exchange, _match: re.Match[str]) -> None:
@@ -292,38 +325,67 @@ def gateway_routes(gateway: Gateway) -> list[Route]:
         if isinstance(request, dict) and ARROW_STREAM in (exchange.headers.get("Accept") or ""):
             request.setdefault("format", "arrow")
         try:
-            answer = gateway.query(credential, request)
+            with gateway.open(credential, request) as (plan, stream):
+                kind = ArrowAnswer if plan.format == "arrow" else JsonAnswer
+                _answer(exchange, plan, kind(plan.head, stream, plan.max_bytes))
         except RateLimited as exc:
             exchange.send_error(exc, status=429)
-            return
-        if answer.plan.format == "arrow":
-            meta = {"contextful.snapshots": json.dumps(answer.result.snapshots),
-                    "contextful.truncated": json.dumps(answer.result.truncated)}
-            data = answer.result.data
-            exchange.send_bytes(200, _arrow_stream(data.replace_schema_metadata({**(data.schema.metadata or {}),
-                                                                                 **meta})), ARROW_STREAM)
-        else:
-            exchange.send_bytes(200, json.dumps(answer.to_json(), default=_json_value).encode(), "application/json")
 
-    return [Route("GET", re.compile(r"/exports/?"), exports, "GET /exports"),
-            Route("POST", re.compile(r"/query/?"), query, "POST /query")]
+    return [Route("GET", re.compile(r"/exports/?"), _guarded(exports), "GET /exports"),
+            Route("POST", re.compile(r"/query/?"), _guarded(query), "POST /query")]
 
 
-def _json_value(value: Any) -> Any:
-    """A cell JSON has no type for: decimals as numbers, times in ISO 8601, bytes in base64."""
-    if isinstance(value, decimal.Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, (datetime.date, datetime.time)):
-        return value.isoformat()
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    return str(value)
+def _answer(exchange: Exchange, plan: QueryPlan, writer: AnswerWriter) -> None:
+    """Write the answer whole when it is small (413 if it crossed its bound), else stream it."""
+    chunks = writer.chunks()
+    held: list[bytes] = []
+    size = 0
+    for chunk in chunks:  # holds at most STREAM_AFTER_BYTES (plus one chunk)
+        held.append(chunk)
+        size += len(chunk)
+        if size > STREAM_AFTER_BYTES:
+            break
+    else:
+        if writer.cut == "max_bytes":
+            raise AnswerTooLarge(plan.table, plan.max_bytes)
+        exchange.send_bytes(200, b"".join(held), writer.content_type)
+        return
+    exchange.send_stream(200, _finishing(chain(held, chunks), writer), writer.content_type)
 
 
-def _arrow_stream(data: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, data.schema) as writer:
-        writer.write_table(data)
-    return sink.getvalue().to_pybytes()
+def _finishing(chunks: Iterator[bytes], writer: AnswerWriter) -> Iterator[bytes]:
+    """A started answer's chunks; a failure after the status was sent ends it with the error's trailer."""
+    try:
+        yield from chunks
+    except Exception as exc:  # noqa: BLE001 - logged with its trace under the id the trailer names
+        yield writer.trailer(*_logged(exc))
+
+
+def _guarded(handle: Callable[[Exchange, re.Match[str]], None]) -> Callable[[Exchange, re.Match[str]], None]:
+    """``handle``, answering a failure that is not the reader's with its name and an error id only."""
+
+    def guarded(exchange: Exchange, match: re.Match[str]) -> None:
+        try:
+            handle(exchange, match)
+        except ContextfulError as exc:
+            if exc.http_status < 500 or isinstance(exc, TransientError):
+                raise  # the reader's (or a transient) error: the face answers its detail
+            name, error_id = _logged(exc)
+            exchange.send_json(500, {"error": name, "error_id": error_id}, close=True)
+        except Exception as exc:  # noqa: BLE001 - logged with its trace under the id the answer names
+            name, error_id = _logged(exc)
+            exchange.send_json(500, {"error": name, "error_id": error_id}, close=True)
+
+    return guarded
+
+
+def _logged(exc: Exception) -> tuple[str, str]:
+    """Log ``exc`` with its trace under a new error id; its catalogue name and the id."""
+    if isinstance(exc, ContextfulError) and exc.http_status < 500:
+        error_id, name = uuid.uuid4().hex, exc.name
+        log.warning("gateway: a streamed answer ended by %s (error id %s)", exc, error_id)
+        return name, error_id
+    failure = QueryFailed(uuid.uuid4().hex)
+    name = exc.name if isinstance(exc, ContextfulError) else failure.name
+    log.error("gateway: %s", failure, exc_info=exc)
+    return name, failure.error_id

@@ -14,18 +14,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.export.sql_shape import TABLE_NAME, SqlShapeError, read_shape
+from engine.export.sql_shape import SqlShapeError, read_shape
 from storage.errors import ManifestValueInvalid
 
 if TYPE_CHECKING:
     from engine.config.parse import _Problems
 
 EXPORT_KEYS = ("name", "kind", "source", "catalog", "namespace", "table", "credential", "format_version",
-               "templates", "caller_sql")
+               "templates", "caller_sql", "max_answer_bytes")
 EXPORT_KINDS = ("iceberg",)
 CATALOG_TYPES = ("sql", "rest")
 FORMAT_VERSIONS = (1, 2)
 DEFAULT_CATALOG_NAME = "contextful"
+DEFAULT_MAX_ANSWER_BYTES = 64 << 20
+"""The most bytes a gateway answer carries unless an export declares ``max_answer_bytes``."""
 DEFAULT_CATALOG_DB = Path(".contextful") / "iceberg" / "catalog.sqlite"
 DEFAULT_WAREHOUSE = Path(".contextful") / "iceberg" / "warehouse"
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
@@ -72,10 +74,13 @@ class Template:
 
     name: str
     sql: str
+    """The checked statement as the engine runs it: DuckDB's rendering of its parse tree."""
     parameters: tuple[str, ...]
     """Its ``$name`` parameters, sorted; a request binds exactly these."""
     tables: tuple[str, ...]
     """The tables it reads (bare names in the entry's namespace)."""
+    rescanned: frozenset[str] = frozenset()
+    """The tables the engine may scan more than once (see ``SqlShape.rescanned``)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,8 @@ class ExportSpec:
     """The gateway entry's declared queries, by name."""
     caller_sql: bool = False
     """Whether the gateway runs readers' own SQL for this entry (only on a single-audience warehouse)."""
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    """The most bytes a gateway answer for this entry carries; a request's ``max_bytes`` may only lower it."""
 
     @property
     def identifier(self) -> str:
@@ -133,12 +140,17 @@ def parse_export(block: Any, n: int, root: Path, problems: _Problems) -> ExportS
     if not isinstance(caller_sql, bool):
         problems.add(ManifestValueInvalid(where, "caller_sql", f"must be true or false, not {caller_sql!r}"))
         caller_sql = False
+    max_answer_bytes = block.get("max_answer_bytes", DEFAULT_MAX_ANSWER_BYTES)
+    if isinstance(max_answer_bytes, bool) or not isinstance(max_answer_bytes, int) or max_answer_bytes < 1:
+        problems.add(ManifestValueInvalid(where, "max_answer_bytes", f"must be a positive byte count, not "
+                                                                     f"{max_answer_bytes!r}"))
+        max_answer_bytes = DEFAULT_MAX_ANSWER_BYTES
     if None in (name, source, namespace, table, credential, catalog):
         return None
     assert name and source and namespace and table and credential and catalog
     return ExportSpec(name=name, source=source, catalog=catalog, namespace=namespace, table=table,
                       credential=credential, format_version=version, kind=kind, templates=templates,
-                      caller_sql=caller_sql)
+                      caller_sql=caller_sql, max_answer_bytes=max_answer_bytes)
 
 
 def _templates(block: Any, where: str, problems: _Problems) -> dict[str, Template]:
@@ -160,18 +172,10 @@ def _templates(block: Any, where: str, problems: _Problems) -> dict[str, Templat
         except SqlShapeError as exc:
             problems.add(ManifestValueInvalid(where, key, exc.reason))
             continue
-        reasons = [f"names {t} outside its namespace; a template reads bare table names" for t in shape.tables
-                   if t.qualified]
-        reasons += [f"reads {t.name!r}, not a table name ([a-z_][a-z0-9_]*)" for t in shape.tables
-                    if not t.qualified and not TABLE_NAME.fullmatch(t.name)]
-        reasons += [f"calls the table function {f}(); a template reads its namespace's tables"
-                    for f in shape.unsafe_functions()]
         if shape.positional:
-            reasons.append("has positional parameters; name them ($since)")
-        for reason in reasons:
-            problems.add(ManifestValueInvalid(where, key, reason))
-        if not reasons:
-            found[name] = Template(name, sql, tuple(sorted(shape.parameters)), tuple(t.name for t in shape.tables))
+            problems.add(ManifestValueInvalid(where, key, "has positional parameters; name them ($since)"))
+            continue
+        found[name] = Template(name, shape.sql, tuple(sorted(shape.parameters)), shape.tables, shape.rescanned)
     return found
 
 

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,6 @@ from engine.export import readers
 from engine.export.gateway import Gateway
 from engine.export.query import NamespaceReader
 from engine.export.run import run_exports
-from engine.land.decode import Decoder
-from engine.served.project import Served, serve_project
 from storage import Store
 from storage.errors import (
     CatalogUnavailable,
@@ -100,21 +99,6 @@ def make_project(root: Path, text: str, *, export: bool = True) -> Manifest:
 
 
 
-@pytest.fixture
-def serve(decoder: Decoder) -> Iterator[Any]:
-    started: list[Served] = []
-
-    def start(manifest: Manifest) -> Served:
-        served = serve_project(manifest, lambda: Store.open(manifest.project.store), "127.0.0.1:0",
-                               decoder=decoder, queue_root=manifest.root / ".contextful" / "queue")
-        started.append(served)
-        return served
-
-    yield start
-    for served in started:
-        served.shutdown(grace_s=10)
-
-
 def call(url: str, method: str, path: str, body: Any = None, token: str | None = None,
          headers: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
     host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -132,6 +116,19 @@ def call(url: str, method: str, path: str, body: Any = None, token: str | None =
     kind = response.getheader("Content-Type") or ""
     doc = json.loads(raw) if kind == "application/json" else raw
     return response.status, doc, dict(response.getheaders())
+
+
+def arrow_trailer(raw: bytes) -> dict[bytes, bytes]:
+    """The custom metadata of an Arrow answer's last (empty) batch: whether and why it was cut."""
+    reader = pa.ipc.open_stream(raw)
+    last: Any = None
+    while True:
+        try:
+            last = reader.read_next_batch_with_custom_metadata()
+        except StopIteration:
+            break
+    assert last is not None and last.batch.num_rows == 0
+    return dict(last.custom_metadata)
 
 
 def keys(root: Path) -> dict[str, str]:
@@ -193,7 +190,8 @@ def test_templates_bind_parameters_join_entries_and_answer_arrow(tmp_path: Path,
     assert status == 200 and headers["Content-Type"] == "application/vnd.apache.arrow.stream"
     table = pa.ipc.open_stream(raw).read_all()
     assert table.to_pylist() == ORDERS_BI.to_pylist()
-    assert json.loads(table.schema.metadata[b"contextful.truncated"]) is False
+    assert set(json.loads(table.schema.metadata[b"contextful.snapshots"])) == {"orders"}
+    assert arrow_trailer(raw)[b"contextful.truncated"] == b"false"
     # Parameters: exactly the template's, else QueryInvalid before any engine.
     for params in ({}, {"day": "2024-01-01", "extra": 1}, {"day": [1]}):
         status, doc, _ = call(url, "POST", "/query", {"table": "orders", "template": "since", "params": params}, token)
@@ -469,10 +467,12 @@ def test_queries_beyond_the_slots_wait_then_are_rate_limited(tmp_path: Path) -> 
     entered, release = threading.Event(), threading.Event()
 
     class HeldReader(NamespaceReader):
-        def run(self, *args: Any, **kwargs: Any) -> Any:
+        @contextmanager
+        def open(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
             entered.set()
             release.wait(30)
-            return super().run(*args, **kwargs)
+            with super().open(*args, **kwargs) as stream:
+                yield stream
 
     gateway.reader_factory = lambda a: HeldReader(gateway._catalogs, a.catalog, a.namespace)
     request = {"table": "orders", "template": "all"}
