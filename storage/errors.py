@@ -10,6 +10,7 @@ Hierarchy::
     ContextfulError                      root; .category, .exit_code, .http_status
     ├── TransientError                   marker: a later attempt may succeed
     │   ├── CommitConflict               the table head moved under a commit (conflict)
+    │   ├── CommitOutcomeUnknown         a commit was sent, its outcome not learned; nothing deleted (unknown)
     │   ├── StagingFailed                writing a part failed (disk full, permissions, network)
     │   ├── CatalogUnavailable           the catalog database is locked, down or unreachable
     │   ├── RateLimited                  a limiter or server denied the call; the retry schedule waits
@@ -84,6 +85,7 @@ EXIT_CODES: dict[str, int] = {
     "conflict": 5,
     "not-found": 6,
     "transient": 75,
+    "unknown": 75,
     "expired": 7,
     "refused": 8,
     "unauthenticated": 9,
@@ -96,6 +98,7 @@ HTTP_STATUS: dict[str, int] = {
     "conflict": 409,
     "not-found": 404,
     "transient": 503,
+    "unknown": 503,
     "expired": 410,
     "refused": 403,
     "unauthenticated": 401,
@@ -698,3 +701,15 @@ class BlobCorrupt(Permanent):
 class BlobNotFound(NotFound):
     def __init__(self, digest: str) -> None:
         super().__init__(f"no blob {digest}", digest=digest)
+
+
+class CommitOutcomeUnknown(TransientError):
+    """A commit was sent but its outcome could not be learned; nothing was deleted or undone."""
+
+    category = "unknown"
+
+    def __init__(self, target: str, run_id: str, reason: str) -> None:
+        self.target = target
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(f"the outcome of commit {run_id} on {target} is unknown ({reason}); nothing was deleted")
