@@ -70,12 +70,15 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.typedef import Identifier
 
-from iceberg.files import batches_of, delete_files, write_data_files
+from iceberg.files import batches_of, delete_files, delete_old_metadata, write_data_files
 from iceberg.outcome import send_commit
 from iceberg.schema import arrow_to_iceberg
 from storage.errors import ExportCommitConflict, SchemaIrreconcilable
 
 MAX_ATTEMPTS = 3
+# A created table drops the metadata files that leave its metadata log (at most 100 entries by
+# default), so its metadata does not grow without bound either; ``properties`` may override.
+CREATE_PROPERTIES = {TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true"}
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,7 @@ def export_table(
                 if changed:
                     raise ExportCommitConflict(name, f"{changed} changed during the export", attempt) from answer
                 continue
+            delete_old_metadata(io, table.metadata, answer)
             summary = snapshot.summary
             assert summary is not None
             return ExportResult(snapshot_id=snapshot.snapshot_id, operation=summary.operation.value,
@@ -153,7 +157,8 @@ def _load_or_create(catalog: Catalog, identifier: str | Identifier, schema: pa.S
         pass
     try:
         return catalog.create_table(identifier, arrow_to_iceberg(schema, name),
-                                    properties={**properties, TableProperties.FORMAT_VERSION: str(format_version)})
+                                    properties={**CREATE_PROPERTIES, **properties,
+                                                TableProperties.FORMAT_VERSION: str(format_version)})
     except TableAlreadyExistsError:
         # A rival export created it first: ours becomes an overwrite of whatever it committed.
         return catalog.load_table(identifier)
