@@ -1,5 +1,5 @@
 """The ``[[export]]`` block (kind ``iceberg``): ExportSpec with its source, catalog, namespace, table,
-admitted credential, format version, and what its gateway entry serves — declared query templates
+admitted credential, format version, snapshot retention, and what its gateway entry serves — declared query templates
 and whether caller SQL is allowed (decision "iceberg-audience", docs/exports.md).
 
 ``parse_export`` collects every problem of one block into the manifest's problem list; unknown keys
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from engine.config.parse import _Problems
 
 EXPORT_KEYS = ("name", "kind", "source", "catalog", "namespace", "table", "credential", "format_version",
-               "templates", "caller_sql")
+               "templates", "caller_sql", "keep_snapshots", "max_snapshot_age")
 EXPORT_KINDS = ("iceberg",)
 CATALOG_TYPES = ("sql", "rest")
 FORMAT_VERSIONS = (1, 2)
@@ -30,6 +31,9 @@ DEFAULT_CATALOG_DB = Path(".contextful") / "iceberg" / "catalog.sqlite"
 DEFAULT_WAREHOUSE = Path(".contextful") / "iceberg" / "warehouse"
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 _ICEBERG_NAME = re.compile(r"[a-z_][a-z0-9_]{0,127}")
+DEFAULT_KEEP_SNAPSHOTS = 10
+_AGE = re.compile(r"([1-9][0-9]{0,8})([smhd])")
+_AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,10 @@ class ExportSpec:
     """The gateway entry's declared queries, by name."""
     caller_sql: bool = False
     """Whether the gateway runs readers' own SQL for this entry (only on a single-audience warehouse)."""
+    keep_snapshots: int = DEFAULT_KEEP_SNAPSHOTS
+    """At most this many Iceberg snapshots stay after each export (the newest); older ones expire."""
+    max_snapshot_age: timedelta | None = None
+    """Snapshots older than this expire too (``"7d"``, ``"12h"``); never the current one."""
 
     @property
     def identifier(self) -> str:
@@ -133,12 +141,29 @@ def parse_export(block: Any, n: int, root: Path, problems: _Problems) -> ExportS
     if not isinstance(caller_sql, bool):
         problems.add(ManifestValueInvalid(where, "caller_sql", f"must be true or false, not {caller_sql!r}"))
         caller_sql = False
+    keep = block.get("keep_snapshots", DEFAULT_KEEP_SNAPSHOTS)
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        problems.add(ManifestValueInvalid(where, "keep_snapshots", f"must be a whole number of at least 1, not {keep!r}"))
+        keep = DEFAULT_KEEP_SNAPSHOTS
+    max_age = _age(block.get("max_snapshot_age"), where, problems)
     if None in (name, source, namespace, table, credential, catalog):
         return None
     assert name and source and namespace and table and credential and catalog
     return ExportSpec(name=name, source=source, catalog=catalog, namespace=namespace, table=table,
                       credential=credential, format_version=version, kind=kind, templates=templates,
-                      caller_sql=caller_sql)
+                      caller_sql=caller_sql, keep_snapshots=keep, max_snapshot_age=max_age)
+
+
+def _age(value: Any, where: str, problems: _Problems) -> timedelta | None:
+    """``max_snapshot_age = "7d"``: a whole number of seconds, minutes, hours or days (s, m, h, d)."""
+    if value is None:
+        return None
+    found = _AGE.fullmatch(value) if isinstance(value, str) else None
+    if found is None:
+        problems.add(ManifestValueInvalid(where, "max_snapshot_age",
+                                          f"must be a duration like \"7d\" (s, m, h or d), not {value!r}"))
+        return None
+    return timedelta(**{_AGE_UNITS[found.group(2)]: int(found.group(1))})
 
 
 def _templates(block: Any, where: str, problems: _Problems) -> dict[str, Template]:
