@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -109,3 +110,37 @@ def test_an_outcome_that_cannot_be_resolved_deletes_nothing_and_raises_commit_ou
     assert err.run_id == str(current.snapshot_id)
     assert read(table) == rows([3, 4], "b").to_pylist()
     assert_no_stray_files(table, tmp_path / "wh")
+
+
+class RivalOnResolve:
+    """The catalog through the proxy, except that a rival export lands on the direct catalog just before
+    the first reload that follows the proxy's cut (the reload resolving our unheard commit)."""
+
+    def __init__(self, real: SqlCatalog, direct: SqlCatalog, proxy: PgCutProxy) -> None:
+        self._real, self._direct, self._proxy = real, direct, proxy
+        self.rival: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def load_table(self, identifier: str) -> Any:
+        if self._proxy.cut.is_set() and self.rival is None:
+            self.rival = export_table(self._direct, IDENT, rows([99], "rival")).snapshot_id
+        return self._real.load_table(identifier)
+
+
+def test_an_unheard_commit_found_not_landed_is_a_lost_attempt_and_the_retry_lands(
+        pg: tuple[PgCutProxy, SqlCatalog, SqlCatalog], tmp_path: Path) -> None:
+    proxy, catalog, direct = pg
+    first = export_table(catalog, IDENT, rows([1, 2], "a"))
+    racing = RivalOnResolve(catalog, direct, proxy)
+    proxy.arm("request")  # the COMMIT never reaches the server; then a rival moves main
+    result = export_table(racing, IDENT, rows([5, 6], "ours"))  # type: ignore[arg-type]
+
+    table = direct.load_table(IDENT)
+    assert racing.rival is not None
+    assert [s.snapshot_id for s in table.snapshots()] == [first.snapshot_id, racing.rival, result.snapshot_id]
+    ours = table.snapshot_by_id(result.snapshot_id)
+    assert ours is not None and ours.parent_snapshot_id == racing.rival and result.attempts == 2
+    assert read(table) == rows([5, 6], "ours").to_pylist()
+    assert_no_stray_files(table, tmp_path / "wh")  # the lost attempt's manifests and list were deleted
