@@ -1,5 +1,5 @@
-"""Iceberg export: hand-written create and overwrite commits through pyiceberg's catalog client,
-one namespace per audience (decisions "iceberg-overwrite-commit" and "iceberg-audience").
+"""Iceberg export: hand-written create, overwrite and snapshot-expiry commits through pyiceberg's
+catalog client, one namespace per audience (decisions "iceberg-overwrite-commit" and "iceberg-audience").
 
 The package depends on ``storage`` only. Modules:
 
@@ -7,6 +7,10 @@ The package depends on ``storage`` only. Modules:
   with one snapshot built by hand (``append`` on creation, ``overwrite`` after), committed through
   ``catalog.commit_table`` with explicit requirements, retried at most 3 times on a conflict;
   ``ExportResult`` says what landed.
+- ``iceberg.outcome``: ``send_commit`` sends one commit and learns its outcome (reload, resend)
+  before anything is deleted; ``CommitOutcomeUnknown`` when it cannot.
+- ``iceberg.expire``: ``expire_snapshots(catalog, identifier, Retention(...))`` removes snapshots
+  past retention through the catalog, then deletes the files only they referenced.
 - ``iceberg.files``: Arrow batches -> Parquet data files with field ids and column statistics.
 - ``iceberg.schema``: Arrow schema -> Iceberg schema, nested types included.
 

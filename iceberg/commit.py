@@ -15,12 +15,16 @@ updates. It never calls pyiceberg's ``Table.append``/``Table.overwrite``.
   files already written, at most ``MAX_ATTEMPTS`` attempts. A changed id or the last conflict
   raises ``ExportCommitConflict``. A lost attempt's manifests and list are deleted; after a final
   loss the data files are deleted too, since nothing committed refers to them.
+- An error that does not say the commit was refused (a cut connection, a timeout, a REST 5xx) is
+  resolved by ``iceberg.outcome.send_commit`` (reload: is our snapshot id in the table?); when it
+  cannot be resolved, ``CommitOutcomeUnknown`` is raised and nothing is deleted.
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -29,7 +33,6 @@ from pyiceberg.avro.codecs import AvroCompressionCodec
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
-    CommitStateUnknownException,
     NoSuchTableError,
     ResolveError,
     TableAlreadyExistsError,
@@ -46,6 +49,7 @@ from pyiceberg.manifest import (
     write_manifest_list,
 )
 from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 from pyiceberg.table.snapshots import (
     Operation,
@@ -66,11 +70,15 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.typedef import Identifier
 
-from iceberg.files import batches_of, delete_files, write_data_files
+from iceberg.files import batches_of, delete_files, delete_old_metadata, write_data_files
+from iceberg.outcome import send_commit
 from iceberg.schema import arrow_to_iceberg
 from storage.errors import ExportCommitConflict, SchemaIrreconcilable
 
 MAX_ATTEMPTS = 3
+# A created table drops the metadata files that leave its metadata log (at most 100 entries by
+# default), so its metadata does not grow without bound either; ``properties`` may override.
+CREATE_PROPERTIES = {TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true"}
 
 
 @dataclass(frozen=True)
@@ -107,33 +115,36 @@ def export_table(
     io = table.io
     data_files = write_data_files(table, io, schema, batches)
     pinned = _ids(table)
+    sent = False  # a commit whose outcome is not known was sent: its files must stay
     try:
         for attempt in range(1, MAX_ATTEMPTS + 1):
             requirements, updates, snapshot, written = _stage(table, io, data_files)
-            try:
-                catalog.commit_table(table, requirements, updates)
-            except CommitFailedException as exc:
+            sent = True
+            answer = send_commit(catalog, identifier, table, requirements, updates, _holds(snapshot.snapshot_id),
+                                 str(snapshot.snapshot_id))
+            sent = False
+            if isinstance(answer, (CommitFailedException, NoSuchTableError)):
                 delete_files(io, written)
-                why = f"a rival commit won ({exc})"
+                why = f"a rival commit won ({answer})"
                 if attempt == MAX_ATTEMPTS:
-                    raise ExportCommitConflict(name, why, attempt) from exc
+                    raise ExportCommitConflict(name, why, attempt) from answer
                 try:
                     table = catalog.load_table(identifier)
                 except NoSuchTableError as gone:
                     raise ExportCommitConflict(name, "the table was dropped during the export", attempt) from gone
                 changed = _changed(pinned, _ids(table))
                 if changed:
-                    raise ExportCommitConflict(name, f"{changed} changed during the export", attempt) from exc
+                    raise ExportCommitConflict(name, f"{changed} changed during the export", attempt) from answer
                 continue
+            delete_old_metadata(io, table.metadata, answer)
             summary = snapshot.summary
             assert summary is not None
             return ExportResult(snapshot_id=snapshot.snapshot_id, operation=summary.operation.value,
                                 rows=sum(f.record_count for f in data_files),
                                 files=tuple(f.file_path for f in data_files), attempts=attempt)
-    except CommitStateUnknownException:
-        raise  # the commit may have landed: its data files must stay
     except BaseException:
-        delete_files(io, [f.file_path for f in data_files])
+        if not sent:  # CommitOutcomeUnknown, or an interrupt while the commit was on its way: keep them
+            delete_files(io, [f.file_path for f in data_files])
         raise
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
@@ -146,7 +157,8 @@ def _load_or_create(catalog: Catalog, identifier: str | Identifier, schema: pa.S
         pass
     try:
         return catalog.create_table(identifier, arrow_to_iceberg(schema, name),
-                                    properties={**properties, TableProperties.FORMAT_VERSION: str(format_version)})
+                                    properties={**CREATE_PROPERTIES, **properties,
+                                                TableProperties.FORMAT_VERSION: str(format_version)})
     except TableAlreadyExistsError:
         # A rival export created it first: ours becomes an overwrite of whatever it committed.
         return catalog.load_table(identifier)
@@ -170,6 +182,11 @@ def _evolve(catalog: Catalog, identifier: str | Identifier, table: Table, schema
     except (ValidationError, ValueError, ResolveError) as exc:
         raise SchemaIrreconcilable(name, "<columns>", str(current), str(wanted), str(exc)) from exc
     return catalog.load_table(identifier)
+
+
+def _holds(snapshot_id: int) -> Callable[[TableMetadata], bool]:
+    """Whether a table's metadata holds snapshot ``snapshot_id``: how an unheard commit is recognised."""
+    return lambda metadata: metadata.snapshot_by_id(snapshot_id) is not None
 
 
 def _ids(table: Table) -> dict[str, object]:

@@ -28,8 +28,10 @@ from pyiceberg.io.pyarrow import (
     schema_to_pyarrow,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-from pyiceberg.table import Table
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
+from pyiceberg.utils.properties import property_as_bool
 
 from storage.errors import SchemaIrreconcilable
 from storage.parts import dictionary_columns
@@ -124,6 +126,17 @@ def _cast(chunk: pa.Table, target: pa.Schema, table: str) -> pa.Table:
         return pa.Table.from_arrays(conformed.columns, schema=target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         raise SchemaIrreconcilable(table, "<columns>", str(target), str(chunk.schema), str(exc)) from exc
+
+
+def delete_old_metadata(io: FileIO, before: TableMetadata, after: TableMetadata) -> None:
+    """After a commit from ``before`` to ``after`` landed: delete the metadata files it dropped from
+    the table's metadata log (kept to ``write.metadata.previous-versions-max`` entries), when the
+    table's ``write.metadata.delete-after-commit.enabled`` is true (an export creates its table so)."""
+    if not property_as_bool(after.properties, TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED,
+                            TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED_DEFAULT):
+        return
+    dropped = {e.metadata_file for e in before.metadata_log} - {e.metadata_file for e in after.metadata_log}
+    delete_files(io, sorted(dropped))
 
 
 def delete_files(io: FileIO, paths: list[str]) -> None:

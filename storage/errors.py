@@ -90,11 +90,11 @@ EXIT_CODES: dict[str, int] = {
     "conflict": 5,
     "not-found": 6,
     "transient": 75,
+    "unknown": 75,
     "expired": 7,
     "refused": 8,
     "unauthenticated": 9,
     "permanent": 1,
-    "unknown": 75,
 }
 
 HTTP_STATUS: dict[str, int] = {
@@ -103,11 +103,11 @@ HTTP_STATUS: dict[str, int] = {
     "conflict": 409,
     "not-found": 404,
     "transient": 503,
+    "unknown": 503,
     "expired": 410,
     "refused": 403,
     "unauthenticated": 401,
     "permanent": 500,
-    "unknown": 503,
 }
 
 

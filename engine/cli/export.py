@@ -40,8 +40,13 @@ def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
         src = r.source
         what = f"model {src['name']} build {src['build_id']}" if src["kind"] == "model" else \
             f"table {src['name']}@{src['commit_seq']}"
+        expired = f"; expired {len(r.expired)} old snapshot(s)" if r.expired else ""
+        if r.operation == "unchanged":
+            click.echo(f"{r.export}: unchanged, snapshot {r.snapshot_id} of {r.identifier} already holds {what}; "
+                       f"nothing published{expired}")
+            continue
         click.echo(f"{r.export}: {r.operation} snapshot {r.snapshot_id} of {r.identifier}, {r.rows:,} rows in "
-                   f"{r.files} file(s) from {what}")
+                   f"{r.files} file(s) from {what}{expired}")
 
 
 @export.command("status")

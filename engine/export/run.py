@@ -1,9 +1,11 @@
 """Running ``[[export]]`` blocks and reporting their state (issue 6; docs/exports.md).
 
 :func:`run_exports` preflights the audience mapping, then for each export loads its pyiceberg
-catalog, creates the namespace if missing, reads the source at its current snapshot (a table at
-its head, a model at its latest published build) as an Arrow stream through DuckDB, and hands it
-to ``iceberg.commit.export_table``.
+catalog, creates the namespace if missing, resolves the source's current snapshot (a table at its
+head, a model at its latest published build) and — unless the Iceberg table already holds exactly
+that (``unchanged``) — reads it as an Arrow stream through DuckDB and hands it to
+``iceberg.commit.export_table``. Then ``iceberg.expire.expire_snapshots`` applies the export's
+snapshot retention (``keep_snapshots``, ``max_snapshot_age``).
 
 What was exported is recorded in ``<project>/.contextful/exports/<name>.json``: ``export_table``
 takes table properties, not snapshot summary properties, and a table property would go stale at
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,13 +46,17 @@ class ExportRunResult:
     snapshot_id: int
     """The committed Iceberg snapshot."""
     operation: str
-    """``append`` (the table's first snapshot) or ``overwrite``."""
+    """``append`` (the table's first snapshot), ``overwrite``, or ``unchanged``: the table already held
+    this source (the state file's source, and still the table's current snapshot); nothing published."""
     rows: int
+    """Rows written (0 when unchanged)."""
     files: int
-    """Data files the snapshot added."""
+    """Data files the snapshot added (0 when unchanged)."""
     attempts: int
     source: dict[str, Any]
     """``{"kind": "table"|"model", "name", "commit_seq", "build_id"}``: what was read."""
+    expired: list[int] = field(default_factory=list)
+    """Snapshots retention expired after this export (their files deleted)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,32 +101,61 @@ def run_exports(store: Store, manifest: Manifest, names: list[str] | None = None
 
 def run_export(store: Store, manifest: Manifest, spec: ExportSpec, *,
                progress: Callable[[ExportProgress], None] | None = None) -> ExportRunResult:
+    """Export ``spec``'s source unless the table already holds it, then apply snapshot retention."""
     from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
     from iceberg.commit import export_table
+    from iceberg.expire import Retention, expire_snapshots
 
     catalog = load_catalog(spec.catalog)
     try:
         guard_catalog(spec.catalog, lambda: catalog.create_namespace(spec.namespace))
     except NamespaceAlreadyExistsError:
         pass
-    con = store.duckdb()
-    try:
-        reader, source = _read_source(con, store, manifest, spec.source)
-        if progress is not None:
-            reader = _reporting(reader, spec.name, progress)
-        result = export_table(catalog, spec.identifier, reader, format_version=spec.format_version)
-    finally:
-        con.close()
-    done = ExportRunResult(spec.name, spec.identifier, result.snapshot_id, result.operation, result.rows,
-                           len(result.files), result.attempts, source)
+    snap, source = _resolve_source(store, manifest, spec.source)
     path = manifest.root / STATE_DIR / f"{spec.name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {**done.to_json(), "exported_at": datetime.now(UTC).isoformat()}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
-    tmp.replace(path)
-    return done
+    held = _held(spec, path, source)
+    if held is None:
+        con = store.duckdb()
+        try:
+            reader = _read(con, snap)
+            if progress is not None:
+                reader = _reporting(reader, spec.name, progress)
+            result = export_table(catalog, spec.identifier, reader, format_version=spec.format_version)
+        finally:
+            con.close()
+        done = ExportRunResult(spec.name, spec.identifier, result.snapshot_id, result.operation, result.rows,
+                               len(result.files), result.attempts, source)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {**done.to_json(), "exported_at": datetime.now(UTC).isoformat()}
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
+        tmp.replace(path)
+    else:
+        done = ExportRunResult(spec.name, spec.identifier, held, "unchanged", 0, 0, 0, source)
+    expired = guard_catalog(spec.catalog, lambda: expire_snapshots(
+        catalog, spec.identifier, Retention(spec.keep_snapshots, spec.max_snapshot_age)))
+    return replace(done, expired=list(expired.expired))
+
+
+def _held(spec: ExportSpec, path: Path, source: dict[str, Any]) -> int | None:
+    """The Iceberg snapshot already holding ``source``: the one the state file names, while it is still
+    the table's current snapshot and the state file's source is ``source``; None otherwise."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    if not path.is_file():
+        return None
+    state = json.loads(path.read_text(encoding="utf-8"))
+    if state.get("source") != source:
+        return None
+    try:
+        current = _current_snapshot(spec)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+    if current is None or current.snapshot_id != state.get("snapshot_id"):
+        return None
+    snapshot_id: int = current.snapshot_id
+    return snapshot_id
 
 
 def _reporting(reader: pa.RecordBatchReader, export: str,
@@ -144,26 +179,30 @@ def _reporting(reader: pa.RecordBatchReader, export: str,
     return pa.RecordBatchReader.from_batches(reader.schema, batches())
 
 
-def _read_source(con: Any, store: Store, manifest: Manifest, name: str) -> tuple[pa.RecordBatchReader, dict[str, Any]]:
-    """``name`` at its current snapshot as an Arrow stream, and what was read."""
+def _resolve_source(store: Store, manifest: Manifest, name: str) -> tuple[Any, dict[str, Any]]:
+    """``name``'s current snapshot (a table's head, a model's latest published build) and what it is."""
     from engine.model.build import published_build
-    from engine.read import attach_snapshot
-    from storage.snapshot import quote
 
-    view = "__contextful_export_source"
     if name in {m.name for m in manifest.models}:
         found = published_build(store, name)
         if found is None:
             raise SnapshotNotFound(name, "to export (the model has no published build yet)")
         snap = store.table(name).snapshot(commit_seq=found[0])
-        source = {"kind": "model", "name": name, "commit_seq": found[0], "build_id": found[0]}
-    elif name in store.table_names():
+        return snap, {"kind": "model", "name": name, "commit_seq": found[0], "build_id": found[0]}
+    if name in store.table_names():
         snap = store.table(name).snapshot()
-        source = {"kind": "table", "name": name, "commit_seq": snap.commit_seq, "build_id": None}
-    else:
-        raise TableNotFound(name)
+        return snap, {"kind": "table", "name": name, "commit_seq": snap.commit_seq, "build_id": None}
+    raise TableNotFound(name)
+
+
+def _read(con: Any, snap: Any) -> pa.RecordBatchReader:
+    """``snap``'s rows as an Arrow stream through DuckDB."""
+    from engine.read import attach_snapshot
+    from storage.snapshot import quote
+
+    view = "__contextful_export_source"
     attach_snapshot(con, snap, view)
-    return con.sql(f"SELECT * FROM {quote(view)}").to_arrow_reader(), source
+    return con.sql(f"SELECT * FROM {quote(view)}").to_arrow_reader()
 
 
 def _current_snapshot(spec: ExportSpec) -> Any:

@@ -1,5 +1,5 @@
 """The ``[[export]]`` block (kind ``iceberg``): ExportSpec with its source, catalog, namespace, table,
-admitted credential, format version, and what its gateway entry serves — declared query templates
+admitted credential, format version, snapshot retention, and what its gateway entry serves — declared query templates
 and whether caller SQL is allowed (decision "iceberg-audience", docs/exports.md).
 
 ``parse_export`` collects every problem of one block into the manifest's problem list; unknown keys
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
     from engine.config.parse import _Problems
 
 EXPORT_KEYS = ("name", "kind", "source", "catalog", "namespace", "table", "credential", "format_version",
-               "templates", "caller_sql", "max_answer_bytes")
+               "templates", "caller_sql", "max_answer_bytes", "keep_snapshots",
+               "max_snapshot_age")
 EXPORT_KINDS = ("iceberg",)
 CATALOG_TYPES = ("sql", "rest")
 FORMAT_VERSIONS = (1, 2)
@@ -32,6 +34,9 @@ DEFAULT_CATALOG_DB = Path(".contextful") / "iceberg" / "catalog.sqlite"
 DEFAULT_WAREHOUSE = Path(".contextful") / "iceberg" / "warehouse"
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 _ICEBERG_NAME = re.compile(r"[a-z_][a-z0-9_]{0,127}")
+DEFAULT_KEEP_SNAPSHOTS = 10
+_AGE = re.compile(r"([1-9][0-9]{0,8})([smhd])")
+_AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,10 @@ class ExportSpec:
     """Whether the gateway runs readers' own SQL for this entry (only on a single-audience warehouse)."""
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     """The most bytes a gateway answer for this entry carries; a request's ``max_bytes`` may only lower it."""
+    keep_snapshots: int = DEFAULT_KEEP_SNAPSHOTS
+    """At most this many Iceberg snapshots stay after each export (the newest); older ones expire."""
+    max_snapshot_age: timedelta | None = None
+    """Snapshots older than this expire too (``"7d"``, ``"12h"``); never the current one."""
 
     @property
     def identifier(self) -> str:
@@ -145,12 +154,30 @@ def parse_export(block: Any, n: int, root: Path, problems: _Problems) -> ExportS
         problems.add(ManifestValueInvalid(where, "max_answer_bytes", f"must be a positive byte count, not "
                                                                      f"{max_answer_bytes!r}"))
         max_answer_bytes = DEFAULT_MAX_ANSWER_BYTES
+    keep = block.get("keep_snapshots", DEFAULT_KEEP_SNAPSHOTS)
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        problems.add(ManifestValueInvalid(where, "keep_snapshots", f"must be a whole number of at least 1, not {keep!r}"))
+        keep = DEFAULT_KEEP_SNAPSHOTS
+    max_age = _age(block.get("max_snapshot_age"), where, problems)
     if None in (name, source, namespace, table, credential, catalog):
         return None
     assert name and source and namespace and table and credential and catalog
     return ExportSpec(name=name, source=source, catalog=catalog, namespace=namespace, table=table,
                       credential=credential, format_version=version, kind=kind, templates=templates,
-                      caller_sql=caller_sql, max_answer_bytes=max_answer_bytes)
+                      caller_sql=caller_sql, max_answer_bytes=max_answer_bytes,
+                      keep_snapshots=keep, max_snapshot_age=max_age)
+
+
+def _age(value: Any, where: str, problems: _Problems) -> timedelta | None:
+    """``max_snapshot_age = "7d"``: a whole number of seconds, minutes, hours or days (s, m, h, d)."""
+    if value is None:
+        return None
+    found = _AGE.fullmatch(value) if isinstance(value, str) else None
+    if found is None:
+        problems.add(ManifestValueInvalid(where, "max_snapshot_age",
+                                          f"must be a duration like \"7d\" (s, m, h or d), not {value!r}"))
+        return None
+    return timedelta(**{_AGE_UNITS[found.group(2)]: int(found.group(1))})
 
 
 def _templates(block: Any, where: str, problems: _Problems) -> dict[str, Template]:

@@ -18,9 +18,11 @@ import json, sys
 import pyarrow as pa
 from pyiceberg.catalog.sql import SqlCatalog
 from iceberg.commit import export_table
+from iceberg.expire import Retention, expire_snapshots
 from storage.errors import ExportCommitConflict
 
 name, uri, warehouse, writer, rounds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+keep = int(sys.argv[6])  # 0: no retention
 catalog = SqlCatalog(name, uri=uri, warehouse=warehouse)
 outcomes = []
 for r in range(rounds):
@@ -30,14 +32,16 @@ for r in range(rounds):
         outcomes.append({"round": r, "snapshot": result.snapshot_id, "attempts": result.attempts})
     except ExportCommitConflict as exc:
         outcomes.append({"round": r, "conflict": str(exc)})
+    if keep:
+        expire_snapshots(catalog, "exports.shared", Retention(keep_snapshots=keep))
 print(json.dumps(outcomes))
 """
 
 
-def _race(name: str, uri: str, warehouse: str, rounds: int = 6) -> list[list[dict[str, object]]]:
+def _race(name: str, uri: str, warehouse: str, rounds: int = 6, keep: int = 0) -> list[list[dict[str, object]]]:
     catalog = SqlCatalog(name, uri=uri, warehouse=warehouse)
     catalog.create_namespace("exports")
-    procs = [subprocess.Popen([sys.executable, "-c", EXPORTER, name, uri, warehouse, w, str(rounds)],
+    procs = [subprocess.Popen([sys.executable, "-c", EXPORTER, name, uri, warehouse, w, str(rounds), str(keep)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in ("a", "b")]
     outs = []
     for proc in procs:
@@ -82,3 +86,24 @@ def test_two_processes_exporting_one_table_on_a_postgres_catalog(tmp_path: Path,
     warehouse = f"file://{tmp_path / 'wh'}"
     outs = _race(name, uri, warehouse)
     _check(name, uri, warehouse, outs)
+
+
+def test_two_processes_exporting_and_expiring_one_table_lose_no_retained_file(tmp_path: Path) -> None:
+    """Each export is followed by an expiry keeping 2 snapshots: expiries race exports and each other,
+    yet every retained snapshot stays whole and nothing unreferenced stays on disk."""
+    uri, warehouse = f"sqlite:///{tmp_path / 'catalog.db'}", f"file://{tmp_path / 'wh'}"
+    outs = _race("retained", uri, warehouse, keep=2)
+    assert any("snapshot" in o for out in outs for o in out)
+    table = SqlCatalog("retained", uri=uri, warehouse=warehouse).load_table("exports.shared")
+    assert 1 <= len(table.snapshots()) <= 3  # the last expiry may have run before the other's last export
+    referenced: set[str] = set()
+    for snapshot in table.snapshots():
+        rows = table.scan(snapshot_id=snapshot.snapshot_id).to_arrow().to_pylist()
+        assert len(rows) == 50 and len({(r["writer"], r["round"]) for r in rows}) == 1  # whole and readable
+        referenced.add(snapshot.manifest_list)
+        for m in snapshot.manifests(table.io):
+            referenced.add(m.manifest_path)
+            referenced.update(e.data_file.file_path
+                              for e in m.fetch_manifest_entry(table.io, discard_deleted=True))
+    on_disk = {f"file://{p}" for p in (tmp_path / "wh").rglob("*") if p.suffix in (".avro", ".parquet")}
+    assert on_disk == referenced

@@ -1,6 +1,7 @@
 """Independent Iceberg readers, not ours, read what an export committed: pyiceberg's own scan and
 DuckDB's iceberg extension (PyPI ``duckdb-extension-iceberg`` with ``duckdb-extension-avro``, which
-pin a DuckDB of their own, so they run in a virtual environment this test builds)."""
+pin a DuckDB of their own, so they run in a virtual environment this test builds), including every
+snapshot snapshot retention kept."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from iceberg.commit import export_table
+from iceberg.expire import Retention, expire_snapshots
 
 READER = r"""
 import glob, json, sys
@@ -74,3 +76,21 @@ def test_pyiceberg_and_duckdb_read_exactly_the_latest_export_and_time_travel(
     assert sorted(table.scan(snapshot_id=snapshots[0]).to_arrow().to_pylist(), key=lambda r: r["id"]) == first
     assert duckdb_rows(duckdb_iceberg, table.metadata_location, snapshots[0]) == \
         [[r["id"], r["name"], r["score"]] for r in first]
+
+
+def test_duckdb_reads_every_snapshot_retention_kept(tmp_path: Path, duckdb_iceberg: tuple[Path, Path]) -> None:
+    catalog = SqlCatalog("kept", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=f"file://{tmp_path / 'wh'}")
+    catalog.create_namespace("exports")
+    ids = []
+    for n in range(15):
+        data = pa.table({"id": list(range(n + 1)), "name": [f"e{n}"] * (n + 1), "score": [float(n)] * (n + 1)})
+        ids.append(export_table(catalog, "exports.kept", data).snapshot_id)
+        expire_snapshots(catalog, "exports.kept", Retention(keep_snapshots=3))
+    table = catalog.load_table("exports.kept")
+    assert [s.snapshot_id for s in table.snapshots()] == ids[-3:]
+    for n, snapshot_id in zip(range(12, 15), ids[-3:], strict=True):
+        expected = [[i, f"e{n}", float(n)] for i in range(n + 1)]
+        assert duckdb_rows(duckdb_iceberg, table.metadata_location, snapshot_id) == expected
+        got = table.scan(snapshot_id=snapshot_id).to_arrow().sort_by("id").to_pylist()
+        assert [[r["id"], r["name"], r["score"]] for r in got] == expected
+    assert duckdb_rows(duckdb_iceberg, table.metadata_location) == [[i, "e14", 14.0] for i in range(15)]

@@ -6,8 +6,8 @@ proxy's DSN and everything is forwarded both ways, byte for byte, until an armed
 - ``cut_before(trigger)``: the next client message holding ``trigger`` (e.g. the commit-log
   ``INSERT``) is not forwarded; both sockets close. The server never sees a ``COMMIT`` for that
   transaction and rolls it back.
-- ``cut_after_commit(trigger)``: a transaction in which the client sent ``trigger`` commits on the
-  server; the proxy swallows the server's ``CommandComplete COMMIT`` and closes both sockets, so
+- ``cut_after_commit(trigger)``: a transaction in which the client sent ``trigger`` (``b""``: any
+  transaction) commits on the server; the proxy swallows the server's ``CommandComplete COMMIT`` and closes both sockets, so
   the client never hears the outcome (the committed-then-dropped case).
 - ``refuse()``: new connections are closed at once (an unreachable server) until ``heal()``.
 
@@ -158,15 +158,14 @@ class _Pair:
                 data = self.client.recv(65536)
                 if not data:
                     break
-                seen = self._tail + data
-                self._tail = seen[-256:]
+                tail, self._tail = self._tail, (self._tail + data)[-256:]
                 trigger = self.proxy._take("before")
-                if trigger and trigger in seen:
+                if trigger is not None and _holds(tail, data, trigger):
                     self.proxy._fire()
                     self.cut()
                     return
                 trigger = self.proxy._take("after-commit")
-                if trigger and trigger in seen:
+                if trigger is not None and _holds(tail, data, trigger):
                     self.in_armed_txn = True
                 self.server.sendall(data)
         except OSError:
@@ -199,6 +198,12 @@ class _Pair:
         except OSError:
             pass
         self.cut()
+
+
+def _holds(tail: bytes, data: bytes, trigger: bytes) -> bool:
+    """Whether ``data`` holds ``trigger``, or completes one begun at the end of ``tail`` (bytes
+    already forwarded); an empty trigger matches any message."""
+    return trigger in tail[len(tail) - len(trigger) + 1 :] + data if trigger else True
 
 
 def _close(sock: socket.socket) -> None:

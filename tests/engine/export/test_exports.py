@@ -193,3 +193,76 @@ def test_export_progress_reports_rows_as_they_reach_the_writer(tmp_path: Path) -
     assert result.rows == 3000
     assert seen and seen[-1].export == "big" and seen[-1].rows == 3000
     assert [p.rows for p in seen] == sorted(p.rows for p in seen)
+
+
+def test_export_block_retention_keys_parse_and_refuse_bad_values(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    m = manifest(tmp_path, export_toml("a", "bi", "analysts")
+                 + export_toml("b", "bi", "analysts", table="b2", extra='keep_snapshots = 3\nmax_snapshot_age = "7d"\n'))
+    assert (m.export("a").keep_snapshots, m.export("a").max_snapshot_age) == (10, None)
+    assert (m.export("b").keep_snapshots, m.export("b").max_snapshot_age) == (3, timedelta(days=7))
+    assert manifest(tmp_path, export_toml("c", "bi", "analysts", extra='max_snapshot_age = "12h"\n')
+                    ).export("c").max_snapshot_age == timedelta(hours=12)
+    bad = {"keep_snapshots = 0\n": "keep_snapshots", "keep_snapshots = true\n": "keep_snapshots",
+           'keep_snapshots = "3"\n': "keep_snapshots", 'max_snapshot_age = "7 days"\n': "max_snapshot_age",
+           "max_snapshot_age = 7\n": "max_snapshot_age", 'max_snapshot_age = "0d"\n': "max_snapshot_age"}
+    for line, key in bad.items():
+        (found,) = problems(tmp_path, export_toml("a", "bi", "analysts", extra=line))
+        assert isinstance(found, ManifestValueInvalid) and (found.block, found.key) == ("[[export]] 'a'", key), line
+        assert key in str(found)
+
+
+def test_an_export_whose_source_did_not_change_publishes_nothing_and_says_so(tmp_path: Path) -> None:
+    from engine.config import load_manifest
+
+    (tmp_path / "contextful.toml").write_text('[project]\nname = "p"\n' + export_toml("out", "bi", "analysts"))
+    m = load_manifest(tmp_path)
+    with Store.open(m.project.store) as store:
+        store.append("sales", SALES)
+    first = json.loads(contextful(tmp_path, "--json", "export", "run").stdout)[0]
+    assert first["operation"] == "append"
+
+    again = json.loads(contextful(tmp_path, "--json", "export", "run").stdout)[0]
+    assert (again["operation"], again["snapshot_id"], again["rows"], again["files"]) == \
+        ("unchanged", first["snapshot_id"], 0, 0)
+    assert again["source"] == first["source"]
+    text = contextful(tmp_path, "export", "run").stdout
+    assert "out: unchanged" in text and "nothing published" in text and f"sales@{first['source']['commit_seq']}" in text
+    cat = SqlCatalog("contextful", uri=f"sqlite:///{tmp_path / '.contextful/iceberg/catalog.sqlite'}",
+                     warehouse=(tmp_path / ".contextful/iceberg/warehouse").as_uri())
+    assert [s.snapshot_id for s in cat.load_table("bi.out").snapshots()] == [first["snapshot_id"]]
+
+    # Another writer committed since: the table no longer holds what the state file says; export again.
+    cat.load_table("bi.out").append(pa.table({"region": ["x"], "amount": pa.array([0], pa.int64())}))
+    redo = json.loads(contextful(tmp_path, "--json", "export", "run").stdout)[0]
+    assert redo["operation"] == "overwrite" and redo["rows"] == 3
+    assert len(scan(tmp_path, "bi.out")) == 3
+    # The source changed: export again.
+    with Store.open(m.project.store) as store:
+        store.append("sales", SALES)
+    changed = json.loads(contextful(tmp_path, "--json", "export", "run").stdout)[0]
+    assert changed["operation"] == "overwrite" and changed["rows"] == 6
+    assert changed["source"]["commit_seq"] > first["source"]["commit_seq"]
+
+
+def test_export_run_expires_snapshots_past_keep_snapshots(tmp_path: Path) -> None:
+    from engine.config import load_manifest
+
+    (tmp_path / "contextful.toml").write_text('[project]\nname = "p"\n'
+                                              + export_toml("out", "bi", "analysts", extra="keep_snapshots = 2\n"))
+    m = load_manifest(tmp_path)
+    ran = []
+    for n in range(4):
+        with Store.open(m.project.store) as store:
+            store.append("sales", pa.table({"region": [f"r{n}"], "amount": pa.array([n], pa.int64())}))
+        ran.append(json.loads(contextful(tmp_path, "--json", "export", "run").stdout)[0])
+    assert [r["expired"] for r in ran] == [[], [], [ran[0]["snapshot_id"]], [ran[1]["snapshot_id"]]]
+    cat = SqlCatalog("contextful", uri=f"sqlite:///{tmp_path / '.contextful/iceberg/catalog.sqlite'}",
+                     warehouse=(tmp_path / ".contextful/iceberg/warehouse").as_uri())
+    table = cat.load_table("bi.out")
+    assert [s.snapshot_id for s in table.snapshots()] == [ran[2]["snapshot_id"], ran[3]["snapshot_id"]]
+    assert len(table.scan(snapshot_id=ran[2]["snapshot_id"]).to_arrow()) == 3
+    assert len(table.scan().to_arrow()) == 4
+    text = contextful(tmp_path, "export", "run").stdout
+    assert "unchanged" in text and "expired" not in text
