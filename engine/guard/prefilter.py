@@ -1,7 +1,10 @@
-"""The guard's prefilter: which cells of a string array contain any of the catalogue's prefixes.
+"""The guard's prefilter: which cells of a string or binary array can hold a credential.
 
-A cell holding none of the catalogue's literal prefixes holds no credential, so only the cells
-this answers are scanned by the exact matchers. Two implementations, one answer:
+A cell holding none of the catalogue's literal prefixes holds no plain credential, and a cell
+holding none of the escape markers (``engine.guard.escapes.MARKERS``: ``\\/``, ``\\u``, ``%XX``)
+holds no escaped one, so only the cells this answers are scanned by the exact matchers
+(:func:`candidates` answers both sets from one scan; :func:`candidate_cells` the first). Two
+implementations, one answer:
 
 - **Hyperscan** (the default where the ``hyperscan`` package loads): the array's value bytes are
   scanned as one block by a multi-literal automaton (several GB/s), each match end is turned into
@@ -9,10 +12,11 @@ this answers are scanned by the exact matchers. Two implementations, one answer:
   one ``searchsorted``; a match straddling two cells (possible only because the cells are scanned
   back to back) is dropped, and so are null cells. One compiled database and scratch per thread.
 - **RE2** (the fallback): ``pyarrow.compute.match_substring_regex`` over the alternation of the
-  escaped literals. It compiles the pattern on every call, which dominates on the many small
-  arrays a nested batch is made of.
+  escaped literals (and the markers' compact form). It compiles the pattern on every call, which
+  dominates on the many small arrays a nested batch is made of.
 
 ``CONTEXTFUL_GUARD_PREFILTER=re2`` forces the fallback. Both are tested to answer the same cells.
+Binary arrays are scanned like strings: the literals are ASCII, so their bytes are the same.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ import logging
 import os
 import string
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.guard.catalogue import PREFIXES
+from engine.guard.escapes import MARKER_PATTERN, MARKERS
 
 log = logging.getLogger(__name__)
 
@@ -42,40 +47,57 @@ def _literal_alternation(literals: tuple[str, ...]) -> str:
 PREFILTER_PATTERN = _literal_alternation(PREFIXES)
 """The RE2 candidate test: a cell holding none of the catalogue's prefixes holds no credential."""
 
-_LITERALS = tuple(p.encode("utf-8") for p in PREFIXES)
+_LITERALS = tuple(p.encode("utf-8") for p in (*PREFIXES, *MARKERS))
 _LENGTHS = np.array([len(p) for p in _LITERALS], dtype=np.int64)
+_FIRST_MARKER = len(PREFIXES)
 _local = threading.local()
+_NONE = np.empty(0, np.int64)
 
 
-def candidate_cells(arr: pa.Array) -> np.ndarray:
-    """Sorted indices (int64) of the non-null cells of a ``string``/``large_string`` array that
-    contain a catalogue prefix."""
+class Candidates(NamedTuple):
+    """The cells a scan must look at: sorted int64 indices of non-null cells."""
+
+    prefixed: np.ndarray
+    """Cells holding a catalogue prefix."""
+    escaped: np.ndarray
+    """Cells holding an escape marker."""
+
+
+def candidates(arr: pa.Array) -> Candidates:
+    """The cells of a string or binary array holding a catalogue prefix, and those holding an
+    escape marker (one scan of the value bytes)."""
     database = _database()
     if database is None:
-        return _re2_cells(arr)
+        return Candidates(_re2_cells(arr, PREFILTER_PATTERN), _re2_cells(arr, MARKER_PATTERN))
     return _hyperscan_cells(arr, database)
 
 
+def candidate_cells(arr: pa.Array) -> np.ndarray:
+    """Sorted indices (int64) of the non-null cells of a string or binary array that contain a
+    catalogue prefix."""
+    return candidates(arr).prefixed
+
+
 def engine_name() -> str:
-    """``hyperscan`` or ``re2``: which implementation :func:`candidate_cells` uses here."""
+    """``hyperscan`` or ``re2``: which implementation :func:`candidates` uses here."""
     return "re2" if _database() is None else "hyperscan"
 
 
-def _re2_cells(arr: pa.Array) -> np.ndarray:
-    found = pc.indices_nonzero(pc.match_substring_regex(arr, PREFILTER_PATTERN))
+def _re2_cells(arr: pa.Array, pattern: str) -> np.ndarray:
+    found = pc.indices_nonzero(pc.match_substring_regex(arr, pattern))
     return found.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
-def _hyperscan_cells(arr: pa.Array, database: Any) -> np.ndarray:
+def _hyperscan_cells(arr: pa.Array, database: Any) -> Candidates:
     if len(arr) == 0:
-        return np.empty(0, np.int64)
+        return Candidates(_NONE, _NONE)
     _validity, offsets_buffer, data = arr.buffers()
-    wide = pa.types.is_large_string(arr.type)
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
     all_offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)
     offsets = all_offsets[arr.offset: arr.offset + len(arr) + 1].astype(np.int64)
     start, end = int(offsets[0]), int(offsets[-1])
     if data is None or end <= start:
-        return np.empty(0, np.int64)
+        return Candidates(_NONE, _NONE)
     ends: list[int] = []
     ids: list[int] = []
 
@@ -85,12 +107,17 @@ def _hyperscan_cells(arr: pa.Array, database: Any) -> np.ndarray:
 
     database.scan(memoryview(data)[start:end], match_event_handler=on_match)
     if not ends:
-        return np.empty(0, np.int64)
+        return Candidates(_NONE, _NONE)
+    pattern = np.asarray(ids, dtype=np.int64)
     match_end = np.asarray(ends, dtype=np.int64) + start
-    match_start = match_end - _LENGTHS[np.asarray(ids, dtype=np.int64)]
+    match_start = match_end - _LENGTHS[pattern]
     cells = np.searchsorted(offsets, match_start, side="right") - 1
     inside = match_end <= offsets[cells + 1]  # a match across two cells is no cell's
-    cells = np.unique(cells[inside])
+    marker = pattern >= _FIRST_MARKER
+    return Candidates(_valid(arr, np.unique(cells[inside & ~marker])), _valid(arr, np.unique(cells[inside & marker])))
+
+
+def _valid(arr: pa.Array, cells: np.ndarray) -> np.ndarray:
     if arr.null_count and len(cells):
         cells = cells[arr.is_valid().take(pa.array(cells)).to_numpy(zero_copy_only=False)]
     return cells
@@ -107,7 +134,7 @@ def _database() -> Any | None:
             import hyperscan
 
             database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            expressions = [_literal_alternation((p,)).encode("utf-8") for p in PREFIXES]
+            expressions = [_literal_alternation((p,)).encode("utf-8") for p in (*PREFIXES, *MARKERS)]
             database.compile(expressions=expressions, ids=list(range(len(_LITERALS))),
                              elements=len(_LITERALS), flags=[0] * len(_LITERALS))
         except Exception as exc:  # noqa: BLE001 - any failure means the RE2 fallback
