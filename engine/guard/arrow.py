@@ -39,9 +39,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.guard.catalogue import mask_text
-from engine.guard.escapes import Piece, decode, decoded_text, mask_all, mask_escaped
+from engine.guard.escapes import Piece, decode, decoded_text, mask_all
 from engine.guard.names import disambiguate, mask_metadata, mask_name, mask_names
-from engine.guard.prefilter import PREFILTER_PATTERN, candidate_cells, candidates
+from engine.guard.prefilter import PREFILTER_PATTERN, Candidates, candidate_cells, candidates
 
 __all__ = ["PREFILTER_PATTERN", "GuardResult", "guard_table"]
 
@@ -316,9 +316,10 @@ def _raw_type(t: pa.DataType) -> pa.DataType:
 def _mask_strings(arr: pa.Array, *, as_name: bool = False) -> tuple[pa.Array, list[int]]:
     """A string or binary array with its credentials masked, and the positions of the cells that changed.
 
-    Plain credentials in the cells holding a prefix; then, in the cells holding an escape marker,
-    those their decoded form shows (``engine.guard.escapes``), decoded cells prefiltered again as
-    one array. ``as_name`` masks each changed cell as a name (``engine.guard.names.mask_name``).
+    Plain credentials in the cells holding a prefix; in the cells holding an escape marker whose
+    decoded form holds a prefix (prefiltered again as one array), credentials read both as written
+    and decoded (``engine.guard.escapes.mask_all``). ``as_name`` masks each changed cell as a name
+    (``engine.guard.names.mask_name``).
     """
     if pa.types.is_string_view(arr.type) or pa.types.is_binary_view(arr.type):  # no kernels for views
         plain_type = pa.large_string() if pa.types.is_string_view(arr.type) else pa.large_binary()
@@ -327,47 +328,45 @@ def _mask_strings(arr: pa.Array, *, as_name: bool = False) -> tuple[pa.Array, li
     found = candidates(arr)
     if len(found.prefixed) == 0 and len(found.escaped) == 0:
         return arr, []
-    raw = _raw_type(arr.type)
     # Python loops bounded by the candidate cells the prefilter kept, not by the rows. Cells are read
     # as bytes and decoded with surrogateescape, so invalid UTF-8 neither raises nor changes.
-    texts: dict[int, str] = {}
+    cells = np.union1d(found.prefixed, found.escaped)
+    values = arr.take(pa.array(cells)).view(_raw_type(arr.type)).to_pylist()
+    texts = {p: v.decode("utf-8", "surrogateescape") for p, v in zip(cells.tolist(), values)}
+    masked: dict[int, str] = {}
     if as_name:
-        cells = np.union1d(found.prefixed, found.escaped)
-        for position, value in zip(cells.tolist(), arr.take(pa.array(cells)).view(raw).to_pylist()):
-            text = value.decode("utf-8", "surrogateescape")
+        for position, text in texts.items():
             name = mask_name(text)
             if name != text:
-                texts[position] = name
-        return _replace_texts(arr, texts)
-    if len(found.prefixed):
-        cells = found.prefixed
-        for position, value in zip(cells.tolist(), arr.take(pa.array(cells)).view(raw).to_pylist()):
-            text, spans = mask_text(value.decode("utf-8", "surrogateescape"))
+                masked[position] = name
+        return _replace_texts(arr, masked)
+    escaped = _decoded_with_prefix(found, texts)
+    for position in found.prefixed.tolist():
+        if position not in escaped:
+            text, spans = mask_text(texts[position])
             if spans:
-                texts[position] = text
-    if len(found.escaped):
-        _mask_escaped_cells(arr, found.escaped, raw, texts)
-    return _replace_texts(arr, texts)
-
-
-def _mask_escaped_cells(arr: pa.Array, cells: np.ndarray, raw: pa.DataType, texts: dict[int, str]) -> None:
-    """Mask, into ``texts``, the credentials the escape-marked ``cells`` show once decoded."""
-    decoded: list[tuple[int, str, list[Piece]]] = []
-    for position, value in zip(cells.tolist(), arr.take(pa.array(cells)).view(raw).to_pylist()):
-        text = texts.get(position)
-        if text is None:
-            text = value.decode("utf-8", "surrogateescape")
-        pieces = decode(text)
-        if pieces:
-            decoded.append((position, text, pieces))
-    if not decoded:
-        return
-    plain = pa.array([decoded_text(p).encode("utf-8", "surrogatepass") for _, _, p in decoded], pa.large_binary())
-    for index in candidate_cells(plain).tolist():
-        position, text, pieces = decoded[index]
-        masked, spans = mask_escaped(text, pieces)
+                masked[position] = text
+    for position, pieces in escaped.items():
+        text, spans = mask_all(texts[position], pieces)
         if spans:
-            texts[position] = masked
+            masked[position] = text
+    return _replace_texts(arr, masked)
+
+
+def _decoded_with_prefix(found: Candidates, texts: dict[int, str]) -> dict[int, list[Piece]]:
+    """The escape-marked cells worth a two-way scan, with their decoded pieces: those whose decoded
+    form holds a prefix (the decoded cells prefiltered again, as one array) or that hold one as written."""
+    decoded: list[tuple[int, list[Piece]]] = []
+    for position in found.escaped.tolist():
+        pieces = decode(texts[position])
+        if pieces:
+            decoded.append((position, pieces))
+    if not decoded:
+        return {}
+    plain = pa.array([decoded_text(p).encode("utf-8", "surrogatepass") for _, p in decoded], pa.large_binary())
+    hits = set(candidate_cells(plain).tolist())
+    prefixed = set(found.prefixed.tolist())
+    return {position: pieces for i, (position, pieces) in enumerate(decoded) if i in hits or position in prefixed}
 
 
 def _replace_texts(arr: pa.Array, texts: dict[int, str]) -> tuple[pa.Array, list[int]]:

@@ -14,18 +14,19 @@ and columnar way:
    character (a surrogate pair one character, a lone surrogate stays as written), ``%XX`` its byte
    as a character. Other backslash escapes (``\\n``, ``\\"``) stay as written; the PEM matcher reads
    escaped newlines itself. Doubly encoded text (``%255F``) is decoded once only.
-3. The decoded cells go through the prefilter again, as one array; only those holding a prefix are
-   scanned by the catalogue's matchers (:func:`mask_escaped`), and each finding is mapped back to
-   the escaped span it came from, which is replaced by the family's token. The rest of the cell,
-   escapes included, stays as it was.
+3. The decoded cells go through the prefilter again, as one array; only those holding a prefix (or
+   holding one as written) are scanned by the catalogue's matchers, both as written and decoded
+   (:func:`findings`, :func:`mask_all`); each decoded finding is mapped back to the escaped span
+   it came from, and each span is replaced by the family's token. The rest of the cell, escapes
+   included, stays as it was.
 
 Matching stays regex-free (``run.guard-secrets.matchers``): decoding is a forward scan with
 ``str.find``, and matching is the catalogue's.
 
     >>> hook = "https:\\\\/\\\\/hooks.slack.com\\\\/services\\\\/T0AB1CD2E\\\\/B0AB1CD2E\\\\/" + "Ab3" * 8
-    >>> mask_escaped('{"url":"' + hook + '"}')
+    >>> mask_all('{"url":"' + hook + '"}')
     ('{"url":"https:\\\\/\\\\/[masked:slack-webhook]"}', 1)
-    >>> mask_escaped("token=ghp%5F" + "a1B2" * 9 + "&x=1")
+    >>> mask_all("token=ghp%5F" + "a1B2" * 9 + "&x=1")
     ('token=[masked:github-token]&x=1', 1)
 """
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import NamedTuple
 
-from engine.guard.catalogue import FAMILY_BY_NAME, Finding, mask_text, scan_text
+from engine.guard.catalogue import FAMILY_BY_NAME, Finding, scan_text
 
 _HEX_DIGITS = "0123456789abcdefABCDEF"
 _HEX = frozenset(_HEX_DIGITS)
@@ -132,11 +133,7 @@ def _raw_span(pieces: list[Piece], starts: list[int], start: int, end: int) -> t
 
 
 def escaped_findings(raw: str, pieces: list[Piece] | None = None) -> list[Finding]:
-    """The credentials of ``raw``'s decoded form, as the spans of ``raw`` they came from.
-
-    Meant for text whose plain credentials are already masked (:func:`mask_all`): a credential
-    written without escapes is found here too.
-    """
+    """The credentials of ``raw``'s decoded form, as the spans of ``raw`` they came from."""
     pieces = decode(raw) if pieces is None else pieces
     if not pieces:
         return []
@@ -144,26 +141,38 @@ def escaped_findings(raw: str, pieces: list[Piece] | None = None) -> list[Findin
     return [Finding(f.family, *_raw_span(pieces, starts, f.start, f.end)) for f in scan_text(decoded_text(pieces))]
 
 
-def mask_all(text: str) -> tuple[str, int]:
-    """``text`` with every credential masked, plain ones first, then those behind escapes."""
-    masked, plain = mask_text(text)
-    masked, escaped = mask_escaped(masked)
-    return masked, plain + escaped
+def findings(text: str, pieces: list[Piece] | None = None) -> list[Finding]:
+    """The credential spans of ``text`` read both as written and decoded, overlapping spans merged.
 
-
-def mask_escaped(raw: str, pieces: list[Piece] | None = None) -> tuple[str, int]:
-    """``raw`` with every credential its decoded form shows masked in its escaped form, and the count.
-
-    Run it on text whose plain credentials are already masked (:func:`mask_all` does both).
+    Whether ``\\u006e`` in a cell is an escape depends on what the cell holds, so a span is masked
+    when either reading shows a credential there; where the two overlap (a credential whose tail
+    is escaped, read plainly, is a shorter credential) the masked span covers both.
     """
-    findings = escaped_findings(raw, pieces)
-    if not findings:
-        return raw, 0
+    spans = scan_text(text) + escaped_findings(text, pieces)
+    if len(spans) < 2:
+        return spans
+    spans.sort(key=lambda f: (f.start, -f.end))
+    merged = [spans[0]]
+    for span in spans[1:]:
+        last = merged[-1]
+        if span.start < last.end:
+            if span.end > last.end:
+                merged[-1] = Finding(last.family, last.start, span.end)
+        else:
+            merged.append(span)
+    return merged
+
+
+def mask_all(text: str, pieces: list[Piece] | None = None) -> tuple[str, int]:
+    """``text`` with every credential masked, written plainly or behind escapes, and the count masked."""
+    found = findings(text, pieces)
+    if not found:
+        return text, 0
     parts: list[str] = []
     pos = 0
-    for finding in findings:
-        parts.append(raw[pos:finding.start])
+    for finding in found:
+        parts.append(text[pos:finding.start])
         parts.append(FAMILY_BY_NAME[finding.family].token)
         pos = finding.end
-    parts.append(raw[pos:])
-    return "".join(parts), len(findings)
+    parts.append(text[pos:])
+    return "".join(parts), len(found)

@@ -16,6 +16,8 @@ import pytest
 import engine.guard
 import engine.guard.arrow
 import engine.guard.catalogue
+import engine.guard.escapes
+import engine.guard.names
 from engine.guard.catalogue import FAMILIES, PREFIXES, Family, Finding, Segment, mask_text, scan_text
 from tests.engine.guard.synthetic import ALNUM, B64URL, CREDENTIALS, chars
 
@@ -317,7 +319,8 @@ def test_finding_is_a_plain_tuple() -> None:
     assert Finding("jwt", 1, 2) == ("jwt", 1, 2)
 
 
-@pytest.mark.parametrize("module", [engine.guard, engine.guard.catalogue, engine.guard.arrow],
+@pytest.mark.parametrize("module", [engine.guard, engine.guard.catalogue, engine.guard.arrow, engine.guard.escapes,
+                                    engine.guard.names],
                          ids=lambda m: m.__name__)
 def test_module_examples_run(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
