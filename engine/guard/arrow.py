@@ -343,7 +343,7 @@ def _mask_strings(arr: pa.Array, *, as_name: bool = False) -> tuple[pa.Array, li
     escaped = _decoded_with_prefix(found, texts)
     for position in found.prefixed.tolist():
         if position not in escaped:
-            text, spans = mask_text(texts[position])
+            text, spans = mask_text(texts[position], None if found.prefixes is None else found.prefixes[position])
             if spans:
                 masked[position] = text
     for position, pieces in escaped.items():

@@ -51,6 +51,7 @@ Decisions beyond the spec (the family list is ``FAMILIES`` below):
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -198,6 +199,19 @@ class LlmKeyFamily(Family):
         return -1
 
 
+@dataclass(frozen=True)
+class AwsKeyFamily(Family):
+    """AWS access key ids: a four-letter prefix and 16 characters, or ``A3T``, one key character
+    and 16 (the older form), so every prefix stays a literal the prefilter can search."""
+
+    def match(self, text: str, start: int, prefix: str) -> int:
+        if len(prefix) == 3:
+            if not text.startswith(tuple(UPPER_DIGITS), start + 3):
+                return -1
+            prefix = text[start:start + 4]
+        return super().match(text, start, prefix)
+
+
 _PEM_LABEL = string.ascii_uppercase + string.digits + " "
 _PEM_LABEL_MAX = 40
 _PEM_ENDINGS = ("PRIVATE KEY", "PRIVATE KEY BLOCK")
@@ -238,13 +252,13 @@ class PrivateKeyFamily(Family):
         return body_end
 
 
-_AWS_PREFIXES = ("AKIA", "ASIA", "ABIA", "ACCA", *(f"A3T{c}" for c in UPPER_DIGITS))
 _GITLAB_PREFIXES = ("glpat-", "gldt-", "glrt-", "glcbt-", "glffct-", "glft-", "glimt-", "glagent-", "gloas-",
                     "glptt-", "glsoat-", "GR1348941")
 
 FAMILIES: tuple[Family, ...] = (
     # Cloud providers
-    Family("aws-access-key-id", _AWS_PREFIXES, UPPER_DIGITS, 16, 16, left_boundary=ALNUM, right_boundary=ALNUM),
+    AwsKeyFamily("aws-access-key-id", ("AKIA", "ASIA", "ABIA", "ACCA", "A3T"), UPPER_DIGITS, 16, 16,
+                 left_boundary=ALNUM, right_boundary=ALNUM),
     Family("google-api-key", ("AIza",), B64URL, 35, 35, left_boundary=B64URL, right_boundary=B64URL),
     Family("alibaba-access-key-id", ("LTAI",), ALNUM, 20, 20, left_boundary=ALNUM, right_boundary=ALNUM),
     Family("cloudflare-origin-ca-key", ("v1.0-",), HEX, 24, 24, left_boundary=ALNUM, right_boundary=ALNUM,
@@ -369,21 +383,27 @@ FAMILIES: tuple[Family, ...] = (
 FAMILY_BY_NAME: dict[str, Family] = {family.name: family for family in FAMILIES}
 PREFIXES: tuple[str, ...] = tuple(prefix for family in FAMILIES for prefix in family.prefixes)
 """Every literal a credential starts with: a cell holding none of them holds no credential."""
+PREFIX_FAMILIES: tuple[Family, ...] = tuple(family for family in FAMILIES for _ in family.prefixes)
+"""The family of each of ``PREFIXES``, by position."""
 
 
-def scan_text(text: str) -> list[Finding]:
-    """The credential spans in ``text``, in order and non-overlapping (leftmost, then longest)."""
+def scan_text(text: str, prefixes: Iterable[int] | None = None) -> list[Finding]:
+    """The credential spans in ``text``, in order and non-overlapping (leftmost, then longest).
+
+    ``prefixes`` (indices into ``PREFIXES``) limits the scan to those prefixes: the ones the
+    prefilter saw in this text (every other prefix is absent from it, so the answer is the same).
+    """
     found: list[Finding] = []
-    for family in FAMILIES:
-        for prefix in family.prefixes:
-            pos = text.find(prefix)
-            while pos >= 0:
-                end = family.match(text, pos, prefix)
-                if end > pos:
-                    found.append(Finding(family.name, pos, end))
-                    pos = text.find(prefix, end)
-                else:
-                    pos = text.find(prefix, pos + 1)
+    for i in range(len(PREFIXES)) if prefixes is None else sorted(prefixes):
+        family, prefix = PREFIX_FAMILIES[i], PREFIXES[i]
+        pos = text.find(prefix)
+        while pos >= 0:
+            end = family.match(text, pos, prefix)
+            if end > pos:
+                found.append(Finding(family.name, pos, end))
+                pos = text.find(prefix, end)
+            else:
+                pos = text.find(prefix, pos + 1)
     if len(found) < 2:
         return found
     found.sort(key=lambda f: (f.start, -f.end))
@@ -394,9 +414,10 @@ def scan_text(text: str) -> list[Finding]:
     return kept
 
 
-def mask_text(text: str) -> tuple[str, int]:
-    """``text`` with every credential span replaced by its family's token, and the span count."""
-    findings = scan_text(text)
+def mask_text(text: str, prefixes: Iterable[int] | None = None) -> tuple[str, int]:
+    """``text`` with every credential span replaced by its family's token, and the span count
+    (``prefixes`` as in :func:`scan_text`)."""
+    findings = scan_text(text, prefixes)
     if not findings:
         return text, 0
     parts: list[str] = []

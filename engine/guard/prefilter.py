@@ -47,9 +47,8 @@ def _literal_alternation(literals: tuple[str, ...]) -> str:
 PREFILTER_PATTERN = _literal_alternation(PREFIXES)
 """The RE2 candidate test: a cell holding none of the catalogue's prefixes holds no credential."""
 
-_LITERALS = tuple(p.encode("utf-8") for p in (*PREFIXES, *MARKERS))
-_LENGTHS = np.array([len(p) for p in _LITERALS], dtype=np.int64)
-_FIRST_MARKER = len(PREFIXES)
+_PREFIX_LENGTHS = np.array([len(p.encode("utf-8")) for p in PREFIXES], dtype=np.int64)
+_MARKER_LENGTHS = np.array([len(m.encode("utf-8")) for m in MARKERS], dtype=np.int64)
 _local = threading.local()
 _NONE = np.empty(0, np.int64)
 
@@ -61,15 +60,18 @@ class Candidates(NamedTuple):
     """Cells holding a catalogue prefix."""
     escaped: np.ndarray
     """Cells holding an escape marker."""
+    prefixes: dict[int, list[int]] | None = None
+    """Per prefixed cell, the indices (into ``PREFIXES``) of the prefixes seen in it, so the
+    matchers look for those alone; None where the engine cannot tell (RE2: look for all)."""
 
 
 def candidates(arr: pa.Array) -> Candidates:
     """The cells of a string or binary array holding a catalogue prefix, and those holding an
-    escape marker (one scan of the value bytes)."""
-    database = _database()
-    if database is None:
+    escape marker."""
+    databases = _databases()
+    if databases is None:
         return Candidates(_re2_cells(arr, PREFILTER_PATTERN), _re2_cells(arr, MARKER_PATTERN))
-    return _hyperscan_cells(arr, database)
+    return _hyperscan_cells(arr, *databases)
 
 
 def candidate_cells(arr: pa.Array) -> np.ndarray:
@@ -80,7 +82,7 @@ def candidate_cells(arr: pa.Array) -> np.ndarray:
 
 def engine_name() -> str:
     """``hyperscan`` or ``re2``: which implementation :func:`candidates` uses here."""
-    return "re2" if _database() is None else "hyperscan"
+    return "re2" if _databases() is None else "hyperscan"
 
 
 def _re2_cells(arr: pa.Array, pattern: str) -> np.ndarray:
@@ -88,16 +90,32 @@ def _re2_cells(arr: pa.Array, pattern: str) -> np.ndarray:
     return found.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
-def _hyperscan_cells(arr: pa.Array, database: Any) -> Candidates:
+def _hyperscan_cells(arr: pa.Array, prefix_db: Any, marker_db: Any) -> Candidates:
+    """Two scans of the value bytes: the prefixes, then the markers (kept apart, the many ``%XX``
+    literals would slow the prefix scan; alone, they all start with a rare byte)."""
     if len(arr) == 0:
-        return Candidates(_NONE, _NONE)
+        return Candidates(_NONE, _NONE, {})
     _validity, offsets_buffer, data = arr.buffers()
     wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
     all_offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)
     offsets = all_offsets[arr.offset: arr.offset + len(arr) + 1].astype(np.int64)
     start, end = int(offsets[0]), int(offsets[-1])
     if data is None or end <= start:
-        return Candidates(_NONE, _NONE)
+        return Candidates(_NONE, _NONE, {})
+    block = memoryview(data)[start:end]
+    cells, ids = _scan(prefix_db, block, offsets, start, _PREFIX_LENGTHS)
+    escaped, _ = _scan(marker_db, block, offsets, start, _MARKER_LENGTHS)
+    prefixed = _valid(arr, np.unique(cells))
+    seen: dict[int, list[int]] = {int(c): [] for c in prefixed.tolist()}
+    for cell, prefix in zip(cells.tolist(), ids.tolist()):
+        if cell in seen and prefix not in seen[cell]:
+            seen[cell].append(prefix)
+    return Candidates(prefixed, _valid(arr, np.unique(escaped)), seen)
+
+
+def _scan(database: Any, block: memoryview, offsets: np.ndarray, start: int,
+          lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cell and the literal index of every match of ``database`` that lies inside one cell."""
     ends: list[int] = []
     ids: list[int] = []
 
@@ -105,16 +123,15 @@ def _hyperscan_cells(arr: pa.Array, database: Any) -> Candidates:
         ids.append(pattern)
         ends.append(to)
 
-    database.scan(memoryview(data)[start:end], match_event_handler=on_match)
+    database.scan(block, match_event_handler=on_match)
     if not ends:
-        return Candidates(_NONE, _NONE)
+        return _NONE, _NONE
     pattern = np.asarray(ids, dtype=np.int64)
     match_end = np.asarray(ends, dtype=np.int64) + start
-    match_start = match_end - _LENGTHS[pattern]
+    match_start = match_end - lengths[pattern]
     cells = np.searchsorted(offsets, match_start, side="right") - 1
     inside = match_end <= offsets[cells + 1]  # a match across two cells is no cell's
-    marker = pattern >= _FIRST_MARKER
-    return Candidates(_valid(arr, np.unique(cells[inside & ~marker])), _valid(arr, np.unique(cells[inside & marker])))
+    return cells[inside], pattern[inside]
 
 
 def _valid(arr: pa.Array, cells: np.ndarray) -> np.ndarray:
@@ -123,22 +140,27 @@ def _valid(arr: pa.Array, cells: np.ndarray) -> np.ndarray:
     return cells
 
 
-def _database() -> Any | None:
-    """This thread's compiled Hyperscan database, or None (not installed, refused, or forced off)."""
-    database = getattr(_local, "database", False)
-    if database is not False:
-        return database
-    database = None
+def _compile(literals: tuple[str, ...]) -> Any:
+    import hyperscan
+
+    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    database.compile(expressions=[_literal_alternation((p,)).encode("utf-8") for p in literals],
+                     ids=list(range(len(literals))), elements=len(literals), flags=[0] * len(literals))
+    return database
+
+
+def _databases() -> tuple[Any, Any] | None:
+    """This thread's compiled Hyperscan databases (prefixes, markers), or None (not installed,
+    refused, or forced off)."""
+    databases = getattr(_local, "databases", False)
+    if databases is not False:
+        return databases
+    databases = None
     if os.environ.get("CONTEXTFUL_GUARD_PREFILTER", "").lower() != "re2":
         try:
-            import hyperscan
-
-            database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            expressions = [_literal_alternation((p,)).encode("utf-8") for p in (*PREFIXES, *MARKERS)]
-            database.compile(expressions=expressions, ids=list(range(len(_LITERALS))),
-                             elements=len(_LITERALS), flags=[0] * len(_LITERALS))
+            databases = (_compile(PREFIXES), _compile(MARKERS))
         except Exception as exc:  # noqa: BLE001 - any failure means the RE2 fallback
             log.info("guard prefilter: Hyperscan unavailable (%s); using RE2", exc)
-            database = None
-    _local.database = database
-    return database
+            databases = None
+    _local.databases = databases
+    return databases

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.guard.catalogue import Family, Finding, LlmKeyFamily, PrivateKeyFamily
+from engine.guard.catalogue import AwsKeyFamily, Family, Finding, LlmKeyFamily, PrivateKeyFamily
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UPPER_DIGITS = string.ascii_uppercase + string.digits
@@ -249,6 +249,8 @@ def near_misses(family: Family, rng: random.Random) -> dict[str, str]:
         return {}
     out: dict[str, str] = {}
     prefix = rng.choice(family.prefixes)
+    if isinstance(family, AwsKeyFamily) and prefix == "A3T":  # A3T and one key character make the prefix
+        prefix += chars(rng, UPPER_DIGITS, 1)
     if family.min_tail >= 2:
         out["short"] = prefix + chars(rng, family.alphabet, family.min_tail - 1)
     if (family.max_tail is not None and not family.segments and family.max_tail == family.min_tail

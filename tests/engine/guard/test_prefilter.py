@@ -34,10 +34,15 @@ def test_hyperscan_answers_the_cells_re2_answers(cells: list[str | None], kind: 
     arr = pa.array(cells, pa.string()).cast(kind)
     start = min(cut[0], len(arr))
     arr = arr.slice(start, max(0, len(arr) - start - cut[1]))  # offsets into a shared buffer
-    got = prefilter._hyperscan_cells(arr, prefilter._database())
+    got = prefilter._hyperscan_cells(arr, *prefilter._databases())
     assert got.prefixed.dtype == np.int64 and got.escaped.dtype == np.int64
     assert got.prefixed.tolist() == reference(arr)
     assert got.escaped.tolist() == reference(arr, MARKER_PATTERN)
+    # each prefixed cell names exactly the prefixes it holds
+    values = [None if v is None else (v if isinstance(v, bytes) else v.encode()) for v in arr.to_pylist()]
+    assert got.prefixes is not None and set(got.prefixes) == set(got.prefixed.tolist())
+    for c in got.prefixed.tolist():
+        assert sorted(got.prefixes[c]) == [i for i, p in enumerate(PREFIXES) if p.encode() in values[c]]
 
 
 def test_hyperscan_is_the_prefilter_here_and_re2_can_be_forced(monkeypatch) -> None:
