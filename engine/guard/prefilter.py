@@ -152,15 +152,17 @@ def _compile(literals: tuple[str, ...]) -> Any:
 def _databases() -> tuple[Any, Any] | None:
     """This thread's compiled Hyperscan databases (prefixes, markers), or None (not installed,
     refused, or forced off)."""
-    databases = getattr(_local, "databases", False)
-    if databases is not False:
-        return databases
-    databases = None
-    if os.environ.get("CONTEXTFUL_GUARD_PREFILTER", "").lower() != "re2":
-        try:
-            databases = (_compile(PREFIXES), _compile(MARKERS))
-        except Exception as exc:  # noqa: BLE001 - any failure means the RE2 fallback
-            log.info("guard prefilter: Hyperscan unavailable (%s); using RE2", exc)
-            databases = None
-    _local.databases = databases
+    if not hasattr(_local, "databases"):
+        _local.databases = _load_databases()
+    databases: tuple[Any, Any] | None = _local.databases
     return databases
+
+
+def _load_databases() -> tuple[Any, Any] | None:
+    if os.environ.get("CONTEXTFUL_GUARD_PREFILTER", "").lower() == "re2":
+        return None
+    try:
+        return _compile(PREFIXES), _compile(MARKERS)
+    except Exception as exc:  # noqa: BLE001 - any failure means the RE2 fallback
+        log.info("guard prefilter: Hyperscan unavailable (%s); using RE2", exc)
+        return None
