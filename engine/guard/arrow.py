@@ -1,23 +1,35 @@
-"""The secret guard over Arrow: mask every credential in every string cell of a table or batch.
+"""The secret guard over Arrow: mask every credential in every cell and every name of a table or batch.
 
 Implements ``run.guard-secrets.mask-only`` (decision ``secret-guard-has``) on the landing path,
 after typed landing and before anything is staged: the guard masks and counts, it never raises on
-content and blocks no run. Every string cell is scanned, at any depth: ``string``,
-``large_string`` and ``string_view`` columns, and strings inside structs, lists (plain, large and
-fixed-size), maps (keys and values), dictionaries and extension types (``arrow.json``) whatever
-the nesting (``list<struct<list<string>>>``). Other leaves pass through untouched; so do union,
-run-end-encoded and list-view arrays, which no decoder produces and Parquet cannot hold.
+content and blocks no run. Every string and binary cell is scanned, at any depth: ``string``,
+``large_string``, ``string_view``, ``binary``, ``large_binary`` and ``binary_view`` columns, and
+those inside structs, lists (plain, large and fixed-size), maps, dictionaries and extension types
+(``arrow.json``) whatever the nesting (``list<struct<list<string>>>``). Binary is read as bytes
+and masked in place, so it stays binary. Every name is masked too (``engine.guard.names``):
+columns, struct fields, list and map fields, schema and field metadata, and map keys (masked as
+names, unique within each map). Credentials behind JSON or URL escapes are found through
+``engine.guard.escapes``. Other leaves pass through untouched; so do union, run-end-encoded and
+list-view arrays, which no decoder produces and Parquet cannot hold. A ``fixed_size_binary`` cell
+(a Parquet input may bring one) keeps its width: each token is cut or padded with ``*`` to its span.
 
-Column paths name a leaf: the top-level column, then ``.field`` per struct field; lists add
-nothing (the cells of ``payload.commits.message`` are the messages of every commit of every row);
-a map's keys and values are ``<map>.key`` and ``<map>.value``. ``masked`` maps a path to the
-number of cells in which at least one span was masked, holding only paths with a masked cell.
+Why here, after typed landing and not before it: the guard must see each batch exactly as it will
+be staged, so that nothing a ``types`` declaration does (a string declared ``binary``, an object
+declared ``map<…>``) and nothing an input format brings (Parquet binary, maps, metadata) routes a
+value or a name around it. Masking before typing would leave the staged form unchecked.
 
-Speed: one vectorized pass per string array (``engine.guard.prefilter``: a Hyperscan
-multi-literal scan of the array's value bytes, or RE2 where Hyperscan is unavailable) selects the
-candidate cells; only those are scanned in Python by the regex-free matchers; the array is
-rebuilt with ``replace_with_mask`` so nulls, the type and every other cell stay as they were. An
-array with no candidate comes back as the same object, and so does a table with none.
+Column paths name a leaf, built from masked names: the top-level column, then ``.field`` per
+struct field; lists add nothing (the cells of ``payload.commits.message`` are the messages of
+every commit of every row); a map's keys and values are ``<map>.key`` and ``<map>.value``.
+``masked`` maps a path to the number of cells in which at least one span was masked, holding only
+paths with a masked cell; ``renamed`` lists the paths whose names were masked.
+
+Speed: one vectorized pass per array (``engine.guard.prefilter``: Hyperscan scans of the array's
+value bytes for the prefixes and the escape markers, or RE2 where Hyperscan is unavailable)
+selects the candidate cells; only those are scanned in Python by the regex-free matchers, each for
+the prefixes seen in it; the array is rebuilt with ``replace_with_mask`` so nulls, the type and
+every other cell stay as they were. An array with no candidate and no masked name comes back as
+the same object, and so does a table with none.
 
     >>> import pyarrow as pa
     >>> key = "AKIA" + "Q" * 16
@@ -38,8 +50,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.guard.catalogue import mask_text
-from engine.guard.escapes import Piece, decode, decoded_text, mask_all
+from engine.guard.catalogue import replace_spans, scan_text
+from engine.guard.escapes import Piece, decode, decoded_text, findings, mask_all
 from engine.guard.names import disambiguate, mask_metadata, mask_name, mask_names
 from engine.guard.prefilter import PREFILTER_PATTERN, Candidates, candidate_cells, candidates
 
@@ -160,7 +172,7 @@ def _is_text(t: pa.DataType) -> bool:
 @lru_cache(maxsize=1024)
 def _holds_text(t: pa.DataType) -> bool:
     """Whether an array of type ``t`` holds a string or binary cell or a name the guard reaches."""
-    if _is_text(t):
+    if _is_text(t) or pa.types.is_fixed_size_binary(t):
         return True
     if pa.types.is_dictionary(t):
         return _holds_text(t.value_type)
@@ -182,6 +194,10 @@ def _guard_array(arr: pa.Array, path: str, counts: _Counts) -> pa.Array:
         return arr
     if _is_text(t):
         new, changed = _mask_strings(arr)
+        counts.cells(path, len(changed))
+        return new
+    if pa.types.is_fixed_size_binary(t):
+        new, changed = _mask_fixed_width(arr)
         counts.cells(path, len(changed))
         return new
     if pa.types.is_dictionary(t):
@@ -313,13 +329,13 @@ def _raw_type(t: pa.DataType) -> pa.DataType:
     return pa.binary()
 
 
-def _mask_strings(arr: pa.Array, *, as_name: bool = False) -> tuple[pa.Array, list[int]]:
+def _mask_strings(arr: pa.Array, *, as_name: bool = False, keep_width: bool = False) -> tuple[pa.Array, list[int]]:
     """A string or binary array with its credentials masked, and the positions of the cells that changed.
 
     Plain credentials in the cells holding a prefix; in the cells holding an escape marker whose
     decoded form holds a prefix (prefiltered again as one array), credentials read both as written
-    and decoded (``engine.guard.escapes.mask_all``). ``as_name`` masks each changed cell as a name
-    (``engine.guard.names.mask_name``).
+    and decoded (``engine.guard.escapes.findings``). ``as_name`` masks each changed cell as a name
+    (``engine.guard.names.mask_name``); ``keep_width`` fits each token to its span.
     """
     if pa.types.is_string_view(arr.type) or pa.types.is_binary_view(arr.type):  # no kernels for views
         plain_type = pa.large_string() if pa.types.is_string_view(arr.type) else pa.large_binary()
@@ -343,14 +359,20 @@ def _mask_strings(arr: pa.Array, *, as_name: bool = False) -> tuple[pa.Array, li
     escaped = _decoded_with_prefix(found, texts)
     for position in found.prefixed.tolist():
         if position not in escaped:
-            text, spans = mask_text(texts[position], None if found.prefixes is None else found.prefixes[position])
+            spans = scan_text(texts[position], None if found.prefixes is None else found.prefixes[position])
             if spans:
-                masked[position] = text
+                masked[position] = replace_spans(texts[position], spans, keep_width=keep_width)
     for position, pieces in escaped.items():
-        text, spans = mask_all(texts[position], pieces)
+        spans = findings(texts[position], pieces)
         if spans:
-            masked[position] = text
+            masked[position] = replace_spans(texts[position], spans, keep_width=keep_width)
     return _replace_texts(arr, masked)
+
+
+def _mask_fixed_width(arr: pa.Array) -> tuple[pa.Array, list[int]]:
+    """A ``fixed_size_binary`` array masked in place, each token fitted to its span's width."""
+    plain, changed = _mask_strings(arr.cast(pa.binary()), keep_width=True)
+    return (plain.cast(arr.type) if changed else arr), changed
 
 
 def _decoded_with_prefix(found: Candidates, texts: dict[int, str]) -> dict[int, list[Piece]]:

@@ -45,6 +45,11 @@ Decisions beyond the spec (the family list is ``FAMILIES`` below):
   through its ``-----END ...-----`` line, across real or JSON-escaped newlines; a block cut before
   its END line is masked through the end of its body. A header needs a body with a 40-character
   base64 line, so prose that merely names the header is not masked.
+- AWS key ids: ``AKIA``/``ASIA``/``ABIA``/``ACCA`` + 16, or ``A3T`` + 17 (:class:`AwsKeyFamily`).
+- Breadth: every family of gitleaks' default rule set whose credential starts with a literal
+  prefix, grouped by issuer (cloud, source hosts, chat and webhooks, payments, registries, AI);
+  ``docs/guard.md`` lists each family beside its gitleaks rule ids, and the rules not covered
+  (keyword-anchored bare runs, prefixes too short to anchor alone, infix or suffix anchors).
 - Not covered, having no literal prefix: AWS secret access keys, Twilio auth tokens, bare passwords.
 """
 
@@ -418,13 +423,26 @@ def mask_text(text: str, prefixes: Iterable[int] | None = None) -> tuple[str, in
     """``text`` with every credential span replaced by its family's token, and the span count
     (``prefixes`` as in :func:`scan_text`)."""
     findings = scan_text(text, prefixes)
+    return replace_spans(text, findings), len(findings)
+
+
+def replace_spans(text: str, findings: list[Finding], *, keep_width: bool = False) -> str:
+    """``text`` with each finding's span replaced by its family's token.
+
+    ``keep_width`` fits each token to its span's length (cut, or padded with ``*``), for cells
+    whose width is fixed (``fixed_size_binary``); spans are ASCII, so characters are bytes.
+    """
     if not findings:
-        return text, 0
+        return text
     parts: list[str] = []
     pos = 0
     for finding in findings:
         parts.append(text[pos:finding.start])
-        parts.append(FAMILY_BY_NAME[finding.family].token)
+        token = FAMILY_BY_NAME[finding.family].token
+        if keep_width:
+            width = finding.end - finding.start
+            token = token[:width].ljust(width, "*")
+        parts.append(token)
         pos = finding.end
     parts.append(text[pos:])
-    return "".join(parts), len(findings)
+    return "".join(parts)

@@ -35,7 +35,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import NamedTuple
 
-from engine.guard.catalogue import FAMILY_BY_NAME, Finding, scan_text
+from engine.guard.catalogue import Finding, replace_spans, scan_text
 
 _HEX_DIGITS = "0123456789abcdefABCDEF"
 _HEX = frozenset(_HEX_DIGITS)
@@ -166,13 +166,4 @@ def findings(text: str, pieces: list[Piece] | None = None) -> list[Finding]:
 def mask_all(text: str, pieces: list[Piece] | None = None) -> tuple[str, int]:
     """``text`` with every credential masked, written plainly or behind escapes, and the count masked."""
     found = findings(text, pieces)
-    if not found:
-        return text, 0
-    parts: list[str] = []
-    pos = 0
-    for finding in found:
-        parts.append(text[pos:finding.start])
-        parts.append(FAMILY_BY_NAME[finding.family].token)
-        pos = finding.end
-    parts.append(text[pos:])
-    return "".join(parts), len(found)
+    return replace_spans(text, found), len(found)

@@ -375,3 +375,19 @@ def test_credentials_behind_json_and_url_escapes_are_masked_in_their_escaped_for
         assert (out.decode() if isinstance(out, bytes) else out) == expected
         assert result.table.column("d").to_pylist() == [[expected], None, []]
         assert result.masked == ({} if cell == expected else {"c": 1, "d": 1})
+
+
+def test_fixed_size_binary_cells_keep_their_width() -> None:
+    width = 48
+    cells = [f"id {AWS}".encode().ljust(width, b"."), None, b"x" * width,
+             (b"t=npm%5F" + NPM[4:].encode()).ljust(width)]
+    arr = pa.array(cells, pa.binary(width))
+    result = guard_table(pa.table({"f": arr}))
+    out = result.table.column("f")
+    assert out.type == pa.binary(width)
+    values = out.to_pylist()
+    assert values[0] == b"id " + b"[masked:aws-access-key-id]"[:20] + b"." * (width - 23)
+    assert values[1] is None and values[2] == b"x" * width
+    assert values[3].startswith(b"t=[masked:npm-token]") and len(values[3]) == width
+    assert AWS.encode() not in values[0] and NPM[4:].encode() not in values[3]
+    assert result.masked == {"f": 2}
