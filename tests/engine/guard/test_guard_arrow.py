@@ -115,7 +115,8 @@ def test_strings_nested_in_structs_and_lists_are_masked_at_any_depth() -> None:
 @given(cells=st.lists(st.one_of(
     st.none(),
     st.text(max_size=60),
-    st.lists(st.sampled_from([*PREFIXES, "Q7" * 8, "a1B2c3D4" * 4, "-", "_", ".", " ", "é", "eyJ", "\n", "=="]),
+    st.lists(st.sampled_from([*PREFIXES, "Q7" * 8, "a1B2c3D4" * 4, "-", "_", ".", " ", "é", "eyJ", "\n", "==",
+                              "\\/", "\\u0041", "\\u", "%5F", "%2f", "%", "\\\\", "\\ud83d\\ude00"]),
              max_size=12).map("".join),
 ), min_size=1, max_size=30), seed=st.integers(0, 2**32))
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -150,11 +151,16 @@ def test_log_masked_logs_the_count_of_masked_cells_per_column(caplog: pytest.Log
     with caplog.at_level(logging.INFO, logger="engine.guard"):
         log_masked("gh-events", "pull-0007", result.masked)
         log_masked("gh-events", "pull-0008", guard_table(pa.table({"a": ["nothing here"]})).masked)
+        renamed = guard_table(pa.table({f"c {AWS}": [1]}))
+        log_masked("gh-events", "pull-0009", renamed.masked, renamed.renamed)
     lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "engine.guard"]
     assert lines == [
         (logging.INFO, "pipeline gh-events pull pull-0007: masked 2 cell(s) in column a"),
         (logging.INFO, "pipeline gh-events pull pull-0007: masked 1 cell(s) in column b.c"),
         (logging.INFO, "pipeline gh-events pull pull-0008: masked 0 cell(s)"),
+        (logging.INFO, "pipeline gh-events pull pull-0009: masked 0 cell(s)"),
+        (logging.INFO, "pipeline gh-events pull pull-0009: masked a credential in the name of column "
+                       + mask_name(f"c {AWS}")),
     ]
 
 
