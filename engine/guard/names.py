@@ -13,8 +13,9 @@ the BLAKE2b digest of the whole original name::
 
 Why the digest: the same source key always lands in the same column, batch after batch, and two
 different keys never merge into one column (nothing silently merges). It is 32 bits of a digest of
-a credential of at least 80 random bits: it tells nobody the credential; it only lets someone who
-already holds a candidate confirm it was there.
+a name holding a credential whose random part is long (80 bits and more for almost every family):
+it does not reveal the credential; it only lets someone who already holds a candidate confirm,
+with a 1 in 4 billion chance of a false match, that it was there.
 
 Collisions: within one struct level (or one map entry list, for map keys) a masked name that
 equals a name already there (an unmasked one, or an earlier masked one: a digest collision, or a
