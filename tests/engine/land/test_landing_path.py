@@ -202,3 +202,9 @@ def test_credentials_in_names_map_keys_binary_and_escapes_never_reach_the_store_
     blob = blob_table.column("blob")
     assert pa.types.is_binary(blob.type) or pa.types.is_large_binary(blob.type)
     assert b"bytes [masked:slack-webhook]" in blob.to_pylist()
+    # the read path reads every masked name and map (DuckDB refuses a map holding a key twice)
+    read = contextful(tmp_path, "--json", "sql", "SELECT * FROM gh").stdout
+    assert "[masked:" in read and not any(secret in read for secret in planted)
+    if mode == "nested":
+        attrs = [r["attrs"] for r in sql(tmp_path, "SELECT attrs FROM gh WHERE attrs IS NOT NULL ORDER BY id")]
+        assert len(attrs) == 2 and all("[masked:databricks-api-token]#" in json.dumps(a) for a in attrs)
