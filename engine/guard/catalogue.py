@@ -55,6 +55,7 @@ Decisions beyond the spec (the family list is ``FAMILIES`` below):
 
 from __future__ import annotations
 
+import base64
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -257,6 +258,23 @@ class PrivateKeyFamily(Family):
         return body_end
 
 
+_JOSE_HEADER_NAMES = ("alg", "apu", "apv", "aud", "b64", "crit", "cty", "epk", "enc", "jku", "jwk", "iss", "iv",
+                      "kid", "key_ops", "kty", "nonce", "p2c", "p2s", "ppt", "sub", "svt", "tag", "typ", "url",
+                      "use", "ver", "version", "x", "x5c", "x5t", "x5t#S256", "x5u", "zip")
+"""The JOSE header parameters a JWT header may start with (RFC 7515, 7516, 7518, 7797, 8225)."""
+
+
+def _stable_base64(data: bytes, *, url: bool) -> str:
+    """The leading characters of the base64 of ``data`` that no byte after ``data`` can change."""
+    encoded = (base64.urlsafe_b64encode if url else base64.b64encode)(data).decode("ascii")
+    return encoded[:len(data) * 8 // 6]
+
+
+_JWT_BASE64_PREFIXES = tuple(dict.fromkeys(
+    _stable_base64(_stable_base64(f'{{"{name}":'.encode(), url=True).encode(), url=False)
+    for name in _JOSE_HEADER_NAMES))
+"""A JWT base64-encoded once more: the base64 of the base64url of ``{"<header parameter>":``."""
+
 _GITLAB_PREFIXES = ("glpat-", "gldt-", "glrt-", "glcbt-", "glffct-", "glft-", "glimt-", "glagent-", "gloas-",
                     "glptt-", "glsoat-", "GR1348941")
 
@@ -382,6 +400,7 @@ FAMILIES: tuple[Family, ...] = (
     PrivateKeyFamily("private-key", ("-----BEGIN ",), _PEM_LABEL, 0, _PEM_LABEL_MAX, left_boundary=""),
     Family("jwt", ("eyJ",), B64URL, 4, None, left_boundary=B64URL,
            segments=(Segment(".eyJ", B64URL, 4, None), Segment(".", B64URL, 16, None))),
+    Family("jwt-base64", _JWT_BASE64_PREFIXES, B64STD + "-_", 40, None, left_boundary=B64STD + "-_"),
 )
 """Every family the guard masks, in no significant order (overlaps resolve by position)."""
 

@@ -194,6 +194,7 @@ CREDENTIALS: dict[str, Draw] = {
     "perplexity-api-key": lambda r: "pplx-" + chars(r, ALNUM, 48),
     "aws-access-key-id:other": lambda r: (r.choice(("ABIA", "ACCA", "A3T" + chars(r, UPPER_DIGITS, 1)))
                                           + chars(r, UPPER_DIGITS, 16)),
+    "jwt-base64": lambda r: base64.b64encode(_jwt(r).encode()).decode().rstrip("="),
     "stripe-secret-key:prod": lambda r: r.choice(("sk_prod_", "rk_prod_")) + chars(r, ALNUM, r.randint(24, 99)),
 }
 """Credential-shaped values: a ``<<key>>`` placeholder in a positive expects one finding of ``key``'s family."""
