@@ -171,16 +171,25 @@ def _is_text(t: pa.DataType) -> bool:
 
 @lru_cache(maxsize=1024)
 def _holds_text(t: pa.DataType) -> bool:
-    """Whether an array of type ``t`` holds a string or binary cell or a name the guard reaches."""
+    """Whether an array of type ``t`` holds a string or binary cell, or a name the guard masks."""
     if _is_text(t) or pa.types.is_fixed_size_binary(t):
         return True
     if pa.types.is_dictionary(t):
         return _holds_text(t.value_type)
     if isinstance(t, pa.BaseExtensionType):
         return _holds_text(t.storage_type)
-    # Maps, lists and structs hold names: key and item fields, value fields, struct fields.
-    return bool(pa.types.is_map(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
-                or pa.types.is_fixed_size_list(t) or pa.types.is_struct(t))
+    if pa.types.is_map(t):
+        return any(_holds_text(f.type) or _renames(f) for f in (t.key_field, t.item_field))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _holds_text(t.value_type) or _renames(t.value_field)
+    if pa.types.is_struct(t):
+        return any(_holds_text(f.type) or _renames(f) for f in t)
+    return False
+
+
+def _renames(field: pa.Field) -> bool:
+    """Whether the guard masks something in ``field``'s name or metadata."""
+    return mask_name(field.name) != field.name or mask_metadata(field.metadata) != field.metadata
 
 
 def _null_mask(arr: pa.Array) -> pa.Array | None:
