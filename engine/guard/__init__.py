@@ -16,8 +16,10 @@ Implements decision ``secret-guard-has`` ("The secret guard has one host-owned c
 
 A masked span becomes ``[masked:<family>]`` (``aws-access-key-id``, ``llm-api-key``, ... — the
 names in ``FAMILIES``); the rest of the cell stays. ``guard_table``/``guard_batch`` scan every string
-cell at any nesting depth (``engine.guard.arrow``); ``mask_message`` masks an error message or a
-log line.
+and binary cell at any nesting depth, and every column, struct field, list/map field name and map
+key (``engine.guard.arrow``, ``engine.guard.names``: a masked name keeps a digest suffix so names
+stay distinct), and credentials written behind JSON or URL escapes (``engine.guard.escapes``);
+``mask_message`` masks an error message or a log line.
 
     >>> import pyarrow as pa
     >>> result = guard_table(pa.table({"note": ["key " + "AKIA" + "Q" * 16, "none"]}))
@@ -30,10 +32,12 @@ log line.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from engine.guard.arrow import BatchGuardResult, GuardResult, guard_batch, guard_table, mask_message
 from engine.guard.catalogue import FAMILIES, Family, Finding, mask_text, scan_text
+from engine.guard.escapes import mask_all
+from engine.guard.names import mask_name
 
 __all__ = [
     "FAMILIES",
@@ -44,7 +48,9 @@ __all__ = [
     "guard_batch",
     "guard_table",
     "log_masked",
+    "mask_all",
     "mask_message",
+    "mask_name",
     "mask_text",
     "scan_text",
 ]
@@ -52,9 +58,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def log_masked(pipeline: str, pull_label: str, masked: Mapping[str, int]) -> None:
-    """Log one pull's masked-cell counts at INFO: a line per column, or one line saying none."""
+def log_masked(pipeline: str, pull_label: str, masked: Mapping[str, int], renamed: Sequence[str] = ()) -> None:
+    """Log one pull's masked-cell counts at INFO: a line per column, or one line saying none; and a
+    line per column or field whose name was masked (named by its masked path)."""
     if not masked:
         logger.info("pipeline %s pull %s: masked 0 cell(s)", pipeline, pull_label)
     for path, cells in masked.items():
         logger.info("pipeline %s pull %s: masked %d cell(s) in column %s", pipeline, pull_label, cells, path)
+    for path in renamed:
+        logger.info("pipeline %s pull %s: masked a credential in the name of column %s", pipeline, pull_label, path)

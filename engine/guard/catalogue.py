@@ -45,12 +45,19 @@ Decisions beyond the spec (the family list is ``FAMILIES`` below):
   through its ``-----END ...-----`` line, across real or JSON-escaped newlines; a block cut before
   its END line is masked through the end of its body. A header needs a body with a 40-character
   base64 line, so prose that merely names the header is not masked.
+- AWS key ids: ``AKIA``/``ASIA``/``ABIA``/``ACCA`` + 16, or ``A3T`` + 17 (:class:`AwsKeyFamily`).
+- Breadth: every family of gitleaks' default rule set whose credential starts with a literal
+  prefix, grouped by issuer (cloud, source hosts, chat and webhooks, payments, registries, AI);
+  ``docs/guard.md`` lists each family beside its gitleaks rule ids, and the rules not covered
+  (keyword-anchored bare runs, prefixes too short to anchor alone, infix or suffix anchors).
 - Not covered, having no literal prefix: AWS secret access keys, Twilio auth tokens, bare passwords.
 """
 
 from __future__ import annotations
 
+import base64
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -60,7 +67,10 @@ ALNUM = string.ascii_letters + string.digits
 WORD = ALNUM + "_"
 B64URL = ALNUM + "-_"
 HEX = "0123456789abcdefABCDEF"
+LOWER_DIGITS = string.ascii_lowercase + string.digits
+BECH32 = "QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L"
 BASE64 = ALNUM + "+/="
+B64STD = ALNUM + "+/"
 
 _RUN_CHUNK = 256
 """Characters examined per C-level ``lstrip`` when measuring an unbounded run."""
@@ -195,6 +205,19 @@ class LlmKeyFamily(Family):
         return -1
 
 
+@dataclass(frozen=True)
+class AwsKeyFamily(Family):
+    """AWS access key ids: a four-letter prefix and 16 characters, or ``A3T``, one key character
+    and 16 (the older form), so every prefix stays a literal the prefilter can search."""
+
+    def match(self, text: str, start: int, prefix: str) -> int:
+        if len(prefix) == 3:
+            if not text.startswith(tuple(UPPER_DIGITS), start + 3):
+                return -1
+            prefix = text[start:start + 4]
+        return super().match(text, start, prefix)
+
+
 _PEM_LABEL = string.ascii_uppercase + string.digits + " "
 _PEM_LABEL_MAX = 40
 _PEM_ENDINGS = ("PRIVATE KEY", "PRIVATE KEY BLOCK")
@@ -235,52 +258,176 @@ class PrivateKeyFamily(Family):
         return body_end
 
 
+_JOSE_HEADER_NAMES = ("alg", "apu", "apv", "aud", "b64", "crit", "cty", "epk", "enc", "jku", "jwk", "iss", "iv",
+                      "kid", "key_ops", "kty", "nonce", "p2c", "p2s", "ppt", "sub", "svt", "tag", "typ", "url",
+                      "use", "ver", "version", "x", "x5c", "x5t", "x5t#S256", "x5u", "zip")
+"""The JOSE header parameters a JWT header may start with (RFC 7515, 7516, 7518, 7797, 8225)."""
+
+
+def _stable_base64(data: bytes, *, url: bool) -> str:
+    """The leading characters of the base64 of ``data`` that no byte after ``data`` can change."""
+    encoded = (base64.urlsafe_b64encode if url else base64.b64encode)(data).decode("ascii")
+    return encoded[:len(data) * 8 // 6]
+
+
+_JWT_BASE64_PREFIXES = tuple(dict.fromkeys(
+    _stable_base64(_stable_base64(f'{{"{name}":'.encode(), url=True).encode(), url=False)
+    for name in _JOSE_HEADER_NAMES))
+"""A JWT base64-encoded once more: the base64 of the base64url of ``{"<header parameter>":``."""
+
+_GITLAB_PREFIXES = ("glpat-", "gldt-", "glrt-", "glcbt-", "glffct-", "glft-", "glimt-", "glagent-", "gloas-",
+                    "glptt-", "glsoat-", "GR1348941")
+
 FAMILIES: tuple[Family, ...] = (
-    Family("aws-access-key-id", ("AKIA", "ASIA"), UPPER_DIGITS, 16, 16,
+    # Cloud providers
+    AwsKeyFamily("aws-access-key-id", ("AKIA", "ASIA", "ABIA", "ACCA", "A3T"), UPPER_DIGITS, 16, 16,
+                 left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("google-api-key", ("AIza",), B64URL, 35, 35, left_boundary=B64URL, right_boundary=B64URL),
+    Family("alibaba-access-key-id", ("LTAI",), ALNUM, 20, 20, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("cloudflare-origin-ca-key", ("v1.0-",), HEX, 24, 24, left_boundary=ALNUM, right_boundary=ALNUM,
+           segments=(Segment("-", HEX, 146, 146),)),
+    Family("digitalocean-token", ("dop_v1_", "doo_v1_", "dor_v1_"), HEX, 64, 64,
            left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("heroku-api-key", ("HRKU-AA",), B64URL, 58, 58, left_boundary=ALNUM, right_boundary=B64URL),
+    Family("flyio-access-token", ("fo1_",), B64URL, 43, 43, left_boundary=ALNUM, right_boundary=B64URL),
+    Family("flyio-macaroon", ("fm1a_", "fm1r_", "fm2_"), B64STD, 100, None, left_boundary=B64STD),
+    Family("scalingo-api-token", ("tk-us-",), B64URL, 48, 48, left_boundary=ALNUM, right_boundary=B64URL),
+    Family("databricks-api-token", ("dapi",), HEX, 32, 32, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("vault-token", ("hvs.", "hvb."), B64URL, 90, None, left_boundary=B64URL),
+    Family("pulumi-api-token", ("pul-",), HEX, 40, 40, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("planetscale-token", ("pscale_tkn_", "pscale_oauth_", "pscale_pw_"), B64URL + "=", 32, 64,
+           left_boundary=ALNUM, right_boundary=B64URL + "="),
+    Family("doppler-api-token", ("dp.pt.",), ALNUM, 43, 43, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("dynatrace-api-token", ("dt0c01.",), ALNUM, 24, 24, left_boundary=ALNUM, right_boundary=ALNUM,
+           segments=(Segment(".", ALNUM, 64, 64),)),
+    Family("grafana-api-key", ("eyJrIjoi",), ALNUM, 70, None, left_boundary=B64STD + "-_"),
+    Family("grafana-cloud-api-token", ("glc_",), B64STD, 32, None, left_boundary=B64STD),
+    Family("grafana-service-account-token", ("glsa_",), ALNUM, 32, 32, left_boundary=ALNUM,
+           right_boundary=ALNUM, segments=(Segment("_", HEX, 8, 8),)),
+    Family("new-relic-user-api-key", ("NRAK-",), ALNUM, 27, 27, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("new-relic-insert-key", ("NRII-",), ALNUM + "-", 32, 32, left_boundary=ALNUM,
+           right_boundary=ALNUM + "-"),
+    Family("sentry-user-token", ("sntryu_",), HEX, 64, 64, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("sentry-org-token", ("sntrys_eyJpYXQiO",), BASE64, 20, 500, left_boundary=ALNUM,
+           right_boundary=B64STD, segments=(Segment("_", B64STD, 43, 43),)),
+    Family("openshift-user-token", ("sha256~",), B64URL, 43, 43, left_boundary=ALNUM, right_boundary=B64URL),
+    Family("octopus-deploy-api-key", ("API-",), UPPER_DIGITS, 26, 26, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("clickhouse-cloud-api-secret-key", ("4b1d",), ALNUM, 38, 38, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("harness-api-key", ("pat.", "sat."), B64URL, 22, 22, left_boundary=ALNUM, right_boundary=ALNUM,
+           segments=(Segment(".", ALNUM, 24, 24), Segment(".", ALNUM, 20, 20))),
+    Family("infracost-api-token", ("ico-",), ALNUM, 32, 32, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("defined-networking-api-token", ("dnkey-",), B64URL + "=", 79, 79, left_boundary=ALNUM,
+           right_boundary=B64URL + "="),
+    # Source hosts and CI
     Family("github-token", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), ALNUM, 36, 36,
            left_boundary=ALNUM, right_boundary=ALNUM),
-    Family("github-fine-grained-pat", ("github_pat_",), WORD, 82, 82,
-           left_boundary=WORD, right_boundary=WORD),
-    Family("gitlab-token", ("glpat-",), B64URL, 20, None, left_boundary=B64URL),
-    Family("slack-token", ("xoxb-", "xoxp-", "xoxa-", "xoxr-", "xoxs-"), DIGITS, 1, None,
+    Family("github-fine-grained-pat", ("github_pat_",), WORD, 82, 82, left_boundary=WORD, right_boundary=WORD),
+    Family("gitlab-token", _GITLAB_PREFIXES, B64URL, 20, None, left_boundary=B64URL),
+    Family("gitlab-session-cookie", ("_gitlab_session=",), LOWER_DIGITS, 32, 32, left_boundary="",
+           right_boundary=ALNUM),
+    Family("sourcegraph-access-token", ("sgp_",), HEX + "_lo", 40, 62, left_boundary=ALNUM,
+           right_boundary=WORD),
+    Family("atlassian-api-token", ("ATATT3",), B64URL + "=", 186, 186, left_boundary=ALNUM,
+           right_boundary=B64URL + "="),
+    Family("linear-api-key", ("lin_api_",), ALNUM, 40, 40, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("notion-api-token", ("ntn_",), ALNUM, 46, 46, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("postman-api-token", ("PMAK-",), HEX, 24, 24, left_boundary=ALNUM, right_boundary=ALNUM,
+           segments=(Segment("-", HEX, 34, 34),)),
+    Family("prefect-api-token", ("pnu_",), ALNUM, 36, 36, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("readme-api-token", ("rdme_",), LOWER_DIGITS, 70, 70, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("typeform-api-token", ("tfp_",), B64URL + "=", 59, 59, left_boundary=ALNUM,
+           right_boundary=B64URL + "="),
+    Family("frameio-api-token", ("fio-u-",), B64URL + "=", 64, 64, left_boundary=ALNUM,
+           right_boundary=B64URL + "="),
+    Family("1password-secret-key", ("A3-",), UPPER_DIGITS, 6, 6, left_boundary=ALNUM,
+           right_boundary=ALNUM + "-", segments=(Segment("-", UPPER_DIGITS + "-", 29, 30),)),
+    Family("1password-service-account-token", ("ops_eyJ",), B64STD, 250, None, left_boundary=B64STD),
+    Family("adobe-client-secret", ("p8e-",), ALNUM, 32, 32, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("age-secret-key", ("AGE-SECRET-KEY-1",), BECH32, 58, 58, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("artifactory-api-key", ("AKCp",), ALNUM, 69, 69, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("artifactory-reference-token", ("cmVmd",), ALNUM, 59, 59, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("intra42-client-secret", ("s-s4t2ud-", "s-s4t2af-"), HEX, 64, 64, left_boundary=ALNUM,
+           right_boundary=ALNUM),
+    # Chat, webhooks and bots
+    Family("slack-token", ("xoxb-", "xoxp-", "xoxa-", "xoxr-", "xoxs-", "xoxo-", "xoxe-", "xoxe.xoxb-",
+                           "xoxe.xoxp-", "xapp-"), DIGITS, 1, None,
            left_boundary=ALNUM + "-", segments=(Segment("-", ALNUM + "-", 20, None),)),
     Family("slack-webhook", ("hooks.slack.com/services/",), ALNUM, 8, None, left_boundary=ALNUM,
            segments=(Segment("/", ALNUM, 8, None), Segment("/", ALNUM, 16, None))),
-    Family("stripe-secret-key", ("sk_live_", "rk_live_", "sk_test_", "rk_test_"), ALNUM, 24, None,
-           left_boundary=ALNUM),
-    Family("google-api-key", ("AIza",), B64URL, 35, 35, left_boundary=B64URL, right_boundary=B64URL),
-    LlmKeyFamily("llm-api-key", ("sk-",), B64URL, LLM_MIN_TAIL, None, left_boundary=B64URL),
+    Family("slack-workflow-webhook", ("hooks.slack.com/workflows/", "hooks.slack.com/triggers/"),
+           ALNUM + "+/", 43, 56, left_boundary=ALNUM, right_boundary=ALNUM + "+/"),
+    Family("discord-webhook", ("discord.com/api/webhooks/", "discordapp.com/api/webhooks/"), DIGITS, 17, 20,
+           left_boundary=B64URL, segments=(Segment("/", B64URL, 60, None),)),
+    Family("microsoft-teams-webhook", ("webhook.office.com/webhookb2/",), ALNUM + "-", 36, 36,
+           left_boundary=ALNUM, right_boundary=ALNUM,
+           segments=(Segment("@", ALNUM + "-", 36, 36), Segment("/IncomingWebhook/", ALNUM, 32, 32),
+                     Segment("/", ALNUM + "-", 36, 36))),
+    Family("twilio-api-key", ("SK",), HEX, 32, 32, left_boundary=ALNUM, right_boundary=ALNUM),
     Family("sendgrid-api-key", ("SG.",), B64URL, 22, 22, left_boundary=B64URL, right_boundary=B64URL,
            segments=(Segment(".", B64URL, 43, 43),)),
-    Family("twilio-api-key", ("SK",), HEX, 32, 32, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("sendinblue-api-token", ("xkeysib-",), HEX, 64, 64, left_boundary=ALNUM, right_boundary=ALNUM,
+           segments=(Segment("-", ALNUM, 16, 16),)),
+    # Payments and commerce
+    Family("stripe-secret-key", ("sk_live_", "rk_live_", "sk_test_", "rk_test_", "sk_prod_", "rk_prod_"),
+           ALNUM, 24, None, left_boundary=ALNUM),
+    Family("square-access-token", ("sq0atp-", "EAAA"), B64URL, 22, 60, left_boundary=ALNUM,
+           right_boundary=B64URL),
+    Family("facebook-page-access-token", ("EAAM", "EAAC"), ALNUM, 100, None, left_boundary=ALNUM),
+    Family("shopify-token", ("shpat_", "shpca_", "shppa_", "shpss_"), HEX, 32, 32, left_boundary=ALNUM,
+           right_boundary=ALNUM),
+    Family("flutterwave-secret-key", ("FLWSECK_TEST-",), "abcdefghABCDEFGH0123456789", 12, None,
+           left_boundary=ALNUM),
+    Family("duffel-api-token", ("duffel_test_", "duffel_live_"), B64URL + "=", 43, 43, left_boundary=ALNUM,
+           right_boundary=B64URL + "="),
+    Family("easypost-api-token", ("EZAK", "EZTK"), ALNUM, 54, 54, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("shippo-api-token", ("shippo_live_", "shippo_test_"), HEX, 40, 40, left_boundary=ALNUM,
+           right_boundary=ALNUM),
+    Family("plaid-access-token", ("access-sandbox-", "access-development-", "access-production-"), HEX + "-",
+           36, 36, left_boundary=ALNUM, right_boundary=ALNUM + "-"),
+    Family("settlemint-token", ("sm_aat_", "sm_pat_", "sm_sat_"), ALNUM, 16, 16, left_boundary=ALNUM,
+           right_boundary=ALNUM),
+    # Package registries
     Family("npm-token", ("npm_",), ALNUM, 36, 36, left_boundary=ALNUM, right_boundary=ALNUM),
     Family("pypi-token", ("pypi-AgEIcHlwaS5vcmc",), B64URL, 50, None, left_boundary=B64URL),
-    Family("huggingface-token", ("hf_",), ALNUM, 34, 34, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("rubygems-api-token", ("rubygems_",), HEX, 48, 48, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("clojars-api-token", ("CLOJARS_", "clojars_"), ALNUM, 60, 60, left_boundary=ALNUM,
+           right_boundary=ALNUM),
+    # AI providers
+    LlmKeyFamily("llm-api-key", ("sk-",), B64URL, LLM_MIN_TAIL, None, left_boundary=B64URL),
+    Family("huggingface-token", ("hf_", "api_org_"), ALNUM, 34, 34, left_boundary=ALNUM, right_boundary=ALNUM),
+    Family("perplexity-api-key", ("pplx-",), ALNUM, 48, 48, left_boundary=ALNUM, right_boundary=ALNUM),
+    # Keys and tokens of any issuer
     PrivateKeyFamily("private-key", ("-----BEGIN ",), _PEM_LABEL, 0, _PEM_LABEL_MAX, left_boundary=""),
     Family("jwt", ("eyJ",), B64URL, 4, None, left_boundary=B64URL,
            segments=(Segment(".eyJ", B64URL, 4, None), Segment(".", B64URL, 16, None))),
+    Family("jwt-base64", _JWT_BASE64_PREFIXES, B64STD + "-_", 40, None, left_boundary=B64STD + "-_"),
 )
 """Every family the guard masks, in no significant order (overlaps resolve by position)."""
 
 FAMILY_BY_NAME: dict[str, Family] = {family.name: family for family in FAMILIES}
 PREFIXES: tuple[str, ...] = tuple(prefix for family in FAMILIES for prefix in family.prefixes)
 """Every literal a credential starts with: a cell holding none of them holds no credential."""
+PREFIX_FAMILIES: tuple[Family, ...] = tuple(family for family in FAMILIES for _ in family.prefixes)
+"""The family of each of ``PREFIXES``, by position."""
 
 
-def scan_text(text: str) -> list[Finding]:
-    """The credential spans in ``text``, in order and non-overlapping (leftmost, then longest)."""
+def scan_text(text: str, prefixes: Iterable[int] | None = None) -> list[Finding]:
+    """The credential spans in ``text``, in order and non-overlapping (leftmost, then longest).
+
+    ``prefixes`` (indices into ``PREFIXES``) limits the scan to those prefixes: the ones the
+    prefilter saw in this text (every other prefix is absent from it, so the answer is the same).
+    """
     found: list[Finding] = []
-    for family in FAMILIES:
-        for prefix in family.prefixes:
-            pos = text.find(prefix)
-            while pos >= 0:
-                end = family.match(text, pos, prefix)
-                if end > pos:
-                    found.append(Finding(family.name, pos, end))
-                    pos = text.find(prefix, end)
-                else:
-                    pos = text.find(prefix, pos + 1)
+    for i in range(len(PREFIXES)) if prefixes is None else sorted(prefixes):
+        family, prefix = PREFIX_FAMILIES[i], PREFIXES[i]
+        pos = text.find(prefix)
+        while pos >= 0:
+            end = family.match(text, pos, prefix)
+            if end > pos:
+                found.append(Finding(family.name, pos, end))
+                pos = text.find(prefix, end)
+            else:
+                pos = text.find(prefix, pos + 1)
     if len(found) < 2:
         return found
     found.sort(key=lambda f: (f.start, -f.end))
@@ -291,16 +438,30 @@ def scan_text(text: str) -> list[Finding]:
     return kept
 
 
-def mask_text(text: str) -> tuple[str, int]:
-    """``text`` with every credential span replaced by its family's token, and the span count."""
-    findings = scan_text(text)
+def mask_text(text: str, prefixes: Iterable[int] | None = None) -> tuple[str, int]:
+    """``text`` with every credential span replaced by its family's token, and the span count
+    (``prefixes`` as in :func:`scan_text`)."""
+    findings = scan_text(text, prefixes)
+    return replace_spans(text, findings), len(findings)
+
+
+def replace_spans(text: str, findings: list[Finding], *, keep_width: bool = False) -> str:
+    """``text`` with each finding's span replaced by its family's token.
+
+    ``keep_width`` fits each token to its span's length (cut, or padded with ``*``), for cells
+    whose width is fixed (``fixed_size_binary``); spans are ASCII, so characters are bytes.
+    """
     if not findings:
-        return text, 0
+        return text
     parts: list[str] = []
     pos = 0
     for finding in findings:
         parts.append(text[pos:finding.start])
-        parts.append(FAMILY_BY_NAME[finding.family].token)
+        token = FAMILY_BY_NAME[finding.family].token
+        if keep_width:
+            width = finding.end - finding.start
+            token = token[:width].ljust(width, "*")
+        parts.append(token)
         pos = finding.end
     parts.append(text[pos:])
-    return "".join(parts), len(findings)
+    return "".join(parts)

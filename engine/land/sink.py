@@ -4,9 +4,12 @@ Every source runner (files, http, receive, seed) hands its decoded batches to on
 :class:`LandingSink`, which applies the landing path of DESIGN.md to each batch, in order:
 
 1. typed landing (the pipeline's ``types``);
-2. the secret guard (``engine.guard``): every string cell, nested ones included, is scanned and
-   credentials are masked before anything is staged; the masked-cell counts per column are kept
-   per table and logged per pull (``run.guard-secrets.mask-only``);
+2. the secret guard (``engine.guard``): every string and binary cell, nested ones included, and
+   every column, field and map-key name is scanned and credentials are masked before anything is
+   staged; the masked-cell counts per column are kept per table and logged per pull
+   (``run.guard-secrets.mask-only``). The guard runs after typed landing on purpose: it sees the
+   batch exactly as it will be staged, so no ``types`` declaration (binary, a map) can move a value
+   or a name past it;
 3. normalization: ``nested`` keeps the batch as it is; ``relational`` shreds it into the root table
    and one child table per list (``engine.normalize``), each child checked for its list index
    before it is staged (``run.normalize.list-index-missing``);
@@ -56,7 +59,7 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
 
         guarded = guard_table(table)
         table, masked = guarded.table, dict(guarded.masked)
-        log_masked(spec.id, pull, masked)
+        log_masked(spec.id, pull, masked, guarded.renamed)
     if spec.normalize != "relational":
         return {spec.table: table}, masked
     from engine.normalize import shred, write_relational

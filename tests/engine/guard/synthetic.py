@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.guard.catalogue import Finding
+from engine.guard.catalogue import AwsKeyFamily, Family, Finding, LlmKeyFamily, PrivateKeyFamily
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UPPER_DIGITS = string.ascii_uppercase + string.digits
@@ -105,6 +105,97 @@ CREDENTIALS: dict[str, Draw] = {
                                                         f"DEK-Info: AES-128-CBC,{chars(r, HEX, 32).upper()}", "")),
     "private-key:truncated": lambda r: _pem(r, end=False),
     "jwt": _jwt,
+    "alibaba-access-key-id": lambda r: "LTAI" + chars(r, ALNUM, 20),
+    "cloudflare-origin-ca-key": lambda r: f"v1.0-{chars(r, HEX, 24)}-{chars(r, HEX, 146)}",
+    "digitalocean-token": lambda r: r.choice(("dop_v1_", "doo_v1_", "dor_v1_")) + chars(r, HEX, 64),
+    "heroku-api-key": lambda r: "HRKU-AA" + chars(r, B64URL, 57) + chars(r, ALNUM, 1),
+    "flyio-access-token": lambda r: "fo1_" + chars(r, B64URL, 42) + chars(r, ALNUM, 1),
+    "flyio-macaroon": lambda r: (r.choice(("fm1a_", "fm1r_", "fm2_")) + chars(r, ALNUM + "+/", r.randint(100, 300))
+                                 + chars(r, ALNUM, 1)),
+    "scalingo-api-token": lambda r: "tk-us-" + chars(r, B64URL, 47) + chars(r, ALNUM, 1),
+    "databricks-api-token": lambda r: "dapi" + chars(r, HEX, 32),
+    "vault-token": lambda r: (r.choice(("hvs.", "hvb.")) + chars(r, B64URL, r.randint(90, 200))
+                              + chars(r, ALNUM, 1)),
+    "pulumi-api-token": lambda r: "pul-" + chars(r, HEX, 40),
+    "planetscale-token": lambda r: (r.choice(("pscale_tkn_", "pscale_oauth_", "pscale_pw_"))
+                                    + chars(r, B64URL + "=", r.randint(31, 63)) + chars(r, ALNUM, 1)),
+    "doppler-api-token": lambda r: "dp.pt." + chars(r, ALNUM, 43),
+    "dynatrace-api-token": lambda r: f"dt0c01.{chars(r, UPPER_DIGITS, 24)}.{chars(r, ALNUM, 64)}",
+    "grafana-api-key": lambda r: "eyJrIjoi" + chars(r, ALNUM, r.randint(70, 120)),
+    "grafana-cloud-api-token": lambda r: "glc_" + chars(r, ALNUM + "+/", r.randint(32, 150)) + chars(r, ALNUM, 1),
+    "grafana-service-account-token": lambda r: f"glsa_{chars(r, ALNUM, 32)}_{chars(r, HEX, 8)}",
+    "new-relic-user-api-key": lambda r: "NRAK-" + chars(r, UPPER_DIGITS, 27),
+    "new-relic-insert-key": lambda r: "NRII-" + chars(r, ALNUM + "-", 31) + chars(r, ALNUM, 1),
+    "sentry-user-token": lambda r: "sntryu_" + chars(r, HEX, 64),
+    "sentry-org-token": lambda r: (f"sntrys_eyJpYXQiO{chars(r, ALNUM + '+/', r.randint(40, 160))}"
+                                   f"_{chars(r, ALNUM + '+/', 42)}{chars(r, ALNUM, 1)}"),
+    "openshift-user-token": lambda r: "sha256~" + chars(r, B64URL, 42) + chars(r, ALNUM, 1),
+    "octopus-deploy-api-key": lambda r: "API-" + chars(r, UPPER_DIGITS, 26),
+    "clickhouse-cloud-api-secret-key": lambda r: "4b1d" + chars(r, ALNUM, 38),
+    "harness-api-key": lambda r: (r.choice(("pat.", "sat.")) + chars(r, B64URL, 22) + "." + chars(r, ALNUM, 24)
+                                  + "." + chars(r, ALNUM, 20)),
+    "infracost-api-token": lambda r: "ico-" + chars(r, ALNUM, 32),
+    "defined-networking-api-token": lambda r: (f"dnkey-{chars(r, B64URL + '=', 26)}-{chars(r, B64URL + '=', 51)}"
+                                               + chars(r, ALNUM, 1)),
+    "gitlab-token:other": lambda r: (r.choice(("gldt-", "glrt-", "glffct-", "glft-", "glimt-", "glagent-", "gloas-",
+                                               "glsoat-", "GR1348941")) + chars(r, B64URL, r.randint(20, 63))
+                                     + chars(r, ALNUM, 1)),
+    "gitlab-token:cbt": lambda r: f"glcbt-{chars(r, ALNUM, r.randint(1, 5))}_{chars(r, B64URL, 19)}{chars(r, ALNUM, 1)}",
+    "gitlab-token:ptt": lambda r: "glptt-" + chars(r, HEX, 40),
+    "gitlab-session-cookie": lambda r: "_gitlab_session=" + chars(r, string.ascii_lowercase + string.digits, 32),
+    "sourcegraph-access-token": lambda r: r.choice((
+        lambda: "sgp_" + chars(r, HEX, 40), lambda: f"sgp_{chars(r, HEX, 16)}_{chars(r, HEX, 40)}",
+        lambda: "sgp_local_" + chars(r, HEX, 40)))(),
+    "atlassian-api-token": lambda r: "ATATT3" + chars(r, B64URL + "=", 185) + chars(r, ALNUM, 1),
+    "linear-api-key": lambda r: "lin_api_" + chars(r, ALNUM, 40),
+    "notion-api-token": lambda r: "ntn_" + chars(r, string.digits, 11) + chars(r, ALNUM, 35),
+    "postman-api-token": lambda r: f"PMAK-{chars(r, HEX, 24)}-{chars(r, HEX, 34)}",
+    "prefect-api-token": lambda r: "pnu_" + chars(r, ALNUM, 36),
+    "readme-api-token": lambda r: "rdme_" + chars(r, string.ascii_lowercase + string.digits, 70),
+    "typeform-api-token": lambda r: "tfp_" + chars(r, B64URL + "=", 58) + chars(r, ALNUM, 1),
+    "frameio-api-token": lambda r: "fio-u-" + chars(r, B64URL + "=", 63) + chars(r, ALNUM, 1),
+    "1password-secret-key": lambda r: "A3-" + "-".join(chars(r, UPPER_DIGITS, n) for n in r.choice(
+        ((6, 11, 5, 5, 5), (6, 6, 5, 5, 5, 5)))),
+    "1password-service-account-token": lambda r: "ops_eyJ" + chars(r, ALNUM + "+/", r.randint(250, 400)) + chars(r, ALNUM, 1),
+    "adobe-client-secret": lambda r: "p8e-" + chars(r, ALNUM, 32),
+    "age-secret-key": lambda r: "AGE-SECRET-KEY-1" + chars(r, "QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L", 58),
+    "artifactory-api-key": lambda r: "AKCp" + chars(r, ALNUM, 69),
+    "artifactory-reference-token": lambda r: "cmVmd" + chars(r, ALNUM, 59),
+    "intra42-client-secret": lambda r: r.choice(("s-s4t2ud-", "s-s4t2af-")) + chars(r, HEX, 64),
+    "slack-token:app": lambda r: (f"xapp-{r.randint(1, 9)}-A{chars(r, UPPER_DIGITS, 10)}-{chars(r, string.digits, 13)}-"
+                                  f"{chars(r, HEX, 64)}"),
+    "slack-token:config": lambda r: (r.choice(("xoxe.xoxb-", "xoxe.xoxp-", "xoxe-")) + f"{r.randint(1, 9)}-"
+                                     + chars(r, UPPER_DIGITS, 146)),
+    "slack-token:legacy": lambda r: (r.choice(("xoxo-", "xoxs-")) + "-".join(chars(r, string.digits, 10)
+                                                                          for _ in range(3)) + "-" + chars(r, HEX, 64)),
+    "slack-workflow-webhook": lambda r: (r.choice(("hooks.slack.com/workflows/", "hooks.slack.com/triggers/"))
+                                         + chars(r, ALNUM + "+/", r.randint(42, 55)) + chars(r, ALNUM, 1)),
+    "discord-webhook": lambda r: (r.choice(("discord.com/api/webhooks/", "discordapp.com/api/webhooks/"))
+                                  + chars(r, string.digits, r.randint(17, 20)) + "/" + chars(r, B64URL, 67)
+                                  + chars(r, ALNUM, 1)),
+    "microsoft-teams-webhook": lambda r: (f"webhook.office.com/webhookb2/{uuid.UUID(int=r.getrandbits(128))}"
+                                          f"@{uuid.UUID(int=r.getrandbits(128))}/IncomingWebhook/"
+                                          f"{chars(r, HEX, 32)}/{uuid.UUID(int=r.getrandbits(128))}"),
+    "sendinblue-api-token": lambda r: f"xkeysib-{chars(r, HEX, 64)}-{chars(r, ALNUM, 16)}",
+    "square-access-token": lambda r: (r.choice(("sq0atp-", "EAAA")) + chars(r, B64URL, r.randint(21, 59))
+                                      + chars(r, ALNUM, 1)),
+    "facebook-page-access-token": lambda r: r.choice(("EAAM", "EAAC")) + chars(r, ALNUM, r.randint(100, 200)),
+    "shopify-token": lambda r: r.choice(("shpat_", "shpca_", "shppa_", "shpss_")) + chars(r, HEX, 32),
+    "flutterwave-secret-key": lambda r: "FLWSECK_TEST-" + chars(r, "abcdefgh0123456789", r.choice((12, 32))),
+    "duffel-api-token": lambda r: r.choice(("duffel_test_", "duffel_live_")) + chars(r, B64URL + "=", 42) + "x",
+    "easypost-api-token": lambda r: r.choice(("EZAK", "EZTK")) + chars(r, ALNUM, 54),
+    "shippo-api-token": lambda r: r.choice(("shippo_live_", "shippo_test_")) + chars(r, HEX, 40),
+    "plaid-access-token": lambda r: (r.choice(("access-sandbox-", "access-development-", "access-production-"))
+                                     + str(uuid.UUID(int=r.getrandbits(128)))),
+    "settlemint-token": lambda r: r.choice(("sm_aat_", "sm_pat_", "sm_sat_")) + chars(r, ALNUM, 16),
+    "rubygems-api-token": lambda r: "rubygems_" + chars(r, HEX, 48),
+    "clojars-api-token": lambda r: r.choice(("CLOJARS_", "clojars_")) + chars(r, ALNUM, 60),
+    "huggingface-token:org": lambda r: "api_org_" + chars(r, string.ascii_letters, 34),
+    "perplexity-api-key": lambda r: "pplx-" + chars(r, ALNUM, 48),
+    "aws-access-key-id:other": lambda r: (r.choice(("ABIA", "ACCA", "A3T" + chars(r, UPPER_DIGITS, 1)))
+                                          + chars(r, UPPER_DIGITS, 16)),
+    "jwt-base64": lambda r: base64.b64encode(_jwt(r).encode()).decode().rstrip("="),
+    "stripe-secret-key:prod": lambda r: r.choice(("sk_prod_", "rk_prod_")) + chars(r, ALNUM, r.randint(24, 99)),
 }
 """Credential-shaped values: a ``<<key>>`` placeholder in a positive expects one finding of ``key``'s family."""
 
@@ -145,6 +236,30 @@ DECOYS: dict[str, Draw] = {
     "pem-header-no-body": lambda r: "-----BEGIN RSA PRIVATE KEY-----\n" + "...\n-----END RSA PRIVATE KEY-----",
 }
 """Near misses and look-alikes: a ``<<key>>`` placeholder in a negative must stay unmasked."""
+
+
+def near_misses(family: Family, rng: random.Random) -> dict[str, str]:
+    """Near misses generated from one family's grammar, each of which must stay unmasked.
+
+    ``short``: a prefix and a first run one character short of its minimum; ``long``: a fixed-length
+    tail one character too long (where every tail character is also a right-boundary one);
+    ``in-word``: a valid credential glued to a preceding letter (where the left boundary refuses it).
+    The bare ``sk-`` candidate and PEM blocks have grammars of their own, with decoys in ``DECOYS``.
+    """
+    if isinstance(family, (LlmKeyFamily, PrivateKeyFamily)):
+        return {}
+    out: dict[str, str] = {}
+    prefix = rng.choice(family.prefixes)
+    if isinstance(family, AwsKeyFamily) and prefix == "A3T":  # A3T and one key character make the prefix
+        prefix += chars(rng, UPPER_DIGITS, 1)
+    if family.min_tail >= 2:
+        out["short"] = prefix + chars(rng, family.alphabet, family.min_tail - 1)
+    if (family.max_tail is not None and not family.segments and family.max_tail == family.min_tail
+            and set(family.alphabet) <= set(family.right_boundary)):
+        out["long"] = prefix + chars(rng, family.alphabet, family.max_tail + 1)
+    if "Q" in family.left_boundary:
+        out["in-word"] = "Q" + CREDENTIALS[family.name](rng)
+    return out
 
 
 def render(template: str, rng: random.Random, *, decoys: bool = False) -> tuple[str, list[Finding]]:

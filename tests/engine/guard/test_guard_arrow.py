@@ -26,6 +26,7 @@ from engine.guard import (
 )
 from engine.guard.arrow import PREFILTER_PATTERN
 from engine.guard.catalogue import PREFIXES
+from engine.guard.names import mask_name
 from engine.guard.prefilter import candidate_cells
 from tests.engine.guard.synthetic import B64URL, CREDENTIALS, chars
 
@@ -35,13 +36,15 @@ NPM = "npm_" + "x9Y8" * 9
 
 
 def reference(value: Any) -> Any:
-    """What the guard must make of one ``to_pylist()`` value: each string through ``mask_message``."""
+    """What the guard must make of one ``to_pylist()`` value: each string through ``mask_message``,
+    each map key through ``mask_name``."""
     if isinstance(value, str):
         return mask_message(value)
     if isinstance(value, list):
         return [reference(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(reference(v) for v in value)
+    if isinstance(value, tuple):  # a map entry: its key is masked as a name
+        key, item = value
+        return (mask_name(key) if isinstance(key, str) else reference(key), reference(item))
     if isinstance(value, dict):
         return {k: reference(v) for k, v in value.items()}
     return value
@@ -72,15 +75,16 @@ def test_flat_string_columns_are_masked_in_place_and_counted_per_column() -> Non
     })
     result = guard_table(table)
     assert isinstance(result, GuardResult)
-    assert result.masked == {"msg": 2, "big": 1, "view": 1}
+    assert result.masked == {"msg": 2, "big": 1, "view": 1, "blob": 1}
     assert result.table.column("msg").to_pylist() == [
         "login [masked:aws-access-key-id] ok", None, "plain", "[masked:llm-api-key] and [masked:npm-token]"]
     assert result.table.column("big").to_pylist() == [None, "k=[masked:llm-api-key]", "x", "y"]
     assert result.table.column("view").to_pylist() == ["a", "b", "tok [masked:npm-token]", None]
-    assert_guarded(table, result.table)
-    # Non-string columns pass through untouched: the very same buffers, binary included.
-    for name in ("id", "blob"):
-        assert buffers(result.table.column(name)) == buffers(table.column(name)), name
+    # Binary is scanned like text and stays binary (a `types` declaration of binary hides nothing).
+    assert result.table.column("blob").type == pa.binary()
+    assert result.table.column("blob").to_pylist() == [b"[masked:aws-access-key-id]", None, b"", b"x"]
+    # Other columns pass through untouched: the very same buffers.
+    assert buffers(result.table.column("id")) == buffers(table.column("id"))
 
 
 @pytest.mark.clause("run.guard-secrets.mask-only")
@@ -111,7 +115,8 @@ def test_strings_nested_in_structs_and_lists_are_masked_at_any_depth() -> None:
 @given(cells=st.lists(st.one_of(
     st.none(),
     st.text(max_size=60),
-    st.lists(st.sampled_from([*PREFIXES, "Q7" * 8, "a1B2c3D4" * 4, "-", "_", ".", " ", "é", "eyJ", "\n", "=="]),
+    st.lists(st.sampled_from([*PREFIXES, "Q7" * 8, "a1B2c3D4" * 4, "-", "_", ".", " ", "é", "eyJ", "\n", "==",
+                              "\\/", "\\u0041", "\\u", "%5F", "%2f", "%", "\\\\", "\\ud83d\\ude00"]),
              max_size=12).map("".join),
 ), min_size=1, max_size=30), seed=st.integers(0, 2**32))
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -146,11 +151,16 @@ def test_log_masked_logs_the_count_of_masked_cells_per_column(caplog: pytest.Log
     with caplog.at_level(logging.INFO, logger="engine.guard"):
         log_masked("gh-events", "pull-0007", result.masked)
         log_masked("gh-events", "pull-0008", guard_table(pa.table({"a": ["nothing here"]})).masked)
+        renamed = guard_table(pa.table({f"c {AWS}": [1]}))
+        log_masked("gh-events", "pull-0009", renamed.masked, renamed.renamed)
     lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "engine.guard"]
     assert lines == [
         (logging.INFO, "pipeline gh-events pull pull-0007: masked 2 cell(s) in column a"),
         (logging.INFO, "pipeline gh-events pull pull-0007: masked 1 cell(s) in column b.c"),
         (logging.INFO, "pipeline gh-events pull pull-0008: masked 0 cell(s)"),
+        (logging.INFO, "pipeline gh-events pull pull-0009: masked 0 cell(s)"),
+        (logging.INFO, "pipeline gh-events pull pull-0009: masked a credential in the name of column "
+                       + mask_name(f"c {AWS}")),
     ]
 
 
@@ -259,3 +269,131 @@ def test_mask_message_masks_error_details() -> None:
     assert mask_message(message) == ("HTTP 401 from https://api.example.com/?key=[masked:llm-api-key]: "
                                      "bad credential [masked:aws-access-key-id]")
     assert mask_message("nothing to hide") == "nothing to hide"
+
+
+# --- names, map keys, binary and escaped text (issue 11) ---------------------------------------------
+
+
+def _names(t: pa.DataType | pa.Schema) -> list[str]:
+    """Every field name in a schema or type, at any depth (lists' and maps' fields included)."""
+    out: list[str] = []
+    fields = list(t) if isinstance(t, pa.Schema) or pa.types.is_struct(t) else []
+    if isinstance(t, pa.DataType) and (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        fields = [t.value_field]
+    if isinstance(t, pa.DataType) and pa.types.is_map(t):
+        fields = [t.key_field, t.item_field]
+    for f in fields:
+        out.append(f.name)
+        out += _names(f.type)
+    return out
+
+
+@pytest.mark.clause("run.guard-secrets.mask-only")
+def test_names_holding_a_credential_are_masked_at_every_depth_with_a_stable_digest() -> None:
+    gh = CREDENTIALS["github-token"](random.Random(1))
+    nested = pa.struct([(f"k_{AWS}", pa.int64()), ("ok", pa.list_(pa.field(f"item {NPM}", pa.string())))])
+    table = pa.table({AWS: [1, 2], "event": pa.array([{f"k_{AWS}": 1, "ok": [f"v {gh}"]}, None], nested),
+                      "n": [3, 4]})
+    result = guard_table(table)
+    names = _names(result.table.schema)
+    assert all(AWS not in n and NPM not in n for n in names), names
+    top = result.table.schema.names
+    assert top[0] == mask_name(AWS) and top[0].startswith("[masked:aws-access-key-id]#") and top[1:] == ["event", "n"]
+    event = result.table.schema.field("event").type
+    assert event.field(0).name == "k_" + mask_name(AWS)[:-9] + "#" + mask_name(f"k_{AWS}")[-8:]
+    assert event.field(1).type.value_field.name == mask_name(f"item {NPM}")
+    # values keep flowing under the masked names, masked themselves
+    assert result.table.column("event").to_pylist()[0]["ok"] == ["v [masked:github-token]"]
+    assert result.table.column(0).to_pylist() == [1, 2]
+    assert result.masked == {"event.ok": 1}
+    assert set(result.renamed) == {top[0], f"event.{event.field(0).name}", "event.ok"}
+    # The same name masks the same way in every batch: one column, batch after batch.
+    assert guard_table(table.slice(1)).table.schema.names == top
+    assert guard_batch(table.to_batches()[0]).batch.schema.names == top
+
+
+def test_two_names_masking_alike_stay_distinct_by_a_deterministic_suffix() -> None:
+    masked = mask_name(AWS)
+    table = pa.table({AWS: [1], masked: [2], "s": pa.array([{masked: 3, AWS: 4}])})
+    result = guard_table(table)
+    # an unmasked name keeps its name; the masked one takes the first free suffix
+    assert result.table.schema.names == [masked + "~2", masked, "s"]
+    assert [f.name for f in result.table.schema.field("s").type] == [masked, masked + "~2"]
+    assert result.table.column(0).to_pylist() == [1] and result.table.column(1).to_pylist() == [2]
+
+
+@pytest.mark.clause("run.guard-secrets.mask-only")
+def test_map_keys_are_masked_as_names_and_stay_unique_within_each_map() -> None:
+    other = "AKIA" + "Z9" * 8
+    maps = pa.array([[(AWS, 1), (other, 2), ("plain", 3)], None, [(mask_name(AWS), 4), (AWS, 5)], []],
+                    pa.map_(pa.string(), pa.int64()))
+    result = guard_table(pa.table({"m": maps}))
+    rows = result.table.column("m").to_pylist()
+    assert rows[0] == [(mask_name(AWS), 1), (mask_name(other), 2), ("plain", 3)]
+    assert rows[1] is None and rows[3] == []
+    assert rows[2] == [(mask_name(AWS), 4), (mask_name(AWS) + "~2", 5)]
+    assert result.masked == {"m.key": 3}
+    for row in rows:
+        assert row is None or len({k for k, _ in row}) == len(row)
+
+
+@pytest.mark.clause("run.guard-secrets.mask-only")
+@pytest.mark.parametrize("kind", [pa.binary(), pa.large_binary(), pa.binary_view()], ids=str)
+def test_binary_cells_are_masked_and_stay_binary(kind: pa.DataType) -> None:
+    blob = pa.array([b"\x00\xff" + AWS.encode() + b"\x01", None, b"plain", b"a%2Fb"], kind)
+    nested = pa.array([[{"b": b"k=" + NPM.encode()}], None, [], [{"b": None}]],
+                      pa.list_(pa.struct([("b", kind)])))
+    result = guard_table(pa.table({"blob": blob, "nested": nested}))
+    assert result.table.column("blob").type == kind
+    assert result.table.column("blob").to_pylist() == [b"\x00\xff[masked:aws-access-key-id]\x01", None, b"plain",
+                                                        b"a%2Fb"]
+    assert result.table.column("nested").to_pylist()[0] == [{"b": b"k=[masked:npm-token]"}]
+    assert result.masked == {"blob": 1, "nested.b": 1}
+
+
+ESCAPED = [
+    # (case, cell, masked cell)
+    ("json slash", '{"hook":"https:\\/\\/hooks.slack.com\\/services\\/T0AB1CD2E\\/B0AB1CD2E\\/' + "Ab3" * 8 + '"}',
+     '{"hook":"https:\\/\\/[masked:slack-webhook]"}'),
+    ("json unicode inside", "key AKIA\\u0051" + "Q7" * 7 + "Q end", "key [masked:aws-access-key-id] end"),
+    ("json unicode prefix", "\\u0073k-" + "a1B2c3D4" * 4, "[masked:llm-api-key]"),
+    ("url encoded underscore", "t=ghp%5F" + "a1B2" * 9 + "&n=1", "t=[masked:github-token]&n=1"),
+    ("url encoded lowercase hex", "t=npm%5f" + "x9Y8" * 9, "t=[masked:npm-token]"),
+    ("url encoded slashes", "u=https%3A%2F%2Fhooks.slack.com%2Fservices%2FT0AB1CD2E%2FB0AB1CD2E%2F" + "Ab3" * 8,
+     "u=https%3A%2F%2F[masked:slack-webhook]"),
+    ("escaped boundary", "\\u0020" + AWS, "\\u0020[masked:aws-access-key-id]"),
+    ("plain and escaped", f"{NPM} and ghp%5F" + "a1B2" * 9, "[masked:npm-token] and [masked:github-token]"),
+    ("escaped backslash is no escape", "\\\\u0041KIA" + "Q7" * 8, "\\\\u0041KIA" + "Q7" * 8),
+    ("percent without hex", "50% of AKIA%zz" + "Q7" * 8, "50% of AKIA%zz" + "Q7" * 8),
+    ("url escapes without credential", "q=a%20b&path=%2Fx\\/y", "q=a%20b&path=%2Fx\\/y"),
+]
+
+
+@pytest.mark.clause("run.guard-secrets.mask-only")
+@pytest.mark.parametrize(("case", "cell", "expected"), ESCAPED, ids=[c[0] for c in ESCAPED])
+def test_credentials_behind_json_and_url_escapes_are_masked_in_their_escaped_form(
+        case: str, cell: str, expected: str) -> None:
+    assert mask_message(cell) == expected
+    for kind in (pa.string(), pa.large_binary()):
+        arr = pa.array([cell, None, "x"], pa.string()).cast(kind)
+        result = guard_table(pa.table({"c": arr, "d": pa.array([[cell], None, []])}))
+        out = result.table.column("c").to_pylist()[0]
+        assert (out.decode() if isinstance(out, bytes) else out) == expected
+        assert result.table.column("d").to_pylist() == [[expected], None, []]
+        assert result.masked == ({} if cell == expected else {"c": 1, "d": 1})
+
+
+def test_fixed_size_binary_cells_keep_their_width() -> None:
+    width = 48
+    cells = [f"id {AWS}".encode().ljust(width, b"."), None, b"x" * width,
+             (b"t=npm%5F" + NPM[4:].encode()).ljust(width)]
+    arr = pa.array(cells, pa.binary(width))
+    result = guard_table(pa.table({"f": arr}))
+    out = result.table.column("f")
+    assert out.type == pa.binary(width)
+    values = out.to_pylist()
+    assert values[0] == b"id " + b"[masked:aws-access-key-id]"[:20] + b"." * (width - 23)
+    assert values[1] is None and values[2] == b"x" * width
+    assert values[3].startswith(b"t=[masked:npm-token]") and len(values[3]) == width
+    assert AWS.encode() not in values[0] and NPM[4:].encode() not in values[3]
+    assert result.masked == {"f": 2}

@@ -16,6 +16,8 @@ import pytest
 import engine.guard
 import engine.guard.arrow
 import engine.guard.catalogue
+import engine.guard.escapes
+import engine.guard.names
 from engine.guard.catalogue import FAMILIES, PREFIXES, Family, Finding, Segment, mask_text, scan_text
 from tests.engine.guard.synthetic import ALNUM, B64URL, CREDENTIALS, chars
 
@@ -203,6 +205,24 @@ FAMILY_CASES: list[tuple[str, str, list[tuple[str, int, int]]]] = [
     ("aws lowercase after", "AKIA" + "Q" * 16 + "x", []),
     ("aws inside word", "XAKIA" + "Q" * 16, []),
     ("aws in prose", "keys start with AKIA or ASIA", []),
+    ("aws older form", "k=A3TX" + "Q7" * 8 + ";", [("aws-access-key-id", 2, 22)]),
+    ("aws older form 16", "A3T" + "Q7" * 8 + " ", []),
+    ("aws older form not a key character", "A3T-" + "Q7" * 8, []),
+    ("aws abia acca", "ABIA" + "Q7" * 8 + " ACCA" + "Q7" * 8, [("aws-access-key-id", 0, 20), ("aws-access-key-id", 21, 41)]),
+    ("gitlab deploy", "gldt-" + "a-b_c" * 4, [("gitlab-token", 0, 25)]),
+    ("gitlab runner registration", "GR1348941" + "a-b_c" * 4, [("gitlab-token", 0, 29)]),
+    ("shopify", "shpat_" + HEX32, [("shopify-token", 0, 38)]),
+    ("shopify not hex", "shpat_" + HEX32[:31] + "g", []),
+    ("postman", "PMAK-" + HEX32[:24] + "-" + HEX32 + "ab", [("postman-api-token", 0, 64)]),
+    ("postman no dash", "PMAK-" + HEX32[:24] + HEX32 + "abc", []),
+    ("1password 6-11", "A3-ABC123-ABCDEFGHIJK-ABCDE-ABCDE-ABCDE", [("1password-secret-key", 0, 39)]),
+    ("1password 6-6", "A3-ABC123-ABC123-ABCDE-ABCDE-ABCDE-ABCDE", [("1password-secret-key", 0, 40)]),
+    ("1password too long", "A3-ABC123-ABC123-ABCDE-ABCDE-ABCDE-ABCDEF", []),
+    ("teams webhook", "https://acme.webhook.office.com/webhookb2/" + "a" * 36 + "@" + "b" * 36
+     + "/IncomingWebhook/" + "c" * 32 + "/" + "d" * 36, [("microsoft-teams-webhook", 13, 201)]),
+    ("discord webhook", "https://discord.com/api/webhooks/" + "1" * 18 + "/" + "a-_B" * 17,
+     [("discord-webhook", 8, 120)]),
+    ("discord webhook short token", "https://discord.com/api/webhooks/" + "1" * 18 + "/" + "abc", []),
     ("github", "t=ghp_" + A32 + "abcd", [("github-token", 2, 42)]),
     ("github every prefix", " ".join(p + A32 + "abcd" for p in ("gho_", "ghu_", "ghs_", "ghr_")),
      [("github-token", i * 41, i * 41 + 40) for i in range(4)]),
@@ -317,7 +337,8 @@ def test_finding_is_a_plain_tuple() -> None:
     assert Finding("jwt", 1, 2) == ("jwt", 1, 2)
 
 
-@pytest.mark.parametrize("module", [engine.guard, engine.guard.catalogue, engine.guard.arrow],
+@pytest.mark.parametrize("module", [engine.guard, engine.guard.catalogue, engine.guard.arrow, engine.guard.escapes,
+                                    engine.guard.names],
                          ids=lambda m: m.__name__)
 def test_module_examples_run(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import random
+import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -125,3 +127,84 @@ def test_planted_credentials_never_reach_the_store(tmp_path: Path, mode: str) ->
     logins = sql(root, "SELECT actor.login AS login FROM gh" if mode == "nested" else
                  "SELECT actor__login AS login FROM gh")
     assert sum("[masked:" in r["login"] for r in logins) == 30
+
+
+NAMES_PROJECT = """
+[project]
+name = "landing"
+
+[[pipeline]]
+id = "gh"
+table = "gh"
+normalize = "{mode}"
+types = {{ blob = "binary", data = "large_binary" }}
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["raw/*"]
+"""
+
+
+@pytest.mark.clause("run.guard-secrets.mask-only")
+@pytest.mark.parametrize("mode", ["nested", "relational"])
+def test_credentials_in_names_map_keys_binary_and_escapes_never_reach_the_store_or_catalog(
+        tmp_path: Path, mode: str) -> None:
+    """Issue 11: names, map keys, binary declared by `types`, and escaped text, through `pipeline run`."""
+    (tmp_path / "contextful.toml").write_text(NAMES_PROJECT.format(mode=mode))
+    (tmp_path / "raw").mkdir()
+    rng = random.Random(11)
+    families = ("aws-access-key-id", "github-token", "npm-token", "llm-api-key", "stripe-secret-key",
+                "slack-webhook", "huggingface-token", "gitlab-token", "sendgrid-api-key", "shopify-token",
+                "databricks-api-token", "postman-api-token")
+    key = [CREDENTIALS[name](rng) for name in families]
+    slack = CREDENTIALS["slack-webhook"](rng)
+    rows = [
+        {"id": 1, key[0]: 1, "note": "a top-level column name"},
+        {"id": 2, "outer": {key[1]: "x", "fine": "y", "deeper": {f"k_{key[2]}": 2}}},
+        {"id": 3, "items": [{key[3]: 1, "sku": "a"}], f"list_{key[4]}": [1, 2]},
+        {"id": 4, "blob": f"bytes {key[5]}", "data": f"more {key[6]}"},  # typed binary by `types`
+        # escaped text inside string values: JSON kept as a string, and URL-encoding
+        {"id": 5, "doc": json.dumps({"hook": "https://" + slack}).replace("/", "\\/"),
+         "url": "https://x.example/cb?t=" + key[7].replace("-", "%2D")},
+        {"id": 6, "doc": "{\"k\":\"" + key[8][:3] + "\\u00" + format(ord(key[8][3]), "02x") + key[8][4:] + "\"}",
+         "url": "q=" + key[9].replace("_", "%5F")},
+    ]
+    (tmp_path / "raw" / "a.ndjson").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    maps = pa.array([[(key[10], 1), ("plain", 2), (key[11], 3)], [(key[10], 4)]], pa.map_(pa.string(), pa.int64()))
+    pq.write_table(pa.table({"id": [7, 8], "attrs": maps}), tmp_path / "raw" / "b.parquet")
+    planted = [*key, slack.replace("/", "\\/"), key[7].replace("-", "%2D"), key[9].replace("_", "%5F")]
+
+    run = contextful(tmp_path, "--json", "pipeline", "run")
+    out = json.loads(run.stdout)[0]
+    assert out["ok"], out
+    root = tmp_path / ".contextful"
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert any(p.name == "catalog.sqlite" for p in files) and any(p.suffix == ".parquet" for p in files)
+    for path in files:
+        texts = [path.read_bytes()]
+        if path.suffix == ".parquet":
+            table = pq.read_table(path)
+            texts.append(json.dumps([table.schema.names, table.to_pylist()], default=str).encode())
+        if path.suffix == ".sqlite":  # every value of every table of the catalog, decompressed or not
+            with sqlite3.connect(path) as con:
+                for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+                    texts.append(repr(con.execute(f'SELECT * FROM "{name}"').fetchall()).encode())
+        for secret in planted:
+            assert all(secret.encode() not in t for t in texts), f"{secret[:6]}… reached {path}"
+    for secret in planted:
+        assert secret not in run.stdout and secret not in run.stderr
+    with Store.open(root / "store") as store:
+        landed = {name: store.table(name).to_arrow() for name in store.table_names()}
+    everything = json.dumps({n: [t.schema.names, t.to_pylist()] for n, t in landed.items()}, default=str)
+    assert "[masked:aws-access-key-id]#" in everything and "[masked:slack-webhook]" in everything
+    # binary stays binary, masked
+    blob_table = landed["gh"]
+    blob = blob_table.column("blob")
+    assert pa.types.is_binary(blob.type) or pa.types.is_large_binary(blob.type)
+    assert b"bytes [masked:slack-webhook]" in blob.to_pylist()
+    # the read path reads every masked name and map (DuckDB refuses a map holding a key twice)
+    read = contextful(tmp_path, "--json", "sql", "SELECT * FROM gh").stdout
+    assert "[masked:" in read and not any(secret in read for secret in planted)
+    if mode == "nested":
+        attrs = [r["attrs"] for r in sql(tmp_path, "SELECT attrs FROM gh WHERE attrs IS NOT NULL ORDER BY id")]
+        assert len(attrs) == 2 and all("[masked:databricks-api-token]#" in json.dumps(a) for a in attrs)
