@@ -116,9 +116,14 @@ def unreferenced(io: FileIO, expired: list[Snapshot], after: TableMetadata) -> l
     named: set[str] = set()
     for snapshot in expired:
         named.add(snapshot.manifest_list)
-        for manifest in snapshot.manifests(io):
-            named.add(manifest.manifest_path)
-            named.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(io, discard_deleted=False))
+        try:
+            for manifest in snapshot.manifests(io):
+                named.add(manifest.manifest_path)
+                named.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(io, discard_deleted=False))
+        except FileNotFoundError:
+            # A rival expiry removed the same snapshot first and deleted what only it held; the
+            # removal does not require the snapshot present, so both land, and its files are gone.
+            continue
     return sorted(named - kept)
 
 
