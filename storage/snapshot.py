@@ -104,15 +104,17 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
     merge_order = sorted(range(len(snapshot.parts)), key=lambda i: (snapshot.parts[i].ord_seq, snapshot.parts[i].ord_idx))
     files = "[" + ", ".join(_sql_literal(snapshot.uris[i]) for i in merge_order) + "]"
     scan = f"read_parquet({files}, hive_partitioning = false{', union_by_name = true' if snapshot.mixed_schemas else ''})"
-    if snapshot.mixed_schemas:
-        types = duckdb_types(snapshot.schema)
-        cast = [f"CAST({{}} AS {t}) AS {quote(n)}" for n, t in zip(names, types)]
-    else:
-        cast = [f"{{}} AS {quote(n)}" for n in names]
+    types = duckdb_types(snapshot.schema) if snapshot.mixed_schemas else None
+
+    def projected(read: dict[str, str]) -> str:
+        """The snapshot's columns, each from ``read[name]``, cast to its type when parts differ."""
+        if types is None:
+            return ", ".join(f"{read[n]} AS {quote(n)}" for n in names)
+        return ", ".join(f"CAST({read[n]} AS {t}) AS {quote(n)}" for n, t in zip(names, types))
+
     source, alias = _sources(snapshot, con, scan)
     if not snapshot.primary_key:
-        columns = ", ".join(c.format(source[n]) for c, n in zip(cast, names))
-        return f"SELECT {columns} FROM {scan} AS {SCAN}"
+        return f"SELECT {projected(source)} FROM {scan} AS {SCAN}"
 
     inner_names = {n: f"__cf_c{i}" for i, n in enumerate(names)}
     inner = (
@@ -128,7 +130,7 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
             inner = (f"SELECT * FROM ({inner}) AS {ROWS} QUALIFY {ROWS}.{PART} >= {before}"
                      f" OR row_number() OVER (PARTITION BY {keys}, {ROWS}.{PART} < {before} ORDER BY {latest}) = 1")
         latest = f"{ROWS}.{quote(inner_names[order_by])} DESC NULLS LAST, {latest}"
-    columns = ", ".join(c.format(f"{ROWS}.{quote(inner_names[n])}") for c, n in zip(cast, names))
+    columns = projected({n: f"{ROWS}.{quote(inner_names[n])}" for n in names})
     return (f"SELECT {columns} FROM ({inner}) AS {ROWS}"
             f" QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY {latest}) = 1")
 

@@ -22,10 +22,10 @@ from engine.config import load_manifest
 from engine.export.run import run_exports
 from engine.model.build import build_models
 from storage import Store
-from storage.snapshot import INTERNAL_NAMES
+from storage.snapshot import INTERNAL_NAMES, quote
 
 NAMES = sorted({"filename", "file_row_number", "file_index", "part_uri", "ord_seq", "ord_idx", "src",
-                "part_order", *INTERNAL_NAMES})
+                "part_order", "{brace}", 'quo"te', "it's", *INTERNAL_NAMES})
 COLUMN_SETS = {"every-name": tuple(NAMES), "case": ("File_Row_Number",)}
 """Every name as a column of one table (DuckDB compares names case-insensitively, so a name
 differing only in case from another goes in a table of its own)."""
@@ -101,7 +101,7 @@ def answer(rows: list[dict], names: tuple[str, ...]) -> list[tuple]:
 
 
 def select(names: tuple[str, ...], table: str) -> str:
-    return "SELECT id, v, " + ", ".join('"' + n + '"' for n in names) + f" FROM {table}"
+    return "SELECT id, v, " + ", ".join(quote(n) for n in names) + f" FROM {table}"
 
 
 def iceberg_rows(project: Path, identifier: str) -> list[dict]:
