@@ -353,8 +353,8 @@ def bench_query(work: str, size: dict[str, int]) -> dict[str, Any]:
           f" ({build_s / parts * 1000:.1f} ms per append); {reps} reps, sides interleaved")
 
     def open_view() -> duckdb.DuckDBPyConnection:
-        sql = snapshot_sql(table.snapshot())
         con = store.duckdb()
+        sql = snapshot_sql(table.snapshot(), con)
         con.execute(f"CREATE VIEW t AS {sql}")
         return con
 

@@ -81,7 +81,7 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
 
 def attach_snapshot(con: duckdb.DuckDBPyConnection, snap: Snapshot, view: str) -> None:
     """Create (or replace) the view ``view`` answering exactly ``snap``."""
-    sql = snapshot_sql(snap)
+    sql = snapshot_sql(snap, con)
     if sql is None:
         empty = f"__contextful_empty_{view}"
         con.register(empty, (snap.schema or pa.schema([])).empty_table())

@@ -117,7 +117,17 @@ class MarkRecordsFlushed:
     keys: tuple[tuple[str, str], ...]
 
 
-Update = AddParts | RemoveParts | RemoveAllParts | SetSchema | SetCursor | RecordRun | MarkRecordsFlushed
+@dataclass(frozen=True)
+class DeclareOrderBy:
+    """The table, keyed on ``primary_key`` and merging by commit order until now, merges by
+    ``order_by`` from this commit on (a conflict when a declaration landed first)."""
+
+    primary_key: tuple[str, ...]
+    order_by: str
+
+
+Update = (AddParts | RemoveParts | RemoveAllParts | SetSchema | SetCursor | RecordRun | MarkRecordsFlushed
+          | DeclareOrderBy)
 
 
 @dataclass(frozen=True)
@@ -127,7 +137,7 @@ class CommitRequest:
     table: str
     run_id: str
     kind: str
-    """append, replace or fold."""
+    """append, replace, fold or declare."""
     manifest: str | None
     """Key of the run manifest written before the commit (None for a fold without one)."""
     requirements: tuple[Requirement, ...]

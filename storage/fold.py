@@ -1,11 +1,18 @@
 """Folds: compact runs of small parts into one, resolving keys, without changing any answer.
 
 A fold picks maximal runs of consecutive small live parts in merge order, reads each run through
-the same snapshot SQL readers use (so a keyed table keeps only the latest row per key), writes one
-part, and commits it as a ``fold`` that removes the parts it absorbed. The new part takes the merge
-position of the newest part it absorbed; because the absorbed parts were consecutive, every other
-part keeps its place before or after it, and the head answers exactly what it answered before.
+the same snapshot SQL readers use (so a keyed table keeps only each key's winner of the run), writes
+one part, and commits it as a ``fold`` that removes the parts it absorbed. The new part takes the
+merge position of the newest part it absorbed; because the absorbed parts were consecutive, every
+other part keeps its place before or after it, and the head answers exactly what it answered before.
 Older snapshots still read the absorbed parts until collection passes retention.
+
+A key's winner over a run of parts stands for the whole run only under one merge rule, so a run
+never spans an ``order_by`` declaration: the parts merged before it fold by commit order (their
+rows count only through that winner from the declaration on), the parts after it by ``order_by``.
+Each rule keeps the run's winner whatever comes before or after the run, and no later declaration
+can prefer a row a fold dropped (docs/store.md), so every later snapshot answers what the unfolded
+table would.
 """
 
 from __future__ import annotations
@@ -50,17 +57,19 @@ class FoldResult:
     parts_added: int
 
 
-def fold_groups(parts: list[PartRow], small_bytes: int, min_parts: int) -> list[list[PartRow]]:
-    """Maximal runs of consecutive parts (in merge order) smaller than ``small_bytes``."""
+def fold_groups(parts: list[PartRow], small_bytes: int, min_parts: int, boundary: int = 0) -> list[list[PartRow]]:
+    """Maximal runs of consecutive parts (in merge order) smaller than ``small_bytes``, none holding
+    parts on both sides of ``boundary`` (a declaration's commit_seq; 0: none)."""
     groups: list[list[PartRow]] = []
     current: list[PartRow] = []
     for part in parts:
-        if part.bytes < small_bytes:
+        crosses = bool(current) and (current[-1].ord_seq < boundary) != (part.ord_seq < boundary)
+        if part.bytes < small_bytes and not crosses:
             current.append(part)
             continue
         if len(current) >= min_parts:
             groups.append(current)
-        current = []
+        current = [part] if part.bytes < small_bytes else []
     if len(current) >= min_parts:
         groups.append(current)
     return groups
@@ -72,7 +81,8 @@ def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, 
     snap = table.snapshot()
     if snap.schema is None:
         return None
-    groups = fold_groups(list(snap.parts), small_bytes, min_parts)
+    boundary = snap.order_by_seq if snap.order_by is not None else 0
+    groups = fold_groups(list(snap.parts), small_bytes, min_parts, boundary)
     if not groups:
         return None
     run_id = "fold-" + new_run_id()
@@ -115,12 +125,14 @@ def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, 
 
 def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, group: list[PartRow], key: str) -> PartFile:
     positions = [snap.parts.index(p) for p in group]
+    before_declaration = group[-1].ord_seq < snap.order_by_seq  # the whole group is on one side
     sub = Snapshot(
         table=snap.table, commit_seq=snap.commit_seq, schema=snap.schema, primary_key=snap.primary_key,
         parts=tuple(group), uris=tuple(snap.uris[i] for i in positions),
-        mixed_schemas=snap.mixed_schemas, order_by=snap.order_by,
+        mixed_schemas=any(p.schema_id != snap.schema_id for p in group), schema_id=snap.schema_id,
+        order_by=None if before_declaration else snap.order_by,
     )
-    sql = snapshot_sql(sub)
+    sql = snapshot_sql(sub, con)
     assert sql is not None and snap.schema is not None
     reader = con.sql(sql).to_arrow_reader(READ_BATCH_ROWS)
     schema = snap.schema

@@ -1,12 +1,23 @@
 """Snapshots: a table resolved at one commit, and the DuckDB relation that reads it.
 
 A snapshot is the set of parts live at a ``commit_seq`` (the head, a given seq, or the newest
-commit at or before an ``as_of`` transaction time), the schema at that commit and the table's
-primary key. :func:`snapshot_sql` turns it into one DuckDB ``SELECT``: parts written under older
-schemas are unified by name and cast to the snapshot's types, and a table with a primary key
-answers one row per key (merge on read): the one with the largest ``order_by`` value when the
-table declares that column (nulls lose), then the latest by commit order (``ord_seq``, then the
-part's place in its run, then the row's place in its part).
+commit at or before an ``as_of`` transaction time), the schema at that commit, the table's primary
+key and the merge rule in force at that commit. :func:`snapshot_sql` turns it into one DuckDB
+``SELECT``: parts written under older schemas are unified by name and cast to the snapshot's types,
+and a table with a primary key answers one row per key (merge on read, docs/store.md):
+
+- by commit order (the part's merge position ``(ord_seq, ord_idx)``, then the row's place in its
+  part) while no ``order_by`` is in force;
+- once one is (its declaration's commit at or below the snapshot), rows committed before the
+  declaration count only through their commit-order winner, which competes with the rows
+  committed after it: the largest ``order_by`` value wins (nulls lose), then commit order.
+
+The query adds no name to the user's namespace: the scan reads with ``hive_partitioning = false``
+(a directory above the store named ``x=1`` would otherwise add, or overwrite, a column ``x``), the
+part and row positions come from DuckDB's virtual columns ``file_index`` and ``file_row_number``
+(never from options that add columns), and the rows pass through an inner relation whose every
+column has an internal name (:data:`INTERNAL_NAMES`). When a user column would shadow a virtual
+column, the scan renames every column by position first.
 """
 
 from __future__ import annotations
@@ -33,11 +44,29 @@ class Snapshot:
     mixed_schemas: bool
     """Whether some live part was written under a schema other than the snapshot's."""
     order_by: str | None = None
-    """The column whose larger value wins a key's merge before commit order does (None: commit order)."""
+    """The column whose larger value wins a key's merge before commit order does, when a
+    declaration is in force at this snapshot (None: commit order)."""
+    order_by_seq: int = 0
+    """The commit that declared ``order_by``: rows of parts merged before it (``ord_seq`` below it)
+    count only through their commit-order winner (0: declared with the table)."""
+    schema_id: int = 0
+    """The id of ``schema``: a part of that id holds every column (0: unknown, none is taken to)."""
 
     @property
     def rows_stored(self) -> int:
         return sum(p.rows for p in self.parts)
+
+
+SCAN = "__cf_scan"
+ROWS = "__cf_rows"
+PART = "__cf_part"
+ROW = "__cf_row"
+VIRTUAL_COLUMNS = ("file_index", "file_row_number")
+"""DuckDB's virtual columns of a Parquet scan the merge reads; a user column of the same name
+(DuckDB compares names case-insensitively) shadows them unless the scan renames it."""
+INTERNAL_NAMES = (SCAN, ROWS, PART, ROW, "__cf_c0", "__cf_c1", "__cf_c2", "__cf_s0", "__cf_s1", "__cf_s2")
+"""The names a snapshot query gives its relations and columns (the numbered ones stand for every
+``__cf_c<i>``/``__cf_s<i>``); none reaches the user's namespace."""
 
 
 def _sql_literal(text: str) -> str:
@@ -63,30 +92,71 @@ def duckdb_types(schema: pa.Schema) -> tuple[str, ...]:
     return _duckdb_types(schema.serialize().to_pybytes())
 
 
-def snapshot_sql(snapshot: Snapshot) -> str | None:
-    """One DuckDB SELECT answering ``snapshot``, or None when it has no parts to read."""
+def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | None:
+    """One DuckDB SELECT answering ``snapshot``, or None when it has no parts to read.
+
+    ``con`` is the connection that will run it (able to read the parts); :func:`_sources` says when
+    it is asked for the scan's columns.
+    """
     if not snapshot.parts or snapshot.schema is None:
         return None
-    files = "[" + ", ".join(_sql_literal(u) for u in snapshot.uris) + "]"
     names = snapshot.schema.names
-    if snapshot.mixed_schemas:
-        columns = ", ".join(
-            f"CAST(src.{quote(n)} AS {t}) AS {quote(n)}" for n, t in zip(names, duckdb_types(snapshot.schema))
-        )
-    else:
-        columns = ", ".join(f"src.{quote(n)}" for n in names)
-    options = ", union_by_name = true" if snapshot.mixed_schemas else ""
+    merge_order = sorted(range(len(snapshot.parts)), key=lambda i: (snapshot.parts[i].ord_seq, snapshot.parts[i].ord_idx))
+    files = "[" + ", ".join(_sql_literal(snapshot.uris[i]) for i in merge_order) + "]"
+    scan = f"read_parquet({files}, hive_partitioning = false{', union_by_name = true' if snapshot.mixed_schemas else ''})"
+    types = duckdb_types(snapshot.schema) if snapshot.mixed_schemas else None
+
+    def projected(read: dict[str, str]) -> str:
+        """The snapshot's columns, each from ``read[name]``, cast to its type when parts differ."""
+        if types is None:
+            return ", ".join(f"{read[n]} AS {quote(n)}" for n in names)
+        return ", ".join(f"CAST({read[n]} AS {t}) AS {quote(n)}" for n, t in zip(names, types))
+
+    source, alias = _sources(snapshot, con, scan)
     if not snapshot.primary_key:
-        return f"SELECT {columns} FROM read_parquet({files}{options}) AS src"
-    order = ", ".join(
-        f"({_sql_literal(u)}, {p.ord_seq}, {p.ord_idx})" for u, p in zip(snapshot.uris, snapshot.parts)
+        return f"SELECT {projected(source)} FROM {scan} AS {SCAN}"
+
+    inner_names = {n: f"__cf_c{i}" for i, n in enumerate(names)}
+    inner = (
+        "SELECT " + ", ".join(f"{source[n]} AS {quote(inner_names[n])}" for n in names)
+        + f", {SCAN}.file_index AS {PART}, {SCAN}.file_row_number AS {ROW} FROM {scan} AS {SCAN}{alias}"
     )
-    keys = ", ".join(f"src.{quote(k)}" for k in snapshot.primary_key)
-    order_by = snapshot.order_by
-    stamp = f"src.{quote(order_by)} DESC NULLS LAST, " if order_by is not None and order_by in names else ""
-    return (
-        f"SELECT {columns} FROM read_parquet({files}{options}, filename = true, file_row_number = true) AS src"
-        f" JOIN (VALUES {order}) AS part_order(part_uri, ord_seq, ord_idx) ON src.filename = part_order.part_uri"
-        f" QUALIFY row_number() OVER (PARTITION BY {keys}"
-        f" ORDER BY {stamp}part_order.ord_seq DESC, part_order.ord_idx DESC, src.file_row_number DESC) = 1"
-    )
+    keys = ", ".join(f"{ROWS}.{quote(inner_names[k])}" for k in snapshot.primary_key)
+    latest = f"{ROWS}.{PART} DESC, {ROWS}.{ROW} DESC"
+    order_by = snapshot.order_by if snapshot.order_by in inner_names else None
+    if order_by is not None:
+        before = sum(1 for p in snapshot.parts if p.ord_seq < snapshot.order_by_seq)
+        if before:  # rows committed before the declaration: only each key's commit-order winner
+            inner = (f"SELECT * FROM ({inner}) AS {ROWS} QUALIFY {ROWS}.{PART} >= {before}"
+                     f" OR row_number() OVER (PARTITION BY {keys}, {ROWS}.{PART} < {before} ORDER BY {latest}) = 1")
+        latest = f"{ROWS}.{quote(inner_names[order_by])} DESC NULLS LAST, {latest}"
+    columns = projected({n: f"{ROWS}.{quote(inner_names[n])}" for n in names})
+    return (f"SELECT {columns} FROM ({inner}) AS {ROWS}"
+            f" QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY {latest}) = 1")
+
+
+def _sources(snapshot: Snapshot, con: duckdb.DuckDBPyConnection, scan: str) -> tuple[dict[str, str], str]:
+    """Per snapshot column, what reads it from the scan (``NULL`` when no live part holds it), and
+    the scan's column alias list (empty when the scan keeps the files' names).
+
+    The scan's own columns are asked of DuckDB (a footer read) only when they are not known from the
+    catalog: parts of differing schemas none of which has the snapshot's (a group a fold rewrites, or
+    columns landed without rows), or, for a keyed snapshot, a user column shadowing a virtual one
+    in parts of differing schemas.
+    """
+    assert snapshot.schema is not None
+    names = snapshot.schema.names
+    virtual = set(VIRTUAL_COLUMNS)
+    shadows = bool(snapshot.primary_key) and any(n.lower() in virtual for n in names)
+    complete = not snapshot.mixed_schemas or any(p.schema_id == snapshot.schema_id for p in snapshot.parts)
+    if complete and not shadows:
+        return {n: f"{SCAN}.{quote(n)}" for n in names}, ""
+    if snapshot.mixed_schemas:
+        scanned = [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()]
+    else:
+        scanned = list(names)  # every part was written in exactly this schema
+    position = {name.lower(): index for index, name in reversed(list(enumerate(scanned)))}
+    labels = [f"__cf_s{i}" for i in range(len(scanned))] if shadows else scanned
+    alias = "(" + ", ".join(quote(label) for label in labels) + ")" if shadows else ""
+    return {n: f"{SCAN}.{quote(labels[position[n.lower()]])}" if n.lower() in position else "NULL"
+            for n in names}, alias

@@ -148,12 +148,13 @@ class Store:
         """Create ``name`` (or return it when it exists; its primary key is fixed at creation).
 
         ``order_by`` names the column whose larger value wins a primary-key merge (docs/store.md);
-        a table created without one takes it the first time one is declared, and keeps it.
+        a keyed table created without one takes it the first time one is declared, by a commit of
+        its own (:meth:`Table.declare_order_by`: earlier snapshots answer as before), and keeps it.
         """
         check_table_name(name)
         table = self._create(name, tuple(primary_key), order_by)
         if order_by is not None and table.head.order_by is None and table.primary_key:
-            table = Table(self, self.catalog.declare_order_by(name, order_by))
+            table.declare_order_by(order_by)
         return table
 
     def reserved_table(self, name: str, primary_key: tuple[str, ...]) -> Table:

@@ -2,8 +2,9 @@
 
 ``append()`` and ``replace()`` are shorthand for a :class:`RunTransaction` that stages and
 commits. Reading resolves a snapshot — the head, a ``commit_seq``, or ``as_of`` a transaction
-time — to its live parts; a table declaring a primary key answers the latest row per key by commit
-order (merge on read) until a fold compacts it.
+time — to its live parts; a table declaring a primary key answers one row per key by the merge rule
+in force at that snapshot (merge on read, storage.snapshot) until a fold compacts it.
+:meth:`Table.declare_order_by` is a commit of its own: snapshots below it answer as before.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import pyarrow as pa
 
 from storage.catalog import CommitRow, TableHead
 from storage.clock import to_us
-from storage.errors import SnapshotCollected, SnapshotNotFound, TableNotFound
+from storage.commits import AssertTableUUID, CommitRequest, DeclareOrderBy
+from storage.errors import CommitConflict, SnapshotCollected, SnapshotNotFound, TableNotFound
 from storage.manifest import RunManifest, manifest_key, schema_from_text
 from storage.reconcile import conform
 from storage.snapshot import Snapshot, snapshot_sql
-from storage.transaction import CommitResult, RunTransaction
+from storage.transaction import CommitResult, RunTransaction, new_run_id
 
 if TYPE_CHECKING:
     from storage.store import Store
@@ -62,6 +64,32 @@ class Table:
                 meta: dict[str, Any] | None = None) -> CommitResult:
         """Land ``data`` as one run that replaces every row the table answers."""
         return self._run("replace", data, run_id, cursor, meta)
+
+    def declare_order_by(self, column: str) -> int | None:
+        """Merge keys by ``column`` from a new commit on; return its commit_seq (None when the table
+        already declares one: the first declaration stays).
+
+        Snapshots below the declaration answer as before. From it on, the rows committed before it
+        count only through each key's commit-order winner, which competes with later rows by
+        ``column`` (docs/store.md); a fold therefore never needs a row it dropped.
+        """
+        head = self.refresh()
+        if not head.primary_key:
+            raise ValueError(f"table {self.name!r} has no primary key to merge by {column!r}")
+        if head.order_by is not None:
+            return None
+        request = CommitRequest(table=self.name, run_id="declare-" + new_run_id(), kind="declare", manifest=None,
+                                requirements=(AssertTableUUID(head.uuid),),
+                                updates=(DeclareOrderBy(head.primary_key, column),))
+        try:
+            seq = self.store.catalog.commit(request, self.store.clock.now_us())
+        except CommitConflict as exc:
+            if exc.failed != "DeclareOrderBy":
+                raise
+            self.refresh()
+            return None
+        self.refresh()
+        return seq
 
     def _run(self, kind: str, data: Any, run_id: str | None, cursor: tuple[str, Any] | None,
              meta: dict[str, Any] | None) -> CommitResult:
@@ -115,25 +143,29 @@ class Table:
         for part in parts:
             if part.collected_us is not None:
                 raise SnapshotCollected(self.name, seq, part.path)
+        head = self.head
+        in_force = head.order_by is not None and seq >= head.order_by_seq
         return Snapshot(
             table=self.name,
             commit_seq=seq,
             schema=schema,
             primary_key=self.primary_key,
-            order_by=self.head.order_by,
+            order_by=head.order_by if in_force else None,
+            order_by_seq=head.order_by_seq,
             parts=tuple(parts),
             uris=tuple(self.store.objects.uri(p.path) for p in parts),
             mixed_schemas=any(p.schema_id != schema_id for p in parts),
+            schema_id=schema_id,
         )
 
     def to_arrow(self, commit_seq: int | None = None, as_of: datetime | int | None = None) -> pa.Table:
         """Every row the snapshot answers, in the table's Arrow schema."""
         snap = self.snapshot(commit_seq, as_of)
-        sql = snapshot_sql(snap)
-        if sql is None:
-            return (snap.schema or pa.schema([])).empty_table()
         con = self.store.duckdb()
         try:
+            sql = snapshot_sql(snap, con)
+            if sql is None:
+                return (snap.schema or pa.schema([])).empty_table()
             result = con.sql(sql).to_arrow_table()
         finally:
             con.close()
@@ -144,11 +176,11 @@ class Table:
         snap = self.snapshot(commit_seq, as_of)
         if not snap.primary_key:
             return snap.rows_stored
-        sql = snapshot_sql(snap)
-        if sql is None:
-            return 0
         con = self.store.duckdb()
         try:
+            sql = snapshot_sql(snap, con)
+            if sql is None:
+                return 0
             row = con.execute(f"SELECT count(*) FROM ({sql})").fetchone()
             return int(row[0]) if row else 0
         finally:

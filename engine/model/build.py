@@ -169,7 +169,8 @@ def _check(con: duckdb.DuckDBPyConnection, spec: ModelSpec, uris: list[str], sch
     """Grain uniqueness and data tests over the staged parts, before anything publishes."""
     if uris:
         files = "[" + ", ".join("'" + u.replace("'", "''") + "'" for u in uris) + "]"
-        con.execute(f"CREATE OR REPLACE VIEW {_RESULT} AS SELECT * FROM read_parquet({files})")
+        # hive_partitioning: a directory above the store named like `x=1` must not add or overwrite a column
+        con.execute(f"CREATE OR REPLACE VIEW {_RESULT} AS SELECT * FROM read_parquet({files}, hive_partitioning = false)")
     else:
         con.register(_RESULT, schema.empty_table())
     if spec.contract is not None and spec.contract.grain:

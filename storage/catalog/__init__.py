@@ -33,6 +33,8 @@ class TableHead:
     last_commit_us: int
     order_by: str | None = None
     """The column whose larger value wins a primary-key merge (None: the later commit wins)."""
+    order_by_seq: int = 0
+    """The commit that declared ``order_by`` (0: declared with the table, in force from its start)."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +97,6 @@ class Catalog(ABC):
     def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
                      order_by: str | None = None) -> TableHead:
         """Create the table's head at commit_seq 0, or return the existing head."""
-
-    @abstractmethod
-    def declare_order_by(self, name: str, order_by: str) -> TableHead:
-        """Give a table that merges by commit order an ``order_by`` column; return its head."""
 
     @abstractmethod
     def load_head(self, name: str) -> TableHead | None: ...

@@ -23,6 +23,7 @@ from storage.commits import (
     AssertSchemaId,
     AssertTableUUID,
     CommitRequest,
+    DeclareOrderBy,
     MarkRecordsFlushed,
     RecordRun,
     RemoveAllParts,
@@ -151,19 +152,6 @@ class SqlCatalog(SqlDialect, Catalog):
         ), rerun_unheard=True)
         head = self.load_head(name)
         assert head is not None
-        return head
-
-    def declare_order_by(self, name: str, order_by: str) -> TableHead:
-        head = self.load_head(name)
-        if head is None:
-            raise TableNotFound(name)
-        if head.order_by is None:
-            key = head.primary_key
-            self._write(lambda cur: cur.execute(
-                "UPDATE cf_tables SET primary_key = ? WHERE name = ? AND primary_key = ?",
-                (_merge_text(key, order_by), name, _merge_text(key, None))), rerun_unheard=True)
-            head = self.load_head(name)
-            assert head is not None
         return head
 
     def load_head(self, name: str) -> TableHead | None:
@@ -316,6 +304,12 @@ class SqlCatalog(SqlDialect, Catalog):
             elif isinstance(update, MarkRecordsFlushed):
                 cur.executemany("UPDATE cf_run_records SET flushed_seq = ? WHERE run_id = ? AND phase = ?",
                                 [(seq, run_id, phase) for run_id, phase in update.keys])
+            elif isinstance(update, DeclareOrderBy):
+                cur.execute("UPDATE cf_tables SET primary_key = ? WHERE name = ? AND primary_key = ?",
+                            (_merge_text(update.primary_key, update.order_by, seq), table,
+                             _merge_text(update.primary_key, None)))
+                if cur.rowcount != 1:
+                    raise CommitConflict(table, "order_by is already declared", failed="DeclareOrderBy")
         return schema_id
 
     # --- history and snapshots ------------------------------------------------------------------
@@ -438,23 +432,28 @@ class _Cursor:
 
 def _head(row: tuple[Any, ...]) -> TableHead:
     name, uuid, seq, schema_id, merge, created_us, last_us, schema_text = row
-    primary_key, order_by = _merge_declaration(merge)
-    return TableHead(name, uuid, seq, schema_id, schema_text, primary_key, created_us, last_us, order_by)
+    primary_key, order_by, order_by_seq = _merge_declaration(merge)
+    return TableHead(name, uuid, seq, schema_id, schema_text, primary_key, created_us, last_us, order_by,
+                     order_by_seq)
 
 
-def _merge_text(primary_key: tuple[str, ...], order_by: str | None) -> str:
+def _merge_text(primary_key: tuple[str, ...], order_by: str | None, order_by_seq: int = 0) -> str:
     """The ``primary_key`` column's text: the key as a JSON list (the original form, kept when no
-    ``order_by`` is declared), or ``{"key": [...], "order_by": column}``."""
+    ``order_by`` is declared), or ``{"key": [...], "order_by": column}`` plus ``"order_by_seq"``, the
+    declaring commit, when a commit declared it (absent: declared with the table)."""
     if order_by is None:
         return json.dumps(list(primary_key))
-    return json.dumps({"key": list(primary_key), "order_by": order_by})
+    doc: dict[str, Any] = {"key": list(primary_key), "order_by": order_by}
+    if order_by_seq:
+        doc["order_by_seq"] = order_by_seq
+    return json.dumps(doc)
 
 
-def _merge_declaration(text: str) -> tuple[tuple[str, ...], str | None]:
+def _merge_declaration(text: str) -> tuple[tuple[str, ...], str | None, int]:
     doc = json.loads(text)
     if isinstance(doc, list):
-        return tuple(doc), None
-    return tuple(doc["key"]), doc.get("order_by")
+        return tuple(doc), None, 0
+    return tuple(doc["key"]), doc.get("order_by"), int(doc.get("order_by_seq", 0))
 
 
 def _record(row: tuple[Any, ...]) -> RunRecordRow:

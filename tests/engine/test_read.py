@@ -78,3 +78,21 @@ def test_runs_view_at_head_includes_rows_still_in_the_catalog_cache(local_store:
     con = engine.read.connect(local_store)
     phases = con.execute("SELECT phase, status FROM _runs WHERE run_id = ? ORDER BY phase", [result.run_id]).fetchall()
     assert phases == [("commit", "committed"), ("plan", "planned")]
+
+
+def test_views_follow_the_merge_rule_in_force_at_their_snapshot(tmp_path: Path) -> None:
+    clock = ManualClock()
+    store = Store.open(tmp_path / "store", clock=clock)
+    users = store.create_table("users", primary_key=["id"])
+    users.append(pa.table({"id": [1], "at": [9], "name": ["ann-9"]}))
+    users.append(pa.table({"id": [1], "at": [1], "name": ["ann-1"]}))
+    clock.advance(10)
+    before = from_us(clock.now_us())
+    clock.advance(10)
+    store.create_table("users", primary_key=["id"], order_by="at")  # a commit of its own
+    users.append(pa.table({"id": [1], "at": [5], "name": ["ann-5"]}))
+    users.append(pa.table({"id": [1], "at": [3], "name": ["ann-3"]}))
+    # Before the declaration: commit order. After it: ann-1 (the winner before it) competes by `at`.
+    assert engine.read.connect(store, as_of=before).sql("SELECT name FROM users").fetchall() == [("ann-1",)]
+    assert engine.read.connect(store).sql("SELECT name FROM users").fetchall() == [("ann-5",)]
+    store.close()
