@@ -95,9 +95,8 @@ def test_a_catalog_written_before_declarations_were_commits_reads_its_order_by_f
     catalog = local_store.catalog
     assert isinstance(catalog, SqliteCatalog)
     # What the old declare_order_by wrote: the declaration in place, with no commit of its own.
-    with catalog._transaction() as cur:
-        cur.execute("UPDATE cf_tables SET primary_key = ? WHERE name = 't'",
-                    (json.dumps({"key": ["k"], "order_by": "ts"}),))
+    catalog._write(lambda cur: cur.execute("UPDATE cf_tables SET primary_key = ? WHERE name = 't'",
+                                           (json.dumps({"key": ["k"], "order_by": "ts"}),)))
     head = local_store.table("t").head
     assert (head.order_by, head.order_by_seq, head.commit_seq) == ("ts", 0, 2)
     assert values(local_store, "t") == {1: "a9"} and values(local_store, "t", 1) == {1: "a9"}
