@@ -79,14 +79,11 @@ def register_serve(pipeline_group: click.Group) -> None:
 @click.pass_context
 def main(ctx: click.Context, store_url: str | None, project_dir: str, address: str) -> None:
     """``contextful pipeline serve``, runnable alone as ``python -m engine.cli.serve``."""
-    from storage.errors import ContextfulError
+    from engine.cli.errors import one_line_errors
 
     ctx.obj = {"store": store_url, "project": project_dir, "json": False}
-    try:
+    with one_line_errors(project_dir, debug=False):
         ctx.invoke(serve, address=address)
-    except ContextfulError as exc:
-        click.echo(f"error: {exc}", err=True)
-        ctx.exit(exc.exit_code)
 
 
 if __name__ == "__main__":
