@@ -214,6 +214,13 @@ def test_an_internal_error_masks_its_line_and_its_log(project: Path) -> None:
     assert secret not in proc.stderr and secret not in Path(trace["path"]).read_text()
 
 
+def test_a_catalogue_error_with_a_multi_line_message_is_one_line(project: Path) -> None:
+    proc = contextful(project, "sql", "SELECT kind,\n       nope\nFROM events", check=False)
+    assert proc.returncode == EXIT_CODES["spec-invalid"] and assert_one_line(("sql",), proc) is None
+    assert proc.stderr.strip().endswith("(in: SELECT kind, nope FROM events)")
+    assert not (project / ".contextful" / "logs").exists()  # an expected error writes no log
+
+
 def test_debug_prints_the_trace_instead_of_a_log(project: Path) -> None:
     root = project
     (root / ".contextful" / "store" / "store.json").write_text("{not json")
