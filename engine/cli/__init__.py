@@ -1,8 +1,8 @@
 """The ``contextful`` command line: argument parsing over library calls, nothing more.
 
-Expected errors (``storage.errors.ContextfulError``) print one line,
-``error: <ErrorName>: <what it concerns>``, and exit with the category's code (docs/cli.md); no
-traceback. Heavy imports live inside command bodies so ``contextful --help`` stays instant.
+An error is one line, always: ``error: <ErrorName>: <what it concerns>``, masked, with an exit
+code from one scheme (docs/cli.md); every command runs inside the boundary of ``engine.cli.errors``.
+Heavy imports live inside command bodies so ``contextful --help`` stays instant.
 """
 
 from __future__ import annotations
@@ -12,19 +12,13 @@ from typing import Any
 import click
 
 from engine.cli.commands import register
+from engine.cli.errors import one_line_errors
 
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
-        from storage.errors import ContextfulError
-
-        try:
+        with one_line_errors(ctx.params.get("project_dir", "."), bool(ctx.params.get("debug"))):
             return super().invoke(ctx)
-        except ContextfulError as exc:
-            from engine.guard import mask_message
-
-            click.echo(f"error: {mask_message(str(exc))}", err=True)
-            ctx.exit(exc.exit_code)
 
 
 @click.group(cls=_Group)
@@ -34,8 +28,10 @@ class _Group(click.Group):
               help="Project directory (holding contextful.toml).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each pull's details on stderr (masked cells per column, ...).")
+@click.option("--debug", is_flag=True, help="On an error, print its full trace instead of writing it to a log file.")
 @click.pass_context
-def cli(ctx: click.Context, store_url: str | None, project_dir: str, as_json: bool, verbose: bool) -> None:
+def cli(ctx: click.Context, store_url: str | None, project_dir: str, as_json: bool, verbose: bool,
+        debug: bool) -> None:
     """Contextful: a columnar data engine over a transactional Parquet table store."""
     import logging
 

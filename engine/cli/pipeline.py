@@ -46,6 +46,7 @@ def pipeline() -> None:
 @click.pass_context
 def validate(ctx: click.Context) -> None:
     """Check contextful.toml; print every problem, each by its spec error."""
+    from engine.guard import mask_message
     from storage.errors import ManifestInvalid
 
     try:
@@ -55,7 +56,7 @@ def validate(ctx: click.Context) -> None:
             emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in exc.problems]})
         else:
             for problem in exc.problems:
-                click.echo(f"error: {problem}", err=True)
+                click.echo(f"error: {mask_message(str(problem))}", err=True)
         ctx.exit(exc.exit_code)
     from engine.export.preflight import caller_sql_warnings
 

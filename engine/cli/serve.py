@@ -104,16 +104,11 @@ def register_serve(pipeline_group: click.Group) -> None:
 def main(ctx: click.Context, store_url: str | None, project_dir: str, address: str | None,
          receive_address: str | None, gateway_address: str | None) -> None:
     """``contextful pipeline serve``, runnable alone as ``python -m engine.cli.serve``."""
-    from storage.errors import ContextfulError
+    from engine.cli.errors import one_line_errors
 
     ctx.obj = {"store": store_url, "project": project_dir, "json": False}
-    try:
+    with one_line_errors(project_dir, debug=False):
         ctx.invoke(serve, address=address, receive_address=receive_address, gateway_address=gateway_address)
-    except ContextfulError as exc:
-        from engine.guard import mask_message
-
-        click.echo(f"error: {mask_message(str(exc))}", err=True)
-        ctx.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

@@ -286,7 +286,7 @@ def test_commit_and_swap_admits_one_winner_per_head(open_catalog: CatalogFactory
     def write(w: int) -> None:
         catalog = catalogs[w]
         try:
-            start.wait(30)
+            start.wait(300)
             while len(won[w]) < per_writer:
                 head = catalog.load_head("t")
                 assert head is not None

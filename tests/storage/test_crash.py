@@ -108,9 +108,9 @@ def run_child(root: Path, work: Path, start: int, stall: str | None, delay: floa
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         try:
-            ready.wait(60)
+            assert ready.wait(300), "the writer never said it was ready"
             if stall:
-                stalled.wait(60)
+                assert stalled.wait(300), f"the writer never reached its stall point {stall}"
             else:
                 time.sleep(delay)
             os.kill(proc.pid, signal.SIGKILL)

@@ -326,16 +326,6 @@ def endless_pages(records_per_page: int, *, records_key: str = "data", next_key:
     return handler
 
 
-def slow(seconds: float, then: Handler) -> Handler:
-    """Waits ``seconds`` of wall time in the server, then answers as ``then`` (for client deadlines)."""
-
-    def handler(request: Request) -> Reply:
-        threading.Event().wait(seconds)
-        return then(request)
-
-    return handler
-
-
 def json_body(body: list[Any] | dict[str, Any], status: int = 200) -> Handler:
     """Answers ``body`` to every request."""
     return lambda request: Reply(status, body)

@@ -11,10 +11,13 @@ import gzip
 import io
 import json
 import os
+import re
+import select
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -79,40 +82,61 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-class ChildWatcher:
-    """Records the decoder child a decode forks (a child of the fork server), then acts on it."""
+def exited(pid: int) -> int:
+    """A pidfd for ``pid``: readable once the process has exited (see ``wait_exited``)."""
+    return os.pidfd_open(pid)
 
-    def __init__(self, decoder: Decoder, act: int | None = None) -> None:
-        self.pid: int | None = None
-        self._server, self._act = decoder.server_pid, act
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
 
-    def _watch(self) -> None:
-        for _ in range(500):
-            found = children_of(self._server)
-            if found:
-                self.pid = found[0]
-                if self._act is not None:
-                    time.sleep(0.1)
-                    os.kill(self.pid, self._act)
-                return
-            time.sleep(0.01)
+def wait_exited(pidfd: int) -> bool:
+    """Wait until the process behind ``pidfd`` has exited; False only if it outlives the safety bound."""
+    try:
+        return bool(select.select([pidfd], [], [], 60)[0])
+    finally:
+        os.close(pidfd)
 
-    def join(self) -> int:
-        self._thread.join(10)
-        assert self.pid is not None, "no decoder child was seen"
-        return self.pid
+
+class StuckInput:
+    """A FIFO never written to: a read from it never ends. It announces its reader: the test holds
+    the write end, whose open returns only once a process has opened the FIFO for reading."""
+
+    def __init__(self, path: Path) -> None:
+        os.mkfifo(path)
+        self.path = str(path)
+        self._writer: int | None = None
+        self._opened = threading.Event()
+        threading.Thread(target=self._hold, daemon=True).start()
+
+    def _hold(self) -> None:
+        self._writer = os.open(self.path, os.O_WRONLY)  # blocks until a reader opens the FIFO
+        self._opened.set()
+
+    def reader(self, server: int) -> int:
+        """The decoder child reading this input (a child of fork server ``server``), once it has it open."""
+        assert self._opened.wait(60), f"no process opened {self.path}"
+        found = children_of(server)
+        assert len(found) == 1, f"fork server {server} has children {found}"
+        return found[0]
+
+    def close(self) -> None:
+        if not self._opened.is_set():  # release the writer's open with a reader of our own
+            os.close(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK))
+            self._opened.wait(60)
+        assert self._writer is not None
+        os.close(self._writer)
+
+
+def pid_in(error: ParseCrashed) -> int:
+    """The process group a bound killed, as the error names it."""
+    found = re.search(r"process group (\d+) killed", str(error))
+    assert found is not None, str(error)
+    return int(found[1])
 
 
 @pytest.fixture
-def never_ending(tmp_path: Path) -> Iterator[str]:
-    """A FIFO held open for writing by the test and never written: a read from it never ends."""
-    path = tmp_path / "stuck.ndjson"
-    os.mkfifo(path)
-    held = os.open(path, os.O_RDWR)
-    yield str(path)
-    os.close(held)
+def never_ending(tmp_path: Path) -> Iterator[StuckInput]:
+    stuck = StuckInput(tmp_path / "stuck.ndjson")
+    yield stuck
+    stuck.close()
 
 
 # --- the bounds --------------------------------------------------------------------------------
@@ -128,19 +152,18 @@ def test_default_bounds_are_sixty_seconds_and_512_mib() -> None:
 
 @pytest.mark.clause("run.land.parse-deadline")
 @pytest.mark.timeout(30)  # a bound that does not hold fails here, not at the suite's limit
-def test_a_decode_past_its_deadline_is_killed_with_its_process_group(never_ending: str, tmp_path: Path) -> None:
+def test_a_decode_past_its_deadline_is_killed_with_its_process_group(never_ending: StuckInput,
+                                                                      tmp_path: Path) -> None:
     with Decoder(deadline_s=1) as short:
-        watcher = ChildWatcher(short)
         started = time.monotonic()
         with pytest.raises(ParseCrashed) as raised:
-            list(short.decode(never_ending))
+            list(short.decode(never_ending.path))
         elapsed = time.monotonic() - started
-        child = watcher.join()
         assert raised.value.bound == "deadline"
-        assert raised.value.path == never_ending
-        assert never_ending in str(raised.value) and "deadline" in str(raised.value)
-        assert 1.0 <= elapsed < 4.0
-        assert group_members(child) == []  # the child and anything in its group are gone
+        assert raised.value.path == never_ending.path
+        assert never_ending.path in str(raised.value) and "deadline" in str(raised.value)
+        assert elapsed >= 1.0  # the deadline counts from the spawn, which follows `started`
+        assert group_members(pid_in(raised.value)) == []  # the child and anything in its group are gone
         # the failure was that input alone: the same decoder decodes the next one
         assert table_of(short.decode(write(tmp_path / "next.ndjson", NDJSON))).num_rows == len(ROWS)
 
@@ -157,13 +180,11 @@ def test_a_decode_over_its_memory_bound_fails_that_input_alone(tmp_path: Path) -
         out.write(b"0]}\n")
     normal = write(tmp_path / "normal.ndjson", NDJSON)
     with Decoder(memory_bytes=160 << 20) as small:
-        watcher = ChildWatcher(small)
         with pytest.raises(ParseCrashed) as raised:
             list(small.decode(str(giant)))
-        child = watcher.join()
         assert raised.value.bound == "memory"
         assert str(giant) in str(raised.value) and "memory bound" in str(raised.value)
-        assert group_members(child) == []
+        assert group_members(pid_in(raised.value)) == []
         assert table_of(small.decode(normal)).to_pylist() == ROWS
 
 
@@ -174,41 +195,50 @@ def test_a_normal_input_decodes_under_the_default_bound(decoder: Decoder, tmp_pa
 
 
 @pytest.mark.timeout(30)  # a bound that does not hold fails here, not at the suite's limit
-def test_a_child_dying_of_a_signal_is_a_crash_naming_the_signal(decoder: Decoder, never_ending: str) -> None:
-    watcher = ChildWatcher(decoder, act=signal.SIGSEGV)
-    with pytest.raises(ParseCrashed) as raised:
-        list(decoder.decode(never_ending))
-    child = watcher.join()
+def test_a_child_dying_of_a_signal_is_a_crash_naming_the_signal(decoder: Decoder, never_ending: StuckInput) -> None:
+    with ThreadPoolExecutor(1) as pool:
+        def segfault() -> int:
+            child = never_ending.reader(decoder.server_pid)
+            os.kill(child, signal.SIGSEGV)
+            return child
+
+        killed = pool.submit(segfault)
+        with pytest.raises(ParseCrashed) as raised:
+            list(decoder.decode(never_ending.path))
+        child = killed.result()
     assert raised.value.bound == "crash"
-    assert "SIGSEGV" in str(raised.value) and never_ending in str(raised.value)
+    assert f"child {child} was killed by signal SIGSEGV" in str(raised.value)
+    assert never_ending.path in str(raised.value)
     assert group_members(child) == []
 
 
 def test_an_abandoned_decode_kills_its_child(decoder: Decoder, tmp_path: Path) -> None:
     path = write(tmp_path / "big.ndjson", NDJSON * 40)
-    watcher = ChildWatcher(decoder)
     batches = decoder.decode(path)
     next(batches)
-    child = watcher.join()
+    # the child is alive: its output (megabytes of batches) is far more than the pipe holds
+    [child] = children_of(decoder.server_pid)
     batches.close()  # type: ignore[attr-defined]
     assert group_members(child) == []
 
 
 @pytest.mark.timeout(30)  # a bound that does not hold fails here, not at the suite's limit
-def test_a_child_dies_with_its_fork_server(never_ending: str) -> None:
-    with Decoder() as fresh:
+def test_a_child_dies_with_its_fork_server(never_ending: StuckInput) -> None:
+    with Decoder() as fresh, ThreadPoolExecutor(1) as pool:
         server = fresh.server_pid
-        watcher = ChildWatcher(fresh)
-        killer = threading.Timer(0.5, os.kill, (server, signal.SIGKILL))
-        killer.start()
+
+        def kill_server() -> tuple[int, int]:
+            child = never_ending.reader(server)  # the child is reading: now its server dies
+            child_exit = exited(child)
+            os.kill(server, signal.SIGKILL)
+            return child, child_exit
+
+        killed = pool.submit(kill_server)
         with pytest.raises(ParseCrashed) as raised:
-            list(fresh.decode(never_ending))
-        child = watcher.join()
+            list(fresh.decode(never_ending.path))
+        child, child_exit = killed.result()
         assert raised.value.bound == "crash" and "fork server" in str(raised.value)
-        for _ in range(100):  # the kernel's parent-death signal is asynchronous
-            if not group_members(child):
-                break
-            time.sleep(0.01)
+        assert wait_exited(child_exit), f"decoder child {child} outlived its fork server"
         assert group_members(child) == []
 
 
@@ -216,8 +246,9 @@ def test_a_dead_fork_server_is_replaced(tmp_path: Path) -> None:
     path = write(tmp_path / "rows.ndjson", NDJSON)
     with Decoder() as fresh:
         first = fresh.server_pid
+        server_exit = exited(first)
         os.kill(first, signal.SIGKILL)
-        time.sleep(0.1)
+        assert wait_exited(server_exit)
         assert table_of(fresh.decode(path)).num_rows == len(ROWS)
         assert fresh.server_pid != first
 

@@ -15,6 +15,7 @@ import pytest
 from engine.config.parse import parse_manifest
 from engine.land import walk
 from engine.land.decode import Decoder
+from engine.land.meter import Meter
 from engine.land.pipeline import cursor_scope, plan_pipeline, run_pipeline, run_pipelines
 from storage import Store
 from storage.errors import (
@@ -349,29 +350,35 @@ def test_an_unreachable_server_fails_transient_after_the_retry_schedule(tmp_path
 
 @pytest.mark.clause("connector.meter.acquire-call")
 def test_the_meter_denies_and_the_retry_schedule_waits(tmp_path: Path, api: JsonApi, store: Store,
-                                                       decoder: Decoder) -> None:
+                                                       decoder: Decoder, monkeypatch: pytest.MonkeyPatch) -> None:
     api.records.extend(records(6))
     api.route("/items", watermark_pages(api.records, "updated_at", 2))
     manifest = manifest_for(tmp_path, f"{api.url}/items", config="rate_limit = { requests = 1, per_s = 0.2 }")
+    # the meter's clock moves only when the schedule waits: each denial names the whole period
+    now = [0.0]
+    from_config = Meter.from_config
+    monkeypatch.setattr(Meter, "from_config", lambda name, config: from_config(name, config, clock=lambda: now[0]))
     waits: list[float] = []
 
     def sleep(seconds: float) -> None:
         waits.append(seconds)
-        threading.Event().wait(seconds)
+        now[0] += seconds
 
     run(store, manifest, decoder, sleep=sleep)
     assert ids_of(store) == list(range(6)) and len(api.requests) == 3
-    assert len(waits) == 2 and all(0.1 < w <= 0.25 for w in waits)  # the token wait, done by the schedule
+    assert waits == [pytest.approx(0.2)] * 2  # the token wait, done by the schedule
 
 
-class _SlowFirst:
-    def __init__(self, then: Any, seconds: float) -> None:
-        self.then, self.seconds, self.calls = then, seconds, 0
+class _SecondHangs:
+    """Answers as ``then``, except that the second request hangs until ``released`` is set."""
+
+    def __init__(self, then: Any, released: threading.Event) -> None:
+        self.then, self.released, self.calls = then, released, 0
 
     def __call__(self, request: Request) -> Reply:
         self.calls += 1
         if self.calls == 2:
-            threading.Event().wait(self.seconds)
+            self.released.wait(300)
         return self.then(request)
 
 
@@ -380,20 +387,28 @@ class _SlowFirst:
 def test_a_struck_call_deadline_is_transient_and_listed_on_the_run_record(tmp_path: Path, api: JsonApi,
                                                                           store: Store) -> None:
     api.records.extend(records(6))
-    api.route("/items", _SlowFirst(watermark_pages(api.records, "updated_at", 3), 3.0))
+    released = threading.Event()
+    api.route("/items", _SecondHangs(watermark_pages(api.records, "updated_at", 3), released))
     manifest = manifest_for(tmp_path, f"{api.url}/items")
-    with Decoder(deadline_s=1.0) as short:
-        result = run(store, manifest, short)
+    try:
+        with Decoder(deadline_s=5.0) as short:  # far more than a page on loopback takes, even on a busy machine
+            result = run(store, manifest, short)
+    finally:
+        released.set()
     assert ids_of(store) == list(range(6))
     assert result.bound_hits == [{"step": "events page 2", "attempt": 1, "bound": "call-deadline"}]
     history = [r for r in store.runs.history().to_pylist() if r["phase"] == "commit" and r["table_name"] == "events"]
     assert history[-1]["bound_hits"] == [{"step": "events page 2", "attempt": 1, "bound": "call-deadline"}]
     assert issubclass(ConnectorBoundHit, TransientError)
     # every attempt striking the bound: the failure names the bound
-    api.route("/items", lambda request: (threading.Event().wait(3.0), Reply(200, {"data": []}))[1])
+    hung = threading.Event()
+    api.route("/items", lambda request: (hung.wait(300), Reply(200, {"data": []}))[1])
     store2 = Store.open(tmp_path / "store2")
-    with Decoder(deadline_s=0.5) as short, pytest.raises(ConnectorBoundHit) as caught:
-        run(store2, manifest, short, sleep=lambda s: None)
+    try:
+        with Decoder(deadline_s=0.5) as short, pytest.raises(ConnectorBoundHit) as caught:
+            run(store2, manifest, short, sleep=lambda s: None)
+    finally:
+        hung.set()
     assert caught.value.bound == "call-deadline" and "call-deadline" in str(caught.value)
     store2.close()
 
@@ -413,15 +428,17 @@ def test_a_killed_walk_resumes_its_execution_from_the_cached_checkpoint(tmp_path
     import signal
     import subprocess
     import sys
-    import time
 
     api.records.extend(records(12))
     serve = watermark_pages(api.records, "updated_at", 2)
     release = threading.Event()
 
+    inside = threading.Event()
+
     def fourth_page_hangs(request: Request) -> Reply:
         if len(api.requests_to("/items")) == 4 and not release.is_set():
-            release.wait(30)
+            inside.set()
+            release.wait(300)
         return serve(request)
 
     api.route("/items", fourth_page_hangs)
@@ -430,11 +447,8 @@ def test_a_killed_walk_resumes_its_execution_from_the_cached_checkpoint(tmp_path
     child = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "run",
                               "--checkpoint-mib", "0.000001"], env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while len(api.requests_to("/items")) < 4 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)  # the walk is inside page 4's request
-    os.killpg(child.pid, signal.SIGKILL)
+    assert inside.wait(300), "the walk never asked for page 4"
+    os.killpg(child.pid, signal.SIGKILL)  # the walk is inside page 4's request
     child.wait()
     release.set()
 

@@ -176,7 +176,7 @@ def sidecars(root: Path) -> list[Path]:
     return sorted(p for p in queue_dir(root).glob("*.json") if not p.name.startswith("."))
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:

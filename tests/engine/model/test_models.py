@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -239,6 +238,7 @@ def test_concurrent_reader_never_sees_two_builds_mixed(tmp_path: Path, store: St
                            'inputs = ["marker"]\n')
     build_models(store, m)
     done = threading.Event()
+    read_one = threading.Condition()
     seen: list[tuple[int, int, int]] = []
     errors: list[BaseException] = []
 
@@ -247,10 +247,15 @@ def test_concurrent_reader_never_sees_two_builds_mixed(tmp_path: Path, store: St
             with Store.open(store.objects.root) as reader:
                 while not done.is_set():
                     con = engine.read.connect(reader)
-                    seen.append(con.execute("SELECT count(*), min(marker), max(marker) FROM marked").fetchone())
+                    row = con.execute("SELECT count(*), min(marker), max(marker) FROM marked").fetchone()
                     con.close()
+                    with read_one:
+                        seen.append(row)
+                        read_one.notify_all()
         except BaseException as exc:  # noqa: BLE001 - surfaced in the main thread
-            errors.append(exc)
+            with read_one:
+                errors.append(exc)
+                read_one.notify_all()
 
     thread = threading.Thread(target=read)
     thread.start()
@@ -258,14 +263,12 @@ def test_concurrent_reader_never_sees_two_builds_mixed(tmp_path: Path, store: St
         for marker in range(1, 8):
             store.append("marker", pa.table({"v": [marker]}))
             assert build_models(store, m)[0].rows == 10_000
-            reads = len(seen)
-            deadline = time.monotonic() + 10
-            while len(seen) < reads + 2 and not errors and time.monotonic() < deadline:
-                time.sleep(0.005)  # let the reader read this build while the next one is built
+            with read_one:  # the reader reads this build, and goes on reading while the next one is built
+                assert read_one.wait_for(lambda m=marker: errors or any(low == m for _, low, _ in seen), timeout=300)
     finally:
         done.set()
         thread.join()
-    assert not errors and len({low for _, low, _ in seen}) >= 5  # it read across many builds
+    assert not errors and {low for _, low, _ in seen} >= set(range(1, 8))  # it read every build
     assert all(count == 10_000 and low == high for count, low, high in seen)
     assert len(store.table("marked").snapshot().parts) == 5
 

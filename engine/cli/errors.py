@@ -1,0 +1,102 @@
+"""The CLI's one error boundary: whatever a command lets escape reaches the terminal as one line.
+
+``error: <ErrorName>: <message>`` on stderr, masked by the secret guard (``engine.guard.mask_message``),
+and an exit code from one scheme (docs/cli.md):
+
+- a catalogue error (``storage.errors.ContextfulError``): its category's code, the message on one line;
+- anything else: ``EXIT_INTERNAL`` (70, ``EX_SOFTWARE``), the first line of its message, and the full
+  trace (masked too) in a log file the line names: ``<project>/.contextful/logs/`` inside a project,
+  ``$XDG_STATE_HOME/contextful/logs/`` (default ``~/.local/state``) outside one;
+- ``KeyboardInterrupt``: ``EXIT_INTERRUPTED`` (130).
+
+``--debug`` prints the masked trace on stderr before the line instead of writing a log file.
+Click's own exits (usage mistakes, ``ctx.exit``) pass through untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+LOG_DIR = (".contextful", "logs")
+
+
+@contextmanager
+def one_line_errors(project_dir: str, debug: bool) -> Iterator[None]:
+    """Run a command's body; turn any error escaping it into one stderr line and an exit code."""
+    from storage.errors import ContextfulError
+
+    try:
+        yield
+    except (click.exceptions.Exit, click.ClickException, click.Abort):
+        raise
+    except ContextfulError as exc:
+        raise click.exceptions.Exit(_report(exc, exc.name, _one_line(exc.detail), None, debug,
+                                            exc.exit_code)) from None
+    except KeyboardInterrupt as exc:
+        raise click.exceptions.Exit(_report(exc, "KeyboardInterrupt", "interrupted", None, debug,
+                                            EXIT_INTERRUPTED)) from None
+    except Exception as exc:  # noqa: BLE001 - the boundary: whatever escapes a command is reported here
+        from storage.errors import first_line
+
+        raise click.exceptions.Exit(_report(exc, type(exc).__name__, first_line(exc), project_dir, debug,
+                                            EXIT_INTERNAL)) from None
+
+
+def _report(exc: BaseException, name: str, message: str, log_project: str | None, debug: bool, code: int) -> int:
+    """Print the one line (after the trace when ``debug``); write the log when ``log_project`` is given."""
+    trace = "".join(traceback.format_exception(exc))
+    line = f"error: {name}: {message}"
+    if debug:
+        click.echo(_masked(trace).rstrip("\n"), err=True)
+    elif log_project is not None:
+        line += f" ({_write_log(log_project, trace)})"
+    click.echo(_masked(line), err=True)
+    return code
+
+
+def _one_line(text: str) -> str:
+    """A catalogue message on one line: its line breaks (a quoted query's, say) become spaces."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _masked(text: str) -> str:
+    from engine.guard import mask_message
+
+    return mask_message(text)
+
+
+def _write_log(project_dir: str, trace: str) -> str:
+    """Write the masked trace to the first log directory that takes it; say where (or why nowhere)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    text = f"{stamp} contextful {' '.join(sys.argv[1:])}\n\n{_masked(trace)}"
+    failure: OSError | None = None
+    for directory in _log_dirs(project_dir):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / f"{stamp}-{os.getpid()}.log"
+            path.write_text(text, encoding="utf-8")
+            return f"full trace in {path}"
+        except OSError as exc:
+            failure = exc
+    return f"no trace written: {failure}"
+
+
+def _log_dirs(project_dir: str) -> list[Path]:
+    """The project's log directory (inside a project), then the user's state directory, then the temp dir."""
+    from engine.project import MANIFEST, find_project
+
+    found = find_project(project_dir)
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "contextful" / "logs"
+    inside = [found.joinpath(*LOG_DIR)] if (found / MANIFEST).is_file() else []
+    return [*inside, state, Path(tempfile.gettempdir()) / "contextful-logs"]
