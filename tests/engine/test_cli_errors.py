@@ -90,6 +90,8 @@ def args_for(words: tuple[str, ...], root: Path, port: int) -> list[str]:
         ("build", "hold"): ["by_kind", "1"],
         ("build", "release"): ["by_kind", "1"],
         ("export", "key", "issue"): ["analysts"],
+        ("pipeline", "key", "issue"): ["events"],
+        ("pipeline", "key", "revoke"): ["0" * 16],
         ("export", "key", "revoke"): [next((root / ".contextful" / "readers").glob("*.json")).stem],
     }
     if words in known:
