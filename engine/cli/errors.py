@@ -28,6 +28,8 @@ import click
 
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE, as a shell reports a pipeline stage whose reader left."""
 LOG_DIR = (".contextful", "logs")
 
 
@@ -46,6 +48,12 @@ def one_line_errors(project_dir: str, debug: bool) -> Iterator[None]:
     except KeyboardInterrupt as exc:
         raise click.exceptions.Exit(_report(exc, "KeyboardInterrupt", "interrupted", None, debug,
                                             EXIT_INTERRUPTED)) from None
+    except BrokenPipeError:
+        # The reader of stdout went away (`contextful sql ... | head`): nothing to report to anyone.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
     except Exception as exc:  # noqa: BLE001 - the boundary: whatever escapes a command is reported here
         from storage.errors import first_line
 

@@ -23,7 +23,7 @@ import click
 import pytest
 
 from engine.cli import cli
-from engine.cli.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
+from engine.cli.errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED
 from storage.errors import EXIT_CODES
 from tests.support.cli import contextful
 
@@ -262,3 +262,19 @@ def test_an_interrupt_is_one_line_and_exit_130(project: Path, tmp_path: Path) ->
         child.kill()
     assert child.returncode == EXIT_INTERRUPTED, err
     assert [line for line in err.splitlines() if line.strip()] == ["error: KeyboardInterrupt: interrupted"]
+
+
+def test_a_reader_that_leaves_the_pipe_is_no_error(project: Path) -> None:
+    """``contextful sql … | head -1``: the reader closes stdout early; the command ends quietly with
+    the shell's SIGPIPE status, no error line, no log."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
+    child = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(project), "sql",
+                              "SELECT range AS n, repeat('x', 200) AS pad FROM range(200000)"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.readline()
+    child.stdout.close()  # the reader leaves while the command still writes
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=300) == EXIT_BROKEN_PIPE, err
+    assert err == ""
+    assert not (project / ".contextful" / "logs").exists() or not any((project / ".contextful" / "logs").iterdir())
