@@ -206,7 +206,7 @@ class NamespaceReader:
             columns = ", ".join(quote(f.name) for f in table.schema().fields)
             try:
                 con.execute(f"CREATE VIEW {quote(name)} AS SELECT {columns} "
-                            f"FROM read_parquet([{files}], union_by_name = true)")
+                            f"FROM read_parquet([{files}], union_by_name = true, hive_partitioning = false)")
                 allowed.extend(str(p) for p in paths)
                 return "parquet"
             except duckdb.Error:

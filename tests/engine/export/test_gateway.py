@@ -506,3 +506,16 @@ def test_the_gateway_reads_exports_on_a_postgres_catalog(tmp_path: Path, pg_dsn:
     status, doc, _ = call(url, "POST", "/query", {"table": "orders", "sql": "SELECT count(*) FROM orders o "
                                                   "JOIN regions r USING (region)"}, token)
     assert (status, doc.get("rows")) == (200, [[4]]), doc
+
+
+def test_a_project_under_a_directory_named_like_a_hive_partition_answers_its_own_columns(
+        tmp_path: Path, serve: Any) -> None:
+    """A data file under ``…/region=zz/…`` must not have DuckDB's hive partitioning replace the
+    table's own ``region`` column with ``"zz"``."""
+    root = tmp_path / "region=zz"
+    root.mkdir()
+    manifest = make_project(root, project_toml())
+    token = keys(root)["finance"]
+    status, doc, _ = call(serve(manifest).url, "POST", "/query", {"table": "orders", "template": "all"}, token)
+    assert status == 200, doc
+    assert [row[1] for row in doc["rows"]] == ORDERS_FIN.sort_by("day").column("region").to_pylist()
