@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from engine.cli.output import emit_json, emit_rows
+from engine.cli.output import emit_issued, emit_json, emit_rows
 
 
 @click.group()
@@ -91,12 +91,7 @@ def key_issue(ctx: click.Context, credential: str) -> None:
         raise ReaderCredentialUnadmitted(
             f"credential {credential!r} is admitted by no [[export]] (declared: {', '.join(sorted(admitted)) or 'none'})")
     issued = readers.issue(manifest.root, credential)
-    if ctx.obj["json"]:
-        emit_json({**issued.key.public(), "token": issued.token})
-        return
-    click.echo(issued.token)
-    click.echo(f"reader key {issued.key.key_id} for credential {credential!r}: shown once, kept only as a digest; "
-               f"send it as 'Authorization: Bearer <key>'", err=True)
+    emit_issued(ctx, issued, f"reader key {issued.key.key_id} for credential {credential!r}")
 
 
 @key.command("list")

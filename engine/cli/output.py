@@ -70,3 +70,13 @@ def progress_line(text: str) -> None:
 def end_progress() -> None:
     if sys.stderr.isatty():
         sys.stderr.write("\n")
+
+
+def emit_issued(ctx: click.Context, issued: Any, what: str) -> None:
+    """A key just issued (``engine.served.keys``): its token once on stdout (or the key's public
+    fields and the token with ``--json``), and on stderr ``what`` it is and how to send it."""
+    if ctx.obj["json"]:
+        emit_json({**issued.key.public(), "token": issued.token})
+        return
+    click.echo(issued.token)
+    click.echo(f"{what}: shown once, kept only as a digest; send it as 'Authorization: Bearer <key>'", err=True)

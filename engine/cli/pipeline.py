@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from engine.cli.output import describe_event, emit_json, emit_rows, end_progress, progress_line
+from engine.cli.output import describe_event, emit_issued, emit_json, emit_rows, end_progress, progress_line
 from engine.cli.serve import register_serve
 
 if TYPE_CHECKING:
@@ -156,12 +156,7 @@ def key_issue(ctx: click.Context, pipelines: tuple[str, ...]) -> None:
         raise click.BadParameter(f"no receive pipeline {', '.join(map(repr, unknown))} (receive pipelines: "
                                  f"{', '.join(receiving) or 'none'})", param_hint="PIPELINES")
     issued = writers.issue(manifest.root, list(pipelines))
-    if ctx.obj["json"]:
-        emit_json({**issued.key.public(), "token": issued.token})
-        return
-    click.echo(issued.token)
-    click.echo(f"writer key {issued.key.key_id} for {', '.join(issued.key.pipelines)}: shown once, kept only as a "
-               f"digest; send it as 'Authorization: Bearer <key>'", err=True)
+    emit_issued(ctx, issued, f"writer key {issued.key.key_id} for {', '.join(issued.key.pipelines)}")
 
 
 @key.command("list")
