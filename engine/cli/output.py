@@ -24,8 +24,42 @@ def _default(value: Any) -> Any:
     return str(value)
 
 
+WRITE_CHUNK = 1 << 16
+
+
 def emit_json(value: Any) -> None:
-    click.echo(json.dumps(value, default=_default, indent=1))
+    """``value`` as indented JSON on stdout, encoded and written a chunk at a time (a large answer
+    is never one string in memory, and a reader that leaves mid-answer is an error, not a silent cut)."""
+    pending: list[str] = []
+    size = 0
+    for piece in json.JSONEncoder(default=_default, indent=1).iterencode(value):
+        pending.append(piece)
+        size += len(piece)
+        if size >= WRITE_CHUNK:
+            write_stdout("".join(pending))
+            pending, size = [], 0
+    pending.append("\n")
+    write_stdout("".join(pending))
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` to stdout whole, or raise.
+
+    A large ``TextIOWrapper.write`` to a pipe whose reader left reports the part written before the
+    error and drops the error (``BufferedWriter`` returns a short count; the text layer ignores it), so
+    ``contextful --json sql … | head`` would end 0 with its answer cut short. Writing the bytes and
+    repeating on a short count makes the pending ``BrokenPipeError`` (or ``ENOSPC``) surface.
+    """
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # a text-only stream (a test's StringIO): it has no short writes
+        sys.stdout.write(text)
+        return
+    sys.stdout.flush()
+    data = memoryview(text.encode(sys.stdout.encoding or "utf-8", errors="replace"))
+    while data:
+        written = buffer.write(data)
+        data = data[written if written is not None else 0:]
+    buffer.flush()
 
 
 def _cell(value: Any) -> str:

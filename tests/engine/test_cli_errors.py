@@ -268,7 +268,9 @@ def test_a_reader_that_leaves_the_pipe_is_no_error(project: Path) -> None:
     """``contextful sql … | head -1``: the reader closes stdout early; the command ends quietly with
     the shell's SIGPIPE status, no error line, no log."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
-    child = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(project), "sql",
+    # --json prints every row (megabytes): far more than a pipe buffer holds, so the command is
+    # still writing when the reader leaves, however the two processes are scheduled.
+    child = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(project), "--json", "sql",
                               "SELECT range AS n, repeat('x', 200) AS pad FROM range(200000)"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert child.stdout is not None and child.stderr is not None
@@ -278,3 +280,16 @@ def test_a_reader_that_leaves_the_pipe_is_no_error(project: Path) -> None:
     assert child.wait(timeout=300) == EXIT_BROKEN_PIPE, err
     assert err == ""
     assert not (project / ".contextful" / "logs").exists() or not any((project / ".contextful" / "logs").iterdir())
+
+
+def test_an_answer_that_cannot_be_written_whole_is_an_error(project: Path) -> None:
+    """A large ``--json`` answer to a full device fails loudly; it never ends 0 with the answer cut."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
+    with open(os.devnull if not Path("/dev/full").exists() else "/dev/full", "w") as full:
+        if full.name == os.devnull:
+            pytest.skip("no /dev/full on this system")
+        child = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(project), "--json", "sql",
+                                "SELECT range AS n, repeat('x', 200) AS pad FROM range(20000)"],
+                               stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+    assert child.returncode != 0
+    assert "No space left on device" in child.stderr
