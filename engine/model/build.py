@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import pyarrow as pa
 
-from engine.land.typed import parse_type
+from engine.model.conform import conform
 from engine.model.contract import check_contract
 from engine.model.spec import Contract, ModelSpec, ModelTest
 from engine.read import attach_snapshot
@@ -112,9 +112,10 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
                 "sql_digest": hashlib.sha256(spec.sql.encode("utf-8")).hexdigest()}
         txn = store.create_table(spec.name).transaction("replace", meta=meta, record=spec.record,
                                                          own_schema=True)
+        checks = con.cursor()  # the exactness checks run beside the streaming result
         try:
-            schema = _conform(spec, reader.schema.empty_table()).schema
-            _stage(spec, reader, txn)
+            schema = conform(spec.name, spec.contract, reader.schema.empty_table(), checks).schema
+            _stage(spec, reader, txn, checks)
             _check(con, spec, txn.staged_uris, schema)
             result = txn.commit()
         except BaseException:
@@ -126,43 +127,21 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
                        spec.contract.version if spec.contract else None)
 
 
-def _stage(spec: ModelSpec, reader: pa.RecordBatchReader, txn: RunTransaction) -> None:
+def _stage(spec: ModelSpec, reader: pa.RecordBatchReader, txn: RunTransaction,
+           checks: duckdb.DuckDBPyConnection) -> None:
     pending: list[pa.Table] = []
     rows = 0
     staged = False
     for batch in reader:  # one pass over the stream; memory bounded by PART_ROWS
-        table = _conform(spec, pa.Table.from_batches([batch]))
+        table = conform(spec.name, spec.contract, pa.Table.from_batches([batch]), checks)
         pending.append(table)
         rows += table.num_rows
         if rows >= PART_ROWS:
             txn.stage(pa.concat_tables(pending))
             pending, rows, staged = [], 0, True
     if pending or not staged:
-        txn.stage(pa.concat_tables(pending) if pending else _conform(spec, reader.schema.empty_table()))
-
-
-def _conform(spec: ModelSpec, table: pa.Table) -> pa.Table:
-    """``table`` in the contract's columns and types; ContractMismatch naming the column that breaks it."""
-    contract = spec.contract
-    if contract is None:
-        return table
-    for column in table.column_names:
-        if column not in contract.columns:
-            raise ContractMismatch(spec.name, column, "the result has a column the contract does not declare")
-    arrays = []
-    for column, declared in contract.columns.items():
-        if column not in table.column_names:
-            raise ContractMismatch(spec.name, column, "the contract declares it but the result has no such column")
-        target = parse_type(declared.type, column)
-        try:
-            array = table[column].cast(target, safe=True)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ContractMismatch(spec.name, column, f"the result's {table[column].type} does not cast to "
-                                   f"{declared.type}: {exc}") from exc
-        if not declared.nullable and array.null_count:
-            raise ContractMismatch(spec.name, column, f"declared non-null, but the result holds {array.null_count} null(s)")
-        arrays.append(array)
-    return pa.Table.from_arrays(arrays, names=list(contract.columns))
+        txn.stage(pa.concat_tables(pending) if pending else conform(spec.name, spec.contract,
+                                                                    reader.schema.empty_table(), checks))
 
 
 def _check(con: duckdb.DuckDBPyConnection, spec: ModelSpec, uris: list[str], schema: pa.Schema) -> None:
