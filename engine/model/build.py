@@ -10,7 +10,8 @@ One build of one model:
    batch conformed to the contract (columns, types, nullability) on the way; the run lands in the
    result's own schema (a new major may drop or retype columns);
 4. checks the grain's uniqueness and runs the data tests in DuckDB over the staged parts;
-5. only then commits, with meta ``{"model", "watermark", "contract", "sql_digest", "inputs"}``.
+5. only then commits, with meta ``{"model", "watermark", "chain"}`` and the model's
+   :func:`definition` (``"sql_digest", "contract", "inputs"``: status compares it with the manifest's).
 
 The **build id** is the ``commit_seq`` that commit gives the model's table — the snapshot id it
 publishes (``run.model.build-id``). A failing build or test aborts the run: nothing publishes and
@@ -89,6 +90,15 @@ def chain_record(store: Store, table: str, through: int) -> dict[str, Any]:
     return {"runs": len(runs), "digest": hashlib.sha256("\n".join(runs).encode()).hexdigest()}
 
 
+def definition(spec: ModelSpec, known: set[str]) -> dict[str, Any]:
+    """What a build's answer depends on besides its inputs' data, as its run manifest's meta records
+    it: the statement's digest, the contract, the inputs (sorted: their order changes nothing). A
+    later status compares it with the manifest's model (``engine.model.status``)."""
+    return {"sql_digest": hashlib.sha256(spec.sql.encode("utf-8")).hexdigest(),
+            "contract": spec.contract.to_json() if spec.contract else None,
+            "inputs": sorted(spec.input_names(known))}
+
+
 def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
     published = published_build(store, spec.name)
     if spec.contract is not None and published is not None and published[1].meta.get("contract"):
@@ -107,9 +117,7 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
             reader = con.sql(spec.sql).to_arrow_reader(PART_ROWS)
         except duckdb.Error as exc:
             raise QueryInvalid(spec.sql, first_line(exc)) from exc
-        meta = {"model": spec.name, "watermark": watermark, "chain": chains, "inputs": list(inputs),
-                "contract": spec.contract.to_json() if spec.contract else None,
-                "sql_digest": hashlib.sha256(spec.sql.encode("utf-8")).hexdigest()}
+        meta = {"model": spec.name, "watermark": watermark, "chain": chains, **definition(spec, known)}
         txn = store.create_table(spec.name).transaction("replace", meta=meta, record=spec.record,
                                                          own_schema=True)
         checks = con.cursor()  # the exactness checks run beside the streaming result
