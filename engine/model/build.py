@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from engine.model.conform import conform
 from engine.model.contract import check_contract
-from engine.model.spec import Contract, ModelSpec, ModelTest
+from engine.model.spec import Contract, ModelSpec, ModelTest, case_clash
 from engine.read import attach_snapshot
 from storage.errors import ContractMismatch, ModelTestFailed, QueryInvalid, first_line
 from storage.snapshot import quote
@@ -104,6 +104,9 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
     if spec.contract is not None and published is not None and published[1].meta.get("contract"):
         check_contract(spec.name, spec.contract, Contract.from_json(published[1].meta["contract"]))
     inputs = spec.input_names(known)
+    if clash := case_clash(inputs):
+        raise QueryInvalid(spec.sql, f"it reads tables {' and '.join(map(repr, clash))}, whose names differ only "
+                                     "in case: DuckDB cannot tell them apart")
     con = store.duckdb()
     try:
         watermark = {}
