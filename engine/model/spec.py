@@ -144,8 +144,8 @@ def _walk(node: Any, ctes: frozenset[str], found: list[str]) -> None:
     """Append to ``found`` the base tables ``node`` (DuckDB's serialized syntax tree) references,
     where ``ctes`` (lower-cased) are the CTE names in scope. DuckDB's scoping: a WITH's names are
     visible in its query and the queries nested in it; each CTE sees the CTEs declared before it,
-    and itself only when recursive; a schema-qualified name is never a CTE; names compare
-    case-insensitively, quoted or not."""
+    and itself only in a recursive CTE's recursive arm; a schema-qualified name is never a CTE;
+    names compare case-insensitively, quoted or not."""
     if isinstance(node, list):
         for value in node:  # bounded by the size of one statement's syntax tree
             _walk(value, ctes, found)
@@ -156,15 +156,14 @@ def _walk(node: Any, ctes: frozenset[str], found: list[str]) -> None:
         name = node["table_name"]
         if node.get("schema_name") or node.get("catalog_name") or name.lower() not in ctes:
             found.append(name)
-    if node.get("type") == "RECURSIVE_CTE_NODE" and node.get("cte_name"):
-        ctes = ctes | {node["cte_name"].lower()}
     cte_map = node.get("cte_map")
     for entry in cte_map.get("map", []) if isinstance(cte_map, dict) else []:
         _walk(entry.get("value"), ctes, found)
         ctes = ctes | {entry["key"].lower()}
+    recursive = node["cte_name"].lower() if node.get("type") == "RECURSIVE_CTE_NODE" and node.get("cte_name") else None
     for key, value in node.items():
-        if key != "cte_map":
-            _walk(value, ctes, found)
+        if key != "cte_map":  # only a recursive CTE's recursive arm sees the CTE itself
+            _walk(value, ctes | {recursive} if recursive and key == "right" else ctes, found)
 
 
 def resolve_table(name: str, known: set[str]) -> tuple[str, ...]:

@@ -47,6 +47,8 @@ SCOPES = [  # (statement, the store tables it reads)
     ("WITH RECURSIVE src AS (SELECT v FROM src) SELECT v FROM src", {"src"}),
     (("WITH RECURSIVE src AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM src WHERE n < 3)"
      " SELECT n::VARCHAR AS v FROM src"), set()),
+    (("WITH RECURSIVE src AS (SELECT 1 AS n FROM src UNION ALL SELECT n + 1 FROM src WHERE n < 3)"
+     " SELECT n::VARCHAR AS v FROM src"), {"src"}),  # the anchor's src is the table
     # a CTE's name matches references case-insensitively, quoted or not
     ("WITH \"SRC\" AS (SELECT 'cte' AS v) SELECT v FROM src", set()),
     ("WITH S AS (SELECT w AS v FROM other) SELECT v FROM s", {"other"}),
