@@ -76,7 +76,11 @@ def _exact(model: str, column: str, declared: str, values: pa.ChunkedArray,
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise ContractMismatch(model, column, f"the result's {values.type} converts to {declared} but not back, so "
                                "its values cannot be checked exact; convert it in the model's SQL") from exc
-    count, sample = _differences(con, values, back)
+    try:
+        count, sample = _differences(con, values, back)
+    except duckdb.Error as exc:
+        raise ContractMismatch(model, column, f"the result's {values.type} in {declared} cannot be checked exact: "
+                               f"{first_line(exc)}; convert it in the model's SQL") from exc
     if count:
         raise ContractMismatch(model, column, f"the result holds {sample}, which {declared} cannot hold exactly "
                                f"({count} of {len(values)} value(s))") from refused
