@@ -56,7 +56,6 @@ LOSSY = [  # (the result's value in DuckDB SQL, the declared type, how the messa
 ]
 
 
-@pytest.mark.clause("run.model.contract-major")
 @pytest.mark.parametrize(("value", "declared", "shown"), LOSSY)
 def test_a_value_the_declared_type_cannot_hold_fails_the_build(tmp_path: Path, store: Store, value: str,
                                                                declared: str, shown: str) -> None:

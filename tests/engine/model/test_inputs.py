@@ -57,7 +57,6 @@ SCOPES = [  # (statement, the store tables it reads)
 ]
 
 
-@pytest.mark.clause("run.model.model-block")
 @pytest.mark.parametrize(("sql", "reads"), SCOPES)
 def test_inputs_are_the_tables_duckdb_resolves(tmp_path: Path, store: Store, sql: str, reads: set[str]) -> None:
     assert set(build(store, tmp_path, sql)) == reads

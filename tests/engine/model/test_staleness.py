@@ -110,7 +110,6 @@ DEFINITION_CHANGES = {
 }
 
 
-@pytest.mark.clause("run.publish.staleness")
 @pytest.mark.parametrize("part", list(DEFINITION_CHANGES))
 def test_a_changed_definition_makes_the_model_stale_until_rebuilt(tmp_path: Path, clocked: tuple[Store, ManualClock],
                                                                   part: str) -> None:
