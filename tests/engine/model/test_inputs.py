@@ -82,3 +82,15 @@ def test_tables_whose_names_differ_only_in_case_refuse_as_ambiguous(tmp_path: Pa
     with pytest.raises(QueryInvalid) as info:  # neither spelling is the reference's: which one is meant?
         build(store, tmp_path, "SELECT w FROM OTHER")
     assert "'Other'" in str(info.value) and "'other'" in str(info.value)
+
+
+def test_a_model_named_like_a_table_or_model_but_for_case_refuses(tmp_path: Path) -> None:
+    from storage.errors import ManifestInvalid, ManifestValueInvalid
+
+    text = ('[project]\nname = "i"\n[[pipeline]]\nid = "sales"\n[pipeline.source]\nkind = "files"\n'
+            'config = { paths = "x.csv" }\n[[model]]\nname = "Sales"\nsql = "SELECT 1 AS v"\n'
+            '[[model]]\nname = "m"\nsql = "SELECT 1 AS v"\n[[model]]\nname = "M"\nsql = "SELECT 2 AS v"\n')
+    with pytest.raises(ManifestInvalid) as info:  # DuckDB would show one view for both names
+        parse_manifest(tomllib.loads(text), tmp_path)
+    assert [(type(p), p.block, p.key) for p in info.value.problems] == [
+        (ManifestValueInvalid, "[[model]] 'Sales'", "name"), (ManifestValueInvalid, "[[model]] 'M'", "name")]
