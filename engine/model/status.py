@@ -8,12 +8,14 @@ differ in count or digest from those the build recorded (``run.publish.staleness
 the input was dropped and made again under its name, so its commit sequence means other runs). An input that is a model also waits on
 each of its published builds newer than the watermark, aged by that build's ``created_at`` (its
 run manifest's creation time; ``run.publish.staleness-model-input``); a build whose manifest is
-gone counts as older than the cutoff. A build is stale too when the model's definition changed since it published — its statement
-(the SQL text's digest), its contract, or the inputs it reads (declared, detected, or a
+gone counts as older than the cutoff.
+
+A build is stale too when the model's definition changed since it published — its statement (the
+SQL text's digest), its contract, or the inputs it reads (declared, detected, or a
 ``relationships`` test's table): the build answers a definition the manifest no longer holds, so
-status names what changed (``changed``, and ``why``: ``"sql changed"``) and ``build`` rebuilds it. A
-rebuild over the current frontier and definition always clears staleness: its watermark is every
-input's head.
+status names what changed (``changed``, and ``why``: ``"sql changed"``) and ``build`` rebuilds it.
+A rebuild over the current frontier and definition always clears staleness: its watermark is
+every input's head, and its meta the definition it built.
 """
 
 from __future__ import annotations
