@@ -61,44 +61,63 @@ def _exact(model: str, column: str, declared: str, values: pa.ChunkedArray,
         values = values.cast(values.type.value_type)
     if values.type == target or pa.types.is_null(values.type):
         return values.cast(target)
-    refused: pa.ArrowInvalid | None = None
     try:
-        try:
-            converted = pc.cast(values, target, safe=True)
-        except pa.ArrowInvalid as exc:  # out of range, truncated: convert anyway to name a value below
-            refused = exc
-            converted = pc.cast(values, target, safe=False)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        converted = pc.cast(values, target, safe=True)
+    except pa.ArrowInvalid as exc:  # out of range, truncated, unparsable: name the first such value
+        sample = _spelled(con, values.slice(_first_refused(values, target), 1))
+        raise ContractMismatch(model, column, f"the result holds {sample}, which {declared} cannot hold exactly "
+                               f"({first_line(exc)})", value=sample) from exc
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise ContractMismatch(model, column, f"the result's {values.type} does not convert to {declared}: "
-                               f"{first_line(refused or exc)}") from (refused or exc)
+                               f"{first_line(exc)}") from exc
     try:
         back = pc.cast(converted, values.type, safe=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise ContractMismatch(model, column, f"the result's {values.type} converts to {declared} but not back, so "
                                "its values cannot be checked exact; convert it in the model's SQL") from exc
     try:
-        count, sample = _differences(con, values, back)
+        count, first = _differences(con, values, back)
     except duckdb.Error as exc:
         raise ContractMismatch(model, column, f"the result's {values.type} in {declared} cannot be checked exact: "
                                f"{first_line(exc)}; convert it in the model's SQL") from exc
     if count:
+        sample = _spelled(con, values.slice(first, 1))
         raise ContractMismatch(model, column, f"the result holds {sample}, which {declared} cannot hold exactly "
-                               f"({count} of {len(values)} value(s))") from refused
-    if refused is not None:
-        raise ContractMismatch(model, column, f"the result's {values.type} does not convert exactly to {declared}: "
-                               f"{first_line(refused)}") from refused
+                               f"({count} of {len(values)} value(s))", value=sample)
     return converted
 
 
-def _differences(con: duckdb.DuckDBPyConnection, values: pa.ChunkedArray, back: pa.ChunkedArray) -> tuple[int, str]:
+def _first_refused(values: pa.ChunkedArray, target: pa.DataType) -> int:
+    """The row of the first value Arrow refuses to cast to ``target``: bisection, so the casts
+    together cover the batch about once."""
+    low, high = 0, len(values)  # values[low:high] holds a refused value
+    while high - low > 1:  # log2(batch rows) rounds
+        middle = (low + high) // 2
+        try:
+            pc.cast(values.slice(low, middle - low), target, safe=True)
+            low = middle
+        except pa.ArrowInvalid:
+            high = middle
+    return low
+
+
+def _differences(con: duckdb.DuckDBPyConnection, values: pa.ChunkedArray, back: pa.ChunkedArray) -> tuple[int, int]:
     """How many of ``values`` differ from ``back`` (nulls and NaN compare as themselves), and the
-    first that does, as DuckDB spells it (text quoted)."""
+    row of the first that does."""
     checked = pa.table({"i": np.arange(len(values), dtype=np.int64), "o": values, "b": back})
     con.register(_CHECKED, checked)
     try:
-        row = con.execute(f"SELECT count(*), arg_min(o::VARCHAR, i) FROM {_CHECKED} WHERE o IS DISTINCT FROM b"
-                          ).fetchall()[0]
+        row = con.execute(f"SELECT count(*), min(i) FROM {_CHECKED} WHERE o IS DISTINCT FROM b").fetchall()[0]
     finally:
         con.unregister(_CHECKED)
-    text = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
-    return int(row[0]), repr(row[1]) if text else str(row[1])
+    return int(row[0]), int(row[1] or 0)
+
+
+def _spelled(con: duckdb.DuckDBPyConnection, value: pa.ChunkedArray) -> str:
+    """The one value of ``value`` as DuckDB spells it (text quoted)."""
+    con.register(_CHECKED, pa.table({"o": value}))
+    try:
+        (text,), = con.execute(f"SELECT o::VARCHAR FROM {_CHECKED}").fetchall()
+    finally:
+        con.unregister(_CHECKED)
+    return repr(text) if pa.types.is_string(value.type) or pa.types.is_large_string(value.type) else str(text)
