@@ -140,12 +140,17 @@ def referenced_tables(sql: str) -> tuple[str, ...] | str:
     return tuple(dict.fromkeys(found))
 
 
+_STORE_SCHEMAS = {("", "main"), ("", "memory"), ("memory", "main")}
+"""The qualifications under which a name is one of a build's views (its connection's default
+catalog and schema); ``information_schema.tables`` and the like are DuckDB's own."""
+
+
 def _walk(node: Any, ctes: frozenset[str], found: list[str]) -> None:
     """Append to ``found`` the base tables ``node`` (DuckDB's serialized syntax tree) references,
     where ``ctes`` (lower-cased) are the CTE names in scope. DuckDB's scoping: a WITH's names are
     visible in its query and the queries nested in it; each CTE sees the CTEs declared before it,
-    and itself only in a recursive CTE's recursive arm; a schema-qualified name is never a CTE;
-    names compare case-insensitively, quoted or not."""
+    and itself only in a recursive CTE's recursive arm; a qualified name is never a CTE, and a
+    store table only in the default schema; names compare case-insensitively, quoted or not."""
     if isinstance(node, list):
         for value in node:  # bounded by the size of one statement's syntax tree
             _walk(value, ctes, found)
@@ -154,7 +159,8 @@ def _walk(node: Any, ctes: frozenset[str], found: list[str]) -> None:
         return
     if node.get("type") == "BASE_TABLE" and node.get("table_name"):
         name = node["table_name"]
-        if node.get("schema_name") or node.get("catalog_name") or name.lower() not in ctes:
+        where = ((node.get("catalog_name") or "").lower(), (node.get("schema_name") or "").lower())
+        if (where == ("", "") and name.lower() not in ctes) or where in _STORE_SCHEMAS:
             found.append(name)
     cte_map = node.get("cte_map")
     for entry in cte_map.get("map", []) if isinstance(cte_map, dict) else []:

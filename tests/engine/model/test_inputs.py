@@ -94,3 +94,10 @@ def test_a_model_named_like_a_table_or_model_but_for_case_refuses(tmp_path: Path
         parse_manifest(tomllib.loads(text), tmp_path)
     assert [(type(p), p.block, p.key) for p in info.value.problems] == [
         (ManifestValueInvalid, "[[model]] 'Sales'", "name"), (ManifestValueInvalid, "[[model]] 'M'", "name")]
+
+
+def test_a_name_in_another_schema_is_not_a_store_table(tmp_path: Path, store: Store) -> None:
+    store.append("schemata", pa.table({"x": [1]}))  # a store table named like a system view
+    sql = ("SELECT v FROM memory.main.src WHERE EXISTS (SELECT 1 FROM information_schema.schemata)"
+           " UNION ALL SELECT w FROM memory.other")
+    assert set(build(store, tmp_path, sql)) == {"src", "other"}
