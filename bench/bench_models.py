@@ -2,9 +2,10 @@
 Parquet files, writing its result as zstd Parquet (``COPY … TO``).
 
 Run ``python bench/bench_models.py [--rows N] [--reps N]`` (default 10,000,000 rows in 10 parts,
-3 timed reps after a warm-up, interleaved). Two models: ``grouped`` (a GROUP BY down to a few
-thousand rows) and ``wide`` (a filter keeping about half the rows, so the build streams millions
-of rows into parts). Ratio = our build time / DuckDB's time; figures go to bench/README.md.
+3 timed reps after a warm-up, interleaved). Three models: ``grouped`` (a GROUP BY down to a few
+thousand rows), ``wide`` (a filter keeping about half the rows, so the build streams millions
+of rows into parts) and ``wide_contract`` (``wide`` under a contract declaring two columns in
+other types, each value checked exact). Ratio = our build time / DuckDB's time; figures go to bench/README.md.
 Benchmarks are not tests: nothing here asserts a time.
 """
 
@@ -28,12 +29,17 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from engine.model.build import build_model
-from engine.model.spec import ModelSpec
+from engine.model.spec import ColumnContract, Contract, ModelSpec
 from storage import Store
 
 QUERIES = {
     "grouped": "SELECT cat, month, count(*) AS n, sum(x) AS x, avg(y) AS y FROM events GROUP BY cat, month",
     "wide": "SELECT id, cat, x * 2 AS x2, y FROM events WHERE y > 0.5",
+    "wide_contract": "SELECT id, cat, x * 2 AS x2, y FROM events WHERE y > 0.5",
+}
+CONTRACTS = {  # two columns declared in another type than the result's: each is checked exact
+    "wide_contract": Contract("1.0", (), {"id": ColumnContract("decimal(20, 0)"), "cat": ColumnContract("string"),
+                                          "x2": ColumnContract("double"), "y": ColumnContract("double")}),
 }
 
 
@@ -65,7 +71,8 @@ def main() -> int:
     raw.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet({files})")
     print(f"{args.rows:,} rows in {len(snap.uris)} parts")
     for name, sql in QUERIES.items():
-        spec = ModelSpec(name=f"m_{name}", sql=sql, referenced=("events",), record=False)
+        spec = ModelSpec(name=f"m_{name}", sql=sql, referenced=("events",), contract=CONTRACTS.get(name),
+                         record=False)
         ours, theirs = [], []
         for rep in range(args.reps + 1):  # interleaved; rep 0 warms up
             t0 = time.perf_counter()

@@ -531,12 +531,14 @@ class TypedLandingFailed(Incompatible):
 
 class ContractMismatch(Incompatible):
     """contract-mismatch (``run.model.contract-major``/``-minor``): names the column and, where a
-    version bump would admit the change, the version to declare."""
+    version bump would admit the change, the version to declare; where a value breaks the declared
+    type, that value (``value``, as DuckDB spells it; the reason quotes it too)."""
 
-    def __init__(self, model: str, column: str, reason: str, bump: str | None = None) -> None:
+    def __init__(self, model: str, column: str, reason: str, bump: str | None = None,
+                 value: str | None = None) -> None:
         hint = f"; declare contract version {bump}" if bump else ""
         super().__init__(f"model {model!r}, column {column!r}: {reason}{hint}", model=model, column=column,
-                         reason=reason, bump=bump)
+                         reason=reason, bump=bump, value=value)
 
 
 class ModelTestFailed(Incompatible):

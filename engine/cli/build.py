@@ -111,7 +111,7 @@ def build_list(ctx: click.Context) -> None:
 @build.command("status")
 @click.pass_context
 def build_status_command(ctx: click.Context) -> None:
-    """Each model's published build, watermark and stale inputs (older than its max_lag)."""
+    """Each model's published build, stale inputs (older than its max_lag) and why it is stale."""
     from engine.model.status import build_status
 
     manifest, store = _open(ctx)
@@ -120,5 +120,5 @@ def build_status_command(ctx: click.Context) -> None:
     if ctx.obj["json"]:
         emit_json([s.to_json() for s in found])
         return
-    emit_rows(["model", "build_id", "stale_inputs"],
-              [(s.model, s.build_id, ", ".join(s.stale_inputs) or "-") for s in found])
+    emit_rows(["model", "build_id", "stale_inputs", "why"],
+              [(s.model, s.build_id, ", ".join(s.stale_inputs) or "-", "; ".join(s.why) or "-") for s in found])

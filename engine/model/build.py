@@ -10,7 +10,8 @@ One build of one model:
    batch conformed to the contract (columns, types, nullability) on the way; the run lands in the
    result's own schema (a new major may drop or retype columns);
 4. checks the grain's uniqueness and runs the data tests in DuckDB over the staged parts;
-5. only then commits, with meta ``{"model", "watermark", "contract", "sql_digest", "inputs"}``.
+5. only then commits, with meta ``{"model", "watermark", "chain"}`` and the model's
+   :func:`definition` (``"sql_digest", "contract", "inputs"``: status compares it with the manifest's).
 
 The **build id** is the ``commit_seq`` that commit gives the model's table — the snapshot id it
 publishes (``run.model.build-id``). A failing build or test aborts the run: nothing publishes and
@@ -26,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import pyarrow as pa
 
-from engine.land.typed import parse_type
+from engine.model.conform import conform
 from engine.model.contract import check_contract
-from engine.model.spec import Contract, ModelSpec, ModelTest
+from engine.model.spec import Contract, ModelSpec, ModelTest, case_clash
 from engine.read import attach_snapshot
 from storage.errors import ContractMismatch, ModelTestFailed, QueryInvalid, first_line
 from storage.snapshot import quote
@@ -89,11 +90,23 @@ def chain_record(store: Store, table: str, through: int) -> dict[str, Any]:
     return {"runs": len(runs), "digest": hashlib.sha256("\n".join(runs).encode()).hexdigest()}
 
 
+def definition(spec: ModelSpec, known: set[str]) -> dict[str, Any]:
+    """What a build's answer depends on besides its inputs' data, as its run manifest's meta records
+    it: the statement's digest, the contract, the inputs (sorted: their order changes nothing). A
+    later status compares it with the manifest's model (``engine.model.status``)."""
+    return {"sql_digest": hashlib.sha256(spec.sql.encode("utf-8")).hexdigest(),
+            "contract": spec.contract.to_json() if spec.contract else None,
+            "inputs": sorted(spec.input_names(known))}
+
+
 def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
     published = published_build(store, spec.name)
     if spec.contract is not None and published is not None and published[1].meta.get("contract"):
         check_contract(spec.name, spec.contract, Contract.from_json(published[1].meta["contract"]))
     inputs = spec.input_names(known)
+    if clash := case_clash(inputs):
+        raise QueryInvalid(spec.sql, f"it reads tables {' and '.join(map(repr, clash))}, whose names differ only "
+                                     "in case: DuckDB cannot tell them apart")
     con = store.duckdb()
     try:
         watermark = {}
@@ -107,14 +120,13 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
             reader = con.sql(spec.sql).to_arrow_reader(PART_ROWS)
         except duckdb.Error as exc:
             raise QueryInvalid(spec.sql, first_line(exc)) from exc
-        meta = {"model": spec.name, "watermark": watermark, "chain": chains, "inputs": list(inputs),
-                "contract": spec.contract.to_json() if spec.contract else None,
-                "sql_digest": hashlib.sha256(spec.sql.encode("utf-8")).hexdigest()}
+        meta = {"model": spec.name, "watermark": watermark, "chain": chains, **definition(spec, known)}
         txn = store.create_table(spec.name).transaction("replace", meta=meta, record=spec.record,
                                                          own_schema=True)
+        checks = con.cursor()  # the exactness checks run beside the streaming result
         try:
-            schema = _conform(spec, reader.schema.empty_table()).schema
-            _stage(spec, reader, txn)
+            schema = conform(spec.name, spec.contract, reader.schema.empty_table(), checks).schema
+            _stage(spec, reader, txn, checks)
             _check(con, spec, txn.staged_uris, schema)
             result = txn.commit()
         except BaseException:
@@ -126,43 +138,21 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
                        spec.contract.version if spec.contract else None)
 
 
-def _stage(spec: ModelSpec, reader: pa.RecordBatchReader, txn: RunTransaction) -> None:
+def _stage(spec: ModelSpec, reader: pa.RecordBatchReader, txn: RunTransaction,
+           checks: duckdb.DuckDBPyConnection) -> None:
     pending: list[pa.Table] = []
     rows = 0
     staged = False
     for batch in reader:  # one pass over the stream; memory bounded by PART_ROWS
-        table = _conform(spec, pa.Table.from_batches([batch]))
+        table = conform(spec.name, spec.contract, pa.Table.from_batches([batch]), checks)
         pending.append(table)
         rows += table.num_rows
         if rows >= PART_ROWS:
             txn.stage(pa.concat_tables(pending))
             pending, rows, staged = [], 0, True
     if pending or not staged:
-        txn.stage(pa.concat_tables(pending) if pending else _conform(spec, reader.schema.empty_table()))
-
-
-def _conform(spec: ModelSpec, table: pa.Table) -> pa.Table:
-    """``table`` in the contract's columns and types; ContractMismatch naming the column that breaks it."""
-    contract = spec.contract
-    if contract is None:
-        return table
-    for column in table.column_names:
-        if column not in contract.columns:
-            raise ContractMismatch(spec.name, column, "the result has a column the contract does not declare")
-    arrays = []
-    for column, declared in contract.columns.items():
-        if column not in table.column_names:
-            raise ContractMismatch(spec.name, column, "the contract declares it but the result has no such column")
-        target = parse_type(declared.type, column)
-        try:
-            array = table[column].cast(target, safe=True)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ContractMismatch(spec.name, column, f"the result's {table[column].type} does not cast to "
-                                   f"{declared.type}: {exc}") from exc
-        if not declared.nullable and array.null_count:
-            raise ContractMismatch(spec.name, column, f"declared non-null, but the result holds {array.null_count} null(s)")
-        arrays.append(array)
-    return pa.Table.from_arrays(arrays, names=list(contract.columns))
+        txn.stage(pa.concat_tables(pending) if pending else conform(spec.name, spec.contract,
+                                                                    reader.schema.empty_table(), checks))
 
 
 def _check(con: duckdb.DuckDBPyConnection, spec: ModelSpec, uris: list[str], schema: pa.Schema) -> None:

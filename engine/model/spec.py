@@ -4,7 +4,8 @@ contract, model policy, data tests and the opt-out-record switch.
 ``parse_model`` collects every problem of one block into the manifest's problem list (unknown
 keys refuse as ``ManifestKeyUnknown`` naming the key and the block). The tables a model reads
 default to the names its SQL references that are store tables or models
-(:func:`referenced_tables`: DuckDB's own parser, ``json_serialize_sql``, walked for base tables).
+(:func:`referenced_tables`: DuckDB's own parser, ``json_serialize_sql``, walked scope by scope for
+base tables; :func:`resolve_table` matches them case-insensitively, as DuckDB does).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class ModelSpec:
     inputs: tuple[str, ...] | None = None
     """Declared inputs; None means the store tables and models the SQL names."""
     referenced: tuple[str, ...] = ()
-    """Every base-table name the SQL references (CTE names excluded)."""
+    """Every base-table name the SQL references, as spelled (references a CTE answers excluded)."""
     contract: Contract | None = None
     """Columns, types, nullability, grain and version every build must satisfy."""
     policy: ModelPolicy = field(default_factory=ModelPolicy)
@@ -114,15 +115,19 @@ class ModelSpec:
 
     def input_names(self, known: set[str]) -> tuple[str, ...]:
         """The tables this model reads: declared, else referenced ones in ``known``; plus the
-        targets of its relationships tests."""
-        base = self.inputs if self.inputs is not None else tuple(n for n in self.referenced if n in known)
-        extra = tuple(t.to for t in self.tests if t.to is not None and t.to not in base)
+        targets of its relationships tests. Each name is resolved against ``known`` as DuckDB
+        resolves identifiers (:func:`resolve_table`); a declared one ``known`` lacks stays as is."""
+        if self.inputs is not None:
+            base = tuple(n for name in self.inputs for n in resolve_table(name, known) or (name,))
+        else:
+            base = tuple(n for name in self.referenced for n in resolve_table(name, known))
+        extra = tuple(n for t in self.tests if t.to is not None for n in resolve_table(t.to, known) or (t.to,))
         return tuple(dict.fromkeys(base + extra))
 
 
 def referenced_tables(sql: str) -> tuple[str, ...] | str:
     """Base-table names ``sql`` references, in order of appearance; a parser message when it does
-    not parse. CTE references are not base tables, so they are left out."""
+    not parse. A reference a CTE in scope answers is not a base table, so it is left out."""
     con = duckdb.connect()
     try:
         doc = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])  # type: ignore[index]
@@ -131,23 +136,58 @@ def referenced_tables(sql: str) -> tuple[str, ...] | str:
     if doc.get("error"):
         return str(doc.get("error_message", "does not parse"))
     found: list[str] = []
-    ctes: set[str] = set()
+    _walk(doc.get("statements", []), frozenset(), found)
+    return tuple(dict.fromkeys(found))
 
-    def walk(node: Any) -> None:  # bounded by the size of one statement's syntax tree
-        if isinstance(node, dict):
-            if node.get("type") == "BASE_TABLE" and node.get("table_name"):
-                found.append(node["table_name"])
-            for entry in node.get("map", ()) if isinstance(node.get("map"), list) else ():
-                if isinstance(entry, dict) and isinstance(entry.get("key"), str):
-                    ctes.add(entry["key"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
 
-    walk(doc.get("statements", []))
-    return tuple(n for n in dict.fromkeys(found) if n not in ctes)
+_STORE_SCHEMAS = {("", "main"), ("", "memory"), ("memory", "main")}
+"""The qualifications under which a name is one of a build's views (its connection's default
+catalog and schema); ``information_schema.tables`` and the like are DuckDB's own."""
+
+
+def _walk(node: Any, ctes: frozenset[str], found: list[str]) -> None:
+    """Append to ``found`` the base tables ``node`` (DuckDB's serialized syntax tree) references,
+    where ``ctes`` (lower-cased) are the CTE names in scope. DuckDB's scoping: a WITH's names are
+    visible in its query and the queries nested in it; each CTE sees the CTEs declared before it,
+    and itself only in a recursive CTE's recursive arm; a qualified name is never a CTE, and a
+    store table only in the default schema; names compare case-insensitively, quoted or not."""
+    if isinstance(node, list):
+        for value in node:  # bounded by the size of one statement's syntax tree
+            _walk(value, ctes, found)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "BASE_TABLE" and node.get("table_name"):
+        name = node["table_name"]
+        where = ((node.get("catalog_name") or "").lower(), (node.get("schema_name") or "").lower())
+        if (where == ("", "") and name.lower() not in ctes) or where in _STORE_SCHEMAS:
+            found.append(name)
+    cte_map = node.get("cte_map")
+    for entry in cte_map.get("map", []) if isinstance(cte_map, dict) else []:
+        _walk(entry.get("value"), ctes, found)
+        ctes = ctes | {entry["key"].lower()}
+    recursive = node["cte_name"].lower() if node.get("type") == "RECURSIVE_CTE_NODE" and node.get("cte_name") else None
+    for key, value in node.items():
+        if key != "cte_map":  # only a recursive CTE's recursive arm sees the CTE itself
+            _walk(value, ctes | {recursive} if recursive and key == "right" else ctes, found)
+
+
+def resolve_table(name: str, known: set[str]) -> tuple[str, ...]:
+    """The tables of ``known`` a reference to ``name`` means: ``name`` itself when known, else every
+    known name equal to it but for case (DuckDB's identifiers are case-insensitive, quoted or not).
+    More than one is ambiguous: :func:`case_clash` finds it and the build refuses."""
+    if name in known:
+        return (name,)
+    return tuple(sorted(k for k in known if k.lower() == name.lower()))
+
+
+def case_clash(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The first group of ``names`` that differ only in case (empty when none do): one DuckDB
+    connection cannot hold a view for each."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.lower(), []).append(name)
+    return next((tuple(group) for group in groups.values() if len(group) > 1), ())
 
 
 def parse_model(block: Any, n: int, root: Path, problems: _Problems) -> ModelSpec | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,3 +98,47 @@ def test_a_waiting_build_whose_manifest_was_collected_counts_as_old(
     assert stale(store, tmp_path)["m2"] == []  # both a minute old, under max_lag
     store.objects.delete([manifest_key("m1", between.run_id)])  # retention collected its manifest
     assert stale(store, tmp_path)["m2"] == ["m1"]  # no age to read: it counts as older than max_lag
+
+
+M1 = '[[model]]\nname = "m1"\nsql = "SELECT sum(v) AS total FROM src"\npolicy = { max_lag = "1h" }\n'
+DEFINITION_CHANGES = {
+    "sql": ('[[model]]\nname = "m1"\nsql = "SELECT sum(v) * 10 AS total FROM src"\npolicy = { max_lag = "1h" }\n',
+            [30]),
+    "contract": (M1 + 'contract = { version = "1.0", grain = [], columns = { total = { type = "double" } } }\n',
+                 [3.0]),
+    "inputs": (M1 + 'inputs = ["src", "other"]\n', [3]),
+}
+
+
+@pytest.mark.parametrize("part", list(DEFINITION_CHANGES))
+def test_a_changed_definition_makes_the_model_stale_until_rebuilt(tmp_path: Path, clocked: tuple[Store, ManualClock],
+                                                                  part: str) -> None:
+    store, _clock = clocked
+    store.append("other", pa.table({"w": [0]}))
+    old = parse_manifest(tomllib.loads('[project]\nname = "s"\n' + M1), tmp_path)
+    new = parse_manifest(tomllib.loads('[project]\nname = "s"\n' + DEFINITION_CHANGES[part][0]), tmp_path)
+    build_models(store, old)
+    assert [(s.stale, s.changed) for s in build_status(store, old)] == [(False, [])]
+    # no landing, no time passing: the published build answers the old definition
+    status = build_status(store, new)[0]
+    assert status.stale and status.changed == [part] and status.stale_inputs == []
+    assert status.to_json()["stale"] is True and status.to_json()["why"] == [f"{part} changed"]
+    build_models(store, new)
+    assert [(s.stale, s.changed) for s in build_status(store, new)] == [(False, [])]
+    assert store.table("m1").to_arrow().column("total").to_pylist() == DEFINITION_CHANGES[part][1]
+
+
+def test_build_status_says_why_a_model_is_stale(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    with Store.open(tmp_path / ".contextful" / "store") as store:
+        store.append("src", pa.table({"v": [1, 2]}))
+    (tmp_path / "contextful.toml").write_text('[project]\nname = "s"\n' + M1)
+    contextful(tmp_path, "build", "run")
+    (tmp_path / "contextful.toml").write_text('[project]\nname = "s"\n' + DEFINITION_CHANGES["sql"][0])
+    status = json.loads(contextful(tmp_path, "--json", "build", "status").stdout)
+    assert [(r["model"], r["stale"], r["changed"], r["why"]) for r in status] == [
+        ("m1", True, ["sql"], ["sql changed"])]
+    assert "sql changed" in contextful(tmp_path, "build", "status").stdout
+    contextful(tmp_path, "build", "run")
+    assert json.loads(contextful(tmp_path, "--json", "build", "status").stdout)[0]["stale"] is False
