@@ -239,7 +239,7 @@ def test_a_run_id_commits_at_most_once(rig: Rig) -> None:
 
     request = CommitRequest(table="t", run_id=commit.run_id, kind="append", manifest=commit.manifest,
                             requirements=(), updates=(), rows=commit.rows)
-    assert store.catalog.commit(request, 1) == commit.commit_seq  # the same commit sent again
+    assert store.catalog.commit(request, store.clock) == commit.commit_seq  # the same commit sent again
     assert store.catalog.commits("t") == again
 
 
