@@ -18,11 +18,16 @@ CHILD = "orders__items"
 ITEMS_PER_ORDER = 2
 
 
+def orders(ids: list[int]) -> pa.Table:
+    """Orders ``ids`` as they arrive, each with two items."""
+    return pa.table({"id": ids, "items": [[{"sku": f"{i}-{j}"} for j in range(ITEMS_PER_ORDER)] for i in ids]})
+
+
 def land_orders(store: Store, ids: list[int]) -> None:
-    """One relational landing of orders ``ids``, each with two items, and the pipeline's position."""
+    """One relational landing of orders ``ids`` and the pipeline's position."""
     sink = LandingSink(store, ORDERS)
     try:
-        sink.stage(pa.table({"id": ids, "items": [[{"sku": f"{i}-{j}"} for j in range(ITEMS_PER_ORDER)] for i in ids]}))
+        sink.stage(orders(ids))
         sink.commit("pipeline:orders", {"landed": ids})
     finally:
         sink.abort()

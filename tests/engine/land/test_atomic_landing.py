@@ -13,18 +13,24 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import engine.read
+from engine.config.manifest import SourceSpec
 from engine.config.parse import parse_manifest
+from engine.land.receive.config import ReceiveConfig
+from engine.land.receive.group import drain
+from engine.land.receive.spool import Queue, key_digest
+from engine.land.sink import prepare_batch
 from engine.model.build import build_models
 from storage import ManualClock, Store
 from tests.storage.catalog_place import CatalogPlace, place_for
 from tests.storage.hooked_catalog import Hooks
-from tests.support.relational_landing import CHILD, ITEMS_PER_ORDER, land_orders, torn
+from tests.support.relational_landing import CHILD, ITEMS_PER_ORDER, ORDERS, land_orders, orders, torn
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -68,6 +74,31 @@ def test_a_reader_during_a_relational_landing_never_sees_children_without_their_
     land_orders(writer, [1, 2])
     land_orders(writer, [3])
     clock.watch = None
+    assert seen and set(seen) == {(0, 0)}
+    assert torn(reader) == (0, 0)
+    assert reader.table(CHILD).count() == 3 * ITEMS_PER_ORDER
+
+
+def test_a_reader_during_a_relational_receive_group_never_sees_children_without_their_root(
+        opened: Callable[..., Store], tmp_path: Path) -> None:
+    spec = replace(ORDERS, source=SourceSpec("receive", {"key_retention_secs": 60}))
+    clock = WatchedClock()
+    writer = opened(clock)
+    reader = opened()
+    queue = Queue(tmp_path / "queue", spec.id)
+    seen: list[tuple[int, int]] = []
+    try:
+        for key, ids in (("k1", [1, 2]), ("k2", [3])):  # spooled by receivers; one group lands both
+            digest = key_digest(spec.id, key)
+            queue.index.touch(digest, key, clock.now_us())
+            tables, _ = prepare_batch(spec, orders(ids), digest, types=None, guard=False)
+            queue.spool(key, digest, tables, received_us=clock.now_us(), body_bytes=0, body_sha256="")
+        clock.watch = lambda: seen.append(torn(reader))
+        [landing] = drain(writer, spec, queue, ReceiveConfig(60.0), clock=clock)
+        clock.watch = None
+    finally:
+        queue.close()
+    assert {c.table for c in landing.commits} == {"orders", CHILD}
     assert seen and set(seen) == {(0, 0)}
     assert torn(reader) == (0, 0)
     assert reader.table(CHILD).count() == 3 * ITEMS_PER_ORDER
