@@ -321,6 +321,38 @@ def test_commit_and_swap_admits_one_winner_per_head(open_catalog: CatalogFactory
     assert len(live(catalogs[0], total)) == total
 
 
+def test_commits_of_several_tables_in_any_order_never_deadlock(open_catalog: CatalogFactory) -> None:
+    """Two committers landing on the same two tables, naming them in opposite orders: each locks
+    the heads in one order, so both finish and every commit lands both tables."""
+    setup = open_catalog()
+    for table in ("a", "b"):
+        setup.create_table(table, UUID, (), 1)
+    rounds = 15
+    failures: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def write(w: int, order: tuple[str, str]) -> None:
+        catalog = open_catalog()
+        try:
+            start.wait(60)
+            for i in range(rounds):
+                catalog.commit_many([request(AddParts((part(f"{t}-w{w}-{i}"),)), table=t, run_id=f"w{w}-{i}")
+                                     for t in order], at(10))
+        except BaseException as exc:  # noqa: BLE001 - a thread reports every failure to the test
+            failures.append(exc)
+
+    threads = [threading.Thread(target=write, args=(0, ("a", "b"))), threading.Thread(target=write, args=(1, ("b", "a")))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failures, failures
+    for table in ("a", "b"):
+        assert [c.commit_seq for c in setup.commits(table)] == list(range(1, 2 * rounds + 1))
+    # each commit landed both tables at once: the runs follow the same order in both
+    assert [c.run_id for c in setup.commits("a")] == [c.run_id for c in setup.commits("b")]
+
+
 # --- parts and snapshots -----------------------------------------------------------------------
 
 
