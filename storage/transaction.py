@@ -3,7 +3,9 @@
 The sequence is the decision "no representable torn publication": parts are written whole, the
 run manifest is written whole, and only then one catalog commit advances the table head. Until
 that commit the run is invisible; after it, all of it is. A crash in between leaves unreferenced
-objects for collection and nothing a reader can see.
+objects for collection and nothing a reader can see. Runs on several tables that must be seen
+together (a relational landing's root and child tables) land with :func:`commit_together`: one
+catalog commit advances every head or none.
 
 Staging reconciles each batch's schema with the table's (``storage.reconcile``) and keeps the
 downgrade events; they reach the manifest only through the commit, so a stage that never commits
