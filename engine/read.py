@@ -9,7 +9,7 @@ This is how notebooks read::
 
 Each view reads exactly the parts live at its snapshot — the head, or the newest commit at or
 before ``as_of`` — with schema evolution and primary-key resolution applied (storage.snapshot).
-Views are pinned, every table at one point (``Store.snapshots``: one catalog read): a run
+Views are pinned, every table at one point (``Store.pin``: one catalog read): a run
 committing after ``connect`` does not change what they answer, and none is seen in some tables
 but not others; call ``connect`` again to see it. ``_runs`` is a view like any other, and so is each model (its latest
 published build); :func:`model_build` adds a view of one specific build (docs/notebooks.md).
@@ -66,8 +66,11 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
         con.register(_RUNS_CACHE, store.runs.history())
         con.execute(f"CREATE OR REPLACE VIEW {quote(RUNS_TABLE)} AS SELECT * FROM {quote(_RUNS_CACHE)}")
         names.append(RUNS_TABLE)
-    for name, snap in store.snapshots(as_of=as_of).items():  # every table pinned at one point
-        if name in names or snap.schema is None:
+    for name, (table, seq) in store.pin(as_of=as_of).items():  # every table pinned at one point
+        if name in names:
+            continue
+        snap = table.snapshot_at(seq)
+        if snap.schema is None:
             continue
         attach_snapshot(con, snap, name)
         names.append(name)
