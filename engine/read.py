@@ -9,8 +9,9 @@ This is how notebooks read::
 
 Each view reads exactly the parts live at its snapshot — the head, or the newest commit at or
 before ``as_of`` — with schema evolution and primary-key resolution applied (storage.snapshot).
-Views are pinned: a run committing after ``connect`` does not change what they answer; call
-``connect`` again to see it. ``_runs`` is a view like any other, and so is each model (its latest
+Views are pinned, every table at one point (``Store.pin``: one catalog read): a run
+committing after ``connect`` does not change what they answer, and none is seen in some tables
+but not others; call ``connect`` again to see it. ``_runs`` is a view like any other, and so is each model (its latest
 published build); :func:`model_build` adds a view of one specific build (docs/notebooks.md).
 """
 
@@ -65,13 +66,10 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
         con.register(_RUNS_CACHE, store.runs.history())
         con.execute(f"CREATE OR REPLACE VIEW {quote(RUNS_TABLE)} AS SELECT * FROM {quote(_RUNS_CACHE)}")
         names.append(RUNS_TABLE)
-    for name in store.table_names(include_reserved=True):
+    for name, (table, seq) in store.pin(as_of=as_of).items():  # every table pinned at one point
         if name in names:
             continue
-        try:
-            snap = store.table(name).snapshot(as_of=as_of)
-        except SnapshotNotFound:
-            continue
+        snap = table.snapshot_at(seq)
         if snap.schema is None:
             continue
         attach_snapshot(con, snap, name)

@@ -112,7 +112,7 @@ def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, 
         rows=sum(p.rows for p in added),
     )
     try:
-        seq = store.catalog.commit(request, store.clock.now_us())
+        seq = store.catalog.commit(request, store.clock)
     except CommitOutcomeUnknown:
         raise  # it may have landed: its parts stay, and the lease keeps collection away
     except BaseException:

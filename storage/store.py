@@ -20,7 +20,9 @@ import json
 import os
 import threading
 import uuid as uuidlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any, Self
 
 import duckdb
@@ -28,7 +30,7 @@ import duckdb
 from storage.blobs import BlobStore
 from storage.blobs.files import FileBlobStore
 from storage.catalog import Catalog, open_catalog
-from storage.clock import Clock, SystemClock
+from storage.clock import Clock, SystemClock, to_us
 from storage.collect import CollectResult, collect
 from storage.duck import connect
 from storage.errors import TableNotFound
@@ -37,6 +39,7 @@ from storage.journal import JournalStore, open_journal_store
 from storage.objects import ObjectStore
 from storage.reserved import RESERVED_TABLES, check_table_name
 from storage.run_record import RunRecord
+from storage.snapshot import Snapshot
 from storage.table import Table
 from storage.transaction import CommitResult
 
@@ -182,6 +185,27 @@ class Store:
         return collect(self, **kwargs)
 
     # --- reading --------------------------------------------------------------------------------
+
+    def pin(self, names: Sequence[str] | None = None, as_of: datetime | int | None = None) -> dict[str, tuple[Table, int]]:
+        """Tables ``names`` (None: every table, reserved ones included), each with the commit_seq
+        it is pinned at, all pinned at one point.
+
+        Every table's head — or, with ``as_of``, its newest commit at or before that transaction
+        time — is read in one catalog statement, so no commit lands between two tables' pins: a
+        reader of a relational root and its child tables, or a model build over several inputs,
+        sees each commit whole (``table.snapshot_at(seq)`` then reads each). A table with no commit
+        by ``as_of`` is left out; a name that is no table raises TableNotFound.
+        """
+        as_of_us = None if as_of is None else to_us(as_of) if isinstance(as_of, datetime) else int(as_of)
+        pinned = self.catalog.pin_heads(names, as_of_us)
+        for name in names or ():
+            if name not in pinned:
+                raise TableNotFound(name)
+        return {name: (Table(self, p.head), p.commit_seq) for name, p in pinned.items() if p.commit_seq is not None}
+
+    def snapshots(self, names: Sequence[str] | None = None, as_of: datetime | int | None = None) -> dict[str, Snapshot]:
+        """The snapshots of :meth:`pin`: every table pinned at one point."""
+        return {name: table.snapshot_at(seq) for name, (table, seq) in self.pin(names, as_of).items()}
 
     def duckdb(self, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
         """A DuckDB connection able to read this store's parts."""

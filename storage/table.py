@@ -82,7 +82,7 @@ class Table:
                                 requirements=(AssertTableUUID(head.uuid),),
                                 updates=(DeclareOrderBy(head.primary_key, column),))
         try:
-            seq = self.store.catalog.commit(request, self.store.clock.now_us())
+            seq = self.store.catalog.commit(request, self.store.clock)
         except CommitConflict as exc:
             if exc.failed != "DeclareOrderBy":
                 raise
@@ -135,7 +135,10 @@ class Table:
         return commit_seq
 
     def snapshot(self, commit_seq: int | None = None, as_of: datetime | int | None = None) -> Snapshot:
-        seq = self.resolve_seq(commit_seq, as_of)
+        return self.snapshot_at(self.resolve_seq(commit_seq, as_of))
+
+    def snapshot_at(self, seq: int) -> Snapshot:
+        """The snapshot at ``seq`` (at most the head this table last read; not checked again)."""
         catalog = self.store.catalog
         schema_id = catalog.schema_id_at(self.name, seq) if seq else 0
         schema = schema_from_text(catalog.schema_at(self.name, schema_id)) if schema_id else None

@@ -3,7 +3,9 @@
 The sequence is the decision "no representable torn publication": parts are written whole, the
 run manifest is written whole, and only then one catalog commit advances the table head. Until
 that commit the run is invisible; after it, all of it is. A crash in between leaves unreferenced
-objects for collection and nothing a reader can see.
+objects for collection and nothing a reader can see. Runs on several tables that must be seen
+together (a relational landing's root and child tables) land with :func:`commit_together`: one
+catalog commit advances every head or none.
 
 Staging reconciles each batch's schema with the table's (``storage.reconcile``) and keeps the
 downgrade events; they reach the manifest only through the commit, so a stage that never commits
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -134,6 +136,8 @@ class RunTransaction:
         self._events: list[DowngradeEvent] = []
         self._arrived: list[str] = []
         self._cursor: dict[str, Any] | None = None
+        self._extra_requirements: tuple[Requirement, ...] = ()
+        self._extra_updates: tuple[Update, ...] = ()
         self._done = False
         self._outcome_unknown = False
         self._recorded = record and table.name not in RESERVED_TABLES  # record=False: no _runs rows
@@ -281,62 +285,50 @@ class RunTransaction:
     def commit(self, extra_requirements: tuple[Requirement, ...] = (),
                extra_updates: tuple[Update, ...] = ()) -> CommitResult:
         """Land the run with one catalog commit; retry while only the head schema moved."""
+        self.add_to_commit(extra_requirements, extra_updates)
+        return commit_together([self])[0]
+
+    def add_to_commit(self, requirements: tuple[Requirement, ...] = (), updates: tuple[Update, ...] = ()) -> None:
+        """Check ``requirements`` and apply ``updates`` in this run's commit, beside its own."""
         self._check_open()
-        self._settle()
-        catalog = self.store.catalog
+        self._extra_requirements += requirements
+        self._extra_updates += updates
+
+    def _request(self) -> tuple[CommitRequest, RunManifest, list[DowngradeEvent]]:
+        """The commit landing the run at the table's head as it is now; its manifest is written."""
         name = self.table.name
-        for _attempt in range(MAX_COMMIT_ATTEMPTS):
-            head = self.table.refresh()
-            if head.uuid != self._uuid:
-                raise CommitConflict(name, f"table uuid is {head.uuid}, not {self._uuid}")
-            landed, events = self._landed_against(head.schema_id, head.schema)
-            manifest = RunManifest(
-                table=name, table_uuid=self._uuid, run_id=self.run_id, kind=self.kind,
-                parts=tuple(self._parts), landed_schema=schema_to_text(landed),
-                arrived_schemas=tuple(self._arrived), cursor=self._cursor,
-                downgrade_events=tuple(events), created_us=self.store.clock.now_us(), meta=self.meta,
-            )
-            key = manifest_key(name, self.run_id)
-            self.store.objects.put_bytes(key, manifest.dumps(), durable=self.store.durable)
-            updates: list[Update] = []
-            if self.kind == "replace":
-                updates.append(RemoveAllParts())
-            if len(landed) and schema_to_text(landed) != head.schema:
-                updates.append(SetSchema(schema_to_text(landed)))
-            if self._parts:
-                updates.append(AddParts(tuple(
-                    PartFile(p.path, p.rows, p.bytes, ord_idx=i, exact_schema=written.equals(landed))
-                    for i, (p, written) in enumerate(zip(self._parts, self._part_schemas)))))
-            if self._cursor is not None:
-                updates.append(SetCursor(self._cursor["scope"], self._cursor["value"]))
-            if self._recorded:
-                updates.append(self.store.runs.commit_update(self.run_id, name, manifest, key))
-            updates.extend(extra_updates)
-            request = CommitRequest(
-                table=name, run_id=self.run_id, kind=self.kind, manifest=key,
-                requirements=(AssertTableUUID(self._uuid), AssertSchemaId(head.schema_id), *extra_requirements),
-                updates=tuple(updates), rows=manifest.rows,
-            )
-            try:
-                seq = catalog.commit(request, self.store.clock.now_us())
-            except CommitOutcomeUnknown:
-                # It may have landed: keep every part, the manifest and the staging lease; an
-                # abort after this deletes nothing (the next run or collection settles it).
-                self._outcome_unknown = self._done = True
-                raise
-            except CommitConflict as exc:
-                if exc.failed != "AssertSchemaId":
-                    raise
-                continue
-            break
-        else:
-            raise CommitConflict(name, "the head schema kept moving", attempts=MAX_COMMIT_ATTEMPTS)
-        self._done = True
-        self.table.refresh()
+        head = self.table.refresh()
+        if head.uuid != self._uuid:
+            raise CommitConflict(name, f"table uuid is {head.uuid}, not {self._uuid}")
+        landed, events = self._landed_against(head.schema_id, head.schema)
+        manifest = RunManifest(
+            table=name, table_uuid=self._uuid, run_id=self.run_id, kind=self.kind,
+            parts=tuple(self._parts), landed_schema=schema_to_text(landed),
+            arrived_schemas=tuple(self._arrived), cursor=self._cursor,
+            downgrade_events=tuple(events), created_us=self.store.clock.now_us(), meta=self.meta,
+        )
+        key = manifest_key(name, self.run_id)
+        self.store.objects.put_bytes(key, manifest.dumps(), durable=self.store.durable)
+        updates: list[Update] = []
+        if self.kind == "replace":
+            updates.append(RemoveAllParts())
+        if len(landed) and schema_to_text(landed) != head.schema:
+            updates.append(SetSchema(schema_to_text(landed)))
+        if self._parts:
+            updates.append(AddParts(tuple(
+                PartFile(p.path, p.rows, p.bytes, ord_idx=i, exact_schema=written.equals(landed))
+                for i, (p, written) in enumerate(zip(self._parts, self._part_schemas)))))
+        if self._cursor is not None:
+            updates.append(SetCursor(self._cursor["scope"], self._cursor["value"]))
         if self._recorded:
-            self.store.runs.after_commit()
-        return CommitResult(name, self.run_id, seq, manifest.rows, len(self._parts), manifest.bytes,
-                            tuple(events))
+            updates.append(self.store.runs.commit_update(self.run_id, name, manifest, key))
+        updates.extend(self._extra_updates)
+        request = CommitRequest(
+            table=name, run_id=self.run_id, kind=self.kind, manifest=key,
+            requirements=(AssertTableUUID(self._uuid), AssertSchemaId(head.schema_id), *self._extra_requirements),
+            updates=tuple(updates), rows=manifest.rows,
+        )
+        return request, manifest, events
 
     def _landed_against(self, head_schema_id: int, head_schema: str | None) -> tuple[pa.Schema, list[DowngradeEvent]]:
         """The schema the run lands in and its events, given where the head is now."""
@@ -385,3 +377,49 @@ class RunTransaction:
             self.abort()
         elif not self._done:
             self.commit()
+
+
+def commit_together(transactions: Sequence[RunTransaction]) -> list[CommitResult]:
+    """Land every run of ``transactions`` (one per table, one store) with one catalog commit.
+
+    Every table's requirements are checked and every head advances, or none does: a reader never
+    sees some of the runs without the others (a relational landing's root and child tables). The
+    whole commit is built again and retried while only a head schema moved. A CommitOutcomeUnknown
+    leaves every run's parts, manifest and lease in place, as :meth:`RunTransaction.commit` does.
+    """
+    if not transactions:
+        return []
+    store = transactions[0].store
+    if any(t.store is not store for t in transactions):
+        raise ValueError("runs committed together must be on one store")
+    for txn in transactions:
+        txn._check_open()
+    for txn in transactions:
+        txn._settle()
+    for _attempt in range(MAX_COMMIT_ATTEMPTS):
+        built = [txn._request() for txn in transactions]
+        try:
+            seqs = store.catalog.commit_many([request for request, _, _ in built], store.clock)
+        except CommitOutcomeUnknown:
+            # It may have landed: keep every part, the manifests and the staging leases; an
+            # abort after this deletes nothing (the next run or collection settles it).
+            for txn in transactions:
+                txn._outcome_unknown = txn._done = True
+            raise
+        except CommitConflict as exc:
+            if exc.failed != "AssertSchemaId":
+                raise
+            continue
+        break
+    else:
+        names = ", ".join(txn.table.name for txn in transactions)
+        raise CommitConflict(names, "the head schema kept moving", attempts=MAX_COMMIT_ATTEMPTS)
+    results = []
+    for txn, seq, (_request, manifest, events) in zip(transactions, seqs, built):
+        txn._done = True
+        txn.table.refresh()
+        results.append(CommitResult(txn.table.name, txn.run_id, seq, manifest.rows, len(txn._parts),
+                                    manifest.bytes, tuple(events)))
+    if any(txn._recorded for txn in transactions):
+        store.runs.after_commit()
+    return results

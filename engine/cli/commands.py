@@ -61,8 +61,8 @@ def table_list(ctx: click.Context, include_reserved: bool) -> None:
     """Every table with its head commit, parts and stored rows."""
     with _store(ctx) as store:
         rows = []
-        for name in store.table_names(include_reserved=include_reserved):
-            snap = store.table(name).snapshot()
+        snaps = store.snapshots(store.table_names(include_reserved=include_reserved))  # one point for all
+        for name, snap in snaps.items():
             rows.append({"table": name, "commit_seq": snap.commit_seq, "parts": len(snap.parts),
                          "rows_stored": snap.rows_stored, "primary_key": list(snap.primary_key)})
     if _json(ctx):

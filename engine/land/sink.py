@@ -17,10 +17,10 @@ Every source runner (files, http, receive, seed) hands its decoded batches to on
    buffered per table until :data:`BUFFER_ROWS` rows or :data:`BUFFER_BYTES`, so pages do not
    become tiny parts.
 
-:meth:`LandingSink.commit` lands every touched table: child tables first, the pipeline's root
-table last carrying the cursor, so a position never commits ahead of any of its rows. A crash
-between those commits leaves child rows whose root rows never landed; readers join from the root
-(``docs/normalization.md``), and the re-run lands the root rows again with fresh ids.
+:meth:`LandingSink.commit` lands every touched table in one catalog commit
+(``storage.transaction.commit_together``), the pipeline's root table carrying the cursor: a
+reader sees the root rows, their child rows and the position together or none of them, and a
+failure or a crash leaves none of them, so the re-run lands each table's rows once.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from engine.config.manifest import PipelineSpec
 from engine.land.results import TableLanding
 from engine.land.typed import apply_types, read_types
 from storage import Store
-from storage.transaction import CommitResult, RunTransaction, Savepoint
+from storage.transaction import CommitResult, RunTransaction, Savepoint, commit_together
 
 log = logging.getLogger(__name__)
 
@@ -198,18 +198,18 @@ class LandingSink:
 
     def commit(self, scope: str | None = None, position: Any = None,
                meta: dict[str, Any] | None = None) -> CommitResult | None:
-        """Commit every touched table, children first and the root last with ``position``.
+        """Commit every touched table in one catalog commit, the root with ``position``.
 
         A position with nothing staged still commits (an empty run on the root table): it moved.
         Returns the root table's commit (None when nothing was staged and no position given).
         """
         if not self._staging and scope is None:
             return None
-        root = self._staging_for(self.spec.table) if scope is not None else self._staging.get(self.spec.table)
-        order = [n for n in self._staging if n != self.spec.table] + ([self.spec.table] if root else [])
-        result: CommitResult | None = None
+        if scope is not None:
+            self._staging_for(self.spec.table)
+        names = list(self._staging)
         try:
-            for name in order:
+            for name in names:
                 staging = self._staging[name]
                 staging.flush()
                 staging.txn.meta.update(meta or {})
@@ -217,17 +217,19 @@ class LandingSink:
                     staging.txn.meta["masked_cells"] = self._masked[name]
                 if name == self.spec.table and scope is not None:
                     staging.txn.set_cursor(scope, position)
-                committed = staging.txn.commit()
-                del self._staging[name]
-                landing = self.landings[name]
-                landing.add(committed)
-                for column, n in self._masked.pop(name, {}).items():
-                    landing.masked_cells[column] = landing.masked_cells.get(column, 0) + n
-                if name == self.spec.table:
-                    result = committed
+            committed = commit_together([self._staging[name].txn for name in names])
         except BaseException:
             self.abort()
             raise
+        self._staging.clear()
+        result: CommitResult | None = None
+        for name, landed in zip(names, committed):
+            landing = self.landings[name]
+            landing.add(landed)
+            for column, n in self._masked.pop(name, {}).items():
+                landing.masked_cells[column] = landing.masked_cells.get(column, 0) + n
+            if name == self.spec.table:
+                result = landed
         return result
 
     def abort(self) -> None:

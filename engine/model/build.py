@@ -2,8 +2,9 @@
 
 One build of one model:
 
-1. pins each input at its table's current head ``commit_seq`` — the **watermark** (a model input
-   is that model's latest published build);
+1. pins every input at its table's current head ``commit_seq``, all in one catalog read
+   (``Store.snapshots``), so no commit lands between two inputs' pins — the **watermark** (a
+   model input is that model's latest published build);
 2. checks the declared contract against the published build's (``engine.model.contract``);
 3. runs the SQL in DuckDB over views answering exactly the pinned snapshots, streaming the result
    (``to_arrow_reader``) into Parquet parts staged on a ``replace`` run of the model's table, each
@@ -111,8 +112,9 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
     try:
         watermark = {}
         chains = {}
+        pinned = store.snapshots(inputs)  # one point for every input
         for name in inputs:
-            snap = store.table(name).snapshot()
+            snap = pinned[name]
             watermark[name] = snap.commit_seq
             chains[name] = chain_record(store, name, snap.commit_seq)
             attach_snapshot(con, snap, name)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from storage.clock import Clock
 from storage.commits import CommitRequest
 from storage.errors import StorageProfileUnknown
 
@@ -35,6 +37,15 @@ class TableHead:
     """The column whose larger value wins a primary-key merge (None: the later commit wins)."""
     order_by_seq: int = 0
     """The commit that declared ``order_by`` (0: declared with the table, in force from its start)."""
+
+
+@dataclass(frozen=True)
+class PinnedHead:
+    """A table's head and the commit a reader pins it at, read with every other table's at one point."""
+
+    head: TableHead
+    commit_seq: int | None
+    """The head's commit_seq, or the newest commit at or before the instant asked (None: none was)."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +116,12 @@ class Catalog(ABC):
     def list_heads(self) -> list[TableHead]: ...
 
     @abstractmethod
-    def commit(self, request: CommitRequest, now_us: int) -> int:
+    def pin_heads(self, names: Sequence[str] | None = None, as_of_us: int | None = None) -> dict[str, PinnedHead]:
+        """The heads of ``names`` (None: every table), each pinned at its head commit or, with
+        ``as_of_us``, at its newest commit at or before that instant — all read in one statement,
+        so at one point: no commit lands between two tables' pins. Unknown names are left out."""
+
+    def commit(self, request: CommitRequest, clock: Clock) -> int:
         """Check the requirements and apply the updates atomically; return the new commit_seq.
 
         Every outcome is known to the caller: a return means committed; CommitConflict (a
@@ -113,7 +129,21 @@ class Catalog(ABC):
         so the caller may delete what it staged; CommitOutcomeUnknown means it could not be
         learned (the commit may have landed), so the caller deletes nothing. A run id commits at
         most once per table: the same request sent again after a lost answer returns the
-        commit_seq it landed at.
+        commit_seq it landed at. The commit's time is read from ``clock`` under the catalog's lock
+        (see :meth:`commit_many`).
+        """
+        return self.commit_many([request], clock)[0]
+
+    @abstractmethod
+    def commit_many(self, requests: Sequence[CommitRequest], clock: Clock) -> list[int]:
+        """Commit ``requests`` (at most one per table) in one transaction; return each one's commit_seq.
+
+        Every table's requirements are checked before anything is applied, and every head
+        advances, or none does; the outcomes are those of :meth:`commit`, for all of them at once.
+        A request whose run id already landed on its table answers that commit_seq and lands
+        nothing again. The commits share one time, read from ``clock`` once the catalog's lock is
+        held and never earlier than the previous commit's time anywhere in the catalog, so a
+        commit that waited for the lock is never timed before an instant already read.
         """
 
     @abstractmethod
@@ -122,9 +152,10 @@ class Catalog(ABC):
     @abstractmethod
     def commits(self, name: str) -> list[CommitRow]: ...
 
-    @abstractmethod
     def seq_as_of(self, name: str, as_of_us: int) -> int | None:
         """The newest commit_seq committed at or before ``as_of_us`` (None if none was)."""
+        pinned = self.pin_heads([name], as_of_us).get(name)
+        return pinned.commit_seq if pinned is not None else None
 
     @abstractmethod
     def schema_id_at(self, name: str, commit_seq: int) -> int: ...

@@ -1,7 +1,9 @@
 """The shared catalog: a PostgreSQL schema (``CONTEXTFUL_STORAGE_PROFILE=postgres``), psycopg 3.
 
-A commit locks its table's head row with ``SELECT … FOR UPDATE``; the row lock serializes every
-committer of that table across connections and hosts, so the conditional update is linearizable.
+A commit locks the head rows of its tables with ``SELECT … FOR UPDATE``; the row locks serialize
+every committer of those tables across connections and hosts, so the conditional update is
+linearizable. Its last statements hold the commit clock's row as well (``storage.catalog.sql``),
+so commit times follow commit order across the catalog.
 Opening refuses a server that cannot take such a write: a hot standby in recovery or a
 read-only default transaction.
 """
@@ -18,6 +20,7 @@ from storage.errors import ConditionalWriteUnsupported, ContextfulError
 class PostgresCatalog(SqlCatalog):
     backend = "postgres"
     placeholder = "%s"
+    row_lock = " FOR UPDATE"
 
     def __init__(self, dsn: str, schema: str) -> None:
         self.dsn = dsn
@@ -52,7 +55,3 @@ class PostgresCatalog(SqlCatalog):
         cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
         if not durable:
             cur.execute("SET LOCAL synchronous_commit = off")
-
-    def _lock_head_sql(self) -> str:
-        return ("SELECT table_uuid, commit_seq, schema_id, last_commit_us FROM cf_tables"
-                " WHERE name = %s FOR UPDATE")

@@ -1,10 +1,17 @@
 """The catalog's SQL, shared by the SQLite and PostgreSQL adapters.
 
-One commit is one database transaction: lock the table's head row, check every requirement,
-apply every update, append the commit-log row, and advance ``commit_seq`` with a conditional
+One commit is one database transaction: lock the head row of every table it lands on (in name
+order, so committers never deadlock), check every requirement of every table, apply every update,
+then take the catalog's commit clock (``cf_clock``), read the commit time from the caller's clock,
+append the commit-log rows and advance each ``commit_seq`` with a conditional
 ``UPDATE … WHERE commit_seq = <read head>`` — the compare-and-swap that linearizes commits.
 Adapters supply the connection, the way a write transaction begins (``BEGIN IMMEDIATE`` on
-SQLite, ``SELECT … FOR UPDATE`` on PostgreSQL) and the placeholder style.
+SQLite, ``SELECT … FOR UPDATE`` row locks on PostgreSQL) and the placeholder style.
+
+The commit clock is one row every commit locks and advances, so commit times follow commit order
+across the whole catalog: the time is read after the locks are held, and never earlier than the
+previous commit's. On SQLite the writer lock already serializes commits; on PostgreSQL the row lock
+serializes their last statements (the part-index updates before it run concurrently).
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from storage.catalog import Catalog, CommitRow, PartRow, RunRecordRow, StagingRow, TableHead
+from storage.catalog import Catalog, CommitRow, PartRow, PinnedHead, RunRecordRow, StagingRow, TableHead
+from storage.clock import Clock
 from storage.commits import (
     AddParts,
     AssertHeadSeq,
@@ -69,11 +77,19 @@ DDL = (
     """CREATE TABLE IF NOT EXISTS cf_staging (
         table_name TEXT NOT NULL, run_id TEXT NOT NULL, holder TEXT NOT NULL, started_us BIGINT NOT NULL,
         expires_us BIGINT NOT NULL, PRIMARY KEY (table_name, run_id))""",
+    "CREATE TABLE IF NOT EXISTS cf_clock (id INTEGER PRIMARY KEY, last_commit_us BIGINT NOT NULL)",
+    # a catalog written before the clock existed starts it at its newest commit
+    ("INSERT INTO cf_clock (id, last_commit_us) SELECT 1, COALESCE(MAX(committed_us), 0) FROM cf_commits"
+     " WHERE 1 = 1 ON CONFLICT (id) DO NOTHING"),
 )
 
 _HEAD_COLUMNS = "t.name, t.table_uuid, t.commit_seq, t.schema_id, t.primary_key, t.created_us, t.last_commit_us"
 _PART_COLUMNS = "path, rows_count, bytes, added_seq, removed_seq, ord_seq, ord_idx, collected_us"
 _SELECT_PARTS = f"SELECT {_PART_COLUMNS}, schema_id FROM cf_parts"
+_SELECT_HEADS = (f"SELECT {_HEAD_COLUMNS}, s.schema_text, {{pin}} FROM cf_tables t LEFT JOIN cf_schemas s"
+                 " ON s.table_name = t.name AND s.schema_id = t.schema_id")
+_PIN_HEAD = "t.commit_seq"
+_PIN_AS_OF = "(SELECT MAX(c.commit_seq) FROM cf_commits c WHERE c.table_name = t.name AND c.committed_us <= ?)"
 
 
 class SqlCatalog(SqlDialect, Catalog):
@@ -112,8 +128,9 @@ class SqlCatalog(SqlDialect, Catalog):
     def _map_error(self, exc: Exception) -> ContextfulError | None:
         """The catalogue error for a driver error (None: not the driver's)."""
 
-    @abstractmethod
-    def _lock_head_sql(self) -> str: ...
+    row_lock = ""
+    """What a ``SELECT`` appends to lock the rows it reads until the transaction ends (PostgreSQL's
+    ``FOR UPDATE``; SQLite's writer lock already excludes every other writer)."""
 
     def _lock_ddl(self, cur: Any) -> None:
         """Serialize schema creation between processes opening the catalog at once."""
@@ -155,19 +172,23 @@ class SqlCatalog(SqlDialect, Catalog):
         return head
 
     def load_head(self, name: str) -> TableHead | None:
-        rows = self._read(
-            f"SELECT {_HEAD_COLUMNS}, s.schema_text FROM cf_tables t LEFT JOIN cf_schemas s"
-            " ON s.table_name = t.name AND s.schema_id = t.schema_id WHERE t.name = ?",
-            (name,),
-        )
-        return _head(rows[0]) if rows else None
+        pinned = self.pin_heads([name]).get(name)
+        return pinned.head if pinned is not None else None
 
     def list_heads(self) -> list[TableHead]:
-        rows = self._read(
-            f"SELECT {_HEAD_COLUMNS}, s.schema_text FROM cf_tables t LEFT JOIN cf_schemas s"
-            " ON s.table_name = t.name AND s.schema_id = t.schema_id ORDER BY t.name"
-        )
-        return [_head(r) for r in rows]
+        return [p.head for p in self.pin_heads().values()]
+
+    def pin_heads(self, names: Sequence[str] | None = None, as_of_us: int | None = None) -> dict[str, PinnedHead]:
+        statement = _SELECT_HEADS.format(pin=_PIN_HEAD if as_of_us is None else _PIN_AS_OF)
+        params: list[Any] = [] if as_of_us is None else [as_of_us]
+        if names is not None:
+            wanted = sorted(set(names))
+            if not wanted:
+                return {}
+            statement += f" WHERE t.name IN ({', '.join('?' for _ in wanted)})"
+            params += wanted
+        rows = self._read(statement + " ORDER BY t.name", params)  # one statement: one point in time
+        return {r[0]: PinnedHead(_head(r[:-1]), r[-1]) for r in rows}
 
     def schema_at(self, name: str, schema_id: int) -> str:
         rows = self._read("SELECT schema_text FROM cf_schemas WHERE table_name = ? AND schema_id = ?",
@@ -176,43 +197,75 @@ class SqlCatalog(SqlDialect, Catalog):
 
     # --- the commit -----------------------------------------------------------------------------
 
-    def commit(self, request: CommitRequest, now_us: int) -> int:
-        """One transaction; a commit whose answer was lost runs again and finds its run id landed
+    def commit_many(self, requests: Sequence[CommitRequest], clock: Clock) -> list[int]:
+        """One transaction; a commit whose answer was lost runs again and finds its run ids landed
         (a run id commits at most once per table), so it never lands twice. Raises
         CommitOutcomeUnknown only when no working connection could tell."""
+        tables = [r.table for r in requests]
+        if len(set(tables)) != len(tables):
+            raise ValueError(f"one commit lands at most one run per table, not {tables}")
+        if not requests:
+            return []
         try:
-            return self._write(lambda cur: self._commit(cur, request, now_us), rerun_unheard=True)
+            return self._write(lambda cur: self._commit(cur, requests, clock), rerun_unheard=True)
         except CommitUnheard as exc:
-            raise CommitOutcomeUnknown(f"table {request.table!r}", request.run_id, str(exc)) from exc
+            target = ", ".join(repr(t) for t in tables)
+            raise CommitOutcomeUnknown(f"table{'s' if len(tables) > 1 else ''} {target}",
+                                       ", ".join(r.run_id for r in requests), str(exc)) from exc
 
-    def _commit(self, cur: _Cursor, request: CommitRequest, now_us: int) -> int:
-        cur.execute(self._lock_head_sql(), (request.table,))
-        row = cur.fetchone()
-        if row is None:
-            raise TableNotFound(request.table)
-        uuid, head_seq, schema_id, last_us = row
-        landed = self._landed_seq(cur, request)
-        if landed is not None:
-            return landed
-        self._check(cur, request, uuid, head_seq, schema_id)
-        seq = head_seq + 1
-        committed_us = max(now_us, last_us)  # transaction time never runs backwards
-        schema_id = self._apply(cur, request, seq, schema_id)
-        cur.execute(
-            "INSERT INTO cf_commits (table_name, commit_seq, run_id, kind, manifest, schema_id,"
-            " committed_us, rows_added) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (request.table, seq, request.run_id, request.kind, request.manifest, schema_id,
-             committed_us, request.rows),
-        )
-        cur.execute("DELETE FROM cf_staging WHERE table_name = ? AND run_id = ?", (request.table, request.run_id))
-        cur.execute(
-            "UPDATE cf_tables SET commit_seq = ?, schema_id = ?, last_commit_us = ?"
-            " WHERE name = ? AND commit_seq = ?",
-            (seq, schema_id, committed_us, request.table, head_seq),
-        )
-        if cur.rowcount != 1:
-            raise CommitConflict(request.table, f"head moved from commit_seq {head_seq}")
-        return seq
+    def _commit(self, cur: _Cursor, requests: Sequence[CommitRequest], clock: Clock) -> list[int]:
+        heads: dict[str, tuple[Any, ...]] = {}
+        for table in sorted(r.table for r in requests):  # one lock order: committers never deadlock
+            cur.execute("SELECT table_uuid, commit_seq, schema_id, last_commit_us FROM cf_tables"
+                        f" WHERE name = ?{self.row_lock}", (table,))
+            row = cur.fetchone()
+            if row is None:
+                raise TableNotFound(table)
+            heads[table] = row
+        seqs: dict[str, int] = {}
+        todo = []
+        for request in requests:
+            uuid, head_seq, schema_id, _last_us = heads[request.table]
+            landed = self._landed_seq(cur, request)
+            if landed is not None:
+                seqs[request.table] = landed
+                continue
+            self._check(cur, request, uuid, head_seq, schema_id)
+            todo.append(request)
+        schema_ids = {}
+        for request in todo:  # every requirement held: apply
+            _uuid, head_seq, schema_id, _last_us = heads[request.table]
+            schema_ids[request.table] = self._apply(cur, request, head_seq + 1, schema_id)
+        if todo:
+            committed_us = self._stamp(cur, clock, max(heads[r.table][3] for r in todo))
+        for request in todo:
+            head_seq = heads[request.table][1]
+            seq = head_seq + 1
+            cur.execute(
+                "INSERT INTO cf_commits (table_name, commit_seq, run_id, kind, manifest, schema_id,"
+                " committed_us, rows_added) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (request.table, seq, request.run_id, request.kind, request.manifest, schema_ids[request.table],
+                 committed_us, request.rows),
+            )
+            cur.execute("DELETE FROM cf_staging WHERE table_name = ? AND run_id = ?", (request.table, request.run_id))
+            cur.execute(
+                "UPDATE cf_tables SET commit_seq = ?, schema_id = ?, last_commit_us = ?"
+                " WHERE name = ? AND commit_seq = ?",
+                (seq, schema_ids[request.table], committed_us, request.table, head_seq),
+            )
+            if cur.rowcount != 1:
+                raise CommitConflict(request.table, f"head moved from commit_seq {head_seq}")
+            seqs[request.table] = seq
+        return [seqs[r.table] for r in requests]
+
+    def _stamp(self, cur: _Cursor, clock: Clock, floor_us: int) -> int:
+        """The commit's time: the clock read while holding the catalog's commit clock, never
+        earlier than the previous commit's (anywhere in the catalog) nor ``floor_us``."""
+        cur.execute(f"SELECT last_commit_us FROM cf_clock WHERE id = 1{self.row_lock}")
+        last_us = int(cur.fetchone()[0])
+        committed_us = max(clock.now_us(), last_us, floor_us)  # transaction time never runs backwards
+        cur.execute("UPDATE cf_clock SET last_commit_us = ? WHERE id = 1", (committed_us,))
+        return committed_us
 
     @staticmethod
     def _landed_seq(cur: _Cursor, request: CommitRequest) -> int | None:
@@ -321,11 +374,6 @@ class SqlCatalog(SqlDialect, Catalog):
             (name,),
         )
         return [CommitRow(*r) for r in rows]
-
-    def seq_as_of(self, name: str, as_of_us: int) -> int | None:
-        rows = self._read("SELECT MAX(commit_seq) FROM cf_commits WHERE table_name = ? AND committed_us <= ?",
-                          (name, as_of_us))
-        return rows[0][0]
 
     def schema_id_at(self, name: str, commit_seq: int) -> int:
         rows = self._read("SELECT schema_id FROM cf_commits WHERE table_name = ? AND commit_seq = ?",

@@ -88,6 +88,3 @@ class SqliteCatalog(SqlCatalog):
             cur.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
             self._durable = durable
         cur.execute("BEGIN IMMEDIATE")
-
-    def _lock_head_sql(self) -> str:
-        return "SELECT table_uuid, commit_seq, schema_id, last_commit_us FROM cf_tables WHERE name = ?"

@@ -26,6 +26,7 @@ from psycopg.conninfo import make_conninfo
 from storage.catalog import Catalog, PartRow
 from storage.catalog.postgres import PostgresCatalog
 from storage.catalog.sqlite import SqliteCatalog
+from storage.clock import ManualClock
 from storage.commits import (
     AddParts,
     AssertHeadSeq,
@@ -108,6 +109,11 @@ def request(*updates: Update, table: str = "t", requirements: tuple[Requirement,
                          requirements=requirements, updates=updates, rows=rows)
 
 
+def at(now_us: int) -> ManualClock:
+    """A clock that reads ``now_us`` (the commit time a catalog reads under its lock)."""
+    return ManualClock(now_us)
+
+
 def live(catalog: Catalog, seq: int, table: str = "t") -> list[str]:
     return [p.path for p in catalog.live_parts(table, seq)]
 
@@ -150,7 +156,7 @@ def test_create_table_is_idempotent(open_catalog: CatalogFactory) -> None:
 def test_list_heads_is_sorted_and_tables_are_independent(catalog: Catalog) -> None:
     catalog.create_table("b", "uuid-b", (), 1)
     catalog.create_table("a", "uuid-a", ("k",), 1)
-    catalog.commit(request(AddParts((part("b/1"),)), table="b"), 5)
+    catalog.commit(request(AddParts((part("b/1"),)), table="b"), at(5))
     assert [(h.name, h.commit_seq) for h in catalog.list_heads()] == [("a", 0), ("b", 1)]
     assert catalog.commits("a") == []
     assert catalog.live_parts("a", 1) == []
@@ -161,13 +167,13 @@ def test_commit_advances_commit_seq_by_exactly_one(open_catalog: CatalogFactory)
     catalog.create_table("t", UUID, (), 1_000)
     for expected in (1, 2, 3):
         seq = catalog.commit(request(AddParts((part(f"p{expected}", rows=expected),)), run_id=f"r{expected}",
-                                     rows=expected), 1_000 + expected)
+                                     rows=expected), at(1_000 + expected))
         assert seq == expected
         head = catalog.load_head("t")
         assert head is not None and head.commit_seq == expected
 
     # Another connection continues the same sequence.
-    assert open_catalog().commit(request(run_id="r4", kind="replace"), 1_010) == 4
+    assert open_catalog().commit(request(run_id="r4", kind="replace"), at(1_010)) == 4
 
     commits = catalog.commits("t")
     assert [(c.commit_seq, c.run_id, c.kind, c.rows, c.committed_us) for c in commits] == [
@@ -179,7 +185,7 @@ def test_commit_advances_commit_seq_by_exactly_one(open_catalog: CatalogFactory)
 
 def test_commit_to_a_missing_table_raises_table_not_found(catalog: Catalog) -> None:
     with pytest.raises(TableNotFound) as info:
-        catalog.commit(request(AddParts((part("p"),)), table="nope"), 1)
+        catalog.commit(request(AddParts((part("p"),)), table="nope"), at(1))
     assert info.value.table == "nope"
     assert catalog.load_head("nope") is None
     assert catalog.all_parts("nope") == []
@@ -195,9 +201,9 @@ def _conflict_fixture(catalog: Catalog) -> None:
     catalog.record_run("r-a", "plan", "t", {"status": "planned"}, 1_000)
     committed = RecordRun("r-a", "commit", "t", {"status": "committed", "recorded_us": 1_001})
     catalog.commit(request(SetSchema(SCHEMA_1), AddParts((part("p1"), part("p2", ord_idx=1))),
-                           SetCursor("scope", 1), committed, run_id="r-a"), 1_001)
+                           SetCursor("scope", 1), committed, run_id="r-a"), at(1_001))
     catalog.commit(request(RemoveParts(("p1",)), MarkRecordsFlushed((("r-a", "plan"), ("r-a", "commit"))),
-                           run_id="r-b", kind="fold"), 1_002)
+                           run_id="r-b", kind="fold"), at(1_002))
     catalog.record_run("r-p", "plan", "t", {"status": "planned"}, 1_003)
 
 
@@ -229,7 +235,7 @@ def test_failed_requirement_raises_commit_conflict_and_applies_nothing(catalog: 
     before = state(catalog)
 
     with pytest.raises(CommitConflict) as info:
-        catalog.commit(request(*UPDATES, requirements=(*HOLDING, failing), run_id="r-c", rows=7), 1_004)
+        catalog.commit(request(*UPDATES, requirements=(*HOLDING, failing), run_id="r-c", rows=7), at(1_004))
     assert info.value.failed == type(failing).__name__
     assert info.value.table == "t"
     assert "'t'" in str(info.value)
@@ -240,7 +246,7 @@ def test_failed_requirement_raises_commit_conflict_and_applies_nothing(catalog: 
     assert [(r.run_id, r.phase) for r in catalog.pending_run_records(10)] == [("r-p", "plan")]
 
     # Without the failing requirement the same commit lands, every update with it.
-    assert catalog.commit(request(*UPDATES, requirements=HOLDING, run_id="r-c", rows=7), 1_004) == 3
+    assert catalog.commit(request(*UPDATES, requirements=HOLDING, run_id="r-c", rows=7), at(1_004)) == 3
     head = catalog.load_head("t")
     assert head is not None
     assert (head.commit_seq, head.schema_id, head.schema) == (3, 2, SCHEMA_2)
@@ -255,7 +261,7 @@ def test_failed_requirement_raises_commit_conflict_and_applies_nothing(catalog: 
 def test_a_failing_update_rolls_back_the_updates_before_it(open_catalog: CatalogFactory) -> None:
     catalog = open_catalog()
     catalog.create_table("t", UUID, (), 1_000)
-    catalog.commit(request(SetSchema(SCHEMA_1), AddParts((part("p1"),)), SetCursor("scope", 1)), 1_001)
+    catalog.commit(request(SetSchema(SCHEMA_1), AddParts((part("p1"),)), SetCursor("scope", 1)), at(1_001))
     before = state(catalog)
 
     # The duplicate part path violates the part index's key after the schema, cursor, run record
@@ -264,13 +270,13 @@ def test_a_failing_update_rolls_back_the_updates_before_it(open_catalog: Catalog
                      RecordRun("r-x", "commit", "t", {"recorded_us": 1_002}), AddParts((part("p1"),)),
                      run_id="r-x")
     with pytest.raises(CatalogRejected) as info:
-        catalog.commit(doomed, 1_002)
+        catalog.commit(doomed, at(1_002))
     assert isinstance(info.value.__cause__, (sqlite3.IntegrityError, psycopg.IntegrityError))
 
     assert state(catalog) == before
     assert state(open_catalog()) == before
     # The connection is usable afterwards and the sequence has no gap.
-    assert catalog.commit(request(AddParts((part("p2"),))), 1_003) == 2
+    assert catalog.commit(request(AddParts((part("p2"),))), at(1_003)) == 2
 
 
 def test_commit_and_swap_admits_one_winner_per_head(open_catalog: CatalogFactory) -> None:
@@ -293,7 +299,7 @@ def test_commit_and_swap_admits_one_winner_per_head(open_catalog: CatalogFactory
                 try:
                     seq = catalog.commit(request(AddParts((part(f"w{w}-{len(won[w])}"),)),
                                                  requirements=(AssertHeadSeq(head.commit_seq),),
-                                                 run_id=f"w{w}-{len(won[w])}"), 10)
+                                                 run_id=f"w{w}-{len(won[w])}"), at(10))
                 except CommitConflict as exc:
                     assert exc.failed == "AssertHeadSeq"
                     conflicts[w] += 1
@@ -315,19 +321,51 @@ def test_commit_and_swap_admits_one_winner_per_head(open_catalog: CatalogFactory
     assert len(live(catalogs[0], total)) == total
 
 
+def test_commits_of_several_tables_in_any_order_never_deadlock(open_catalog: CatalogFactory) -> None:
+    """Two committers landing on the same two tables, naming them in opposite orders: each locks
+    the heads in one order, so both finish and every commit lands both tables."""
+    setup = open_catalog()
+    for table in ("a", "b"):
+        setup.create_table(table, UUID, (), 1)
+    rounds = 15
+    failures: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def write(w: int, order: tuple[str, str]) -> None:
+        catalog = open_catalog()
+        try:
+            start.wait(60)
+            for i in range(rounds):
+                catalog.commit_many([request(AddParts((part(f"{t}-w{w}-{i}"),)), table=t, run_id=f"w{w}-{i}")
+                                     for t in order], at(10))
+        except BaseException as exc:  # noqa: BLE001 - a thread reports every failure to the test
+            failures.append(exc)
+
+    threads = [threading.Thread(target=write, args=(0, ("a", "b"))), threading.Thread(target=write, args=(1, ("b", "a")))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failures, failures
+    for table in ("a", "b"):
+        assert [c.commit_seq for c in setup.commits(table)] == list(range(1, 2 * rounds + 1))
+    # each commit landed both tables at once: the runs follow the same order in both
+    assert [c.run_id for c in setup.commits("a")] == [c.run_id for c in setup.commits("b")]
+
+
 # --- parts and snapshots -----------------------------------------------------------------------
 
 
 def test_part_updates_and_snapshot_isolation(catalog: Catalog) -> None:
     catalog.create_table("t", UUID, (), 1)
     first = AddParts((part("a", rows=1, size=11), part("b", rows=2, size=22, ord_idx=1)))
-    assert catalog.commit(request(first), 10) == 1
+    assert catalog.commit(request(first), at(10)) == 1
     # A part carrying an older merge position sorts before the newer commit's parts.
-    assert catalog.commit(request(AddParts((part("c"), part("g", ord_seq=1, ord_idx=9)))), 20) == 2
-    assert catalog.commit(request(RemoveParts(("a",))), 30) == 3
-    assert catalog.commit(request(RemoveAllParts(), AddParts((part("d"),)), kind="replace"), 40) == 4
+    assert catalog.commit(request(AddParts((part("c"), part("g", ord_seq=1, ord_idx=9)))), at(20)) == 2
+    assert catalog.commit(request(RemoveParts(("a",))), at(30)) == 3
+    assert catalog.commit(request(RemoveAllParts(), AddParts((part("d"),)), kind="replace"), at(40)) == 4
     fold = request(RemoveParts(("a", "d")), AddParts((part("f", ord_seq=4),)), kind="fold")
-    assert catalog.commit(fold, 50) == 5
+    assert catalog.commit(fold, at(50)) == 5
 
     assert live(catalog, 0) == []
     assert live(catalog, 1) == ["a", "b"]
@@ -350,9 +388,9 @@ def test_part_updates_and_snapshot_isolation(catalog: Catalog) -> None:
 def test_mark_collected_marks_only_the_named_parts_of_the_table(catalog: Catalog) -> None:
     catalog.create_table("t", UUID, (), 1)
     catalog.create_table("u", "uuid-u", (), 1)
-    catalog.commit(request(AddParts((part("p1"), part("p2", ord_idx=1)))), 10)
-    catalog.commit(request(AddParts((part("p1"),)), table="u"), 10)
-    catalog.commit(request(RemoveParts(("p1",))), 20)
+    catalog.commit(request(AddParts((part("p1"), part("p2", ord_idx=1)))), at(10))
+    catalog.commit(request(AddParts((part("p1"),)), table="u"), at(10))
+    catalog.commit(request(RemoveParts(("p1",))), at(20))
 
     catalog.mark_collected("t", ["p1"], 777)
 
@@ -366,13 +404,13 @@ def test_mark_collected_marks_only_the_named_parts_of_the_table(catalog: Catalog
 
 def test_set_schema_increments_schema_id(catalog: Catalog) -> None:
     catalog.create_table("t", UUID, (), 1)
-    catalog.commit(request(SetSchema(SCHEMA_1), AddParts((part("p1"),))), 10)
+    catalog.commit(request(SetSchema(SCHEMA_1), AddParts((part("p1"),))), at(10))
     head = catalog.load_head("t")
     assert head is not None and (head.schema_id, head.schema) == (1, SCHEMA_1)
 
     cast = AddParts((part("p2", exact_schema=False),))
-    catalog.commit(request(cast, requirements=(AssertSchemaId(1),)), 20)
-    catalog.commit(request(SetSchema(SCHEMA_2), requirements=(AssertSchemaId(1),)), 30)
+    catalog.commit(request(cast, requirements=(AssertSchemaId(1),)), at(20))
+    catalog.commit(request(SetSchema(SCHEMA_2), requirements=(AssertSchemaId(1),)), at(30))
     head = catalog.load_head("t")
     assert head is not None and (head.commit_seq, head.schema_id, head.schema) == (3, 2, SCHEMA_2)
 
@@ -382,7 +420,7 @@ def test_set_schema_increments_schema_id(catalog: Catalog) -> None:
     # A part records the schema it was written in, or -1 when a reader must cast it.
     assert {p: r.schema_id for p, r in parts_by_path(catalog).items()} == {"p1": 1, "p2": -1}
     with pytest.raises(CommitConflict) as info:
-        catalog.commit(request(requirements=(AssertSchemaId(1),)), 40)
+        catalog.commit(request(requirements=(AssertSchemaId(1),)), at(40))
     assert info.value.failed == "AssertSchemaId"
 
 
@@ -391,12 +429,12 @@ def test_set_cursor_resolves_with_the_commit_that_wrote_it(catalog: Catalog) -> 
     catalog.create_table("u", "uuid-u", (), 1)
     assert catalog.cursor("t", "scope") is None
 
-    catalog.commit(request(SetCursor("scope", {"offset": 10, "ids": [1, 2]})), 10)
-    catalog.commit(request(AddParts((part("p"),))), 20)
+    catalog.commit(request(SetCursor("scope", {"offset": 10, "ids": [1, 2]})), at(10))
+    catalog.commit(request(AddParts((part("p"),))), at(20))
     assert catalog.cursor("t", "scope") == ({"offset": 10, "ids": [1, 2]}, 1)
 
-    catalog.commit(request(SetCursor("scope", 20), SetCursor("other", "x")), 30)
-    catalog.commit(request(SetCursor("scope", "u-side"), table="u"), 30)
+    catalog.commit(request(SetCursor("scope", 20), SetCursor("other", "x")), at(30))
+    catalog.commit(request(SetCursor("scope", "u-side"), table="u"), at(30))
     assert catalog.cursor("t", "scope") == (20, 3)
     assert catalog.cursor("t", "other") == ("x", 3)
     assert catalog.cursor("u", "scope") == ("u-side", 1)
@@ -408,11 +446,11 @@ def test_set_cursor_resolves_with_the_commit_that_wrote_it(catalog: Catalog) -> 
 
 def test_seq_as_of_uses_commit_time_which_never_runs_backwards(catalog: Catalog) -> None:
     catalog.create_table("t", UUID, (), 1_500)
-    assert catalog.commit(request(), 1_000) == 1  # earlier than the table's creation
-    assert catalog.commit(request(), 2_000) == 2
-    assert catalog.commit(request(), 3_000) == 3
-    assert catalog.commit(request(), 2_500) == 4  # a committer whose clock lags
-    assert catalog.commit(request(), 4_000) == 5
+    assert catalog.commit(request(), at(1_000)) == 1  # earlier than the table's creation
+    assert catalog.commit(request(), at(2_000)) == 2
+    assert catalog.commit(request(), at(3_000)) == 3
+    assert catalog.commit(request(), at(2_500)) == 4  # a committer whose clock lags
+    assert catalog.commit(request(), at(4_000)) == 5
 
     assert [c.committed_us for c in catalog.commits("t")] == [1_500, 2_000, 3_000, 3_000, 4_000]
     head = catalog.load_head("t")
@@ -424,6 +462,66 @@ def test_seq_as_of_uses_commit_time_which_never_runs_backwards(catalog: Catalog)
     assert catalog.seq_as_of("t", 3_999) == 4
     assert catalog.seq_as_of("t", 10**15) == 5
     assert catalog.seq_as_of("missing", 10**15) is None
+
+
+def test_commit_time_follows_commit_order_across_the_catalog(catalog: Catalog) -> None:
+    catalog.create_table("a", UUID, (), 1_000)
+    catalog.create_table("b", UUID, (), 1_000)
+    catalog.commit(request(table="a"), at(5_000))
+    assert catalog.commit(request(table="b"), at(2_000)) == 1  # b's committer lags behind a's
+    assert [c.committed_us for c in catalog.commits("b")] == [5_000]
+    assert catalog.seq_as_of("b", 4_999) is None  # an instant before a's commit holds neither
+
+
+def test_pin_heads_reads_every_table_at_one_point(catalog: Catalog) -> None:
+    catalog.create_table("a", UUID, ("id",), 1_000)
+    catalog.create_table("b", UUID, (), 1_000)
+    catalog.create_table("empty", UUID, (), 1_000)
+    catalog.commit(request(SetSchema(SCHEMA_1), table="a"), at(2_000))
+    catalog.commit(request(table="b"), at(3_000))
+    catalog.commit(request(table="a"), at(4_000))
+
+    pinned = catalog.pin_heads(["a", "b", "missing"])
+    assert sorted(pinned) == ["a", "b"]  # an unknown name is left out
+    assert pinned["a"].head == catalog.load_head("a") and pinned["a"].commit_seq == 2
+    assert pinned["b"].commit_seq == 1
+    assert sorted(catalog.pin_heads()) == ["a", "b", "empty"]
+    assert catalog.pin_heads([]) == {}
+    as_of = catalog.pin_heads(None, 3_500)
+    assert {n: p.commit_seq for n, p in as_of.items()} == {"a": 1, "b": 1, "empty": None}
+    assert as_of["a"].head.schema == SCHEMA_1 and as_of["a"].head.primary_key == ("id",)
+
+
+# --- commits of several tables -----------------------------------------------------------------
+
+
+def test_commit_many_advances_every_head_or_none(open_catalog: CatalogFactory) -> None:
+    catalog = open_catalog()
+    for table in ("root", "child"):
+        catalog.create_table(table, UUID, (), 1_000)
+    before = (state(catalog, "root"), state(catalog, "child"))
+    doomed = [request(AddParts((part("c1"),)), table="child", run_id="r-child"),
+              request(AddParts((part("r1"),)), SetCursor("pos", 1), table="root", run_id="r-root",
+                      requirements=(AssertHeadSeq(7),))]
+    with pytest.raises(CommitConflict) as info:
+        catalog.commit_many(doomed, at(2_000))
+    assert (info.value.table, info.value.failed) == ("root", "AssertHeadSeq")
+    assert (state(catalog, "root"), state(catalog, "child")) == before  # the child's update went too
+    assert catalog.cursor("root", "pos") is None
+
+    landing = [request(AddParts((part("c1"),)), table="child", run_id="r-child"),
+               request(AddParts((part("r1"),)), SetCursor("pos", 1), table="root", run_id="r-root")]
+    assert catalog.commit_many(landing, at(2_000)) == [1, 1]
+    other = open_catalog()  # another connection sees the whole commit
+    assert live(other, 1, "child") == ["c1"] and live(other, 1, "root") == ["r1"]
+    assert [c.committed_us for c in other.commits("child")] == [c.committed_us for c in other.commits("root")]
+
+    # sent again (a lost answer): every run id is found landed, nothing lands twice
+    assert other.commit_many(landing, at(3_000)) == [1, 1]
+    assert len(catalog.commits("root")) == len(catalog.commits("child")) == 1
+    assert catalog.commit_many([], at(3_000)) == []
+    with pytest.raises(ValueError):
+        catalog.commit_many([request(table="root"), request(table="root")], at(3_000))
 
 
 # --- the run-record cache ----------------------------------------------------------------------
@@ -443,7 +541,7 @@ def test_run_record_cache(open_catalog: CatalogFactory) -> None:
     # The commit row rides inside the commit and carries the commit_seq it landed at.
     seq = catalog.commit(request(AddParts((part("p"),)),
                                  RecordRun("r1", "commit", "t", {"status": "committed", "recorded_us": 30}),
-                                 run_id="r1"), 30)
+                                 run_id="r1"), at(30))
     assert seq == 1
     commit_row = [r for r in open_catalog().pending_run_records(10) if r.phase == "commit"]
     assert [(r.run_id, r.recorded_us, r.payload) for r in commit_row] == [
@@ -452,7 +550,7 @@ def test_run_record_cache(open_catalog: CatalogFactory) -> None:
 
     keys = (("r2", "plan"), ("r1", "plan"))
     assert catalog.commit(request(MarkRecordsFlushed(keys), requirements=(AssertRecordsPending(keys),),
-                                  run_id="flush"), 40) == 2
+                                  run_id="flush"), at(40)) == 2
     assert [(r.run_id, r.phase) for r in catalog.pending_run_records(10)] == [("r1", "commit")]
     assert {(r.run_id, r.phase): r.flushed_seq for r in catalog.run_records()} == {
         ("r2", "plan"): 2, ("r1", "plan"): 2, ("r1", "commit"): None,
@@ -461,7 +559,7 @@ def test_run_record_cache(open_catalog: CatalogFactory) -> None:
 
     # Flushing the same rows twice is the conflict a racing flusher meets.
     with pytest.raises(CommitConflict) as info:
-        catalog.commit(request(MarkRecordsFlushed(keys), requirements=(AssertRecordsPending(keys),)), 50)
+        catalog.commit(request(MarkRecordsFlushed(keys), requirements=(AssertRecordsPending(keys),)), at(50))
     assert info.value.failed == "AssertRecordsPending"
 
     # Re-recording a row replaces it and makes it pending again.
@@ -509,7 +607,7 @@ def test_sqlite_without_locking_refuses_to_open(tmp_path: Path, query: str) -> N
     catalog = SqliteCatalog(str(path))
     try:
         catalog.create_table("t", UUID, (), 1)
-        assert catalog.commit(request(), 2) == 1
+        assert catalog.commit(request(), at(2)) == 1
     finally:
         catalog.close()
 
@@ -541,7 +639,7 @@ def test_postgres_with_read_only_transactions_refuses_to_open(pg_dsn: str, pg_sc
         catalog = PostgresCatalog(dsn, pg_schema)
         try:
             catalog.create_table("t", UUID, (), 1)
-            assert catalog.commit(request(), 2) == 1
+            assert catalog.commit(request(), at(2)) == 1
         finally:
             catalog.close()
     finally:

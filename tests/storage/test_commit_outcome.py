@@ -26,6 +26,7 @@ from storage.errors import CatalogUnavailable, CommitOutcomeUnknown
 from storage.transaction import RunTransaction
 from tests.storage.faulty_sqlite import Faults, FaultySqliteCatalog
 from tests.support.pg_proxy import PgProxy
+from tests.support.relational_landing import CHILD, ITEMS_PER_ORDER, land_orders, torn
 
 COMMIT_LOG = "INSERT INTO cf_commits"
 
@@ -39,19 +40,19 @@ class Rig:
     faults: Faults | None = None
     proxy: PgProxy | None = None
 
-    def before_send(self, then_refuse: bool = False) -> None:
+    def before_send(self, then_refuse: bool = False, trigger: str = COMMIT_LOG) -> None:
         if self.faults is not None:
-            self.faults.fail_before(COMMIT_LOG, then_refuse)
+            self.faults.fail_before(trigger, then_refuse)
         else:
             assert self.proxy is not None
-            self.proxy.cut_before(COMMIT_LOG.encode(), then_refuse)
+            self.proxy.cut_before(trigger.encode(), then_refuse)
 
-    def after_commit(self, then_refuse: bool = False) -> None:
+    def after_commit(self, then_refuse: bool = False, trigger: str = COMMIT_LOG) -> None:
         if self.faults is not None:
-            self.faults.fail_after_commit(COMMIT_LOG, then_refuse)
+            self.faults.fail_after_commit(trigger, then_refuse)
         else:
             assert self.proxy is not None
-            self.proxy.cut_after_commit(COMMIT_LOG.encode(), then_refuse)
+            self.proxy.cut_after_commit(trigger.encode(), then_refuse)
 
     def fired(self) -> bool:
         return (self.faults or self.proxy).fired.is_set()  # type: ignore[union-attr]
@@ -238,7 +239,7 @@ def test_a_run_id_commits_at_most_once(rig: Rig) -> None:
 
     request = CommitRequest(table="t", run_id=commit.run_id, kind="append", manifest=commit.manifest,
                             requirements=(), updates=(), rows=commit.rows)
-    assert store.catalog.commit(request, 1) == commit.commit_seq  # the same commit sent again
+    assert store.catalog.commit(request, store.clock) == commit.commit_seq  # the same commit sent again
     assert store.catalog.commits("t") == again
 
 
@@ -263,3 +264,55 @@ def test_a_model_build_whose_outcome_is_unknown_deletes_nothing(rig: Rig, tmp_pa
     build = published_build(store, "evens")
     assert build is not None  # it had landed, and it reads
     assert sorted(store.table("evens").to_arrow().column("id").to_pylist()) == [0, 2]
+
+
+# --- a landing of several tables: root and child tables publish together or not at all ---------
+
+ROOT_CURSOR = "INSERT INTO cf_cursors"
+"""Only the root table's commit writes a cursor (the pipeline's position)."""
+
+
+def assert_orders(store: Store, ids: list[int]) -> None:
+    """The landing's tables read ``ids`` each once, every item with its order, and the position."""
+    assert sorted(store.table("orders").to_arrow().column("id").to_pylist()) == ids
+    assert store.table(CHILD).count() == len(ids) * ITEMS_PER_ORDER
+    assert torn(store) == (0, 0)
+    cursor = store.catalog.cursor("orders", "pipeline:orders")
+    assert cursor is not None and cursor[0]["landed"] == ids[-1:]  # the last landing's position
+
+
+def test_a_failure_between_root_and_child_commits_lands_neither(rig: Rig) -> None:
+    store = rig.store
+    land_orders(store, [1])
+    rig.before_send(then_refuse=True, trigger=ROOT_CURSOR)
+    with pytest.raises(CatalogUnavailable):
+        land_orders(store, [2])
+    assert rig.fired()
+    rig.heal()
+    assert_orders(store, [1])  # neither the children nor the root of the failed landing
+    land_orders(store, [2])  # the re-run lands each table's rows once
+    assert_orders(store, [1, 2])
+
+
+def test_a_landing_of_several_tables_whose_answer_was_lost_lands_once(rig: Rig) -> None:
+    store = rig.store
+    land_orders(store, [1])
+    rig.after_commit()
+    land_orders(store, [2])  # resolved by finding every table's run id landed
+    assert rig.fired()
+    assert_orders(store, [1, 2])
+    assert len(store.catalog.commits("orders")) == len(store.catalog.commits(CHILD)) == 2
+
+
+def test_a_landing_of_several_tables_whose_outcome_is_unknown_deletes_nothing(rig: Rig) -> None:
+    store = rig.store
+    land_orders(store, [1])
+    before = {o.key for o in store.objects.list("tables")}
+    rig.after_commit(then_refuse=True)
+    with pytest.raises(CommitOutcomeUnknown):
+        land_orders(store, [2])
+    assert rig.fired()
+    kept = {o.key for o in store.objects.list("tables")} - before
+    assert {k.split("/")[1] for k in kept if "/parts/" in k} == {"orders", CHILD}  # nothing deleted
+    rig.heal()
+    assert_orders(store, [1, 2])  # it had landed, every table of it

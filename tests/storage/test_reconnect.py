@@ -15,7 +15,7 @@ import pytest
 from storage.blobs.postgres import PostgresBlobStore
 from storage.catalog.postgres import PostgresCatalog
 from storage.journal import open_journal_store
-from tests.storage.test_catalog_conformance import request
+from tests.storage.test_catalog_conformance import at, request
 
 
 def terminate(dsn: str, application_name: str) -> None:
@@ -40,9 +40,9 @@ def test_the_catalog_reconnects_for_reads_and_commits(pg_dsn: str, named: tuple[
         terminate(pg_dsn, name)
         assert catalog.load_head("t") is not None  # a read after the loss
         terminate(pg_dsn, name)
-        assert catalog.commit(request(), 2) == 1  # a commit after the loss
+        assert catalog.commit(request(), at(2)) == 1  # a commit after the loss
         terminate(pg_dsn, name)
-        assert catalog.commit(request(), 3) == 2
+        assert catalog.commit(request(), at(3)) == 2
         assert [c.commit_seq for c in catalog.commits("t")] == [1, 2]
     finally:
         catalog.close()

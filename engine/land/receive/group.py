@@ -5,8 +5,9 @@ Implements ``run.land.receive-group`` (decision "received-batches-spooled") and
 
 - The holder takes spooled members first in first out, up to ``max_queue_depth`` members and
   64 MiB of spooled Arrow bytes (always at least one), a dead receiver's members included, and
-  lands them as one run per touched table: one commit and one part where each batch alone would
-  pay its own. It keeps taking groups until its own member has landed (:func:`land_pending`), so
+  lands them as one run per touched table, every touched table in one catalog commit
+  (``storage.transaction.commit_together``): one commit and one part per table where each batch
+  alone would pay its own, and a reader never sees a child table's rows without their root's. It keeps taking groups until its own member has landed (:func:`land_pending`), so
   every member spooled before it lands first; :func:`drain` empties the queue (at server start).
 - A touched table's run id is ``receive-<digest>.<table>``, the digest being the lone member's
   key digest or, for a group, the digest of its members' sorted keys; an attempt after a planned
@@ -50,7 +51,7 @@ from storage.commits import SetCursor
 from storage.errors import ContextfulError, InputUnreadable, SchemaIrreconcilable, first_line
 from storage.manifest import schema_from_text
 from storage.reconcile import conform, reconcile
-from storage.transaction import CommitResult
+from storage.transaction import CommitResult, RunTransaction, commit_together
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +85,8 @@ def owner_scope(digest: str) -> str:
 
 
 def touched_tables(spec: PipelineSpec, members: list[Member] = ()) -> list[str]:  # type: ignore[assignment]
-    """The tables ``members`` land in, child tables first and the pipeline's table last (it
-    commits last, so a key committed there committed everywhere); nested normalization touches
-    only the pipeline's table."""
+    """The tables ``members`` land in, child tables first and the pipeline's table last (all
+    commit in one catalog commit); nested normalization touches only the pipeline's table."""
     children = sorted({t for m in members for t in m.rows} - {spec.table})
     return [*children, spec.table]
 
@@ -128,7 +128,7 @@ def committed_answer(store: Store, spec: PipelineSpec, digest: str,
     """The key's answer when every touched table committed it, else None (land it).
 
     Without ``tables`` (a receiver that has not read the body), the pipeline's table answers: it
-    commits last, and its scope names the key's touched tables.
+    commits with every other touched table, and its scope names them.
     """
     if tables is None:
         root = store.catalog.cursor(spec.table, owner_scope(digest))
@@ -202,10 +202,17 @@ def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Mem
         pending[member.id] = todo
 
     kept, data = _prepare(store, queue, [m for m in members if m.id in pending], pending, landing)
-    for table in touched_tables(spec, kept):
-        group = [m for m in kept if table in pending[m.id]]
-        if group:
-            landing.commits.append(_commit(store, spec, queue, table, group, data))
+    runs: list[RunTransaction] = []
+    try:
+        for table in touched_tables(spec, kept):
+            group = [m for m in kept if table in pending[m.id]]
+            if group:
+                runs.append(_stage(store, spec, queue, table, group, data))
+        landing.commits.extend(commit_together(runs))
+    except BaseException:
+        for run in runs:
+            run.abort()  # after an unknown outcome this deletes nothing
+        raise
 
     now = clock.now_us()
     answers = []
@@ -277,8 +284,9 @@ def _prepare(store: Store, queue: Queue, candidates: list[Member], pending: dict
     return kept, data
 
 
-def _commit(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: list[Member],
-            data: dict[tuple[str, str], pa.Table]) -> CommitResult:
+def _stage(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: list[Member],
+           data: dict[tuple[str, str], pa.Table]) -> RunTransaction:
+    """The group's run on ``table``, staged, its members' owner scopes riding in its commit."""
     keys = [m.key for m in group]
     digest = group_digest(spec.id, keys)
     stem = run_stem(digest, table)
@@ -288,14 +296,15 @@ def _commit(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: l
         "append", run_id=run_id, meta={"pipeline": spec.id, "receive_group": keys, "receive_digest": digest})
     try:
         txn.stage(rows)
-        scopes = tuple(SetCursor(owner_scope(m.digest), {"key": m.key, "group": digest, "run_id": run_id,
-                                                          "rows": m.rows.get(table, 0), "member": m.id,
-                                                          "tables": touched_tables(spec, [m])})
-                       for m in group)
-        return txn.commit(extra_updates=scopes)
+        txn.add_to_commit(updates=tuple(
+            SetCursor(owner_scope(m.digest), {"key": m.key, "group": digest, "run_id": run_id,
+                                              "rows": m.rows.get(table, 0), "member": m.id,
+                                              "tables": touched_tables(spec, [m])})
+            for m in group))
     except BaseException:
         txn.abort()
         raise
+    return txn
 
 
 def land_pending(store: Store, spec: PipelineSpec, queue: Queue, config: ReceiveConfig, *, clock: Clock,
