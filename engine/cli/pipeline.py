@@ -60,7 +60,10 @@ def validate(ctx: click.Context) -> None:
         ctx.exit(exc.exit_code)
     from engine.export.preflight import caller_sql_warnings
 
-    warnings = caller_sql_warnings(manifest.exports)
+    from engine.land.http import rereads_warning
+
+    rereads = [rereads_warning(p.id, p.source.kind, p.incremental) for p in manifest.pipelines]
+    warnings = caller_sql_warnings(manifest.exports) + [w for w in rereads if w]
     if ctx.obj["json"]:
         emit_json({"ok": True, "pipelines": [p.id for p in manifest.pipelines], "warnings": warnings})
     else:
@@ -85,6 +88,11 @@ def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
         return
     emit_rows(["pipeline", "table", "inputs to pull", "bytes", "already landed"],
               [(p.pipeline, p.table, len(p.pull), sum(i.size for i in p.pull), len(p.skip)) for p in plans])
+    from engine.land.http import rereads_warning
+
+    for spec in manifest.in_dependency_order(selected):
+        if (warning := rereads_warning(spec.id, spec.source.kind, spec.incremental)) is not None:
+            click.echo(f"warning: {warning}", err=True)
 
 
 @pipeline.command()

@@ -28,6 +28,10 @@ Walks (decision "backfill-commits-checkpoints"):
   the walk's last page carries none (``connector.source.http-watermark-walk``). Such a walk is
   position-addressed, so it commits at checkpoints (``engine.land.walk``).
 
+Without an ``incremental`` field a walk reads the whole source again on every run and lands every
+row again: :func:`check_rereads` refuses such a pipeline unless its table has a ``primary_key``
+(which answers one row per key), and :func:`rereads_warning` says so at validate and in the plan.
+
 Every walk issues at most :data:`PAGE_CAP` requests; a watermark walk counts them from its last page
 whose every clock passes every clock the walk served before (``connector.source.page-cap``).
 Passing the cap fails the pull with :class:`PageCapExceeded`: a walk that long is an endless page.
@@ -133,6 +137,24 @@ def check_config(where: str, config: dict[str, Any], incremental: str | None) ->
                                                                   for k in retry)):
         problems.append(ManifestValueInvalid(where, "retry", "takes {attempts, base_s, max_s}"))
     return problems
+
+
+def check_rereads(where: str, incremental: str | None, primary_key: tuple[str, ...]) -> list[ContextfulError]:
+    """Refuse a walk that would land every row again on every run into a table without a key."""
+    if incremental or primary_key:
+        return []
+    return [ManifestValueInvalid(where, "incremental", "an http source without an incremental field reads the "
+                                 "whole source and lands every row again on every run, and the table has no "
+                                 "primary_key to keep one row per key: declare incremental = \"<clock field>\" "
+                                 "or a primary_key")]
+
+
+def rereads_warning(pipeline: str, kind: str, incremental: str | None) -> str | None:
+    """What validate and plan say of an http pipeline that reads its whole source on every run."""
+    if kind != "http" or incremental:
+        return None
+    return (f"pipeline {pipeline!r}: an http source without incremental reads the whole source and lands every "
+            "row again on every run; its primary_key answers one row per key")
 
 
 def _positive(value: Any) -> bool:

@@ -56,12 +56,14 @@ class PipelinePlan:
     """http: the stored position a run starts from (checked against the declared field)."""
     first_request: str | None = None
     """http: the URL a run would ask first."""
+    rereads_all: bool = False
+    """http: without an incremental field every run reads the whole source and lands every row again."""
 
     def to_json(self) -> dict[str, Any]:
         return {"pipeline": self.pipeline, "table": self.table, "source": self.source,
                 "pull": [{"input": i.path, "bytes": i.size} for i in self.pull],
                 "skip": [i.path for i in self.skip], "position": self.position,
-                "first_request": self.first_request}
+                "first_request": self.first_request, "rereads_all": self.rereads_all}
 
 
 def cursor_scope(spec: PipelineSpec) -> str:
@@ -100,7 +102,7 @@ def _plan_http(store: Store, spec: PipelineSpec) -> PipelinePlan:
     first = (config.page_url(since, position.token) if config.walk_kind(spec.incremental) == "watermark"
              else config.first_url(since))
     return PipelinePlan(spec.id, spec.table, [], [], source="http", position=position.to_json() if stored else None,
-                        first_request=first)
+                        first_request=first, rereads_all=not spec.incremental)
 
 
 def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: Decoder, *,

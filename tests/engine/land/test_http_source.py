@@ -101,7 +101,8 @@ def test_url_walk_follows_next_urls_and_commits_once(tmp_path: Path, api: JsonAp
                                                      decoder: Decoder, style: str) -> None:
     api.records.extend(records(25))
     api.route("/items", next_url_pages(api.records, 4, style=style))
-    manifest = manifest_for(tmp_path, f"{api.url}/items", incremental=None, config='paginate = "'
+    manifest = manifest_for(tmp_path, f"{api.url}/items", incremental=None, extra='primary_key = ["id"]',
+                            config='paginate = "'
                             + ("next_url" if style == "body" else "link") + '"')
     result = run(store, manifest, decoder, checkpoint_bytes=1)  # a url walk ignores the checkpoint bound
     assert ids_of(store) == list(range(25))
@@ -129,7 +130,7 @@ def test_url_walk_under_an_incremental_field_asks_from_the_stored_watermark(tmp_
 def test_an_endless_url_walk_stops_at_1000_requests_and_lands_nothing(tmp_path: Path, api: JsonApi, store: Store,
                                                                      decoder: Decoder) -> None:
     api.route("/items", endless_pages(1))
-    manifest = manifest_for(tmp_path, f"{api.url}/items", incremental=None)
+    manifest = manifest_for(tmp_path, f"{api.url}/items", incremental=None, extra='primary_key = ["id"]')
     with pytest.raises(PageCapExceeded) as caught:
         run(store, manifest, decoder)
     assert len(api.requests) == 1000 and caught.value.cap == 1000
