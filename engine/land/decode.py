@@ -131,17 +131,18 @@ class Decoder:
 
     def fetch(self, url: str, *, step: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0,
               records: str | None = None, next_key: str | None = None,
-              token_key: str | None = None) -> PageFetch:
+              token_key: str | None = None, digests: bool = False) -> PageFetch:
         """One page of a JSON API, fetched and decoded in a fresh connector child.
 
         The child's deadline and memory bound are the connector's call-deadline and linear-memory
         bounds: striking either raises :class:`ConnectorBoundHit` naming it and ``step``
         (``run.retry.bound-hit-is-transient``). Iterate the result for the page's batches; its
-        ``meta`` (status, next URL, next token) is set once they are read.
+        ``meta`` (status, next URL, next token, and with ``digests`` one content digest per record)
+        is set once they are read.
         """
         request = {"kind": "http", "path": url, "url": url, "step": step, "headers": headers or {},
                    "timeout_s": timeout_s, "records": records, "next_key": next_key,
-                   "token_key": token_key, "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes,
+                   "token_key": token_key, "digests": digests, "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes,
                    "batch_rows": self.batch_rows}
         return PageFetch(self, request)
 

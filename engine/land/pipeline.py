@@ -98,7 +98,7 @@ def _plan_http(store: Store, spec: PipelineSpec) -> PipelinePlan:
     stored = store.table(spec.table).cursor(scope) if spec.table in store.table_names() else None
     position = open_position(scope, stored[0] if stored else None, spec.incremental)
     config = HttpConfig.from_config(spec.source.config)
-    since = since_text(position.watermark, position.clock) if position.watermark is not None else None
+    since = since_text(position.since, position.clock) if position.since is not None else None
     first = (config.page_url(since, position.token) if config.walk_kind(spec.incremental) == "watermark"
              else config.first_url(since))
     return PipelinePlan(spec.id, spec.table, [], [], source="http", position=position.to_json() if stored else None,
