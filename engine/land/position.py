@@ -117,7 +117,8 @@ def _as_instants(position: Position) -> Position:
     read = {name: instant_us(value) if isinstance(value, str) else None for name, value in clocks.items()}
     if any(value is not None and read[name] is None for name, value in clocks.items()):
         return position  # opaque text: compared as text
-    return replace(position, clock="timestamp", **read)
+    return replace(position, clock="timestamp", watermark=read["watermark"], since=read["since"],
+                   frontier=read["frontier"], below=read["below"])
 
 
 def since_text(value: Any, clock: str | None) -> str:
