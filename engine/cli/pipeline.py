@@ -59,7 +59,6 @@ def validate(ctx: click.Context) -> None:
                 click.echo(f"error: {mask_message(str(problem))}", err=True)
         ctx.exit(exc.exit_code)
     from engine.export.preflight import caller_sql_warnings
-
     from engine.land.http import rereads_warning
 
     rereads = [rereads_warning(p.id, p.source.kind, p.incremental) for p in manifest.pipelines]
