@@ -85,13 +85,18 @@ def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
     if ctx.obj["json"]:
         emit_json([p.to_json() for p in plans])
         return
-    emit_rows(["pipeline", "table", "inputs to pull", "bytes", "already landed"],
-              [(p.pipeline, p.table, len(p.pull), sum(i.size for i in p.pull), len(p.skip)) for p in plans])
+    emit_rows(["pipeline", "table", "inputs to pull", "bytes", "already landed", "changed"],
+              [(p.pipeline, p.table, len(p.pull), sum(i.size - i.offset for i in p.pull), len(p.skip), len(p.changed))
+               for p in plans])
     from engine.land.http import rereads_warning
 
     for spec in manifest.in_dependency_order(selected):
         if (warning := rereads_warning(spec.id, spec.source.kind, spec.incremental)) is not None:
             click.echo(f"warning: {warning}", err=True)
+    for p in plans:
+        for item in p.changed:
+            click.echo(f"warning: pipeline {p.pipeline!r}: input {item.path} changed since it landed; a run fails "
+                       "it with InputChanged", err=True)
 
 
 @pipeline.command()

@@ -174,8 +174,10 @@ def plan_inputs(inputs: list[InputFile], stored: dict[str, Any], fmt: str | None
     skip: list[InputFile] = []
     changed: list[tuple[InputFile, InputChanged]] = []
     # a landed entry whose name is gone, by its content: where a renamed input came from
-    gone = {(e["size"], e["content"]): n for n, e in stored.items()
-            if isinstance(e, dict) and n not in names and not e["content"].startswith(("stamp:", "size:"))}
+    gone: dict[tuple[int, str], list[str]] = {}
+    for n, e in stored.items():
+        if isinstance(e, dict) and n not in names and not e["content"].startswith(("stamp:", "size:")):
+            gone.setdefault((e["size"], e["content"]), []).append(n)
     old = {n: e for n, e in stored.items() if isinstance(e, str)}  # the old form: address -> "size:mtime"
     for item in inputs:
         entry = stored.get(item.name)
@@ -192,8 +194,8 @@ def plan_inputs(inputs: list[InputFile], stored: dict[str, Any], fmt: str | None
                 outcome = InputChanged(item.path, f"the cursor (written before content fingerprints) holds it as "
                                                   f"size:mtime {stamp}, it now reads {item.stamp}: whether it "
                                                   "changed cannot be told")
-        elif (item.size, item.content) in gone:
-            del cursor[gone.pop((item.size, item.content))]  # renamed: landed under its old name
+        elif gone.get((item.size, item.content)):
+            del cursor[gone[(item.size, item.content)].pop()]  # renamed: landed under its old name
             outcome = None
         else:
             pull.append(item)

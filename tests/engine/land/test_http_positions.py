@@ -176,11 +176,12 @@ ARRIVAL = st.tuples(st.sampled_from([0, 0, 250, 500, 1000, 1750]), st.integers(0
 
 
 @pytest.mark.parametrize("walk", ["watermark", "next_url"])
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(runs=st.lists(st.lists(ARRIVAL, max_size=5), min_size=2, max_size=4), page_size=st.integers(2, 4))
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs=st.lists(st.lists(ARRIVAL, max_size=5), min_size=2, max_size=4), page_size=st.integers(2, 4),
+       checkpoint_bytes=st.sampled_from([1, 512 * 1024 * 1024]))
 def test_over_several_runs_every_row_lands_exactly_once(decoder: Decoder, walk: str,
                                                         runs: list[list[tuple[int, int, bool]]],
-                                                        page_size: int) -> None:
+                                                        page_size: int, checkpoint_bytes: int) -> None:
     with tempfile.TemporaryDirectory() as directory, JsonApi() as api, Store.open(Path(directory) / "store") as store:
         if walk == "watermark":
             api.route("/items", watermark_pages(api.records, "updated_at", page_size, order=instant))
@@ -197,5 +198,5 @@ def test_over_several_runs_every_row_lands_exactly_once(decoder: Decoder, walk: 
                     continue
                 latest += step
                 api.records.append({"id": len(api.records), "updated_at": render(latest, width)})
-            run(store, manifest, decoder)
+            run_pipeline(store, manifest, manifest.pipeline("events"), decoder, checkpoint_bytes=checkpoint_bytes)
             assert ids_of(store) == sorted(r["id"] for r in api.records)  # twins share an id: both land
