@@ -22,11 +22,12 @@ Walks (decision "backfill-commits-checkpoints"):
   next-page URL of the body (``next_key``) or of an RFC 8288 ``Link: <…>; rel="next"`` header until
   a page has none. The journal never holds those URLs, so such a walk commits once
   (``run.own.checkpoint-scope``). Under an ``incremental`` field its first request carries the
-  stored watermark and the walk commits the greatest clock it served.
+  position's ``since`` (the clock before the stored watermark: the last instant is re-read,
+  ``engine.land.position``) and the walk commits the greatest clock it served.
 - **watermark walk** (``watermark``, or ``auto`` under an ``incremental`` field): one pull reads one
-  page from the stored watermark; its position carries that watermark and the next page's token, and
-  the walk's last page carries none (``connector.source.http-watermark-walk``). Such a walk is
-  position-addressed, so it commits at checkpoints (``engine.land.walk``).
+  page from the position's ``since``; its position carries the stored watermark and the next page's
+  token, and the walk's last page carries none (``connector.source.http-watermark-walk``). Such a
+  walk is position-addressed, so it commits at checkpoints (``engine.land.walk``).
 
 Without an ``incremental`` field a walk reads the whole source again on every run and lands every
 row again: :func:`check_rereads` refuses such a pipeline unless its table has a ``primary_key``
