@@ -12,14 +12,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.config.parse import parse_manifest
+from engine.land.clocks import ClockReader
 from engine.land.decode import Decoder
 from engine.land.pipeline import cursor_scope, plan_pipeline, run_pipeline
 from storage import Store
+from storage.errors import CursorPositionUnorderable
 from tests.conftest import StoreFactory
 from tests.support.http_api import JsonApi, instant, next_url_pages, watermark_pages
 
@@ -200,3 +203,13 @@ def test_over_several_runs_every_row_lands_exactly_once(decoder: Decoder, walk: 
                 api.records.append({"id": len(api.records), "updated_at": render(latest, width)})
             run_pipeline(store, manifest, manifest.pipeline("events"), decoder, checkpoint_bytes=checkpoint_bytes)
             assert ids_of(store) == sorted(r["id"] for r in api.records)  # twins share an id: both land
+
+
+def test_text_clocks_mixing_stamps_and_other_text_have_no_order() -> None:
+    reader = ClockReader("pipeline:events", "events", "updated_at")
+    with pytest.raises(CursorPositionUnorderable) as caught:
+        reader.values(pa.table({"updated_at": ["2026-03-01T10:00:05Z", "yesterday"]}), "page 1")
+    assert "'yesterday'" in caught.value.detail
+    assert reader.values(pa.table({"updated_at": ["b", "a"]}), "page 1").to_pylist() == ["b", "a"]  # opaque text
+    nanos = pa.table({"updated_at": pa.array([1_772_359_205_000_000_999], pa.timestamp("ns", "UTC"))})
+    assert ClockReader("s", "t", "updated_at").values(nanos, "page 1").to_pylist() == [1_772_359_205_000_000]
