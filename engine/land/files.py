@@ -14,8 +14,8 @@ repeat nothing"):
 - **content**: a local file by an xxh3-128 hash of its bytes (read on every plan: size and mtime
   cannot be trusted, a rewrite may keep both); a remote object by its ETag (or Content-MD5 or
   Digest), an HTTP file without one by its Last-Modified;
-- **a renamed input** (no entry under its name, and its content is a landed input's whose name
-  is gone) does not land again: its entry moves to the new name;
+- **a renamed input** (no entry under its name, and its content hash or ETag is a landed input's
+  whose name is gone) does not land again: its entry moves to the new name;
 - **an appended input**: an uncompressed NDJSON file whose first bytes hash as the landed ones
   lands only the bytes after them;
 - **any other change** fails that input alone with :class:`InputChanged` naming it; nothing of it
@@ -176,7 +176,7 @@ def plan_inputs(inputs: list[InputFile], stored: dict[str, Any], fmt: str | None
     # a landed entry whose name is gone, by its content: where a renamed input came from
     gone: dict[tuple[int, str], list[str]] = {}
     for n, e in stored.items():
-        if isinstance(e, dict) and n not in names and not e["content"].startswith(("stamp:", "size:")):
+        if isinstance(e, dict) and n not in names and not e["content"].startswith(("stamp:", "size:", "modified:")):
             gone.setdefault((e["size"], e["content"]), []).append(n)
     old = {n: e for n, e in stored.items() if isinstance(e, str)}  # the old form: address -> "size:mtime"
     for item in inputs:
