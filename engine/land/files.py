@@ -76,6 +76,13 @@ class InputFile:
     def entry(self) -> dict[str, Any]:
         return {"size": self.size, "content": self.content}
 
+    def window(self) -> tuple[int, int] | None:
+        """The bytes a run reads of a regular uncompressed local file: from ``offset`` to the listed
+        size, so bytes appended meanwhile wait for the next run (None: the whole input)."""
+        if not self.regular or local_path(self.path) is None or split_compression(self.path)[1] is not None:
+            return None
+        return self.offset, self.size
+
 
 @dataclass(frozen=True)
 class InputPlan:

@@ -31,7 +31,6 @@ from engine.config.manifest import Manifest, PipelineSpec
 from engine.guard import mask_message
 from engine.land.chunks import coalesce
 from engine.land.decode import Decoder
-from engine.land.decode_child import local_path, split_compression
 from engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs
 from engine.land.http import HttpConfig
 from engine.land.journal import PullJournal
@@ -170,10 +169,8 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     try:
         for done, item in enumerate(plan.pull):
             point = sink.savepoint()
-            window = (item.offset, item.size) if item.regular and local_path(item.path) is not None and (
-                item.offset or split_compression(item.path)[1] is None) else None
             try:
-                for chunk in coalesce(decoder.decode(item.path, fmt, window=window), STAGE_ROWS):
+                for chunk in coalesce(decoder.decode(item.path, fmt, window=item.window()), STAGE_ROWS):
                     sink.stage(chunk, f"input {item.path}")
             except (Incompatible, NotFound) as exc:  # this input alone fails, by name
                 sink.rollback_to(point)
