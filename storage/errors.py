@@ -53,6 +53,7 @@ Hierarchy::
         ├── Conflict                     two values disagree for good (conflict)
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │   │   ExecutionRewindUnsafe
+        │   ├── InputChanged             a landed files input has other content now, not only appended NDJSON
         │   └── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         ├── Expired                      a window closed (expired; HTTP 410)
         │   └── ReceiveBatchKeyExpired
@@ -794,3 +795,15 @@ class QueryFailed(Permanent):
 
     def __init__(self, error_id: str) -> None:
         super().__init__(f"the query failed inside the gateway (error id {error_id})", error_id=error_id)
+
+
+# --- positions (issue 12): inputs whose landed form changed ---------------------------------------
+
+
+class InputChanged(Conflict):
+    """A ``files`` input the pipeline's cursor holds now has other content than what landed, and
+    not only bytes appended to an NDJSON file: landing it again would repeat its rows."""
+
+    def __init__(self, input: str, reason: str) -> None:
+        super().__init__(f"input {input}: {reason}; nothing of it lands. Restore the landed file, or put the new "
+                         "rows in a file of a new name (a new input lands whole)", input=input, reason=reason)

@@ -59,8 +59,10 @@ def validate(ctx: click.Context) -> None:
                 click.echo(f"error: {mask_message(str(problem))}", err=True)
         ctx.exit(exc.exit_code)
     from engine.export.preflight import caller_sql_warnings
+    from engine.land.http import rereads_warning
 
-    warnings = caller_sql_warnings(manifest.exports)
+    rereads = [rereads_warning(p.id, p.source.kind, p.incremental) for p in manifest.pipelines]
+    warnings = caller_sql_warnings(manifest.exports) + [w for w in rereads if w]
     if ctx.obj["json"]:
         emit_json({"ok": True, "pipelines": [p.id for p in manifest.pipelines], "warnings": warnings})
     else:
@@ -83,8 +85,18 @@ def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
     if ctx.obj["json"]:
         emit_json([p.to_json() for p in plans])
         return
-    emit_rows(["pipeline", "table", "inputs to pull", "bytes", "already landed"],
-              [(p.pipeline, p.table, len(p.pull), sum(i.size for i in p.pull), len(p.skip)) for p in plans])
+    emit_rows(["pipeline", "table", "inputs to pull", "bytes", "already landed", "changed"],
+              [(p.pipeline, p.table, len(p.pull), sum(i.size - i.offset for i in p.pull), len(p.skip), len(p.changed))
+               for p in plans])
+    from engine.land.http import rereads_warning
+
+    for spec in manifest.in_dependency_order(selected):
+        if (warning := rereads_warning(spec.id, spec.source.kind, spec.incremental)) is not None:
+            click.echo(f"warning: {warning}", err=True)
+    for p in plans:
+        for item in p.changed:
+            click.echo(f"warning: pipeline {p.pipeline!r}: input {item.path} changed since it landed; a run fails "
+                       "it with InputChanged", err=True)
 
 
 @pipeline.command()

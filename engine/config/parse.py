@@ -197,6 +197,11 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
         problems.add(ManifestValueInvalid(where, "priority", f"must be an integer, not {priority!r}"))
         priority = 0
     primary_key = problems.strings(where, block, "primary_key")
+    if source is not None and source.kind == "http":
+        from engine.land.http import check_rereads
+
+        for problem in check_rereads(where, incremental, primary_key):
+            problems.add(problem)
     order_by = problems.string(where, block, "order_by")
     seed = None
     if "seed" in block:

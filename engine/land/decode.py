@@ -112,10 +112,14 @@ class Decoder:
         return self._server.pid
 
     def decode(self, path: str, fmt: str | None = None, *,
-               storage_options: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
+               storage_options: dict[str, Any] | None = None,
+               window: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
         """The input's rows as Arrow batches, decoded in a fresh child as they are read.
 
-        The child is forked at the first ``next()``. Abandoning the iterator kills the child.
+        ``window`` (start, stop) reads only those bytes of an uncompressed local file: the bytes a
+        pipeline's cursor has not landed, up to the size it listed. A malformed line is counted
+        from ``start``. The child is forked at the first ``next()``. Abandoning the iterator kills
+        the child.
         """
         fmt = fmt or detect_format(path)
         if fmt not in FORMATS:
@@ -125,23 +129,26 @@ class Decoder:
         local = local_path(path)
         if local is not None and not os.path.exists(local):
             raise InputNotFound(path)
-        request = {"path": path, "fmt": fmt, "storage_options": storage_options or {},
+        if window is not None and (local is None or split_compression(path)[1] is not None):
+            raise ValueError(f"a byte window reads an uncompressed local file, not {path}")
+        request = {"path": path, "fmt": fmt, "storage_options": storage_options or {}, "window": window,
                    "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows}
         return self._run(request)
 
     def fetch(self, url: str, *, step: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0,
               records: str | None = None, next_key: str | None = None,
-              token_key: str | None = None) -> PageFetch:
+              token_key: str | None = None, digests: bool = False) -> PageFetch:
         """One page of a JSON API, fetched and decoded in a fresh connector child.
 
         The child's deadline and memory bound are the connector's call-deadline and linear-memory
         bounds: striking either raises :class:`ConnectorBoundHit` naming it and ``step``
         (``run.retry.bound-hit-is-transient``). Iterate the result for the page's batches; its
-        ``meta`` (status, next URL, next token) is set once they are read.
+        ``meta`` (status, next URL, next token, and with ``digests`` one content digest per record)
+        is set once they are read.
         """
         request = {"kind": "http", "path": url, "url": url, "step": step, "headers": headers or {},
                    "timeout_s": timeout_s, "records": records, "next_key": next_key,
-                   "token_key": token_key, "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes,
+                   "token_key": token_key, "digests": digests, "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes,
                    "batch_rows": self.batch_rows}
         return PageFetch(self, request)
 

@@ -358,6 +358,8 @@ def _reader(request: dict[str, Any]) -> Callable[[memoryview], int]:
     """``readinto`` of the input's bytes, decompressed by its name's suffix."""
     stream = _open(request["path"], request["storage_options"])
     codec = split_compression(request["path"])[1]
+    if request.get("window"):
+        return _window(stream, *request["window"])
     if codec is None:
         return stream.readinto
     decompressed = pa.CompressedInputStream(stream, codec)
@@ -369,6 +371,18 @@ def _reader(request: dict[str, Any]) -> Callable[[memoryview], int]:
             if exc.errno is not None:
                 raise  # the system's error reading the file, not the codec's
             raise _Malformed(f"compressed stream: {first_line(exc)}") from exc
+    return readinto
+
+
+def _window(stream: pa.NativeFile, start: int, stop: int) -> Callable[[memoryview], int]:
+    """``readinto`` of bytes ``start`` to ``stop`` of an uncompressed file (what a cursor has not landed)."""
+    stream.seek(start)
+    left = [stop - start]
+
+    def readinto(target: memoryview) -> int:
+        size = stream.readinto(target[: left[0]]) if left[0] > 0 else 0
+        left[0] -= size
+        return size
     return readinto
 
 

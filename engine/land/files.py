@@ -1,4 +1,4 @@
-"""The ``files`` source: local or fsspec paths and globs, one input per file.
+"""The ``files`` source: local or fsspec paths and globs, one input per file, and its cursor.
 
 Config (``[pipeline.source.config]``)::
 
@@ -6,31 +6,94 @@ Config (``[pipeline.source.config]``)::
     format = "ndjson"        # optional: ndjson | json | csv | parquet (default: by extension)
 
 Relative paths resolve against the project directory. Each matching file is one input, pulled in
-name order; an input's fingerprint (size and modification time, or the object's ETag) is what the
-pipeline's cursor remembers, so a re-run pulls only inputs it has not landed in that form.
+name order. The pipeline's cursor remembers each landed input (the rule "positions skip and
+repeat nothing"):
+
+- **identity**: an input under the project directory is named by its path relative to it
+  (``raw/a.ndjson``), so moving the project moves nothing; any other input by its address;
+- **content**: a local file by an xxh3-128 hash of its bytes (read on every plan: size and mtime
+  cannot be trusted, a rewrite may keep both); a remote object by its ETag (or Content-MD5 or
+  Digest), an HTTP file without one by its Last-Modified;
+- **a renamed input** (no entry under its name, and its content hash or ETag is a landed input's
+  whose name is gone) does not land again: its entry moves to the new name;
+- **an appended input**: an uncompressed NDJSON file whose first bytes hash as the landed ones
+  lands only the bytes after them;
+- **any other change** fails that input alone with :class:`InputChanged` naming it; nothing of it
+  lands and its entry stays;
+- **a cursor of the old form** (absolute path to ``"size:mtime"``) carries forward: an input whose
+  old entry names it (by its path, or a path ending in its project-relative name: a moved project)
+  with the same size and mtime counts as landed and takes the new form; a different size or mtime
+  fails the input with :class:`InputChanged` (what changed cannot be told).
+
+The cursor value is ``{"kind": "files", "inputs": {name: {"size", "content"}}}``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import stat
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import fsspec
+import xxhash
 
-from storage.errors import ContextfulError, InputNotFound, ManifestKeyUnknown, ManifestValueInvalid
+from engine.land.decode import detect_format
+from engine.land.decode_child import local_path, split_compression
+from storage.errors import (
+    ContextfulError,
+    InputChanged,
+    InputNotFound,
+    InputUnreadable,
+    ManifestKeyUnknown,
+    ManifestValueInvalid,
+)
 
 CONFIG_KEYS = ("paths", "format")
 FORMATS = ("ndjson", "json", "csv", "parquet")
+_READ = 1 << 20
+_REMOTE_CONTENT = ("ETag", "etag", "Content-MD5", "Digest", "Last-Modified", "LastModified", "mtime")
 
 
 @dataclass(frozen=True)
 class InputFile:
     path: str
     """The input's address (absolute local path or URL)."""
+    name: str
+    """What the cursor names it by: its path relative to the project directory when it is under it."""
     size: int
-    fingerprint: str
-    """What identifies this version of the file: size and mtime, or ETag."""
+    content: str
+    """What identifies its content: ``xxh3:<hash>`` of a local file's bytes, or the object's
+    ``etag:``/``md5:``/``digest:``/``modified:`` tag."""
+    stamp: str
+    """``size:mtime`` (or ``size:ETag``) as the cursors of the old form held it."""
+    regular: bool = True
+    """A regular local file or an object (not a pipe): it can be hashed and read from an offset."""
+    offset: int = 0
+    """Bytes already landed: a run reads from here (an appended NDJSON input)."""
+
+    def entry(self) -> dict[str, Any]:
+        return {"size": self.size, "content": self.content}
+
+    def window(self) -> tuple[int, int] | None:
+        """The bytes a run reads of a regular uncompressed local file: from ``offset`` to the listed
+        size, so bytes appended meanwhile wait for the next run (None: the whole input)."""
+        if not self.regular or local_path(self.path) is None or split_compression(self.path)[1] is not None:
+            return None
+        return self.offset, self.size
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    pull: list[InputFile]
+    """Inputs to land: new ones whole, appended ones from their offset."""
+    skip: list[InputFile]
+    """Inputs landed in this form (under this name or, renamed, another)."""
+    changed: list[tuple[InputFile, InputChanged]]
+    """Inputs whose landed form changed otherwise: each fails by name."""
+    cursor: dict[str, Any]
+    """The cursor's inputs with what this plan learned (renames, old entries carried forward)."""
 
 
 def check_config(where: str, config: dict[str, Any]) -> list[ContextfulError]:
@@ -53,7 +116,7 @@ def _patterns(config: dict[str, Any], root: Path) -> list[str]:
 
 
 def list_inputs(config: dict[str, Any], root: Path) -> list[InputFile]:
-    """Every file the config names, in path order; a literal path that is missing raises."""
+    """Every file the config names, in path order, fingerprinted; a literal path that is missing raises."""
     found: dict[str, InputFile] = {}
     for pattern in _patterns(config, root):
         fs, _, _ = fsspec.get_fs_token_paths(pattern)
@@ -68,6 +131,124 @@ def list_inputs(config: dict[str, Any], root: Path) -> list[InputFile]:
             if info.get("type") == "directory":
                 continue
             address = f"{protocol}://{path}" if protocol and "://" not in path else path
-            tag = info.get("ETag") or info.get("etag") or f"{info.get('mtime', info.get('LastModified', ''))}"
-            found[address] = InputFile(address, int(info.get("size") or 0), f"{info.get('size')}:{tag}")
+            found[address] = _input(address, info, root)
     return [found[k] for k in sorted(found)]
+
+
+def _input(address: str, info: dict[str, Any], root: Path) -> InputFile:
+    size = int(info.get("size") or 0)
+    tag = info.get("ETag") or info.get("etag") or info.get("mtime", info.get("LastModified", ""))
+    stamp = f"{info.get('size')}:{tag}"  # the old form's fingerprint, read once to carry it forward
+    local = local_path(address)
+    if local is None:
+        found = next(((k, info[k]) for k in _REMOTE_CONTENT if info.get(k)), None)
+        kind = {"Content-MD5": "md5", "Digest": "digest", "Last-Modified": "modified",
+                "LastModified": "modified", "mtime": "modified"}.get(found[0], "etag") if found else "size"
+        return InputFile(address, address, size, f"{kind}:{found[1] if found else size}", stamp)
+    regular = stat.S_ISREG(os.stat(local).st_mode)
+    try:
+        name = Path(local).resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        name = address
+    content = f"xxh3:{file_hash(local)[1]}" if regular else f"stamp:{stamp}"  # a pipe read once, never hashed
+    return InputFile(address, name, size, content, stamp, regular)
+
+
+def file_hash(path: str, prefix: int | None = None) -> tuple[str | None, str]:
+    """xxh3-128 of the file's first ``prefix`` bytes (None when it is shorter) and of all of it."""
+    hasher = xxhash.xxh3_128()
+    head: str | None = None
+    read = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_READ):
+            if prefix is not None and read <= prefix < read + len(chunk):
+                hasher.update(chunk[: prefix - read])
+                head = hasher.copy().hexdigest()
+                hasher.update(chunk[prefix - read:])
+            else:
+                hasher.update(chunk)
+            read += len(chunk)
+    if prefix is not None and prefix == read:
+        head = hasher.hexdigest()
+    return head, hasher.hexdigest()
+
+
+def plan_inputs(inputs: list[InputFile], stored: dict[str, Any], fmt: str | None) -> InputPlan:
+    """What to pull, skip and refuse of ``inputs`` against the cursor's ``stored`` inputs."""
+    cursor = dict(stored)
+    names = {i.name for i in inputs}
+    pull: list[InputFile] = []
+    skip: list[InputFile] = []
+    changed: list[tuple[InputFile, InputChanged]] = []
+    # a landed entry whose name is gone, by its content: where a renamed input came from
+    gone: dict[tuple[int, str], list[str]] = {}
+    for n, e in stored.items():
+        if isinstance(e, dict) and n not in names and not e["content"].startswith(("stamp:", "size:", "modified:")):
+            gone.setdefault((e["size"], e["content"]), []).append(n)
+    old = {n: e for n, e in stored.items() if isinstance(e, str)}  # the old form: address -> "size:mtime"
+    for item in inputs:
+        entry = stored.get(item.name)
+        legacy = _old_entry(item, old)
+        if isinstance(entry, dict):
+            outcome = _against(item, entry, fmt)
+        elif legacy is not None:
+            address, stamp = legacy
+            del cursor[address]
+            if stamp == item.stamp:
+                outcome = None  # the old cursor held it as it is: landed; it takes the new form
+            else:
+                cursor[address] = stamp
+                outcome = InputChanged(item.path, f"the cursor (written before content fingerprints) holds it as "
+                                                  f"size:mtime {stamp}, it now reads {item.stamp}: whether it "
+                                                  "changed cannot be told")
+        elif gone.get((item.size, item.content)):
+            del cursor[gone[(item.size, item.content)].pop()]  # renamed: landed under its old name
+            outcome = None
+        else:
+            pull.append(item)
+            continue
+        if outcome is None:
+            cursor[item.name] = item.entry()
+            skip.append(item)
+        elif isinstance(outcome, InputFile):
+            pull.append(outcome)
+        else:
+            changed.append((item, outcome))
+    return InputPlan(pull, skip, changed, cursor)
+
+
+def _old_entry(item: InputFile, old: dict[str, str]) -> tuple[str, str] | None:
+    """The old-form entry naming ``item``: its address, or one ending in its project-relative name."""
+    if item.path in old:
+        return item.path, old.pop(item.path)
+    for address in old:  # entries of the old form only: gone once a run carries them forward
+        if item.name != item.path and address.endswith("/" + item.name):
+            return address, old.pop(address)
+    return None
+
+
+def _against(item: InputFile, entry: dict[str, Any], fmt: str | None) -> InputFile | InputChanged | None:
+    """``item`` against its landed entry: None (the same), the part to pull, or why it is refused."""
+    if entry["size"] == item.size and entry["content"] == item.content:
+        return None
+    landed = int(entry["size"])
+    local = local_path(item.path)
+    if (item.size > landed and local is not None and item.regular and entry["content"].startswith("xxh3:")
+            and _appendable(item.path, fmt)):
+        head, _ = file_hash(local, landed)
+        if head is not None and f"xxh3:{head}" == entry["content"]:
+            return replace(item, offset=landed)
+    what = ("its first bytes differ from the landed ones" if item.size > landed
+            else f"it holds {item.size} byte(s) where {landed} landed" if item.size != landed
+            else f"its content is {item.content}, the landed one {entry['content']}")
+    return InputChanged(item.path, f"it changed since it landed ({what}); only bytes appended to an "
+                                   "uncompressed NDJSON file land by themselves")
+
+
+def _appendable(path: str, fmt: str | None) -> bool:
+    if split_compression(path)[1] is not None:
+        return False
+    try:
+        return (fmt or detect_format(path)) == "ndjson"
+    except InputUnreadable:
+        return False

@@ -22,11 +22,16 @@ Walks (decision "backfill-commits-checkpoints"):
   next-page URL of the body (``next_key``) or of an RFC 8288 ``Link: <…>; rel="next"`` header until
   a page has none. The journal never holds those URLs, so such a walk commits once
   (``run.own.checkpoint-scope``). Under an ``incremental`` field its first request carries the
-  stored watermark and the walk commits the greatest clock it served.
+  position's ``since`` (the clock before the stored watermark: the last instant is re-read,
+  ``engine.land.position``) and the walk commits the greatest clock it served.
 - **watermark walk** (``watermark``, or ``auto`` under an ``incremental`` field): one pull reads one
-  page from the stored watermark; its position carries that watermark and the next page's token, and
-  the walk's last page carries none (``connector.source.http-watermark-walk``). Such a walk is
-  position-addressed, so it commits at checkpoints (``engine.land.walk``).
+  page from the position's ``since``; its position carries the stored watermark and the next page's
+  token, and the walk's last page carries none (``connector.source.http-watermark-walk``). Such a
+  walk is position-addressed, so it commits at checkpoints (``engine.land.walk``).
+
+Without an ``incremental`` field a walk reads the whole source again on every run and lands every
+row again: :func:`check_rereads` refuses such a pipeline unless its table has a ``primary_key``
+(which answers one row per key), and :func:`rereads_warning` says so at validate and in the plan.
 
 Every walk issues at most :data:`PAGE_CAP` requests; a watermark walk counts them from its last page
 whose every clock passes every clock the walk served before (``connector.source.page-cap``).
@@ -133,6 +138,24 @@ def check_config(where: str, config: dict[str, Any], incremental: str | None) ->
                                                                   for k in retry)):
         problems.append(ManifestValueInvalid(where, "retry", "takes {attempts, base_s, max_s}"))
     return problems
+
+
+def check_rereads(where: str, incremental: str | None, primary_key: tuple[str, ...]) -> list[ContextfulError]:
+    """Refuse a walk that would land every row again on every run into a table without a key."""
+    if incremental or primary_key:
+        return []
+    return [ManifestValueInvalid(where, "incremental", "an http source without an incremental field reads the "
+                                 "whole source and lands every row again on every run, and the table has no "
+                                 "primary_key to keep one row per key: declare incremental = \"<clock field>\" "
+                                 "or a primary_key")]
+
+
+def rereads_warning(pipeline: str, kind: str, incremental: str | None) -> str | None:
+    """What validate and plan say of an http pipeline that reads its whole source on every run."""
+    if kind != "http" or incremental:
+        return None
+    return (f"pipeline {pipeline!r}: an http source without incremental reads the whole source and lands every "
+            "row again on every run; its primary_key answers one row per key")
 
 
 def _positive(value: Any) -> bool:

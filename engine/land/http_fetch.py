@@ -4,7 +4,8 @@ Runs in a child forked by the decoder's server (``engine.land.decode_child``), s
 connector bounds of decision "bound-hit-rides": the call deadline and the linear-memory bound of
 that child (``run.retry.bound-hit-is-transient``). The parent (``engine.land.http``) reads the
 page's rows as Arrow batches and its trailer: the status, the next page's URL (from the body or an
-RFC 8288 ``Link: <…>; rel="next"`` header) and the next page's token.
+RFC 8288 ``Link: <…>; rel="next"`` header), the next page's token and, when asked, one content
+digest per record (``engine.land.position`` keeps those of the rows at the last instant).
 
 The request is plain ``urllib`` with proxies disabled: a connector talks to the address it was
 given and nothing else. A non-2xx answer, an unreachable server or a body that is not JSON raises
@@ -25,6 +26,7 @@ from typing import Any
 from urllib.parse import urljoin
 
 import pyarrow as pa
+import xxhash
 
 DEFAULT_RECORD_KEYS = ("data", "items", "results", "records")
 _LINK = re.compile(r"<([^>]*)>\s*((?:;\s*[^;,]+)*)")
@@ -71,8 +73,15 @@ def fetch_page(request: dict[str, Any],
     for n, record in enumerate(records):
         if not isinstance(record, dict):
             raise FetchFailed("malformed", f"record {n} is {type(record).__name__}, not an object")
+    if request.get("digests"):
+        meta["digests"] = [record_digest(r) for r in records]
     data = b"\n".join(json.dumps(r, ensure_ascii=False).encode() for r in records)
     return meta, (parse_ndjson(data) if records else iter(()))
+
+
+def record_digest(record: dict[str, Any]) -> str:
+    """What identifies a record's content across pages and runs: xxh3-128 of its canonical JSON."""
+    return xxhash.xxh3_128_hexdigest(json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def _get(url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, Any, bytes]:

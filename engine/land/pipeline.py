@@ -2,8 +2,11 @@
 
 One ``contextful pipeline run`` of a ``files`` pipeline:
 
-1. list the source's inputs and drop those the pipeline's cursor already holds (same path and
-   fingerprint): a re-run with nothing new lands nothing;
+1. list the source's inputs and plan them against the pipeline's cursor (``engine.land.files``:
+   inputs named relative to the project, fingerprinted by content): those landed in this form —
+   renamed ones included — are skipped, an appended NDJSON input pulls only its new bytes, and an
+   input changed otherwise fails by name (:class:`InputChanged`); a re-run with nothing new lands
+   nothing;
 2. decode each remaining input in its own child (``engine.land.decode``: 60 s, 512 MiB), apply the
    pull's ``types`` (``engine.land.typed``), and stage the batches into the run's transaction;
 3. an input that fails — parse-crashed, malformed, unreadable — fails by name alone: everything it
@@ -21,14 +24,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config.manifest import Manifest, PipelineSpec
 from engine.guard import mask_message
 from engine.land.chunks import coalesce
 from engine.land.decode import Decoder
-from engine.land.files import InputFile, list_inputs
+from engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs
 from engine.land.http import HttpConfig
 from engine.land.journal import PullJournal
 from engine.land.position import open_position, since_text
@@ -51,24 +54,29 @@ class PipelinePlan:
     """files: the inputs a run would pull."""
     skip: list[InputFile]
     """files: the inputs already landed in this form."""
+    changed: list[InputFile] = field(default_factory=list)
+    """files: the inputs whose landed form changed otherwise (a run fails each by name)."""
     source: str = "files"
     position: dict[str, Any] | None = None
     """http: the stored position a run starts from (checked against the declared field)."""
     first_request: str | None = None
     """http: the URL a run would ask first."""
+    rereads_all: bool = False
+    """http: without an incremental field every run reads the whole source and lands every row again."""
 
     def to_json(self) -> dict[str, Any]:
         return {"pipeline": self.pipeline, "table": self.table, "source": self.source,
-                "pull": [{"input": i.path, "bytes": i.size} for i in self.pull],
-                "skip": [i.path for i in self.skip], "position": self.position,
-                "first_request": self.first_request}
+                "pull": [{"input": i.path, "bytes": i.size - i.offset, "from_byte": i.offset} for i in self.pull],
+                "skip": [i.path for i in self.skip], "changed": [i.path for i in self.changed],
+                "position": self.position,
+                "first_request": self.first_request, "rereads_all": self.rereads_all}
 
 
 def cursor_scope(spec: PipelineSpec) -> str:
     return f"pipeline:{spec.id}"
 
 
-def _landed_inputs(store: Store, spec: PipelineSpec) -> dict[str, str]:
+def _landed_inputs(store: Store, spec: PipelineSpec) -> dict[str, Any]:
     if spec.table not in store.table_names():
         return {}
     committed = store.table(spec.table).cursor(cursor_scope(spec))
@@ -78,17 +86,19 @@ def _landed_inputs(store: Store, spec: PipelineSpec) -> dict[str, str]:
     return dict(value.get("inputs", {}))
 
 
+def _plan_files(store: Store, manifest: Manifest, spec: PipelineSpec) -> InputPlan:
+    inputs = list_inputs(spec.source.config, manifest.root)
+    return plan_inputs(inputs, _landed_inputs(store, spec), spec.source.config.get("format"))
+
+
 def plan_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec) -> PipelinePlan:
-    """What a run would pull (inputs new or changed since the cursor) and what it would skip."""
+    """What a run would pull (inputs new or appended since the cursor), skip, and refuse as changed."""
     if spec.source.kind == "http":
         return _plan_http(store, spec)
     if spec.source.kind == "receive":
         return PipelinePlan(spec.id, spec.table, [], [], source="receive")
-    landed = _landed_inputs(store, spec)
-    inputs = list_inputs(spec.source.config, manifest.root)
-    pull = [i for i in inputs if landed.get(i.path) != i.fingerprint]
-    skip = [i for i in inputs if landed.get(i.path) == i.fingerprint]
-    return PipelinePlan(spec.id, spec.table, pull, skip)
+    planned = _plan_files(store, manifest, spec)
+    return PipelinePlan(spec.id, spec.table, planned.pull, planned.skip, changed=[i for i, _ in planned.changed])
 
 
 def _plan_http(store: Store, spec: PipelineSpec) -> PipelinePlan:
@@ -96,11 +106,11 @@ def _plan_http(store: Store, spec: PipelineSpec) -> PipelinePlan:
     stored = store.table(spec.table).cursor(scope) if spec.table in store.table_names() else None
     position = open_position(scope, stored[0] if stored else None, spec.incremental)
     config = HttpConfig.from_config(spec.source.config)
-    since = since_text(position.watermark, position.clock) if position.watermark is not None else None
+    since = since_text(position.since, position.clock) if position.since is not None else None
     first = (config.page_url(since, position.token) if config.walk_kind(spec.incremental) == "watermark"
              else config.first_url(since))
     return PipelinePlan(spec.id, spec.table, [], [], source="http", position=position.to_json() if stored else None,
-                        first_request=first)
+                        first_request=first, rereads_all=not spec.incremental)
 
 
 def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: Decoder, *,
@@ -146,29 +156,32 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                checkpoint_bytes: int, progress: Callable[[Progress], None] | None,
                journal: PullJournal | None = None) -> PipelineResult:
     started = time.monotonic()
-    plan = plan_pipeline(store, manifest, spec)
+    stored = _landed_inputs(store, spec)
+    plan = plan_inputs(list_inputs(spec.source.config, manifest.root), stored, spec.source.config.get("format"))
     sink = LandingSink(store, spec)
     result = PipelineResult(spec.id, [], inputs_skipped=len(plan.skip))
-    landed = _landed_inputs(store, spec)
+    for item, changed in plan.changed:  # fails by name; its entry stays as it landed
+        result.failures.append(InputFailure(item.path, changed.name, mask_message(changed.detail), changed.exit_code))
+    landed = dict(plan.cursor)
     fmt = spec.source.config.get("format")
-    pending = 0  # inputs staged since the last commit
+    pending = int(landed != stored)  # renames and old entries carried forward commit too
     bytes_read = 0
     try:
         for done, item in enumerate(plan.pull):
             point = sink.savepoint()
             try:
-                for chunk in coalesce(decoder.decode(item.path, fmt), STAGE_ROWS):
+                for chunk in coalesce(decoder.decode(item.path, fmt, window=item.window()), STAGE_ROWS):
                     sink.stage(chunk, f"input {item.path}")
             except (Incompatible, NotFound) as exc:  # this input alone fails, by name
                 sink.rollback_to(point)
                 result.failures.append(InputFailure(item.path, exc.name, mask_message(exc.detail), exc.exit_code))
                 continue
-            landed[item.path] = item.fingerprint
+            landed[item.name] = item.entry()
             result.inputs_landed.append(item.path)
             if journal is not None:
-                journal.pulled(f"input {item.path}", {"input": item.path, "fingerprint": item.fingerprint})
+                journal.pulled(f"input {item.path}", {"input": item.name, "entry": item.entry(), "from": item.offset})
             pending += 1
-            bytes_read += item.size
+            bytes_read += item.size - item.offset
             if progress is not None:
                 progress(Progress(spec.id, done + 1, len(plan.pull), sink.landings[spec.table].rows + sink.staged_rows,
                                   bytes_read, len(sink.landings), time.monotonic() - started))

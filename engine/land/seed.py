@@ -21,7 +21,10 @@ commit-once rule of ``run.own.checkpoint-scope``. A pipeline may declare ``[pipe
   the ceiling's fractional-second width, and then compares as text; any other type does not order.
 - ``run.seed.source-changed``: the commit records ``seed:<pipeline id>`` = ``{"kind": "seed",
   "fingerprint", "ceiling"}``. A later run with the same fingerprint skips; a different one raises
-  :class:`PipelineSeedSourceChanged` naming both; inputs that are gone skip with a warning.
+  :class:`PipelineSeedSourceChanged` naming both; inputs that are gone skip with a warning. The
+  fingerprint covers each input's project-relative name and content (``engine.land.files``), so
+  moving the project changes nothing; a fingerprint of the old form (absolute paths, size and
+  mtime) that still matches skips and is carried forward in the new form.
 
 Example::
 
@@ -178,9 +181,10 @@ def check_ceiling(pipeline_id: str, column: str, ceiling: str, batch: pa.Table |
         raise PipelineSeedCeilingBreached(pipeline_id, column, _shown(values, first), ceiling)
 
 
-def seed_fingerprint(inputs: Iterable[InputFile]) -> str:
-    """sha256 over the sorted (path, fingerprint) pairs of the seed's inputs."""
-    pairs = sorted((i.path, i.fingerprint) for i in inputs)
+def seed_fingerprint(inputs: Iterable[InputFile], *, old_form: bool = False) -> str:
+    """sha256 over the sorted (name, content) pairs of the seed's inputs (``old_form``: the
+    (absolute path, size:mtime) pairs fingerprints were computed from before)."""
+    pairs = sorted((i.path, i.stamp) if old_form else (i.name, i.content) for i in inputs)
     return hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
@@ -208,6 +212,11 @@ def land_seed(store: Store, root: Path, pipeline_id: str, table_name: str, prima
     if committed is not None:
         landed = committed[0].get("fingerprint")
         if landed == current:
+            return SeedOutcome("skipped-equal", current, 0, None, None)
+        if landed == seed_fingerprint(inputs, old_form=True):  # carried forward: later moves keep it
+            txn = store.table(table_name).transaction("append", meta={"pipeline": pipeline_id, "seed": True})
+            txn.set_cursor(scope, {**committed[0], "fingerprint": current})
+            txn.commit()
             return SeedOutcome("skipped-equal", current, 0, None, None)
         raise PipelineSeedSourceChanged(pipeline_id, str(landed), current)
     spec = PipelineSpec(pipeline_id, SourceSpec("files", {"paths": list(seed.paths)}), table_name, normalize=normalize,

@@ -8,9 +8,11 @@ One run of an ``http`` pipeline (``engine.land.http`` describes the walks):
    a 5xx, an unreachable server, a meter's denial or a struck connector bound is transient and the
    schedule waits and tries again; every bound hit is kept and lands on the run record
    (``run.retry.bound-hit-recorded``);
-3. read each page's clocks (``engine.land.position.ClockTracker``): a row without an orderable
-   clock, or a switch between text and numeric positions, fails the pull
-   (``run.advance.unorderable-position``); a watermark walk admits the rows after its floor;
+3. read each page's clocks (``engine.land.clocks``: instants as instants, the field's declared
+   type honoured): a row without an orderable clock, or a switch between text, numeric and
+   timestamp positions, fails the pull (``run.advance.unorderable-position``); a walk under an
+   ``incremental`` field admits the rows after its floor and the rows at its floor it has not
+   landed (``engine.land.position.Admission``: the last instant is re-read, nothing repeats);
 4. a watermark walk is position-addressed: once the parts staged since the last commit reach
    ``checkpoint_bytes`` (512 MiB), the run commits them with the position after its last staged
    pull before staging more rows (``run.own.checkpoint-commit``), but only before a pull whose
@@ -35,14 +37,16 @@ from typing import Any
 import pyarrow as pa
 
 from engine.config.manifest import PipelineSpec
+from engine.land.clocks import ClockReader, span
 from engine.land.decode import Decoder
 from engine.land.decode_child import conform
 from engine.land.http import PAGE_CAP, HttpConfig
 from engine.land.journal import PullJournal
 from engine.land.meter import Meter
-from engine.land.position import ClockTracker, Position, open_position, since_text
+from engine.land.position import Admission, Position, open_position, since_text
 from engine.land.results import PipelineResult, Progress
 from engine.land.sink import LandingSink
+from engine.land.typed import read_types
 from engine.run.retry import RetrySchedule
 from storage import Store
 from storage.errors import PageCapExceeded, SourceResponseMalformed
@@ -56,13 +60,17 @@ class Page:
     next_url: str | None
     next_token: Any
     span: tuple[Any, Any] | None
+    values: pa.Array | pa.ChunkedArray | None = None
+    """The rows' clocks as comparable values (under an ``incremental`` field)."""
+    digests: list[str] | None = None
+    """One content digest per row (under an ``incremental`` field)."""
 
 
 class _Walker:
     """Issues one walk's requests: meter, retries, the page cap, the connector child."""
 
     def __init__(self, spec: PipelineSpec, config: HttpConfig, decoder: Decoder, schedule: RetrySchedule,
-                 meter: Meter | None, tracker: ClockTracker | None, cancel: threading.Event | None,
+                 meter: Meter | None, tracker: ClockReader | None, cancel: threading.Event | None,
                  journal: PullJournal | None) -> None:
         self.spec = spec
         self.journal = journal
@@ -81,16 +89,23 @@ class _Walker:
         self.pages += 1
         label = f"{self.spec.id} page {self.pages}"
         rows, meta = self.schedule.run(label, lambda _attempt: self._request(label, url), cancel=self.cancel)
-        span = self.tracker.span(rows, f"page {self.pages} ({url})") if self.tracker is not None else None
-        if span is not None:
-            if self.served_max is None or span[0] > self.served_max:
+        values = digests = None
+        if self.tracker is not None:
+            rows = self.tracker.typed(rows)
+            values = self.tracker.values(rows, f"page {self.pages} ({url})")
+            digests = list(meta.get("digests") or [])
+            if len(digests) != rows.num_rows:
+                raise SourceResponseMalformed(url, f"{rows.num_rows} row(s) but {len(digests)} record digest(s)")
+        clocks = span(values)
+        if clocks is not None:
+            if self.served_max is None or clocks[0] > self.served_max:
                 self.since_progress = 1  # every clock passes every clock served before
-            self.served_max = span[1] if self.served_max is None else max(self.served_max, span[1])
+            self.served_max = clocks[1] if self.served_max is None else max(self.served_max, clocks[1])
         if self.journal is not None:
             self.journal.pulled(label, {"url": url, "rows": rows.num_rows, "next_url": meta.get("next_url"),
                                         "next_token": meta.get("next_token"),
-                                        "clocks": list(span) if span is not None else None})
-        return Page(label, url, rows, meta.get("next_url"), meta.get("next_token"), span)
+                                        "clocks": list(clocks) if clocks is not None else None})
+        return Page(label, url, rows, meta.get("next_url"), meta.get("next_token"), clocks, values, digests)
 
     def _request(self, label: str, url: str) -> tuple[pa.Table, dict[str, Any]]:
         if self.meter is not None:
@@ -101,7 +116,7 @@ class _Walker:
         self.since_progress += 1
         fetch = self.decoder.fetch(url, step=label, headers=self.config.headers, timeout_s=self.config.timeout_s,
                                    records=self.config.records, next_key=self.config.next_key,
-                                   token_key=self.config.token_key)
+                                   token_key=self.config.token_key, digests=self.tracker is not None)
         batches = list(fetch)
         return _one_table(batches), fetch.meta or {}
 
@@ -127,7 +142,9 @@ def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, sco
     if sleep is not None:
         schedule.sleep = sleep
     meter = Meter.from_config(config.url, config.rate_limit) if config.rate_limit else None
-    tracker = ClockTracker(scope, spec.incremental, position.clock) if spec.incremental else None
+    declared = read_types({k: v for k, v in spec.types.items() if k == spec.incremental})
+    tracker = (ClockReader(scope, spec.table, spec.incremental, position.clock, declared.get(spec.incremental))
+               if spec.incremental else None)
     walker = _Walker(spec, config, decoder, schedule, meter, tracker, cancel, journal)
     if journal is not None:
         journal.execution.attach_retry(schedule)
@@ -184,48 +201,41 @@ class _Run:
 
     # --- the two walks ---------------------------------------------------------------------------
 
-    def watermark_walk(self, position: Position, tracker: ClockTracker,
+    def watermark_walk(self, position: Position, tracker: ClockReader,
                        progress: Callable[[Progress], None] | None, started: float) -> None:
         config = self.walker.config
-        floor, token = position.watermark, position.token
-        frontier = position.frontier if position.in_walk else floor
-        since = since_text(floor, tracker.clock) if floor is not None else None
+        admission = Admission(position)
+        token = position.token
+        since = since_text(position.since, tracker.clock) if position.since is not None else None
         committed = stored = position.to_json() if position.field else None
         while True:
-            asked = Position(position.field, tracker.clock, floor, token, frontier)
+            asked = admission.checkpoint(token, tracker.clock)  # before this page: what a resumed walk would ask
             page = self.walker.page(config.page_url(since, token))
-            admitted = tracker.after(page.rows, floor)
-            passes = page.span is None or frontier is None or page.span[0] > frontier
+            passes = page.span is None or admission.frontier is None or page.span[0] > admission.frontier
             if passes and token is not None and self.staged_reach(self.checkpoint_bytes):
                 self.commit(asked)  # a checkpoint: the position after the last staged pull
                 committed = asked.to_json()
-            self.stage(admitted, page.label)
-            if page.span is not None:
-                frontier = page.span[1] if frontier is None else max(frontier, page.span[1])
+            self.stage(self._admitted(admission, page), page.label)
             self.report(progress, started)
             if page.next_token is None:
                 break
             if page.next_token == token:
                 raise SourceResponseMalformed(page.url, f"the page answered its own token {token!r} as the next one")
             token = page.next_token
-        final = Position(position.field, tracker.clock, frontier)
+        final = admission.final(tracker.clock)
         if self.sink.pending or final.to_json() != (committed or stored):
             self.commit(final)
 
     def url_walk(self, position: Position, config: HttpConfig,
                  progress: Callable[[Progress], None] | None, started: float) -> None:
         tracker = self.walker.tracker
-        floor = position.watermark
-        since = since_text(floor, position.clock) if floor is not None else None
+        admission = Admission(position)
+        since = since_text(position.since, position.clock) if position.since is not None else None
         url: str | None = config.first_url(since)
         seen: set[str] = set()
-        frontier = floor
         while url is not None:
             page = self.walker.page(url)
-            rows = tracker.after(page.rows, floor) if tracker is not None else page.rows
-            self.stage(rows, page.label)
-            if page.span is not None:
-                frontier = page.span[1] if frontier is None else max(frontier, page.span[1])
+            self.stage(self._admitted(admission, page) if tracker is not None else page.rows, page.label)
             self.report(progress, started)
             seen.add(url)
             if config.paginate == "none":
@@ -233,5 +243,14 @@ class _Run:
             url = page.next_url
             if url in seen:
                 raise SourceResponseMalformed(page.url, f"the next page is {url}, a page this walk already read")
-        final = Position(position.field, tracker.clock if tracker else None, frontier) if position.field else None
+        final = admission.final(tracker.clock) if tracker is not None else None
         self.commit(final)  # a url walk commits once
+
+    @staticmethod
+    def _admitted(admission: Admission, page: Page) -> pa.Table:
+        """The page's new rows; the admission's frontier moves over the page."""
+        if page.values is None or page.digests is None:
+            return page.rows
+        mask = admission.admit(page.values, page.digests)
+        admission.observe(page.values, page.digests, mask)
+        return page.rows.filter(mask)

@@ -22,6 +22,7 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
@@ -205,11 +206,12 @@ def next_url_pages(records: list[dict[str, Any]], page_size: int, *, style: str 
 
 def watermark_pages(records: list[dict[str, Any]], field: str, page_size: int, *, since_param: str = "since",
                     token_param: str = "page_token", records_key: str = "data",
-                    token_key: str = "next_page_token") -> Handler:
+                    token_key: str = "next_page_token", order: Callable[[Any], Any] | None = None) -> Handler:
     """Records whose ``field`` is strictly above ``since`` (absent: all), ordered by ``field`` then
     position, in pages of ``page_size``: ``{"data": [...], "next_page_token": "<token>" | null}``.
 
-    ``since`` is compared as the records' values are typed (int, float, else str). The token is
+    ``since`` is compared as the records' values are typed (int, float, else str), or, given
+    ``order``, as ``order`` maps both (``instant`` compares ISO-8601 text as instants). The token is
     opaque (base64 of the offset and the ``since`` it belongs to); a token sent with another
     ``since``, or one that does not decode, answers 400.
     """
@@ -227,9 +229,10 @@ def watermark_pages(records: list[dict[str, Any]], field: str, page_size: int, *
             if token_since != since:
                 return _bad_request(f"{token_param} belongs to {since_param}={token_since!r}, not {since!r}")
         current = list(records)
+        key = order or (lambda value: value)
         try:
-            matching = [(r[field], i, r) for i, r in enumerate(current)
-                        if since is None or r[field] > _like(since, r[field])]
+            matching = [(key(r[field]), i, r) for i, r in enumerate(current)
+                        if since is None or key(r[field]) > key(since if order else _like(since, r[field]))]
         except (KeyError, ValueError) as exc:
             return _bad_request(f"{since_param}={since!r} does not compare with {field}: {exc}")
         matching.sort(key=lambda t: (t[0], t[1]))
@@ -240,6 +243,12 @@ def watermark_pages(records: list[dict[str, Any]], field: str, page_size: int, *
         return Reply(200, {records_key: rows, token_key: next_token})
 
     return handler
+
+
+def instant(text: str) -> datetime:
+    """An ISO-8601 stamp as an aware instant (a ``Z`` or an offset; none reads as UTC)."""
+    stamp = datetime.fromisoformat(text)
+    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
 
 
 def _like(raw: str, value: Any) -> Any:

@@ -15,6 +15,7 @@ import pytest
 from engine.config.parse import parse_manifest
 from engine.land import walk
 from engine.land.decode import Decoder
+from engine.land.http_fetch import record_digest
 from engine.land.meter import Meter
 from engine.land.pipeline import cursor_scope, plan_pipeline, run_pipeline, run_pipelines
 from storage import Store
@@ -101,7 +102,8 @@ def test_url_walk_follows_next_urls_and_commits_once(tmp_path: Path, api: JsonAp
                                                      decoder: Decoder, style: str) -> None:
     api.records.extend(records(25))
     api.route("/items", next_url_pages(api.records, 4, style=style))
-    manifest = manifest_for(tmp_path, f"{api.url}/items", incremental=None, config='paginate = "'
+    manifest = manifest_for(tmp_path, f"{api.url}/items", incremental=None, extra='primary_key = ["id"]',
+                            config='paginate = "'
                             + ("next_url" if style == "body" else "link") + '"')
     result = run(store, manifest, decoder, checkpoint_bytes=1)  # a url walk ignores the checkpoint bound
     assert ids_of(store) == list(range(25))
@@ -117,19 +119,20 @@ def test_url_walk_under_an_incremental_field_asks_from_the_stored_watermark(tmp_
     manifest = manifest_for(tmp_path, f"{api.url}/items", config='paginate = "next_url"')
     run(store, manifest, decoder)
     value, _ = store.table("events").cursor(cursor_scope(manifest.pipeline("events")))
-    assert value == {"kind": "watermark", "field": "updated_at", "clock": "numeric", "watermark": 5}
+    assert value == {"kind": "watermark", "field": "updated_at", "clock": "numeric", "watermark": 5,
+                     "seen": [record_digest(api.records[5])], "since": 4}
     api.records.extend(records(3, start=6))
     api.requests.clear()
     run(store, manifest, decoder)
-    assert api.requests[0].query["since"] == "5"
-    assert ids_of(store) == list(range(9))  # the server ignores since: the walk admits only rows after it
+    assert api.requests[0].query["since"] == "4"  # the clock before the last: the last instant is read again
+    assert ids_of(store) == list(range(9))  # the server ignores since: the walk admits only rows not landed
 
 
 @pytest.mark.clause("connector.source.page-cap")
 def test_an_endless_url_walk_stops_at_1000_requests_and_lands_nothing(tmp_path: Path, api: JsonApi, store: Store,
                                                                      decoder: Decoder) -> None:
     api.route("/items", endless_pages(1))
-    manifest = manifest_for(tmp_path, f"{api.url}/items", incremental=None)
+    manifest = manifest_for(tmp_path, f"{api.url}/items", incremental=None, extra='primary_key = ["id"]')
     with pytest.raises(PageCapExceeded) as caught:
         run(store, manifest, decoder)
     assert len(api.requests) == 1000 and caught.value.cap == 1000
@@ -175,16 +178,19 @@ def test_watermark_walk_reads_one_page_per_pull_from_the_stored_watermark(tmp_pa
     assert [r.query.get("since") for r in api.requests] == [None, None, None]
     assert tokens[0] is None and tokens[1] and tokens[2]
     # each checkpoint carries the stored watermark (none yet) and the next page's token ...
-    assert positions[:-1] == [{"kind": "walk", "field": "updated_at", "clock": "numeric", "floor": None,
-                               "token": tokens[i + 1], "frontier": f} for i, f in enumerate([2, 5])]
+    digest = [record_digest(r) for r in api.records]
+    assert positions[:-1] == [{"kind": "walk", "field": "updated_at", "clock": "numeric", "floor": None, "seen": [],
+                               "since": None, "token": tokens[i + 1], "frontier": f, "frontier_seen": [digest[f]],
+                               "below": f - 1} for i, f in enumerate([2, 5])]
     # ... and the walk's last page carries none: the frontier becomes the watermark
-    assert positions[-1] == {"kind": "watermark", "field": "updated_at", "clock": "numeric", "watermark": 6}
+    assert positions[-1] == {"kind": "watermark", "field": "updated_at", "clock": "numeric", "watermark": 6,
+                             "seen": [digest[6]], "since": 5}
     assert ids_of(store) == list(range(7))
-    # the next walk asks from the stored watermark and lands only what is new
+    # the next walk asks from the clock before the stored watermark and lands only what is new
     api.records.extend(records(2, start=7))
     api.requests.clear()
     run(store, manifest, decoder)
-    assert [(r.query.get("since"), r.query.get("page_token")) for r in api.requests] == [("6", None)]
+    assert [(r.query.get("since"), r.query.get("page_token")) for r in api.requests] == [("5", None)]
     assert ids_of(store) == list(range(9))
     assert table.cursor(cursor_scope(spec))[0]["watermark"] == 8
     api.requests.clear()
@@ -200,8 +206,8 @@ def test_a_walk_interrupted_after_a_checkpoint_resumes_at_its_page_from_its_floo
     api.route("/items", watermark_pages(api.records, "updated_at", 2))
     manifest = manifest_for(tmp_path, f"{api.url}/items")
     spec = manifest.pipeline("events")
-    run(store, manifest, decoder)  # watermark 3
-    api.records.extend(records(8, start=4))  # 4..11: pages [4,5] [6,7] [8,9] [10,11] from since=3
+    run(store, manifest, decoder)  # watermark 3, asked again from 2
+    api.records.extend(records(8, start=4))  # 3..11: pages [3,4] [5,6] [7,8] [9,10] [11] from since=2
     broken = {"on": True}
     serve = watermark_pages(api.records, "updated_at", 2)
 
@@ -214,21 +220,24 @@ def test_a_walk_interrupted_after_a_checkpoint_resumes_at_its_page_from_its_floo
     api.requests.clear()
     with pytest.raises(SourceResponseMalformed):
         run(store, manifest, decoder, checkpoint_bytes=1)
-    # the checkpoint before page 2 committed page 1 with the position that asks page 2; page 2's rows
-    # were staged when page 3 broke, and are dropped
+    # the checkpoint before page 2 committed page 1 (row 3 landed before: dropped) with the position
+    # that asks page 2; page 2's rows were staged when page 3 broke, and are dropped
     value, _ = store.table("events").cursor(cursor_scope(spec))
     asked = api.requests[1]
-    assert value == {"kind": "walk", "field": "updated_at", "clock": "numeric", "floor": 3,
-                     "token": asked.query["page_token"], "frontier": 5}
-    assert ids_of(store) == list(range(6))
+    digest = [record_digest(r) for r in api.records]
+    assert value == {"kind": "walk", "field": "updated_at", "clock": "numeric", "floor": 3, "seen": [digest[3]],
+                     "since": 2, "token": asked.query["page_token"], "frontier": 4, "frontier_seen": [digest[4]],
+                     "below": 3}
+    assert ids_of(store) == list(range(5))
     broken["on"] = False
     api.requests.clear()
     run(store, manifest, decoder)
     first = api.requests[0]
-    assert (first.query["since"], first.query["page_token"]) == ("3", asked.query["page_token"])
+    assert (first.query["since"], first.query["page_token"]) == ("2", asked.query["page_token"])
     assert ids_of(store) == list(range(12))  # each row once: rows admitted from the walk's floor
     assert store.table("events").cursor(cursor_scope(spec))[0] == {
-        "kind": "watermark", "field": "updated_at", "clock": "numeric", "watermark": 11}
+        "kind": "watermark", "field": "updated_at", "clock": "numeric", "watermark": 11, "seen": [digest[11]],
+        "since": 10}
 
 
 @pytest.mark.clause("run.own.checkpoint-commit")

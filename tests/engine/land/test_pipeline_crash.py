@@ -116,7 +116,8 @@ def _landed(project: Path) -> tuple[list[str], list[int]]:
             return [], []
         table = store.table(spec.table)
         committed = table.cursor(cursor_scope(spec))
-        inputs = list(committed[0]["inputs"]) if committed is not None else []
+        # the cursor names inputs relative to the project
+        inputs = [str(project / name) for name in committed[0]["inputs"]] if committed is not None else []
         ids = table.to_arrow().column("id").to_pylist() if table.count() else []
     return inputs, ids
 
