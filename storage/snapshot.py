@@ -69,7 +69,8 @@ INTERNAL_NAMES = (SCAN, ROWS, PART, ROW, "__cf_c0", "__cf_c1", "__cf_c2", "__cf_
 ``__cf_c<i>``/``__cf_s<i>``); none reaches the user's namespace."""
 
 
-def _sql_literal(text: str) -> str:
+def sql_literal(text: str) -> str:
+    """``text`` as a DuckDB string literal."""
     return "'" + text.replace("'", "''") + "'"
 
 
@@ -102,7 +103,7 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
         return None
     names = snapshot.schema.names
     merge_order = sorted(range(len(snapshot.parts)), key=lambda i: (snapshot.parts[i].ord_seq, snapshot.parts[i].ord_idx))
-    files = "[" + ", ".join(_sql_literal(snapshot.uris[i]) for i in merge_order) + "]"
+    files = "[" + ", ".join(sql_literal(snapshot.uris[i]) for i in merge_order) + "]"
     scan = f"read_parquet({files}, hive_partitioning = false{', union_by_name = true' if snapshot.mixed_schemas else ''})"
     types = duckdb_types(snapshot.schema) if snapshot.mixed_schemas else None
 
