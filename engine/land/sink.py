@@ -47,14 +47,15 @@ BUFFER_ROWS = 1_000_000
 BUFFER_BYTES = 64 * 1024 * 1024
 
 
-def table_primary_key(spec: PipelineSpec, name: str) -> tuple[str, ...]:
-    """The primary key ``name`` is created with: the pipeline's for its table, ``_cf_id`` for a
-    relational child table of a keyed root (``engine.normalize.child_primary_key``), else none."""
+def table_merge(spec: PipelineSpec, name: str) -> tuple[tuple[str, ...], str | None]:
+    """The primary key and ``order_by`` table ``name`` of ``spec`` is created with: the pipeline's for
+    its table; for a relational child table of a keyed root ``_cf_id``, and ``_cf_order`` when the root
+    merges by ``order_by`` (``engine.normalize``: elements merge as their root rows do); else none."""
     if name == spec.table:
-        return spec.primary_key
-    from engine.normalize import child_primary_key
+        return spec.primary_key, spec.order_by
+    from engine.normalize import child_order_by, child_primary_key
 
-    return child_primary_key(spec.primary_key)
+    return child_primary_key(spec.primary_key), child_order_by(spec.primary_key, spec.order_by)
 
 
 def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types: dict[str, pa.DataType] | None,
@@ -82,8 +83,8 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
     from engine.normalize import shred, write_relational
 
     tables: dict[str, pa.Table] = {}
-    write_relational(shred(table, spec.table, id_prefix=id_prefix, primary_key=spec.primary_key, input=pull or None,
-                           first_row=first_row), tables.__setitem__)
+    write_relational(shred(table, spec.table, id_prefix=id_prefix, primary_key=spec.primary_key,
+                           order_by=spec.order_by, input=pull or None, first_row=first_row), tables.__setitem__)
     return tables, masked
 
 
@@ -158,9 +159,8 @@ class LandingSink:
 
     def _staging_for(self, name: str) -> _Staging:
         if name not in self._staging:
-            root = name == self.spec.table
             run_id = self.run_id(name) if self.run_id is not None else None
-            table = self.store.create_table(name, table_primary_key(self.spec, name), self.spec.order_by if root else None)
+            table = self.store.create_table(name, *table_merge(self.spec, name))
             txn = table.transaction("append", run_id=run_id,
                                                                         meta=dict(self.meta))
             self._staging[name] = _Staging(txn)

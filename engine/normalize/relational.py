@@ -61,6 +61,7 @@ ID = "_cf_id"
 PARENT_ID = "_cf_parent_id"
 ROOT_ID = "_cf_root_id"
 LIST_IDX = "_cf_list_idx"
+ORDER = "_cf_order"
 CHILD_KEYS = (ID, PARENT_ID, ROOT_ID, LIST_IDX)
 ELEMENT_NULL = "_cf_null"
 NULL_PREFIX = "_cf_null__"
@@ -261,6 +262,12 @@ def child_primary_key(root_primary_key: tuple[str, ...]) -> tuple[str, ...]:
     return (ID,) if root_primary_key else ()
 
 
+def child_order_by(root_primary_key: tuple[str, ...], root_order_by: str | None) -> str | None:
+    """The ``order_by`` of a child table: ``_cf_order`` (its root row's ``order_by`` value) under a
+    keyed root merging by ``order_by``, so an element's winner comes from the root row's winner."""
+    return ORDER if root_primary_key and root_order_by else None
+
+
 def _child_ids(parents: pa.Array, list_idx: pa.Array) -> pa.Array:
     """A child row's id: its parent's id, ``.``, its list index."""
     return pc.binary_join_element_wise(parents, pc.cast(list_idx, pa.string()), ".")
@@ -298,14 +305,16 @@ class _Shredder:
 
     def emit(self, name: str, full: Path, keys: list[tuple[str, Column]],
              columns: list[tuple[str, Column]], lists: list[tuple[Path, Column, Column]],
-             ids: pa.Array, root_ids: pa.Array) -> None:
+             ids: pa.Array, inherited: list[tuple[str, Column]]) -> None:
+        """Output table ``name`` and shred its lists; ``inherited`` are the columns every
+        descendant row takes from its root row (``_cf_root_id``, and ``_cf_order`` when kept)."""
         cols = keys + columns
         self.out[name] = pa.Table.from_arrays([a for _, a in cols], names=[c for c, _ in cols])
         for rel, array, lengths in lists:
-            self.child(full + rel, array, lengths, ids, root_ids)
+            self.child(full + rel, array, lengths, ids, inherited)
 
     def child(self, full: Path, array: Column, lengths: Column, parent_ids: pa.Array,
-              parent_root_ids: pa.Array) -> None:
+              parent_inherited: list[tuple[str, Column]]) -> None:
         name = child_table_name(self.root, full)
         counts = pc.fill_null(lengths, 0).to_numpy()
         values = pc.list_flatten(array)  # skips null lists even when their offsets span values
@@ -317,9 +326,10 @@ class _Shredder:
         indexes = pa.array(list_idx, pa.int32())
         ids = _child_ids(parents, indexes)
         # a list of the root row: its parent is its root, so one take serves both keys
-        root_ids = parents if parent_root_ids is parent_ids else parent_root_ids.take(parent_pos)
-        keys: list[tuple[str, Column]] = [(ID, ids), (PARENT_ID, parents), (ROOT_ID, root_ids),
-                                          (LIST_IDX, indexes)]
+        inherited = [(column, parents if values_of is parent_ids else values_of.take(parent_pos))
+                     for column, values_of in parent_inherited]
+        keys: list[tuple[str, Column]] = [(ID, ids), (PARENT_ID, parents), inherited[0], (LIST_IDX, indexes),
+                                          *inherited[1:]]
         columns: list[tuple[str, Column]] = []
         lists: list[tuple[Path, Column, Column]] = []
         if pa.types.is_struct(values.type):
@@ -328,11 +338,11 @@ class _Shredder:
                 self.flatten((field.name,), child, field.nullable, values, columns, lists)
         else:
             self.flatten((VALUE,), values, True, None, columns, lists)
-        self.emit(name, full, keys, columns, lists, ids, root_ids)
+        self.emit(name, full, keys, columns, lists, ids, inherited)
 
 
 def shred(table: pa.Table, root: str, *, id_prefix: str, primary_key: tuple[str, ...] = (),
-          input: str | None = None, first_row: int = 0) -> RelationalTables:
+          order_by: str | None = None, input: str | None = None, first_row: int = 0) -> RelationalTables:
     """The relational projection of ``table``: the root table ``root`` and one table per list.
 
     Every child table of the schema is returned, empty when no row has an element there.
@@ -340,7 +350,9 @@ def shred(table: pa.Table, root: str, *, id_prefix: str, primary_key: tuple[str,
     batch of the table (the run id and a batch counter). With it (columns of the root table, struct
     fields by their ``__`` names), root ids derive from the key values (:func:`key_ids`), after
     :func:`storage.keys.check_keys` refused a missing key column or a null key (naming ``input``
-    and the row, ``first_row`` being the batch's first row's position in it).
+    and the row, ``first_row`` being the batch's first row's position in it). With ``primary_key``
+    and ``order_by`` (a root column), every child row carries its root row's ``order_by`` value as
+    ``_cf_order``, so child tables merge by the root's rule (:func:`child_order_by`).
     """
     specs = {spec.name: spec for spec in child_tables_of(table.schema, root)}
     shredder = _Shredder(root)
@@ -348,13 +360,17 @@ def shred(table: pa.Table, root: str, *, id_prefix: str, primary_key: tuple[str,
     lists: list[tuple[Path, Column, Column]] = []
     for field, column in zip(table.schema, table.columns, strict=True):
         shredder.flatten((field.name,), column, field.nullable, None, columns, lists)
+    inherited: list[tuple[str, Column]] = []
     if primary_key:
         flat = pa.Table.from_arrays([a for _, a in columns], names=[c for c, _ in columns])
         check_keys(root, primary_key, flat, input=input, first_row=first_row)
         ids = key_ids(flat, primary_key)
+        if order_by is not None:
+            order = flat.column(order_by) if order_by in flat.column_names else pa.nulls(flat.num_rows)
+            inherited.append((ORDER, order))
     else:
         ids = _ids(id_prefix, table.num_rows)
-    shredder.emit(root, (), [(ID, ids)], columns, lists, ids, ids)
+    shredder.emit(root, (), [(ID, ids)], columns, lists, ids, [(ROOT_ID, ids), *inherited])
     return RelationalTables(root, shredder.out, specs)
 
 

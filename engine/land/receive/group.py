@@ -44,7 +44,7 @@ from engine.land.decode import Decoder
 from engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig
 from engine.land.receive.spool import DIGEST_HEX, LANDED, Member, Queue, key_digest, queue_root
 from engine.land.results import InputFailure, PipelineResult, TableLanding
-from engine.land.sink import table_primary_key
+from engine.land.sink import table_merge
 from storage import Store
 from storage.clock import Clock, SystemClock
 from storage.commits import SetCursor
@@ -285,7 +285,7 @@ def _commit(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: l
     stem = run_stem(digest, table)
     run_id = attempt_run_id(stem, queue.index.next_attempt(stem))
     rows = pa.concat_tables([data[m.id, table] for m in group])  # each conformed to the group's schema
-    txn = store.create_table(table, table_primary_key(spec, table)).transaction(
+    txn = store.create_table(table, *table_merge(spec, table)).transaction(
         "append", run_id=run_id, meta={"pipeline": spec.id, "receive_group": keys, "receive_digest": digest})
     try:
         txn.stage(rows)

@@ -25,6 +25,7 @@ id = "ev"
 table = "ev"
 normalize = "{mode}"
 primary_key = ["id"]
+{order_by}
 [pipeline.source]
 kind = "files"
 [pipeline.source.config]
@@ -37,10 +38,10 @@ def store_kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def project(tmp_path: Path, mode: str) -> Path:
+def project(tmp_path: Path, mode: str, order_by: str | None = None) -> Path:
     root = tmp_path / "project"
     (root / "raw").mkdir(parents=True)
-    (root / "contextful.toml").write_text(MANIFEST.format(mode=mode))
+    (root / "contextful.toml").write_text(MANIFEST.format(mode=mode, order_by=f'order_by = "{order_by}"' if order_by else ""))
     return root
 
 
@@ -71,7 +72,7 @@ def test_a_null_key_fails_its_input_by_name_and_row_and_merges_nothing(
     [failure] = result.failures
     assert failure.input == bad and failure.error == "PrimaryKeyNull"
     assert f"input {bad}, row 2" in failure.detail and "'id'" in failure.detail
-    assert store.table("ev").to_arrow().column("v").to_pylist() == ["a", "b"]
+    assert sorted(store.table("ev").to_arrow().column("v").to_pylist()) == ["a", "b"]
 
 
 def test_re_landing_a_keyed_relational_root_replaces_its_child_rows(tmp_path: Path, store: Store,
@@ -101,3 +102,22 @@ def test_re_landing_a_keyed_relational_root_replaces_its_child_rows(tmp_path: Pa
         con.close()
     assert tags == [(1, "x"), (1, "y"), (2, "w")]
     assert store.table("ev__tags").primary_key == ("_cf_id",)
+
+
+def test_child_rows_of_a_root_merging_by_order_by_follow_the_root_rows_winner(tmp_path: Path, store: Store,
+                                                                             decoder: Decoder) -> None:
+    root = project(tmp_path, "relational", order_by="ts")
+    manifest = load_manifest(root)
+    write(root, "a.ndjson", [{"id": 1, "ts": 2, "tags": ["new", "newer"]}, {"id": 2, "ts": 1, "tags": ["b"]}])
+    run_pipelines(store, manifest, decoder=decoder)
+    write(root, "b.ndjson", [{"id": 1, "ts": 1, "tags": ["old", "older"]}, {"id": 2, "ts": 3, "tags": ["c"]}])
+    [result] = run_pipelines(store, manifest, decoder=decoder)
+    assert result.ok
+    con = connect(store)
+    try:
+        tags = con.execute("SELECT p.id, p.ts, t.value FROM ev p JOIN ev__tags t ON t._cf_parent_id = p._cf_id "
+                           "ORDER BY p.id, t._cf_list_idx").fetchall()
+    finally:
+        con.close()
+    assert tags == [(1, 2, "new"), (1, 2, "newer"), (2, 3, "c")]
+    assert store.table("ev__tags").head.order_by == "_cf_order"
