@@ -121,3 +121,30 @@ def test_child_rows_of_a_root_merging_by_order_by_follow_the_root_rows_winner(tm
         con.close()
     assert tags == [(1, 2, "new"), (1, 2, "newer"), (2, 3, "c")]
     assert store.table("ev__tags").head.order_by == "_cf_order"
+
+
+def test_received_batches_merge_by_order_by_and_a_null_key_answers_422_by_name(tmp_path: Path,
+                                                                                decoder: Decoder) -> None:
+    from engine.config.manifest import Manifest, PipelineSpec, SourceSpec
+    from engine.land.receive.server import serve_receivers
+    from engine.project import parse_project
+    from tests.engine.land.test_receive import PIPELINE, issue_writer, post
+
+    project_, problems = parse_project({}, tmp_path)
+    assert not problems
+    spec = PipelineSpec(id=PIPELINE, source=SourceSpec("receive", {"key_retention_secs": 60}), table=PIPELINE,
+                        primary_key=("id",), order_by="ts")
+    server = serve_receivers(lambda: Store.open(tmp_path / ".contextful" / "store"), Manifest(tmp_path, project_, (spec,)),
+                             "127.0.0.1:0", queue_root=tmp_path / ".contextful" / "queue", decoder=decoder)
+    try:
+        issue_writer(tmp_path, server.url)
+        assert server.recovered(timeout=30)
+        assert post(server.url, "k1", b'{"id": 1, "ts": 2, "v": "new"}\n')[0] == 200
+        assert post(server.url, "k2", b'{"id": 1, "ts": 1, "v": "old"}\n')[0] == 200
+        status, doc = post(server.url, "k3", b'{"id": 2, "ts": 1}\n{"id": null, "ts": 1}\n')
+        assert (status, doc["error"]) == (422, "PrimaryKeyNull")
+        assert "batch 'k3', row 1" in doc["detail"]
+    finally:
+        server.shutdown(grace_s=10)
+    with Store.open(tmp_path / ".contextful" / "store") as store:
+        assert store.table(PIPELINE).to_arrow().select(["id", "v"]).to_pylist() == [{"id": 1, "v": "new"}]
