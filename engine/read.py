@@ -85,6 +85,8 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
             continue
         try:
             attach_snapshot(con, snap, name)
+        except TableUnreadable as exc:
+            attach_unreadable(con, name, exc.reason)
         except duckdb.Error as exc:  # one table's view does not bind: it alone answers an error
             attach_unreadable(con, name, first_line(exc))
         names.append(name)

@@ -5,6 +5,7 @@ checks that no accepted distinct key is ever lost."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 from typing import Any
@@ -15,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage import ManualClock, Store
-from storage.errors import PrimaryKeyColumnMissing, PrimaryKeyNull, PrimaryKeyWideningLossy
+from storage.errors import PrimaryKeyColumnMissing, PrimaryKeyNull, PrimaryKeyWideningLossy, TableUnreadable
 from storage.reconcile import holds_exactly, reconcile
+from storage.snapshot import snapshot_sql
 
 BIG = 2**53
 
@@ -123,6 +125,23 @@ def test_key_widening_rules(have: pa.DataType, got: pa.DataType, ok: bool) -> No
 def test_uint64_meeting_a_decimal_keeps_twenty_integer_digits() -> None:
     landed = reconcile("t", pa.schema([("v", pa.decimal128(10, 2))]), pa.schema([("v", pa.uint64())])).schema
     assert landed.field("v").type == pa.decimal128(22, 2)
+
+
+def test_a_snapshot_never_merges_rows_without_a_key_and_names_a_key_column_it_lacks(store: Store) -> None:
+    """Stores written before keys were checked may hold null-key rows, or a key naming no column:
+    reads (and so folds) keep every keyless row, and a missing key column is a named error."""
+    store.append("raw", pa.table({"k": [1.0, 1.0, None, None, float("nan"), float("nan")], "v": [1, 2, 3, 4, 5, 6]}))
+    snap = store.table("raw").snapshot()
+    con = store.duckdb()
+    try:
+        sql = snapshot_sql(dataclasses.replace(snap, primary_key=("k",)), con)
+        assert sql is not None
+        assert sorted(r[0] for r in con.sql(f"SELECT v FROM ({sql})").fetchall()) == [2, 3, 4, 5, 6]
+        with pytest.raises(TableUnreadable) as caught:
+            snapshot_sql(dataclasses.replace(snap, primary_key=("nope",)), con)
+        assert caught.value.table == "raw" and "'nope'" in caught.value.reason
+    finally:
+        con.close()
 
 
 key_values = st.one_of(
