@@ -37,7 +37,7 @@ Hierarchy::
         │   ├── ModelCycle               [[model]] blocks read each other in a cycle
         │   ├── ExportNamespaceShared    two [[export]] blocks share a namespace, credential or table
         │   ├── PipelinePrimaryKeyInvalid  a primary_key column the manifest shows can never be a column
-        │   ├── TableNameCollision       a table named <root>__... beside a relational root's child tables
+        │   ├── TableNameCollision       a table named <root>__... beside a relational root, or two differing in case
         │   └── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
@@ -855,16 +855,18 @@ class PipelinePrimaryKeyInvalid(SpecInvalid):
 
 
 class TableNameCollision(SpecInvalid):
-    """Two tables of a manifest could land under one name: a relational pipeline's child tables are
-    ``<root>__<path>``, so no other table may be named ``<root>__...``."""
+    """Two tables of a manifest could land under one name, or read as one: a relational pipeline's
+    child tables are ``<root>__<path>``, so no other table may be named ``<root>__...``; and DuckDB
+    views compare names case-insensitively, so no two tables may differ only in case."""
 
     table: str
     first: str
     second: str
+    reason: str
 
-    def __init__(self, table: str, first: str, second: str) -> None:
-        super().__init__(f"table {table!r} of {second} may be a child table of {first} (relational child tables are "
-                         f"named <root>__<path>); rename one", table=table, first=first, second=second)
+    def __init__(self, table: str, first: str, second: str, reason: str) -> None:
+        super().__init__(f"table {table!r} of {second} collides with {first}: {reason}; rename one", table=table,
+                         first=first, second=second, reason=reason)
 
 
 class TableUnreadable(Permanent):

@@ -118,7 +118,7 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
     pipelines = [p for n, block in enumerate(blocks, 1) if (p := _pipeline(block, n, problems)) is not None]
     _check_ids_and_order(pipelines, problems)
     models = _models(doc.get("model", []), root, pipelines, problems)
-    _check_child_table_names(pipelines, models, problems)
+    _check_table_names(pipelines, models, problems)
     exports = _exports(doc.get("export", []), root, problems)
     if problems.found:
         raise ManifestInvalid(path, problems.found)
@@ -251,15 +251,23 @@ def _primary_key_problems(pipeline_id: str, primary_key: tuple[str, ...], normal
     return found
 
 
-def _check_child_table_names(pipelines: list[PipelineSpec], models: list[ModelSpec], problems: _Problems) -> None:
-    """Refuse a table that a relational pipeline's child table could land in: every name
-    ``<root>__...`` belongs to the relational root ``root`` (docs/normalization.md)."""
+def _check_table_names(pipelines: list[PipelineSpec], models: list[ModelSpec], problems: _Problems) -> None:
+    """Refuse a table that a relational pipeline's child table could land in (every name
+    ``<root>__...`` belongs to the relational root ``root``, docs/normalization.md) and two tables
+    whose names differ only in case (their views would be one name in DuckDB)."""
+    tables = [(p.table, f"pipeline {p.id!r}") for p in pipelines] + [(m.name, f"model {m.name!r}") for m in models]
     roots = [(p.table, f"pipeline {p.id!r}") for p in pipelines if p.normalize == "relational"]
-    others = [(p.table, f"pipeline {p.id!r}") for p in pipelines] + [(m.name, f"model {m.name!r}") for m in models]
     for root, owner in roots:
-        for table, other in others:
-            if table.startswith(root + "__"):
-                problems.add(TableNameCollision(table, owner, other))
+        for table, other in tables:
+            if table.lower().startswith(root.lower() + "__"):
+                problems.add(TableNameCollision(table, owner, other, f"relational child tables of {root!r} are "
+                                                                     f"named {root}__<path>"))
+    seen: dict[str, tuple[str, str]] = {}
+    for table, owner in tables:
+        first = seen.setdefault(table.lower(), (table, owner))
+        if first[0] != table:
+            problems.add(TableNameCollision(table, f"table {first[0]!r} of {first[1]}", owner,
+                                            "table names that differ only in case read as one view"))
 
 
 def _source(block: Any, where: str, pipeline_id: str, incremental: str | None,

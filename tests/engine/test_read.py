@@ -127,3 +127,21 @@ def test_contextful_sql_names_the_unreadable_table_and_still_reads_the_rest(tmp_
     assert json.loads(contextful(tmp_path, "--json", "sql", "SELECT count(x) AS n FROM good").stdout) == [{"n": 2}]
     failed = contextful(tmp_path, "sql", "SELECT * FROM broken", check=False)
     assert failed.returncode == 1 and "error: TableUnreadable: table 'broken' cannot be read" in failed.stderr
+
+
+@pytest.mark.parametrize("store_kind", ["local", "postgres"])
+def test_tables_differing_only_in_case_never_answer_for_each_other(make_store, store_kind: str) -> None:
+    import duckdb
+
+    store = make_store(clock=ManualClock())
+    store.append("events", pa.table({"x": [1]}))
+    store.append("other", pa.table({"y": [1]}))
+    store.catalog.create_table("Events", "3f1f9c2e-0000-4000-8000-000000000001", (), store.clock.now_us())
+    store.table("Events").append(pa.table({"x": [2]}))  # as a store written before the refusal could hold
+    con = engine.read.connect(store)
+    assert con.sql("SELECT count(*) FROM other").fetchall() == [(1,)]
+    for spelling in ("events", "Events"):
+        with pytest.raises(duckdb.Error) as caught:
+            con.sql(f'SELECT * FROM "{spelling}"').fetchall()
+        error = engine.read.unreadable_error(caught.value)
+        assert error is not None and "differs only in case" in error.reason

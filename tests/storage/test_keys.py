@@ -16,7 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage import ManualClock, Store
-from storage.errors import PrimaryKeyColumnMissing, PrimaryKeyNull, PrimaryKeyWideningLossy, TableUnreadable
+from storage.errors import (
+    PrimaryKeyColumnMissing,
+    PrimaryKeyNull,
+    PrimaryKeyWideningLossy,
+    TableNameInvalid,
+    TableUnreadable,
+)
 from storage.reconcile import holds_exactly, reconcile
 from storage.snapshot import snapshot_sql
 
@@ -142,6 +148,14 @@ def test_a_snapshot_never_merges_rows_without_a_key_and_names_a_key_column_it_la
         assert caught.value.table == "raw" and "'nope'" in caught.value.reason
     finally:
         con.close()
+
+
+def test_two_tables_differing_only_in_case_are_refused_as_their_views_would_be_one(store: Store) -> None:
+    store.append("events", pa.table({"x": [1]}))
+    with pytest.raises(TableNameInvalid) as caught:
+        store.append("Events", pa.table({"x": [2]}))
+    assert caught.value.table == "Events" and "'events'" in caught.value.reason
+    assert store.table_names() == ["events"]
 
 
 key_values = st.one_of(

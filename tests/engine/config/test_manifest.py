@@ -162,7 +162,11 @@ kind = "files"
 config = { paths = "labels/*.ndjson" }
 
 [[model]]
-name = "ev__daily"
+name = "EV__Daily"
+sql = "SELECT 1 AS x"
+
+[[model]]
+name = "Ev"
 sql = "SELECT 1 AS x"
 """
 
@@ -176,11 +180,13 @@ def test_primary_keys_the_table_can_never_have_and_child_table_collisions_are_re
                     ("tags", "is declared 'list<string>'"), ("actor", "is declared 'struct<login: string>'")]
     collisions = [(p.table, p.first, p.second) for p in caught.value.problems if isinstance(p, TableNameCollision)]
     assert collisions == [("ev__tags", "pipeline 'ev'", "pipeline 'labels'"),
-                          ("ev__daily", "pipeline 'ev'", "model 'ev__daily'")]
-    assert len(caught.value.problems) == 6
+                          ("EV__Daily", "pipeline 'ev'", "model 'EV__Daily'"),
+                          ("Ev", "table 'ev' of pipeline 'ev'", "model 'Ev'")]
+    assert len(caught.value.problems) == 7
 
 
 def test_a_nested_pipeline_may_key_on_a_struct_and_name_tables_freely(tmp_path: Path) -> None:
     text = KEYS.replace('normalize = "relational"', 'normalize = "nested"').replace(', "id", "_cf_id", "tags"', "")
+    text = text.replace('name = "Ev"', 'name = "daily"')
     manifest = load_manifest(write(tmp_path, text))
     assert manifest.pipeline("ev").primary_key == ("id", "actor")
