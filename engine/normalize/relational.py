@@ -237,8 +237,9 @@ def _ids(prefix: str, n: int) -> pa.Array:
 
 def key_ids(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Array:
     """The ids of root rows keyed by ``primary_key``: ``k`` + the MD5 hex digest of the JSON object of
-    their key values (DuckDB's ``to_json``: the same values always give the same id, whatever batch
-    or run they land in). Columnar: one DuckDB query over the key columns.
+    their key values (DuckDB's ``to_json``, zoned timestamps in UTC: the same values always give the
+    same id, whatever batch, run or machine they land on). Columnar: one DuckDB query over the key
+    columns.
 
     >>> key_ids(pa.table({"id": [1, 2, 1]}), ("id",)).to_pylist()[0] == key_ids(pa.table({"id": [1]}), ("id",))[0].as_py()
     True
@@ -249,6 +250,7 @@ def key_ids(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Array:
     packed = ", ".join(f"k{i} := k{i}" for i in range(len(primary_key)))
     con = duckdb.connect()
     try:
+        con.execute("SET TimeZone = 'UTC'")  # zoned timestamps print as UTC, whatever the machine's zone
         con.register("__cf_keys", keys)
         ids = con.sql(f"SELECT 'k' || md5(to_json(struct_pack({packed}))) AS id FROM __cf_keys").to_arrow_table()
     finally:

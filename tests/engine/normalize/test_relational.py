@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import duckdb
 import pyarrow as pa
@@ -369,3 +372,12 @@ def test_duckdb_joins_children_to_parents_on_the_keys(tmp_path) -> None:
         from events__payload__commits c join events e on c._cf_parent_id = e._cf_id""").fetchall()
     assert positions == [(expected["push_commits"], expected["push_commits"], 0)]
     assert reassemble(out, "events").equals(nested)
+
+
+def test_key_ids_of_zoned_timestamps_do_not_depend_on_the_machines_time_zone() -> None:
+    script = ("import datetime as d, pyarrow as pa; from engine.normalize import key_ids; "
+              "t = pa.table({'t': pa.array([d.datetime(2020, 1, 1, tzinfo=d.timezone.utc)], pa.timestamp('us', 'UTC'))}); "
+              "print(key_ids(t, ('t',))[0])")
+    ids = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TZ": zone}).stdout for zone in ("UTC", "America/New_York")}
+    assert len(ids) == 1
