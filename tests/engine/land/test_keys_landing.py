@@ -148,3 +148,16 @@ def test_received_batches_merge_by_order_by_and_a_null_key_answers_422_by_name(t
         server.shutdown(grace_s=10)
     with Store.open(tmp_path / ".contextful" / "store") as store:
         assert store.table(PIPELINE).to_arrow().select(["id", "v"]).to_pylist() == [{"id": 1, "v": "new"}]
+
+
+def test_table_load_names_the_file_and_row_of_a_null_key_and_lands_nothing(tmp_path: Path, store: Store,
+                                                                           decoder: Decoder) -> None:
+    from engine.load import load_file
+    from storage.errors import PrimaryKeyNull
+
+    path = tmp_path / "rows.ndjson"
+    path.write_text("".join(json.dumps({"id": i if i != 3 else None}) + "\n" for i in range(5)))
+    with pytest.raises(PrimaryKeyNull) as caught:
+        load_file(store, "t", path, primary_key=("id",), decoder=decoder)
+    assert (caught.value.input, caught.value.row) == (f"input {path.resolve()}", 3)
+    assert store.table("t").refresh().commit_seq == 0
