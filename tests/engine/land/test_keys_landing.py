@@ -5,16 +5,21 @@ orphaning their child rows. Run against the SQLite and the PostgreSQL catalog.""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.config import load_manifest
+from engine.config.manifest import Manifest, PipelineSpec, SourceSpec
 from engine.land.decode import Decoder
 from engine.land.pipeline import run_pipelines
+from engine.land.receive.server import ReceiveServer, serve_receivers
+from engine.project import parse_project
 from engine.read import connect
 from storage import Store
+from tests.engine.land.test_receive import PIPELINE, issue_writer, land_lock_held, post, sidecars, wait_for
 
 MANIFEST = """
 [project]
@@ -123,22 +128,23 @@ def test_child_rows_of_a_root_merging_by_order_by_follow_the_root_rows_winner(tm
     assert store.table("ev__tags").head.order_by == "_cf_order"
 
 
-def test_received_batches_merge_by_order_by_and_a_null_key_answers_422_by_name(tmp_path: Path,
-                                                                                decoder: Decoder) -> None:
-    from engine.config.manifest import Manifest, PipelineSpec, SourceSpec
-    from engine.land.receive.server import serve_receivers
-    from engine.project import parse_project
-    from tests.engine.land.test_receive import PIPELINE, issue_writer, post
-
+def serve_keyed(tmp_path: Path, decoder: Decoder) -> ReceiveServer:
+    """A receive server for a pipeline keyed on ``id`` merging by ``ts``, with a writer key issued."""
     project_, problems = parse_project({}, tmp_path)
     assert not problems
     spec = PipelineSpec(id=PIPELINE, source=SourceSpec("receive", {"key_retention_secs": 60}), table=PIPELINE,
                         primary_key=("id",), order_by="ts")
     server = serve_receivers(lambda: Store.open(tmp_path / ".contextful" / "store"), Manifest(tmp_path, project_, (spec,)),
                              "127.0.0.1:0", queue_root=tmp_path / ".contextful" / "queue", decoder=decoder)
+    issue_writer(tmp_path, server.url)
+    assert server.recovered(timeout=30)
+    return server
+
+
+def test_received_batches_merge_by_order_by_and_a_null_key_answers_422_by_name(tmp_path: Path,
+                                                                                decoder: Decoder) -> None:
+    server = serve_keyed(tmp_path, decoder)
     try:
-        issue_writer(tmp_path, server.url)
-        assert server.recovered(timeout=30)
         assert post(server.url, "k1", b'{"id": 1, "ts": 2, "v": "new"}\n')[0] == 200
         assert post(server.url, "k2", b'{"id": 1, "ts": 1, "v": "old"}\n')[0] == 200
         status, doc = post(server.url, "k3", b'{"id": 2, "ts": 1}\n{"id": null, "ts": 1}\n')
@@ -161,3 +167,26 @@ def test_table_load_names_the_file_and_row_of_a_null_key_and_lands_nothing(tmp_p
         load_file(store, "t", path, primary_key=("id",), decoder=decoder)
     assert (caught.value.input, caught.value.row) == (f"input {path.resolve()}", 3)
     assert store.table("t").refresh().commit_seq == 0
+
+
+def test_a_received_batch_whose_key_would_widen_lossily_fails_alone_and_the_queue_drains(
+        tmp_path: Path, decoder: Decoder) -> None:
+    """Both batches pass admission against the empty table; the int64 one lands first, and the float
+    one must then fail by name (once), not fail its group's commit on every landing."""
+    big = 2**53
+    server = serve_keyed(tmp_path, decoder)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            with land_lock_held(tmp_path):
+                ints = pool.submit(post, server.url, "ints", f'{{"id": {big}, "ts": 1}}\n{{"id": {big + 1}, "ts": 1}}\n'.encode())
+                wait_for(lambda: len(sidecars(tmp_path)) == 1, "the int64 batch spooled")
+                floats = pool.submit(post, server.url, "floats", b'{"id": 0.5, "ts": 1}\n')
+                wait_for(lambda: len(sidecars(tmp_path)) == 2, "both batches spooled")
+            assert ints.result(timeout=120)[0] == 200
+            status, doc = floats.result(timeout=120)
+        assert (status, doc["error"]) == (422, "PrimaryKeyWideningLossy")
+        assert sidecars(tmp_path) == []
+    finally:
+        server.shutdown(grace_s=10)
+    with Store.open(tmp_path / ".contextful" / "store") as store:
+        assert sorted(store.table(PIPELINE).to_arrow().column("id").to_pylist()) == [big, big + 1]
