@@ -3,7 +3,7 @@
 An operator convenience and a test handle beside the pipeline path: the file is decoded by the
 same bounded decoder child (``engine.land.decode``: 60 s, 512 MiB, streaming), its batches are
 coalesced into parts of about a million rows, and the run commits once: the whole file
-lands or none of it.
+lands or none of it (a null key fails it naming the file and the row, ``storage.keys``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from engine.land.chunks import coalesce
 from engine.land.decode import Decoder
 from storage import CommitResult, Store
+from storage.keys import check_keys
 
 
 def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary_key: tuple[str, ...] = (),
@@ -29,6 +30,7 @@ def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary
     try:
         landed = 0
         for chunk in coalesce(decoder.decode(source, fmt)):
+            check_keys(table, target.primary_key, chunk, input=f"input {source}", first_row=landed)
             txn.stage(chunk)
             landed += chunk.num_rows
             if progress is not None:

@@ -11,13 +11,18 @@ Each view reads exactly the parts live at its snapshot — the head, or the newe
 before ``as_of`` — with schema evolution and primary-key resolution applied (storage.snapshot).
 Views are pinned, every table at one point (``Store.pin``: one catalog read): a run
 committing after ``connect`` does not change what they answer, and none is seen in some tables
-but not others; call ``connect`` again to see it. ``_runs`` is a view like any other, and so is each model (its latest
+but not others; call ``connect`` again to see it. A table whose view cannot be built (a part
+missing, a snapshot collected, a key naming no column in a store written before keys were
+checked) never keeps the others from reading: its view raises ``TableUnreadable`` naming it and
+the cause when queried (:func:`unreadable_error` turns DuckDB's error back into it). ``_runs`` is
+a view like any other, and so is each model (its latest
 published build); :func:`model_build` adds a view of one specific build (docs/notebooks.md).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime
 
 import duckdb
@@ -25,11 +30,12 @@ import pyarrow as pa
 
 from engine.project import open_store
 from storage import Store
-from storage.errors import SnapshotNotFound
+from storage.errors import SnapshotCollected, SnapshotNotFound, TableUnreadable, first_line
 from storage.reserved import RUNS_TABLE
-from storage.snapshot import Snapshot, quote, snapshot_sql
+from storage.snapshot import Snapshot, quote, snapshot_sql, sql_literal
 
 _RUNS_CACHE = "__contextful_runs_history"
+_UNREADABLE = re.compile(r"TableUnreadable: table '([A-Za-z_][A-Za-z0-9_]*)' cannot be read: (.*)", re.DOTALL)
 
 
 def parse_instant(value: str | datetime | None) -> datetime | None:
@@ -66,15 +72,43 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
         con.register(_RUNS_CACHE, store.runs.history())
         con.execute(f"CREATE OR REPLACE VIEW {quote(RUNS_TABLE)} AS SELECT * FROM {quote(_RUNS_CACHE)}")
         names.append(RUNS_TABLE)
+    spelled: dict[str, str] = {}  # DuckDB compares view names case-insensitively
     for name, (table, seq) in store.pin(as_of=as_of).items():  # every table pinned at one point
         if name in names:
             continue
-        snap = table.snapshot_at(seq)
+        twin = spelled.setdefault(name.lower(), name)
+        if twin != name:  # a store written before case twins were refused: neither view is answered
+            attach_unreadable(con, name, f"its name differs only in case from the table {twin!r}, and DuckDB "
+                                         f"reads both names as one view")
+            continue
+        try:
+            snap = table.snapshot_at(seq)
+        except SnapshotCollected as exc:
+            attach_unreadable(con, name, exc.detail)
+            names.append(name)
+            continue
         if snap.schema is None:
             continue
-        attach_snapshot(con, snap, name)
+        try:
+            attach_snapshot(con, snap, name)
+        except TableUnreadable as exc:
+            attach_unreadable(con, name, exc.reason)
+        except duckdb.Error as exc:  # one table's view does not bind: it alone answers an error
+            attach_unreadable(con, name, first_line(exc))
         names.append(name)
     return names
+
+
+def attach_unreadable(con: duckdb.DuckDBPyConnection, view: str, reason: str) -> None:
+    """Create (or replace) the view ``view`` raising :class:`TableUnreadable` whenever it is read."""
+    message = sql_literal(str(TableUnreadable(view, reason)))
+    con.execute(f"CREATE OR REPLACE VIEW {quote(view)} AS SELECT NULL AS unreadable WHERE error({message}) IS NULL")
+
+
+def unreadable_error(exc: duckdb.Error) -> TableUnreadable | None:
+    """The :class:`TableUnreadable` a query over an unreadable table's view raised, if it is one."""
+    found = _UNREADABLE.search(str(exc))
+    return TableUnreadable(found.group(1), found.group(2)) if found else None
 
 
 def attach_snapshot(con: duckdb.DuckDBPyConnection, snap: Snapshot, view: str) -> None:

@@ -36,9 +36,14 @@ Hierarchy::
         │   ├── PipelineNormalizeModeUnknown
         │   ├── ModelCycle               [[model]] blocks read each other in a cycle
         │   ├── ExportNamespaceShared    two [[export]] blocks share a namespace, credential or table
+        │   ├── PipelinePrimaryKeyInvalid  a primary_key column the manifest shows can never be a column
+        │   ├── TableNameCollision       a table named <root>__... beside a relational root, or two differing in case
         │   └── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
+        │   │   └── PrimaryKeyWideningLossy  a key column would widen to a type not holding every key exactly
+        │   ├── PrimaryKeyNull           a row holds null (or NaN) in a key column; its batch is refused
+        │   ├── PrimaryKeyColumnMissing  a batch for a keyed table lacks a key column
         │   ├── InputUnreadable
         │   ├── InputMalformed           an input's bytes are not its format (a bad line, a damaged stream)
         │   ├── ParseCrashed             parse-crashed: a decoder child crossed its deadline or memory bound, or died
@@ -74,6 +79,7 @@ Hierarchy::
             ├── SnapshotCollected
             ├── BlobCorrupt
             ├── QueryFailed              an admitted gateway query failed for a reason not the reader's (error id)
+            ├── TableUnreadable          one table's view cannot be built; the other tables still read
             └── CatalogRejected           the catalog database refused a write (integrity)
 
 Messages are built from structured fields, so callers and tests read the fields, and the text
@@ -807,3 +813,83 @@ class InputChanged(Conflict):
     def __init__(self, input: str, reason: str) -> None:
         super().__init__(f"input {input}: {reason}; nothing of it lands. Restore the landed file, or put the new "
                          "rows in a file of a new name (a new input lands whole)", input=input, reason=reason)
+
+
+# --- primary keys and table names (keys never merge distinct rows) --------------------------------
+
+
+class PrimaryKeyNull(Incompatible):
+    """A row of a keyed table holds null (or NaN, which equals nothing) in a key column: it has no
+    identity to merge by, so its batch is refused, never merged with other such rows. ``input`` names
+    the input when the landing path knows it; ``row`` is the row's 0-based position in that input
+    (else in the batch staged)."""
+
+    table: str
+    column: str
+    row: int
+    input: str | None
+
+    def __init__(self, table: str, column: str, row: int, input: str | None = None, value: str = "null") -> None:
+        where = f"{input}, row {row}" if input else f"row {row} of the batch staged"
+        super().__init__(f"table {table!r}: {where} holds {value} in primary key column {column!r}; a keyed row "
+                         f"needs a value in every key column", table=table, column=column, row=row, input=input,
+                         value=value)
+
+
+class PrimaryKeyColumnMissing(Incompatible):
+    """A batch landing in a keyed table lacks a key column (the primary key names a column the data
+    does not have): refused before anything is staged, so no view ever names a missing column."""
+
+    table: str
+    column: str
+    columns: tuple[str, ...]
+    input: str | None
+
+    def __init__(self, table: str, column: str, columns: tuple[str, ...], input: str | None = None) -> None:
+        shown = ", ".join(columns[:20]) + (", ..." if len(columns) > 20 else "")
+        where = f"{input}: " if input else ""
+        super().__init__(f"{where}table {table!r} has primary key column {column!r}, which the batch does not hold "
+                         f"(columns: {shown or 'none'})", table=table, column=column, columns=columns, input=input)
+
+
+class PrimaryKeyWideningLossy(SchemaIrreconcilable):
+    """A key column would widen to a type that cannot hold every key exactly (int64 meeting a float:
+    distinct keys above 2**53 would read equal and merge); refused instead of a downgrade event."""
+
+
+class PipelinePrimaryKeyInvalid(SpecInvalid):
+    """A pipeline's ``primary_key`` can never name a column of its table, as the manifest declares it."""
+
+    pipeline: str
+    column: str
+    reason: str
+
+    def __init__(self, pipeline: str, column: str, reason: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}: primary_key column {column!r} {reason}", pipeline=pipeline,
+                         column=column, reason=reason)
+
+
+class TableNameCollision(SpecInvalid):
+    """Two tables of a manifest could land under one name, or read as one: a relational pipeline's
+    child tables are ``<root>__<path>``, so no other table may be named ``<root>__...``; and DuckDB
+    views compare names case-insensitively, so no two tables may differ only in case."""
+
+    table: str
+    first: str
+    second: str
+    reason: str
+
+    def __init__(self, table: str, first: str, second: str, reason: str) -> None:
+        super().__init__(f"table {table!r} of {second} collides with {first}: {reason}; rename one", table=table,
+                         first=first, second=second, reason=reason)
+
+
+class TableUnreadable(Permanent):
+    """A table's view could not be built at a snapshot (a part missing, a key naming no column): the
+    other tables still read; querying this one raises this error by name."""
+
+    table: str
+    reason: str
+
+    def __init__(self, table: str, reason: str) -> None:
+        super().__init__(f"table {table!r} cannot be read: {reason}", table=table, reason=reason)

@@ -22,6 +22,12 @@ The widening rules (also in docs/store.md):
 Everything else — a struct meeting a scalar, text meeting a number, a naive timestamp meeting a
 zoned one, a boolean meeting a number — raises :class:`SchemaIrreconcilable` (incompatible).
 
+A primary key column takes a widening only when the landed type holds every value of both types
+exactly (:func:`holds_exactly`): keys compare as exact values, so int64 meeting a float (distinct
+keys above 2**53 would read equal and merge), a decimal widened past precision 38 into float64, or
+uint64 meeting a signed integer raise :class:`PrimaryKeyWideningLossy` instead of an event. No rule
+ever lands a non-text value as text, for any column.
+
 Example::
 
     >>> import pyarrow as pa
@@ -41,7 +47,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.errors import SchemaIrreconcilable
+from storage.errors import PrimaryKeyWideningLossy, SchemaIrreconcilable
 
 _TIME_UNITS = ("s", "ms", "us", "ns")
 
@@ -94,8 +100,10 @@ def canonical_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def reconcile(table: str, current: pa.Schema | None, arriving: pa.Schema) -> Reconciliation:
-    """Merge ``arriving`` into ``current`` (None for a new table); raise if irreconcilable."""
+def reconcile(table: str, current: pa.Schema | None, arriving: pa.Schema,
+              primary_key: tuple[str, ...] = ()) -> Reconciliation:
+    """Merge ``arriving`` into ``current`` (None for a new table); raise if irreconcilable, or if a
+    ``primary_key`` column would land in a type that does not hold every key of both exactly."""
     arriving = pa.schema([f.with_type(canonical_type(f.type)) for f in arriving])
     if current is None:
         return Reconciliation(_nullable(arriving), True, ())
@@ -104,7 +112,13 @@ def reconcile(table: str, current: pa.Schema | None, arriving: pa.Schema) -> Rec
     by_name = {f.name: f for f in arriving}
     for field in current:
         if field.name in by_name:
-            fields.append(field.with_type(merger.merge(field.name, field.type, by_name[field.name].type)))
+            got = by_name[field.name].type
+            landed = merger.merge(field.name, field.type, got)
+            if field.name in primary_key and not (holds_exactly(landed, field.type) and holds_exactly(landed, got)):
+                raise PrimaryKeyWideningLossy(
+                    table, field.name, str(field.type), str(got),
+                    f"primary key column would land as {landed}, which does not hold every key of both exactly")
+            fields.append(field.with_type(landed))
         else:
             fields.append(field)
     known = set(current.names)
@@ -267,7 +281,64 @@ def _merge_ints(a: pa.DataType, b: pa.DataType) -> pa.DataType:
 def _decimal_shape(t: pa.DataType) -> tuple[int, int]:
     if pa.types.is_decimal(t):
         return t.precision, t.scale
-    return {8: 3, 16: 5, 32: 10, 64: 19}[t.bit_width], 0
+    return _int_digits(t), 0
+
+
+def _int_digits(t: pa.DataType) -> int:
+    """Decimal digits of the largest magnitude an integer type holds (uint64: 20)."""
+    return {8: 3, 16: 5, 32: 10, 64: 19}[t.bit_width] + (1 if t == pa.uint64() else 0)
+
+
+def holds_exactly(wide: pa.DataType, narrow: pa.DataType) -> bool:
+    """Whether every value of ``narrow`` lands in ``wide`` as a distinct, exact value.
+
+    >>> holds_exactly(pa.float64(), pa.int32()), holds_exactly(pa.float64(), pa.int64())
+    (True, False)
+    >>> holds_exactly(pa.decimal128(21, 2), pa.int64()), holds_exactly(pa.int64(), pa.uint64())
+    (True, False)
+    """
+    wide, narrow = canonical_type(wide), canonical_type(narrow)
+    if wide == narrow or pa.types.is_null(narrow):
+        return True
+    kind = _representation(wide)
+    if kind is not None or _representation(narrow) is not None:
+        if kind != _representation(narrow):
+            return False
+        if kind == "list":
+            return holds_exactly(wide.value_type, narrow.value_type)
+        if kind == "struct":
+            fields = {f.name: f.type for f in wide}
+            return all(f.name in fields and holds_exactly(fields[f.name], f.type) for f in narrow)
+        if kind == "map":
+            return holds_exactly(wide.key_type, narrow.key_type) and holds_exactly(wide.item_type, narrow.item_type)
+        return True  # string or binary flavours
+    if pa.types.is_integer(wide):
+        if not pa.types.is_integer(narrow):
+            return False
+        if pa.types.is_signed_integer(wide):
+            return wide.bit_width > narrow.bit_width or (
+                wide.bit_width == narrow.bit_width and pa.types.is_signed_integer(narrow))
+        return not pa.types.is_signed_integer(narrow) and wide.bit_width >= narrow.bit_width
+    if pa.types.is_floating(wide):
+        mantissa = {16: 11, 32: 24, 64: 53}[wide.bit_width]
+        if pa.types.is_floating(narrow):
+            return wide.bit_width >= narrow.bit_width
+        return pa.types.is_integer(narrow) and narrow.bit_width - (1 if pa.types.is_signed_integer(narrow) else 0) <= mantissa
+    if pa.types.is_decimal(wide):
+        if not (pa.types.is_integer(narrow) or pa.types.is_decimal(narrow)):
+            return False
+        precision, scale = _decimal_shape(narrow)
+        return wide.scale >= scale and wide.precision - wide.scale >= precision - scale
+    if pa.types.is_timestamp(wide):
+        return pa.types.is_date(narrow) or (
+            pa.types.is_timestamp(narrow) and (wide.tz is None) == (narrow.tz is None)
+            and _TIME_UNITS.index(wide.unit) >= _TIME_UNITS.index(narrow.unit))
+    if pa.types.is_date(wide):
+        return pa.types.is_date(narrow)
+    if _is_time(wide) or pa.types.is_duration(wide):
+        same_kind = _is_time(narrow) if _is_time(wide) else pa.types.is_duration(narrow)
+        return same_kind and _TIME_UNITS.index(wide.unit) >= _TIME_UNITS.index(narrow.unit)
+    return False
 
 
 # --- conform: cast arriving data to the landed schema ------------------------------------------

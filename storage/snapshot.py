@@ -12,6 +12,10 @@ and a table with a primary key answers one row per key (merge on read, docs/stor
   declaration count only through their commit-order winner, which competes with the rows
   committed after it: the largest ``order_by`` value wins (nulls lose), then commit order.
 
+A row with a null or NaN in a key column has no key: it merges with nothing and is always
+answered (landing refuses such rows, ``storage.keys``; a store written before that may hold some,
+and neither a read nor a fold may collapse them).
+
 The query adds no name to the user's namespace: the scan reads with ``hive_partitioning = false``
 (a directory above the store named ``x=1`` would otherwise add, or overwrite, a column ``x``), the
 part and row positions come from DuckDB's virtual columns ``file_index`` and ``file_row_number``
@@ -29,6 +33,7 @@ import duckdb
 import pyarrow as pa
 
 from storage.catalog import PartRow
+from storage.errors import TableUnreadable
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,8 @@ INTERNAL_NAMES = (SCAN, ROWS, PART, ROW, "__cf_c0", "__cf_c1", "__cf_c2", "__cf_
 ``__cf_c<i>``/``__cf_s<i>``); none reaches the user's namespace."""
 
 
-def _sql_literal(text: str) -> str:
+def sql_literal(text: str) -> str:
+    """``text`` as a DuckDB string literal."""
     return "'" + text.replace("'", "''") + "'"
 
 
@@ -102,7 +108,7 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
         return None
     names = snapshot.schema.names
     merge_order = sorted(range(len(snapshot.parts)), key=lambda i: (snapshot.parts[i].ord_seq, snapshot.parts[i].ord_idx))
-    files = "[" + ", ".join(_sql_literal(snapshot.uris[i]) for i in merge_order) + "]"
+    files = "[" + ", ".join(sql_literal(snapshot.uris[i]) for i in merge_order) + "]"
     scan = f"read_parquet({files}, hive_partitioning = false{', union_by_name = true' if snapshot.mixed_schemas else ''})"
     types = duckdb_types(snapshot.schema) if snapshot.mixed_schemas else None
 
@@ -117,22 +123,39 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
         return f"SELECT {projected(source)} FROM {scan} AS {SCAN}"
 
     inner_names = {n: f"__cf_c{i}" for i, n in enumerate(names)}
+    for key in snapshot.primary_key:
+        if key not in inner_names:  # a store written before keys were checked at landing
+            raise TableUnreadable(snapshot.table, f"primary key column {key!r} is not a column of the table")
     inner = (
         "SELECT " + ", ".join(f"{source[n]} AS {quote(inner_names[n])}" for n in names)
         + f", {SCAN}.file_index AS {PART}, {SCAN}.file_row_number AS {ROW} FROM {scan} AS {SCAN}{alias}"
     )
     keys = ", ".join(f"{ROWS}.{quote(inner_names[k])}" for k in snapshot.primary_key)
+    keyless = _keyless(snapshot, inner_names)
     latest = f"{ROWS}.{PART} DESC, {ROWS}.{ROW} DESC"
     order_by = snapshot.order_by if snapshot.order_by in inner_names else None
     if order_by is not None:
         before = sum(1 for p in snapshot.parts if p.ord_seq < snapshot.order_by_seq)
         if before:  # rows committed before the declaration: only each key's commit-order winner
-            inner = (f"SELECT * FROM ({inner}) AS {ROWS} QUALIFY {ROWS}.{PART} >= {before}"
+            inner = (f"SELECT * FROM ({inner}) AS {ROWS} QUALIFY {ROWS}.{PART} >= {before} OR {keyless}"
                      f" OR row_number() OVER (PARTITION BY {keys}, {ROWS}.{PART} < {before} ORDER BY {latest}) = 1")
         latest = f"{ROWS}.{quote(inner_names[order_by])} DESC NULLS LAST, {latest}"
     columns = projected({n: f"{ROWS}.{quote(inner_names[n])}" for n in names})
     return (f"SELECT {columns} FROM ({inner}) AS {ROWS}"
-            f" QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY {latest}) = 1")
+            f" QUALIFY {keyless} OR row_number() OVER (PARTITION BY {keys} ORDER BY {latest}) = 1")
+
+
+def _keyless(snapshot: Snapshot, inner_names: dict[str, str]) -> str:
+    """True for a row with no key to merge by: a null (or NaN) in a key column equals nothing, so
+    such a row is never merged (landing refuses them; a store written before that may hold some)."""
+    assert snapshot.schema is not None
+    tests = []
+    for key in snapshot.primary_key:
+        column = f"{ROWS}.{quote(inner_names[key])}"
+        tests.append(f"{column} IS NULL")
+        if pa.types.is_floating(snapshot.schema.field(key).type):
+            tests.append(f"isnan({column})")
+    return "(" + " OR ".join(tests) + ")"
 
 
 def _sources(snapshot: Snapshot, con: duckdb.DuckDBPyConnection, scan: str) -> tuple[dict[str, str], str]:

@@ -33,7 +33,7 @@ from storage.catalog import Catalog, open_catalog
 from storage.clock import Clock, SystemClock, to_us
 from storage.collect import CollectResult, collect
 from storage.duck import connect
-from storage.errors import TableNotFound
+from storage.errors import TableNameInvalid, TableNotFound
 from storage.fold import FoldResult, fold_table
 from storage.journal import JournalStore, open_journal_store
 from storage.objects import ObjectStore
@@ -167,6 +167,9 @@ class Store:
     def _create(self, name: str, primary_key: tuple[str, ...], order_by: str | None = None) -> Table:
         head = self.catalog.load_head(name)
         if head is None:
+            twin = next((h.name for h in self.catalog.list_heads() if h.name.lower() == name.lower()), None)
+            if twin is not None:  # DuckDB compares names case-insensitively: the views would be one
+                raise TableNameInvalid(name, f"differs only in case from the table {twin!r}")
             head = self.catalog.create_table(name, str(uuidlib.uuid4()), primary_key, self.clock.now_us(),
                                              order_by if primary_key else None)
         return Table(self, head)

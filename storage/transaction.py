@@ -7,8 +7,9 @@ objects for collection and nothing a reader can see. Runs on several tables that
 together (a relational landing's root and child tables) land with :func:`commit_together`: one
 catalog commit advances every head or none.
 
-Staging reconciles each batch's schema with the table's (``storage.reconcile``) and keeps the
-downgrade events; they reach the manifest only through the commit, so a stage that never commits
+Staging refuses a batch for a keyed table that lacks a key column or holds a null or NaN key
+(``storage.keys``), reconciles each batch's schema with the table's (``storage.reconcile``; a key
+column never widens to a type that loses keys) and keeps the downgrade events; they reach the manifest only through the commit, so a stage that never commits
 contributes none (``run.record.schema-diff-shape``).
 
 On a local store, parts are written behind the caller: ``stage`` reconciles and conforms at once,
@@ -45,6 +46,7 @@ from storage.commits import (
 )
 from storage.cursors import check_cursor
 from storage.errors import CommitConflict, CommitOutcomeUnknown, StagingFailed
+from storage.keys import check_keys
 from storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
 from storage.parts import part_key, split_table, write_part
 from storage.reconcile import DowngradeEvent, conform, reconcile
@@ -155,7 +157,8 @@ class RunTransaction:
         batch = as_arrow(data)
         name = self.table.name
         check_modality(name, batch)
-        rec = reconcile(name, self._schema, batch.schema)
+        check_keys(name, self.table.primary_key, batch)
+        rec = reconcile(name, self._schema, batch.schema, self.table.primary_key)
         landed = conform(batch, rec.schema, name)
         self._schema = rec.schema
         self._events.extend(rec.events)
@@ -335,7 +338,7 @@ class RunTransaction:
         staged = self._schema if self._schema is not None else pa.schema([])
         if head_schema_id == self._base_schema_id or head_schema is None:
             return staged, list(self._events)
-        rec = reconcile(self.table.name, schema_from_text(head_schema), staged)
+        rec = reconcile(self.table.name, schema_from_text(head_schema), staged, self.table.primary_key)
         return rec.schema, self._events + list(rec.events)
 
     @property

@@ -30,7 +30,7 @@ def sql(ctx: click.Context, query: str, as_of: str | None) -> None:
     """Run a DuckDB query over the store's tables (each a view)."""
     import duckdb
 
-    from engine.read import connect
+    from engine.read import connect, unreadable_error
     from storage.errors import QueryInvalid, first_line
 
     with _store(ctx) as store:
@@ -41,7 +41,7 @@ def sql(ctx: click.Context, query: str, as_of: str | None) -> None:
                 return
             result = rel.to_arrow_table()
         except duckdb.Error as exc:
-            raise QueryInvalid(query, first_line(exc)) from exc
+            raise unreadable_error(exc) or QueryInvalid(query, first_line(exc)) from exc
     if _json(ctx):
         emit_json(result.to_pylist())
     else:

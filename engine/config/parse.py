@@ -28,8 +28,10 @@ from storage.errors import (
     PipelineAfterUnknown,
     PipelineIdDuplicate,
     PipelineNormalizeModeUnknown,
+    PipelinePrimaryKeyInvalid,
     PipelineSourceKindUnknown,
     ProjectInvalid,
+    TableNameCollision,
 )
 
 TOP_KEYS = ("project", "pipeline", "model", "export")
@@ -116,6 +118,7 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
     pipelines = [p for n, block in enumerate(blocks, 1) if (p := _pipeline(block, n, problems)) is not None]
     _check_ids_and_order(pipelines, problems)
     models = _models(doc.get("model", []), root, pipelines, problems)
+    _check_table_names(pipelines, models, problems)
     exports = _exports(doc.get("export", []), root, problems)
     if problems.found:
         raise ManifestInvalid(path, problems.found)
@@ -202,6 +205,8 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
 
         for problem in check_rereads(where, incremental, primary_key):
             problems.add(problem)
+    for problem in _primary_key_problems(pipeline_id or f"#{n}", primary_key, normalize, types):
+        problems.add(problem)
     order_by = problems.string(where, block, "order_by")
     seed = None
     if "seed" in block:
@@ -218,6 +223,57 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
         primary_key=primary_key, order_by=order_by, types=dict(types), schedule=schedule,
         after=problems.strings(where, block, "after"), priority=priority, seed=seed,
     )
+
+
+def _primary_key_problems(pipeline_id: str, primary_key: tuple[str, ...], normalize: str,
+                          types: dict[str, Any]) -> list[ContextfulError]:
+    """Key columns the manifest shows its table can never have (a key naming a missing column lands
+    nothing: ``PrimaryKeyColumnMissing`` at the first landing, docs/store.md)."""
+    import pyarrow as pa
+
+    from engine.land.typed import parse_type
+    from engine.normalize.relational import RESERVED_PREFIX
+
+    found: list[ContextfulError] = []
+    for index, column in enumerate(primary_key):
+        if column in primary_key[:index]:
+            found.append(PipelinePrimaryKeyInvalid(pipeline_id, column, "is named twice"))
+        if normalize != "relational":
+            continue
+        if column.startswith(RESERVED_PREFIX):
+            found.append(PipelinePrimaryKeyInvalid(
+                pipeline_id, column, f"starts with {RESERVED_PREFIX!r}: under normalize = \"relational\" those columns "
+                                     f"are Contextful's (ids derive from the key)"))
+        elif isinstance(types.get(column), str):
+            try:
+                declared = parse_type(types[column], column)
+            except ContextfulError:
+                continue  # reported with the types
+            if pa.types.is_nested(declared):
+                found.append(PipelinePrimaryKeyInvalid(
+                    pipeline_id, column, f"is declared {types[column]!r}: under normalize = \"relational\" a list "
+                                         f"lands in a child table and a struct as <column>__<field> columns, so the "
+                                         f"root table has no column {column!r}"))
+    return found
+
+
+def _check_table_names(pipelines: list[PipelineSpec], models: list[ModelSpec], problems: _Problems) -> None:
+    """Refuse a table that a relational pipeline's child table could land in (every name
+    ``<root>__...`` belongs to the relational root ``root``, docs/normalization.md) and two tables
+    whose names differ only in case (their views would be one name in DuckDB)."""
+    tables = [(p.table, f"pipeline {p.id!r}") for p in pipelines] + [(m.name, f"model {m.name!r}") for m in models]
+    roots = [(p.table, f"pipeline {p.id!r}") for p in pipelines if p.normalize == "relational"]
+    for root, owner in roots:
+        for table, other in tables:
+            if table.lower().startswith(root.lower() + "__"):
+                problems.add(TableNameCollision(table, owner, other, f"relational child tables of {root!r} are "
+                                                                     f"named {root}__<path>"))
+    seen: dict[str, tuple[str, str]] = {}
+    for table, owner in tables:
+        first = seen.setdefault(table.lower(), (table, owner))
+        if first[0] != table:
+            problems.add(TableNameCollision(table, f"table {first[0]!r} of {first[1]}", owner,
+                                            "table names that differ only in case read as one view"))
 
 
 def _source(block: Any, where: str, pipeline_id: str, incremental: str | None,

@@ -21,6 +21,9 @@ Every source runner (files, http, receive, seed) hands its decoded batches to on
 (``storage.transaction.commit_together``), the pipeline's root table carrying the cursor: a
 reader sees the root rows, their child rows and the position together or none of them, and a
 failure or a crash leaves none of them, so the re-run lands each table's rows once.
+Under a keyed root the ids follow the key, and child tables are keyed on ``_cf_id``: a re-run
+of the same rows lands them with the same ids, so they replace those rows; under an unkeyed root
+it lands them with fresh ids.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from engine.config.manifest import PipelineSpec
 from engine.land.results import TableLanding
 from engine.land.typed import apply_types, read_types
 from storage import Store
+from storage.keys import check_keys
 from storage.transaction import CommitResult, RunTransaction, Savepoint, commit_together
 
 log = logging.getLogger(__name__)
@@ -44,13 +48,27 @@ BUFFER_ROWS = 1_000_000
 BUFFER_BYTES = 64 * 1024 * 1024
 
 
+def table_merge(spec: PipelineSpec, name: str) -> tuple[tuple[str, ...], str | None]:
+    """The primary key and ``order_by`` table ``name`` of ``spec`` is created with: the pipeline's for
+    its table; for a relational child table of a keyed root ``_cf_id``, and ``_cf_order`` when the root
+    merges by ``order_by`` (``engine.normalize``: elements merge as their root rows do); else none."""
+    if name == spec.table:
+        return spec.primary_key, spec.order_by
+    from engine.normalize import child_order_by, child_primary_key
+
+    return child_primary_key(spec.primary_key), child_order_by(spec.primary_key, spec.order_by)
+
+
 def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types: dict[str, pa.DataType] | None,
-                  guard: bool = True, pull: str = "") -> tuple[dict[str, pa.Table], dict[str, int]]:
+                  guard: bool = True, pull: str = "", first_row: int = 0) -> tuple[dict[str, pa.Table], dict[str, int]]:
     """One decoded batch as the tables it lands in, and the cells the guard masked per column.
 
     Typed landing (when ``types`` is given), then the secret guard, then normalization: ``nested``
     gives ``{root: batch}``; ``relational`` the root table then its child tables, each checked for
-    its list index. ``id_prefix`` makes the relational row ids unique (a run id and a counter).
+    its list index. ``id_prefix`` makes the relational row ids of an unkeyed root unique (a run id
+    and a counter). A keyed root's rows are checked for their key (``storage.keys``): a missing key
+    column or a null key fails the batch naming ``pull`` and the row (``first_row`` is the batch's
+    first row's position in the pull).
     """
     table = apply_types(spec.table, batch, types) if types is not None else batch
     masked: dict[str, int] = {}
@@ -61,11 +79,13 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
         table, masked = guarded.table, dict(guarded.masked)
         log_masked(spec.id, pull, masked, guarded.renamed)
     if spec.normalize != "relational":
+        check_keys(spec.table, spec.primary_key, table, input=pull or None, first_row=first_row)
         return {spec.table: table}, masked
     from engine.normalize import shred, write_relational
 
     tables: dict[str, pa.Table] = {}
-    write_relational(shred(table, spec.table, id_prefix=id_prefix), tables.__setitem__)
+    write_relational(shred(table, spec.table, id_prefix=id_prefix, primary_key=spec.primary_key,
+                           order_by=spec.order_by, input=pull or None, first_row=first_row), tables.__setitem__)
     return tables, masked
 
 
@@ -106,6 +126,7 @@ class LandingSink:
         self._staging: dict[str, _Staging] = {}
         self._masked: dict[str, dict[str, int]] = {}
         self._batches = 0
+        self._pull = ("", 0)  # the last pull staged and the rows staged from it so far
 
     # --- staging --------------------------------------------------------------------------------
 
@@ -115,8 +136,11 @@ class LandingSink:
             return
         self._batches += 1
         id_prefix = f"{self._transaction(self.spec.table).run_id}.{self._batches}"
+        label = pull or f"batch {self._batches}"
+        first_row = self._pull[1] if self._pull[0] == label else 0  # an input arrives as consecutive batches
+        self._pull = (label, first_row + batch.num_rows)
         tables, masked = prepare_batch(self.spec, batch, id_prefix, types=None if typed else self.types,
-                                       guard=self.guard, pull=pull or f"batch {self._batches}")
+                                       guard=self.guard, pull=label, first_row=first_row)
         if masked:
             counts = self._masked.setdefault(self.spec.table, {})
             for column, n in masked.items():
@@ -136,10 +160,8 @@ class LandingSink:
 
     def _staging_for(self, name: str) -> _Staging:
         if name not in self._staging:
-            root = name == self.spec.table
-            primary_key = self.spec.primary_key if root else ()
             run_id = self.run_id(name) if self.run_id is not None else None
-            table = self.store.create_table(name, primary_key, self.spec.order_by if root else None)
+            table = self.store.create_table(name, *table_merge(self.spec, name))
             txn = table.transaction("append", run_id=run_id,
                                                                         meta=dict(self.meta))
             self._staging[name] = _Staging(txn)

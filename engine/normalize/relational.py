@@ -17,7 +17,11 @@ columns are documented in ``docs/normalization.md``; in short:
   whose rows carry ``_cf_id``, ``_cf_parent_id``, ``_cf_root_id`` and ``_cf_list_idx``; a struct
   element's fields are its columns (with an always-present ``_cf_null``), any other element is
   the column ``value``;
-* ids are strings ``<id_prefix>.<n>``, ``n`` the row's 0-based position in its table's batch.
+* a root row's id is ``<id_prefix>.<n>`` (``n`` its 0-based position in the batch) or, when the
+  root table has a primary key, ``k`` + the MD5 hex digest of its key values (:func:`key_ids`), so
+  the same key always gets the same id; a child row's id is its parent's id, ``.`` and its list
+  index: a re-landed keyed root row gives its children the same ids, and the child tables of a
+  keyed root are keyed on ``_cf_id`` (:func:`child_primary_key`), so they replace rather than pile up.
 
 Everything is columnar: struct ``flatten``, list ``flatten`` and ``list_value_length``, ``take``,
 and numpy ``repeat``/``arange`` for the parent positions and list indexes.
@@ -31,6 +35,8 @@ and numpy ``repeat``/``arange`` for the parent positions and list indexes.
     ['_cf_id', 'id', '_cf_len__tags']
     >>> out["events__tags"].to_pydict()["_cf_list_idx"]
     [0, 1]
+    >>> out["events__tags"].to_pydict()["_cf_id"]
+    ['r1.0.0', 'r1.0.1']
     >>> out.children["events__tags"].list_path
     'tags'
 """
@@ -49,11 +55,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.errors import PipelineListIndexMissing, SchemaIrreconcilable
+from storage.keys import check_keys
 
 ID = "_cf_id"
 PARENT_ID = "_cf_parent_id"
 ROOT_ID = "_cf_root_id"
 LIST_IDX = "_cf_list_idx"
+ORDER = "_cf_order"
 CHILD_KEYS = (ID, PARENT_ID, ROOT_ID, LIST_IDX)
 ELEMENT_NULL = "_cf_null"
 NULL_PREFIX = "_cf_null__"
@@ -227,10 +235,49 @@ def _ids(prefix: str, n: int) -> pa.Array:
                                                             pa.string()), "")
 
 
+def key_ids(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Array:
+    """The ids of root rows keyed by ``primary_key``: ``k`` + the MD5 hex digest of the JSON object of
+    their key values (DuckDB's ``to_json``, zoned timestamps in UTC: the same values always give the
+    same id, whatever batch, run or machine they land on). Columnar: one DuckDB query over the key
+    columns.
+
+    >>> key_ids(pa.table({"id": [1, 2, 1]}), ("id",)).to_pylist()[0] == key_ids(pa.table({"id": [1]}), ("id",))[0].as_py()
+    True
+    """
+    import duckdb
+
+    keys = pa.table({f"k{i}": table.column(name) for i, name in enumerate(primary_key)})
+    packed = ", ".join(f"k{i} := k{i}" for i in range(len(primary_key)))
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")  # zoned timestamps print as UTC, whatever the machine's zone
+        con.register("__cf_keys", keys)
+        ids = con.sql(f"SELECT 'k' || md5(to_json(struct_pack({packed}))) AS id FROM __cf_keys").to_arrow_table()
+    finally:
+        con.close()
+    return ids.column("id").combine_chunks().cast(pa.string())
+
+
+def child_primary_key(root_primary_key: tuple[str, ...]) -> tuple[str, ...]:
+    """The primary key of a child table: ``_cf_id`` under a keyed root (its ids follow the root's
+    key, so a re-landed root row's elements replace the earlier ones), none under an unkeyed one."""
+    return (ID,) if root_primary_key else ()
+
+
+def child_order_by(root_primary_key: tuple[str, ...], root_order_by: str | None) -> str | None:
+    """The ``order_by`` of a child table: ``_cf_order`` (its root row's ``order_by`` value) under a
+    keyed root merging by ``order_by``, so an element's winner comes from the root row's winner."""
+    return ORDER if root_primary_key and root_order_by else None
+
+
+def _child_ids(parents: pa.Array, list_idx: pa.Array) -> pa.Array:
+    """A child row's id: its parent's id, ``.``, its list index."""
+    return pc.binary_join_element_wise(parents, pc.cast(list_idx, pa.string()), ".")
+
+
 class _Shredder:
-    def __init__(self, root: str, id_prefix: str) -> None:
+    def __init__(self, root: str) -> None:
         self.root = root
-        self.id_prefix = id_prefix
         self.out: dict[str, pa.Table] = {}
 
     def flatten(self, path: Path, array: Column, nullable: bool, parent: Column | None,
@@ -260,14 +307,16 @@ class _Shredder:
 
     def emit(self, name: str, full: Path, keys: list[tuple[str, Column]],
              columns: list[tuple[str, Column]], lists: list[tuple[Path, Column, Column]],
-             ids: pa.Array, root_ids: pa.Array) -> None:
+             ids: pa.Array, inherited: list[tuple[str, Column]]) -> None:
+        """Output table ``name`` and shred its lists; ``inherited`` are the columns every
+        descendant row takes from its root row (``_cf_root_id``, and ``_cf_order`` when kept)."""
         cols = keys + columns
         self.out[name] = pa.Table.from_arrays([a for _, a in cols], names=[c for c, _ in cols])
         for rel, array, lengths in lists:
-            self.child(full + rel, array, lengths, ids, root_ids)
+            self.child(full + rel, array, lengths, ids, inherited)
 
     def child(self, full: Path, array: Column, lengths: Column, parent_ids: pa.Array,
-              parent_root_ids: pa.Array) -> None:
+              parent_inherited: list[tuple[str, Column]]) -> None:
         name = child_table_name(self.root, full)
         counts = pc.fill_null(lengths, 0).to_numpy()
         values = pc.list_flatten(array)  # skips null lists even when their offsets span values
@@ -275,12 +324,14 @@ class _Shredder:
         parent_pos = pa.array(np.repeat(np.arange(len(array), dtype=np.int64), counts))
         starts = np.cumsum(counts) - counts
         list_idx = np.arange(n, dtype=np.int32) - np.repeat(starts, counts).astype(np.int32)
-        ids = _ids(self.id_prefix, n)
         parents = parent_ids.take(parent_pos)
+        indexes = pa.array(list_idx, pa.int32())
+        ids = _child_ids(parents, indexes)
         # a list of the root row: its parent is its root, so one take serves both keys
-        root_ids = parents if parent_root_ids is parent_ids else parent_root_ids.take(parent_pos)
-        keys: list[tuple[str, Column]] = [(ID, ids), (PARENT_ID, parents), (ROOT_ID, root_ids),
-                                          (LIST_IDX, pa.array(list_idx, pa.int32()))]
+        inherited = [(column, parents if values_of is parent_ids else values_of.take(parent_pos))
+                     for column, values_of in parent_inherited]
+        keys: list[tuple[str, Column]] = [(ID, ids), (PARENT_ID, parents), inherited[0], (LIST_IDX, indexes),
+                                          *inherited[1:]]
         columns: list[tuple[str, Column]] = []
         lists: list[tuple[Path, Column, Column]] = []
         if pa.types.is_struct(values.type):
@@ -289,24 +340,39 @@ class _Shredder:
                 self.flatten((field.name,), child, field.nullable, values, columns, lists)
         else:
             self.flatten((VALUE,), values, True, None, columns, lists)
-        self.emit(name, full, keys, columns, lists, ids, root_ids)
+        self.emit(name, full, keys, columns, lists, ids, inherited)
 
 
-def shred(table: pa.Table, root: str, *, id_prefix: str) -> RelationalTables:
+def shred(table: pa.Table, root: str, *, id_prefix: str, primary_key: tuple[str, ...] = (),
+          order_by: str | None = None, input: str | None = None, first_row: int = 0) -> RelationalTables:
     """The relational projection of ``table``: the root table ``root`` and one table per list.
 
     Every child table of the schema is returned, empty when no row has an element there.
-    ``id_prefix`` must be unique per batch of the table (the run id and a batch counter): ids are
-    ``<id_prefix>.<n>``.
+    Without ``primary_key``, root ids are ``<id_prefix>.<n>`` and ``id_prefix`` must be unique per
+    batch of the table (the run id and a batch counter). With it (columns of the root table, struct
+    fields by their ``__`` names), root ids derive from the key values (:func:`key_ids`), after
+    :func:`storage.keys.check_keys` refused a missing key column or a null key (naming ``input``
+    and the row, ``first_row`` being the batch's first row's position in it). With ``primary_key``
+    and ``order_by`` (a root column), every child row carries its root row's ``order_by`` value as
+    ``_cf_order``, so child tables merge by the root's rule (:func:`child_order_by`).
     """
     specs = {spec.name: spec for spec in child_tables_of(table.schema, root)}
-    shredder = _Shredder(root, id_prefix)
-    ids = _ids(id_prefix, table.num_rows)
+    shredder = _Shredder(root)
     columns: list[tuple[str, Column]] = []
     lists: list[tuple[Path, Column, Column]] = []
     for field, column in zip(table.schema, table.columns, strict=True):
         shredder.flatten((field.name,), column, field.nullable, None, columns, lists)
-    shredder.emit(root, (), [(ID, ids)], columns, lists, ids, ids)
+    inherited: list[tuple[str, Column]] = []
+    if primary_key:
+        flat = pa.Table.from_arrays([a for _, a in columns], names=[c for c, _ in columns])
+        check_keys(root, primary_key, flat, input=input, first_row=first_row)
+        ids = key_ids(flat, primary_key)
+        if order_by is not None:
+            order = flat.column(order_by) if order_by in flat.column_names else pa.nulls(flat.num_rows)
+            inherited.append((ORDER, order))
+    else:
+        ids = _ids(id_prefix, table.num_rows)
+    shredder.emit(root, (), [(ID, ids)], columns, lists, ids, [(ROOT_ID, ids), *inherited])
     return RelationalTables(root, shredder.out, specs)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -96,3 +97,51 @@ def test_views_follow_the_merge_rule_in_force_at_their_snapshot(tmp_path: Path) 
     assert engine.read.connect(store, as_of=before).sql("SELECT name FROM users").fetchall() == [("ann-1",)]
     assert engine.read.connect(store).sql("SELECT name FROM users").fetchall() == [("ann-5",)]
     store.close()
+
+
+@pytest.mark.parametrize("store_kind", ["local", "postgres"])
+def test_a_table_whose_view_cannot_bind_never_keeps_the_others_from_reading(make_store, store_kind: str) -> None:
+    import duckdb
+
+    store = make_store()
+    store.append("good", pa.table({"x": [1, 2]}))
+    store.create_table("broken", ["id"]).append(pa.table({"id": [1], "v": ["a"]}))
+    [part] = store.table("broken").snapshot().parts
+    store.objects.delete([part.path])  # its view can no longer bind
+    con = engine.read.connect(store)
+    assert con.sql("SELECT sum(x) FROM good").fetchall() == [(3,)]
+    with pytest.raises(duckdb.Error) as caught:
+        con.sql("SELECT count(*) FROM broken").fetchall()
+    error = engine.read.unreadable_error(caught.value)
+    assert error is not None and error.table == "broken" and part.path.split("/")[-1] in error.reason
+
+
+def test_contextful_sql_names_the_unreadable_table_and_still_reads_the_rest(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    (tmp_path / "contextful.toml").write_text('[project]\nname = "r"\n')
+    with Store.open(tmp_path / ".contextful" / "store") as store:
+        store.append("good", pa.table({"x": [1, 2]}))
+        store.append("broken", pa.table({"y": [1]}))
+        store.objects.delete([p.path for p in store.table("broken").snapshot().parts])
+    assert json.loads(contextful(tmp_path, "--json", "sql", "SELECT count(x) AS n FROM good").stdout) == [{"n": 2}]
+    failed = contextful(tmp_path, "sql", "SELECT * FROM broken", check=False)
+    assert failed.returncode == 1 and "error: TableUnreadable: table 'broken' cannot be read" in failed.stderr
+
+
+@pytest.mark.parametrize("store_kind", ["local", "postgres"])
+def test_tables_differing_only_in_case_never_answer_for_each_other(make_store, store_kind: str) -> None:
+    import duckdb
+
+    store = make_store(clock=ManualClock())
+    store.append("events", pa.table({"x": [1]}))
+    store.append("other", pa.table({"y": [1]}))
+    store.catalog.create_table("Events", "3f1f9c2e-0000-4000-8000-000000000001", (), store.clock.now_us())
+    store.table("Events").append(pa.table({"x": [2]}))  # as a store written before the refusal could hold
+    con = engine.read.connect(store)
+    assert con.sql("SELECT count(*) FROM other").fetchall() == [(1,)]
+    for spelling in ("events", "Events"):
+        with pytest.raises(duckdb.Error) as caught:
+            con.sql(f'SELECT * FROM "{spelling}"').fetchall()
+        error = engine.read.unreadable_error(caught.value)
+        assert error is not None and "differs only in case" in error.reason

@@ -45,10 +45,19 @@ from engine.land.decode import Decoder
 from engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig
 from engine.land.receive.spool import DIGEST_HEX, LANDED, Member, Queue, key_digest, queue_root
 from engine.land.results import InputFailure, PipelineResult, TableLanding
+from engine.land.sink import table_merge
 from storage import Store
 from storage.clock import Clock, SystemClock
 from storage.commits import SetCursor
-from storage.errors import ContextfulError, InputUnreadable, SchemaIrreconcilable, first_line
+from storage.errors import (
+    ContextfulError,
+    InputUnreadable,
+    PrimaryKeyColumnMissing,
+    PrimaryKeyNull,
+    SchemaIrreconcilable,
+    first_line,
+)
+from storage.keys import check_keys
 from storage.manifest import schema_from_text
 from storage.reconcile import conform, reconcile
 from storage.transaction import CommitResult, RunTransaction, commit_together
@@ -201,7 +210,7 @@ def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Mem
             continue
         pending[member.id] = todo
 
-    kept, data = _prepare(store, queue, [m for m in members if m.id in pending], pending, landing)
+    kept, data = _prepare(store, spec, queue, [m for m in members if m.id in pending], pending, landing)
     runs: list[RunTransaction] = []
     try:
         for table in touched_tables(spec, kept):
@@ -236,7 +245,7 @@ def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Mem
     return landing
 
 
-def _prepare(store: Store, queue: Queue, candidates: list[Member], pending: dict[str, list[str]],
+def _prepare(store: Store, spec: PipelineSpec, queue: Queue, candidates: list[Member], pending: dict[str, list[str]],
              landing: GroupLanding) -> tuple[list[Member], dict[tuple[str, str], pa.Table]]:
     """Read each candidate's tables and join them, in FIFO order, into one schema per table, every
     kept member's frames conformed to it.
@@ -244,14 +253,18 @@ def _prepare(store: Store, queue: Queue, candidates: list[Member], pending: dict
     A member joins only if its schema reconciles with the group's and every kept member's values
     (its own included) conform to the joined schema — a uint64 past int64 fails conform, not
     reconcile. One that does not is checked alone against the table: failing there it fails by
-    itself, else it waits for a later group. The first candidate therefore always leaves.
+    itself, else it waits for a later group. The first candidate therefore always leaves. Keys are
+    checked here too (``storage.keys``; a key column widening only where every key stays exact), so a
+    member whose keys cannot land fails alone instead of failing its group's commit every time.
     """
     heads: dict[str, pa.Schema | None] = {}
+    keys: dict[str, tuple[str, ...]] = {}
     for member in candidates:
         for table in pending[member.id]:
             if table not in heads:
                 head = store.catalog.load_head(table)
                 heads[table] = schema_from_text(head.schema) if head is not None and head.schema else None
+                keys[table] = head.primary_key if head is not None else table_merge(spec, table)[0]
     schemas: dict[str, pa.Schema] = {}
     kept: list[Member] = []
     raw: dict[tuple[str, str], pa.Table] = {}
@@ -263,7 +276,13 @@ def _prepare(store: Store, queue: Queue, candidates: list[Member], pending: dict
             landing.failed[member.id] = InputUnreadable(f"spooled batch {member.key!r}", first_line(exc))
             continue
         try:
-            joined = {t: reconcile(t, schemas.get(t, heads[t]), f.schema).schema for t, f in frames.items()}
+            for table, frame in frames.items():
+                check_keys(table, keys[table], frame, input=f"batch {member.key!r}")
+        except (PrimaryKeyNull, PrimaryKeyColumnMissing) as exc:
+            landing.failed[member.id] = exc
+            continue
+        try:
+            joined = {t: reconcile(t, schemas.get(t, heads[t]), f.schema, keys[t]).schema for t, f in frames.items()}
             conformed = {(member.id, t): conform(f, joined[t], t) for t, f in frames.items()}
             for (other, table), frame in raw.items():  # earlier members, where the schema widened
                 if table in joined and not joined[table].equals(schemas[table]):
@@ -271,7 +290,7 @@ def _prepare(store: Store, queue: Queue, candidates: list[Member], pending: dict
         except SchemaIrreconcilable:
             try:
                 for table, frame in frames.items():
-                    conform(frame, reconcile(table, heads[table], frame.schema).schema, table)
+                    conform(frame, reconcile(table, heads[table], frame.schema, keys[table]).schema, table)
             except SchemaIrreconcilable as alone:
                 landing.failed[member.id] = alone
                 continue
@@ -292,7 +311,7 @@ def _stage(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: li
     stem = run_stem(digest, table)
     run_id = attempt_run_id(stem, queue.index.next_attempt(stem))
     rows = pa.concat_tables([data[m.id, table] for m in group])  # each conformed to the group's schema
-    txn = store.create_table(table, spec.primary_key).transaction(
+    txn = store.create_table(table, *table_merge(spec, table)).transaction(
         "append", run_id=run_id, meta={"pipeline": spec.id, "receive_group": keys, "receive_digest": digest})
     try:
         txn.stage(rows)

@@ -53,7 +53,7 @@ from engine.land.receive.body import CODECS, decode_body, private_file
 from engine.land.receive.config import ReceiveConfig
 from engine.land.receive.group import PushHook, TableAnswer, committed_answer, drain, land_pending
 from engine.land.receive.spool import LANDED, Member, Queue, key_digest
-from engine.land.sink import prepare_batch
+from engine.land.sink import prepare_batch, table_merge
 from engine.land.typed import read_types
 from engine.served.face import SHUTDOWN_GRACE_S, Exchange, Route, ServedFace, serve_face
 from storage import Store
@@ -209,7 +209,8 @@ class Receiver:
         for name, frame in tables.items():
             check_modality(name, frame)
             head = self.store.catalog.load_head(name)
-            reconcile(name, schema_from_text(head.schema) if head is not None and head.schema else None, frame.schema)
+            reconcile(name, schema_from_text(head.schema) if head is not None and head.schema else None, frame.schema,
+                      head.primary_key if head is not None else table_merge(self.spec, name)[0])
         return tables
 
     def _answer(self, member: Member) -> Answer:

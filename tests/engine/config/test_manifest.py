@@ -15,7 +15,9 @@ from storage.errors import (
     PipelineAfterUnknown,
     PipelineIdDuplicate,
     PipelineNormalizeModeUnknown,
+    PipelinePrimaryKeyInvalid,
     PipelineSourceKindUnknown,
+    TableNameCollision,
     TypeSpellingUnreadable,
 )
 
@@ -140,3 +142,51 @@ def test_a_normalize_mode_outside_the_two_is_refused_printing_both_spellings(tmp
         out = contextful(tmp_path, "pipeline", verb, check=False)
         assert out.returncode == 3 and "PipelineNormalizeModeUnknown" in out.stderr
         assert "'nested'" in out.stderr and "'relational'" in out.stderr and "'flattened'" in out.stderr
+
+
+KEYS = """
+[[pipeline]]
+id = "ev"
+normalize = "relational"
+primary_key = ["id", "id", "_cf_id", "tags", "actor"]
+types = { tags = "list<string>", actor = "struct<login: string>", id = "bigint" }
+[pipeline.source]
+kind = "files"
+config = { paths = "raw/*.ndjson" }
+
+[[pipeline]]
+id = "labels"
+table = "ev__tags"
+[pipeline.source]
+kind = "files"
+config = { paths = "labels/*.ndjson" }
+
+[[model]]
+name = "EV__Daily"
+sql = "SELECT 1 AS x"
+
+[[model]]
+name = "Ev"
+sql = "SELECT 1 AS x"
+"""
+
+
+def test_primary_keys_the_table_can_never_have_and_child_table_collisions_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ManifestInvalid) as caught:
+        load_manifest(write(tmp_path, KEYS))
+    keys = [(p.column, p.reason.split(": under")[0]) for p in caught.value.problems
+            if isinstance(p, PipelinePrimaryKeyInvalid)]
+    assert keys == [("id", "is named twice"), ("_cf_id", "starts with '_cf_'"),
+                    ("tags", "is declared 'list<string>'"), ("actor", "is declared 'struct<login: string>'")]
+    collisions = [(p.table, p.first, p.second) for p in caught.value.problems if isinstance(p, TableNameCollision)]
+    assert collisions == [("ev__tags", "pipeline 'ev'", "pipeline 'labels'"),
+                          ("EV__Daily", "pipeline 'ev'", "model 'EV__Daily'"),
+                          ("Ev", "table 'ev' of pipeline 'ev'", "model 'Ev'")]
+    assert len(caught.value.problems) == 7
+
+
+def test_a_nested_pipeline_may_key_on_a_struct_and_name_tables_freely(tmp_path: Path) -> None:
+    text = KEYS.replace('normalize = "relational"', 'normalize = "nested"').replace(', "id", "_cf_id", "tags"', "")
+    text = text.replace('name = "Ev"', 'name = "daily"')
+    manifest = load_manifest(write(tmp_path, text))
+    assert manifest.pipeline("ev").primary_key == ("id", "actor")

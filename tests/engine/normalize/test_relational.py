@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import duckdb
 import pyarrow as pa
@@ -22,7 +25,12 @@ from engine.normalize import (
     write_relational,
 )
 from engine.normalize.relational import column_name, split_column
-from storage.errors import PipelineListIndexMissing, SchemaIrreconcilable
+from storage.errors import (
+    PipelineListIndexMissing,
+    PrimaryKeyColumnMissing,
+    PrimaryKeyNull,
+    SchemaIrreconcilable,
+)
 
 KEYS = ["_cf_id", "_cf_parent_id", "_cf_root_id", "_cf_list_idx"]
 AUTHOR = pa.struct([("email", pa.string()), ("name", pa.string())])
@@ -81,7 +89,7 @@ def test_github_events_shred_into_root_and_one_table_per_list() -> None:
     commits = out["events__payload__commits"]
     assert commits.column_names == KEYS + ["_cf_null", "sha", "_cf_null__author", "author__email", "author__name",
                                            "message"]
-    assert commits.column("_cf_id").to_pylist() == ["run-1.0.0", "run-1.0.1", "run-1.0.2", "run-1.0.3"]
+    assert commits.column("_cf_id").to_pylist() == ["run-1.0.0.0", "run-1.0.0.1", "run-1.0.0.2", "run-1.0.3.0"]
     assert commits.column("_cf_parent_id").to_pylist() == ["run-1.0.0"] * 3 + ["run-1.0.3"]
     assert commits.column("_cf_root_id").to_pylist() == commits.column("_cf_parent_id").to_pylist()
     assert commits.column("_cf_list_idx").to_pylist() == [0, 1, 2, 0]
@@ -114,7 +122,9 @@ def test_lists_of_lists_land_in_grandchild_tables_keyed_to_child_and_root() -> N
     leaf = out["t__m__value"]
     assert leaf.column("value").to_pylist() == [1, 2, None, 3]
     assert leaf.column("_cf_list_idx").to_pylist() == [0, 1, 0, 0]
-    assert leaf.column("_cf_parent_id").to_pylist() == ["p.0", "p.0", "p.3", "p.4"]  # ids of t__m rows
+    assert mid.column("_cf_id").to_pylist() == ["p.0.0", "p.0.1", "p.0.2", "p.2.0", "p.2.1"]  # parent id . list idx
+    assert leaf.column("_cf_id").to_pylist() == ["p.0.0.0", "p.0.0.1", "p.2.0.0", "p.2.1.0"]
+    assert leaf.column("_cf_parent_id").to_pylist() == ["p.0.0", "p.0.0", "p.2.0", "p.2.1"]  # ids of t__m rows
     assert leaf.column("_cf_root_id").to_pylist() == ["p.0", "p.0", "p.2", "p.2"]  # ids of t rows
     assert reassemble(out, "t").equals(t)
 
@@ -184,6 +194,35 @@ def test_ids_carry_the_prefix_and_batches_reassemble_together() -> None:
     for table in union.values():
         assert pc.count_distinct(table.column("_cf_id")).as_py() == table.num_rows
     assert reassemble(union, "events").equals(pa.concat_tables([first, second]))
+
+
+def test_a_keyed_root_gives_every_row_the_same_ids_in_any_batch_or_run() -> None:
+    first = shred(events(), "events", id_prefix="run-1.0", primary_key=("id",))
+    again = shred(events().slice(2).cast(events().schema), "events", id_prefix="run-9.4", primary_key=("id",))
+    for name in first:
+        ids = first[name].column("_cf_id").to_pylist()
+        assert pc.count_distinct(first[name].column("_cf_id")).as_py() == len(ids)
+        assert set(again[name].column("_cf_id").to_pylist()) <= set(ids)
+        assert not any(i.startswith("run-") for i in ids)
+    root = first["events"].column("_cf_id").to_pylist()
+    commits = first["events__payload__commits"]
+    assert commits.column("_cf_id").to_pylist() == [f"{root[0]}.0", f"{root[0]}.1", f"{root[0]}.2", f"{root[3]}.0"]
+    # a key widened from int32 to int64 keeps its ids; a struct field keys by its column name
+    narrow = pa.table({"id": pa.array([1, 2], pa.int32()), "actor": [{"login": "a"}, {"login": "b"}]})
+    wide = pa.table({"id": pa.array([1, 2], pa.int64()), "actor": [{"login": "a"}, {"login": "b"}]})
+    assert shred(narrow, "t", id_prefix="a", primary_key=("id",))["t"].column("_cf_id").equals(
+        shred(wide, "t", id_prefix="b", primary_key=("id",))["t"].column("_cf_id"))
+    by_login = shred(wide, "t", id_prefix="a", primary_key=("actor__login",))["t"].column("_cf_id")
+    assert pc.count_distinct(by_login).as_py() == 2
+
+
+def test_a_keyed_root_refuses_a_null_or_missing_key_naming_the_input_and_row() -> None:
+    t = pa.table({"id": [1, None], "tags": [["a"], ["b"]]})
+    with pytest.raises(PrimaryKeyNull) as caught:
+        shred(t, "t", id_prefix="r", primary_key=("id",), input="input raw/a.ndjson", first_row=10)
+    assert (caught.value.input, caught.value.row) == ("input raw/a.ndjson", 11)
+    with pytest.raises(PrimaryKeyColumnMissing):
+        shred(t, "t", id_prefix="r", primary_key=("tags",))
 
 
 def test_child_rows_in_any_order_and_orphans_after_filtering_roots() -> None:
@@ -333,3 +372,12 @@ def test_duckdb_joins_children_to_parents_on_the_keys(tmp_path) -> None:
         from events__payload__commits c join events e on c._cf_parent_id = e._cf_id""").fetchall()
     assert positions == [(expected["push_commits"], expected["push_commits"], 0)]
     assert reassemble(out, "events").equals(nested)
+
+
+def test_key_ids_of_zoned_timestamps_do_not_depend_on_the_machines_time_zone() -> None:
+    script = ("import datetime as d, pyarrow as pa; from engine.normalize import key_ids; "
+              "t = pa.table({'t': pa.array([d.datetime(2020, 1, 1, tzinfo=d.timezone.utc)], pa.timestamp('us', 'UTC'))}); "
+              "print(key_ids(t, ('t',))[0])")
+    ids = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TZ": zone}).stdout for zone in ("UTC", "America/New_York")}
+    assert len(ids) == 1
