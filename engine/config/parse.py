@@ -152,14 +152,13 @@ def _models(blocks: Any, root: Path, pipelines: list[PipelineSpec], problems: _P
         problems.add(ManifestValueInvalid("the manifest", "model", "declare models as [[model]] blocks"))
         return []
     models = [m for n, block in enumerate(blocks, 1) if (m := parse_model(block, n, root, problems)) is not None]
-    taken = {p.table.lower() for p in pipelines}  # DuckDB's names compare ignoring case
+    tables = {p.table for p in pipelines}  # names differing only in case: _check_table_names
     seen: set[str] = set()
     for model in models:
-        if model.name.lower() in taken:
+        if model.name in tables or model.name in seen:
             problems.add(ManifestValueInvalid(f"[[model]] {model.name!r}", "name",
-                                              "is already a pipeline's table or another model (ignoring case)"))
+                                              "is already a pipeline's table or another model"))
         seen.add(model.name)
-        taken.add(model.name.lower())
     graph = {m.name: [i for i in m.input_names(seen) if i in seen] for m in models}
     for cycle in _cycles(graph):
         problems.add(ModelCycle(cycle))

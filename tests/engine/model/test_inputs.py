@@ -74,26 +74,30 @@ def test_declared_inputs_and_relationships_resolve_case_insensitively(tmp_path: 
 
 
 def test_tables_whose_names_differ_only_in_case_refuse_as_ambiguous(tmp_path: Path, store: Store) -> None:
-    store.append("SRC", pa.table({"v": ["upper"]}))
+    # A store written before case twins were refused at creation can hold both spellings.
+    store.catalog.create_table("SRC", "3f1f9c2e-0000-4000-8000-000000000002", (), store.clock.now_us())
+    store.table("SRC").append(pa.table({"v": ["upper"]}))
     with pytest.raises(QueryInvalid) as info:  # DuckDB would answer one of the two for both names
         build(store, tmp_path, "SELECT v FROM src UNION ALL SELECT v FROM SRC")
     assert "'SRC'" in str(info.value) and "'src'" in str(info.value)
-    store.append("Other", pa.table({"w": ["mixed"]}))
+    store.catalog.create_table("Other", "3f1f9c2e-0000-4000-8000-000000000003", (), store.clock.now_us())
+    store.table("Other").append(pa.table({"w": ["mixed"]}))
     with pytest.raises(QueryInvalid) as info:  # neither spelling is the reference's: which one is meant?
         build(store, tmp_path, "SELECT w FROM OTHER")
     assert "'Other'" in str(info.value) and "'other'" in str(info.value)
 
 
 def test_a_model_named_like_a_table_or_model_but_for_case_refuses(tmp_path: Path) -> None:
-    from storage.errors import ManifestInvalid, ManifestValueInvalid
+    from storage.errors import ManifestInvalid, TableNameCollision
 
     text = ('[project]\nname = "i"\n[[pipeline]]\nid = "sales"\n[pipeline.source]\nkind = "files"\n'
             'config = { paths = "x.csv" }\n[[model]]\nname = "Sales"\nsql = "SELECT 1 AS v"\n'
             '[[model]]\nname = "m"\nsql = "SELECT 1 AS v"\n[[model]]\nname = "M"\nsql = "SELECT 2 AS v"\n')
     with pytest.raises(ManifestInvalid) as info:  # DuckDB would show one view for both names
         parse_manifest(tomllib.loads(text), tmp_path)
-    assert [(type(p), p.block, p.key) for p in info.value.problems] == [
-        (ManifestValueInvalid, "[[model]] 'Sales'", "name"), (ManifestValueInvalid, "[[model]] 'M'", "name")]
+    assert [(type(p), p.table, p.first, p.second) for p in info.value.problems] == [
+        (TableNameCollision, "Sales", "table 'sales' of pipeline 'sales'", "model 'Sales'"),
+        (TableNameCollision, "M", "table 'm' of model 'm'", "model 'M'")]
 
 
 def test_a_name_in_another_schema_is_not_a_store_table(tmp_path: Path, store: Store) -> None:
