@@ -45,7 +45,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -53,7 +53,7 @@ from typing import Any, Self
 import pyarrow as pa
 from pyarrow import ipc
 
-from engine.land.decode_child import SEGMENT, TRAILER, local_path, split_compression
+from engine.land.decode_child import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
 from storage.errors import (
     ConnectorBoundHit,
     InputMalformed,
@@ -92,12 +92,14 @@ class Decoder:
     """Decodes inputs, each in its own child forked from one preloaded server; a context manager."""
 
     def __init__(self, *, deadline_s: float = DEFAULT_DEADLINE_S, memory_bytes: int = DEFAULT_MEMORY_BYTES,
-                 batch_rows: int = 131072) -> None:
-        if deadline_s <= 0 or memory_bytes <= 0 or batch_rows <= 0:
-            raise ValueError("deadline_s, memory_bytes and batch_rows must be positive")
+                 batch_rows: int = 131072, block_bytes: int = READ_BYTES) -> None:
+        if deadline_s <= 0 or memory_bytes <= 0 or batch_rows <= 0 or block_bytes <= 0:
+            raise ValueError("deadline_s, memory_bytes, batch_rows and block_bytes must be positive")
         self.deadline_s = deadline_s
         self.memory_bytes = memory_bytes
         self.batch_rows = batch_rows
+        self.block_bytes = block_bytes
+        """Bytes read per parser block (tests use a few hundred to put many boundaries in a small input)."""
         self._lock = threading.Lock()
         self._server: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
@@ -111,11 +113,14 @@ class Decoder:
         assert self._server is not None, "the decoder is closed"
         return self._server.pid
 
-    def decode(self, path: str, fmt: str | None = None, *,
-               storage_options: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
+    def decode(self, path: str, fmt: str | None = None, *, storage_options: dict[str, Any] | None = None,
+               text_columns: Sequence[str] = ()) -> Iterator[pa.RecordBatch]:
         """The input's rows as Arrow batches, decoded in a fresh child as they are read.
 
-        The child is forked at the first ``next()``. Abandoning the iterator kills the child.
+        ``text_columns`` (a pull's declared columns) are read as text whatever they look like, so a
+        declaration converts the text as it arrived, not a guess made of it (CSV; JSON values
+        keep their JSON kind). The child is forked at the first ``next()``. Abandoning the
+        iterator kills the child.
         """
         fmt = fmt or detect_format(path)
         if fmt not in FORMATS:
@@ -126,7 +131,8 @@ class Decoder:
         if local is not None and not os.path.exists(local):
             raise InputNotFound(path)
         request = {"path": path, "fmt": fmt, "storage_options": storage_options or {},
-                   "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows}
+                   "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows,
+                   "block_bytes": self.block_bytes, "text_columns": list(text_columns)}
         return self._run(request)
 
     def fetch(self, url: str, *, step: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0,
@@ -142,7 +148,7 @@ class Decoder:
         request = {"kind": "http", "path": url, "url": url, "step": step, "headers": headers or {},
                    "timeout_s": timeout_s, "records": records, "next_key": next_key,
                    "token_key": token_key, "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes,
-                   "batch_rows": self.batch_rows}
+                   "batch_rows": self.batch_rows, "block_bytes": self.block_bytes}
         return PageFetch(self, request)
 
     def close(self) -> None:

@@ -1,0 +1,121 @@
+"""Values land as they arrived: text stays text whatever the block boundaries, one type per input.
+
+Issue 12 found per-block type guesses round-tripping text through timestamps ("2024-01-01T00:00:05Z"
+landing as "2024-01-01 00:00:05") on an HTTP page's last record, a file's last line without a
+newline and at block boundaries. These tests decode with tiny blocks (``Decoder(block_bytes=...)``)
+so every boundary case is a few records away, and check every text value byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from engine.config import load_manifest
+from engine.land.decode import Decoder
+from engine.land.pipeline import run_pipelines
+from storage import Store
+from tests.support.http_api import JsonApi, Reply
+
+STAMPS = ["2024-01-01T00:00:05Z", "2024-03-01", "2024-01-01T02:00:05+02:00", "2024-01-01 00:00:05.250",
+          "2024-01-01T00:00:05.123456Z", "2024-06-30T23:59:59-07:30"]
+
+
+@pytest.fixture(scope="module")
+def small_blocks() -> Iterator[Decoder]:
+    """A decoder whose blocks are a few hundred bytes: every input crosses many block boundaries."""
+    with Decoder(block_bytes=256) as decoder:
+        yield decoder
+
+
+def decoded(decoder: Decoder, path: Path, fmt: str | None = None, **kwargs: Any) -> pa.Table:
+    batches = list(decoder.decode(str(path), fmt, **kwargs))
+    schema = batches[-1].schema
+    assert all(b.schema == schema for b in batches), [str(b.schema) for b in batches]  # one schema per input
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+# --- text lands as it arrived ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("newline", [True, False])
+def test_ndjson_text_that_looks_like_a_timestamp_lands_byte_for_byte(small_blocks: Decoder, tmp_path: Path,
+                                                                     newline: bool) -> None:
+    rows = [{"id": i, "at": STAMPS[i % len(STAMPS)], "in": {"at": STAMPS[(i + 1) % len(STAMPS)]}} for i in range(43)]
+    text = "\n".join(json.dumps(r) for r in rows) + ("\n" if newline else "")
+    (tmp_path / "rows.ndjson").write_text(text)
+    table = decoded(small_blocks, tmp_path / "rows.ndjson")
+    assert table.schema.field("at").type == pa.string()
+    assert table.to_pylist() == rows
+
+
+def test_a_file_whose_every_value_is_a_timestamp_lands_them_as_text(decoder: Decoder, tmp_path: Path) -> None:
+    # One block, no mixing: the reader used to guess timestamp[s] and drop the zone and the "T".
+    (tmp_path / "one.ndjson").write_text(json.dumps({"at": "2024-01-01T02:00:05+02:00"}))
+    assert decoded(decoder, tmp_path / "one.ndjson").to_pylist() == [{"at": "2024-01-01T02:00:05+02:00"}]
+
+
+def test_an_http_pages_last_record_lands_as_it_arrived(small_blocks: Decoder) -> None:
+    rows = [{"id": i, "at": f"2024-01-01T00:00:{i:02d}Z" if i % 5 else f"at {i}"} for i in range(30)]
+    with JsonApi() as api:
+        api.route("/items", lambda request: Reply(body={"data": rows}))
+        page = small_blocks.fetch(api.url_for("/items"), step="page 1")
+        batches = list(page)
+    table = pa.Table.from_batches(batches, schema=batches[-1].schema)
+    assert table.to_pylist() == rows
+
+
+def test_csv_text_lands_byte_for_byte_and_one_input_reads_one_type(small_blocks: Decoder, tmp_path: Path) -> None:
+    lines = ["id,at,code,amount"]
+    lines += [f"{i},{STAMPS[i % len(STAMPS)]},00{i},{i}.50" for i in range(60)]
+    lines.append("60,late,A7,tbd")  # the last record alone in its block: the columns are text in this input
+    (tmp_path / "rows.csv").write_text("\n".join(lines))
+    table = decoded(small_blocks, tmp_path / "rows.csv")
+    assert table.schema == pa.schema([("id", pa.int64()), ("at", pa.string()), ("code", pa.string()),
+                                      ("amount", pa.string())])
+    assert [",".join(str(v) for v in r.values()) for r in table.to_pylist()] == lines[1:]
+
+
+def test_a_csv_column_declared_text_keeps_its_leading_zeros(small_blocks: Decoder, tmp_path: Path) -> None:
+    (tmp_path / "zips.csv").write_text("zip,n\n" + "".join(f"0{1000 + i},{i}\n" for i in range(50)))
+    table = decoded(small_blocks, tmp_path / "zips.csv", text_columns=("zip",))
+    assert table.column("zip").to_pylist() == [f"0{1000 + i}" for i in range(50)]
+    assert table.schema.field("n").type == pa.int64()
+
+
+# --- through a pipeline: the newer row wins its key's merge ---------------------------------------
+
+ORDERED = """
+[project]
+name = "values"
+
+[[pipeline]]
+id = "ev"
+table = "ev"
+primary_key = ["id"]
+order_by = "updated_at"
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["raw/*.ndjson"]
+"""
+
+
+def test_the_newer_row_wins_its_keys_merge_when_it_ends_the_file(tmp_path: Path) -> None:
+    (tmp_path / "contextful.toml").write_text(ORDERED)
+    (tmp_path / "raw").mkdir()
+    rows = [{"id": i % 3, "updated_at": f"2024-01-01T00:00:{i:02d}Z", "v": i} for i in range(12)]
+    rows.insert(0, {"id": 9, "updated_at": "unknown", "v": -1})  # text in the column: the input reads it as text
+    (tmp_path / "raw" / "a.ndjson").write_text("\n".join(json.dumps(r) for r in rows))  # no final newline
+    manifest = load_manifest(tmp_path)
+    with Store.open(tmp_path / "store") as store, Decoder(block_bytes=256) as decoder:
+        [result] = run_pipelines(store, manifest, decoder=decoder)
+        assert result.ok, result.failures
+        landed = {r["id"]: (r["updated_at"], r["v"]) for r in store.table("ev").to_arrow().to_pylist()}
+    assert landed == {0: ("2024-01-01T00:00:09Z", 9), 1: ("2024-01-01T00:00:10Z", 10),
+                      2: ("2024-01-01T00:00:11Z", 11), 9: ("unknown", -1)}
