@@ -191,7 +191,7 @@ class Receiver:
         its table's schema alone."""
         where = f"batch {key!r} of pipeline {self.spec.id!r}"
         try:
-            batches = list(self.decoder.decode(str(path), self.config.format))
+            batches = list(self.decoder.decode(str(path), self.config.format, text_columns=tuple(self.types)))
         except InputMalformed as exc:
             raise InputMalformed(where, exc.line, exc.reason) from exc
         except InputUnreadable as exc:

@@ -119,3 +119,52 @@ def test_the_newer_row_wins_its_keys_merge_when_it_ends_the_file(tmp_path: Path)
         landed = {r["id"]: (r["updated_at"], r["v"]) for r in store.table("ev").to_arrow().to_pylist()}
     assert landed == {0: ("2024-01-01T00:00:09Z", 9), 1: ("2024-01-01T00:00:10Z", 10),
                       2: ("2024-01-01T00:00:11Z", 11), 9: ("unknown", -1)}
+
+
+# --- a declaration types what it names and keeps the rest -----------------------------------------
+
+
+def test_a_struct_declaration_types_the_fields_it_names_and_keeps_the_others() -> None:
+    from engine.land.typed import apply_types, read_types
+
+    payload = pa.array([{"a": "1", "b": "x", "commits": [{"sha": "s1", "n": "7"}]}, None,
+                        {"a": "3", "b": None, "commits": []}])
+    types = read_types({"p": "struct<a: bigint, commits: list<struct<n: int>>, added: double>"})
+    typed = apply_types("t", pa.table({"p": payload}), types)
+    assert typed.schema.field("p").type == pa.struct([
+        ("a", pa.int64()), ("b", pa.string()),
+        ("commits", pa.list_(pa.struct([("sha", pa.string()), ("n", pa.int32())]))), ("added", pa.float64())])
+    assert typed.column("p").to_pylist() == [
+        {"a": 1, "b": "x", "commits": [{"sha": "s1", "n": 7}], "added": None}, None,
+        {"a": 3, "b": None, "commits": [], "added": None}]
+
+
+RELATIONAL = """
+[project]
+name = "values"
+
+[[pipeline]]
+id = "gh"
+table = "gh"
+normalize = "relational"
+types = {{ payload = "struct<size: bigint>" }}
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["raw/*.ndjson"]
+"""
+
+
+def test_typing_one_nested_field_keeps_the_struct_and_its_child_tables(tmp_path: Path, decoder: Decoder) -> None:
+    (tmp_path / "contextful.toml").write_text(RELATIONAL.format())
+    (tmp_path / "raw").mkdir()
+    events = [{"id": i, "payload": {"size": str(i), "ref": f"r{i}", "commits": [{"sha": f"s{i}.{j}"} for j in range(i)]}}
+              for i in range(4)]
+    (tmp_path / "raw" / "a.ndjson").write_text("".join(json.dumps(e) + "\n" for e in events))
+    with Store.open(tmp_path / "store") as store:
+        [result] = run_pipelines(store, load_manifest(tmp_path), decoder=decoder)
+        assert result.ok, result.failures
+        root = store.table("gh").to_arrow()  # structs flatten into their parent's columns
+        assert root.schema.field("payload__size").type == pa.int64()
+        assert sorted(root.column("payload__ref").to_pylist()) == ["r0", "r1", "r2", "r3"]
+        assert store.table("gh__payload__commits").count() == 6
