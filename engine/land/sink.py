@@ -13,7 +13,9 @@ Every source runner (files, http, receive, seed) hands its decoded batches to on
 3. normalization: ``nested`` keeps the batch as it is; ``relational`` shreds it into the root table
    and one child table per list (``engine.normalize``), each child checked for its list index
    before it is staged (``run.normalize.list-index-missing``);
-4. staging into one :class:`RunTransaction` per touched table. Small batches (an HTTP page) are
+4. names that differ only in case from another in the same table, at any depth, refuse the batch
+   (``engine.land.names``): a reader resolving names case-insensitively would answer one for the other;
+5. staging into one :class:`RunTransaction` per touched table. Small batches (an HTTP page) are
    buffered per table until :data:`BUFFER_ROWS` rows or :data:`BUFFER_BYTES`, so pages do not
    become tiny parts.
 
@@ -33,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine.config.manifest import PipelineSpec
+from engine.land.names import LandedNames
 from engine.land.results import TableLanding
 from engine.land.typed import apply_types, read_types
 from storage import Store
@@ -72,6 +75,7 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
 @dataclass
 class _Staging:
     txn: RunTransaction
+    names: LandedNames
     buffered: list[pa.Table] = field(default_factory=list)
     buffered_rows: int = 0
     buffered_bytes: int = 0
@@ -115,8 +119,11 @@ class LandingSink:
             return
         self._batches += 1
         id_prefix = f"{self._transaction(self.spec.table).run_id}.{self._batches}"
+        where = pull or f"batch {self._batches}"
         tables, masked = prepare_batch(self.spec, batch, id_prefix, types=None if typed else self.types,
-                                       guard=self.guard, pull=pull or f"batch {self._batches}")
+                                       guard=self.guard, pull=where)
+        for name, table in tables.items():  # every table checked before any is buffered
+            self._staging_for(name).names.admit(table.schema, where)
         if masked:
             counts = self._masked.setdefault(self.spec.table, {})
             for column, n in masked.items():
@@ -142,7 +149,7 @@ class LandingSink:
             table = self.store.create_table(name, primary_key, self.spec.order_by if root else None)
             txn = table.transaction("append", run_id=run_id,
                                                                         meta=dict(self.meta))
-            self._staging[name] = _Staging(txn)
+            self._staging[name] = _Staging(txn, LandedNames(name, txn.savepoint().schema))
             self.landings.setdefault(name, TableLanding(name))
         return self._staging[name]
 
@@ -189,6 +196,7 @@ class LandingSink:
             staging.buffered, staging.buffered_rows, staging.buffered_bytes = [], 0, 0
             if name in point.points:
                 staging.txn.rollback_to(point.points[name])
+                staging.names = LandedNames(name, point.points[name].schema)
             else:  # a table first touched after the point
                 staging.txn.abort()
                 del self._staging[name]

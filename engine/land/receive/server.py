@@ -54,6 +54,7 @@ from engine.land.receive.config import ReceiveConfig
 from engine.land.receive.group import PushHook, TableAnswer, committed_answer, drain, land_pending
 from engine.land.receive.spool import LANDED, Member, Queue, key_digest
 from engine.land.sink import prepare_batch
+from engine.land.names import LandedNames
 from engine.land.typed import read_types
 from engine.served.face import SHUTDOWN_GRACE_S, Exchange, Route, ServedFace, serve_face
 from storage import Store
@@ -209,7 +210,9 @@ class Receiver:
         for name, frame in tables.items():
             check_modality(name, frame)
             head = self.store.catalog.load_head(name)
-            reconcile(name, schema_from_text(head.schema) if head is not None and head.schema else None, frame.schema)
+            landed = schema_from_text(head.schema) if head is not None and head.schema else None
+            LandedNames(name, landed).admit(frame.schema, where)
+            reconcile(name, landed, frame.schema)
         return tables
 
     def _answer(self, member: Member) -> Answer:

@@ -168,3 +168,57 @@ def test_typing_one_nested_field_keeps_the_struct_and_its_child_tables(tmp_path:
         assert root.schema.field("payload__size").type == pa.int64()
         assert sorted(root.column("payload__ref").to_pylist()) == ["r0", "r1", "r2", "r3"]
         assert store.table("gh__payload__commits").count() == 6
+
+
+# --- names that differ only in case are refused, never answered for each other --------------------
+
+NAMES = """
+[project]
+name = "values"
+
+[[pipeline]]
+id = "ev"
+table = "ev"
+normalize = "{mode}"
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["raw/*.ndjson"]
+"""
+
+
+def land_names(root: Path, decoder: Decoder, files: dict[str, list[dict[str, Any]]], mode: str = "nested") -> Any:
+    (root / "contextful.toml").write_text(NAMES.format(mode=mode))
+    (root / "raw").mkdir(exist_ok=True)
+    for name, rows in files.items():
+        (root / "raw" / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with Store.open(root / "store") as store:
+        [result] = run_pipelines(store, load_manifest(root), decoder=decoder)
+        rows = store.table("ev").to_arrow().to_pylist() if "ev" in store.table_names() else []
+    return result, rows
+
+
+@pytest.mark.parametrize("mode", ["nested", "relational"])
+@pytest.mark.parametrize("row, first, second", [
+    ({"ID": 1, "id": 10}, "ID", "id"),
+    ({"k": 1, "p": {"Ref": "a", "ref": "b"}}, "p.Ref", "p.ref"),
+    ({"k": 1, "l": [{"X": 1, "x": 2}]}, "l[].X", "l[].x"),
+])
+def test_names_differing_only_in_case_are_refused_by_name(tmp_path: Path, decoder: Decoder, mode: str,
+                                                          row: dict[str, Any], first: str, second: str) -> None:
+    result, rows = land_names(tmp_path, decoder, {"a.ndjson": [{"k": 0}], "b.ndjson": [row]}, mode)
+    [failure] = result.failures
+    assert failure.error == "ColumnNamesCollide" and failure.input.endswith("b.ndjson")
+    if mode == "nested":  # relational names the flattened columns of the table they land in
+        assert f"{first!r} and {second!r}" in failure.detail
+    assert "b.ndjson" in failure.detail and "'ev" in failure.detail
+    assert [r["k"] for r in rows] == [0]  # the other input landed; nothing of the refused one did
+
+
+def test_a_new_column_colliding_with_a_landed_one_in_case_is_refused(tmp_path: Path, decoder: Decoder) -> None:
+    result, rows = land_names(tmp_path, decoder, {"a.ndjson": [{"id": 1}]})
+    assert result.ok and rows == [{"id": 1}]
+    result, rows = land_names(tmp_path, decoder, {"b.ndjson": [{"ID": 2, "v": "x"}]})
+    [failure] = result.failures
+    assert failure.error == "ColumnNamesCollide" and "'id' and 'ID'" in failure.detail
+    assert rows == [{"id": 1}]
