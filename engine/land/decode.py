@@ -45,7 +45,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -114,13 +114,13 @@ class Decoder:
         return self._server.pid
 
     def decode(self, path: str, fmt: str | None = None, *, storage_options: dict[str, Any] | None = None,
-               text_columns: Sequence[str] = ()) -> Iterator[pa.RecordBatch]:
+               declared: Mapping[str, pa.DataType] | None = None) -> Iterator[pa.RecordBatch]:
         """The input's rows as Arrow batches, decoded in a fresh child as they are read.
 
-        ``text_columns`` (a pull's declared columns) are read as text whatever they look like, so a
-        declaration converts the text as it arrived, not a guess made of it (CSV; JSON values
-        keep their JSON kind). The child is forked at the first ``next()``. Abandoning the
-        iterator kills the child.
+        ``declared`` (a pull's ``types``) reads those CSV columns from their text in the declared
+        type (text as text, numbers and dates converted, zoned timestamps as text for typed
+        landing), never through a guess; JSON values keep their JSON kind. The child is forked at
+        the first ``next()``. Abandoning the iterator kills the child.
         """
         fmt = fmt or detect_format(path)
         if fmt not in FORMATS:
@@ -132,7 +132,7 @@ class Decoder:
             raise InputNotFound(path)
         request = {"path": path, "fmt": fmt, "storage_options": storage_options or {},
                    "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows,
-                   "block_bytes": self.block_bytes, "text_columns": list(text_columns)}
+                   "block_bytes": self.block_bytes, "declared": dict(declared or {})}
         return self._run(request)
 
     def fetch(self, url: str, *, step: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0,

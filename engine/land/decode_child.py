@@ -74,6 +74,7 @@ from typing import Any, NoReturn
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
@@ -341,21 +342,38 @@ def _tables(request: dict[str, Any]) -> Iterator[pa.Table]:
         yield from _records(_DocumentRows(_reader(request)).readinto, _LastNewline(), _JsonBlocks(), block=block)
     elif fmt == "csv":
         delimiter = "\t" if split_compression(path)[0].endswith(".tsv") else ","
-        text = tuple(request.get("text_columns") or ())
+        declared = request.get("declared") or {}
         # The column types of the whole input, from a first reading; an input read only once (a
         # FIFO) lands every column as text rather than guess a type per block.
-        types = _csv_types(request, delimiter, text, block) if _rereadable(path) else None
-        yield from _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, types, text), header=True, block=block)
+        types = _csv_types(request, delimiter, declared, block) if _rereadable(path) else None
+        yield from _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, types, declared), header=True,
+                            block=block)
     else:
         raise ValueError(f"format {fmt!r}")
 
 
-def _csv_types(request: dict[str, Any], delimiter: str, text: tuple[str, ...], block: int) -> dict[str, pa.DataType]:
+def _csv_declared(declared: dict[str, pa.DataType]) -> dict[str, pa.DataType]:
+    """The type a CSV reader gives each declared column: the declared one where the reader converts
+    text to it exactly, text for a zoned timestamp (typed landing reads zone-less text as UTC,
+    which the reader refuses), and no declaration for nested types (the guess is cast)."""
+    direct = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean, pa.types.is_date,
+              pa.types.is_string, pa.types.is_large_string)
+    read: dict[str, pa.DataType] = {}
+    for name, t in declared.items():
+        if any(f(t) for f in direct) or (pa.types.is_timestamp(t) and t.tz is None):
+            read[name] = t
+        elif pa.types.is_timestamp(t):
+            read[name] = pa.string()
+    return read
+
+
+def _csv_types(request: dict[str, Any], delimiter: str, declared: dict[str, pa.DataType],
+               block: int) -> dict[str, pa.DataType]:
     """Every CSV column's type for the whole input: each block's guess, temporal guesses as text,
     merged as the decoder widens (int and float to float64, mixed kinds to text)."""
     schema: pa.Schema | None = None
-    for table in _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, None, text, guess=True), header=True,
-                          block=block):
+    for table in _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, None, declared, guess=True),
+                          header=True, block=block):
         guessed = pa.schema([f.with_type(_temporal_as_text(f.type) or f.type) for f in table.schema])
         schema = guessed if schema is None else merged_schema(schema, guessed)
     return {} if schema is None else {f.name: f.type for f in schema if not pa.types.is_null(f.type)}
@@ -752,22 +770,25 @@ class _CsvBlocks:
     """Parses CSV blocks: the first holds the header, later ones reuse its column names.
 
     Every field of a CSV file is text, so a block must not guess its own types: ``types`` holds the
-    whole input's (:func:`_csv_types`), ``None`` reads every column as text, and the ``text``
-    columns (declared by the pull) are always read as text. ``guess`` lets pyarrow guess (the
-    first reading of :func:`_csv_types`).
+    whole input's (:func:`_csv_types`), ``None`` reads every column as text, and the ``declared``
+    columns (:func:`_csv_declared`) are read as declared; a field the reader takes for null
+    ("", "NA", "null", ...) is null in those even where they are read as text. ``guess`` lets
+    pyarrow guess (the first reading of :func:`_csv_types`).
     """
 
-    def __init__(self, delimiter: str, types: dict[str, pa.DataType] | None, text: tuple[str, ...] = (), *,
-                 guess: bool = False) -> None:
+    def __init__(self, delimiter: str, types: dict[str, pa.DataType] | None,
+                 declared: dict[str, pa.DataType] | None = None, *, guess: bool = False) -> None:
         self._delimiter = delimiter
         self._names: list[str] | None = None
-        declared = {name: pa.string() for name in text}
+        read = _csv_declared(declared or {})
+        # zoned timestamps, read as text for typed landing: their null fields are null, not text
+        self._zoned = [name for name, t in (declared or {}).items() if pa.types.is_timestamp(t) and t.tz is not None]
         if guess:
-            self._convert = pcsv.ConvertOptions(column_types=declared)
+            self._convert = pcsv.ConvertOptions(column_types=read)
         elif types is None:
-            self._convert = pcsv.ConvertOptions(default_column_type=pa.string())
+            self._convert = pcsv.ConvertOptions(default_column_type=pa.string(), column_types=read)
         else:
-            self._convert = pcsv.ConvertOptions(column_types={**types, **declared})
+            self._convert = pcsv.ConvertOptions(column_types={**types, **read})
 
     def __call__(self, view: memoryview) -> pa.Table:
         block = bytes(view)  # parsing CSV costs far more than this copy
@@ -790,7 +811,15 @@ class _CsvBlocks:
                              offset=_row_offset(block, refused[0]) if refused else None) from exc
         if self._names is None:
             self._names = table.column_names
+        for name in self._zoned:
+            at = table.schema.get_field_index(name)
+            if at >= 0:
+                column = table.column(at)
+                table = table.set_column(at, name, pc.if_else(pc.is_in(column, value_set=_CSV_NULLS), None, column))
         return table
+
+
+_CSV_NULLS = pa.array(pcsv.ConvertOptions().null_values)
 
 
 def _row_offset(block: bytes, text: str) -> int | None:

@@ -219,4 +219,26 @@ def _cast(array: pa.Array, target: pa.DataType) -> pa.Array:
         offsets = offsets.cast(pa.int64() if pa.types.is_large_list(target) else pa.int32())
         factory = pa.LargeListArray if pa.types.is_large_list(target) else pa.ListArray
         return factory.from_arrays(offsets, values, type=target, mask=array.is_null() if array.null_count else None)
+    if pa.types.is_timestamp(target) and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+        return text_to_timestamp(array, target)
     return pc.cast(array, target, safe=True)
+
+
+_ZONED = r":\d\d(\.\d*)?\s*(Z|z|[+-]\d\d(:?\d\d)?)$"  # a time of day, then its zone
+
+
+def text_to_timestamp(array: pa.Array, target: pa.TimestampType) -> pa.Array:
+    """Timestamps read from text as ``target``: a text with a zone is that instant; a text without
+    one is a wall time, read as UTC where ``target`` has a zone. A ``target`` without a zone holds
+    zoned instants as UTC wall times.
+
+    >>> text_to_timestamp(pa.array(["2024-01-01T02:00:05+02:00", "2024-01-01 00:00:05"]), pa.timestamp("s", "UTC"))[0]
+    <pyarrow.TimestampScalar: '2024-01-01T00:00:05+0000'>
+    """
+    zoned = pc.fill_null(pc.match_substring_regex(array, _ZONED), False)
+    # Each cast sees the others' places filled with a text it reads (a cast reads under nulls too).
+    instants = pc.cast(pc.if_else(zoned, array, "1970-01-01T00:00:00Z"), pa.timestamp(target.unit, "UTC"))
+    walls = pc.cast(pc.if_else(zoned, "1970-01-01T00:00:00", array), pa.timestamp(target.unit))
+    if target.tz is None:
+        return pc.if_else(zoned, instants.cast(pa.timestamp(target.unit)), walls)
+    return pc.if_else(zoned, instants, walls.cast(pa.timestamp(target.unit, "UTC"))).cast(target)

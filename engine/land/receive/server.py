@@ -48,13 +48,13 @@ import pyarrow as pa
 from engine.config.manifest import Manifest, PipelineSpec
 from engine.guard import mask_message
 from engine.land.decode import Decoder
+from engine.land.names import LandedNames
 from engine.land.receive import writers
 from engine.land.receive.body import CODECS, decode_body, private_file
 from engine.land.receive.config import ReceiveConfig
 from engine.land.receive.group import PushHook, TableAnswer, committed_answer, drain, land_pending
 from engine.land.receive.spool import LANDED, Member, Queue, key_digest
 from engine.land.sink import prepare_batch
-from engine.land.names import LandedNames
 from engine.land.typed import read_types
 from engine.served.face import SHUTDOWN_GRACE_S, Exchange, Route, ServedFace, serve_face
 from storage import Store
@@ -192,7 +192,7 @@ class Receiver:
         its table's schema alone."""
         where = f"batch {key!r} of pipeline {self.spec.id!r}"
         try:
-            batches = list(self.decoder.decode(str(path), self.config.format, text_columns=tuple(self.types)))
+            batches = list(self.decoder.decode(str(path), self.config.format, declared=self.types))
         except InputMalformed as exc:
             raise InputMalformed(where, exc.line, exc.reason) from exc
         except InputUnreadable as exc:

@@ -83,9 +83,33 @@ def test_csv_text_lands_byte_for_byte_and_one_input_reads_one_type(small_blocks:
 
 def test_a_csv_column_declared_text_keeps_its_leading_zeros(small_blocks: Decoder, tmp_path: Path) -> None:
     (tmp_path / "zips.csv").write_text("zip,n\n" + "".join(f"0{1000 + i},{i}\n" for i in range(50)))
-    table = decoded(small_blocks, tmp_path / "zips.csv", text_columns=("zip",))
+    table = decoded(small_blocks, tmp_path / "zips.csv", declared={"zip": pa.string()})
     assert table.column("zip").to_pylist() == [f"0{1000 + i}" for i in range(50)]
     assert table.schema.field("n").type == pa.int64()
+
+
+def test_declared_csv_columns_read_from_their_text(small_blocks: Decoder, tmp_path: Path) -> None:
+    from engine.land.typed import apply_types, read_types
+
+    (tmp_path / "typed.csv").write_text("amount,at,code\n" + "".join(
+        f"{i}.10,2024-01-01 00:00:{i:02d},0{i}\n" for i in range(30)) + "NA,2024-01-01T02:00:00+02:00,NA\nNA,NA,\n")
+    types = read_types({"amount": "decimal(10, 2)", "at": "timestamptz", "code": "varchar"})
+    table = apply_types("t", decoded(small_blocks, tmp_path / "typed.csv", declared=types), types)
+    assert table.schema == pa.schema([("amount", pa.decimal128(10, 2)), ("at", pa.timestamp("us", "UTC")),
+                                      ("code", pa.string())])
+    rows = table.to_pylist()
+    assert str(rows[3]["amount"]) == "3.10" and rows[30]["amount"] is None  # "NA" is a CSV null in a number
+    assert [r["code"] for r in rows[-2:]] == ["NA", ""]  # and text in a text column
+    assert rows[5]["at"].isoformat() == "2024-01-01T00:00:05+00:00"  # no zone: UTC
+    assert rows[30]["at"] == rows[0]["at"] and rows[31]["at"] is None  # a zone: that instant
+
+
+def test_json_text_declared_as_a_timestamp_reads_each_value_by_its_own_zone() -> None:
+    from engine.land.typed import apply_types, read_types
+
+    at = pa.array(["2024-01-01T02:00:05+02:00", "2024-01-01 00:00:05", "2024-01-01T00:00:05Z", None])
+    typed = apply_types("t", pa.table({"at": at}), read_types({"at": "timestamp[s, UTC]"}))
+    assert len(set(typed.column("at").to_pylist()[:3])) == 1 and typed.column("at")[3].as_py() is None
 
 
 # --- through a pipeline: the newer row wins its key's merge ---------------------------------------
