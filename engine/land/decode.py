@@ -21,11 +21,15 @@ A decode raises, after the batches that came before the failure:
 file), :class:`InputMalformed` (a bad JSON line or CSV row with its line number, a damaged gzip or
 zstd stream, not Parquet), :class:`ParseCrashed` (a bound, or the child died: exit code or signal).
 
-Schemas: each block of about 4 MiB is inferred on its own and merged into the schema so far. The
-batches of one input share a schema unless a later block brings a new column or a wider type; then
-the schema widens (int and float to float64, mixed kinds to string, new columns last) and every
-earlier batch conforms to the new one (``engine.land.decode_child.conform``: missing columns null,
-types cast). A caller that needs one table conforms its batches to the last batch's schema.
+Schemas ("values land as they arrived", docs/manifest.md): text is never read as a guessed type.
+JSON strings stay strings (pyarrow's timestamp guesses are undone by reading the block again);
+a CSV input's column types are decided over the whole input by a first reading, and declared
+columns (``declared``) are read from their text in their declared type. JSON blocks of about
+``block_bytes`` (4 MiB) are otherwise typed on their own and merged into the schema so far: the
+batches of one input share a schema unless a later block brings a new column or a wider type;
+then the schema widens (int and float to float64, mixed kinds to string, new columns last) and
+every earlier batch conforms to the new one (``engine.land.decode_child.conform``: missing columns
+null, types cast). A caller that needs one table conforms its batches to the last batch's schema.
 
 Example::
 

@@ -31,10 +31,16 @@ parent closing its end abandons the input and the server kills the child. Data p
 parent): segments ``b"S"`` + an Arrow IPC stream, then ``b"E"`` + 4-byte length + a JSON trailer
 (``{"ok": true}`` or ``{"error": kind, ...}``).
 
-Decoding. NDJSON, JSON documents and CSV are read in blocks of about ``READ_BYTES`` that end at a
-record boundary (a record longer than that grows its block, up to the memory bound). Each block is
-parsed by pyarrow with its own type inference, ``PARSING`` blocks at a time on worker threads while
-the next is read, and a writer thread sends the tables on. The first non-empty block fixes the
+Decoding. NDJSON, JSON documents and CSV are read in blocks of about ``READ_BYTES`` (the request's
+``block_bytes``) that end at a record boundary (a record longer than that grows its block, up to
+the memory bound; the input's last block takes everything left, a last line without its newline
+included). Each block is parsed by pyarrow, ``PARSING`` blocks at a time on worker threads while
+the next is read, and a writer thread sends the tables on. No text is read as a guessed type
+(decision "values land as they arrived"): JSON strings pyarrow types as timestamps are read again
+as strings (:class:`_JsonBlocks`); a CSV input is read twice, the first time to decide each
+column's type over the whole input (:func:`_csv_types`, temporal guesses as text), the second with
+those types and the declared ones (:class:`_CsvBlocks`). JSON blocks otherwise type their values
+on their own: the first non-empty block fixes the
 stream's schema; a later block that fits it (missing columns, a null or narrower type) is cast to
 it, and a block that does not (a new column, int meeting float or string) starts a new IPC segment
 whose schema widens the last one: columns keep their order and new ones follow, int and float widen

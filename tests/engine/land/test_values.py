@@ -9,6 +9,8 @@ so every boundary case is a few records away, and check every text value byte fo
 from __future__ import annotations
 
 import json
+import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,6 +112,23 @@ def test_json_text_declared_as_a_timestamp_reads_each_value_by_its_own_zone() ->
     at = pa.array(["2024-01-01T02:00:05+02:00", "2024-01-01 00:00:05", "2024-01-01T00:00:05Z", None])
     typed = apply_types("t", pa.table({"at": at}), read_types({"at": "timestamp[s, UTC]"}))
     assert len(set(typed.column("at").to_pylist()[:3])) == 1 and typed.column("at")[3].as_py() is None
+
+
+def test_a_csv_read_only_once_lands_every_undeclared_column_as_text(small_blocks: Decoder, tmp_path: Path) -> None:
+    fifo = tmp_path / "once.csv"
+    os.mkfifo(fifo)
+    text = "n,at,code\n" + "".join(f"{i},2024-01-01T00:00:{i:02d}Z,00{i}\n" for i in range(40))
+
+    def feed() -> None:
+        with open(fifo, "w") as out:  # opens once the decoder child opens the FIFO to read
+            out.write(text)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    table = decoded(small_blocks, fifo, declared={"n": pa.int64()})
+    writer.join()
+    assert table.schema == pa.schema([("n", pa.int64()), ("at", pa.string()), ("code", pa.string())])
+    assert [f"{r['n']},{r['at']},{r['code']}" for r in table.to_pylist()] == text.splitlines()[1:]
 
 
 # --- through a pipeline: the newer row wins its key's merge ---------------------------------------
