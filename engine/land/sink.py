@@ -75,7 +75,6 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
 @dataclass
 class _Staging:
     txn: RunTransaction
-    names: LandedNames
     buffered: list[pa.Table] = field(default_factory=list)
     buffered_rows: int = 0
     buffered_bytes: int = 0
@@ -109,6 +108,7 @@ class LandingSink:
         self.landings: dict[str, TableLanding] = {spec.table: TableLanding(spec.table)}
         self._staging: dict[str, _Staging] = {}
         self._masked: dict[str, dict[str, int]] = {}
+        self._names: dict[str, LandedNames] = {}
         self._batches = 0
 
     # --- staging --------------------------------------------------------------------------------
@@ -122,8 +122,8 @@ class LandingSink:
         where = pull or f"batch {self._batches}"
         tables, masked = prepare_batch(self.spec, batch, id_prefix, types=None if typed else self.types,
                                        guard=self.guard, pull=where)
-        for name, table in tables.items():  # every table checked before any is buffered
-            self._staging_for(name).names.admit(table.schema, where)
+        for name, table in tables.items():  # every table checked before any is created or buffered
+            self._names_of(name).admit(table.schema, where)
         if masked:
             counts = self._masked.setdefault(self.spec.table, {})
             for column, n in masked.items():
@@ -149,9 +149,16 @@ class LandingSink:
             table = self.store.create_table(name, primary_key, self.spec.order_by if root else None)
             txn = table.transaction("append", run_id=run_id,
                                                                         meta=dict(self.meta))
-            self._staging[name] = _Staging(txn, LandedNames(name, txn.savepoint().schema))
+            self._staging[name] = _Staging(txn)
             self.landings.setdefault(name, TableLanding(name))
         return self._staging[name]
+
+    def _names_of(self, name: str) -> LandedNames:
+        """The names table ``name`` holds: landed, and staged by this run so far."""
+        if name not in self._names:
+            landed = self.store.table(name).schema if name in self.store.table_names() else None
+            self._names[name] = LandedNames(name, landed)
+        return self._names[name]
 
     def _transaction(self, name: str) -> RunTransaction:
         return self._staging_for(name).txn
@@ -196,11 +203,11 @@ class LandingSink:
             staging.buffered, staging.buffered_rows, staging.buffered_bytes = [], 0, 0
             if name in point.points:
                 staging.txn.rollback_to(point.points[name])
-                staging.names = LandedNames(name, point.points[name].schema)
             else:  # a table first touched after the point
                 staging.txn.abort()
                 del self._staging[name]
         self._masked = {t: dict(c) for t, c in point.masked.items()}
+        self._names = {name: LandedNames(name, p.schema) for name, p in point.points.items()}
 
     # --- landing --------------------------------------------------------------------------------
 
@@ -244,6 +251,7 @@ class LandingSink:
             staging.txn.abort()
         self._staging.clear()
         self._masked.clear()
+        self._names.clear()
 
     def results(self) -> list[TableLanding]:
         """The root table's landing first, then each child table's."""

@@ -238,6 +238,7 @@ def land_names(root: Path, decoder: Decoder, files: dict[str, list[dict[str, Any
     with Store.open(root / "store") as store:
         [result] = run_pipelines(store, load_manifest(root), decoder=decoder)
         rows = store.table("ev").to_arrow().to_pylist() if "ev" in store.table_names() else []
+        assert store.table_names() == ["ev"] or not result.failures  # a refused batch creates no table
     return result, rows
 
 
