@@ -90,6 +90,7 @@ def test_a_csv_column_declared_text_keeps_its_leading_zeros(small_blocks: Decode
     assert table.schema.field("n").type == pa.int64()
 
 
+@pytest.mark.clause("run.land.typed-pull")
 def test_declared_csv_columns_read_from_their_text(small_blocks: Decoder, tmp_path: Path) -> None:
     from engine.land.typed import apply_types, read_types
 
@@ -167,6 +168,7 @@ def test_the_newer_row_wins_its_keys_merge_when_it_ends_the_file(tmp_path: Path)
 # --- a declaration types what it names and keeps the rest -----------------------------------------
 
 
+@pytest.mark.clause("run.land.typed-pull")
 def test_a_struct_declaration_types_the_fields_it_names_and_keeps_the_others() -> None:
     from engine.land.typed import apply_types, read_types
 
@@ -198,6 +200,7 @@ paths = ["raw/*.ndjson"]
 """
 
 
+@pytest.mark.clause("run.land.typed-pull")
 def test_typing_one_nested_field_keeps_the_struct_and_its_child_tables(tmp_path: Path, decoder: Decoder) -> None:
     (tmp_path / "contextful.toml").write_text(RELATIONAL.format())
     (tmp_path / "raw").mkdir()
