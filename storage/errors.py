@@ -54,7 +54,8 @@ Hierarchy::
         │   ├── PipelineListIndexMissing
         │   ├── PipelineSeedCeilingBreached, PipelineSeedCeilingUnevaluable
         │   ├── ContractMismatch         contract-mismatch: a model's contract or result breaks the published one
-        │   └── ModelTestFailed          a model's data test found offending rows; nothing published
+        │   ├── ModelTestFailed          a model's data test found offending rows; nothing published
+        │   └── ColumnNamesCollide       two column or field names of a table differ only in case
         ├── Conflict                     two values disagree for good (conflict)
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │   │   ExecutionRewindUnsafe
@@ -893,3 +894,19 @@ class TableUnreadable(Permanent):
 
     def __init__(self, table: str, reason: str) -> None:
         super().__init__(f"table {table!r} cannot be read: {reason}", table=table, reason=reason)
+
+
+class ColumnNamesCollide(Incompatible):
+    """Two column (or struct field) names of one table differ only in case: DuckDB resolves names
+    case-insensitively, so one would answer for the other. Refused at landing, naming both and the
+    input; nothing of the batch lands."""
+
+    table: str
+    first: str
+    second: str
+    where: str
+
+    def __init__(self, table: str, first: str, second: str, where: str) -> None:
+        super().__init__(f"table {table!r}: {first!r} and {second!r} differ only in case ({where}); readers resolve "
+                         f"names case-insensitively, so one would answer for the other: rename one at the source",
+                         table=table, first=first, second=second, where=where)

@@ -21,11 +21,15 @@ A decode raises, after the batches that came before the failure:
 file), :class:`InputMalformed` (a bad JSON line or CSV row with its line number, a damaged gzip or
 zstd stream, not Parquet), :class:`ParseCrashed` (a bound, or the child died: exit code or signal).
 
-Schemas: each block of about 4 MiB is inferred on its own and merged into the schema so far. The
-batches of one input share a schema unless a later block brings a new column or a wider type; then
-the schema widens (int and float to float64, mixed kinds to string, new columns last) and every
-earlier batch conforms to the new one (``engine.land.decode_child.conform``: missing columns null,
-types cast). A caller that needs one table conforms its batches to the last batch's schema.
+Schemas ("values land as they arrived", docs/manifest.md): text is never read as a guessed type.
+JSON strings stay strings (pyarrow's timestamp guesses are undone by reading the block again);
+a CSV input's column types are decided over the whole input by a first reading, and declared
+columns (``declared``) are read from their text in their declared type. JSON blocks of about
+``block_bytes`` (4 MiB) are otherwise typed on their own and merged into the schema so far: the
+batches of one input share a schema unless a later block brings a new column or a wider type;
+then the schema widens (int and float to float64, mixed kinds to string, new columns last) and
+every earlier batch conforms to the new one (``engine.land.decode_child.conform``: missing columns
+null, types cast). A caller that needs one table conforms its batches to the last batch's schema.
 
 Example::
 
@@ -45,7 +49,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -53,7 +57,7 @@ from typing import Any, Self
 import pyarrow as pa
 from pyarrow import ipc
 
-from engine.land.decode_child import SEGMENT, TRAILER, local_path, split_compression
+from engine.land.decode_child import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
 from storage.errors import (
     ConnectorBoundHit,
     InputMalformed,
@@ -92,12 +96,14 @@ class Decoder:
     """Decodes inputs, each in its own child forked from one preloaded server; a context manager."""
 
     def __init__(self, *, deadline_s: float = DEFAULT_DEADLINE_S, memory_bytes: int = DEFAULT_MEMORY_BYTES,
-                 batch_rows: int = 131072) -> None:
-        if deadline_s <= 0 or memory_bytes <= 0 or batch_rows <= 0:
-            raise ValueError("deadline_s, memory_bytes and batch_rows must be positive")
+                 batch_rows: int = 131072, block_bytes: int = READ_BYTES) -> None:
+        if deadline_s <= 0 or memory_bytes <= 0 or batch_rows <= 0 or block_bytes <= 0:
+            raise ValueError("deadline_s, memory_bytes, batch_rows and block_bytes must be positive")
         self.deadline_s = deadline_s
         self.memory_bytes = memory_bytes
         self.batch_rows = batch_rows
+        self.block_bytes = block_bytes
+        """Bytes read per parser block (tests use a few hundred to put many boundaries in a small input)."""
         self._lock = threading.Lock()
         self._server: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
@@ -111,15 +117,17 @@ class Decoder:
         assert self._server is not None, "the decoder is closed"
         return self._server.pid
 
-    def decode(self, path: str, fmt: str | None = None, *,
-               storage_options: dict[str, Any] | None = None,
+    def decode(self, path: str, fmt: str | None = None, *, storage_options: dict[str, Any] | None = None,
+               declared: Mapping[str, pa.DataType] | None = None,
                window: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
         """The input's rows as Arrow batches, decoded in a fresh child as they are read.
 
-        ``window`` (start, stop) reads only those bytes of an uncompressed local file: the bytes a
-        pipeline's cursor has not landed, up to the size it listed. A malformed line is counted
-        from ``start``. The child is forked at the first ``next()``. Abandoning the iterator kills
-        the child.
+        ``declared`` (a pull's ``types``) reads those CSV columns from their text in the declared
+        type (text as text, numbers and dates converted, zoned timestamps as text for typed
+        landing), never through a guess; JSON values keep their JSON kind. ``window`` (start, stop)
+        reads only those bytes of an uncompressed local file: the bytes a pipeline's cursor has not
+        landed, up to the size it listed; a malformed line is counted from ``start``. The child is
+        forked at the first ``next()``. Abandoning the iterator kills the child.
         """
         fmt = fmt or detect_format(path)
         if fmt not in FORMATS:
@@ -132,7 +140,8 @@ class Decoder:
         if window is not None and (local is None or split_compression(path)[1] is not None):
             raise ValueError(f"a byte window reads an uncompressed local file, not {path}")
         request = {"path": path, "fmt": fmt, "storage_options": storage_options or {}, "window": window,
-                   "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows}
+                   "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows,
+                   "block_bytes": self.block_bytes, "declared": dict(declared or {})}
         return self._run(request)
 
     def fetch(self, url: str, *, step: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0,
@@ -148,8 +157,8 @@ class Decoder:
         """
         request = {"kind": "http", "path": url, "url": url, "step": step, "headers": headers or {},
                    "timeout_s": timeout_s, "records": records, "next_key": next_key,
-                   "token_key": token_key, "digests": digests, "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes,
-                   "batch_rows": self.batch_rows}
+                   "token_key": token_key, "digests": digests, "deadline_s": self.deadline_s,
+                   "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows, "block_bytes": self.block_bytes}
         return PageFetch(self, request)
 
     def close(self) -> None:

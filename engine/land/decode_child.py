@@ -31,10 +31,16 @@ parent closing its end abandons the input and the server kills the child. Data p
 parent): segments ``b"S"`` + an Arrow IPC stream, then ``b"E"`` + 4-byte length + a JSON trailer
 (``{"ok": true}`` or ``{"error": kind, ...}``).
 
-Decoding. NDJSON, JSON documents and CSV are read in blocks of about ``READ_BYTES`` that end at a
-record boundary (a record longer than that grows its block, up to the memory bound). Each block is
-parsed by pyarrow with its own type inference, ``PARSING`` blocks at a time on worker threads while
-the next is read, and a writer thread sends the tables on. The first non-empty block fixes the
+Decoding. NDJSON, JSON documents and CSV are read in blocks of about ``READ_BYTES`` (the request's
+``block_bytes``) that end at a record boundary (a record longer than that grows its block, up to
+the memory bound; the input's last block takes everything left, a last line without its newline
+included). Each block is parsed by pyarrow, ``PARSING`` blocks at a time on worker threads while
+the next is read, and a writer thread sends the tables on. No text is read as a guessed type
+(decision "values land as they arrived"): JSON strings pyarrow types as timestamps are read again
+as strings (:class:`_JsonBlocks`); a CSV input is read twice, the first time to decide each
+column's type over the whole input (:func:`_csv_types`, temporal guesses as text), the second with
+those types and the declared ones (:class:`_CsvBlocks`). JSON blocks otherwise type their values
+on their own: the first non-empty block fixes the
 stream's schema; a later block that fits it (missing columns, a null or narrower type) is cast to
 it, and a block that does not (a new column, int meeting float or string) starts a new IPC segment
 whose schema widens the last one: columns keep their order and new ones follow, int and float widen
@@ -74,6 +80,7 @@ from typing import Any, NoReturn
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
@@ -309,7 +316,8 @@ def _fetch(request: dict[str, Any], sink: _Sink) -> dict[str, Any]:
     from engine.land.http_fetch import FetchFailed, fetch_page
 
     def parse(data: bytes) -> Iterator[pa.Table]:
-        return _records(io.BytesIO(data).readinto, _LastNewline(), _json_table)
+        return _records(io.BytesIO(data).readinto, _LastNewline(), _JsonBlocks(),
+                        block=request.get("block_bytes", READ_BYTES))
 
     try:
         meta, tables = fetch_page(request, parse)
@@ -331,17 +339,50 @@ def _fetch(request: dict[str, Any], sink: _Sink) -> dict[str, Any]:
 
 def _tables(request: dict[str, Any]) -> Iterator[pa.Table]:
     path, fmt = request["path"], request["fmt"]
+    block = request.get("block_bytes", READ_BYTES)
     if fmt == "parquet":
         yield from _parquet_tables(_open(path, request["storage_options"]), request["batch_rows"])
     elif fmt == "ndjson":
-        yield from _records(_reader(request), _LastNewline(), _json_table)
+        yield from _records(_reader(request), _LastNewline(), _JsonBlocks(), block=block)
     elif fmt == "json":
-        yield from _records(_DocumentRows(_reader(request)).readinto, _LastNewline(), _json_table)
+        yield from _records(_DocumentRows(_reader(request)).readinto, _LastNewline(), _JsonBlocks(), block=block)
     elif fmt == "csv":
         delimiter = "\t" if split_compression(path)[0].endswith(".tsv") else ","
-        yield from _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter), header=True)
+        declared = request.get("declared") or {}
+        # The column types of the whole input, from a first reading; an input read only once (a
+        # FIFO) lands every column as text rather than guess a type per block.
+        types = _csv_types(request, delimiter, declared, block) if _rereadable(path) else None
+        yield from _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, types, declared), header=True,
+                            block=block)
     else:
         raise ValueError(f"format {fmt!r}")
+
+
+def _csv_declared(declared: dict[str, pa.DataType]) -> dict[str, pa.DataType]:
+    """The type a CSV reader gives each declared column: the declared one where the reader converts
+    text to it exactly, text for a zoned timestamp (typed landing reads zone-less text as UTC,
+    which the reader refuses), and no declaration for nested types (the guess is cast)."""
+    direct = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean, pa.types.is_date,
+              pa.types.is_string, pa.types.is_large_string)
+    read: dict[str, pa.DataType] = {}
+    for name, t in declared.items():
+        if any(f(t) for f in direct) or (pa.types.is_timestamp(t) and t.tz is None):
+            read[name] = t
+        elif pa.types.is_timestamp(t):
+            read[name] = pa.string()
+    return read
+
+
+def _csv_types(request: dict[str, Any], delimiter: str, declared: dict[str, pa.DataType],
+               block: int) -> dict[str, pa.DataType]:
+    """Every CSV column's type for the whole input: each block's guess, temporal guesses as text,
+    merged as the decoder widens (int and float to float64, mixed kinds to text)."""
+    schema: pa.Schema | None = None
+    for table in _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, None, declared, guess=True),
+                          header=True, block=block):
+        guessed = pa.schema([f.with_type(_temporal_as_text(f.type) or f.type) for f in table.schema])
+        schema = guessed if schema is None else merged_schema(schema, guessed)
+    return {} if schema is None else {f.name: f.type for f in schema if not pa.types.is_null(f.type)}
 
 
 def _open(path: str, options: dict[str, Any]) -> pa.NativeFile:
@@ -443,15 +484,19 @@ class _CsvCut:
 
 
 def _records(readinto: Callable[[memoryview], int], cut: Callable[[bytearray, int, int], int],
-             parse: Callable[[memoryview], pa.Table], *, header: bool = False) -> Iterator[pa.Table]:
-    """Parse the stream in blocks of whole records, read into a ring of reused buffers.
+             parse: Callable[[memoryview], pa.Table], *, header: bool = False,
+             block: int = READ_BYTES) -> Iterator[pa.Table]:
+    """Parse the stream in blocks of whole records, read into a ring of reused buffers of ``block`` bytes.
 
     ``PARSING`` blocks parse at once, each on a worker thread of its own, while the next is read
-    (and decompressed). A block's tail (a record it does not end) moves to the front of the next
-    buffer; the parsers copy what they keep, so a buffer is reused once its block's table is out.
-    With a ``header``, the first block parses alone: the later blocks need its column names.
+    (and decompressed). A buffer is filled before it is cut, so the input's end is known when its
+    last block is: that block takes everything left, a last record without its newline included
+    (a record alone in a block of its own would be typed on its own). A block's tail (a record it
+    does not end) moves to the front of the next buffer; the parsers copy what they keep, so a
+    buffer is reused once its block's table is out. With a ``header``, the first block parses
+    alone: the later blocks need its column names.
     """
-    buffers = [bytearray(READ_BYTES)]  # grows to PARSING + 1 buffers as blocks come
+    buffers = [bytearray(block)]  # grows to PARSING + 1 buffers as blocks come
     current, held, consumed = 0, 0, 0  # held: bytes at the front of the current buffer
     yielded = not header
     pending: deque[tuple[Future[pa.Table], int]] = deque()
@@ -460,24 +505,27 @@ def _records(readinto: Callable[[memoryview], int], cut: Callable[[bytearray, in
             buffer = buffers[current]
             if held == len(buffer):  # one record longer than the buffer: it grows, up to the memory bound
                 buffer = buffers[current] = buffer + bytearray(len(buffer))
-            size = readinto(memoryview(buffer)[held:])
-            end = cut(buffer, held, held + size) if size else held
+            filled = held
+            while filled < len(buffer) and (size := readinto(memoryview(buffer)[filled:])):
+                filled += size
+            last = filled < len(buffer)  # the input ended
+            end = filled if last else cut(buffer, held, filled)
             if end < 0:
-                held += size
+                held = filled
                 continue
             following = (current + 1) % (PARSING + 1)
             if following == len(buffers):
-                buffers.append(bytearray(READ_BYTES))
+                buffers.append(bytearray(block))
             if pending and len(pending) == (PARSING if yielded else 1):
                 yield _parsed(*pending.popleft())  # frees ``following``, the oldest buffer in use
                 yielded = True
-            tail = held + size - end
+            tail = filled - end
             if len(buffers[following]) <= tail:
-                buffers[following] = bytearray(tail + READ_BYTES)
-            buffers[following][:tail] = buffer[end: held + size]
-            if size or buffer[:end].strip():
+                buffers[following] = bytearray(tail + block)
+            buffers[following][:tail] = buffer[end:filled]
+            if not last or buffer[:end].strip():
                 pending.append((parser.submit(parse, memoryview(buffer)[:end]), consumed))
-            if not size:
+            if last:
                 break
             consumed += end
             current, held = following, tail
@@ -499,16 +547,74 @@ def _parsed(block: Future[pa.Table], consumed: int) -> pa.Table:
 _KIND_CHANGED = re.compile(r"Column\(/[^)]*\) changed from")
 
 
-def _json_table(block: memoryview) -> pa.Table:
+class _JsonBlocks:
+    """Parses NDJSON blocks, every JSON string landing as the text it is.
+
+    pyarrow's reader guesses ``timestamp[s]`` for strings that read as ISO-8601 instants or dates,
+    and that guess loses the text ("2024-01-01T02:00:05+02:00" becomes 00:00:05 without a zone);
+    a later block with other text then casts it back to a different string. JSON has no temporal
+    type, so any temporal column came from strings: the block is read again with those paths
+    declared as strings. The paths found are kept (``_text``) and declared up front to the blocks
+    that follow, so a file of timestamps reads most blocks once; a block whose shapes differ from
+    what was kept is read without them.
+    """
+
+    def __init__(self) -> None:
+        self._text: pa.Schema | None = None
+
+    def __call__(self, block: memoryview) -> pa.Table:
+        known = self._text
+        if known is not None:
+            try:
+                table = _read_json(block, known)
+                table.validate(full=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass  # shapes other than the kept ones, or not JSON at all: read afresh below
+            else:
+                if _text_schema(table.schema) is None:
+                    return table
+        table = _json_table(block)
+        guessed = _text_schema(table.schema)
+        if guessed is None:
+            return table
+        self._text = guessed if known is None else merged_schema(known, guessed)
+        return _json_table(block, guessed)
+
+
+def _read_json(block: memoryview, explicit: pa.Schema | None) -> pa.Table:
+    options = pjson.ReadOptions(use_threads=False, block_size=min(len(block) + 1, _MAX_BLOCK))
+    return pjson.read_json(pa.BufferReader(block), read_options=options,
+                           parse_options=pjson.ParseOptions(explicit_schema=explicit))
+
+
+def _temporal_as_text(t: pa.DataType) -> pa.DataType | None:
+    """``t`` reduced to its temporal parts, each as a string (None: ``t`` holds none)."""
+    if pa.types.is_temporal(t):
+        return pa.string()
+    if pa.types.is_struct(t):
+        fields = [pa.field(f.name, u) for f in t if (u := _temporal_as_text(f.type)) is not None]
+        return pa.struct(fields) if fields else None
+    if pa.types.is_list(t):
+        value = _temporal_as_text(t.value_type)
+        return None if value is None else pa.list_(value)
+    return None
+
+
+def _text_schema(schema: pa.Schema) -> pa.Schema | None:
+    """The columns and fields of ``schema`` a reader typed temporal, declared as strings."""
+    fields = [pa.field(f.name, u) for f in schema if (u := _temporal_as_text(f.type)) is not None]
+    return pa.schema(fields) if fields else None
+
+
+def _json_table(block: memoryview, explicit: pa.Schema | None = None) -> pa.Table:
     """One block of newline-delimited JSON objects as a table.
 
     Parsed as one pyarrow block on one thread: no line straddles pyarrow's blocks, and inference
     does not hang on thread timing (pyarrow's threaded reader fails a struct promotion now and then:
     "JSON conversion to struct<...> is not supported"). Blocks parse in parallel instead.
     """
-    options = pjson.ReadOptions(use_threads=False, block_size=min(len(block) + 1, _MAX_BLOCK))
     try:
-        table = pjson.read_json(pa.BufferReader(block), read_options=options)
+        table = _read_json(block, explicit)
     except pa.ArrowNotImplementedError as exc:
         return _mixed_json_table(block, str(exc))
     except pa.ArrowInvalid as exc:
@@ -681,11 +787,28 @@ class _DocumentRows:
 
 
 class _CsvBlocks:
-    """Parses CSV blocks: the first holds the header, later ones reuse its column names."""
+    """Parses CSV blocks: the first holds the header, later ones reuse its column names.
 
-    def __init__(self, delimiter: str) -> None:
+    Every field of a CSV file is text, so a block must not guess its own types: ``types`` holds the
+    whole input's (:func:`_csv_types`), ``None`` reads every column as text, and the ``declared``
+    columns (:func:`_csv_declared`) are read as declared; a field the reader takes for null
+    ("", "NA", "null", ...) is null in those even where they are read as text. ``guess`` lets
+    pyarrow guess (the first reading of :func:`_csv_types`).
+    """
+
+    def __init__(self, delimiter: str, types: dict[str, pa.DataType] | None,
+                 declared: dict[str, pa.DataType] | None = None, *, guess: bool = False) -> None:
         self._delimiter = delimiter
         self._names: list[str] | None = None
+        read = _csv_declared(declared or {})
+        # zoned timestamps, read as text for typed landing: their null fields are null, not text
+        self._zoned = [name for name, t in (declared or {}).items() if pa.types.is_timestamp(t) and t.tz is not None]
+        if guess:
+            self._convert = pcsv.ConvertOptions(column_types=read)
+        elif types is None:
+            self._convert = pcsv.ConvertOptions(default_column_type=pa.string(), column_types=read)
+        else:
+            self._convert = pcsv.ConvertOptions(column_types={**types, **read})
 
     def __call__(self, view: memoryview) -> pa.Table:
         block = bytes(view)  # parsing CSV costs far more than this copy
@@ -701,13 +824,22 @@ class _CsvBlocks:
                 read_options=pcsv.ReadOptions(column_names=self._names, use_threads=False,
                                               block_size=min(len(block) + 1, _MAX_BLOCK)),
                 parse_options=pcsv.ParseOptions(delimiter=self._delimiter, newlines_in_values=b'"' in block,
-                                                invalid_row_handler=refuse))
+                                                invalid_row_handler=refuse),
+                convert_options=self._convert)
         except pa.ArrowInvalid as exc:
             raise _Malformed(first_line(exc).removeprefix("CSV parse error: "),
                              offset=_row_offset(block, refused[0]) if refused else None) from exc
         if self._names is None:
             self._names = table.column_names
+        for name in self._zoned:
+            at = table.schema.get_field_index(name)
+            if at >= 0:
+                column = table.column(at)
+                table = table.set_column(at, name, pc.if_else(pc.is_in(column, value_set=_CSV_NULLS), None, column))
         return table
+
+
+_CSV_NULLS = pa.array(pcsv.ConvertOptions().null_values)
 
 
 def _row_offset(block: bytes, text: str) -> int | None:

@@ -170,7 +170,8 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
         for done, item in enumerate(plan.pull):
             point = sink.savepoint()
             try:
-                for chunk in coalesce(decoder.decode(item.path, fmt, window=item.window()), STAGE_ROWS):
+                for chunk in coalesce(decoder.decode(item.path, fmt, declared=sink.types, window=item.window()),
+                                      STAGE_ROWS):
                     sink.stage(chunk, f"input {item.path}")
             except (Incompatible, NotFound) as exc:  # this input alone fails, by name
                 sink.rollback_to(point)

@@ -225,7 +225,7 @@ def land_seed(store: Store, root: Path, pipeline_id: str, table_name: str, prima
     sink = LandingSink(store, spec, meta={"pipeline": pipeline_id, "seed": True})
     try:
         for item in inputs:
-            for chunk in coalesce(decoder.decode(item.path, seed.format)):
+            for chunk in coalesce(decoder.decode(item.path, seed.format, declared=declared)):
                 typed = apply_types(table_name, chunk, declared)
                 check_ceiling(pipeline_id, order_by, seed.ceiling, typed)  # before anything is staged
                 sink.stage(typed, f"seed input {item.path}", typed=True)

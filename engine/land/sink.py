@@ -13,7 +13,9 @@ Every source runner (files, http, receive, seed) hands its decoded batches to on
 3. normalization: ``nested`` keeps the batch as it is; ``relational`` shreds it into the root table
    and one child table per list (``engine.normalize``), each child checked for its list index
    before it is staged (``run.normalize.list-index-missing``);
-4. staging into one :class:`RunTransaction` per touched table. Small batches (an HTTP page) are
+4. names that differ only in case from another in the same table, at any depth, refuse the batch
+   (``engine.land.names``): a reader resolving names case-insensitively would answer one for the other;
+5. staging into one :class:`RunTransaction` per touched table. Small batches (an HTTP page) are
    buffered per table until :data:`BUFFER_ROWS` rows or :data:`BUFFER_BYTES`, so pages do not
    become tiny parts.
 
@@ -36,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine.config.manifest import PipelineSpec
+from engine.land.names import LandedNames
 from engine.land.results import TableLanding
 from engine.land.typed import apply_types, read_types
 from storage import Store
@@ -125,6 +128,7 @@ class LandingSink:
         self.landings: dict[str, TableLanding] = {spec.table: TableLanding(spec.table)}
         self._staging: dict[str, _Staging] = {}
         self._masked: dict[str, dict[str, int]] = {}
+        self._names: dict[str, LandedNames] = {}
         self._batches = 0
         self._pull = ("", 0)  # the last pull staged and the rows staged from it so far
 
@@ -141,6 +145,8 @@ class LandingSink:
         self._pull = (label, first_row + batch.num_rows)
         tables, masked = prepare_batch(self.spec, batch, id_prefix, types=None if typed else self.types,
                                        guard=self.guard, pull=label, first_row=first_row)
+        for name, table in tables.items():  # every table checked before any is created or buffered
+            self._names_of(name).admit(table.schema, label)
         if masked:
             counts = self._masked.setdefault(self.spec.table, {})
             for column, n in masked.items():
@@ -167,6 +173,13 @@ class LandingSink:
             self._staging[name] = _Staging(txn)
             self.landings.setdefault(name, TableLanding(name))
         return self._staging[name]
+
+    def _names_of(self, name: str) -> LandedNames:
+        """The names table ``name`` holds: landed, and staged by this run so far."""
+        if name not in self._names:
+            landed = self.store.table(name).schema if name in self.store.table_names() else None
+            self._names[name] = LandedNames(name, landed)
+        return self._names[name]
 
     def _transaction(self, name: str) -> RunTransaction:
         return self._staging_for(name).txn
@@ -215,6 +228,7 @@ class LandingSink:
                 staging.txn.abort()
                 del self._staging[name]
         self._masked = {t: dict(c) for t, c in point.masked.items()}
+        self._names = {name: LandedNames(name, p.schema) for name, p in point.points.items()}
 
     # --- landing --------------------------------------------------------------------------------
 
@@ -260,6 +274,7 @@ class LandingSink:
             staging.txn.abort()
         self._staging.clear()
         self._masked.clear()
+        self._names.clear()
 
     def results(self) -> list[TableLanding]:
         """The root table's landing first, then each child table's."""

@@ -163,15 +163,82 @@ def read_types(types: dict[str, str]) -> dict[str, pa.DataType]:
     return {column: parse_type(spelling, column) for column, spelling in types.items()}
 
 
+def declared_type(arrived: pa.DataType, declared: pa.DataType) -> pa.DataType:
+    """The type a declaration gives a column that arrived as ``arrived``: it types what it names.
+
+    A struct declaration types the fields it names and keeps the others as they arrived (in their
+    order, the declared fields it adds last); a list declaration does the same for its elements.
+    Any other declaration is the type.
+
+    >>> str(declared_type(pa.struct([("a", pa.string()), ("b", pa.string())]), pa.struct([("a", pa.int64())])))
+    'struct<a: int64, b: string>'
+    """
+    if pa.types.is_struct(declared) and pa.types.is_struct(arrived):
+        named = {f.name: f for f in declared}
+        fields = [f.with_type(declared_type(f.type, named[f.name].type)) if f.name in named else f for f in arrived]
+        kept = {f.name for f in arrived}
+        return pa.struct(fields + [f for f in declared if f.name not in kept])
+    lists = (pa.types.is_list, pa.types.is_large_list)
+    if any(t(declared) for t in lists) and any(t(arrived) for t in lists):
+        value = declared.value_field.with_type(declared_type(arrived.value_type, declared.value_type))
+        return pa.large_list(value) if pa.types.is_large_list(declared) else pa.list_(value)
+    return declared
+
+
 def apply_types(table_name: str, data: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
-    """``data`` with each declared column cast to its declared type (absent columns stay absent)."""
-    for column, target in types.items():
+    """``data`` with each declared column cast to its declared type (absent columns stay absent);
+    a struct's undeclared fields stay as they arrived (:func:`declared_type`)."""
+    for column, declared in types.items():
         index = data.schema.get_field_index(column)
-        if index < 0 or data.schema.field(index).type == target:
+        if index < 0:
+            continue
+        target = declared_type(data.schema.field(index).type, declared)
+        if data.schema.field(index).type == target:
             continue
         try:
-            cast = pc.cast(data.column(index), target, safe=True)
+            cast = pa.chunked_array([_cast(chunk, target) for chunk in data.column(index).chunks], type=target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise TypedLandingFailed(table_name, column, str(target), first_line(exc)) from exc
+            raise TypedLandingFailed(table_name, column, str(declared), first_line(exc)) from exc
         data = data.set_column(index, pa.field(column, target), cast)
     return data
+
+
+def _cast(array: pa.Array, target: pa.DataType) -> pa.Array:
+    """``array`` as ``target``, struct by struct: a field under a null struct is not read (Arrow's
+    cast reads it, and fails on the empty text a null struct holds)."""
+    if pa.types.is_struct(target) and pa.types.is_struct(array.type):
+        children = dict(zip((f.name for f in array.type), array.flatten(), strict=True))
+        fields = [_cast(children[f.name], f.type) if f.name in children else pa.nulls(len(array), f.type)
+                  for f in target]
+        return pa.StructArray.from_arrays(fields, fields=list(target), mask=array.is_null() if array.null_count else None)
+    if (pa.types.is_list(target) or pa.types.is_large_list(target)) and \
+            (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
+        first, last = array.offsets[0].as_py(), array.offsets[-1].as_py()
+        values = _cast(array.values.slice(first, last - first), target.value_type)  # flatten() skips null lists
+        offsets = pc.subtract(array.offsets.cast(pa.int64()), first)
+        offsets = offsets.cast(pa.int64() if pa.types.is_large_list(target) else pa.int32())
+        factory = pa.LargeListArray if pa.types.is_large_list(target) else pa.ListArray
+        return factory.from_arrays(offsets, values, type=target, mask=array.is_null() if array.null_count else None)
+    if pa.types.is_timestamp(target) and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+        return text_to_timestamp(array, target)
+    return pc.cast(array, target, safe=True)
+
+
+_ZONED = r":\d\d(\.\d*)?\s*(Z|z|[+-]\d\d(:?\d\d)?)$"  # a time of day, then its zone
+
+
+def text_to_timestamp(array: pa.Array, target: pa.TimestampType) -> pa.Array:
+    """Timestamps read from text as ``target``: a text with a zone is that instant; a text without
+    one is a wall time, read as UTC where ``target`` has a zone. A ``target`` without a zone holds
+    zoned instants as UTC wall times.
+
+    >>> text_to_timestamp(pa.array(["2024-01-01T02:00:05+02:00", "2024-01-01 00:00:05"]), pa.timestamp("s", "UTC"))[0]
+    <pyarrow.TimestampScalar: '2024-01-01T00:00:05+0000'>
+    """
+    zoned = pc.fill_null(pc.match_substring_regex(array, _ZONED), False)
+    # Each cast sees the others' places filled with a text it reads (a cast reads under nulls too).
+    instants = pc.cast(pc.if_else(zoned, array, "1970-01-01T00:00:00Z"), pa.timestamp(target.unit, "UTC"))
+    walls = pc.cast(pc.if_else(zoned, "1970-01-01T00:00:00", array), pa.timestamp(target.unit))
+    if target.tz is None:
+        return pc.if_else(zoned, instants.cast(pa.timestamp(target.unit)), walls)
+    return pc.if_else(zoned, instants, walls.cast(pa.timestamp(target.unit, "UTC"))).cast(target)

@@ -48,6 +48,7 @@ import pyarrow as pa
 from engine.config.manifest import Manifest, PipelineSpec
 from engine.guard import mask_message
 from engine.land.decode import Decoder
+from engine.land.names import LandedNames
 from engine.land.receive import writers
 from engine.land.receive.body import CODECS, decode_body, private_file
 from engine.land.receive.config import ReceiveConfig
@@ -191,7 +192,7 @@ class Receiver:
         its table's schema alone."""
         where = f"batch {key!r} of pipeline {self.spec.id!r}"
         try:
-            batches = list(self.decoder.decode(str(path), self.config.format))
+            batches = list(self.decoder.decode(str(path), self.config.format, declared=self.types))
         except InputMalformed as exc:
             raise InputMalformed(where, exc.line, exc.reason) from exc
         except InputUnreadable as exc:
@@ -209,8 +210,9 @@ class Receiver:
         for name, frame in tables.items():
             check_modality(name, frame)
             head = self.store.catalog.load_head(name)
-            reconcile(name, schema_from_text(head.schema) if head is not None and head.schema else None, frame.schema,
-                      head.primary_key if head is not None else table_merge(self.spec, name)[0])
+            landed = schema_from_text(head.schema) if head is not None and head.schema else None
+            LandedNames(name, landed).admit(frame.schema, where)
+            reconcile(name, landed, frame.schema, head.primary_key if head is not None else table_merge(self.spec, name)[0])
         return tables
 
     def _answer(self, member: Member) -> Answer:

@@ -648,3 +648,11 @@ def test_the_serve_command_serves_a_project(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     assert rows_by_batch(tmp_path) == {"cli-1": 3}
+
+
+def test_a_batch_with_names_differing_only_in_case_is_refused_by_name(tmp_path: Path, serve: Serve) -> None:
+    server = serve()
+    status, doc = post(server.url, "k1", b'{"ID": 1, "id": 10}\n')
+    assert (status, doc["error"]) == (422, "ColumnNamesCollide")
+    assert "'ID' and 'id'" in doc["detail"] and "'k1'" in doc["detail"]
+    assert sidecars(tmp_path) == []  # nothing spooled, nothing to land

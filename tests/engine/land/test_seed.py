@@ -372,19 +372,19 @@ def test_pipeline_run_lands_the_seed_once_then_the_live_rows(tmp_path: Path) -> 
 def test_a_seed_landed_after_live_rows_never_replaces_a_newer_live_row(
         store: Store, root: Path, decoder: Decoder) -> None:
     # Live rows landed first, by a pipeline declaring no order_by yet: the table merges by commit order.
-    stamps = pa.array([datetime(2026, 3, 1), datetime(2026, 3, 2)], pa.timestamp("s"))
+    stamps = pa.array([datetime(2026, 3, 1), datetime(2026, 3, 2)], pa.timestamp("s", tz="UTC"))
     live = pa.table({"id": [1, 2], "updated_at": stamps, "v": ["live 1", "live 2"]})
     store.create_table("events", ("id",)).append(live)
     assert store.table("events").head.order_by is None
     # The seed (older stamps, below the ceiling) lands later, for keys 1..3.
     write(root / "seed" / "a.ndjson", rows(1, 3))
-    outcome = land(store, root, decoder)
+    outcome = land(store, root, decoder, types={"updated_at": "timestamp[s, UTC]"})  # JSON text lands as text
     assert outcome.status == "landed" and outcome.rows == 3
     table = store.table("events")
     assert table.head.order_by == "updated_at"  # declared by the seed's pipeline
     answered = {r["id"]: r["v"] for r in table.to_arrow().to_pylist()}
     assert answered == {1: "live 1", 2: "live 2", 3: "row 3"}  # the newer live rows win; key 3 is the seed's
     # A live row newer than both lands after: it wins as before.
-    table.append(pa.table({"id": [3], "updated_at": pa.array([datetime(2026, 4, 1)], pa.timestamp("s")),
+    table.append(pa.table({"id": [3], "updated_at": pa.array([datetime(2026, 4, 1)], pa.timestamp("s", tz="UTC")),
                            "v": ["live 3"]}))
     assert {r["id"]: r["v"] for r in store.table("events").to_arrow().to_pylist()}[3] == "live 3"
