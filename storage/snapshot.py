@@ -139,10 +139,33 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
         if before:  # rows committed before the declaration: only each key's commit-order winner
             inner = (f"SELECT * FROM ({inner}) AS {ROWS} QUALIFY {ROWS}.{PART} >= {before} OR {keyless}"
                      f" OR row_number() OVER (PARTITION BY {keys}, {ROWS}.{PART} < {before} ORDER BY {latest}) = 1")
-        latest = f"{ROWS}.{quote(inner_names[order_by])} DESC NULLS LAST, {latest}"
+        latest = f"{_order_terms(snapshot, order_by, f'{ROWS}.{quote(inner_names[order_by])}')}, {latest}"
     columns = projected({n: f"{ROWS}.{quote(inner_names[n])}" for n in names})
     return (f"SELECT {columns} FROM ({inner}) AS {ROWS}"
             f" QUALIFY {keyless} OR row_number() OVER (PARTITION BY {keys} ORDER BY {latest}) = 1")
+
+
+ZONED_STAMP = r"[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?\s*([Zz]|[+-]\d{2}(:?\d{2})?)$"
+"""A text stamp that names its zone (``Z``, ``+02:00``, ``-0530``): it reads as that instant."""
+
+
+def _order_terms(snapshot: Snapshot, order_by: str, column: str) -> str:
+    """The ORDER BY terms putting a key's winner first: the largest ``order_by`` value.
+
+    A text column compares as instants where its values are ISO-8601 stamps (a JSON timestamp lands
+    as the text that arrived, docs/manifest.md): as text ``…05Z`` sorts above ``…05.5Z`` and
+    ``01:00+02:00`` above ``00:30Z``, the later instant losing. A stamp naming its zone is that
+    instant; one without a zone reads as UTC (the machine's zone never enters: ``epoch_us`` of a
+    ``TIMESTAMP`` counts from its wall clock). Values that are not stamps rank below every stamp
+    and among themselves as text.
+    """
+    assert snapshot.schema is not None
+    if not pa.types.is_string(snapshot.schema.field(order_by).type) and not pa.types.is_large_string(
+            snapshot.schema.field(order_by).type):
+        return f"{column} DESC NULLS LAST"
+    instant = (f"CASE WHEN regexp_matches({column}, {sql_literal(ZONED_STAMP)})"
+               f" THEN epoch_us(TRY_CAST({column} AS TIMESTAMPTZ)) ELSE epoch_us(TRY_CAST({column} AS TIMESTAMP)) END")
+    return f"{instant} DESC NULLS LAST, {column} DESC NULLS LAST"
 
 
 def _keyless(snapshot: Snapshot, inner_names: dict[str, str]) -> str:

@@ -124,3 +124,19 @@ def test_concurrent_declarations_land_one_commit_and_the_first_column(make_store
     head = first.table("t").head
     assert head.order_by == ("ts", "u")[results.index(2)] and head.order_by_seq == 2 and head.commit_seq == 2
     assert [c.kind for c in first.table("t").commits()] == ["append", "declare"]
+
+
+def test_a_text_order_by_of_iso_stamps_merges_by_instant_not_by_text(store: Store) -> None:
+    """A JSON timestamp lands as the text that arrived; ``order_by`` on it compares instants. As
+    text ``…05Z`` sorts above ``…05.5Z`` and ``01:00+02:00`` above ``00:30Z``: the older row won."""
+    t = store.create_table("t", ("k",), order_by="ts")
+    t.append(pa.table({"k": [1, 2, 3, 4], "v": ["a-new", "b-new", "c-new", "d-stamp"],
+                       "ts": ["2024-01-01T00:00:05.5Z", "2024-01-01T00:30:00Z", "2024-01-01 00:00:07",
+                              "2024-01-01T00:00:00Z"]}))
+    t.append(pa.table({"k": [1, 2, 3, 4], "v": ["a-old", "b-old", "c-old", "d-text"],
+                       "ts": ["2024-01-01T00:00:05Z", "2024-01-01T01:00:00+02:00", "2024-01-01T00:00:06.999999",
+                              "not a stamp"]}))
+    assert values(store, "t") == {1: "a-new", 2: "b-new", 3: "c-new", 4: "d-stamp"}
+    assert store.fold("t") is not None  # the fold keeps the same winners
+    assert len(store.table("t").snapshot().parts) == 1
+    assert values(store, "t") == {1: "a-new", 2: "b-new", 3: "c-new", 4: "d-stamp"}
