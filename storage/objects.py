@@ -172,8 +172,17 @@ class ObjectStore:
         return out
 
     def delete(self, keys: builtins.list[str]) -> None:
+        """Delete ``keys``; one already gone (a temporary renamed or removed since it was listed)
+        counts as deleted, so collection racing a writer never fails on it."""
         if keys:
-            self.fs.rm([self.path(k) for k in keys])
+            try:
+                self.fs.rm([self.path(k) for k in keys])
+            except FileNotFoundError:
+                for key in keys:
+                    try:
+                        self.fs.rm(self.path(key))
+                    except FileNotFoundError:
+                        continue
             if not self.is_local:
                 self.fs.invalidate_cache()
 

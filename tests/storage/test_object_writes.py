@@ -67,3 +67,13 @@ def test_no_multipart_upload_is_left_open_on_s3(s3_server: S3Server) -> None:
         write_part(objects, "tables/t/parts/r1-00000.parquet", batches_that_fail_midway(600_000), SCHEMA)
     client = boto3.client("s3", endpoint_url=s3_server.endpoint)
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_deleting_an_object_already_gone_deletes_the_rest(objects: ObjectStore) -> None:
+    """Collection lists, then deletes: a temporary renamed by its writer in between is already gone,
+    and the delete of the others still happens (it raised FileNotFoundError and deleted nothing)."""
+    for key in ("t/parts/a.parquet", "t/parts/b.parquet"):
+        with objects.atomic_writer(key) as fh:
+            fh.write(b"x")
+    objects.delete(["t/parts/a.parquet", "t/parts/.tmp-gone.parquet", "t/parts/b.parquet"])
+    assert not objects.exists("t/parts/a.parquet") and not objects.exists("t/parts/b.parquet")
