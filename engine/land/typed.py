@@ -221,7 +221,32 @@ def _cast(array: pa.Array, target: pa.DataType) -> pa.Array:
         return factory.from_arrays(offsets, values, type=target, mask=array.is_null() if array.null_count else None)
     if pa.types.is_timestamp(target) and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
         return text_to_timestamp(array, target)
-    return pc.cast(array, target, safe=True)
+    cast = pc.cast(array, target, safe=True)
+    _check_exact(array, cast)
+    return cast
+
+
+def _scalar_kind(kind: pa.DataType) -> bool:
+    return (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
+            or pa.types.is_boolean(kind) or pa.types.is_temporal(kind))
+
+
+def _check_exact(array: pa.Array, cast: pa.Array) -> None:
+    """Refuse a value the declared type does not hold exactly: Arrow's safe cast still turns 1e300
+    into a float's ``inf``, 16777217.0 into 16777216, a timestamp into a date without its time and 5
+    into ``true``. Each value must come back from the declared type as it arrived (text is read,
+    not cast back: ``"007"`` declared a number is 7 by the declaration's intent)."""
+    if not (_scalar_kind(array.type) and _scalar_kind(cast.type)):
+        return
+    back = pc.cast(cast, array.type, safe=False)
+    same = pc.equal(back, array)
+    if pa.types.is_floating(array.type):  # NaN equals nothing, yet it came back as it arrived
+        same = pc.or_kleene(same, pc.and_(pc.is_nan(back), pc.is_nan(array)))
+    lost = pc.and_(pc.invert(pc.fill_null(same, False)), array.is_valid())
+    if pc.any(lost).as_py():
+        first = pc.index(lost, True).as_py()
+        raise pa.ArrowInvalid(f"{array[first]} ({array.type}, row {first}) is not held exactly by {cast.type}: "
+                              f"it reads back as {back[first]}")
 
 
 _ZONED = r":\d\d(\.\d*)?\s*(Z|z|[+-]\d\d(:?\d\d)?)$"  # a time of day, then its zone

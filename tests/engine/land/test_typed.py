@@ -52,3 +52,27 @@ def test_values_that_do_not_read_as_the_declared_type_fail_the_batch() -> None:
     with pytest.raises(TypedLandingFailed) as info:
         apply_types("t", pa.table({"n": ["1", "two"]}), {"n": pa.int64()})
     assert info.value.column == "n" and info.value.category == "incompatible"
+
+
+@pytest.mark.parametrize(("values", "declared", "shown"), [
+    (pa.array([1.0, 1e300]), pa.float32(), "1e+300"),
+    (pa.array([1.0, 16777217.0]), pa.float32(), "16777217.0"),
+    (pa.array([0, 5], pa.int64()), pa.bool_(), "5"),
+    (pa.array([0, 1_700_000_000_123_456], pa.timestamp("us")), pa.date32(), "2023-11-14 22:13:20.123456"),
+    (pa.array([1, 2**62 + 1], pa.int64()), pa.float64(), str(2**62 + 1)),
+])
+def test_a_value_the_declared_type_cannot_hold_exactly_fails_the_batch(values: pa.Array, declared: pa.DataType,
+                                                                       shown: str) -> None:
+    """A declaration converts values it can hold; it never changes one (an Arrow safe cast still
+    gives inf, rounds a float, drops a time, turns 5 into true)."""
+    with pytest.raises(TypedLandingFailed) as info:
+        apply_types("t", pa.table({"n": values}), {"n": declared})
+    assert info.value.column == "n" and shown in info.value.reason
+
+
+def test_values_the_declared_type_holds_land_converted() -> None:
+    typed = apply_types("t", pa.table({"f": [1.5, float("nan"), None], "b": [1, 0, None], "s": ["007", "8", None],
+                                       "d": pa.array([0, 86_400_000_000], pa.timestamp("us"))[:2].to_pylist() + [None]}),
+                        {"f": pa.float32(), "b": pa.bool_(), "s": pa.int64(), "d": pa.date32()})
+    assert typed.column("b").to_pylist() == [True, False, None] and typed.column("s").to_pylist() == [7, 8, None]
+    assert typed.column("f").type == pa.float32() and typed.column("d").type == pa.date32()
