@@ -77,9 +77,10 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
     masked: dict[str, int] = {}
     if guard:
         from engine.guard import guard_table, log_masked
+        from engine.guard.key_cells import distinct_key_cells
 
         guarded = guard_table(table)
-        table, masked = guarded.table, dict(guarded.masked)
+        table, masked = distinct_key_cells(table, guarded.table, spec.primary_key), dict(guarded.masked)
         log_masked(spec.id, pull, masked, guarded.renamed)
     if spec.normalize != "relational":
         check_keys(spec.table, spec.primary_key, table, input=pull or None, first_row=first_row)

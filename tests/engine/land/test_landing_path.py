@@ -208,3 +208,21 @@ def test_credentials_in_names_map_keys_binary_and_escapes_never_reach_the_store_
     if mode == "nested":
         attrs = [r["attrs"] for r in sql(tmp_path, "SELECT attrs FROM gh WHERE attrs IS NOT NULL ORDER BY id")]
         assert len(attrs) == 2 and all("[masked:databricks-api-token]#" in json.dumps(a) for a in attrs)
+
+
+def test_distinct_credentials_in_a_key_column_never_merge_into_one_row(tmp_path: Path) -> None:
+    """The guard masks a credential as ``[masked:<family>]``; in a key column that made every such
+    key the same text, and their rows merged into one. A masked key cell keeps a digest suffix."""
+    manifest = PROJECT.format(mode="nested").replace('normalize = "nested"', 'normalize = "nested"\nprimary_key = "token"')
+    (tmp_path / "contextful.toml").write_text(manifest)
+    (tmp_path / "raw").mkdir()
+    keys = ["AKIA" + letter * 16 for letter in "QRS"]
+    rows = [{"token": k, "n": i} for i, k in enumerate(keys)] + [{"token": keys[0], "n": 9}, {"token": "plain", "n": 7}]
+    (tmp_path / "raw" / "a.ndjson").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    contextful(tmp_path, "pipeline", "run")
+    landed = sql(tmp_path, "SELECT token, n FROM gh ORDER BY n")
+    assert len(landed) == 4  # three distinct credentials and one plain key; the repeated key merged
+    assert [r["n"] for r in landed] == [1, 2, 7, 9]
+    masked = [r["token"] for r in landed if r["token"] != "plain"]
+    assert all(t.startswith("[masked:aws-access-key-id]#") for t in masked) and len(set(masked)) == 3
+    assert not any(k in json.dumps(landed) for k in keys)
