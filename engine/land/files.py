@@ -11,9 +11,12 @@ repeat nothing"):
 
 - **identity**: an input under the project directory is named by its path relative to it
   (``raw/a.ndjson``), so moving the project moves nothing; any other input by its address;
-- **content**: a local file by an xxh3-128 hash of its bytes (read on every plan: size and mtime
-  cannot be trusted, a rewrite may keep both); a remote object by its ETag (or Content-MD5 or
-  Digest), an HTTP file without one by its Last-Modified;
+- **content**: a local file by an xxh3-128 hash of its bytes (size and mtime cannot be trusted: a
+  rewrite may keep both); a remote object by its ETag (or Content-MD5 or Digest), an HTTP file
+  without one by its Last-Modified. A landed local file is hashed again only when its ``stat``
+  (size, mtime, ctime and inode, as the entry recorded them) changed: no program sets a ctime
+  back, so an unchanged ``stat`` is unchanged content, and a run reads the bytes of new and
+  touched files only, never the whole history of landed ones;
 - **a renamed input** (no entry under its name, and its content hash or ETag is a landed input's
   whose name is gone) does not land again: its entry moves to the new name;
 - **an appended input**: an uncompressed NDJSON file whose first bytes hash as the landed ones
@@ -25,7 +28,8 @@ repeat nothing"):
   with the same size and mtime counts as landed and takes the new form; a different size or mtime
   fails the input with :class:`InputChanged` (what changed cannot be told).
 
-The cursor value is ``{"kind": "files", "inputs": {name: {"size", "content"}}}``.
+The cursor value is ``{"kind": "files", "inputs": {name: {"size", "content", "stat"}}}`` (``stat``
+for local regular files; entries written before it are hashed once and take it).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -63,18 +68,33 @@ class InputFile:
     name: str
     """What the cursor names it by: its path relative to the project directory when it is under it."""
     size: int
-    content: str
-    """What identifies its content: ``xxh3:<hash>`` of a local file's bytes, or the object's
-    ``etag:``/``md5:``/``digest:``/``modified:`` tag."""
+    tag: str | None
+    """A remote object's ``etag:``/``md5:``/``digest:``/``modified:`` tag, a pipe's ``stamp:``; None
+    for a regular local file, hashed when its :attr:`content` is first asked for."""
     stamp: str
     """``size:mtime`` (or ``size:ETag``) as the cursors of the old form held it."""
     regular: bool = True
     """A regular local file or an object (not a pipe): it can be hashed and read from an offset."""
     offset: int = 0
     """Bytes already landed: a run reads from here (an appended NDJSON input)."""
+    stat: str | None = None
+    """A regular local file's ``size:mtime_ns:ctime_ns:inode``: equal to its entry's, the content is."""
+
+    @cached_property
+    def content(self) -> str:
+        """What identifies its content: ``xxh3:<hash>`` of a local file's bytes, or :attr:`tag`."""
+        if self.tag is not None:
+            return self.tag
+        local = local_path(self.path)
+        assert local is not None
+        head, whole = file_hash(local, self.size)  # the bytes listed: a run reads no further
+        return f"xxh3:{head or whole}"
 
     def entry(self) -> dict[str, Any]:
-        return {"size": self.size, "content": self.content}
+        entry: dict[str, Any] = {"size": self.size, "content": self.content}
+        if self.stat is not None:
+            entry["stat"] = self.stat
+        return entry
 
     def window(self) -> tuple[int, int] | None:
         """The bytes a run reads of a regular uncompressed local file: from ``offset`` to the listed
@@ -145,13 +165,16 @@ def _input(address: str, info: dict[str, Any], root: Path) -> InputFile:
         kind = {"Content-MD5": "md5", "Digest": "digest", "Last-Modified": "modified",
                 "LastModified": "modified", "mtime": "modified"}.get(found[0], "etag") if found else "size"
         return InputFile(address, address, size, f"{kind}:{found[1] if found else size}", stamp)
-    regular = stat.S_ISREG(os.stat(local).st_mode)
+    status = os.stat(local)
+    regular = stat.S_ISREG(status.st_mode)
     try:
         name = Path(local).resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         name = address
-    content = f"xxh3:{file_hash(local)[1]}" if regular else f"stamp:{stamp}"  # a pipe read once, never hashed
-    return InputFile(address, name, size, content, stamp, regular)
+    if not regular:  # a pipe is read once, never hashed
+        return InputFile(address, name, size, f"stamp:{stamp}", stamp, regular)
+    return InputFile(address, name, size, None, stamp, regular,
+                     stat=f"{status.st_size}:{status.st_mtime_ns}:{status.st_ctime_ns}:{status.st_ino}")
 
 
 def file_hash(path: str, prefix: int | None = None) -> tuple[str | None, str]:
@@ -185,6 +208,7 @@ def plan_inputs(inputs: list[InputFile], stored: dict[str, Any], fmt: str | None
     for n, e in stored.items():
         if isinstance(e, dict) and n not in names and not e["content"].startswith(("stamp:", "size:", "modified:")):
             gone.setdefault((e["size"], e["content"]), []).append(n)
+    gone_sizes = {size for size, _ in gone}  # a new input of another size is hashed only when it lands
     old = {n: e for n, e in stored.items() if isinstance(e, str)}  # the old form: address -> "size:mtime"
     for item in inputs:
         entry = stored.get(item.name)
@@ -201,14 +225,15 @@ def plan_inputs(inputs: list[InputFile], stored: dict[str, Any], fmt: str | None
                 outcome = InputChanged(item.path, f"the cursor (written before content fingerprints) holds it as "
                                                   f"size:mtime {stamp}, it now reads {item.stamp}: whether it "
                                                   "changed cannot be told")
-        elif gone.get((item.size, item.content)):
+        elif item.size in gone_sizes and gone.get((item.size, item.content)):
             del cursor[gone[(item.size, item.content)].pop()]  # renamed: landed under its old name
             outcome = None
         else:
             pull.append(item)
             continue
         if outcome is None:
-            cursor[item.name] = item.entry()
+            untouched = isinstance(entry, dict) and item.stat is not None and entry.get("stat") == item.stat
+            cursor[item.name] = entry if untouched else item.entry()
             skip.append(item)
         elif isinstance(outcome, InputFile):
             pull.append(outcome)
@@ -229,6 +254,8 @@ def _old_entry(item: InputFile, old: dict[str, str]) -> tuple[str, str] | None:
 
 def _against(item: InputFile, entry: dict[str, Any], fmt: str | None) -> InputFile | InputChanged | None:
     """``item`` against its landed entry: None (the same), the part to pull, or why it is refused."""
+    if item.stat is not None and entry.get("stat") == item.stat:
+        return None  # untouched since it landed: not read again
     if entry["size"] == item.size and entry["content"] == item.content:
         return None
     landed = int(entry["size"])

@@ -107,6 +107,37 @@ def test_a_rewrite_keeping_size_and_mtime_is_refused_by_name(tmp_path: Path, dec
         assert [r["v"] for r in store.table("events").to_arrow().to_pylist()] == ["row 000", "row 001", "row 002"]
 
 
+def test_a_landed_file_is_read_again_only_when_its_stat_changed(tmp_path: Path, decoder: Decoder,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cost grows with new data, not history: an untouched landed file is known by its stat (no
+    program sets a ctime back) and never hashed again; a touched one is hashed once, found the
+    same, and its entry takes the new stat."""
+    from engine.land import files
+
+    manifest = project(tmp_path / "p")
+    paths = [write(tmp_path / "p" / "raw" / f"{n}.ndjson", 10 * i, 3) for i, n in enumerate("abc")]
+    hashed: list[str] = []
+    real_hash = files.file_hash
+
+    def counting(path: str, prefix: int | None = None) -> tuple[str | None, str]:
+        hashed.append(Path(path).name)
+        return real_hash(path, prefix)
+
+    monkeypatch.setattr(files, "file_hash", counting)
+    with Store.open(tmp_path / "store") as store:
+        run(store, manifest, decoder)
+        assert sorted(hashed) == ["a.ndjson", "b.ndjson", "c.ndjson"]  # new inputs: hashed as they land
+        hashed.clear()
+        result = run(store, manifest, decoder)
+        assert (hashed, result.inputs_landed, result.inputs_skipped) == ([], [], 3)
+        os.utime(paths[1])  # touched: content the same
+        result = run(store, manifest, decoder)
+        assert (hashed, result.inputs_landed, result.inputs_skipped) == (["b.ndjson"], [], 3)
+        hashed.clear()
+        run(store, manifest, decoder)  # the touched file's entry holds its new stat now
+        assert hashed == [] and store.table("events").to_arrow().num_rows == 9
+
+
 @CATALOGS
 def test_a_moved_project_lands_nothing_again_and_its_seed_still_skips(tmp_path: Path, make_store: StoreFactory,
                                                                       store_kind: str, decoder: Decoder) -> None:
