@@ -17,6 +17,7 @@ import pytest
 from engine.land.decode import Decoder
 from storage import ManualClock, Store
 from storage.catalog.postgres import PostgresCatalog
+from tests.storage.catalog_place import CatalogPlace, place_for
 from tests.support.postgres_server import PostgresServer
 from tests.support.s3_server import S3Server
 
@@ -106,3 +107,11 @@ def local_store(tmp_path: Path) -> Iterator[Store]:
     store = Store.open(tmp_path / "store", clock=ManualClock())
     yield store
     store.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> CatalogPlace:
+    """Where a test's stores keep their catalog (tests/storage/catalog_place.py): SQLite, then PostgreSQL."""
+    if request.param == "sqlite":
+        return place_for("sqlite", tmp_path)
+    return place_for("postgres", tmp_path, request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema"))

@@ -11,25 +11,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from storage import ManualClock, Store
 from storage.errors import SnapshotNotFound
-from tests.storage.catalog_place import CatalogPlace, place_for
+from tests.storage.catalog_place import CatalogPlace
 from tests.storage.hooked_catalog import Hooks
 
 T0 = 1_700_000_000_000_000
 SECOND = 1_000_000
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def place(request: pytest.FixtureRequest, tmp_path: Path) -> CatalogPlace:
-    if request.param == "sqlite":
-        return place_for("sqlite", tmp_path)
-    return place_for("postgres", tmp_path, request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema"))
 
 
 @pytest.fixture

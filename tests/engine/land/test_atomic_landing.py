@@ -28,16 +28,9 @@ from engine.land.receive.spool import Queue, key_digest
 from engine.land.sink import prepare_batch
 from engine.model.build import build_models
 from storage import ManualClock, Store
-from tests.storage.catalog_place import CatalogPlace, place_for
+from tests.storage.catalog_place import CatalogPlace
 from tests.storage.hooked_catalog import Hooks
 from tests.support.relational_landing import CHILD, ITEMS_PER_ORDER, ORDERS, land_orders, orders, torn
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def place(request: pytest.FixtureRequest, tmp_path: Path) -> CatalogPlace:
-    if request.param == "sqlite":
-        return place_for("sqlite", tmp_path)
-    return place_for("postgres", tmp_path, request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema"))
 
 
 @pytest.fixture
