@@ -73,13 +73,13 @@ def main() -> int:
     args = parser.parse_args()
 
     import duckdb
+    from contextful.engine.config import load_manifest
+    from contextful.engine.export import readers
+    from contextful.engine.export.run import run_exports
+    from contextful.storage import Store
     from pyiceberg.catalog.sql import SqlCatalog
 
     from bench.bench_iceberg import make_data
-    from engine.config import load_manifest
-    from engine.export import readers
-    from engine.export.run import run_exports
-    from storage import Store
 
     work = tempfile.mkdtemp(prefix="bench-gateway-")
     with open(os.path.join(work, "contextful.toml"), "w") as f:
@@ -95,7 +95,7 @@ def main() -> int:
     files = [t.file.file_path.removeprefix("file://") for t in catalog.load_table("bi.wide").scan().plan_files()]
     point_value = int(data.column("i0")[12345].as_py())
 
-    child = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", work, "pipeline", "serve", "--http",
+    child = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", work, "pipeline", "serve", "--http",
                               "127.0.0.1:0"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
                              cwd=REPO)
     try:

@@ -52,11 +52,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from datasets.gharchive import generate_events
-from engine.guard import guard_table
-from engine.guard.arrow import PREFILTER_PATTERN
-from engine.guard.catalogue import PREFIXES
-from engine.guard.prefilter import candidate_cells, engine_name
+from contextful.datasets.gharchive import generate_events
+from contextful.engine.guard import guard_table
+from contextful.engine.guard.arrow import PREFILTER_PATTERN
+from contextful.engine.guard.catalogue import PREFIXES
+from contextful.engine.guard.prefilter import candidate_cells, engine_name
+
 from tests.engine.guard.synthetic import CREDENTIALS, DECOYS
 
 FULL = {"rows": 200_000, "events": 50_000, "reps": 7}

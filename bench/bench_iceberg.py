@@ -52,10 +52,9 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
+    from contextful.iceberg import commit
+    from contextful.iceberg.commit import export_table
     from pyiceberg.catalog.sql import SqlCatalog
-
-    from iceberg import commit
-    from iceberg.commit import export_table
 
     data = make_data(args.rows)
     work = tempfile.mkdtemp(prefix="cf-bench-iceberg-")

@@ -28,9 +28,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from engine.model.build import build_model
-from engine.model.spec import ColumnContract, Contract, ModelSpec
-from storage import Store
+from contextful.engine.model.build import build_model
+from contextful.engine.model.spec import ColumnContract, Contract, ModelSpec
+from contextful.storage import Store
 
 QUERIES = {
     "grouped": "SELECT cat, month, count(*) AS n, sum(x) AS x, avg(y) AS y FROM events GROUP BY cat, month",

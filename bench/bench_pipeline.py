@@ -167,7 +167,7 @@ def make_project(path: str, shard_dir: str, mode: str = "nested") -> str:
 
 
 def ours_argv(project: str) -> list[str]:
-    return [sys.executable, "-m", "engine.cli", "--project", project, "pipeline", "run"]
+    return [sys.executable, "-m", "contextful.engine.cli", "--project", project, "pipeline", "run"]
 
 
 def raw_argv(shards: list[str], out_dir: str) -> list[str]:
@@ -186,7 +186,7 @@ def raw_side(out_dir: str, shards: list[str]) -> None:
 
 
 def landed_rows(project: str) -> int:
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", project, "--json", "sql",
+    proc = subprocess.run([sys.executable, "-m", "contextful.engine.cli", "--project", project, "--json", "sql",
                            f"SELECT count(*) AS n FROM {TABLE}"], capture_output=True, text=True, cwd=REPO,
                           check=True)
     doc = json.loads(proc.stdout)
@@ -255,8 +255,7 @@ def bench_landing(work: str, shard_dir: str, shards: list[str], events: int, rep
 
 def bench_decode(shard: str, reps: int) -> dict[str, Any]:
     import pyarrow.json as pj
-
-    from engine.land.decode import Decoder
+    from contextful.engine.land.decode import Decoder
 
     size = os.path.getsize(shard)
     print(f"decode: one shard {os.path.basename(shard)} ({mb(size):.0f} MB), {reps} reps after a warm-up,"
@@ -306,7 +305,7 @@ def main() -> int:
         raw_side(args.raw_side[0], args.raw_side[1:])
         return 0
 
-    from datasets.gharchive import write_shards
+    from contextful.datasets.gharchive import write_shards
 
     size = dict(QUICK if args.quick else FULL)
     for key in ("events", "shards", "reps"):

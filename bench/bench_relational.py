@@ -73,7 +73,7 @@ def dlt_side(out_dir: str, shards: list[str]) -> None:
 
 
 def relational_counts(project: str) -> dict[str, int]:
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", project, "--json", "table", "list"],
+    proc = subprocess.run([sys.executable, "-m", "contextful.engine.cli", "--project", project, "--json", "table", "list"],
                           capture_output=True, text=True, cwd=REPO, check=True)
     return {t["table"]: t["rows_stored"] for t in json.loads(proc.stdout)}
 
@@ -119,12 +119,11 @@ def bench_guard(work: str, shard_dir: str, shards: list[str]) -> dict[str, Any]:
     of the landing time: the same in-process relational landing of the shards, guard on and off."""
     import pyarrow as pa
     import pyarrow.json as pj
-
-    from engine.config import load_manifest
-    from engine.guard import guard_table
-    from engine.land import sink
-    from engine.land.pipeline import run_pipelines
-    from storage import Store
+    from contextful.engine.config import load_manifest
+    from contextful.engine.guard import guard_table
+    from contextful.engine.land import sink
+    from contextful.engine.land.pipeline import run_pipelines
+    from contextful.storage import Store
 
     seconds, string_bytes = 0.0, 0
     for path in shards:
@@ -193,7 +192,7 @@ def main() -> int:
     if args.dlt_side:
         dlt_side(args.dlt_side[0], args.dlt_side[1:])
         return 0
-    from datasets.gharchive import write_shards
+    from contextful.datasets.gharchive import write_shards
 
     work = tempfile.mkdtemp(prefix="cf-bench-rel-", dir=args.workdir)
     try:

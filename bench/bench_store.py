@@ -44,9 +44,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from storage import Store
-from storage.parts import dictionary_columns
-from storage.snapshot import snapshot_sql
+from contextful.storage import Store
+from contextful.storage.parts import dictionary_columns
+from contextful.storage.snapshot import snapshot_sql
 
 BENCHMARKS = ("append", "commit-sqlite", "commit-postgres", "query")
 TS_BASE_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
@@ -313,7 +313,8 @@ def bench_commit_sqlite(work: str, size: dict[str, int]) -> dict[str, Any]:
 
 
 def bench_commit_postgres(work: str, size: dict[str, int]) -> dict[str, Any]:
-    from storage.catalog.postgres import PostgresCatalog
+    from contextful.storage.catalog.postgres import PostgresCatalog
+
     from tests.support.postgres_server import PostgresServer
 
     server = PostgresServer(fsync=True).start()

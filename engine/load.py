@@ -12,10 +12,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.land.chunks import coalesce
-from engine.land.decode import Decoder
-from storage import CommitResult, Store
-from storage.keys import check_keys
+from contextful.engine.land.chunks import coalesce
+from contextful.engine.land.decode import Decoder
+from contextful.storage import CommitResult, Store
+from contextful.storage.keys import check_keys
 
 
 def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary_key: tuple[str, ...] = (),

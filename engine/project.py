@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from storage import Store
-from storage.errors import (
+from contextful.storage import Store
+from contextful.storage.errors import (
     ContextfulError,
     ManifestInvalid,
     ManifestKeyUnknown,
     ManifestValueInvalid,
     ProjectInvalid,
 )
-from storage.store import DEFAULT_STORE
+from contextful.storage.store import DEFAULT_STORE
 
 MANIFEST = "contextful.toml"
 PROJECT_KEYS = ("name", "store", "catalog")

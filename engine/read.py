@@ -2,13 +2,13 @@
 
 This is how notebooks read::
 
-    import engine.read
-    con = engine.read.connect("path/to/project")          # or a store root, or a Store
+    import contextful.engine.read
+    con = contextful.engine.read.connect("path/to/project")          # or a store root, or a Store
     con.sql("SELECT kind, count(*) FROM events GROUP BY kind").show()
-    old = engine.read.connect("path/to/project", as_of="2026-11-01T00:00:00Z")
+    old = contextful.engine.read.connect("path/to/project", as_of="2026-11-01T00:00:00Z")
 
 Each view reads exactly the parts live at its snapshot — the head, or the newest commit at or
-before ``as_of`` — with schema evolution and primary-key resolution applied (storage.snapshot).
+before ``as_of`` — with schema evolution and primary-key resolution applied (contextful.storage.snapshot).
 Views are pinned, every table at one point (``Store.pin``: one catalog read): a run
 committing after ``connect`` does not change what they answer, and none is seen in some tables
 but not others; call ``connect`` again to see it. A table whose view cannot be built (a part
@@ -27,12 +27,11 @@ from datetime import datetime
 
 import duckdb
 import pyarrow as pa
-
-from engine.project import open_store
-from storage import Store
-from storage.errors import SnapshotCollected, SnapshotNotFound, TableUnreadable, first_line
-from storage.reserved import RUNS_TABLE
-from storage.snapshot import Snapshot, quote, snapshot_sql, sql_literal
+from contextful.engine.project import open_store
+from contextful.storage import Store
+from contextful.storage.errors import SnapshotCollected, SnapshotNotFound, TableUnreadable, first_line
+from contextful.storage.reserved import RUNS_TABLE
+from contextful.storage.snapshot import Snapshot, quote, snapshot_sql, sql_literal
 
 _RUNS_CACHE = "__contextful_runs_history"
 _UNREADABLE = re.compile(r"TableUnreadable: table '([A-Za-z_][A-Za-z0-9_]*)' cannot be read: (.*)", re.DOTALL)
@@ -65,7 +64,7 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
     """Create (or replace) one view per table of ``store`` in ``con``; return their names.
 
     At the head, ``_runs`` answers the durable record merged with rows still in the catalog's
-    cache (``storage.run_record``); as of a past instant it answers what ``_runs`` held then.
+    cache (``contextful.storage.run_record``); as of a past instant it answers what ``_runs`` held then.
     """
     names = []
     if as_of is None:

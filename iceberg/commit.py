@@ -29,6 +29,10 @@ from dataclasses import dataclass
 from typing import cast
 
 import pyarrow as pa
+from contextful.iceberg.files import batches_of, delete_files, delete_old_metadata, write_data_files
+from contextful.iceberg.outcome import send_commit
+from contextful.iceberg.schema import arrow_to_iceberg
+from contextful.storage.errors import ExportCommitConflict, SchemaIrreconcilable
 from pyiceberg.avro.codecs import AvroCompressionCodec
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
@@ -69,11 +73,6 @@ from pyiceberg.table.update import (
     TableUpdate,
 )
 from pyiceberg.typedef import Identifier
-
-from iceberg.files import batches_of, delete_files, delete_old_metadata, write_data_files
-from iceberg.outcome import send_commit
-from iceberg.schema import arrow_to_iceberg
-from storage.errors import ExportCommitConflict, SchemaIrreconcilable
 
 MAX_ATTEMPTS = 3
 # A created table drops the metadata files that leave its metadata log (at most 100 entries by

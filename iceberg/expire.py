@@ -22,6 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from contextful.iceberg.commit import MAX_ATTEMPTS
+from contextful.iceberg.files import delete_files, delete_old_metadata
+from contextful.iceberg.outcome import Refusal, send_commit
 from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
 from pyiceberg.table.metadata import TableMetadata
@@ -34,10 +37,6 @@ from pyiceberg.table.update import (
     TableRequirement,
 )
 from pyiceberg.typedef import Identifier
-
-from iceberg.commit import MAX_ATTEMPTS
-from iceberg.files import delete_files, delete_old_metadata
-from iceberg.outcome import Refusal, send_commit
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,9 @@ from typing import IO, Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from contextful.storage.errors import SchemaIrreconcilable
+from contextful.storage.parts import dictionary_columns
+from contextful.storage.reconcile import conform
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
@@ -32,10 +35,6 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 from pyiceberg.utils.properties import property_as_bool
-
-from storage.errors import SchemaIrreconcilable
-from storage.parts import dictionary_columns
-from storage.reconcile import conform
 
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from contextful.storage.errors import CommitOutcomeUnknown, first_line
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import Identifier
-
-from storage.errors import CommitOutcomeUnknown, first_line
 
 Refusal = CommitFailedException | NoSuchTableError
 

@@ -17,6 +17,7 @@ import itertools
 from collections.abc import Iterator
 
 import pyarrow as pa
+from contextful.storage.errors import SchemaIrreconcilable
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BinaryType,
@@ -38,8 +39,6 @@ from pyiceberg.types import (
     TimestamptzType,
     TimeType,
 )
-
-from storage.errors import SchemaIrreconcilable
 
 
 def arrow_to_iceberg(schema: pa.Schema, table: str = "") -> Schema:

@@ -5,9 +5,9 @@ PostgreSQL adapters, run manifests, schema reconciliation, folds and collection,
 record, and the blob store port. Nothing here imports ``engine`` or ``iceberg``.
 """
 
-from storage.clock import ManualClock, SystemClock
-from storage.store import Store
-from storage.table import Table
-from storage.transaction import CommitResult, RunTransaction
+from contextful.storage.clock import ManualClock, SystemClock
+from contextful.storage.store import Store
+from contextful.storage.table import Table
+from contextful.storage.transaction import CommitResult, RunTransaction
 
 __all__ = ["CommitResult", "ManualClock", "RunTransaction", "Store", "SystemClock", "Table"]

@@ -22,13 +22,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from storage.holders import holder_is_dead
-from storage.holds import holds
-from storage.manifest import table_prefix
-from storage.objects import TMP_MARK
+from contextful.storage.holders import holder_is_dead
+from contextful.storage.holds import holds
+from contextful.storage.manifest import table_prefix
+from contextful.storage.objects import TMP_MARK
 
 if TYPE_CHECKING:
-    from storage.store import Store
+    from contextful.storage.store import Store
 
 DEFAULT_RETAIN_SECONDS = 7 * 24 * 3600
 DEFAULT_GRACE_SECONDS = 3600

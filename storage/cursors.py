@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from storage.errors import LeaseCursorKindMismatch, SyncCursorConflict
+from contextful.storage.errors import LeaseCursorKindMismatch, SyncCursorConflict
 
 if TYPE_CHECKING:
-    from storage.table import Table
+    from contextful.storage.table import Table
 
 LEASED_PREFIX = "cursors/"
 LEASED_KINDS = ("queue",)

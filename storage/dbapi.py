@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from storage.errors import CatalogRejected, CatalogUnavailable, ContextfulError, first_line
+from contextful.storage.errors import CatalogRejected, CatalogUnavailable, ContextfulError, first_line
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,7 @@ and endpoint (DuckDB's own extensions are not needed and not downloaded).
 from __future__ import annotations
 
 import duckdb
-
-from storage.objects import ObjectStore
+from contextful.storage.objects import ObjectStore
 
 
 def connect(objects: ObjectStore, database: str = ":memory:") -> duckdb.DuckDBPyConnection:

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
-
-from storage.catalog import PartRow
-from storage.commits import (
+from contextful.storage.catalog import PartRow
+from contextful.storage.commits import (
     AddParts,
     AssertPartsLive,
     AssertSchemaId,
@@ -34,16 +33,16 @@ from storage.commits import (
     PartFile,
     RemoveParts,
 )
-from storage.errors import CommitOutcomeUnknown
-from storage.manifest import RunManifest, manifest_key, schema_to_text
-from storage.parts import part_key, write_part
-from storage.reconcile import conform
-from storage.snapshot import Snapshot, snapshot_sql
-from storage.staging import StagingLease
-from storage.transaction import new_run_id
+from contextful.storage.errors import CommitOutcomeUnknown
+from contextful.storage.manifest import RunManifest, manifest_key, schema_to_text
+from contextful.storage.parts import part_key, write_part
+from contextful.storage.reconcile import conform
+from contextful.storage.snapshot import Snapshot, snapshot_sql
+from contextful.storage.staging import StagingLease
+from contextful.storage.transaction import new_run_id
 
 if TYPE_CHECKING:
-    from storage.store import Store
+    from contextful.storage.store import Store
 
 SMALL_PART_BYTES = 64 * 1024 * 1024
 READ_BATCH_ROWS = 256 * 1024

@@ -12,12 +12,12 @@ import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from storage.clock import from_us
-from storage.errors import SnapshotNotFound
-from storage.manifest import table_prefix
+from contextful.storage.clock import from_us
+from contextful.storage.errors import SnapshotNotFound
+from contextful.storage.manifest import table_prefix
 
 if TYPE_CHECKING:
-    from storage.store import Store
+    from contextful.storage.store import Store
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from storage.errors import PrimaryKeyColumnMissing, PrimaryKeyNull
+from contextful.storage.errors import PrimaryKeyColumnMissing, PrimaryKeyNull
 
 
 def check_keys(table: str, primary_key: tuple[str, ...], data: pa.Table, *, input: str | None = None,

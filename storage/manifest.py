@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-
-from storage.commits import PartFile
-from storage.reconcile import DowngradeEvent
+from contextful.storage.commits import PartFile
+from contextful.storage.reconcile import DowngradeEvent
 
 FORMAT_VERSION = 1
 

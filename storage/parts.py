@@ -18,10 +18,9 @@ from typing import IO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from storage.commits import PartFile
-from storage.manifest import table_prefix
-from storage.objects import ObjectStore
+from contextful.storage.commits import PartFile
+from contextful.storage.manifest import table_prefix
+from contextful.storage.objects import ObjectStore
 
 PART_ROWS = 4_000_000
 ROW_GROUP_ROWS = 256 * 1024

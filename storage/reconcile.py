@@ -46,8 +46,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from storage.errors import PrimaryKeyWideningLossy, SchemaIrreconcilable
+from contextful.storage.errors import PrimaryKeyWideningLossy, SchemaIrreconcilable
 
 _TIME_UNITS = ("s", "ms", "us", "ns")
 

@@ -13,8 +13,7 @@ import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from storage.errors import ModalityInvalid, TableNameInvalid
+from contextful.storage.errors import ModalityInvalid, TableNameInvalid
 
 RUNS_TABLE = "_runs"
 RESERVED_TABLES = frozenset({RUNS_TABLE})

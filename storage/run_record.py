@@ -23,15 +23,14 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-
-from storage.commits import AssertRecordsPending, MarkRecordsFlushed, RecordRun
-from storage.errors import CommitConflict
-from storage.fold import fold_table
-from storage.manifest import RunManifest
-from storage.reserved import RUNS_TABLE
+from contextful.storage.commits import AssertRecordsPending, MarkRecordsFlushed, RecordRun
+from contextful.storage.errors import CommitConflict
+from contextful.storage.fold import fold_table
+from contextful.storage.manifest import RunManifest
+from contextful.storage.reserved import RUNS_TABLE
 
 if TYPE_CHECKING:
-    from storage.store import Store
+    from contextful.storage.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,8 @@ from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
-
-from storage.catalog import PartRow
-from storage.errors import TableUnreadable
+from contextful.storage.catalog import PartRow
+from contextful.storage.errors import TableUnreadable
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from storage.holders import default_holder
+from contextful.storage.holders import default_holder
 
 if TYPE_CHECKING:
-    from storage.store import Store
+    from contextful.storage.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -26,22 +26,21 @@ from datetime import datetime
 from typing import Any, Self
 
 import duckdb
-
-from storage.blobs import BlobStore
-from storage.blobs.files import FileBlobStore
-from storage.catalog import Catalog, open_catalog
-from storage.clock import Clock, SystemClock, to_us
-from storage.collect import CollectResult, collect
-from storage.duck import connect
-from storage.errors import TableNameInvalid, TableNotFound
-from storage.fold import FoldResult, fold_table
-from storage.journal import JournalStore, open_journal_store
-from storage.objects import ObjectStore
-from storage.reserved import RESERVED_TABLES, check_table_name
-from storage.run_record import RunRecord
-from storage.snapshot import Snapshot
-from storage.table import Table
-from storage.transaction import CommitResult
+from contextful.storage.blobs import BlobStore
+from contextful.storage.blobs.files import FileBlobStore
+from contextful.storage.catalog import Catalog, open_catalog
+from contextful.storage.clock import Clock, SystemClock, to_us
+from contextful.storage.collect import CollectResult, collect
+from contextful.storage.duck import connect
+from contextful.storage.errors import TableNameInvalid, TableNotFound
+from contextful.storage.fold import FoldResult, fold_table
+from contextful.storage.journal import JournalStore, open_journal_store
+from contextful.storage.objects import ObjectStore
+from contextful.storage.reserved import RESERVED_TABLES, check_table_name
+from contextful.storage.run_record import RunRecord
+from contextful.storage.snapshot import Snapshot
+from contextful.storage.table import Table
+from contextful.storage.transaction import CommitResult
 
 STORE_FORMAT = 1
 DEFAULT_STORE = os.path.join(".contextful", "store")
@@ -86,8 +85,8 @@ class Store:
         """The journal store beside this store's catalog: the same SQLite file or PostgreSQL schema
         (one transactional home for owners, journal rows and table heads)."""
         if self._journal is None:
-            from storage.catalog.postgres import PostgresCatalog
-            from storage.catalog.sqlite import SqliteCatalog
+            from contextful.storage.catalog.postgres import PostgresCatalog
+            from contextful.storage.catalog.sqlite import SqliteCatalog
 
             if isinstance(self.catalog, SqliteCatalog):
                 self._journal = open_journal_store("sqlite", path=self.catalog.path)

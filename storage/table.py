@@ -13,18 +13,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-
-from storage.catalog import CommitRow, TableHead
-from storage.clock import to_us
-from storage.commits import AssertTableUUID, CommitRequest, DeclareOrderBy
-from storage.errors import CommitConflict, SnapshotCollected, SnapshotNotFound, TableNotFound
-from storage.manifest import RunManifest, manifest_key, schema_from_text
-from storage.reconcile import conform
-from storage.snapshot import Snapshot, snapshot_sql
-from storage.transaction import CommitResult, RunTransaction, new_run_id
+from contextful.storage.catalog import CommitRow, TableHead
+from contextful.storage.clock import to_us
+from contextful.storage.commits import AssertTableUUID, CommitRequest, DeclareOrderBy
+from contextful.storage.errors import CommitConflict, SnapshotCollected, SnapshotNotFound, TableNotFound
+from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text
+from contextful.storage.reconcile import conform
+from contextful.storage.snapshot import Snapshot, snapshot_sql
+from contextful.storage.transaction import CommitResult, RunTransaction, new_run_id
 
 if TYPE_CHECKING:
-    from storage.store import Store
+    from contextful.storage.store import Store
 
 
 class Table:

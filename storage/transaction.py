@@ -31,8 +31,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
-
-from storage.commits import (
+from contextful.storage.commits import (
     AddParts,
     AssertSchemaId,
     AssertTableUUID,
@@ -44,17 +43,17 @@ from storage.commits import (
     SetSchema,
     Update,
 )
-from storage.cursors import check_cursor
-from storage.errors import CommitConflict, CommitOutcomeUnknown, StagingFailed
-from storage.keys import check_keys
-from storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
-from storage.parts import part_key, split_table, write_part
-from storage.reconcile import DowngradeEvent, conform, reconcile
-from storage.reserved import RESERVED_TABLES, check_modality
-from storage.staging import StagingLease
+from contextful.storage.cursors import check_cursor
+from contextful.storage.errors import CommitConflict, CommitOutcomeUnknown, StagingFailed
+from contextful.storage.keys import check_keys
+from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
+from contextful.storage.parts import part_key, split_table, write_part
+from contextful.storage.reconcile import DowngradeEvent, conform, reconcile
+from contextful.storage.reserved import RESERVED_TABLES, check_modality
+from contextful.storage.staging import StagingLease
 
 if TYPE_CHECKING:
-    from storage.table import Table
+    from contextful.storage.table import Table
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from contextful.engine.land.decode import Decoder
+from contextful.storage import ManualClock, Store
+from contextful.storage.catalog.postgres import PostgresCatalog
 
-from engine.land.decode import Decoder
-from storage import ManualClock, Store
-from storage.catalog.postgres import PostgresCatalog
 from tests.storage.catalog_place import CatalogPlace, place_for
 from tests.support.postgres_server import PostgresServer
 from tests.support.s3_server import S3Server

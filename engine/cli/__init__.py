@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import click
-
-from engine.cli.commands import register
-from engine.cli.errors import one_line_errors
+from contextful.engine.cli.commands import register
+from contextful.engine.cli.errors import one_line_errors
 
 
 class _Group(click.Group):

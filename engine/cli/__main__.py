@@ -1,5 +1,5 @@
 """``python -m engine.cli`` runs the ``contextful`` command."""
 
-from engine.cli import main
+from contextful.engine.cli import main
 
 main()

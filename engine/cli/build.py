@@ -5,16 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import click
-
-from engine.cli.output import emit_json, emit_rows
+from contextful.engine.cli.output import emit_json, emit_rows
 
 if TYPE_CHECKING:
-    from engine.config import Manifest
-    from storage import Store
+    from contextful.engine.config import Manifest
+    from contextful.storage import Store
 
 
 def _open(ctx: click.Context) -> tuple[Manifest, Store]:
-    from engine.cli.pipeline import _manifest, _store
+    from contextful.engine.cli.pipeline import _manifest, _store
 
     manifest = _manifest(ctx)
     return manifest, _store(ctx, manifest)
@@ -30,7 +29,7 @@ def build() -> None:
 @click.pass_context
 def build_run(ctx: click.Context, models: tuple[str, ...]) -> None:
     """Build models (default: all), each after the models it reads."""
-    from engine.model.build import build_models
+    from contextful.engine.model.build import build_models
 
     manifest, store = _open(ctx)
     known = {m.name for m in manifest.models}
@@ -55,8 +54,8 @@ def build_run(ctx: click.Context, models: tuple[str, ...]) -> None:
 @click.pass_context
 def build_hold(ctx: click.Context, model: str, build_id: int, reason: str) -> None:
     """Keep a build's parts past retention (holds/<build id>.json)."""
-    from engine.project import open_store
-    from storage.holds import hold_build
+    from contextful.engine.project import open_store
+    from contextful.storage.holds import hold_build
 
     with open_store(ctx.obj["store"] or ctx.obj["project"]) as store:
         record = hold_build(store, model, build_id, reason)
@@ -72,8 +71,8 @@ def build_hold(ctx: click.Context, model: str, build_id: int, reason: str) -> No
 @click.pass_context
 def build_release(ctx: click.Context, model: str, build_id: int) -> None:
     """Remove the hold on a build; collection may then remove it past retention."""
-    from engine.project import open_store
-    from storage.holds import release_hold
+    from contextful.engine.project import open_store
+    from contextful.storage.holds import release_hold
 
     with open_store(ctx.obj["store"] or ctx.obj["project"]) as store:
         released = release_hold(store, model, build_id)
@@ -87,8 +86,8 @@ def build_release(ctx: click.Context, model: str, build_id: int) -> None:
 @click.pass_context
 def build_list(ctx: click.Context) -> None:
     """Every declared model with its published build, watermark and held builds."""
-    from engine.model.build import published_build
-    from storage.holds import holds
+    from contextful.engine.model.build import published_build
+    from contextful.storage.holds import holds
 
     manifest, store = _open(ctx)
     rows = []
@@ -112,7 +111,7 @@ def build_list(ctx: click.Context) -> None:
 @click.pass_context
 def build_status_command(ctx: click.Context) -> None:
     """Each model's published build, stale inputs (older than its max_lag) and why it is stale."""
-    from engine.model.status import build_status
+    from contextful.engine.model.status import build_status
 
     manifest, store = _open(ctx)
     with store:

@@ -5,15 +5,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import click
-
-from engine.cli.output import describe_event, emit_json, emit_pairs, emit_rows, end_progress, progress_line
+from contextful.engine.cli.output import (
+    describe_event,
+    emit_json,
+    emit_pairs,
+    emit_rows,
+    end_progress,
+    progress_line,
+)
 
 if TYPE_CHECKING:
-    from storage import Store
+    from contextful.storage import Store
 
 
 def _store(ctx: click.Context) -> Store:
-    from engine.project import open_store
+    from contextful.engine.project import open_store
 
     return open_store(ctx.obj["store"] or ctx.obj["project"])
 
@@ -29,9 +35,8 @@ def _json(ctx: click.Context) -> bool:
 def sql(ctx: click.Context, query: str, as_of: str | None) -> None:
     """Run a DuckDB query over the store's tables (each a view)."""
     import duckdb
-
-    from engine.read import connect, unreadable_error
-    from storage.errors import QueryInvalid, first_line
+    from contextful.engine.read import connect, unreadable_error
+    from contextful.storage.errors import QueryInvalid, first_line
 
     with _store(ctx) as store:
         con = connect(store, as_of=as_of)
@@ -78,7 +83,7 @@ def table_list(ctx: click.Context, include_reserved: bool) -> None:
 @click.pass_context
 def table_show(ctx: click.Context, name: str) -> None:
     """A table's schema, commits and row count."""
-    from storage.clock import from_us
+    from contextful.storage.clock import from_us
 
     with _store(ctx) as store:
         t = store.table(name)
@@ -119,7 +124,7 @@ def table_show(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def table_load(ctx: click.Context, name: str, file: str, primary_key: str, replace: bool, fmt: str | None) -> None:
     """Land one CSV, NDJSON or Parquet file (optionally gzip/zstd) as one run."""
-    from engine.load import load_file
+    from contextful.engine.load import load_file
 
     keys = tuple(k.strip() for k in primary_key.split(",") if k.strip())
     with _store(ctx) as store:
@@ -218,7 +223,7 @@ def run_executions(ctx: click.Context) -> None:
 @click.pass_context
 def run_rewind(ctx: click.Context, execution_id: str, reason: str, force: bool) -> None:
     """Retire a pending execution; its scope keeps its committed position and the next run starts fresh."""
-    from engine.run.rewind import rewind
+    from contextful.engine.run.rewind import rewind
 
     with _store(ctx) as store:
         done = rewind(store.journal, execution_id, reason, force=force)
@@ -250,9 +255,9 @@ def _history(store: Store, table_name: str | None, limit: int) -> list[dict[str,
 
 
 def register(cli: click.Group) -> None:
-    from engine.cli.build import build
-    from engine.cli.export import export
-    from engine.cli.pipeline import pipeline
+    from contextful.engine.cli.build import build
+    from contextful.engine.cli.export import export
+    from contextful.engine.cli.pipeline import pipeline
 
     for command in (sql, table, store_group, run, pipeline, build, export):
         cli.add_command(command)

@@ -36,7 +36,7 @@ LOG_DIR = (".contextful", "logs")
 @contextmanager
 def one_line_errors(project_dir: str, debug: bool) -> Iterator[None]:
     """Run a command's body; turn any error escaping it into one stderr line and an exit code."""
-    from storage.errors import ContextfulError
+    from contextful.storage.errors import ContextfulError
 
     try:
         yield
@@ -55,7 +55,7 @@ def one_line_errors(project_dir: str, debug: bool) -> Iterator[None]:
         os.dup2(devnull, sys.stdout.fileno())
         raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
     except Exception as exc:  # noqa: BLE001 - the boundary: whatever escapes a command is reported here
-        from storage.errors import first_line
+        from contextful.storage.errors import first_line
 
         raise click.exceptions.Exit(_report(exc, type(exc).__name__, first_line(exc), project_dir, debug,
                                             EXIT_INTERNAL)) from None
@@ -79,7 +79,7 @@ def _one_line(text: str) -> str:
 
 
 def _masked(text: str) -> str:
-    from engine.guard import mask_message
+    from contextful.engine.guard import mask_message
 
     return mask_message(text)
 
@@ -102,7 +102,7 @@ def _write_log(project_dir: str, trace: str) -> str:
 
 def _log_dirs(project_dir: str) -> list[Path]:
     """The project's log directory (inside a project), then the user's state directory, then the temp dir."""
-    from engine.project import MANIFEST, find_project
+    from contextful.engine.project import MANIFEST, find_project
 
     found = find_project(project_dir)
     state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "contextful" / "logs"

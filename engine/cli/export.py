@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import click
-
-from engine.cli.output import emit_issued, emit_json, emit_rows
+from contextful.engine.cli.output import emit_issued, emit_json, emit_rows
 
 
 @click.group()
@@ -17,9 +16,9 @@ def export() -> None:
 @click.pass_context
 def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
     """Run exports (default: all): each replaces its Iceberg table's rows with its source's."""
-    from engine.cli.output import end_progress, progress_line
-    from engine.cli.pipeline import _manifest, _store
-    from engine.export.run import ExportProgress, run_exports
+    from contextful.engine.cli.output import end_progress, progress_line
+    from contextful.engine.cli.pipeline import _manifest, _store
+    from contextful.engine.export.run import ExportProgress, run_exports
 
     manifest = _manifest(ctx)
     known = {e.name for e in manifest.exports}
@@ -53,8 +52,8 @@ def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
 @click.pass_context
 def export_status_command(ctx: click.Context) -> None:
     """Per export: the Iceberg table, current snapshot, source exported, rows and files."""
-    from engine.cli.pipeline import _manifest
-    from engine.export.run import export_status
+    from contextful.engine.cli.pipeline import _manifest
+    from contextful.engine.export.run import export_status
 
     found = export_status(_manifest(ctx))
     if ctx.obj["json"]:
@@ -80,10 +79,10 @@ def key() -> None:
 @click.pass_context
 def key_issue(ctx: click.Context, credential: str) -> None:
     """Mint a reader key for CREDENTIAL (an [[export]]'s credential); printed once, stored hashed."""
-    from engine.cli.pipeline import _manifest
-    from engine.export import readers
-    from engine.export.preflight import preflight
-    from storage.errors import ReaderCredentialUnadmitted
+    from contextful.engine.cli.pipeline import _manifest
+    from contextful.engine.export import readers
+    from contextful.engine.export.preflight import preflight
+    from contextful.storage.errors import ReaderCredentialUnadmitted
 
     manifest = _manifest(ctx)
     admitted = preflight(manifest)
@@ -98,8 +97,8 @@ def key_issue(ctx: click.Context, credential: str) -> None:
 @click.pass_context
 def key_list(ctx: click.Context) -> None:
     """Every reader key (revoked ones too); never the secrets."""
-    from engine.cli.pipeline import _manifest
-    from engine.export import readers
+    from contextful.engine.cli.pipeline import _manifest
+    from contextful.engine.export import readers
 
     keys = readers.list_keys(_manifest(ctx).root)
     if ctx.obj["json"]:
@@ -114,8 +113,8 @@ def key_list(ctx: click.Context) -> None:
 @click.pass_context
 def key_revoke(ctx: click.Context, key_id: str) -> None:
     """Revoke a reader key; the gateway refuses it from the next request on."""
-    from engine.cli.pipeline import _manifest
-    from engine.export import readers
+    from contextful.engine.cli.pipeline import _manifest
+    from contextful.engine.export import readers
 
     try:
         revoked = readers.revoke(_manifest(ctx).root, key_id)

@@ -5,23 +5,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import click
-
-from engine.cli.output import describe_event, emit_issued, emit_json, emit_rows, end_progress, progress_line
-from engine.cli.serve import register_serve
+from contextful.engine.cli.output import (
+    describe_event,
+    emit_issued,
+    emit_json,
+    emit_rows,
+    end_progress,
+    progress_line,
+)
+from contextful.engine.cli.serve import register_serve
 
 if TYPE_CHECKING:
-    from engine.config import Manifest
-    from storage import Store
+    from contextful.engine.config import Manifest
+    from contextful.storage import Store
 
 
 def _manifest(ctx: click.Context) -> Manifest:
-    from engine.config import load_manifest
+    from contextful.engine.config import load_manifest
 
     return load_manifest(ctx.obj["project"])
 
 
 def _store(ctx: click.Context, manifest: Manifest) -> Store:
-    from storage import Store
+    from contextful.storage import Store
 
     if ctx.obj["store"]:
         return Store.open(ctx.obj["store"])
@@ -46,8 +52,8 @@ def pipeline() -> None:
 @click.pass_context
 def validate(ctx: click.Context) -> None:
     """Check contextful.toml; print every problem, each by its spec error."""
-    from engine.guard import mask_message
-    from storage.errors import ManifestInvalid
+    from contextful.engine.guard import mask_message
+    from contextful.storage.errors import ManifestInvalid
 
     try:
         manifest = _manifest(ctx)
@@ -58,8 +64,8 @@ def validate(ctx: click.Context) -> None:
             for problem in exc.problems:
                 click.echo(f"error: {mask_message(str(problem))}", err=True)
         ctx.exit(exc.exit_code)
-    from engine.export.preflight import caller_sql_warnings
-    from engine.land.http import rereads_warning
+    from contextful.engine.export.preflight import caller_sql_warnings
+    from contextful.engine.land.http import rereads_warning
 
     rereads = [rereads_warning(p.id, p.source.kind, p.incremental) for p in manifest.pipelines]
     warnings = caller_sql_warnings(manifest.exports) + [w for w in rereads if w]
@@ -76,7 +82,7 @@ def validate(ctx: click.Context) -> None:
 @click.pass_context
 def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
     """What a run would pull and land, without running it."""
-    from engine.land.pipeline import plan_pipeline
+    from contextful.engine.land.pipeline import plan_pipeline
 
     manifest = _manifest(ctx)
     selected = _check_ids(manifest, ids)
@@ -88,7 +94,7 @@ def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
     emit_rows(["pipeline", "table", "inputs to pull", "bytes", "already landed", "changed"],
               [(p.pipeline, p.table, len(p.pull), sum(i.size - i.offset for i in p.pull), len(p.skip), len(p.changed))
                for p in plans])
-    from engine.land.http import rereads_warning
+    from contextful.engine.land.http import rereads_warning
 
     for spec in manifest.in_dependency_order(selected):
         if (warning := rereads_warning(spec.id, spec.source.kind, spec.incremental)) is not None:
@@ -106,7 +112,7 @@ def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
 @click.pass_context
 def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float) -> None:
     """Run pipelines (default: all, in dependency order)."""
-    from engine.land.pipeline import Progress, run_pipelines
+    from contextful.engine.land.pipeline import Progress, run_pipelines
 
     manifest = _manifest(ctx)
     selected = _check_ids(manifest, ids)
@@ -159,7 +165,7 @@ def key() -> None:
 @click.pass_context
 def key_issue(ctx: click.Context, pipelines: tuple[str, ...]) -> None:
     """Mint a writer key for PIPELINES ('receive' pipelines); printed once, stored hashed."""
-    from engine.land.receive import writers
+    from contextful.engine.land.receive import writers
 
     manifest = _manifest(ctx)
     receiving = sorted(p.id for p in manifest.pipelines if p.source.kind == "receive")
@@ -175,7 +181,7 @@ def key_issue(ctx: click.Context, pipelines: tuple[str, ...]) -> None:
 @click.pass_context
 def key_list(ctx: click.Context) -> None:
     """Every writer key (revoked ones too); never the secrets."""
-    from engine.land.receive import writers
+    from contextful.engine.land.receive import writers
 
     keys = writers.list_keys(_manifest(ctx).root)
     if ctx.obj["json"]:
@@ -190,7 +196,7 @@ def key_list(ctx: click.Context) -> None:
 @click.pass_context
 def key_revoke(ctx: click.Context, key_id: str) -> None:
     """Revoke a writer key; the receive routes refuse it from the next request on."""
-    from engine.land.receive import writers
+    from contextful.engine.land.receive import writers
 
     try:
         revoked = writers.revoke(_manifest(ctx).root, key_id)

@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 if TYPE_CHECKING:
-    from engine.config import Manifest
+    from contextful.engine.config import Manifest
 
 
 def serve_manifest(manifest: Manifest, store_url: str | None, address: str | None, *,
                    receive_address: str | None = None, gateway_address: str | None = None) -> None:
     """Serve the manifest's receive pipelines and query gateway until SIGTERM or SIGINT."""
-    from engine.land.decode import Decoder
-    from engine.land.receive.spool import queue_root
-    from engine.served.project import serve_project
-    from storage import Store
+    from contextful.engine.land.decode import Decoder
+    from contextful.engine.land.receive.spool import queue_root
+    from contextful.engine.served.project import serve_project
+    from contextful.storage import Store
 
     def open_store() -> Store:
         if store_url:
@@ -81,7 +81,7 @@ def _addresses(command: F) -> F:
 @click.pass_context
 def serve(ctx: click.Context, address: str | None, receive_address: str | None, gateway_address: str | None) -> None:
     """Serve 'receive' pipelines' batches and the exports' query gateway over HTTP."""
-    from engine.config import load_manifest
+    from contextful.engine.config import load_manifest
 
     if not (address or receive_address or gateway_address):
         raise click.UsageError("give --http, --receive-http or --gateway-http")
@@ -104,7 +104,7 @@ def register_serve(pipeline_group: click.Group) -> None:
 def main(ctx: click.Context, store_url: str | None, project_dir: str, address: str | None,
          receive_address: str | None, gateway_address: str | None) -> None:
     """``contextful pipeline serve``, runnable alone as ``python -m engine.cli.serve``."""
-    from engine.cli.errors import one_line_errors
+    from contextful.engine.cli.errors import one_line_errors
 
     ctx.obj = {"store": store_url, "project": project_dir, "json": False}
     with one_line_errors(project_dir, debug=False):

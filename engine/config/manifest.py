@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.project import Project
+from contextful.engine.project import Project
 
 if TYPE_CHECKING:
-    from engine.export.spec import ExportSpec
-    from engine.land.seed import SeedSpec
-    from engine.model.spec import ModelSpec
+    from contextful.engine.export.spec import ExportSpec
+    from contextful.engine.land.seed import SeedSpec
+    from contextful.engine.model.spec import ModelSpec
 
 NORMALIZE_MODES = ("nested", "relational")
 SOURCE_KINDS = ("files", "http", "receive")

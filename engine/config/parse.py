@@ -14,11 +14,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.config.manifest import NORMALIZE_MODES, SOURCE_KINDS, Manifest, PipelineSpec, SourceSpec
-from engine.export.spec import ExportSpec
-from engine.model.spec import ModelSpec
-from engine.project import MANIFEST, find_project, parse_project, read_manifest_document
-from storage.errors import (
+from contextful.engine.config.manifest import (
+    NORMALIZE_MODES,
+    SOURCE_KINDS,
+    Manifest,
+    PipelineSpec,
+    SourceSpec,
+)
+from contextful.engine.export.spec import ExportSpec
+from contextful.engine.model.spec import ModelSpec
+from contextful.engine.project import MANIFEST, find_project, parse_project, read_manifest_document
+from contextful.storage.errors import (
     ContextfulError,
     ManifestInvalid,
     ManifestKeyUnknown,
@@ -127,8 +133,8 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
 
 def _exports(blocks: Any, root: Path, problems: _Problems) -> list[ExportSpec]:
     """The [[export]] blocks: names unique, then the audience preflight (engine.export.preflight)."""
-    from engine.export.preflight import shared_namespaces, template_problems
-    from engine.export.spec import parse_export
+    from contextful.engine.export.preflight import shared_namespaces, template_problems
+    from contextful.engine.export.spec import parse_export
 
     if not isinstance(blocks, list):
         problems.add(ManifestValueInvalid("the manifest", "export", "declare exports as [[export]] blocks"))
@@ -146,7 +152,7 @@ def _exports(blocks: Any, root: Path, problems: _Problems) -> list[ExportSpec]:
 
 def _models(blocks: Any, root: Path, pipelines: list[PipelineSpec], problems: _Problems) -> list[ModelSpec]:
     """The [[model]] blocks: names unique and apart from pipeline tables, no cycle among models."""
-    from engine.model.spec import parse_model
+    from contextful.engine.model.spec import parse_model
 
     if not isinstance(blocks, list):
         problems.add(ManifestValueInvalid("the manifest", "model", "declare models as [[model]] blocks"))
@@ -184,7 +190,7 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
         problems.add(ManifestValueInvalid(where, "types", "must map column names to type spellings (strings)"))
         types = {}
     else:
-        from engine.land.typed import parse_type
+        from contextful.engine.land.typed import parse_type
 
         for column, spelling in types.items():
             try:
@@ -200,7 +206,7 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
         priority = 0
     primary_key = problems.strings(where, block, "primary_key")
     if source is not None and source.kind == "http":
-        from engine.land.http import check_rereads
+        from contextful.engine.land.http import check_rereads
 
         for problem in check_rereads(where, incremental, primary_key):
             problems.add(problem)
@@ -209,7 +215,7 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
     order_by = problems.string(where, block, "order_by")
     seed = None
     if "seed" in block:
-        from engine.land.seed import check_declaration, parse_seed
+        from contextful.engine.land.seed import check_declaration, parse_seed
 
         seed, found = parse_seed(f"{where} seed", block["seed"])
         found += check_declaration(pipeline_id or f"#{n}", primary_key, order_by)
@@ -229,9 +235,8 @@ def _primary_key_problems(pipeline_id: str, primary_key: tuple[str, ...], normal
     """Key columns the manifest shows its table can never have (a key naming a missing column lands
     nothing: ``PrimaryKeyColumnMissing`` at the first landing, docs/store.md)."""
     import pyarrow as pa
-
-    from engine.land.typed import parse_type
-    from engine.normalize.relational import RESERVED_PREFIX
+    from contextful.engine.land.typed import parse_type
+    from contextful.engine.normalize.relational import RESERVED_PREFIX
 
     found: list[ContextfulError] = []
     for index, column in enumerate(primary_key):
@@ -293,15 +298,15 @@ def _source(block: Any, where: str, pipeline_id: str, incremental: str | None,
         config = {}
     found: list[ContextfulError] = []
     if kind == "files":
-        from engine.land import files
+        from contextful.engine.land import files
 
         found = files.check_config(f"{where} source.config", config)
     elif kind == "http":
-        from engine.land import http
+        from contextful.engine.land import http
 
         found = http.check_config(f"{where} source.config", config, incremental)
     elif kind == "receive":
-        from engine.land.receive import config as receive
+        from contextful.engine.land.receive import config as receive
 
         found = receive.check_config(f"{where} source.config", config)
     for problem in found:

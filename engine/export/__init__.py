@@ -13,6 +13,6 @@ the query gateway (decisions "iceberg-overwrite-commit" and "iceberg-audience"; 
 - ``engine.export.query``: ``NamespaceReader``, DuckDB over a namespace's current snapshots, sealed.
 """
 
-from engine.export.preflight import namespace_for, preflight
+from contextful.engine.export.preflight import namespace_for, preflight
 
 __all__ = ["namespace_for", "preflight"]

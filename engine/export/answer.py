@@ -26,8 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-
-from engine.export.query import QueryStream
+from contextful.engine.export.query import QueryStream
 
 TRAILER_RESERVE = 8192
 """Bytes kept back from ``max_bytes`` for the trailer (and the Arrow writer's framing)."""

@@ -13,12 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from storage.errors import CatalogUnavailable, ContextfulError, first_line
+from contextful.storage.errors import CatalogUnavailable, ContextfulError, first_line
 
 if TYPE_CHECKING:
+    from contextful.engine.export.spec import CatalogSpec
     from pyiceberg.catalog import Catalog
-
-    from engine.export.spec import CatalogSpec
 
 
 def load_catalog(spec: CatalogSpec) -> Catalog:

@@ -48,14 +48,13 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-
-from engine.export import readers
-from engine.export.answer import AnswerWriter, ArrowAnswer, JsonAnswer
-from engine.export.preflight import Audience, preflight, warehouse_credentials
-from engine.export.query import CatalogCache, NamespaceReader, QueryResult, QueryStream
-from engine.export.sql_shape import TABLE_NAME, SqlShape, SqlShapeError, read_shape
-from engine.served.face import Exchange, Route
-from storage.errors import (
+from contextful.engine.export import readers
+from contextful.engine.export.answer import AnswerWriter, ArrowAnswer, JsonAnswer
+from contextful.engine.export.preflight import Audience, preflight, warehouse_credentials
+from contextful.engine.export.query import CatalogCache, NamespaceReader, QueryResult, QueryStream
+from contextful.engine.export.sql_shape import TABLE_NAME, SqlShape, SqlShapeError, read_shape
+from contextful.engine.served.face import Exchange, Route
+from contextful.storage.errors import (
     AnswerTooLarge,
     ContextfulError,
     ExportQueryRefused,
@@ -67,8 +66,8 @@ from storage.errors import (
 )
 
 if TYPE_CHECKING:
-    from engine.config.manifest import Manifest
-    from engine.export.spec import ExportSpec
+    from contextful.engine.config.manifest import Manifest
+    from contextful.engine.export.spec import ExportSpec
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from storage.errors import ExportNamespaceShared, ManifestValueInvalid
+from contextful.storage.errors import ExportNamespaceShared, ManifestValueInvalid
 
 if TYPE_CHECKING:
-    from engine.config.manifest import Manifest
-    from engine.export.spec import CatalogSpec, ExportSpec
+    from contextful.engine.config.manifest import Manifest
+    from contextful.engine.export.spec import CatalogSpec, ExportSpec
 
 
 @dataclass(frozen=True)

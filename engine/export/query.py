@@ -36,16 +36,14 @@ from urllib.parse import unquote, urlsplit
 
 import duckdb
 import pyarrow as pa
-
-from engine.export.catalogs import CatalogCache, guard_catalog
-from storage.errors import NotFound, QueryInvalid, first_line
-from storage.snapshot import quote
+from contextful.engine.export.catalogs import CatalogCache, guard_catalog
+from contextful.storage.errors import NotFound, QueryInvalid, first_line
+from contextful.storage.snapshot import quote
 
 if TYPE_CHECKING:
+    from contextful.engine.export.spec import CatalogSpec
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
-
-    from engine.export.spec import CatalogSpec
 
 DEFAULT_DEADLINE_S = 60.0
 DEFAULT_MEMORY_LIMIT_BYTES = 4 << 30

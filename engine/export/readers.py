@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.served import keys
-from storage.errors import ReaderCredentialUnadmitted
+from contextful.engine.served import keys
+from contextful.storage.errors import ReaderCredentialUnadmitted
 
 READERS_DIR = Path(".contextful") / "readers"
 KIND = keys.KeyKind("cfr", READERS_DIR, "credential", "reader key", ReaderCredentialUnadmitted)

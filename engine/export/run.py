@@ -24,16 +24,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.export.catalogs import guard_catalog, load_catalog
-from engine.export.preflight import preflight
-from storage.errors import SnapshotNotFound, TableNotFound
+from contextful.engine.export.catalogs import guard_catalog, load_catalog
+from contextful.engine.export.preflight import preflight
+from contextful.storage.errors import SnapshotNotFound, TableNotFound
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from engine.config.manifest import Manifest
-    from engine.export.spec import ExportSpec
-    from storage import Store
+    from contextful.engine.config.manifest import Manifest
+    from contextful.engine.export.spec import ExportSpec
+    from contextful.storage import Store
 
 STATE_DIR = Path(".contextful") / "exports"
 
@@ -102,10 +101,9 @@ def run_exports(store: Store, manifest: Manifest, names: list[str] | None = None
 def run_export(store: Store, manifest: Manifest, spec: ExportSpec, *,
                progress: Callable[[ExportProgress], None] | None = None) -> ExportRunResult:
     """Export ``spec``'s source unless the table already holds it, then apply snapshot retention."""
+    from contextful.iceberg.commit import export_table
+    from contextful.iceberg.expire import Retention, expire_snapshots
     from pyiceberg.exceptions import NamespaceAlreadyExistsError
-
-    from iceberg.commit import export_table
-    from iceberg.expire import Retention, expire_snapshots
 
     catalog = load_catalog(spec.catalog)
     try:
@@ -181,7 +179,7 @@ def _reporting(reader: pa.RecordBatchReader, export: str,
 
 def _resolve_source(store: Store, manifest: Manifest, name: str) -> tuple[Any, dict[str, Any]]:
     """``name``'s current snapshot (a table's head, a model's latest published build) and what it is."""
-    from engine.model.build import published_build
+    from contextful.engine.model.build import published_build
 
     if name in {m.name for m in manifest.models}:
         found = published_build(store, name)
@@ -197,8 +195,8 @@ def _resolve_source(store: Store, manifest: Manifest, name: str) -> tuple[Any, d
 
 def _read(con: Any, snap: Any) -> pa.RecordBatchReader:
     """``snap``'s rows as an Arrow stream through DuckDB."""
-    from engine.read import attach_snapshot
-    from storage.snapshot import quote
+    from contextful.engine.read import attach_snapshot
+    from contextful.storage.snapshot import quote
 
     view = "__contextful_export_source"
     attach_snapshot(con, snap, view)

@@ -15,11 +15,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.export.sql_shape import SqlShapeError, read_shape
-from storage.errors import ManifestValueInvalid
+from contextful.engine.export.sql_shape import SqlShapeError, read_shape
+from contextful.storage.errors import ManifestValueInvalid
 
 if TYPE_CHECKING:
-    from engine.config.parse import _Problems
+    from contextful.engine.config.parse import _Problems
 
 EXPORT_KEYS = ("name", "kind", "source", "catalog", "namespace", "table", "credential", "format_version",
                "templates", "caller_sql", "max_answer_bytes", "keep_snapshots",

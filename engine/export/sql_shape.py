@@ -35,8 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-
-from engine.export.sql_vocabulary import (
+from contextful.engine.export.sql_vocabulary import (
     AGGREGATES,
     FUNCTIONS,
     SQL_VALUE_COLUMNS,
@@ -45,7 +44,7 @@ from engine.export.sql_vocabulary import (
     TYPES,
     WINDOW_FUNCTIONS,
 )
-from storage.errors import first_line
+from contextful.storage.errors import first_line
 
 TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 """The only spelling of a table a gateway request or its SQL may use."""

@@ -34,10 +34,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from engine.guard.arrow import BatchGuardResult, GuardResult, guard_batch, guard_table, mask_message
-from engine.guard.catalogue import FAMILIES, Family, Finding, mask_text, scan_text
-from engine.guard.escapes import mask_all
-from engine.guard.names import mask_name
+from contextful.engine.guard.arrow import (
+    BatchGuardResult,
+    GuardResult,
+    guard_batch,
+    guard_table,
+    mask_message,
+)
+from contextful.engine.guard.catalogue import FAMILIES, Family, Finding, mask_text, scan_text
+from contextful.engine.guard.escapes import mask_all
+from contextful.engine.guard.names import mask_name
 
 __all__ = [
     "FAMILIES",

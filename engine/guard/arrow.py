@@ -49,11 +49,10 @@ from functools import lru_cache
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from engine.guard.catalogue import replace_spans, scan_text
-from engine.guard.escapes import Piece, decode, decoded_text, findings, mask_all
-from engine.guard.names import disambiguate, mask_metadata, mask_name, mask_names
-from engine.guard.prefilter import PREFILTER_PATTERN, Candidates, candidate_cells, candidates
+from contextful.engine.guard.catalogue import replace_spans, scan_text
+from contextful.engine.guard.escapes import Piece, decode, decoded_text, findings, mask_all
+from contextful.engine.guard.names import disambiguate, mask_metadata, mask_name, mask_names
+from contextful.engine.guard.prefilter import PREFILTER_PATTERN, Candidates, candidate_cells, candidates
 
 __all__ = ["PREFILTER_PATTERN", "GuardResult", "guard_table"]
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import NamedTuple
 
-from engine.guard.catalogue import Finding, replace_spans, scan_text
+from contextful.engine.guard.catalogue import Finding, replace_spans, scan_text
 
 _HEX_DIGITS = "0123456789abcdefABCDEF"
 _HEX = frozenset(_HEX_DIGITS)

@@ -30,7 +30,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-from engine.guard.escapes import mask_all
+from contextful.engine.guard.escapes import mask_all
 
 _DIGEST_BYTES = 4
 

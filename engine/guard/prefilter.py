@@ -30,9 +30,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from engine.guard.catalogue import PREFIXES
-from engine.guard.escapes import MARKER_PATTERN, MARKERS
+from contextful.engine.guard.catalogue import PREFIXES
+from contextful.engine.guard.escapes import MARKER_PATTERN, MARKERS
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from engine.land.typed import apply_types
-from storage.errors import CursorPositionUnorderable, TypedLandingFailed, first_line
+from contextful.engine.land.typed import apply_types
+from contextful.storage.errors import CursorPositionUnorderable, TypedLandingFailed, first_line
 
 CLOCK_KINDS = ("numeric", "timestamp", "text")
 _STAMP = r"^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}(?::?\d{2})?)?)?$"

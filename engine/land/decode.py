@@ -55,10 +55,8 @@ from types import TracebackType
 from typing import Any, Self
 
 import pyarrow as pa
-from pyarrow import ipc
-
-from engine.land.decode_child import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
-from storage.errors import (
+from contextful.engine.land.decode_child import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
+from contextful.storage.errors import (
     ConnectorBoundHit,
     InputMalformed,
     InputNotFound,
@@ -69,6 +67,7 @@ from storage.errors import (
     SourceResponseMalformed,
     SourceUnavailable,
 )
+from pyarrow import ipc
 
 DEFAULT_DEADLINE_S = 60.0
 DEFAULT_MEMORY_BYTES = 512 * 1024 * 1024
@@ -181,7 +180,7 @@ class Decoder:
                    PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
         try:
             self._server = subprocess.Popen(
-                [sys.executable, "-m", "engine.land.decode_child", str(theirs.fileno())],
+                [sys.executable, "-m", "contextful.engine.land.decode_child", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         finally:
             theirs.close()

@@ -1,8 +1,8 @@
 """The decoder's other side: the preloaded fork server, and one input decoded in a forked child.
 
 Implements decision "decoder-child-owns" (``run.land.parse-deadline``, ``run.land.parse-memory``)
-with :mod:`engine.land.decode`, which starts this module as a server process
-(``python -m engine.land.decode_child <fd>``). The server imports pyarrow, numpy and fsspec once and
+with :mod:`contextful.engine.land.decode`, which starts this module as a server process
+(``python -m contextful.engine.land.decode_child <fd>``). The server imports pyarrow, numpy and fsspec once and
 then forks one child per input: the child calls ``setsid`` (its own process group), decodes its one
 input as a stream, and exits, so no parser state reaches another input.
 
@@ -84,9 +84,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
+from contextful.storage.errors import first_line
 from pyarrow import ipc
-
-from storage.errors import first_line
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2"}
 READ_BYTES = 4 << 20
@@ -312,8 +311,8 @@ def decode_input(request: dict[str, Any], data_fd: int) -> None:
 
 
 def _fetch(request: dict[str, Any], sink: _Sink) -> dict[str, Any]:
-    """One page of a JSON API (``engine.land.http_fetch``) to ``sink``; the trailer carries its meta."""
-    from engine.land.http_fetch import FetchFailed, fetch_page
+    """One page of a JSON API (``contextful.engine.land.http_fetch``) to ``sink``; the trailer carries its meta."""
+    from contextful.engine.land.http_fetch import FetchFailed, fetch_page
 
     def parse(data: bytes) -> Iterator[pa.Table]:
         return _records(io.BytesIO(data).readinto, _LastNewline(), _JsonBlocks(),
@@ -983,7 +982,7 @@ def _as_text(value: Any, t: pa.DataType) -> Any:
 
 
 if __name__ == "__main__":
-    import engine.land.http_fetch  # noqa: F401  (preloaded: a connector child pays no urllib import)
+    import contextful.engine.land.http_fetch  # noqa: F401  (preloaded: a connector child pays no urllib import)
 
     gc.freeze()  # the preloaded objects: a child's collections skip them, so their pages stay shared
     serve(int(sys.argv[1]))

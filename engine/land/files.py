@@ -43,10 +43,9 @@ from typing import Any
 
 import fsspec
 import xxhash
-
-from engine.land.decode import detect_format
-from engine.land.decode_child import local_path, split_compression
-from storage.errors import (
+from contextful.engine.land.decode import detect_format
+from contextful.engine.land.decode_child import local_path, split_compression
+from contextful.storage.errors import (
     ContextfulError,
     InputChanged,
     InputNotFound,

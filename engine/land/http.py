@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from storage.errors import ContextfulError, ManifestKeyUnknown, ManifestValueInvalid
+from contextful.storage.errors import ContextfulError, ManifestKeyUnknown, ManifestValueInvalid
 
 CONFIG_KEYS = ("url", "records", "paginate", "next_key", "token_key", "since_param", "token_param", "params",
                "headers", "timeout_s", "rate_limit", "retry")

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.config.manifest import PipelineSpec
-from engine.run.execution import Execution, open_execution, plan_reference
-from storage import Store
-from storage.transaction import CommitResult
+from contextful.engine.config.manifest import PipelineSpec
+from contextful.engine.run.execution import Execution, open_execution, plan_reference
+from contextful.storage import Store
+from contextful.storage.transaction import CommitResult
 
 LEASE_S = 300.0
 """The owner lease a run renews at every pull; a crashed holder on this host is taken over at once."""

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from storage.errors import (
+from contextful.storage.errors import (
     ContextfulError,
     ManifestInvalid,
     ManifestKeyUnknown,

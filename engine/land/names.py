@@ -25,8 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pyarrow as pa
-
-from storage.errors import ColumnNamesCollide
+from contextful.storage.errors import ColumnNamesCollide
 
 _Level = dict[str, tuple[str, "_Level"]]  # case-folded name -> (the name, the names beneath it)
 

@@ -27,20 +27,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config.manifest import Manifest, PipelineSpec
-from engine.guard import mask_message
-from engine.land.chunks import coalesce
-from engine.land.decode import Decoder
-from engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs
-from engine.land.http import HttpConfig
-from engine.land.journal import PullJournal
-from engine.land.position import open_position, since_text
-from engine.land.results import InputFailure, PipelineResult, Progress, TableLanding
-from engine.land.seed import land_seed
-from engine.land.sink import LandingSink
-from engine.land.walk import run_http_pipeline
-from storage import Store
-from storage.errors import ContextfulError, Incompatible, NotFound
+from contextful.engine.config.manifest import Manifest, PipelineSpec
+from contextful.engine.guard import mask_message
+from contextful.engine.land.chunks import coalesce
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs
+from contextful.engine.land.http import HttpConfig
+from contextful.engine.land.journal import PullJournal
+from contextful.engine.land.position import open_position, since_text
+from contextful.engine.land.results import InputFailure, PipelineResult, Progress, TableLanding
+from contextful.engine.land.seed import land_seed
+from contextful.engine.land.sink import LandingSink
+from contextful.engine.land.walk import run_http_pipeline
+from contextful.storage import Store
+from contextful.storage.errors import ContextfulError, Incompatible, NotFound
 
 CHECKPOINT_BYTES = 512 * 1024 * 1024
 STAGE_ROWS = 1_000_000
@@ -130,7 +130,7 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
                                        checkpoint_bytes=checkpoint_bytes, progress=progress, cancel=cancel,
                                        sleep=sleep, journal=journal)
         elif spec.source.kind == "receive":
-            from engine.land.receive.group import drain_queue
+            from contextful.engine.land.receive.group import drain_queue
 
             result = drain_queue(store, manifest, spec, decoder)
         else:

@@ -44,9 +44,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from engine.land.clocks import instant_us
-from storage.errors import CursorFieldMismatch
+from contextful.engine.land.clocks import instant_us
+from contextful.storage.errors import CursorFieldMismatch
 
 POSITION_KINDS = ("watermark", "walk")
 

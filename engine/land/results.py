@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from storage.reconcile import DowngradeEvent
-from storage.transaction import CommitResult
+from contextful.storage.reconcile import DowngradeEvent
+from contextful.storage.transaction import CommitResult
 
 
 @dataclass(frozen=True)

@@ -51,15 +51,14 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from engine.config.manifest import PipelineSpec, SourceSpec
-from engine.land.chunks import coalesce
-from engine.land.decode import Decoder
-from engine.land.files import InputFile, check_config, list_inputs
-from engine.land.sink import LandingSink
-from engine.land.typed import apply_types, read_types
-from storage import Store
-from storage.errors import (
+from contextful.engine.config.manifest import PipelineSpec, SourceSpec
+from contextful.engine.land.chunks import coalesce
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.files import InputFile, check_config, list_inputs
+from contextful.engine.land.sink import LandingSink
+from contextful.engine.land.typed import apply_types, read_types
+from contextful.storage import Store
+from contextful.storage.errors import (
     ContextfulError,
     InputNotFound,
     ManifestKeyUnknown,
@@ -69,7 +68,7 @@ from storage.errors import (
     PipelineSeedDeclarationMissing,
     PipelineSeedSourceChanged,
 )
-from storage.transaction import CommitResult
+from contextful.storage.transaction import CommitResult
 
 log = logging.getLogger(__name__)
 

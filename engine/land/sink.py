@@ -36,14 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-
-from engine.config.manifest import PipelineSpec
-from engine.land.names import LandedNames
-from engine.land.results import TableLanding
-from engine.land.typed import apply_types, read_types
-from storage import Store
-from storage.keys import check_keys
-from storage.transaction import CommitResult, RunTransaction, Savepoint, commit_together
+from contextful.engine.config.manifest import PipelineSpec
+from contextful.engine.land.names import LandedNames
+from contextful.engine.land.results import TableLanding
+from contextful.engine.land.typed import apply_types, read_types
+from contextful.storage import Store
+from contextful.storage.keys import check_keys
+from contextful.storage.transaction import CommitResult, RunTransaction, Savepoint, commit_together
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ def table_merge(spec: PipelineSpec, name: str) -> tuple[tuple[str, ...], str | N
     merges by ``order_by`` (``engine.normalize``: elements merge as their root rows do); else none."""
     if name == spec.table:
         return spec.primary_key, spec.order_by
-    from engine.normalize import child_order_by, child_primary_key
+    from contextful.engine.normalize import child_order_by, child_primary_key
 
     return child_primary_key(spec.primary_key), child_order_by(spec.primary_key, spec.order_by)
 
@@ -76,8 +75,8 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
     table = apply_types(spec.table, batch, types) if types is not None else batch
     masked: dict[str, int] = {}
     if guard:
-        from engine.guard import guard_table, log_masked
-        from engine.guard.key_cells import distinct_key_cells
+        from contextful.engine.guard import guard_table, log_masked
+        from contextful.engine.guard.key_cells import distinct_key_cells
 
         guarded = guard_table(table)
         table, masked = distinct_key_cells(table, guarded.table, spec.primary_key), dict(guarded.masked)
@@ -85,7 +84,7 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
     if spec.normalize != "relational":
         check_keys(spec.table, spec.primary_key, table, input=pull or None, first_row=first_row)
         return {spec.table: table}, masked
-    from engine.normalize import shred, write_relational
+    from contextful.engine.normalize import shred, write_relational
 
     tables: dict[str, pa.Table] = {}
     write_relational(shred(table, spec.table, id_prefix=id_prefix, primary_key=spec.primary_key,

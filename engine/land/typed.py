@@ -28,8 +28,7 @@ import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from storage.errors import TypedLandingFailed, TypeSpellingUnreadable, first_line
+from contextful.storage.errors import TypedLandingFailed, TypeSpellingUnreadable, first_line
 
 _SIMPLE: dict[str, pa.DataType] = {
     "bool": pa.bool_(), "boolean": pa.bool_(),

@@ -35,21 +35,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-
-from engine.config.manifest import PipelineSpec
-from engine.land.clocks import ClockReader, span
-from engine.land.decode import Decoder
-from engine.land.decode_child import conform
-from engine.land.http import PAGE_CAP, HttpConfig
-from engine.land.journal import PullJournal
-from engine.land.meter import Meter
-from engine.land.position import Admission, Position, open_position, since_text
-from engine.land.results import PipelineResult, Progress
-from engine.land.sink import LandingSink
-from engine.land.typed import read_types
-from engine.run.retry import RetrySchedule
-from storage import Store
-from storage.errors import PageCapExceeded, SourceResponseMalformed
+from contextful.engine.config.manifest import PipelineSpec
+from contextful.engine.land.clocks import ClockReader, span
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.decode_child import conform
+from contextful.engine.land.http import PAGE_CAP, HttpConfig
+from contextful.engine.land.journal import PullJournal
+from contextful.engine.land.meter import Meter
+from contextful.engine.land.position import Admission, Position, open_position, since_text
+from contextful.engine.land.results import PipelineResult, Progress
+from contextful.engine.land.sink import LandingSink
+from contextful.engine.land.typed import read_types
+from contextful.engine.run.retry import RetrySchedule
+from contextful.storage import Store
+from contextful.storage.errors import PageCapExceeded, SourceResponseMalformed
 
 
 @dataclass

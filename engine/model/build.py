@@ -27,19 +27,18 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
-
-from engine.model.conform import conform
-from engine.model.contract import check_contract
-from engine.model.spec import Contract, ModelSpec, ModelTest, case_clash
-from engine.read import attach_snapshot
-from storage.errors import ContractMismatch, ModelTestFailed, QueryInvalid, first_line
-from storage.snapshot import quote
+from contextful.engine.model.conform import conform
+from contextful.engine.model.contract import check_contract
+from contextful.engine.model.spec import Contract, ModelSpec, ModelTest, case_clash
+from contextful.engine.read import attach_snapshot
+from contextful.storage.errors import ContractMismatch, ModelTestFailed, QueryInvalid, first_line
+from contextful.storage.snapshot import quote
 
 if TYPE_CHECKING:
-    from engine.config.manifest import Manifest
-    from storage import Store
-    from storage.manifest import RunManifest
-    from storage.transaction import RunTransaction
+    from contextful.engine.config.manifest import Manifest
+    from contextful.storage import Store
+    from contextful.storage.manifest import RunManifest
+    from contextful.storage.transaction import RunTransaction
 
 PART_ROWS = 1_000_000
 """Rows gathered before one stage call writes them (bounds a build's memory)."""

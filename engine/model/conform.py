@@ -26,10 +26,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from engine.land.typed import parse_type
-from engine.model.spec import Contract
-from storage.errors import ContractMismatch, first_line
+from contextful.engine.land.typed import parse_type
+from contextful.engine.model.spec import Contract
+from contextful.storage.errors import ContractMismatch, first_line
 
 _CHECKED = "__contextful_contract_check"
 

@@ -14,9 +14,9 @@ column and the bumped minor. A higher major admits anything; a lower one refuses
 
 from __future__ import annotations
 
-from engine.land.typed import parse_type
-from engine.model.spec import Contract
-from storage.errors import ContractMismatch
+from contextful.engine.land.typed import parse_type
+from contextful.engine.model.spec import Contract
+from contextful.storage.errors import ContractMismatch
 
 
 def check_contract(model: str, new: Contract, published: Contract | None) -> None:

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
-
-from storage.errors import ContextfulError, ManifestValueInvalid
+from contextful.storage.errors import ContextfulError, ManifestValueInvalid
 
 if TYPE_CHECKING:
-    from engine.config.parse import _Problems
+    from contextful.engine.config.parse import _Problems
 
 MODEL_KEYS = ("name", "sql", "sql_file", "inputs", "contract", "policy", "tests", "record")
 CONTRACT_KEYS = ("version", "grain", "columns")
@@ -252,7 +251,7 @@ def _contract(block: Any, where: str, problems: _Problems) -> Contract | None:
         problems.add(ManifestValueInvalid(here, "columns", "must map each column to {type, nullable}"))
         raw = {}
     columns: dict[str, ColumnContract] = {}
-    from engine.land.typed import parse_type
+    from contextful.engine.land.typed import parse_type
 
     for column, spec in raw.items():
         at = f"{here}.columns.{column}"

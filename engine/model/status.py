@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.model.build import definition, published_build
+from contextful.engine.model.build import definition, published_build
 
 if TYPE_CHECKING:
-    from engine.config.manifest import Manifest
-    from engine.model.spec import ModelSpec
-    from storage import Store
+    from contextful.engine.config.manifest import Manifest
+    from contextful.engine.model.spec import ModelSpec
+    from contextful.storage import Store
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def _omitted_changed(store: Store, name: str, through: int, recorded: dict[str, 
     was rewritten): it holds a waiting run counted as committed before the cutoff."""
     if recorded is None or name not in store.table_names(include_reserved=True):
         return recorded is not None  # the input is gone: what the build read cannot be current
-    from engine.model.build import chain_record
+    from contextful.engine.model.build import chain_record
 
     return chain_record(store, name, through) != recorded
 

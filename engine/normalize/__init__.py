@@ -14,8 +14,8 @@ key columns are documented in ``docs/normalization.md``.
     True
 """
 
-from engine.normalize.reassemble import reassemble
-from engine.normalize.relational import (
+from contextful.engine.normalize.reassemble import reassemble
+from contextful.engine.normalize.relational import (
     ChildSpec,
     RelationalTables,
     check_child,

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from engine.normalize.relational import (
+from contextful.engine.normalize.relational import (
     ELEMENT_NULL,
     ID,
     LEN_PREFIX,

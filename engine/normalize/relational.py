@@ -53,9 +53,8 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from storage.errors import PipelineListIndexMissing, SchemaIrreconcilable
-from storage.keys import check_keys
+from contextful.storage.errors import PipelineListIndexMissing, SchemaIrreconcilable
+from contextful.storage.keys import check_keys
 
 ID = "_cf_id"
 PARENT_ID = "_cf_parent_id"

@@ -34,13 +34,13 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from storage.clock import Clock, SystemClock
-from storage.errors import JournalConflict
-from storage.holders import default_holder, holder_is_dead
-from storage.journal import CLOSED_FAILED, CLOSED_OK, JournalStore, StepRow
+from contextful.storage.clock import Clock, SystemClock
+from contextful.storage.errors import JournalConflict
+from contextful.storage.holders import default_holder, holder_is_dead
+from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, JournalStore, StepRow
 
 if TYPE_CHECKING:
-    from engine.run.retry import RetrySchedule
+    from contextful.engine.run.retry import RetrySchedule
 
 StepValue = bytes | dict[str, Any]
 

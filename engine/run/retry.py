@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from storage.errors import (
+from contextful.storage.errors import (
     ConnectorBoundHit,
     ContextfulError,
     ManifestInvalid,

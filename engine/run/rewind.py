@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from storage.clock import Clock, SystemClock, from_us
-from storage.errors import ExecutionNotFound, ExecutionRewindUnsafe
-from storage.holders import holder_is_dead
-from storage.journal import PENDING, JournalStore, OwnerRow
+from contextful.storage.clock import Clock, SystemClock, from_us
+from contextful.storage.errors import ExecutionNotFound, ExecutionRewindUnsafe
+from contextful.storage.holders import holder_is_dead
+from contextful.storage.journal import PENDING, JournalStore, OwnerRow
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
-from engine.guard import mask_message
-from storage.errors import ContextfulError, InputUnreadable, NotFound, RequestBodyTooLarge, SpecInvalid
+from contextful.engine.guard import mask_message
+from contextful.storage.errors import (
+    ContextfulError,
+    InputUnreadable,
+    NotFound,
+    RequestBodyTooLarge,
+    SpecInvalid,
+)
 
 log = logging.getLogger(__name__)
 

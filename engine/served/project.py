@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.served.face import SHUTDOWN_GRACE_S, Route, ServedFace, serve_face
-from storage.errors import SpecInvalid
+from contextful.engine.served.face import SHUTDOWN_GRACE_S, Route, ServedFace, serve_face
+from contextful.storage.errors import SpecInvalid
 
 if TYPE_CHECKING:
-    from engine.config.manifest import Manifest
-    from engine.export.gateway import Gateway
-    from engine.land.decode import Decoder
-    from engine.land.receive.server import ReceiveServer
-    from storage import Store
+    from contextful.engine.config.manifest import Manifest
+    from contextful.engine.export.gateway import Gateway
+    from contextful.engine.land.decode import Decoder
+    from contextful.engine.land.receive.server import ReceiveServer
+    from contextful.storage import Store
 
 Address = str | tuple[str, int]
 
@@ -57,8 +57,8 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
                   decoder: Decoder, queue_root: str | Path, receive_address: Address | None = None,
                   gateway_address: Address | None = None) -> Served:
     """Serve the manifest's receive pipelines and its exports' query gateway (see the module docstring)."""
-    from engine.export.gateway import Gateway, gateway_routes
-    from engine.land.receive.server import open_receivers
+    from contextful.engine.export.gateway import Gateway, gateway_routes
+    from contextful.engine.land.receive.server import open_receivers
 
     receive_at = receive_address or address
     gateway_at = gateway_address or address

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 
-from storage.errors import BlobCorrupt
+from contextful.storage.errors import BlobCorrupt
 
 
 def digest_of(data: bytes) -> str:
@@ -48,18 +48,18 @@ class BlobStore(ABC):
 def open_blob_store(profile: str, **kwargs: object) -> BlobStore:
     """``files`` (root=…), ``sqlite`` (path=…) or ``postgres`` (dsn=…, schema=…)."""
     if profile == "files":
-        from storage.blobs.files import FileBlobStore
-        from storage.objects import ObjectStore
+        from contextful.storage.blobs.files import FileBlobStore
+        from contextful.storage.objects import ObjectStore
 
         return FileBlobStore(ObjectStore(str(kwargs["root"])))
     if profile == "sqlite":
-        from storage.blobs.sqlite import SqliteBlobStore
+        from contextful.storage.blobs.sqlite import SqliteBlobStore
 
         return SqliteBlobStore(str(kwargs["path"]))
     if profile == "postgres":
-        from storage.blobs.postgres import PostgresBlobStore
+        from contextful.storage.blobs.postgres import PostgresBlobStore
 
         return PostgresBlobStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
-    from storage.errors import StorageProfileUnknown
+    from contextful.storage.errors import StorageProfileUnknown
 
     raise StorageProfileUnknown(profile, ("files", "sqlite", "postgres"))

@@ -7,9 +7,9 @@ or none, and a second writer of the same hash simply finds it present.
 
 from __future__ import annotations
 
-from storage.blobs import BlobStore
-from storage.errors import BlobNotFound
-from storage.objects import ObjectStore
+from contextful.storage.blobs import BlobStore
+from contextful.storage.errors import BlobNotFound
+from contextful.storage.objects import ObjectStore
 
 
 class FileBlobStore(BlobStore):

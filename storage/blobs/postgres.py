@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.blobs import BlobStore
-from storage.dbapi import SqlDialect, postgres_connection, postgres_connection_lost, postgres_error
-from storage.errors import BlobNotFound, ContextfulError
+from contextful.storage.blobs import BlobStore
+from contextful.storage.dbapi import SqlDialect, postgres_connection, postgres_connection_lost, postgres_error
+from contextful.storage.errors import BlobNotFound, ContextfulError
 
 
 class PostgresBlobStore(SqlDialect, BlobStore):

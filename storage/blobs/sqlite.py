@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from storage.blobs import BlobStore
-from storage.catalog.sqlite import enable_wal
-from storage.errors import BlobNotFound
+from contextful.storage.blobs import BlobStore
+from contextful.storage.catalog.sqlite import enable_wal
+from contextful.storage.errors import BlobNotFound
 
 
 class SqliteBlobStore(BlobStore):

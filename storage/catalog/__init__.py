@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from storage.clock import Clock
-from storage.commits import CommitRequest
-from storage.errors import StorageProfileUnknown
+from contextful.storage.clock import Clock
+from contextful.storage.commits import CommitRequest
+from contextful.storage.errors import StorageProfileUnknown
 
 PROFILES = ("local", "postgres")
 
@@ -221,13 +221,13 @@ def open_catalog(profile: str | None = None, *, sqlite_path: str | None = None, 
     """
     profile = profile or os.environ.get("CONTEXTFUL_STORAGE_PROFILE") or "local"
     if profile == "local":
-        from storage.catalog.sqlite import SqliteCatalog
+        from contextful.storage.catalog.sqlite import SqliteCatalog
 
         if sqlite_path is None:
             raise ValueError("the local profile needs a SQLite catalog path")
         return SqliteCatalog(sqlite_path)
     if profile == "postgres":
-        from storage.catalog.postgres import PostgresCatalog
+        from contextful.storage.catalog.postgres import PostgresCatalog
 
         return PostgresCatalog(
             dsn if dsn is not None else os.environ.get("CONTEXTFUL_POSTGRES_DSN", ""),

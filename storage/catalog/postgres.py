@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.catalog.sql import SqlCatalog
-from storage.dbapi import postgres_connection, postgres_connection_lost, postgres_error
-from storage.errors import ConditionalWriteUnsupported, ContextfulError
+from contextful.storage.catalog.sql import SqlCatalog
+from contextful.storage.dbapi import postgres_connection, postgres_connection_lost, postgres_error
+from contextful.storage.errors import ConditionalWriteUnsupported, ContextfulError
 
 
 class PostgresCatalog(SqlCatalog):

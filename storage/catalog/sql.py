@@ -21,9 +21,17 @@ from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from storage.catalog import Catalog, CommitRow, PartRow, PinnedHead, RunRecordRow, StagingRow, TableHead
-from storage.clock import Clock
-from storage.commits import (
+from contextful.storage.catalog import (
+    Catalog,
+    CommitRow,
+    PartRow,
+    PinnedHead,
+    RunRecordRow,
+    StagingRow,
+    TableHead,
+)
+from contextful.storage.clock import Clock
+from contextful.storage.commits import (
     AddParts,
     AssertHeadSeq,
     AssertPartsLive,
@@ -39,8 +47,8 @@ from storage.commits import (
     SetCursor,
     SetSchema,
 )
-from storage.dbapi import CommitUnheard, SqlDialect
-from storage.errors import (
+from contextful.storage.dbapi import CommitUnheard, SqlDialect
+from contextful.storage.errors import (
     CommitConflict,
     CommitOutcomeUnknown,
     ContextfulError,

@@ -13,9 +13,9 @@ import sqlite3
 import time
 from typing import Any
 
-from storage.catalog.sql import SqlCatalog
-from storage.dbapi import sqlite_error
-from storage.errors import ConditionalWriteUnsupported, ContextfulError
+from contextful.storage.catalog.sql import SqlCatalog
+from contextful.storage.dbapi import sqlite_error
+from contextful.storage.errors import ConditionalWriteUnsupported, ContextfulError
 
 BUSY_TIMEOUT_S = 120.0
 

@@ -27,8 +27,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from storage.clock import SystemClock, from_us
-from storage.errors import JournalConflict, OwnerPlanMismatch
+from contextful.storage.clock import SystemClock, from_us
+from contextful.storage.errors import JournalConflict, OwnerPlanMismatch
 
 PENDING = "pending"
 CLOSED_OK = "closed-ok"
@@ -207,18 +207,18 @@ class JournalStore(ABC):
 def open_journal_store(profile: str, **kwargs: object) -> JournalStore:
     """``files`` (root=…, a local path), ``sqlite`` (path=…) or ``postgres`` (dsn=…, schema=…)."""
     if profile == "files":
-        from storage.journal.files import FileJournalStore
-        from storage.objects import ObjectStore
+        from contextful.storage.journal.files import FileJournalStore
+        from contextful.storage.objects import ObjectStore
 
         return FileJournalStore(ObjectStore(str(kwargs["root"])))
     if profile == "sqlite":
-        from storage.journal.sqlite import SqliteJournalStore
+        from contextful.storage.journal.sqlite import SqliteJournalStore
 
         return SqliteJournalStore(str(kwargs["path"]))
     if profile == "postgres":
-        from storage.journal.postgres import PostgresJournalStore
+        from contextful.storage.journal.postgres import PostgresJournalStore
 
         return PostgresJournalStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
-    from storage.errors import StorageProfileUnknown
+    from contextful.storage.errors import StorageProfileUnknown
 
     raise StorageProfileUnknown(profile, PROFILES)

@@ -26,9 +26,9 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
-from storage.errors import ConditionalWriteUnsupported
-from storage.journal import JournalStore, OwnerRow, StepRow
-from storage.objects import TMP_MARK, ObjectStore
+from contextful.storage.errors import ConditionalWriteUnsupported
+from contextful.storage.journal import JournalStore, OwnerRow, StepRow
+from contextful.storage.objects import TMP_MARK, ObjectStore
 
 LOCK_KEY = "journal/owners.lock"
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.dbapi import postgres_connection, postgres_connection_lost, postgres_error
-from storage.errors import ContextfulError
-from storage.journal.sql import SqlJournalStore
+from contextful.storage.dbapi import postgres_connection, postgres_connection_lost, postgres_error
+from contextful.storage.errors import ContextfulError
+from contextful.storage.journal.sql import SqlJournalStore
 
 
 class PostgresJournalStore(SqlJournalStore):

@@ -13,9 +13,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from storage.dbapi import CommitUnheard, SqlDialect
-from storage.errors import CommitOutcomeUnknown, ContextfulError
-from storage.journal import JournalStore, OwnerRow, StepRow
+from contextful.storage.dbapi import CommitUnheard, SqlDialect
+from contextful.storage.errors import CommitOutcomeUnknown, ContextfulError
+from contextful.storage.journal import JournalStore, OwnerRow, StepRow
 
 OWNER_COLUMNS = ("scope", "execution_id", "plan_ref", "status", "holder", "lease_expires_us", "opened_us",
                  "closed_us", "cursor", "attempts", "replay_from")

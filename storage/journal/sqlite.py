@@ -12,10 +12,10 @@ import os
 import sqlite3
 from typing import Any
 
-from storage.catalog.sqlite import BUSY_TIMEOUT_S, enable_wal
-from storage.dbapi import sqlite_error
-from storage.errors import ContextfulError
-from storage.journal.sql import SqlJournalStore
+from contextful.storage.catalog.sqlite import BUSY_TIMEOUT_S, enable_wal
+from contextful.storage.dbapi import sqlite_error
+from contextful.storage.errors import ContextfulError
+from contextful.storage.journal.sql import SqlJournalStore
 
 
 class SqliteJournalStore(SqlJournalStore):

@@ -13,8 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.json as pj
 import pytest
-
-from datasets.gharchive import (
+from contextful.datasets.gharchive import (
     REQUIRED_KEYS,
     TYPE_NAMES,
     expected_counts,
@@ -234,11 +233,11 @@ def test_gzip_shards_decompress_to_the_plain_bytes(tmp_path: Path, shards: list[
 
 def test_cli_writes_the_same_shards_as_the_library(tmp_path: Path, shards: list[Path]) -> None:
     out = tmp_path / "cli"
-    subprocess.run([sys.executable, "-m", "datasets.gharchive", str(N), str(out), "--shards", str(SHARDS),
+    subprocess.run([sys.executable, "-m", "contextful.datasets.gharchive", str(N), str(out), "--shards", str(SHARDS),
                     "--seed", str(SEED)], cwd=ROOT, check=True, capture_output=True)
     assert sorted(p.name for p in out.iterdir()) == [p.name for p in shards]
     assert [(out / p.name).read_bytes() for p in shards] == [p.read_bytes() for p in shards]
-    bad = subprocess.run([sys.executable, "-m", "datasets.gharchive", "10", str(out), "--shards", "0"],
+    bad = subprocess.run([sys.executable, "-m", "contextful.datasets.gharchive", "10", str(out), "--shards", "0"],
                          check=False, cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "shards" in bad.stderr
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import click
 import pytest
+from contextful.engine.cli import cli
+from contextful.engine.cli.errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED
+from contextful.storage.errors import EXIT_CODES
 
-from engine.cli import cli
-from engine.cli.errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED
-from storage.errors import EXIT_CODES
 from tests.support.cli import contextful
 
 MANIFEST = """\
@@ -239,7 +239,7 @@ def test_outside_a_project_the_log_goes_to_the_state_dir(tmp_path: Path) -> None
     (store / "store.json").write_text("{not json")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "--store", str(store),
+    proc = subprocess.run([sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "--store", str(store),
                            "table", "list"], capture_output=True, text=True, env=env, timeout=300, check=False)
     assert assert_one_line(("table", "list"), proc) is None
     trace = TRACE.search(proc.stderr.strip())
@@ -250,7 +250,7 @@ def test_an_interrupt_is_one_line_and_exit_130(project: Path, tmp_path: Path) ->
     fifo = tmp_path / "slow.csv"
     os.mkfifo(fifo)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
-    child = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(project), "table", "load",
+    child = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(project), "table", "load",
                               "slow", str(fifo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         with open(fifo, "w") as writer:  # returns once the load has opened the file: it is mid-command
@@ -270,7 +270,7 @@ def test_a_reader_that_leaves_the_pipe_is_no_error(project: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
     # --json prints every row (megabytes): far more than a pipe buffer holds, so the command is
     # still writing when the reader leaves, however the two processes are scheduled.
-    child = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(project), "--json", "sql",
+    child = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(project), "--json", "sql",
                               "SELECT range AS n, repeat('x', 200) AS pad FROM range(200000)"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert child.stdout is not None and child.stderr is not None
@@ -288,7 +288,7 @@ def test_an_answer_that_cannot_be_written_whole_is_an_error(project: Path) -> No
     with open(os.devnull if not Path("/dev/full").exists() else "/dev/full", "w") as full:
         if full.name == os.devnull:
             pytest.skip("no /dev/full on this system")
-        child = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(project), "--json", "sql",
+        child = subprocess.run([sys.executable, "-m", "contextful.engine.cli", "--project", str(project), "--json", "sql",
                                 "SELECT range AS n, repeat('x', 200) AS pad FROM range(20000)"],
                                stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=300, check=False)
     assert child.returncode != 0

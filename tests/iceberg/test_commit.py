@@ -12,6 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from contextful.iceberg.commit import MAX_ATTEMPTS, export_table
+from contextful.storage.errors import Conflict, ExportCommitConflict
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table
@@ -22,9 +24,6 @@ from pyiceberg.table.update import (
     AssertTableUUID,
 )
 from pyiceberg.types import LongType
-
-from iceberg.commit import MAX_ATTEMPTS, export_table
-from storage.errors import Conflict, ExportCommitConflict
 
 IDENT = "exports.orders"
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from contextful.iceberg.commit import export_table
+from contextful.storage.errors import CommitOutcomeUnknown, TransientError
 from pyiceberg.catalog.sql import SqlCatalog
 
-from iceberg.commit import export_table
-from storage.errors import CommitOutcomeUnknown, TransientError
 from tests.iceberg.test_commit import IDENT, assert_no_stray_files, read, rows
 from tests.support.pg_proxy import PgProxy
 

@@ -17,9 +17,9 @@ EXPORTER = r"""
 import json, sys
 import pyarrow as pa
 from pyiceberg.catalog.sql import SqlCatalog
-from iceberg.commit import export_table
-from iceberg.expire import Retention, expire_snapshots
-from storage.errors import ExportCommitConflict
+from contextful.iceberg.commit import export_table
+from contextful.iceberg.expire import Retention, expire_snapshots
+from contextful.storage.errors import ExportCommitConflict
 
 name, uri, warehouse, writer, rounds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 keep = int(sys.argv[6])  # 0: no retention

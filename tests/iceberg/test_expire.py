@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from contextful.iceberg.commit import export_table
+from contextful.iceberg.expire import Retention, expire_snapshots
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
-from iceberg.commit import export_table
-from iceberg.expire import Retention, expire_snapshots
 from tests.iceberg.test_commit import IDENT, read, rows
 
 

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from contextful.iceberg.commit import export_table
+from contextful.iceberg.expire import Retention, expire_snapshots
 from pyiceberg.catalog.sql import SqlCatalog
-
-from iceberg.commit import export_table
-from iceberg.expire import Retention, expire_snapshots
 
 READER = r"""
 import glob, json, sys

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from contextful.iceberg.commit import export_table
+from contextful.iceberg.schema import arrow_to_iceberg
+from contextful.storage.errors import SchemaIrreconcilable
 from pyiceberg.catalog.sql import SqlCatalog
-
-from iceberg.commit import export_table
-from iceberg.schema import arrow_to_iceberg
-from storage.errors import SchemaIrreconcilable
 
 
 def test_nested_and_primitive_types_map_with_fresh_ids() -> None:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from contextful.storage import Store
+from contextful.storage.catalog import Catalog
+from contextful.storage.clock import Clock
 
-from storage import Store
-from storage.catalog import Catalog
-from storage.clock import Clock
 from tests.storage.hooked_catalog import HookedPostgresCatalog, HookedSqliteCatalog, Hooks
 
 

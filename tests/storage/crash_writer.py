@@ -131,10 +131,10 @@ class Events:
 
 def install(events: Events) -> None:
     """Wrap the store's steps so each one reports its event; behaviour is unchanged."""
-    from storage.catalog import sql
-    from storage.objects import ObjectStore
-    from storage.reserved import RUNS_TABLE
-    from storage.run_record import RunRecord
+    from contextful.storage.catalog import sql
+    from contextful.storage.objects import ObjectStore
+    from contextful.storage.reserved import RUNS_TABLE
+    from contextful.storage.run_record import RunRecord
 
     def prefix(table: str) -> str:
         return "runs-" if table == RUNS_TABLE else ""
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--marker")
     args = parser.parse_args(argv)
 
-    from storage import Store
+    from contextful.storage import Store
 
     events = Events(args.stall, args.marker)
     install(events)

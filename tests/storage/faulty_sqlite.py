@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from storage.catalog.sqlite import SqliteCatalog
+from contextful.storage.catalog.sqlite import SqliteCatalog
 
 
 @dataclass

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from storage.catalog.postgres import PostgresCatalog
-from storage.catalog.sqlite import SqliteCatalog
+from contextful.storage.catalog.postgres import PostgresCatalog
+from contextful.storage.catalog.sqlite import SqliteCatalog
 
 
 @dataclass

@@ -24,13 +24,12 @@ from typing import Any
 
 import psycopg
 import pytest
-
-from storage.blobs import BlobStore, digest_of
-from storage.blobs.files import FileBlobStore
-from storage.blobs.postgres import PostgresBlobStore
-from storage.blobs.sqlite import SqliteBlobStore
-from storage.errors import BlobCorrupt, BlobNotFound
-from storage.objects import TMP_MARK, ObjectStore
+from contextful.storage.blobs import BlobStore, digest_of
+from contextful.storage.blobs.files import FileBlobStore
+from contextful.storage.blobs.postgres import PostgresBlobStore
+from contextful.storage.blobs.sqlite import SqliteBlobStore
+from contextful.storage.errors import BlobCorrupt, BlobNotFound
+from contextful.storage.objects import TMP_MARK, ObjectStore
 
 KINDS = [
     "files-local",

@@ -21,13 +21,11 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
-from psycopg.conninfo import make_conninfo
-
-from storage.catalog import Catalog, PartRow
-from storage.catalog.postgres import PostgresCatalog
-from storage.catalog.sqlite import SqliteCatalog
-from storage.clock import ManualClock
-from storage.commits import (
+from contextful.storage.catalog import Catalog, PartRow
+from contextful.storage.catalog.postgres import PostgresCatalog
+from contextful.storage.catalog.sqlite import SqliteCatalog
+from contextful.storage.clock import ManualClock
+from contextful.storage.commits import (
     AddParts,
     AssertHeadSeq,
     AssertPartsLive,
@@ -45,14 +43,15 @@ from storage.commits import (
     SetSchema,
     Update,
 )
-from storage.errors import (
+from contextful.storage.errors import (
     CatalogRejected,
     CommitConflict,
     ConditionalWriteUnsupported,
     StoreCatalogMismatch,
     TableNotFound,
 )
-from storage.manifest import schema_to_text
+from contextful.storage.manifest import schema_to_text
+from psycopg.conninfo import make_conninfo
 
 UUID = "4b1d6f0e-0000-4000-8000-000000000001"
 SCHEMA_1 = schema_to_text(pa.schema([("id", pa.int64())]))

@@ -18,12 +18,12 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from contextful.storage import ManualClock, Store
+from contextful.storage.catalog.postgres import PostgresCatalog
+from contextful.storage.collect import run_of
+from contextful.storage.errors import CatalogUnavailable, CommitOutcomeUnknown
+from contextful.storage.transaction import RunTransaction
 
-from storage import ManualClock, Store
-from storage.catalog.postgres import PostgresCatalog
-from storage.collect import run_of
-from storage.errors import CatalogUnavailable, CommitOutcomeUnknown
-from storage.transaction import RunTransaction
 from tests.storage.faulty_sqlite import Faults, FaultySqliteCatalog
 from tests.support.pg_proxy import PgProxy
 from tests.support.relational_landing import CHILD, ITEMS_PER_ORDER, land_orders, torn
@@ -235,7 +235,7 @@ def test_a_run_id_commits_at_most_once(rig: Rig) -> None:
     land_missing(store, 3)
     commit = store.catalog.commits("t")[-1]
     again = store.catalog.commits("t")
-    from storage.commits import CommitRequest
+    from contextful.storage.commits import CommitRequest
 
     request = CommitRequest(table="t", run_id=commit.run_id, kind="append", manifest=commit.manifest,
                             requirements=(), updates=(), rows=commit.rows)
@@ -246,8 +246,8 @@ def test_a_run_id_commits_at_most_once(rig: Rig) -> None:
 def test_a_model_build_whose_outcome_is_unknown_deletes_nothing(rig: Rig, tmp_path: Path) -> None:
     import tomllib
 
-    from engine.config.parse import parse_manifest
-    from engine.model.build import build_models, published_build
+    from contextful.engine.config.parse import parse_manifest
+    from contextful.engine.model.build import build_models, published_build
 
     store = rig.store
     land_missing(store, 4)

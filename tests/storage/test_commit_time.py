@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
+from contextful.storage import ManualClock, Store
+from contextful.storage.errors import SnapshotNotFound
 
-from storage import ManualClock, Store
-from storage.errors import SnapshotNotFound
 from tests.storage.catalog_place import CatalogPlace
 from tests.storage.hooked_catalog import Hooks
 

@@ -20,11 +20,10 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-
-from storage import Store
-from storage.catalog.postgres import PostgresCatalog
-from storage.catalog.sqlite import SqliteCatalog
-from storage.reserved import RUNS_TABLE
+from contextful.storage import Store
+from contextful.storage.catalog.postgres import PostgresCatalog
+from contextful.storage.catalog.sqlite import SqliteCatalog
+from contextful.storage.reserved import RUNS_TABLE
 
 WRITERS = 4
 RUNS = 50

@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from contextful.storage import Store
+from contextful.storage.errors import SnapshotCollected
+from contextful.storage.manifest import manifest_key
+from contextful.storage.objects import TMP_MARK
+from contextful.storage.parts import part_key
+from contextful.storage.reserved import RUNS_TABLE
 
-from storage import Store
-from storage.errors import SnapshotCollected
-from storage.manifest import manifest_key
-from storage.objects import TMP_MARK
-from storage.parts import part_key
-from storage.reserved import RUNS_TABLE
 from tests.storage import crash_writer as cw
 
 REPO = Path(__file__).resolve().parents[2]

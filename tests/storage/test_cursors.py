@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-
-from storage import Store
-from storage.cursors import LEASED_KINDS, POSITION_KINDS, resolve_cursor
-from storage.errors import CommitConflict, LeaseCursorKindMismatch, SyncCursorConflict
+from contextful.storage import Store
+from contextful.storage.cursors import LEASED_KINDS, POSITION_KINDS, resolve_cursor
+from contextful.storage.errors import CommitConflict, LeaseCursorKindMismatch, SyncCursorConflict
 
 
 @pytest.mark.clause("store.merge.cursor-recency")

@@ -24,11 +24,10 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+from contextful.storage import ManualClock, Store
+from contextful.storage.snapshot import Snapshot, snapshot_sql
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from storage import ManualClock, Store
-from storage.snapshot import Snapshot, snapshot_sql
 
 Row = dict[str, Any]
 SCHEMA = pa.schema({"k": pa.int64(), "ts": pa.int64(), "u": pa.int64(), "id": pa.int64()})

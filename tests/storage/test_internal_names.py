@@ -3,26 +3,25 @@ to the user's namespace (issue 11, "an answer once given never changes").
 
 Each name below is one the read path once added to a scan (DuckDB's ``filename`` and
 ``file_row_number``), one DuckDB offers as a virtual column of a Parquet scan (``file_index``), one a
-reader query names internally (its relation and column aliases, storage.snapshot.INTERNAL_NAMES), or
+reader query names internally (its relation and column aliases, contextful.storage.snapshot.INTERNAL_NAMES), or
 a hive partition a directory above the store looks like. A keyed and an unkeyed table holding user
 columns of those names answer the user's values through every reader: Table.to_arrow and count,
-engine.read views, a fold, a model built over them, and Iceberg exports of the tables and the model.
+contextful.engine.read views, a fold, a model built over them, and Iceberg exports of the tables and the model.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import contextful.engine.read
 import pyarrow as pa
 import pytest
+from contextful.engine.config import load_manifest
+from contextful.engine.export.run import run_exports
+from contextful.engine.model.build import build_models
+from contextful.storage import Store
+from contextful.storage.snapshot import INTERNAL_NAMES, quote
 from pyiceberg.catalog.sql import SqlCatalog
-
-import engine.read
-from engine.config import load_manifest
-from engine.export.run import run_exports
-from engine.model.build import build_models
-from storage import Store
-from storage.snapshot import INTERNAL_NAMES, quote
 
 NAMES = sorted({"filename", "file_row_number", "file_index", "part_uri", "ord_seq", "ord_idx", "src",
                 "part_order", "{brace}", 'quo"te', "it's", *INTERNAL_NAMES})
@@ -117,10 +116,10 @@ def check_every_reader(project: Path, names: tuple[str, ...], keyed: list[tuple]
             assert sorted(store.table(table).to_arrow().column_names) == sorted(["id", "v", *names])
             assert answer(store.table(table).to_arrow().to_pylist(), names) == want, table
             assert store.table(table).count() == len(want)
-            con = engine.read.connect(store)
+            con = contextful.engine.read.connect(store)
             assert ordered(con.sql(select(names, table)).fetchall()) == want, table
         build_models(store, m)
-        con = engine.read.connect(store)
+        con = contextful.engine.read.connect(store)
         assert ordered(con.sql(select(names, "keyed_copy")).fetchall()) == keyed
         assert ordered(con.sql(select(names, "plain_copy")).fetchall()) == plain
         run_exports(store, m)
@@ -133,7 +132,7 @@ def check_every_reader(project: Path, names: tuple[str, ...], keyed: list[tuple]
             assert store.fold(table, small_bytes=1 << 30) is not None
             assert answer(store.table(table).to_arrow().to_pylist(), names) == want, table
             assert answer(store.table(table).to_arrow(commit_seq=before).to_pylist(), names) == want, table
-            con = engine.read.connect(store)
+            con = contextful.engine.read.connect(store)
             assert ordered(con.sql(select(names, table)).fetchall()) == want, table
 
 
@@ -168,8 +167,8 @@ def test_a_store_under_a_directory_named_like_a_hive_partition_reads_its_own_col
     with Store.open(m.project.store) as store:
         for table, want in (("keyed", keyed), ("plain", plain)):
             assert answer(store.table(table).to_arrow().to_pylist(), ("part",)) == want
-            con = engine.read.connect(store)
+            con = contextful.engine.read.connect(store)
             assert sorted(con.sql(f"SELECT id, v, part FROM {table}").fetchall()) == want
         build_models(store, m)  # the grain check reads the staged parts: four distinct `part` values
-        con = engine.read.connect(store)
+        con = contextful.engine.read.connect(store)
         assert sorted(con.sql("SELECT id, v, part FROM plain_copy").fetchall()) == plain

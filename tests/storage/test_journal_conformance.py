@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from storage.clock import from_us
-from storage.errors import (
+from contextful.storage.clock import from_us
+from contextful.storage.errors import (
     ConditionalWriteUnsupported,
     JournalConflict,
     OwnerPlanMismatch,
     StorageProfileUnknown,
 )
-from storage.journal import (
+from contextful.storage.journal import (
     CLOSED_FAILED,
     CLOSED_OK,
     PENDING,
@@ -37,10 +36,10 @@ from storage.journal import (
     StepRow,
     open_journal_store,
 )
-from storage.journal.files import FileJournalStore
-from storage.journal.postgres import PostgresJournalStore
-from storage.journal.sqlite import SqliteJournalStore
-from storage.objects import ObjectStore
+from contextful.storage.journal.files import FileJournalStore
+from contextful.storage.journal.postgres import PostgresJournalStore
+from contextful.storage.journal.sqlite import SqliteJournalStore
+from contextful.storage.objects import ObjectStore
 
 KINDS = ["files", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 

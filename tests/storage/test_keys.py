@@ -12,19 +12,18 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from storage import ManualClock, Store
-from storage.errors import (
+from contextful.storage import ManualClock, Store
+from contextful.storage.errors import (
     PrimaryKeyColumnMissing,
     PrimaryKeyNull,
     PrimaryKeyWideningLossy,
     TableNameInvalid,
     TableUnreadable,
 )
-from storage.reconcile import holds_exactly, reconcile
-from storage.snapshot import snapshot_sql
+from contextful.storage.reconcile import holds_exactly, reconcile
+from contextful.storage.snapshot import snapshot_sql
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 BIG = 2**53
 
@@ -55,7 +54,7 @@ def test_nan_keys_are_refused_as_they_equal_nothing(store: Store) -> None:
 
 
 def test_a_key_naming_a_column_the_data_lacks_lands_nothing_and_the_store_stays_readable(store: Store) -> None:
-    import engine.read
+    import contextful.engine.read
 
     store.append("other", pa.table({"x": [1]}))
     table = store.create_table("t", ["nope"])
@@ -63,7 +62,7 @@ def test_a_key_naming_a_column_the_data_lacks_lands_nothing_and_the_store_stays_
         table.append(pa.table({"id": [1, 2]}))
     assert (caught.value.table, caught.value.column, caught.value.columns) == ("t", "nope", ("id",))
     assert table.refresh().commit_seq == 0 and table.schema is None
-    con = engine.read.connect(store)
+    con = contextful.engine.read.connect(store)
     assert con.execute("SELECT count(*) FROM other").fetchone() == (1,)
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from contextful.storage.objects import ObjectStore
+from contextful.storage.parts import write_part
 
-from storage.objects import ObjectStore
-from storage.parts import write_part
 from tests.support.s3_server import S3Server
 
 SCHEMA = pa.schema({"id": pa.int64(), "text": pa.string()})

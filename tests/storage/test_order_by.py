@@ -8,9 +8,8 @@ import json
 import threading
 
 import pyarrow as pa
-
-from storage import Store
-from storage.catalog.sqlite import SqliteCatalog
+from contextful.storage import Store
+from contextful.storage.catalog.sqlite import SqliteCatalog
 
 
 def values(store: Store, table: str, commit_seq: int | None = None) -> dict[int, str]:

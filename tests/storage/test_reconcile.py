@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-
-from storage.errors import SchemaIrreconcilable
-from storage.reconcile import conform, reconcile
+from contextful.storage.errors import SchemaIrreconcilable
+from contextful.storage.reconcile import conform, reconcile
 
 
 def merged(have: pa.DataType, got: pa.DataType) -> tuple[pa.DataType, list[tuple[str, str, str]]]:

@@ -11,10 +11,10 @@ import uuid
 
 import psycopg
 import pytest
+from contextful.storage.blobs.postgres import PostgresBlobStore
+from contextful.storage.catalog.postgres import PostgresCatalog
+from contextful.storage.journal import open_journal_store
 
-from storage.blobs.postgres import PostgresBlobStore
-from storage.catalog.postgres import PostgresCatalog
-from storage.journal import open_journal_store
 from tests.storage.test_catalog_conformance import at, request
 
 

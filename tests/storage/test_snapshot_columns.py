@@ -7,8 +7,7 @@ import os
 
 import pyarrow as pa
 import pytest
-
-from storage import Store
+from contextful.storage import Store
 
 
 @pytest.mark.parametrize("key", [(), ("k",)], ids=["unkeyed", "keyed"])

@@ -8,9 +8,8 @@ import os
 
 import pyarrow as pa
 import pytest
-
-from storage import ManualClock, Store, run_record
-from storage.errors import (
+from contextful.storage import ManualClock, Store, run_record
+from contextful.storage.errors import (
     ModalityInvalid,
     SchemaIrreconcilable,
     SnapshotCollected,
@@ -18,8 +17,8 @@ from storage.errors import (
     StagingFailed,
     TableNameInvalid,
 )
-from storage.manifest import manifest_key
-from storage.reserved import RUNS_TABLE
+from contextful.storage.manifest import manifest_key
+from contextful.storage.reserved import RUNS_TABLE
 
 
 def rows(table: pa.Table, *keys: str) -> list[dict]:
@@ -321,7 +320,7 @@ def test_polars_frames_land_as_arrow(store: Store) -> None:
 
 
 def test_parts_written_behind_stage_fail_at_commit_and_leave_nothing(local_store: Store) -> None:
-    from storage.parts import part_key
+    from contextful.storage.parts import part_key
 
     store = local_store
     assert store.writer_pool() is not None  # a local store writes parts behind the caller

@@ -13,7 +13,7 @@ def contextful(project: Path, *args: str, check: bool = True, timeout: float = 3
                preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
     """``contextful --project PROJECT ARGS…``; raises with its stderr when ``check`` and it fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--project", str(project), *args],
+    proc = subprocess.run([sys.executable, "-m", "contextful.engine.cli", "--project", str(project), *args],
                           capture_output=True, text=True, env=env, timeout=timeout, preexec_fn=preexec_fn,
                           check=False)
     if check and proc.returncode != 0:

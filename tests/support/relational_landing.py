@@ -6,12 +6,11 @@ Shared by the tests proving that a landing's root and child tables publish at on
 
 from __future__ import annotations
 
+import contextful.engine.read
 import pyarrow as pa
-
-import engine.read
-from engine.config.manifest import PipelineSpec, SourceSpec
-from engine.land.sink import LandingSink
-from storage import Store
+from contextful.engine.config.manifest import PipelineSpec, SourceSpec
+from contextful.engine.land.sink import LandingSink
+from contextful.storage import Store
 
 ORDERS = PipelineSpec(id="orders", source=SourceSpec("files"), table="orders", normalize="relational")
 CHILD = "orders__items"
@@ -36,7 +35,7 @@ def land_orders(store: Store, ids: list[int]) -> None:
 def torn(store: Store) -> tuple[int, int]:
     """What a notebook connection sees torn: child rows whose root row is missing, and root rows
     missing some of their children."""
-    con = engine.read.connect(store)
+    con = contextful.engine.read.connect(store)
     try:
         views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
         if CHILD not in views:

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pyarrow as pa
-
-from storage.errors import InputMalformed, RequestBodyTooLarge, first_line
+from contextful.storage.errors import InputMalformed, RequestBodyTooLarge, first_line
 
 CODECS = {"gzip": "gzip", "x-gzip": "gzip", "zstd": "zstd"}
 """``Content-Encoding`` value -> the Arrow codec that decodes it."""

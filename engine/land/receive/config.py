@@ -24,7 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from storage.errors import ContextfulError, ManifestInvalid, ManifestKeyUnknown, ManifestValueInvalid
+from contextful.storage.errors import (
+    ContextfulError,
+    ManifestInvalid,
+    ManifestKeyUnknown,
+    ManifestValueInvalid,
+)
 
 CONFIG_KEYS = ("key_retention_secs", "max_queue_depth", "format", "max_body_bytes", "max_decoded_bytes")
 FORMATS = ("ndjson", "json")

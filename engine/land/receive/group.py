@@ -38,18 +38,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-
-from engine.config.manifest import Manifest, PipelineSpec
-from engine.guard import mask_message
-from engine.land.decode import Decoder
-from engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig
-from engine.land.receive.spool import DIGEST_HEX, LANDED, Member, Queue, key_digest, queue_root
-from engine.land.results import InputFailure, PipelineResult, TableLanding
-from engine.land.sink import table_merge
-from storage import Store
-from storage.clock import Clock, SystemClock
-from storage.commits import SetCursor
-from storage.errors import (
+from contextful.engine.config.manifest import Manifest, PipelineSpec
+from contextful.engine.guard import mask_message
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig
+from contextful.engine.land.receive.spool import DIGEST_HEX, LANDED, Member, Queue, key_digest, queue_root
+from contextful.engine.land.results import InputFailure, PipelineResult, TableLanding
+from contextful.engine.land.sink import table_merge
+from contextful.storage import Store
+from contextful.storage.clock import Clock, SystemClock
+from contextful.storage.commits import SetCursor
+from contextful.storage.errors import (
     ContextfulError,
     InputUnreadable,
     PrimaryKeyColumnMissing,
@@ -57,10 +56,10 @@ from storage.errors import (
     SchemaIrreconcilable,
     first_line,
 )
-from storage.keys import check_keys
-from storage.manifest import schema_from_text
-from storage.reconcile import conform, reconcile
-from storage.transaction import CommitResult, RunTransaction, commit_together
+from contextful.storage.keys import check_keys
+from contextful.storage.manifest import schema_from_text
+from contextful.storage.reconcile import conform, reconcile
+from contextful.storage.transaction import CommitResult, RunTransaction, commit_together
 
 log = logging.getLogger(__name__)
 

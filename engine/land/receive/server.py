@@ -44,23 +44,22 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pyarrow as pa
-
-from engine.config.manifest import Manifest, PipelineSpec
-from engine.guard import mask_message
-from engine.land.decode import Decoder
-from engine.land.names import LandedNames
-from engine.land.receive import writers
-from engine.land.receive.body import CODECS, decode_body, private_file
-from engine.land.receive.config import ReceiveConfig
-from engine.land.receive.group import PushHook, TableAnswer, committed_answer, drain, land_pending
-from engine.land.receive.spool import LANDED, Member, Queue, key_digest
-from engine.land.sink import prepare_batch, table_merge
-from engine.land.typed import read_types
-from engine.served.face import SHUTDOWN_GRACE_S, Exchange, Route, ServedFace, serve_face
-from storage import Store
-from storage import errors as catalogue
-from storage.clock import Clock, SystemClock
-from storage.errors import (
+from contextful.engine.config.manifest import Manifest, PipelineSpec
+from contextful.engine.guard import mask_message
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.names import LandedNames
+from contextful.engine.land.receive import writers
+from contextful.engine.land.receive.body import CODECS, decode_body, private_file
+from contextful.engine.land.receive.config import ReceiveConfig
+from contextful.engine.land.receive.group import PushHook, TableAnswer, committed_answer, drain, land_pending
+from contextful.engine.land.receive.spool import LANDED, Member, Queue, key_digest
+from contextful.engine.land.sink import prepare_batch, table_merge
+from contextful.engine.land.typed import read_types
+from contextful.engine.served.face import SHUTDOWN_GRACE_S, Exchange, Route, ServedFace, serve_face
+from contextful.storage import Store
+from contextful.storage import errors as catalogue
+from contextful.storage.clock import Clock, SystemClock
+from contextful.storage.errors import (
     ContextfulError,
     InputMalformed,
     InputUnreadable,
@@ -70,9 +69,9 @@ from storage.errors import (
     ReceiveBatchKeyExpired,
     SpecInvalid,
 )
-from storage.manifest import schema_from_text
-from storage.reconcile import conform, reconcile
-from storage.reserved import check_modality
+from contextful.storage.manifest import schema_from_text
+from contextful.storage.reconcile import conform, reconcile
+from contextful.storage.reserved import check_modality
 
 log = logging.getLogger(__name__)
 

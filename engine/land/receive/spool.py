@@ -53,11 +53,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pyarrow as pa
+from contextful.engine.guard import mask_message
+from contextful.storage.catalog.sqlite import BUSY_TIMEOUT_S, enable_wal
+from contextful.storage.errors import ContextfulError
 from pyarrow import ipc
-
-from engine.guard import mask_message
-from storage.catalog.sqlite import BUSY_TIMEOUT_S, enable_wal
-from storage.errors import ContextfulError
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.served import keys
-from storage.errors import WriterCredentialUnadmitted, WriterPipelineRefused
+from contextful.engine.served import keys
+from contextful.storage.errors import WriterCredentialUnadmitted, WriterPipelineRefused
 
 WRITERS_DIR = Path(".contextful") / "writers"
 KIND = keys.KeyKind("cfw", WRITERS_DIR, "pipelines", "writer key", WriterCredentialUnadmitted)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from engine.config import load_manifest
-from storage.errors import (
+from contextful.engine.config import load_manifest
+from contextful.storage.errors import (
     ManifestInvalid,
     ManifestKeyUnknown,
     ManifestValueInvalid,

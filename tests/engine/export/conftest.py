@@ -6,11 +6,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from engine.config.manifest import Manifest
-from engine.land.decode import Decoder
-from engine.served.project import Served, serve_project
-from storage import Store
+from contextful.engine.config.manifest import Manifest
+from contextful.engine.land.decode import Decoder
+from contextful.engine.served.project import Served, serve_project
+from contextful.storage import Store
 
 
 @pytest.fixture

@@ -10,14 +10,19 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from contextful.engine.config.manifest import Manifest
+from contextful.engine.config.parse import parse_manifest
+from contextful.engine.export import namespace_for, preflight
+from contextful.engine.export.run import run_exports
+from contextful.storage import Store
+from contextful.storage.errors import (
+    ExportNamespaceShared,
+    ManifestInvalid,
+    ManifestKeyUnknown,
+    ManifestValueInvalid,
+)
 from pyiceberg.catalog.sql import SqlCatalog
 
-from engine.config.manifest import Manifest
-from engine.config.parse import parse_manifest
-from engine.export import namespace_for, preflight
-from engine.export.run import run_exports
-from storage import Store
-from storage.errors import ExportNamespaceShared, ManifestInvalid, ManifestKeyUnknown, ManifestValueInvalid
 from tests.support.cli import contextful
 
 
@@ -130,8 +135,8 @@ def scan(project: Path, identifier: str) -> list[dict]:
 
 
 def test_export_run_and_status_end_to_end(tmp_path: Path) -> None:
-    from engine.config import load_manifest
-    from engine.model.build import build_models
+    from contextful.engine.config import load_manifest
+    from contextful.engine.model.build import build_models
 
     (tmp_path / "contextful.toml").write_text(PROJECT)
     m = load_manifest(tmp_path)
@@ -180,8 +185,8 @@ def test_validate_reports_a_shared_namespace_naming_both_exports(tmp_path: Path)
 
 
 def test_export_progress_reports_rows_as_they_reach_the_writer(tmp_path: Path) -> None:
-    from engine.config import load_manifest
-    from engine.export.run import ExportProgress
+    from contextful.engine.config import load_manifest
+    from contextful.engine.export.run import ExportProgress
 
     (tmp_path / "contextful.toml").write_text('[project]\nname = "p"\n' + export_toml("big", "bi", "analysts"))
     m = load_manifest(tmp_path)
@@ -214,7 +219,7 @@ def test_export_block_retention_keys_parse_and_refuse_bad_values(tmp_path: Path)
 
 
 def test_an_export_whose_source_did_not_change_publishes_nothing_and_says_so(tmp_path: Path) -> None:
-    from engine.config import load_manifest
+    from contextful.engine.config import load_manifest
 
     (tmp_path / "contextful.toml").write_text('[project]\nname = "p"\n' + export_toml("out", "bi", "analysts"))
     m = load_manifest(tmp_path)
@@ -247,7 +252,7 @@ def test_an_export_whose_source_did_not_change_publishes_nothing_and_says_so(tmp
 
 
 def test_export_run_expires_snapshots_past_keep_snapshots(tmp_path: Path) -> None:
-    from engine.config import load_manifest
+    from contextful.engine.config import load_manifest
 
     (tmp_path / "contextful.toml").write_text('[project]\nname = "p"\n'
                                               + export_toml("out", "bi", "analysts", extra="keep_snapshots = 2\n"))

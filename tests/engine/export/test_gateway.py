@@ -18,15 +18,14 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-
-from engine.config import load_manifest
-from engine.config.manifest import Manifest
-from engine.export import readers
-from engine.export.gateway import Gateway
-from engine.export.query import NamespaceReader
-from engine.export.run import run_exports
-from storage import Store
-from storage.errors import (
+from contextful.engine.config import load_manifest
+from contextful.engine.config.manifest import Manifest
+from contextful.engine.export import readers
+from contextful.engine.export.gateway import Gateway
+from contextful.engine.export.query import NamespaceReader
+from contextful.engine.export.run import run_exports
+from contextful.storage import Store
+from contextful.storage.errors import (
     CatalogUnavailable,
     ExportQueryRefused,
     ManifestInvalid,
@@ -34,6 +33,7 @@ from storage.errors import (
     QueryInvalid,
     ReaderCredentialUnadmitted,
 )
+
 from tests.support.cli import contextful
 
 ORDERS_BI = pa.table({"day": ["2024-01-01", "2024-01-02", "2024-01-02", "2024-01-03"],
@@ -416,7 +416,7 @@ def test_cli_issues_keys_and_serve_hosts_the_gateway(tmp_path: Path) -> None:
     listed = json.loads(contextful(tmp_path, "--json", "export", "key", "list").stdout)
     assert [k["key_id"] for k in listed] == [key["key_id"]] and "sha256" not in listed[0]
 
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "serve",
+    proc = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "pipeline", "serve",
                              "--http", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)
     try:
@@ -460,7 +460,7 @@ def test_validate_warns_of_caller_sql_declared_on_a_shared_warehouse(tmp_path: P
 def test_queries_beyond_the_slots_wait_then_are_rate_limited(tmp_path: Path) -> None:
     import threading
 
-    from storage.errors import RateLimited
+    from contextful.storage.errors import RateLimited
 
     manifest = make_project(tmp_path, project_toml())
     gateway = Gateway(manifest, max_concurrent=1, queue_wait_s=0.2)

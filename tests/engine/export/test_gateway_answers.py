@@ -15,13 +15,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from contextful.engine.config import load_manifest
+from contextful.engine.export.gateway import STREAM_AFTER_BYTES, Gateway
+from contextful.engine.export.query import NamespaceReader
+from contextful.engine.export.run import run_exports
+from contextful.storage import Store
+from contextful.storage.errors import AnswerTooLarge, QueryInvalid
 
-from engine.config import load_manifest
-from engine.export.gateway import STREAM_AFTER_BYTES, Gateway
-from engine.export.query import NamespaceReader
-from engine.export.run import run_exports
-from storage import Store
-from storage.errors import AnswerTooLarge, QueryInvalid
 from tests.engine.export.test_gateway import arrow_trailer, call, keys, make_project, project_toml
 
 WIDE = "SELECT i, repeat('x', 100) AS pad FROM range($n) t(i)"
@@ -122,7 +122,7 @@ def test_a_failure_under_the_engine_answers_500_with_an_error_id_and_no_text(
     assert data_files
     for path in data_files:
         path.unlink()
-    with caplog.at_level(logging.ERROR, logger="engine.export.gateway"):
+    with caplog.at_level(logging.ERROR, logger="contextful.engine.export.gateway"):
         status, doc, _ = call(url, "POST", "/query", {"table": "orders", "template": "all"}, token)
     assert status == 500 and set(doc) == {"error", "error_id"}, doc
     assert doc["error"] == "QueryFailed" and len(doc["error_id"]) == 32

@@ -16,10 +16,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pytest
+from contextful.engine.export.gateway import Gateway
+from contextful.engine.export.sql_shape import read_shape
+from contextful.storage.errors import ExportQueryRefused
 
-from engine.export.gateway import Gateway
-from engine.export.sql_shape import read_shape
-from storage.errors import ExportQueryRefused
 from tests.engine.export.sandbox_corpus import LEGIT, STATEMENTS, hostile
 from tests.engine.export.test_gateway import (
     ORDERS_BI,

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.guard.catalogue import AwsKeyFamily, Family, Finding, LlmKeyFamily, PrivateKeyFamily
+from contextful.engine.guard.catalogue import AwsKeyFamily, Family, Finding, LlmKeyFamily, PrivateKeyFamily
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UPPER_DIGITS = string.ascii_uppercase + string.digits

@@ -13,10 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from engine.guard import (
+from contextful.engine.guard import (
     BatchGuardResult,
     GuardResult,
     guard_batch,
@@ -24,10 +21,13 @@ from engine.guard import (
     log_masked,
     mask_message,
 )
-from engine.guard.arrow import PREFILTER_PATTERN
-from engine.guard.catalogue import PREFIXES
-from engine.guard.names import mask_name
-from engine.guard.prefilter import candidate_cells
+from contextful.engine.guard.arrow import PREFILTER_PATTERN
+from contextful.engine.guard.catalogue import PREFIXES
+from contextful.engine.guard.names import mask_name
+from contextful.engine.guard.prefilter import candidate_cells
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from tests.engine.guard.synthetic import B64URL, CREDENTIALS, chars
 
 AWS = "AKIA" + "Q7" * 8
@@ -148,12 +148,12 @@ def test_invalid_utf8_neither_raises_nor_changes_outside_the_credential() -> Non
 def test_log_masked_logs_the_count_of_masked_cells_per_column(caplog: pytest.LogCaptureFixture) -> None:
     table = pa.table({"a": [AWS, "x", f"{LLM} {NPM}"], "b": [{"c": [f"{NPM}"]}, None, {"c": []}]})
     result = guard_table(table)
-    with caplog.at_level(logging.INFO, logger="engine.guard"):
+    with caplog.at_level(logging.INFO, logger="contextful.engine.guard"):
         log_masked("gh-events", "pull-0007", result.masked)
         log_masked("gh-events", "pull-0008", guard_table(pa.table({"a": ["nothing here"]})).masked)
         renamed = guard_table(pa.table({f"c {AWS}": [1]}))
         log_masked("gh-events", "pull-0009", renamed.masked, renamed.renamed)
-    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "engine.guard"]
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "contextful.engine.guard"]
     assert lines == [
         (logging.INFO, "pipeline gh-events pull pull-0007: masked 2 cell(s) in column a"),
         (logging.INFO, "pipeline gh-events pull pull-0007: masked 1 cell(s) in column b.c"),

@@ -11,17 +11,25 @@ import doctest
 import random
 from pathlib import Path
 
+import contextful.engine.guard
+import contextful.engine.guard.arrow
+import contextful.engine.guard.catalogue
+import contextful.engine.guard.escapes
+import contextful.engine.guard.names
 import pytest
+from contextful.engine.guard.catalogue import (
+    FAMILIES,
+    PREFIXES,
+    Family,
+    Finding,
+    Segment,
+    mask_text,
+    scan_text,
+)
 
-import engine.guard
-import engine.guard.arrow
-import engine.guard.catalogue
-import engine.guard.escapes
-import engine.guard.names
-from engine.guard.catalogue import FAMILIES, PREFIXES, Family, Finding, Segment, mask_text, scan_text
 from tests.engine.guard.synthetic import ALNUM, B64URL, CREDENTIALS, chars
 
-GUARD_SOURCES = sorted(Path(engine.guard.__file__).parent.glob("*.py"))
+GUARD_SOURCES = sorted(Path(contextful.engine.guard.__file__).parent.glob("*.py"))
 A32 = "a1B2c3D4" * 4  # 32 ASCII alphanumerics
 HEX32 = "0123456789abcdef" * 2
 
@@ -54,7 +62,7 @@ def test_every_family_is_anchored_on_a_literal_prefix() -> None:
     for key, draw in CREDENTIALS.items():
         text = f"x {draw(random.Random(key))} y"
         for finding in scan_text(text):
-            family = engine.guard.catalogue.FAMILY_BY_NAME[finding.family]
+            family = contextful.engine.guard.catalogue.FAMILY_BY_NAME[finding.family]
             assert text.startswith(family.prefixes, finding.start), key
         stripped = text
         for prefix in PREFIXES:
@@ -323,7 +331,7 @@ def test_random_text_without_prefixes_is_never_scanned_into_a_finding() -> None:
     for _ in range(200):
         text = chars(rng, B64URL + " .é/:=", rng.randint(0, 400))
         for finding in scan_text(text):
-            assert text.startswith(engine.guard.catalogue.FAMILY_BY_NAME[finding.family].prefixes, finding.start)
+            assert text.startswith(contextful.engine.guard.catalogue.FAMILY_BY_NAME[finding.family].prefixes, finding.start)
 
 
 def test_a_family_whose_unbounded_run_escapes_its_left_boundary_is_refused() -> None:
@@ -337,8 +345,8 @@ def test_finding_is_a_plain_tuple() -> None:
     assert Finding("jwt", 1, 2) == ("jwt", 1, 2)
 
 
-@pytest.mark.parametrize("module", [engine.guard, engine.guard.catalogue, engine.guard.arrow, engine.guard.escapes,
-                                    engine.guard.names],
+@pytest.mark.parametrize("module", [contextful.engine.guard, contextful.engine.guard.catalogue, contextful.engine.guard.arrow, contextful.engine.guard.escapes,
+                                    contextful.engine.guard.names],
                          ids=lambda m: m.__name__)
 def test_module_examples_run(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]

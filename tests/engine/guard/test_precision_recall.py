@@ -17,9 +17,9 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
+from contextful.engine.guard import guard_table, mask_message, mask_name
+from contextful.engine.guard.catalogue import FAMILIES, Finding, mask_text, scan_text
 
-from engine.guard import guard_table, mask_message, mask_name
-from engine.guard.catalogue import FAMILIES, Finding, mask_text, scan_text
 from tests.engine.guard.synthetic import (
     CREDENTIALS,
     DECOYS,

@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from contextful.engine.guard import prefilter
+from contextful.engine.guard.catalogue import PREFIXES
+from contextful.engine.guard.escapes import MARKER_PATTERN
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from engine.guard import prefilter
-from engine.guard.catalogue import PREFIXES
-from engine.guard.escapes import MARKER_PATTERN
 
 # Pieces that make matches, near-misses and matches split across neighbouring cells.
 PIECES = [*PREFIXES, *(p[:-1] for p in PREFIXES if len(p) > 1), *(p[1:] for p in PREFIXES if len(p) > 1),

@@ -17,17 +17,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import contextful.engine.read
 import pytest
+from contextful.engine.config.manifest import SourceSpec
+from contextful.engine.config.parse import parse_manifest
+from contextful.engine.land.receive.config import ReceiveConfig
+from contextful.engine.land.receive.group import drain
+from contextful.engine.land.receive.spool import Queue, key_digest
+from contextful.engine.land.sink import prepare_batch
+from contextful.engine.model.build import build_models
+from contextful.storage import ManualClock, Store
 
-import engine.read
-from engine.config.manifest import SourceSpec
-from engine.config.parse import parse_manifest
-from engine.land.receive.config import ReceiveConfig
-from engine.land.receive.group import drain
-from engine.land.receive.spool import Queue, key_digest
-from engine.land.sink import prepare_batch
-from engine.model.build import build_models
-from storage import ManualClock, Store
 from tests.storage.catalog_place import CatalogPlace
 from tests.storage.hooked_catalog import Hooks
 from tests.support.relational_landing import CHILD, ITEMS_PER_ORDER, ORDERS, land_orders, orders, torn
@@ -132,7 +132,7 @@ def test_a_notebook_connection_pins_every_table_at_one_point(opened: Callable[..
     hooks = Hooks()
     reader = opened(hooks=hooks)
     hooks.after_read = once_between_reads({"orders", CHILD}, lambda: land_orders(writer, [2]))
-    con = engine.read.connect(reader)
+    con = contextful.engine.read.connect(reader)
     hooks.after_read = None
     try:
         orders = con.sql("SELECT count(*) FROM orders").fetchall()[0][0]

@@ -25,10 +25,16 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 import pytest
+from contextful.engine.land.decode import (
+    DEFAULT_DEADLINE_S,
+    DEFAULT_MEMORY_BYTES,
+    FORMATS,
+    Decoder,
+    detect_format,
+)
+from contextful.engine.land.decode_child import READ_BYTES, _DocumentRows, conform
+from contextful.storage.errors import InputMalformed, InputNotFound, InputUnreadable, ParseCrashed
 
-from engine.land.decode import DEFAULT_DEADLINE_S, DEFAULT_MEMORY_BYTES, FORMATS, Decoder, detect_format
-from engine.land.decode_child import READ_BYTES, _DocumentRows, conform
-from storage.errors import InputMalformed, InputNotFound, InputUnreadable, ParseCrashed
 from tests.support.s3_server import S3Server
 
 ROWS = [

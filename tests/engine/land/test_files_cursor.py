@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from contextful.engine.config.parse import parse_manifest
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.files import list_inputs
+from contextful.engine.land.pipeline import cursor_scope, plan_pipeline, run_pipeline
+from contextful.engine.land.seed import seed_fingerprint, seed_scope
+from contextful.storage import Store
 
-from engine.config.parse import parse_manifest
-from engine.land.decode import Decoder
-from engine.land.files import list_inputs
-from engine.land.pipeline import cursor_scope, plan_pipeline, run_pipeline
-from engine.land.seed import seed_fingerprint, seed_scope
-from storage import Store
 from tests.conftest import StoreFactory
 from tests.support.http_api import JsonApi, Reply
 
@@ -112,7 +112,7 @@ def test_a_landed_file_is_read_again_only_when_its_stat_changed(tmp_path: Path, 
     """Cost grows with new data, not history: an untouched landed file is known by its stat (no
     program sets a ctime back) and never hashed again; a touched one is hashed once, found the
     same, and its entry takes the new stat."""
-    from engine.land import files
+    from contextful.engine.land import files
 
     manifest = project(tmp_path / "p")
     paths = [write(tmp_path / "p" / "raw" / f"{n}.ndjson", 10 * i, 3) for i, n in enumerate("abc")]

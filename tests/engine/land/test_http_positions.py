@@ -14,15 +14,15 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from contextful.engine.config.parse import parse_manifest
+from contextful.engine.land.clocks import ClockReader
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.pipeline import cursor_scope, plan_pipeline, run_pipeline
+from contextful.storage import Store
+from contextful.storage.errors import CursorPositionUnorderable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.config.parse import parse_manifest
-from engine.land.clocks import ClockReader
-from engine.land.decode import Decoder
-from engine.land.pipeline import cursor_scope, plan_pipeline, run_pipeline
-from storage import Store
-from storage.errors import CursorPositionUnorderable
 from tests.conftest import StoreFactory
 from tests.support.http_api import JsonApi, instant, next_url_pages, watermark_pages
 

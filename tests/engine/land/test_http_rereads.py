@@ -8,12 +8,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from contextful.engine.config.parse import parse_manifest
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.pipeline import plan_pipeline, run_pipeline
+from contextful.storage import Store
+from contextful.storage.errors import ManifestInvalid, ManifestValueInvalid
 
-from engine.config.parse import parse_manifest
-from engine.land.decode import Decoder
-from engine.land.pipeline import plan_pipeline, run_pipeline
-from storage import Store
-from storage.errors import ManifestInvalid, ManifestValueInvalid
 from tests.support.cli import contextful
 from tests.support.http_api import JsonApi, next_url_pages
 

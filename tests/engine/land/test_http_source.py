@@ -11,15 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from engine.config.parse import parse_manifest
-from engine.land import walk
-from engine.land.decode import Decoder
-from engine.land.http_fetch import record_digest
-from engine.land.meter import Meter
-from engine.land.pipeline import cursor_scope, plan_pipeline, run_pipeline, run_pipelines
-from storage import Store
-from storage.errors import (
+from contextful.engine.config.parse import parse_manifest
+from contextful.engine.land import walk
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.http_fetch import record_digest
+from contextful.engine.land.meter import Meter
+from contextful.engine.land.pipeline import cursor_scope, plan_pipeline, run_pipeline, run_pipelines
+from contextful.storage import Store
+from contextful.storage.errors import (
     ConnectorBoundHit,
     CursorFieldMismatch,
     CursorPositionUnorderable,
@@ -28,6 +27,7 @@ from storage.errors import (
     SourceUnavailable,
     TransientError,
 )
+
 from tests.support.cli import contextful
 from tests.support.http_api import (
     JsonApi,
@@ -453,7 +453,7 @@ def test_a_killed_walk_resumes_its_execution_from_the_cached_checkpoint(tmp_path
     api.route("/items", fourth_page_hangs)
     manifest_for(tmp_path, f"{api.url}/items")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
-    child = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "run",
+    child = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "pipeline", "run",
                               "--checkpoint-mib", "0.000001"], env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert inside.wait(300), "the walk never asked for page 4"

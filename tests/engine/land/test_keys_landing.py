@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from contextful.engine.config import load_manifest
+from contextful.engine.config.manifest import Manifest, PipelineSpec, SourceSpec
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.pipeline import run_pipelines
+from contextful.engine.land.receive.server import ReceiveServer, serve_receivers
+from contextful.engine.project import parse_project
+from contextful.engine.read import connect
+from contextful.storage import Store
 
-from engine.config import load_manifest
-from engine.config.manifest import Manifest, PipelineSpec, SourceSpec
-from engine.land.decode import Decoder
-from engine.land.pipeline import run_pipelines
-from engine.land.receive.server import ReceiveServer, serve_receivers
-from engine.project import parse_project
-from engine.read import connect
-from storage import Store
 from tests.engine.land.test_receive import PIPELINE, issue_writer, land_lock_held, post, sidecars, wait_for
 
 MANIFEST = """
@@ -158,8 +158,8 @@ def test_received_batches_merge_by_order_by_and_a_null_key_answers_422_by_name(t
 
 def test_table_load_names_the_file_and_row_of_a_null_key_and_lands_nothing(tmp_path: Path, store: Store,
                                                                            decoder: Decoder) -> None:
-    from engine.load import load_file
-    from storage.errors import PrimaryKeyNull
+    from contextful.engine.load import load_file
+    from contextful.storage.errors import PrimaryKeyNull
 
     path = tmp_path / "rows.ndjson"
     path.write_text("".join(json.dumps({"id": i if i != 3 else None}) + "\n" for i in range(5)))

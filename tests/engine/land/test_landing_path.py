@@ -12,10 +12,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from contextful.datasets.gharchive import expected_counts, generate_events, write_shards
+from contextful.engine.normalize import reassemble
+from contextful.storage import Store
 
-from datasets.gharchive import expected_counts, generate_events, write_shards
-from engine.normalize import reassemble
-from storage import Store
 from tests.engine.guard.synthetic import CREDENTIALS
 from tests.support.cli import contextful
 

@@ -6,10 +6,9 @@ import threading
 import time
 
 import pytest
-
-from engine.land.meter import LOCK_TIMEOUT_S, Meter
-from engine.run.retry import RetrySchedule
-from storage.errors import ManifestInvalid, ManifestKeyUnknown, ManifestValueInvalid, RateLimited
+from contextful.engine.land.meter import LOCK_TIMEOUT_S, Meter
+from contextful.engine.run.retry import RetrySchedule
+from contextful.storage.errors import ManifestInvalid, ManifestKeyUnknown, ManifestValueInvalid, RateLimited
 
 
 class Clock:

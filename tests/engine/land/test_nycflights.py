@@ -8,8 +8,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from contextful.datasets.nycflights import TABLES, write_csvs
 
-from datasets.nycflights import TABLES, write_csvs
 from tests.support.cli import contextful
 
 TYPES = {
@@ -40,7 +40,7 @@ def query(project: Path, sql: str) -> list[dict]:
 
 @pytest.mark.clause("run.land.typed-pull")
 def test_flights_tables_land_typed_and_answer_like_duckdb_over_the_csvs(landed: Path) -> None:
-    from engine.read import connect
+    from contextful.engine.read import connect
 
     con = connect(landed)
     types = {r[0]: r[1] for r in con.execute(

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from contextful.datasets.gharchive import expected_counts, write_shards
+from contextful.engine.config import load_manifest
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.pipeline import cursor_scope, run_pipelines
+from contextful.storage import Store
 
-from datasets.gharchive import expected_counts, write_shards
-from engine.config import load_manifest
-from engine.land.decode import Decoder
-from engine.land.pipeline import cursor_scope, run_pipelines
-from storage import Store
 from tests.support.cli import contextful
 
 MANIFEST = """

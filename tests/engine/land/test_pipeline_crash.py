@@ -28,11 +28,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from datasets.gharchive import write_shards
-from engine.config import load_manifest
-from engine.land.pipeline import cursor_scope
-from storage import Store
+from contextful.datasets.gharchive import write_shards
+from contextful.engine.config import load_manifest
+from contextful.engine.land.pipeline import cursor_scope
+from contextful.storage import Store
 
 from .test_pipeline import MANIFEST
 
@@ -43,7 +42,7 @@ MIN_KILLS = 6
 STRIDE = 2  # at most this many inputs of a run land before its kill is timed
 CHECKPOINT_MIB = "0.001"  # ~1 KiB: every input reaches it, so every input is its own checkpoint commit
 TAG = "CRASH_PROOF_TAG"  # env marker inherited by the CLI, its decoder server and children
-DECODER = b"engine.land.decode_child"
+DECODER = b"contextful.engine.land.decode_child"
 
 
 def _env(tag: str) -> dict[str, str]:
@@ -54,7 +53,7 @@ def _env(tag: str) -> dict[str, str]:
 
 def _start(project: Path, tag: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", "--project", str(project), "pipeline", "run",
+        [sys.executable, "-m", "contextful.engine.cli", "--project", str(project), "pipeline", "run",
          "--checkpoint-mib", CHECKPOINT_MIB],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env=_env(tag), start_new_session=True)
@@ -190,7 +189,7 @@ def test_sigkill_mid_run_then_rerun_lands_every_row_exactly_once(tmp_path: Path)
     assert len(ids) == len(set(ids)) == EVENTS
     assert set(ids) == set(all_ids)
     sql = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "--project", str(project), "--json", "sql",
+        [sys.executable, "-m", "contextful.engine.cli", "--project", str(project), "--json", "sql",
          "SELECT count(*) AS n, count(DISTINCT id) AS d FROM gh_events"],
         capture_output=True, text=True, env=_env(tag), timeout=120, check=True)
     assert json.loads(sql.stdout) == [{"n": EVENTS, "d": EVENTS}]

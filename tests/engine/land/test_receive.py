@@ -31,12 +31,11 @@ import click
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
-
-from engine.config.manifest import SOURCE_KINDS, Manifest, PipelineSpec, SourceSpec
-from engine.land.decode import Decoder
-from engine.land.receive import writers
-from engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig, check_config
-from engine.land.receive.group import (
+from contextful.engine.config.manifest import SOURCE_KINDS, Manifest, PipelineSpec, SourceSpec
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.receive import writers
+from contextful.engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig, check_config
+from contextful.engine.land.receive.group import (
     attempt_run_id,
     drain_queue,
     group_digest,
@@ -44,11 +43,11 @@ from engine.land.receive.group import (
     run_stem,
     take_group,
 )
-from engine.land.receive.server import KEY_HEADER, ReceiveServer, serve_receivers
-from engine.land.receive.spool import Member, key_digest
-from engine.project import parse_project
-from storage import ManualClock, Store
-from storage.errors import ManifestInvalid, ManifestKeyUnknown, ManifestValueInvalid
+from contextful.engine.land.receive.server import KEY_HEADER, ReceiveServer, serve_receivers
+from contextful.engine.land.receive.spool import Member, key_digest
+from contextful.engine.project import parse_project
+from contextful.storage import ManualClock, Store
+from contextful.storage.errors import ManifestInvalid, ManifestKeyUnknown, ManifestValueInvalid
 
 PIPELINE = "clicks"
 RUN_ID = re.compile(r"receive-[0-9a-f]{32}\.clicks(\.\d+)?")
@@ -58,9 +57,9 @@ RUN_ID = re.compile(r"receive-[0-9a-f]{32}\.clicks(\.\d+)?")
 BOOT = """
 import json, sys
 from pathlib import Path
-from engine.cli.serve import serve_manifest
-from engine.config.manifest import Manifest, PipelineSpec, SourceSpec
-from engine.project import parse_project
+from contextful.engine.cli.serve import serve_manifest
+from contextful.engine.config.manifest import Manifest, PipelineSpec, SourceSpec
+from contextful.engine.project import parse_project
 root = Path(sys.argv[1])
 project, _ = parse_project({}, root)
 spec = PipelineSpec(id="clicks", source=SourceSpec("receive", json.loads(sys.argv[2])), table="clicks")
@@ -71,7 +70,7 @@ serve_manifest(Manifest(root, project, (spec,)), None, "127.0.0.1:0")
 SPOOL_AND_DIE = """
 import os, signal, sys, time
 import pyarrow as pa
-from engine.land.receive.spool import Queue, key_digest
+from contextful.engine.land.receive.spool import Queue, key_digest
 queue, key = Queue(sys.argv[1], "clicks"), sys.argv[2]
 now = time.time_ns() // 1000
 digest = key_digest("clicks", key)
@@ -89,9 +88,9 @@ os.kill(pid, signal.SIGKILL)
 PLAN_AND_DIE = """
 import os, signal, sys, time
 import pyarrow as pa
-from engine.land.receive.group import attempt_run_id, run_stem
-from engine.land.receive.spool import Queue, key_digest
-from storage import Store
+from contextful.engine.land.receive.group import attempt_run_id, run_stem
+from contextful.engine.land.receive.spool import Queue, key_digest
+from contextful.storage import Store
 root, key = sys.argv[1], sys.argv[2]
 queue, store = Queue(root + "/.contextful/queue", "clicks"), Store.open(root + "/.contextful/store")
 now = time.time_ns() // 1000
@@ -624,7 +623,7 @@ def test_serve_prints_its_address_and_stops_cleanly_on_sigterm(tmp_path: Path) -
 
 
 def test_register_serve_adds_the_command() -> None:
-    from engine.cli.serve import register_serve
+    from contextful.engine.cli.serve import register_serve
 
     group = click.Group("pipeline")
     register_serve(group)
@@ -637,7 +636,7 @@ def test_the_serve_command_serves_a_project(tmp_path: Path) -> None:
     (tmp_path / "contextful.toml").write_text(
         '[[pipeline]]\nid = "clicks"\n[pipeline.source]\nkind = "receive"\n'
         '[pipeline.source.config]\nkey_retention_secs = 60\n')
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli.serve", "--project", str(tmp_path), "--http",
+    proc = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli.serve", "--project", str(tmp_path), "--http",
                              "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     try:
         assert proc.stdout is not None

@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from contextful.engine.export import readers
+from contextful.engine.land.receive import writers
+from contextful.engine.served.project import serve_project
+from contextful.storage import Store
+from contextful.storage.errors import ReaderCredentialUnadmitted, WriterCredentialUnadmitted
 
-from engine.export import readers
-from engine.land.receive import writers
-from engine.served.project import serve_project
-from storage import Store
-from storage.errors import ReaderCredentialUnadmitted, WriterCredentialUnadmitted
 from tests.engine.land.test_receive import (
     PIPELINE,
     TOKENS,
@@ -197,7 +197,7 @@ def test_serve_puts_receive_and_the_gateway_on_separate_addresses(tmp_path: Path
 def test_the_serve_command_takes_separate_addresses(tmp_path: Path) -> None:
     (tmp_path / "contextful.toml").write_text(RECEIVE_TOML)
     writer = writers.issue(tmp_path, [PIPELINE]).token
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "serve",
+    proc = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "pipeline", "serve",
                              "--receive-http", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=_env())
     try:

@@ -19,11 +19,11 @@ from typing import Any, Self
 import pyarrow as pa
 import pytest
 import zstandard
+from contextful.engine.land.receive.config import DEFAULT_MAX_BODY_BYTES, ReceiveConfig, check_config
+from contextful.engine.land.receive.group import drain_queue
+from contextful.engine.land.receive.server import KEY_HEADER
+from contextful.engine.land.receive.spool import Queue, key_digest
 
-from engine.land.receive.config import DEFAULT_MAX_BODY_BYTES, ReceiveConfig, check_config
-from engine.land.receive.group import drain_queue
-from engine.land.receive.server import KEY_HEADER
-from engine.land.receive.spool import Queue, key_digest
 from tests.engine.land.test_receive import (
     PIPELINE,
     Serve,

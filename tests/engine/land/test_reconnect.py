@@ -20,9 +20,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from contextful.storage import Store
+from contextful.storage.catalog.postgres import PostgresCatalog
 
-from storage import Store
-from storage.catalog.postgres import PostgresCatalog
 from tests.support.http_api import JsonApi, Reply, Request, watermark_pages
 from tests.support.pg_proxy import PgProxy
 
@@ -76,7 +76,7 @@ url = "{api.url}/items"
 """)
     schema = f"t_{uuid.uuid4().hex[:16]}"
     name = f"cf-{uuid.uuid4().hex[:12]}"
-    child = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "run",
+    child = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "pipeline", "run",
                               "--checkpoint-mib", "0.000001"], env=postgres_env(pg_dsn, schema, name),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -125,7 +125,7 @@ paths = ["raw/events-*.ndjson"]
     schema = f"t_{uuid.uuid4().hex[:16]}"
     with PgProxy(pg_dsn) as proxy:
         env = postgres_env(proxy.dsn(), schema, "cf-outcome")
-        command = [sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "run",
+        command = [sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "pipeline", "run",
                    "--checkpoint-mib", "0.000001"]
         proxy.cut_after_commit(b"INSERT INTO cf_commits", then_refuse=True)
         first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
@@ -151,7 +151,8 @@ def test_a_serving_receiver_whose_backends_are_terminated_goes_on(tmp_path: Path
     import re
     import signal
 
-    from engine.land.receive import writers
+    from contextful.engine.land.receive import writers
+
     from tests.engine.land.test_receive import PIPELINE, ndjson, post
 
     (tmp_path / "contextful.toml").write_text(f"""
@@ -168,7 +169,7 @@ key_retention_secs = 60
     token = writers.issue(tmp_path, [PIPELINE]).token
     schema = f"t_{uuid.uuid4().hex[:16]}"
     name = f"cf-{uuid.uuid4().hex[:12]}"
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "--project", str(tmp_path), "pipeline", "serve",
+    proc = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "pipeline", "serve",
                              "--http", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=postgres_env(pg_dsn, schema, name))
     try:

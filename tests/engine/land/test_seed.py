@@ -14,10 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-
-from engine.land.decode import Decoder
-from engine.land.files import list_inputs
-from engine.land.seed import (
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.files import list_inputs
+from contextful.engine.land.seed import (
     SEED_KEYS,
     SeedSpec,
     check_ceiling,
@@ -27,8 +26,8 @@ from engine.land.seed import (
     seed_fingerprint,
     seed_scope,
 )
-from storage import Store
-from storage.errors import (
+from contextful.storage import Store
+from contextful.storage.errors import (
     ManifestKeyUnknown,
     ManifestValueInvalid,
     PipelineSeedCeilingBreached,
@@ -272,11 +271,11 @@ def test_the_seed_lands_once_then_skips_equal_refuses_changed_and_skips_unavaila
 
     for path in (root / "seed").iterdir():
         path.unlink()
-    with caplog.at_level(logging.WARNING, logger="engine.land.seed"):
+    with caplog.at_level(logging.WARNING, logger="contextful.engine.land.seed"):
         gone = land(store, root, decoder)
     assert gone.status == "skipped-unavailable" and gone.commit is None and gone.fingerprint is None
     assert gone.warning is not None and "seed/*.ndjson" in gone.warning
-    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "engine.land.seed"] == [
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "contextful.engine.land.seed"] == [
         (logging.WARNING, gone.warning)]
     assert len(table.commits()) == 1 and table.count() == 40
 
@@ -285,7 +284,7 @@ def test_the_seed_lands_once_then_skips_equal_refuses_changed_and_skips_unavaila
 def test_an_unavailable_seed_that_never_landed_skips_with_a_warning(
         store: Store, root: Path, decoder: Decoder, caplog: pytest.LogCaptureFixture) -> None:
     missing = SeedSpec(("seed/2025.ndjson",), CEILING, "ndjson")  # a literal path: InputNotFound, caught
-    with caplog.at_level(logging.WARNING, logger="engine.land.seed"):
+    with caplog.at_level(logging.WARNING, logger="contextful.engine.land.seed"):
         outcome = land(store, root, decoder, seed=missing)
     assert outcome.status == "skipped-unavailable" and "2025.ndjson" in (outcome.warning or "")
     assert any(r.levelno == logging.WARNING and "2025.ndjson" in r.getMessage() for r in caplog.records)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-
-from engine.land.typed import apply_types, parse_type, read_types
-from storage import Store
-from storage.errors import TypedLandingFailed, TypeSpellingUnreadable
+from contextful.engine.land.typed import apply_types, parse_type, read_types
+from contextful.storage import Store
+from contextful.storage.errors import TypedLandingFailed, TypeSpellingUnreadable
 
 
 @pytest.mark.parametrize("spelling, expected", [

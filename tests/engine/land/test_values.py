@@ -17,11 +17,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from contextful.engine.config import load_manifest
+from contextful.engine.land.decode import Decoder
+from contextful.engine.land.pipeline import run_pipelines
+from contextful.storage import Store
 
-from engine.config import load_manifest
-from engine.land.decode import Decoder
-from engine.land.pipeline import run_pipelines
-from storage import Store
 from tests.support.http_api import JsonApi, Reply
 
 STAMPS = ["2024-01-01T00:00:05Z", "2024-03-01", "2024-01-01T02:00:05+02:00", "2024-01-01 00:00:05.250",
@@ -92,7 +92,7 @@ def test_a_csv_column_declared_text_keeps_its_leading_zeros(small_blocks: Decode
 
 @pytest.mark.clause("run.land.typed-pull")
 def test_declared_csv_columns_read_from_their_text(small_blocks: Decoder, tmp_path: Path) -> None:
-    from engine.land.typed import apply_types, read_types
+    from contextful.engine.land.typed import apply_types, read_types
 
     (tmp_path / "typed.csv").write_text("amount,at,code\n" + "".join(
         f"{i}.10,2024-01-01 00:00:{i:02d},0{i}\n" for i in range(30)) + "NA,2024-01-01T02:00:00+02:00,NA\nNA,NA,\n")
@@ -108,7 +108,7 @@ def test_declared_csv_columns_read_from_their_text(small_blocks: Decoder, tmp_pa
 
 
 def test_json_text_declared_as_a_timestamp_reads_each_value_by_its_own_zone() -> None:
-    from engine.land.typed import apply_types, read_types
+    from contextful.engine.land.typed import apply_types, read_types
 
     at = pa.array(["2024-01-01T02:00:05+02:00", "2024-01-01 00:00:05", "2024-01-01T00:00:05Z", None])
     typed = apply_types("t", pa.table({"at": at}), read_types({"at": "timestamp[s, UTC]"}))
@@ -170,7 +170,7 @@ def test_the_newer_row_wins_its_keys_merge_when_it_ends_the_file(tmp_path: Path)
 
 @pytest.mark.clause("run.land.typed-pull")
 def test_a_struct_declaration_types_the_fields_it_names_and_keeps_the_others() -> None:
-    from engine.land.typed import apply_types, read_types
+    from contextful.engine.land.typed import apply_types, read_types
 
     payload = pa.array([{"a": "1", "b": "x", "commits": [{"sha": "s1", "n": "7"}]}, None,
                         {"a": "3", "b": None, "commits": []}])

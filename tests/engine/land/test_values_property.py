@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from contextful.engine.land.decode import Decoder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from engine.land.decode import Decoder
 
 BLOCKS = (200, 333, 1024)
 

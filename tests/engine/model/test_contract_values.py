@@ -8,13 +8,12 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+import contextful.engine.read
 import pytest
-
-import engine.read
-from engine.config.parse import parse_manifest
-from engine.model.build import build_models, published_build
-from storage import Store
-from storage.errors import ContractMismatch
+from contextful.engine.config.parse import parse_manifest
+from contextful.engine.model.build import build_models, published_build
+from contextful.storage import Store
+from contextful.storage.errors import ContractMismatch
 
 
 @pytest.fixture
@@ -93,7 +92,7 @@ EXACT = [  # (value, declared type, what a reader reads back)
 def test_a_value_the_declared_type_holds_publishes_unchanged(tmp_path: Path, store: Store, value: str,
                                                              declared: str, read: object) -> None:
     build(store, tmp_path, value, declared)
-    got = engine.read.connect(store).execute("SELECT v FROM m").fetchone()[0]
+    got = contextful.engine.read.connect(store).execute("SELECT v FROM m").fetchone()[0]
     if isinstance(read, str) and not isinstance(got, str):
         got = str(got)
     assert got == read

@@ -7,15 +7,14 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+import contextful.engine.read
 import duckdb
 import pyarrow as pa
 import pytest
-
-import engine.read
-from engine.config.parse import parse_manifest
-from engine.model.build import build_models
-from storage import Store
-from storage.errors import QueryInvalid
+from contextful.engine.config.parse import parse_manifest
+from contextful.engine.model.build import build_models
+from contextful.storage import Store
+from contextful.storage.errors import QueryInvalid
 
 
 @pytest.fixture
@@ -64,7 +63,7 @@ def test_inputs_are_the_tables_duckdb_resolves(tmp_path: Path, store: Store, sql
     truth.execute("CREATE TABLE src AS SELECT 'table' AS v")
     truth.execute("CREATE TABLE other AS SELECT 'other' AS w")
     expected = sorted(truth.execute(sql).fetchall())
-    assert sorted(engine.read.connect(store).execute("SELECT * FROM m").fetchall()) == expected
+    assert sorted(contextful.engine.read.connect(store).execute("SELECT * FROM m").fetchall()) == expected
 
 
 def test_declared_inputs_and_relationships_resolve_case_insensitively(tmp_path: Path, store: Store) -> None:
@@ -88,7 +87,7 @@ def test_tables_whose_names_differ_only_in_case_refuse_as_ambiguous(tmp_path: Pa
 
 
 def test_a_model_named_like_a_table_or_model_but_for_case_refuses(tmp_path: Path) -> None:
-    from storage.errors import ManifestInvalid, TableNameCollision
+    from contextful.storage.errors import ManifestInvalid, TableNameCollision
 
     text = ('[project]\nname = "i"\n[[pipeline]]\nid = "sales"\n[pipeline.source]\nkind = "files"\n'
             'config = { paths = "x.csv" }\n[[model]]\nname = "Sales"\nsql = "SELECT 1 AS v"\n'

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-
-from engine.config.manifest import Manifest
-from engine.config.parse import parse_manifest
-from engine.model.build import build_models
-from engine.model.status import build_status
-from storage import ManualClock, Store
+from contextful.engine.config.manifest import Manifest
+from contextful.engine.config.parse import parse_manifest
+from contextful.engine.model.build import build_models
+from contextful.engine.model.status import build_status
+from contextful.storage import ManualClock, Store
 
 
 @pytest.fixture
@@ -88,7 +87,7 @@ def test_runs_at_or_below_the_watermark_that_differ_from_the_build_make_it_stale
 @pytest.mark.clause("run.publish.staleness-collected-run")
 def test_a_waiting_build_whose_manifest_was_collected_counts_as_old(
         tmp_path: Path, clocked: tuple[Store, ManualClock]) -> None:
-    from storage.manifest import manifest_key
+    from contextful.storage.manifest import manifest_key
 
     store, clock = clocked
     build_models(store, manifest(tmp_path))

@@ -12,9 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 import pytest
-
-from datasets.gharchive import expected_counts, write_shards
-from engine.normalize import (
+from contextful.datasets.gharchive import expected_counts, write_shards
+from contextful.engine.normalize import (
     ChildSpec,
     RelationalTables,
     check_child,
@@ -24,8 +23,8 @@ from engine.normalize import (
     shred,
     write_relational,
 )
-from engine.normalize.relational import column_name, split_column
-from storage.errors import (
+from contextful.engine.normalize.relational import column_name, split_column
+from contextful.storage.errors import (
     PipelineListIndexMissing,
     PrimaryKeyColumnMissing,
     PrimaryKeyNull,

@@ -15,11 +15,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from contextful.engine.normalize import child_tables_of, reassemble, shred
+from contextful.engine.normalize.relational import CHILD_KEYS, ID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from engine.normalize import child_tables_of, reassemble, shred
-from engine.normalize.relational import CHILD_KEYS, ID
 
 LEAVES = [pa.int64(), pa.float64(), pa.string(), pa.bool_(), pa.timestamp("us"), pa.timestamp("ms", tz="UTC")]
 NAMES = st.sampled_from(["a", "b", "value", "len", "item", "_id", "x_", "a__b", "", "%p", "_cf_id",

@@ -26,13 +26,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from contextful.engine.run.execution import Execution, open_execution, plan_reference
+from contextful.engine.run.retry import RetrySchedule
+from contextful.storage.clock import ManualClock, from_us
+from contextful.storage.errors import JournalConflict, OwnerPlanMismatch
+from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING, JournalStore
+from contextful.storage.journal.files import FileJournalStore
 
-from engine.run.execution import Execution, open_execution, plan_reference
-from engine.run.retry import RetrySchedule
-from storage.clock import ManualClock, from_us
-from storage.errors import JournalConflict, OwnerPlanMismatch
-from storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING, JournalStore
-from storage.journal.files import FileJournalStore
 from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
 
 T0 = 1_700_000_000_000_000

@@ -6,9 +6,8 @@ import threading
 import time
 
 import pytest
-
-from engine.run.retry import Attempt, BoundHit, RetrySchedule
-from storage.errors import (
+from contextful.engine.run.retry import Attempt, BoundHit, RetrySchedule
+from contextful.storage.errors import (
     ConnectorBoundHit,
     ManifestInvalid,
     ManifestKeyUnknown,

@@ -9,11 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from contextful.engine.config import load_manifest
+from contextful.engine.land.journal import pipeline_plan
+from contextful.engine.run.execution import open_execution, plan_reference
+from contextful.storage import Store
 
-from engine.config import load_manifest
-from engine.land.journal import pipeline_plan
-from engine.run.execution import open_execution, plan_reference
-from storage import Store
 from tests.support.cli import contextful
 
 MANIFEST = """
