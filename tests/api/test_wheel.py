@@ -1,0 +1,107 @@
+"""The distribution as a user gets it: a wheel built from this repository, installed into a fresh
+virtual environment outside it, used from another directory. It installs one import name,
+``contextful``; ``engine`` and its siblings are not importable; an unrelated package named
+``storage`` installed beside it shadows nothing.
+
+The environment sees the machine's site-packages for the dependencies (pyarrow, duckdb, ...: no
+network here); the wheel itself is installed into the environment, and the test checks the
+``contextful`` it imports is that one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "contextful", "engine", "storage", "iceberg", "datasets")
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".contextful", "raw", "*.egg-info")
+
+
+def sh(*args: str | Path, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+
+
+def build_wheel(source: Path, out: Path, env: dict[str, str]) -> Path:
+    proc = sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", out, source,
+              cwd=out, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return next(out.glob("*.whl"))
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, dict[str, str]]]:
+    """(the environment's bin directory, a directory outside the repository, the environment)."""
+    work = tmp_path_factory.mktemp("wheel")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("CONTEXTFUL_")}
+    source = work / "source"
+    for name in SOURCES:  # a copy: building writes build/ and egg-info beside the sources
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, ignore=IGNORED)
+        else:
+            source.mkdir(exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    wheels = work / "wheels"
+    wheels.mkdir()
+    ours = build_wheel(source, wheels, env)
+    unrelated = work / "unrelated"
+    (unrelated / "storage").mkdir(parents=True)
+    (unrelated / "storage" / "__init__.py").write_text('WHO = "an unrelated package named storage"\n')
+    (unrelated / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                                               '"setuptools.build_meta"\n[project]\nname = "storage"\nversion = "1.0"\n')
+    theirs = build_wheel(unrelated, wheels, env)
+    venv = work / "venv"
+    proc = sh(sys.executable, "-m", "venv", "--system-site-packages", venv, cwd=work, env=env)
+    assert proc.returncode == 0, proc.stderr
+    bin_dir = venv / "bin"
+    proc = sh(bin_dir / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", ours, theirs, cwd=work, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    elsewhere = work / "elsewhere"
+    elsewhere.mkdir()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    yield bin_dir, elsewhere, env
+
+
+def test_the_wheel_installs_one_import_name_and_shadows_nothing(installed: tuple[Path, Path, dict[str, str]]) -> None:
+    bin_dir, elsewhere, env = installed
+    python = bin_dir / "python"
+    where = sh(python, "-c", "import contextful, storage; print(contextful.__file__); print(storage.WHO)",
+               cwd=elsewhere, env=env)
+    assert where.returncode == 0, where.stderr
+    contextful_file, storage_who = where.stdout.splitlines()
+    assert Path(contextful_file).is_relative_to(bin_dir.parent)  # the wheel's, not the repository's
+    assert storage_who == "an unrelated package named storage"
+    for internal in ("engine", "iceberg", "datasets"):
+        proc = sh(python, "-c", f"import {internal}", cwd=elsewhere, env=env)
+        assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr, (internal, proc.stderr)
+
+
+def test_the_readme_main_job_runs_from_another_directory(installed: tuple[Path, Path, dict[str, str]]) -> None:
+    bin_dir, elsewhere, env = installed
+    python = bin_dir / "python"
+    project = elsewhere / "example"
+    project.mkdir()
+    shutil.copy2(REPO / "datasets" / "example" / "contextful.toml", project / "contextful.toml")
+    steps = [
+        (python, "-m", "contextful.datasets.gharchive", "400", project / "raw", "--shards", "2", "--gzip"),
+        (bin_dir / "contextful", "--project", project, "pipeline", "run"),
+        (bin_dir / "contextful", "--project", project, "--json", "sql", "SELECT count(*) AS n FROM gh_events"),
+    ]
+    for step in steps:
+        proc = sh(*step, cwd=elsewhere, env=env)
+        assert proc.returncode == 0, (step, proc.stdout, proc.stderr)
+    assert '"n": 400' in proc.stdout
+    help_text = sh(python, "-m", "contextful", "--help", cwd=elsewhere, env=env)
+    assert help_text.returncode == 0 and "pipeline" in help_text.stdout, help_text.stderr
+    notebook = ("import contextful\n"
+                "con = contextful.connect('example')\n"
+                "print(con.sql('SELECT count(*) FROM gh_events').fetchone()[0])\n")
+    proc = sh(python, "-c", notebook, cwd=elsewhere, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "400", proc.stderr
