@@ -54,7 +54,7 @@ def make_project(root: Path) -> None:
     contextful.run_pipelines(root)
 
 
-@pytest.mark.parametrize(("doc", "n", "code"), snippets(), ids=lambda v: v if isinstance(v, str) and "\n" not in v else None)
+@pytest.mark.parametrize(("doc", "n", "code"), snippets(), ids=[f"{doc}#{n}" for doc, n, _ in snippets()])
 def test_a_documented_snippet_runs(doc: str, n: int, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "engine." not in code and "storage." not in code and "from storage" not in code, "internal module in docs"
     make_project(tmp_path)  # the project around the working directory ...

@@ -70,6 +70,6 @@ def test_a_project_runs_builds_and_reads_through_the_public_api(tmp_path: Path) 
     store = contextful.open_store(tmp_path)
     try:
         assert contextful.connect(store, as_of="2000-01-01T00:00:00Z").sql(
-            "SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone() == (0,)
+            "SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchall() == [(0,)]
     finally:
         store.close()

@@ -102,6 +102,6 @@ def test_the_readme_main_job_runs_from_another_directory(installed: tuple[Path, 
     assert help_text.returncode == 0 and "pipeline" in help_text.stdout, help_text.stderr
     notebook = ("import contextful\n"
                 "con = contextful.connect('example')\n"
-                "print(con.sql('SELECT count(*) FROM gh_events').fetchone()[0])\n")
+                "print(con.sql('SELECT count(*) FROM gh_events').fetchall()[0][0])\n")
     proc = sh(python, "-c", notebook, cwd=elsewhere, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "400", proc.stderr
