@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +52,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     wheels = work / "wheels"
     wheels.mkdir()
     ours = build_wheel(source, wheels, env)
+    with zipfile.ZipFile(ours) as wheel:  # nothing but the namespace and its metadata
+        tops = {name.split("/", 1)[0] for name in wheel.namelist()}
+    assert tops == {"contextful", next(t for t in tops if t.endswith(".dist-info"))}, tops
     unrelated = work / "unrelated"
     (unrelated / "storage").mkdir(parents=True)
     (unrelated / "storage" / "__init__.py").write_text('WHO = "an unrelated package named storage"\n')
