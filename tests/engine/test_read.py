@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import contextful.engine.read
 import pyarrow as pa
 import pytest
+from contextful.engine import read as read_path
 from contextful.storage import ManualClock, Store
 from contextful.storage.clock import from_us
 
@@ -17,7 +17,7 @@ def test_every_table_is_a_view_at_head_with_keys_resolved(store: Store) -> None:
     users = store.create_table("users", primary_key=["id"])
     users.append(pa.table({"id": [1, 2], "name": ["ann", "bob"]}))
     users.append(pa.table({"id": [2], "name": ["bea"]}))
-    con = contextful.engine.read.connect(store)
+    con = read_path.connect(store)
     assert con.sql("SELECT count(*) FROM events").fetchall() == [(2,)]
     assert con.sql("SELECT id, name FROM users ORDER BY id").fetchall() == [(1, "ann"), (2, "bea")]
     views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
@@ -33,10 +33,10 @@ def test_views_are_pinned_and_as_of_reads_the_past(tmp_path: Path) -> None:
     clock.advance(10)
     store.append("t", pa.table({"n": [2]}))
     store.append("late", pa.table({"x": [1]}))
-    con = contextful.engine.read.connect(store)
+    con = read_path.connect(store)
     store.append("t", pa.table({"n": [3]}))
     assert con.sql("SELECT sum(n) FROM t").fetchall() == [(3,)]  # pinned at connect
-    past = contextful.engine.read.connect(store, as_of=middle.isoformat())
+    past = read_path.connect(store, as_of=middle.isoformat())
     assert past.sql("SELECT n FROM t").fetchall() == [(1,)]
     tables = {r[0] for r in past.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     assert "late" not in tables  # it had no commit yet
@@ -51,7 +51,7 @@ def test_connect_opens_a_project_directory_and_reads_evolved_and_empty_tables(tm
     empty = store.create_table("e")
     empty.append(pa.table({"z": pa.array([], pa.int64())}))
     store.close()
-    con = contextful.engine.read.connect(tmp_path)
+    con = read_path.connect(tmp_path)
     assert con.sql("SELECT a, b FROM t ORDER BY a").fetchall() == [(1.0, None), (2.5, {"x": 1})]
     assert con.sql("SELECT count(*) FROM e").fetchall() == [(0,)]
     assert [d[0] for d in con.sql("SELECT * FROM e").description] == ["z"]
@@ -60,22 +60,22 @@ def test_connect_opens_a_project_directory_and_reads_evolved_and_empty_tables(tm
 def test_the_view_query_matches_reading_the_parts_directly(local_store: Store) -> None:
     for i in range(20):
         local_store.append("t", pa.table({"g": [i % 3] * 5, "v": list(range(5))}))
-    con = contextful.engine.read.connect(local_store)
+    con = read_path.connect(local_store)
     files = [local_store.objects.uri(p.path) for p in local_store.table("t").snapshot().parts]
     direct = con.sql(f"SELECT g, sum(v) FROM read_parquet({files!r}) GROUP BY g ORDER BY g").fetchall()
     assert con.sql("SELECT g, sum(v) FROM t GROUP BY g ORDER BY g").fetchall() == direct
 
 
 def test_parse_instant_accepts_z_suffix() -> None:
-    assert contextful.engine.read.parse_instant("2026-01-01T00:00:00Z").utcoffset().total_seconds() == 0
+    assert read_path.parse_instant("2026-01-01T00:00:00Z").utcoffset().total_seconds() == 0
     with pytest.raises(ValueError):
-        contextful.engine.read.parse_instant("yesterday")
+        read_path.parse_instant("yesterday")
 
 
 def test_runs_view_at_head_includes_rows_still_in_the_catalog_cache(local_store: Store) -> None:
     result = local_store.append("t", pa.table({"n": [1]}))
     assert "_runs" not in local_store.table_names(include_reserved=True)  # not flushed yet
-    con = contextful.engine.read.connect(local_store)
+    con = read_path.connect(local_store)
     phases = con.execute("SELECT phase, status FROM _runs WHERE run_id = ? ORDER BY phase", [result.run_id]).fetchall()
     assert phases == [("commit", "committed"), ("plan", "planned")]
 
@@ -93,8 +93,8 @@ def test_views_follow_the_merge_rule_in_force_at_their_snapshot(tmp_path: Path) 
     users.append(pa.table({"id": [1], "at": [5], "name": ["ann-5"]}))
     users.append(pa.table({"id": [1], "at": [3], "name": ["ann-3"]}))
     # Before the declaration: commit order. After it: ann-1 (the winner before it) competes by `at`.
-    assert contextful.engine.read.connect(store, as_of=before).sql("SELECT name FROM users").fetchall() == [("ann-1",)]
-    assert contextful.engine.read.connect(store).sql("SELECT name FROM users").fetchall() == [("ann-5",)]
+    assert read_path.connect(store, as_of=before).sql("SELECT name FROM users").fetchall() == [("ann-1",)]
+    assert read_path.connect(store).sql("SELECT name FROM users").fetchall() == [("ann-5",)]
     store.close()
 
 
@@ -107,11 +107,11 @@ def test_a_table_whose_view_cannot_bind_never_keeps_the_others_from_reading(make
     store.create_table("broken", ["id"]).append(pa.table({"id": [1], "v": ["a"]}))
     [part] = store.table("broken").snapshot().parts
     store.objects.delete([part.path])  # its view can no longer bind
-    con = contextful.engine.read.connect(store)
+    con = read_path.connect(store)
     assert con.sql("SELECT sum(x) FROM good").fetchall() == [(3,)]
     with pytest.raises(duckdb.Error) as caught:
         con.sql("SELECT count(*) FROM broken").fetchall()
-    error = contextful.engine.read.unreadable_error(caught.value)
+    error = read_path.unreadable_error(caught.value)
     assert error is not None and error.table == "broken" and part.path.split("/")[-1] in error.reason
 
 
@@ -137,10 +137,10 @@ def test_tables_differing_only_in_case_never_answer_for_each_other(make_store, s
     store.append("other", pa.table({"y": [1]}))
     store.catalog.create_table("Events", "3f1f9c2e-0000-4000-8000-000000000001", (), store.clock.now_us())
     store.table("Events").append(pa.table({"x": [2]}))  # as a store written before the refusal could hold
-    con = contextful.engine.read.connect(store)
+    con = read_path.connect(store)
     assert con.sql("SELECT count(*) FROM other").fetchall() == [(1,)]
     for spelling in ("events", "Events"):
         with pytest.raises(duckdb.Error) as caught:
             con.sql(f'SELECT * FROM "{spelling}"').fetchall()
-        error = contextful.engine.read.unreadable_error(caught.value)
+        error = read_path.unreadable_error(caught.value)
         assert error is not None and "differs only in case" in error.reason

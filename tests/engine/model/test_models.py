@@ -9,10 +9,10 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
-import contextful.engine.read
 import duckdb
 import pyarrow as pa
 import pytest
+from contextful.engine import read as read_path
 from contextful.engine.config.manifest import Manifest
 from contextful.engine.config.parse import parse_manifest
 from contextful.engine.model import build as build_module
@@ -115,9 +115,9 @@ def test_build_id_is_the_snapshot_id_the_build_publishes(tmp_path: Path, store: 
     second = build_models(store, m)[0]
     assert second.build_id == store.table("by_region").snapshot().commit_seq > first.build_id
     assert second.watermark["sales"] == first.watermark["sales"] + 1
-    con = contextful.engine.read.connect(store)
+    con = read_path.connect(store)
     assert con.execute("SELECT count(*) FROM by_region").fetchone()[0] == 4
-    old = contextful.engine.read.model_build(con, store, "by_region", first.build_id)
+    old = read_path.model_build(con, store, "by_region", first.build_id)
     assert old == f"by_region@{first.build_id}"
     assert con.execute(f'SELECT count(*) FROM "{old}"').fetchone()[0] == 3
     assert published_build(store, "by_region")[0] == second.build_id
@@ -226,7 +226,7 @@ def test_a_failing_build_publishes_nothing(tmp_path: Path, store: Store, text: s
     with pytest.raises(error):
         build_models(store, manifest(tmp_path, text))
     assert published(store) == good.build_id
-    assert contextful.engine.read.connect(store).execute("SELECT count(*) FROM by_region").fetchone()[0] == 3
+    assert read_path.connect(store).execute("SELECT count(*) FROM by_region").fetchone()[0] == 3
 
 
 def test_concurrent_reader_never_sees_two_builds_mixed(tmp_path: Path, store: Store,
@@ -246,7 +246,7 @@ def test_concurrent_reader_never_sees_two_builds_mixed(tmp_path: Path, store: St
         try:
             with Store.open(store.objects.root) as reader:
                 while not done.is_set():
-                    con = contextful.engine.read.connect(reader)
+                    con = read_path.connect(reader)
                     row = con.execute("SELECT count(*), min(marker), max(marker) FROM marked").fetchone()
                     con.close()
                     with read_one:
@@ -309,7 +309,7 @@ def test_nycflights_models_equal_duckdb_over_the_csvs(tmp_path: Path) -> None:
     listed = json.loads(contextful(tmp_path, "--json", "build", "list").stdout)
     assert [(r["model"], r["build_id"], r["contract"]) for r in listed] == [
         ("delays", out[0]["build_id"], "1.0"), ("yearly", out[1]["build_id"], None)]
-    con = contextful.engine.read.connect(tmp_path)
+    con = read_path.connect(tmp_path)
     order = " ORDER BY ALL"
     ours = con.sql("SELECT * FROM delays" + order).fetchall()
     theirs = raw.sql(DELAYS.format(flights=flights, airlines=airlines) + order).fetchall()
