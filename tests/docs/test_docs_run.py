@@ -1,0 +1,227 @@
+"""Every shell and Python block of README.md and docs/*.md runs as written; every TOML block parses.
+
+How the docs are run (keep this paragraph and docs/cli.md's "Docs that run" in step):
+
+- A fenced block tagged ``sh``, ``shell``, ``bash`` or ``console`` runs with bash
+  (``set -euo pipefail``; a ``console`` block runs its ``$ `` lines), with the ``contextful``
+  command of this test's Python first on ``PATH``; a ``python`` block runs as a script with this
+  test's Python; a ``toml`` block must parse with ``tomllib``, and one holding ``[project]`` (a
+  whole manifest) must pass ``contextful pipeline validate``. Other blocks are text.
+- Each document runs in a scratch directory of its own, blocks in order, each starting in the
+  directory where the one before ended (as in one terminal). README.md starts at a scratch copy of
+  the repository's root as a fresh clone has it (only ``datasets/`` is copied; nothing is written
+  into the repository). Every other document starts in a copy of ``datasets/example`` with its
+  events generated and landed (``contextful pipeline run``).
+- Two rules keep it fast, visibly: a ``pip install …`` segment is not run (``pip install X && Y``
+  runs ``Y``), and ``python -m contextful.datasets.gharchive N …`` runs with N = 2,000.
+- A block that cannot run here (it needs a served gateway, or stands for a shape) carries a marker
+  on the line before its fence, with its reason in parentheses:
+  ``<!-- docs-test: skip (needs a served gateway) -->``. Use it sparingly: a block that can run
+  runs. A failure names the document, the block, the failing line and its stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
+PUBLIC_API_DOCS = {"README.md", "docs/notebooks.md", "docs/read-path.md"}  # the public API only
+SHELL = {"sh", "shell", "bash", "console"}
+GENERATED_EVENTS = 2_000
+
+FENCE = re.compile(r"^```(\S*)\s*$")
+MARKER = re.compile(r"^<!-- docs-test: skip \((?P<reason>[^()]*\S[^()]*)\) -->$")
+PIP_INSTALL = re.compile(r"pip install [^&;|]*&&\s*")
+GHARCHIVE = re.compile(r"(python -m contextful\.datasets\.gharchive )\d+")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block of a document."""
+
+    doc: str
+    number: int  # 1-based, counting every fenced block of the document
+    lang: str
+    line: int  # the document's line of the block's first line
+    text: str
+    skip: str | None  # the marker's reason
+
+
+def blocks(path: Path) -> list[Block]:
+    lines = path.read_text(encoding="utf-8").split("\n")
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if fence is None:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        marker = MARKER.match(lines[i - 1]) if i else None
+        found.append(Block(str(path.relative_to(REPO)), len(found) + 1, fence.group(1), i + 2,
+                           "\n".join(lines[i + 1:end]) + "\n", marker.group("reason") if marker else None))
+        i = end + 1
+    return found
+
+
+def clean_env(tmp: Path) -> dict[str, str]:
+    """The user's environment without the store/profile variables, ``contextful`` first on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_") or k.startswith("CONTEXTFUL_TEST_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["XDG_STATE_HOME"] = str(tmp / "state")  # an internal error's log stays in the scratch
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def shell_script(block: Block) -> str:
+    text = block.text
+    if block.lang == "console":
+        text = "".join((line[2:] if line.startswith("$ ") else "") + "\n" for line in text.splitlines())
+    text = GHARCHIVE.sub(rf"\g<1>{GENERATED_EVENTS}", PIP_INSTALL.sub("", text))
+    # Line 1 of the script sets up; block line k is script line k + 1. The DEBUG trap notes the line
+    # of each command starting (inside a trap, $LINENO says 1), and the EXIT trap names the last one
+    # when the block failed (set -e: a failed command other than an && chain's last stops the block).
+    preamble = ('set -euo pipefail; trap \'CF_LINES+=($LINENO)\' DEBUG; '
+                'trap \'cf_rc=$?; for cf_l in "${CF_LINES[@]}"; do [ "$cf_l" = 1 ] || cf_line=$cf_l; done; '
+                '[ $cf_rc -eq 0 ] || echo "$((cf_line - 1))" > "$CF_FAILED"; pwd > "$CF_CWD"; exit $cf_rc\' EXIT\n')
+    return preamble + text
+
+
+class Reader:
+    """One reader's terminal: blocks of one document, in order, in one scratch directory."""
+
+    def __init__(self, tmp: Path, cwd: Path) -> None:
+        self.tmp, self.cwd, self.env = tmp, cwd, clean_env(tmp)
+        (tmp / "blocks").mkdir()
+
+    def run(self, block: Block) -> None:
+        if block.lang == "toml":
+            check_toml(block, self.cwd, self.env)
+        elif block.lang in SHELL:
+            self.shell(block)
+        elif block.lang == "python":
+            self.python(block)
+
+    def shell(self, block: Block) -> None:
+        failed, cwd_file = self.tmp / "failed", self.tmp / "cwd"
+        failed.unlink(missing_ok=True)
+        proc = subprocess.run(["bash", "-c", shell_script(block)], cwd=self.cwd, capture_output=True, text=True,
+                              env={**self.env, "CF_FAILED": str(failed), "CF_CWD": str(cwd_file)}, timeout=300,
+                              check=False)
+        if proc.returncode != 0:
+            lines = block.text.splitlines()
+            line = min(max(int(failed.read_text()) if failed.exists() else 1, 1), len(lines))
+            fail(block, block.line + line - 1, lines[line - 1].strip(), proc)
+        self.cwd = Path(cwd_file.read_text().strip())
+
+    def python(self, block: Block) -> None:
+        if block.doc in PUBLIC_API_DOCS:
+            assert not re.search(r"\b(engine|storage|iceberg)\.", block.text), \
+                f"{block.doc} block {block.number}: an internal module in a public-API document"
+        script = self.tmp / "blocks" / f"{block.doc.replace('/', '_')}-block-{block.number}.py"
+        script.write_text(block.text, encoding="utf-8")
+        proc = subprocess.run([sys.executable, str(script)], cwd=self.cwd, capture_output=True, text=True,
+                              env=self.env, timeout=300, check=False)
+        if proc.returncode != 0:
+            lines = [int(n) for n in re.findall(rf'File "{re.escape(str(script))}", line (\d+)', proc.stderr)]
+            line = lines[-1] if lines else 1
+            fail(block, block.line + line - 1, block.text.splitlines()[line - 1].strip(), proc)
+
+
+def fail(block: Block, doc_line: int, text: str, proc: subprocess.CompletedProcess[str]) -> None:
+    stderr = "\n".join(proc.stderr.splitlines()[-40:])
+    stdout = "\n".join(proc.stdout.splitlines()[-10:])
+    pytest.fail(f"{block.doc} block {block.number} ({block.lang}), {block.doc}:{doc_line}: `{text}` "
+                f"exited {proc.returncode}\n--- stderr ---\n{stderr}\n--- stdout (tail) ---\n{stdout}", pytrace=False)
+
+
+def check_toml(block: Block, cwd: Path, env: dict[str, str]) -> None:
+    try:
+        parsed = tomllib.loads(block.text)
+    except tomllib.TOMLDecodeError as exc:
+        pytest.fail(f"{block.doc} block {block.number} (toml, {block.doc}:{block.line}): not TOML: {exc}",
+                    pytrace=False)
+    if "project" not in parsed:
+        return  # a fragment: it parses
+    project = cwd.parent / f"manifest-{block.number}"
+    project.mkdir()
+    (project / "contextful.toml").write_text(block.text, encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "contextful", "--project", str(project), "pipeline", "validate"],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    if proc.returncode != 0:
+        fail(block, block.line, "contextful pipeline validate", proc)
+
+
+@pytest.fixture(scope="session")
+def landed_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """datasets/example with its events generated small and landed: where docs/*.md start."""
+    root = tmp_path_factory.mktemp("landed") / "datasets"
+    shutil.copytree(REPO / "datasets", root, ignore=shutil.ignore_patterns("__pycache__", "raw", ".contextful"))
+    env = clean_env(root.parent)
+    for argv in ([sys.executable, "-m", "contextful.datasets.gharchive", str(GENERATED_EVENTS), "example/raw",
+                  "--shards", "4", "--gzip"],
+                 [sys.executable, "-m", "contextful", "--project", "example", "pipeline", "run"]):
+        subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, check=True, timeout=300)
+    return root
+
+
+@pytest.mark.parametrize("doc", [str(p.relative_to(REPO)) for p in DOCS])
+def test_a_document_runs_as_written(doc: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    found = blocks(REPO / doc)
+    if doc == "README.md":
+        shutil.copytree(REPO / "datasets", tmp_path / "clone" / "datasets",
+                        ignore=shutil.ignore_patterns("__pycache__", "raw", ".contextful"))
+        start = tmp_path / "clone"
+    elif any(b.skip is None and b.lang in SHELL | {"python"} for b in found):
+        shutil.copytree(request.getfixturevalue("landed_example"), tmp_path / "clone" / "datasets")
+        start = tmp_path / "clone" / "datasets" / "example"
+    else:
+        start = tmp_path / "clone"
+        start.mkdir()
+    reader = Reader(tmp_path, start)
+    began = time.monotonic()
+    for block in found:
+        if block.skip is None:
+            reader.run(block)
+    print(f"{doc}: {len(found)} blocks in {time.monotonic() - began:.1f}s")
+
+
+def test_a_skip_marker_gives_its_reason_and_stands_before_a_fence() -> None:
+    for path in DOCS:
+        lines = path.read_text(encoding="utf-8").split("\n")
+        for n, line in enumerate(lines):
+            if "docs-test" not in line:
+                continue
+            where = f"{path.relative_to(REPO)}:{n + 1}"
+            assert MARKER.match(line), f"{where}: write `<!-- docs-test: skip (the reason) -->`, not {line!r}"
+            assert n + 1 < len(lines) and FENCE.match(lines[n + 1]) and lines[n + 1] != "```", \
+                f"{where}: a docs-test marker stands on the line before a block's opening fence"
+
+
+def test_the_runner_reports_the_failing_line_and_its_stderr(tmp_path: Path) -> None:
+    block = Block("doc.md", 1, "sh", 4, "true\ncontextful table show nowhere   # fails\necho never\n", None)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "contextful.toml").write_text('[project]\nname = "p"\n')
+    with pytest.raises(pytest.fail.Exception) as failed:
+        Reader(tmp_path, tmp_path / "p").shell(block)
+    message = str(failed.value)
+    assert "doc.md block 1 (sh), doc.md:5: `contextful table show nowhere   # fails`" in message
+    assert "error: TableNotFound" in message and "never" not in message
+
+
+def test_the_docs_hold_runnable_blocks() -> None:
+    """The extraction finds what the docs hold: a regression in the fence pattern cannot pass silently."""
+    langs = {b.lang for path in DOCS for b in blocks(path)}
+    assert {"sh", "python", "toml"} <= langs
+    assert sum(b.skip is None and b.lang in SHELL | {"python"} for path in DOCS for b in blocks(path)) >= 10
