@@ -150,7 +150,11 @@ def check_toml(block: Block, cwd: Path, env: dict[str, str]) -> None:
     try:
         parsed = tomllib.loads(block.text)
     except tomllib.TOMLDecodeError as exc:
-        pytest.fail(f"{block.doc} block {block.number} (toml, {block.doc}:{block.line}): not TOML: {exc}",
+        problem = str(exc)
+    else:
+        problem = None
+    if problem is not None:
+        pytest.fail(f"{block.doc} block {block.number} (toml, {block.doc}:{block.line}): not TOML: {problem}",
                     pytrace=False)
     if "project" not in parsed:
         return  # a fragment: it parses
