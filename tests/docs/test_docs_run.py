@@ -1,6 +1,6 @@
 """Every shell and Python block of README.md and docs/*.md runs as written; every TOML block parses.
 
-How the docs are run (keep this paragraph and docs/cli.md's "Docs that run" in step):
+How the docs are run (keep this paragraph and README.md's "Docs that run" in step):
 
 - A fenced block tagged ``sh``, ``shell``, ``bash`` or ``console`` runs with bash
   (``set -euo pipefail``; a ``console`` block runs its ``$ `` lines), with the ``contextful``
@@ -13,11 +13,13 @@ How the docs are run (keep this paragraph and docs/cli.md's "Docs that run" in s
   into the repository). Every other document starts in a copy of ``datasets/example`` with its
   events generated and landed (``contextful pipeline run``).
 - Two rules keep it fast, visibly: a ``pip install …`` segment is not run (``pip install X && Y``
-  runs ``Y``), and ``python -m contextful.datasets.gharchive N …`` runs with N = 500.
+  runs ``Y``; a line ``pip install X`` runs nothing), and ``python -m contextful.datasets.gharchive N …`` runs with N = 500.
 - A block that cannot run here (it needs a served gateway, or stands for a shape) carries a marker
   on the line before its fence, with its reason in parentheses:
   ``<!-- docs-test: skip (needs a served gateway) -->``. Use it sparingly: a block that can run
-  runs. A failure names the document, the block, the failing line and its stderr.
+  runs. A failure names the document, the block, the failing line and its stderr. (As bash does,
+  ``set -e`` does not stop at a failed command inside an ``&&`` chain unless it ends the block:
+  write one command a line.)
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ GENERATED_EVENTS = 500
 
 FENCE = re.compile(r"^```(\S*)\s*$")
 MARKER = re.compile(r"^<!-- docs-test: skip \((?P<reason>[^()]*\S[^()]*)\) -->$")
-PIP_INSTALL = re.compile(r"pip install [^&;|]*&&\s*")
+PIP_INSTALL = re.compile(r"pip install [^&;|\n]*(&&[ \t]*|$)", re.MULTILINE)
 GHARCHIVE = re.compile(r"(python -m contextful\.datasets\.gharchive )\d+")
 
 
@@ -79,6 +81,8 @@ def clean_env(tmp: Path) -> dict[str, str]:
     """The user's environment without the store/profile variables, ``contextful`` first on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_") or k.startswith("CONTEXTFUL_TEST_")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    assert shutil.which("contextful", path=env["PATH"]) == str(Path(sys.executable).parent / "contextful"), \
+        f"no contextful command beside {sys.executable}: install the project into the Python running the tests"
     env["XDG_STATE_HOME"] = str(tmp / "state")  # an internal error's log stays in the scratch
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -88,7 +92,7 @@ def shell_script(block: Block) -> str:
     text = block.text
     if block.lang == "console":
         text = "".join((line[2:] if line.startswith("$ ") else "") + "\n" for line in text.splitlines())
-    text = GHARCHIVE.sub(rf"\g<1>{GENERATED_EVENTS}", PIP_INSTALL.sub("", text))
+    text = GHARCHIVE.sub(rf"\g<1>{GENERATED_EVENTS}", PIP_INSTALL.sub("", text))  # an emptied line does nothing
     # Line 1 of the script sets up; block line k is script line k + 1. The DEBUG trap notes the line
     # of each command starting (inside a trap, $LINENO says 1), and the EXIT trap names the last one
     # when the block failed (set -e: a failed command other than an && chain's last stops the block).
@@ -232,3 +236,11 @@ def test_the_docs_hold_runnable_blocks() -> None:
     langs = {b.lang for path in DOCS for b in blocks(path)}
     assert {"sh", "python", "toml"} <= langs
     assert sum(b.skip is None and b.lang in SHELL | {"python"} for path in DOCS for b in blocks(path)) >= 9
+
+
+def test_the_two_rules_rewrite_only_pip_install_and_the_event_count() -> None:
+    block = Block("doc.md", 1, "sh", 2, "pip install -e . && python -m contextful.datasets.gharchive 20000 raw && ls\n"
+                  "pip install -e '.[test]'\ncontextful sql \"SELECT 20000\"\n", None)
+    lines = shell_script(block).split("\n")[1:]
+    assert lines[:3] == [f"python -m contextful.datasets.gharchive {GENERATED_EVENTS} raw && ls", "",
+                         'contextful sql "SELECT 20000"']
