@@ -111,7 +111,7 @@ class Reader:
 
     def run(self, block: Block) -> None:
         if block.lang == "toml":
-            check_toml(block, self.cwd, self.env)
+            check_toml(block, self.tmp, self.env)
         elif block.lang in SHELL:
             self.shell(block)
         elif block.lang == "python":
@@ -150,7 +150,7 @@ def fail(block: Block, doc_line: int, text: str, proc: subprocess.CompletedProce
                 f"exited {proc.returncode}\n--- stderr ---\n{stderr}\n--- stdout (tail) ---\n{stdout}", pytrace=False)
 
 
-def check_toml(block: Block, cwd: Path, env: dict[str, str]) -> None:
+def check_toml(block: Block, tmp: Path, env: dict[str, str]) -> None:
     try:
         parsed = tomllib.loads(block.text)
     except tomllib.TOMLDecodeError as exc:
@@ -162,7 +162,7 @@ def check_toml(block: Block, cwd: Path, env: dict[str, str]) -> None:
                     pytrace=False)
     if "project" not in parsed:
         return  # a fragment: it parses
-    project = cwd.parent / f"manifest-{block.number}"
+    project = tmp / f"manifest-{block.number}"
     project.mkdir()
     (project / "contextful.toml").write_text(block.text, encoding="utf-8")
     proc = subprocess.run([sys.executable, "-m", "contextful", "--project", str(project), "pipeline", "validate"],
