@@ -961,8 +961,8 @@ class CatalogPathMissing(SpecInvalid):
 
     def __init__(self, root: str) -> None:
         super().__init__(f"store {root} is remote, and the local profile keeps its catalog in a local SQLite file: "
-                         "set `catalog = \"path/to/catalog.sqlite\"` under [project] in contextful.toml "
-                         "(or CONTEXTFUL_STORAGE_PROFILE=postgres for a shared catalog)", root=root)
+                         "set [project] catalog in contextful.toml (e.g. catalog = \"catalog.sqlite\"), or "
+                         "CONTEXTFUL_STORAGE_PROFILE=postgres for a shared catalog", root=root)
 
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
