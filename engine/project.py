@@ -57,7 +57,7 @@ def locate_project(start: str | os.PathLike[str] = ".") -> Path:
     ``start`` holding contextful.toml. ``ProjectNotFound`` names ``start`` when it is no directory
     (a mistyped --project is never taken for the project around it) or no project holds it."""
     if not Path(start).is_dir():
-        raise ProjectNotFound(str(start), "no such directory")
+        raise ProjectNotFound(str(start), "not a directory" if Path(start).exists() else "no such directory")
     root = find_project(start)
     if root is None:
         raise ProjectNotFound(str(Path(start).resolve()), f"no {MANIFEST} here or in any directory above")

@@ -106,6 +106,14 @@ def test_a_project_without_a_store_yet_is_read_without_creating_one(tmp_path: Pa
     assert (tmp_path / ".contextful" / "store" / "store.json").is_file()
 
 
+def test_export_status_before_any_export_creates_no_iceberg_catalog(tmp_path: Path) -> None:
+    (tmp_path / "contextful.toml").write_text(MANIFEST + '\n[[export]]\nname = "ev"\nsource = "events"\n'
+                                              'namespace = "bi"\ncredential = "analysts"\n')
+    [status] = json.loads(contextful_in(tmp_path, "export", "status", "--json").stdout)
+    assert status["export"] == "ev" and status["snapshot_id"] is None
+    assert tree(tmp_path) == {"contextful.toml"}  # no .contextful/iceberg/catalog.sqlite
+
+
 def test_store_url_reads_an_existing_store_without_a_project(project: Path, tmp_path: Path) -> None:
     root = project / ".contextful" / "store"
     elsewhere = tmp_path / "elsewhere"
