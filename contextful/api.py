@@ -91,18 +91,21 @@ class Project:
 
 
 def open_project(path: PathLike = ".", *, store: str | None = None) -> Project:
-    """The project at or above ``path``, its manifest validated (``ManifestInvalid`` lists every
-    problem) and its store opened (``store``, a path or fsspec URL, overrides the project's)."""
+    """The project at or above ``path``, found as the ``contextful`` command finds it
+    (``ProjectNotFound`` when there is none), its manifest validated (``ManifestInvalid`` lists
+    every problem) and its store opened, created on first use as ``pipeline run`` creates it
+    (``store``, a path or fsspec URL, overrides the project's)."""
     from contextful.engine.config import load_manifest
+    from contextful.engine.project import open_project_store
 
     manifest = load_manifest(path)
-    opened = Store.open(store) if store else Store.open(manifest.project.store, catalog_path=manifest.project.catalog)
-    return Project(manifest, opened)
+    return Project(manifest, open_project_store(manifest.root, store, project=manifest.project, create=True))
 
 
 def open_store(project_or_store: PathLike | None = None) -> Store:
-    """The store of a project directory, or the store at a root path or fsspec URL (``None``:
-    ``CONTEXTFUL_STORE``, else the project around the working directory)."""
+    """An existing store, for reading: the store of the project at or above a directory, or the
+    store at a root path or fsspec URL (``None``: ``CONTEXTFUL_STORE``, else the project around the
+    working directory). It never creates one: ``StoreNotFound`` / ``ProjectNotFound`` name what is missing."""
     from contextful.engine.project import open_store as open_
 
     return open_(project_or_store)

@@ -1,9 +1,11 @@
 """Finding a project and its store.
 
 A project is a directory holding ``contextful.toml``; its ``[project]`` block names the project and
-its store (a path relative to the project, or an fsspec URL; default ``.contextful/store``). The
-store to open is, first to last: an explicit store URL (``--store`` or ``CONTEXTFUL_STORE``), the
-project's ``[project].store``, the embedded default under the project directory.
+its store (a path relative to the project, or an fsspec URL; default ``.contextful/store``). Every
+command and the public API find the project the same way (:func:`locate_project`: at or above the
+directory given) and its store through :func:`open_project_store`: first to last, an explicit store
+URL (``--store`` or ``CONTEXTFUL_STORE``), the project's ``[project].store``, the embedded default
+under the project directory. Reading never writes: only a writer creates the store.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from contextful.storage.errors import (
     ManifestKeyUnknown,
     ManifestValueInvalid,
     ProjectInvalid,
+    ProjectNotFound,
 )
 from contextful.storage.store import DEFAULT_STORE
 
@@ -40,13 +43,25 @@ class Project:
     """The local profile's SQLite catalog file when the store root is remote."""
 
 
-def find_project(start: str | os.PathLike[str] = ".") -> Path:
-    """The nearest directory at or above ``start`` holding contextful.toml, else ``start``."""
+def find_project(start: str | os.PathLike[str] = ".") -> Path | None:
+    """The nearest directory at or above ``start`` holding contextful.toml (None: there is none)."""
     here = Path(start).resolve()
     for candidate in (here, *here.parents):
         if (candidate / MANIFEST).is_file():
             return candidate
-    return here
+    return None
+
+
+def locate_project(start: str | os.PathLike[str] = ".") -> Path:
+    """The project every command and the public API work in: the nearest directory at or above
+    ``start`` holding contextful.toml. ``ProjectNotFound`` names ``start`` when it is no directory
+    (a mistyped --project is never taken for the project around it) or no project holds it."""
+    if not Path(start).is_dir():
+        raise ProjectNotFound(str(start), "not a directory" if Path(start).exists() else "no such directory")
+    root = find_project(start)
+    if root is None:
+        raise ProjectNotFound(str(Path(start).resolve()), f"no {MANIFEST} here or in any directory above")
+    return root
 
 
 def read_manifest_document(root: Path) -> dict[str, Any]:
@@ -83,25 +98,35 @@ def parse_project(block: Any, root: Path) -> tuple[Project, list[ContextfulError
 
 
 def load_project(directory: str | os.PathLike[str] = ".") -> Project:
-    root = find_project(directory)
+    """The ``[project]`` block of the project at or above ``directory`` (:func:`locate_project`)."""
+    root = locate_project(directory)
     project, problems = parse_project(read_manifest_document(root).get("project", {}), root)
     if problems:
         raise ManifestInvalid(str(root / MANIFEST), problems)
     return project
 
 
-def open_store(project_or_store: str | os.PathLike[str] | None = None, **kwargs: Any) -> Store:
-    """Open the store of a project directory, or the store at a root path or URL.
+def open_project_store(directory: str | os.PathLike[str] = ".", store: str | None = None, *,
+                       project: Project | None = None, create: bool = False, **kwargs: Any) -> Store:
+    """The store a command works on, found one way everywhere: ``store`` (a root path or URL:
+    --store, ``CONTEXTFUL_STORE``) when given, else the store of ``project`` or of the project at
+    or above ``directory``. Only writers pass ``create`` (a pipeline run, a table load); anything
+    else opens an existing store or raises ``StoreNotFound`` and writes nothing."""
+    if store:
+        return Store.open(store, create=create, **kwargs)
+    found = project or load_project(directory)
+    return Store.open(found.store, catalog_path=found.catalog, create=create, **kwargs)
 
-    ``None`` means ``CONTEXTFUL_STORE`` if set, else the project around the working directory.
-    A path that is not a project directory (no contextful.toml) is taken as a store root.
+
+def open_store(project_or_store: str | os.PathLike[str] | None = None, **kwargs: Any) -> Store:
+    """Open an existing store, for reading: at a root URL, at a local store root (holding
+    store.json), or the store of the project at or above a directory. ``None`` means
+    ``CONTEXTFUL_STORE`` if set, else the project around the working directory. Never creates a store.
     """
     target = project_or_store if project_or_store is not None else os.environ.get("CONTEXTFUL_STORE")
     if target is None:
-        project = load_project(".")
-        return Store.open(project.store, catalog_path=project.catalog, **kwargs)
+        return open_project_store(".", **kwargs)
     text = str(target)
-    if "://" not in text and (Path(text) / MANIFEST).is_file():
-        project = load_project(text)
-        return Store.open(project.store, catalog_path=project.catalog, **kwargs)
-    return Store.open(text, **kwargs)
+    if "://" in text or (Path(text) / "store.json").is_file():
+        return open_project_store(store=text, **kwargs)
+    return open_project_store(text, **kwargs)

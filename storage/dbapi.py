@@ -17,6 +17,7 @@ otherwise :class:`CommitUnheard` tells the caller the outcome is unknown.
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -190,15 +191,35 @@ def _rollback_quietly(cur: Any) -> None:
         log.debug("rollback: %s", exc)
 
 
-def postgres_error(schema: str, exc: Exception) -> ContextfulError | None:
-    """A lost or refused connection is transient; any other server error a refusal."""
+def postgres_error(schema: str, exc: Exception, dsn: str = "") -> ContextfulError | None:
+    """A lost or refused connection (at connect or later) is transient; any other server error a
+    refusal. The message never shows the password of ``dsn``, whatever the driver quoted of it."""
     import psycopg
 
+    if not isinstance(exc, psycopg.Error):
+        return None
+    reason = without_password(dsn, str(exc).strip())
     if isinstance(exc, psycopg.OperationalError):
-        return CatalogUnavailable(f"postgres:{schema}", str(exc).strip())
-    if isinstance(exc, psycopg.Error):
-        return CatalogRejected(f"postgres:{schema}", str(exc).strip())
-    return None
+        return CatalogUnavailable(f"postgres:{schema}", reason)
+    return CatalogRejected(f"postgres:{schema}", reason)
+
+
+_PASSWORD_IN_DSN = re.compile(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)|://[^:/@\s]*:([^@\s]+)@")
+
+
+def without_password(dsn: str, text: str) -> str:
+    """``text`` with every password ``dsn`` holds (``password=…``, or ``user:…@`` in a URI) masked."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    secrets = {(m.group(1) or m.group(2)).strip("'") for m in _PASSWORD_IN_DSN.finditer(dsn)}
+    try:
+        secrets.add(str(conninfo_to_dict(dsn).get("password") or ""))
+    except psycopg.Error:  # a malformed DSN: what the pattern found is all there is
+        pass
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def postgres_connection_lost(conn: Any, exc: BaseException) -> bool:

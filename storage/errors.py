@@ -24,6 +24,7 @@ Hierarchy::
         │   ├── TableNameInvalid
         │   ├── ModalityInvalid
         │   ├── ProjectInvalid
+        │   ├── CatalogPathMissing       a remote store root under the local profile, no [project] catalog
         │   ├── QueryInvalid
         │   ├── AnswerTooLarge           a gateway answer crossed its byte bound before a byte was sent (HTTP 413)
         │   ├── ManifestInvalid          every problem of a manifest, each one of the classes below
@@ -60,7 +61,8 @@ Hierarchy::
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │   │   ExecutionRewindUnsafe
         │   ├── InputChanged             a landed files input has other content now, not only appended NDJSON
-        │   └── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
+        │   ├── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
+        │   └── ProjectExists            init found a contextful.toml already
         ├── Expired                      a window closed (expired; HTTP 410)
         │   └── ReceiveBatchKeyExpired
         ├── Refused                      an admitted caller asked beyond its grant (refused; HTTP 403)
@@ -73,7 +75,9 @@ Hierarchy::
         │   ├── TableNotFound
         │   ├── SnapshotNotFound
         │   ├── InputNotFound
-        │   └── BlobNotFound
+        │   ├── BlobNotFound
+        │   ├── ProjectNotFound          no such directory, or no contextful.toml at or above it
+        │   └── StoreNotFound            a reading command found no store (it never creates one)
         └── Permanent                    the store or backend cannot do this (permanent)
             ├── ConditionalWriteUnsupported
             ├── StoreCatalogMismatch
@@ -912,11 +916,60 @@ class ColumnNamesCollide(Incompatible):
                          table=table, first=first, second=second, where=where)
 
 
+
+# --- finding a project and its store ---------------------------------------------------------
+
+
+class ProjectNotFound(NotFound):
+    """No project where a command looked: the directory given does not exist, or no
+    ``contextful.toml`` is in it or any directory above it."""
+
+    path: str
+    reason: str
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}; `contextful init DIR` starts a project, and --project DIR names one",
+                         path=path, reason=reason)
+
+
+class StoreNotFound(NotFound):
+    """A command that reads or maintains a store found none (it never creates one): only a
+    writer (``pipeline run``, ``table load``) creates a project's store on first use."""
+
+    root: str
+    reason: str
+
+    def __init__(self, root: str, reason: str) -> None:
+        super().__init__(f"no store at {root} ({reason}): `contextful pipeline run` or `contextful table load` "
+                         "creates the project's store, and --store URL names an existing one", root=root, reason=reason)
+
+
+class ProjectExists(Conflict):
+    """``contextful init`` found a ``contextful.toml`` already: it never overwrites a project."""
+
+    path: str
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path} exists; init never overwrites a project: edit it, or init another directory",
+                         path=path)
+
+
+class CatalogPathMissing(SpecInvalid):
+    """A remote store root under the local profile: its SQLite catalog cannot live beside the parts."""
+
+    root: str
+
+    def __init__(self, root: str) -> None:
+        super().__init__(f"store {root} is remote, and the local profile keeps its catalog in a local SQLite file: "
+                         "set [project] catalog in contextful.toml (e.g. catalog = \"catalog.sqlite\"), or "
+                         "CONTEXTFUL_STORAGE_PROFILE=postgres for a shared catalog", root=root)
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AnswerTooLarge",
     "BlobCorrupt",
     "BlobNotFound",
+    "CatalogPathMissing",
     "CatalogRejected",
     "CatalogUnavailable",
     "ColumnNamesCollide",
@@ -967,7 +1020,9 @@ __all__ = [
     "PrimaryKeyColumnMissing",
     "PrimaryKeyNull",
     "PrimaryKeyWideningLossy",
+    "ProjectExists",
     "ProjectInvalid",
+    "ProjectNotFound",
     "QueryFailed",
     "QueryInvalid",
     "RateLimited",
@@ -985,6 +1040,7 @@ __all__ = [
     "StagingFailed",
     "StorageProfileUnknown",
     "StoreCatalogMismatch",
+    "StoreNotFound",
     "SyncCursorConflict",
     "TableNameCollision",
     "TableNameInvalid",

@@ -43,7 +43,8 @@ def _storage_options_from_env(protocol: str) -> dict[str, Any]:
 class ObjectStore:
     """Bytes under one root, local or remote."""
 
-    def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None, *, create: bool = True) -> None:
+        """Bind ``root``; a local root's directory is made unless ``create`` is False (a reader's)."""
         protocol, path = fsspec.core.split_protocol(str(root))
         protocol = protocol or "file"
         options = storage_options if storage_options is not None else _storage_options_from_env(protocol)
@@ -52,7 +53,8 @@ class ObjectStore:
         self.is_local = isinstance(self.fs, LocalFileSystem)
         if self.is_local:
             path = os.path.abspath(path)
-            os.makedirs(path, exist_ok=True)
+            if create:
+                os.makedirs(path, exist_ok=True)
         self.root = path.rstrip("/")
         self.url = self.root if self.is_local else f"{protocol}://{self.root}"
 

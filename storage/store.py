@@ -28,11 +28,11 @@ from typing import Any, Self
 import duckdb
 from contextful.storage.blobs import BlobStore
 from contextful.storage.blobs.files import FileBlobStore
-from contextful.storage.catalog import Catalog, open_catalog
+from contextful.storage.catalog import Catalog, open_catalog, storage_profile
 from contextful.storage.clock import Clock, SystemClock, to_us
 from contextful.storage.collect import CollectResult, collect
 from contextful.storage.duck import connect
-from contextful.storage.errors import TableNameInvalid, TableNotFound
+from contextful.storage.errors import CatalogPathMissing, StoreNotFound, TableNameInvalid, TableNotFound
 from contextful.storage.fold import FoldResult, fold_table
 from contextful.storage.journal import JournalStore, open_journal_store
 from contextful.storage.objects import ObjectStore
@@ -99,19 +99,31 @@ class Store:
     @classmethod
     def open(cls, root: str | os.PathLike[str] = DEFAULT_STORE, *, catalog: Catalog | None = None,
              profile: str | None = None, catalog_path: str | None = None, clock: Clock | None = None,
-             storage_options: dict[str, Any] | None = None, durable: bool = True) -> Store:
-        """Open (creating if new) the store at ``root``.
+             storage_options: dict[str, Any] | None = None, durable: bool = True, create: bool = True) -> Store:
+        """Open the store at ``root``, creating it when new unless ``create`` is False.
 
         ``catalog`` overrides the profile's catalog; ``catalog_path`` places the local profile's
-        SQLite file (required when the root is remote).
+        SQLite file (required when the root is remote: ``CatalogPathMissing`` otherwise). With
+        ``create=False`` (a reader or maintainer) nothing is written: a root without ``store.json``,
+        or a local profile without its catalog file, raises ``StoreNotFound`` naming it.
         """
-        objects = ObjectStore(str(root), storage_options)
-        store_uuid = _store_uuid(objects)
+        objects = ObjectStore(str(root), storage_options, create=create)
+        owned = catalog is None
+        if owned and storage_profile(profile) == "local":
+            if catalog_path is None and not objects.is_local:
+                raise CatalogPathMissing(objects.url)
+            catalog_path = catalog_path or os.path.join(objects.root, "catalog.sqlite")
+        if not create:
+            _require_existing(objects, catalog_path if owned else None)
         if catalog is None:
-            if catalog_path is None and objects.is_local:
-                catalog_path = os.path.join(objects.root, "catalog.sqlite")
             catalog = open_catalog(profile, sqlite_path=catalog_path)
-        catalog.bind_store(store_uuid, objects.url)
+        try:
+            store_uuid = _store_uuid(objects)
+            catalog.bind_store(store_uuid, objects.url)
+        except BaseException:
+            if owned:
+                catalog.close()
+            raise
         return cls(objects, catalog, clock or SystemClock(), store_uuid, durable)
 
     def close(self) -> None:
@@ -212,6 +224,14 @@ class Store:
     def duckdb(self, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
         """A DuckDB connection able to read this store's parts."""
         return connect(self.objects, database)
+
+
+def _require_existing(objects: ObjectStore, sqlite_path: str | None) -> None:
+    """Raise ``StoreNotFound`` unless the store at ``objects`` (and its SQLite catalog file) exists."""
+    if not objects.exists("store.json"):
+        raise StoreNotFound(objects.url, "no store.json there")
+    if sqlite_path is not None and not sqlite_path.startswith("file:") and not os.path.isfile(sqlite_path):
+        raise StoreNotFound(objects.url, f"its catalog file {sqlite_path} is missing")
 
 
 def _store_uuid(objects: ObjectStore) -> str:

@@ -12,34 +12,41 @@ from typing import Any
 import click
 from contextful.engine.cli.commands import register
 from contextful.engine.cli.errors import one_line_errors
+from contextful.engine.cli.options import accept_after_subcommands, configure_logging, global_options
 
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
-        with one_line_errors(ctx.params.get("project_dir", "."), bool(ctx.params.get("debug"))):
+        ctx.obj = dict(ctx.params)  # the global options; a leaf command's own copies update it
+        with one_line_errors(ctx.obj):
             return super().invoke(ctx)
 
 
-@click.group(cls=_Group)
-@click.option("--store", "store_url", envvar="CONTEXTFUL_STORE", default=None,
-              help="Store root (path or fsspec URL). Default: the project's store.")
-@click.option("--project", "project_dir", default=".", show_default=True, type=click.Path(file_okay=False),
-              help="Project directory (holding contextful.toml).")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-@click.option("-v", "--verbose", is_flag=True, help="Log each pull's details on stderr (masked cells per column, ...).")
-@click.option("--debug", is_flag=True, help="On an error, print its full trace instead of writing it to a log file.")
-@click.pass_context
-def cli(ctx: click.Context, store_url: str | None, project_dir: str, as_json: bool, verbose: bool,
-        debug: bool) -> None:
-    """Contextful: a columnar data engine over a transactional Parquet table store."""
-    import logging
+def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    import contextful
 
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
-    ctx.obj = {"store": store_url, "project": project_dir, "json": as_json}
+    click.echo(f"contextful {contextful.__version__}")
+    ctx.exit()
+
+
+@click.group(cls=_Group)
+@global_options
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Print the installed version and exit.")
+@click.pass_context
+def cli(ctx: click.Context, **options: Any) -> None:
+    """Contextful: a columnar data engine over a transactional Parquet table store.
+
+    The global options work before the command or after it: `contextful --json build status` and
+    `contextful build status --json` are the same.
+    """
+    configure_logging(bool(ctx.obj["verbose"]))
 
 
 register(cli)
+accept_after_subcommands(cli)
 
 
 def main() -> None:

@@ -54,10 +54,10 @@ def build_run(ctx: click.Context, models: tuple[str, ...]) -> None:
 @click.pass_context
 def build_hold(ctx: click.Context, model: str, build_id: int, reason: str) -> None:
     """Keep a build's parts past retention (holds/<build id>.json)."""
-    from contextful.engine.project import open_store
+    from contextful.engine.cli.commands import _store
     from contextful.storage.holds import hold_build
 
-    with open_store(ctx.obj["store"] or ctx.obj["project"]) as store:
+    with _store(ctx) as store:
         record = hold_build(store, model, build_id, reason)
     if ctx.obj["json"]:
         emit_json(record.__dict__)
@@ -71,10 +71,10 @@ def build_hold(ctx: click.Context, model: str, build_id: int, reason: str) -> No
 @click.pass_context
 def build_release(ctx: click.Context, model: str, build_id: int) -> None:
     """Remove the hold on a build; collection may then remove it past retention."""
-    from contextful.engine.project import open_store
+    from contextful.engine.cli.commands import _store
     from contextful.storage.holds import release_hold
 
-    with open_store(ctx.obj["store"] or ctx.obj["project"]) as store:
+    with _store(ctx) as store:
         released = release_hold(store, model, build_id)
     if ctx.obj["json"]:
         emit_json({"model": model, "build_id": build_id, "released": released})

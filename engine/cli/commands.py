@@ -18,10 +18,12 @@ if TYPE_CHECKING:
     from contextful.storage import Store
 
 
-def _store(ctx: click.Context) -> Store:
-    from contextful.engine.project import open_store
+def _store(ctx: click.Context, *, create: bool = False) -> Store:
+    """The store of ``--store``, else of the project at or above ``--project``; only a writer
+    passes ``create`` (``engine.project.open_project_store``)."""
+    from contextful.engine.project import open_project_store
 
-    return open_store(ctx.obj["store"] or ctx.obj["project"])
+    return open_project_store(ctx.obj["project"], ctx.obj["store"], create=create)
 
 
 def _json(ctx: click.Context) -> bool:
@@ -127,7 +129,7 @@ def table_load(ctx: click.Context, name: str, file: str, primary_key: str, repla
     from contextful.engine.load import load_file
 
     keys = tuple(k.strip() for k in primary_key.split(",") if k.strip())
-    with _store(ctx) as store:
+    with _store(ctx, create=True) as store:
         result = load_file(store, name, file, primary_key=keys, replace=replace, fmt=fmt,
                            progress=lambda n: progress_line(f"{name}: {n:,} rows staged"))
         end_progress()
@@ -257,7 +259,8 @@ def _history(store: Store, table_name: str | None, limit: int) -> list[dict[str,
 def register(cli: click.Group) -> None:
     from contextful.engine.cli.build import build
     from contextful.engine.cli.export import export
+    from contextful.engine.cli.init import init
     from contextful.engine.cli.pipeline import pipeline
 
-    for command in (sql, table, store_group, run, pipeline, build, export):
+    for command in (init, sql, table, store_group, run, pipeline, build, export):
         cli.add_command(command)

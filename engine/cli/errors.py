@@ -19,10 +19,11 @@ import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -34,8 +35,12 @@ LOG_DIR = (".contextful", "logs")
 
 
 @contextmanager
-def one_line_errors(project_dir: str, debug: bool) -> Iterator[None]:
-    """Run a command's body; turn any error escaping it into one stderr line and an exit code."""
+def one_line_errors(options: Mapping[str, Any]) -> Iterator[None]:
+    """Run a command's body; turn any error escaping it into one stderr line and an exit code.
+
+    ``options`` (the command's ``ctx.obj``) is read when an error arrives, so ``--debug`` and
+    ``--project`` count wherever on the command line they were given.
+    """
     from contextful.storage.errors import ContextfulError
 
     try:
@@ -43,10 +48,10 @@ def one_line_errors(project_dir: str, debug: bool) -> Iterator[None]:
     except (click.exceptions.Exit, click.ClickException, click.Abort):
         raise
     except ContextfulError as exc:
-        raise click.exceptions.Exit(_report(exc, exc.name, _one_line(exc.detail), None, debug,
+        raise click.exceptions.Exit(_report(exc, exc.name, _one_line(exc.detail), None, bool(options.get("debug")),
                                             exc.exit_code)) from None
     except KeyboardInterrupt as exc:
-        raise click.exceptions.Exit(_report(exc, "KeyboardInterrupt", "interrupted", None, debug,
+        raise click.exceptions.Exit(_report(exc, "KeyboardInterrupt", "interrupted", None, bool(options.get("debug")),
                                             EXIT_INTERRUPTED)) from None
     except BrokenPipeError:
         # The reader of stdout went away (`contextful sql ... | head`): nothing to report to anyone.
@@ -57,8 +62,8 @@ def one_line_errors(project_dir: str, debug: bool) -> Iterator[None]:
     except Exception as exc:  # noqa: BLE001 - the boundary: whatever escapes a command is reported here
         from contextful.storage.errors import first_line
 
-        raise click.exceptions.Exit(_report(exc, type(exc).__name__, first_line(exc), project_dir, debug,
-                                            EXIT_INTERNAL)) from None
+        raise click.exceptions.Exit(_report(exc, type(exc).__name__, first_line(exc), str(options.get("project") or "."),
+                                            bool(options.get("debug")), EXIT_INTERNAL)) from None
 
 
 def _report(exc: BaseException, name: str, message: str, log_project: str | None, debug: bool, code: int) -> int:
@@ -102,9 +107,9 @@ def _write_log(project_dir: str, trace: str) -> str:
 
 def _log_dirs(project_dir: str) -> list[Path]:
     """The project's log directory (inside a project), then the user's state directory, then the temp dir."""
-    from contextful.engine.project import MANIFEST, find_project
+    from contextful.engine.project import find_project
 
-    found = find_project(project_dir)
+    found = find_project(project_dir) if Path(project_dir).is_dir() else None
     state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "contextful" / "logs"
-    inside = [found.joinpath(*LOG_DIR)] if (found / MANIFEST).is_file() else []
+    inside = [found.joinpath(*LOG_DIR)] if found is not None else []
     return [*inside, state, Path(tempfile.gettempdir()) / "contextful-logs"]

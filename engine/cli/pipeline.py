@@ -26,12 +26,11 @@ def _manifest(ctx: click.Context) -> Manifest:
     return load_manifest(ctx.obj["project"])
 
 
-def _store(ctx: click.Context, manifest: Manifest) -> Store:
-    from contextful.storage import Store
+def _store(ctx: click.Context, manifest: Manifest, *, create: bool = False) -> Store:
+    """The store of ``--store``, else the manifest's project's; only a writer passes ``create``."""
+    from contextful.engine.project import open_project_store
 
-    if ctx.obj["store"]:
-        return Store.open(ctx.obj["store"])
-    return Store.open(manifest.project.store, catalog_path=manifest.project.catalog)
+    return open_project_store(manifest.root, ctx.obj["store"], project=manifest.project, create=create)
 
 
 def _check_ids(manifest: Manifest, ids: tuple[str, ...]) -> list[str] | None:
@@ -83,11 +82,17 @@ def validate(ctx: click.Context) -> None:
 def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
     """What a run would pull and land, without running it."""
     from contextful.engine.land.pipeline import plan_pipeline
+    from contextful.storage.errors import StoreNotFound
 
     manifest = _manifest(ctx)
     selected = _check_ids(manifest, ids)
-    with _store(ctx, manifest) as store:
-        plans = [plan_pipeline(store, manifest, spec) for spec in manifest.in_dependency_order(selected)]
+    try:
+        store = _store(ctx, manifest)
+    except StoreNotFound:  # nothing has run yet: plan against an empty store, and create none
+        plans = [plan_pipeline(None, manifest, spec) for spec in manifest.in_dependency_order(selected)]
+    else:
+        with store:
+            plans = [plan_pipeline(store, manifest, spec) for spec in manifest.in_dependency_order(selected)]
     if ctx.obj["json"]:
         emit_json([p.to_json() for p in plans])
         return
@@ -122,7 +127,7 @@ def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float) -> None
         progress_line(f"{p.pipeline}: {p.inputs_done}/{p.inputs_total} inputs, {p.rows:,} rows,"
                       f" {p.bytes_read / 2**20:,.1f} MiB read, {p.tables} table(s), {rate:,.1f} MiB/s")
 
-    with _store(ctx, manifest) as store:
+    with _store(ctx, manifest, create=True) as store:
         results = run_pipelines(store, manifest, selected, checkpoint_bytes=int(checkpoint_mib * 2**20),
                                 progress=None if ctx.obj["json"] else show)
     end_progress()

@@ -25,6 +25,7 @@ import click
 
 if TYPE_CHECKING:
     from contextful.engine.config import Manifest
+    from contextful.storage import Store
 
 
 def serve_manifest(manifest: Manifest, store_url: str | None, address: str | None, *,
@@ -32,13 +33,11 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     """Serve the manifest's receive pipelines and query gateway until SIGTERM or SIGINT."""
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.spool import queue_root
+    from contextful.engine.project import open_project_store
     from contextful.engine.served.project import serve_project
-    from contextful.storage import Store
 
-    def open_store() -> Store:
-        if store_url:
-            return Store.open(store_url)
-        return Store.open(manifest.project.store, catalog_path=manifest.project.catalog)
+    def open_store() -> Store:  # receive pipelines land batches: a writer, so it creates the store
+        return open_project_store(manifest.root, store_url, project=manifest.project, create=True)
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -107,7 +106,7 @@ def main(ctx: click.Context, store_url: str | None, project_dir: str, address: s
     from contextful.engine.cli.errors import one_line_errors
 
     ctx.obj = {"store": store_url, "project": project_dir, "json": False}
-    with one_line_errors(project_dir, debug=False):
+    with one_line_errors(ctx.obj):
         ctx.invoke(serve, address=address, receive_address=receive_address, gateway_address=gateway_address)
 
 

@@ -23,7 +23,7 @@ from contextful.engine.config.manifest import (
 )
 from contextful.engine.export.spec import ExportSpec
 from contextful.engine.model.spec import ModelSpec
-from contextful.engine.project import MANIFEST, find_project, parse_project, read_manifest_document
+from contextful.engine.project import MANIFEST, locate_project, parse_project, read_manifest_document
 from contextful.storage.errors import (
     ContextfulError,
     ManifestInvalid,
@@ -36,7 +36,6 @@ from contextful.storage.errors import (
     PipelineNormalizeModeUnknown,
     PipelinePrimaryKeyInvalid,
     PipelineSourceKindUnknown,
-    ProjectInvalid,
     TableNameCollision,
 )
 
@@ -104,11 +103,8 @@ class _Problems:
 
 def load_manifest(directory: str | os.PathLike[str] = ".") -> Manifest:
     """The manifest of the project at or above ``directory``."""
-    root = find_project(directory)
-    path = root / MANIFEST
-    if not path.is_file():
-        raise ProjectInvalid(str(path), "no contextful.toml here or in any parent directory")
-    return parse_manifest(read_manifest_document(root), root, str(path))
+    root = locate_project(directory)
+    return parse_manifest(read_manifest_document(root), root, str(root / MANIFEST))
 
 
 def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Manifest:

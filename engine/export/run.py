@@ -204,7 +204,10 @@ def _read(con: Any, snap: Any) -> pa.RecordBatchReader:
 
 
 def _current_snapshot(spec: ExportSpec) -> Any:
-    """The export's Iceberg table's current snapshot (None before its first); NoSuchTableError without it."""
+    """The export's Iceberg table's current snapshot (None before its first); NoSuchTableError without it.
+    A local SQLite catalog file that does not exist yet holds no snapshot: reading it creates none."""
+    if spec.catalog.uri.startswith("sqlite:///") and not Path(spec.catalog.uri.removeprefix("sqlite:///")).is_file():
+        return None
     catalog = load_catalog(spec.catalog)
     table = guard_catalog(spec.catalog, lambda: catalog.load_table(spec.identifier))
     return table.current_snapshot()

@@ -76,8 +76,8 @@ def cursor_scope(spec: PipelineSpec) -> str:
     return f"pipeline:{spec.id}"
 
 
-def _landed_inputs(store: Store, spec: PipelineSpec) -> dict[str, Any]:
-    if spec.table not in store.table_names():
+def _landed_inputs(store: Store | None, spec: PipelineSpec) -> dict[str, Any]:
+    if store is None or spec.table not in store.table_names():
         return {}
     committed = store.table(spec.table).cursor(cursor_scope(spec))
     if committed is None:
@@ -86,13 +86,14 @@ def _landed_inputs(store: Store, spec: PipelineSpec) -> dict[str, Any]:
     return dict(value.get("inputs", {}))
 
 
-def _plan_files(store: Store, manifest: Manifest, spec: PipelineSpec) -> InputPlan:
+def _plan_files(store: Store | None, manifest: Manifest, spec: PipelineSpec) -> InputPlan:
     inputs = list_inputs(spec.source.config, manifest.root)
     return plan_inputs(inputs, _landed_inputs(store, spec), spec.source.config.get("format"))
 
 
-def plan_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec) -> PipelinePlan:
-    """What a run would pull (inputs new or appended since the cursor), skip, and refuse as changed."""
+def plan_pipeline(store: Store | None, manifest: Manifest, spec: PipelineSpec) -> PipelinePlan:
+    """What a run would pull (inputs new or appended since the cursor), skip, and refuse as changed
+    (``store`` None: the project has no store yet, so nothing has landed)."""
     if spec.source.kind == "http":
         return _plan_http(store, spec)
     if spec.source.kind == "receive":
@@ -101,9 +102,10 @@ def plan_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec) -> Pipel
     return PipelinePlan(spec.id, spec.table, planned.pull, planned.skip, changed=[i for i, _ in planned.changed])
 
 
-def _plan_http(store: Store, spec: PipelineSpec) -> PipelinePlan:
+def _plan_http(store: Store | None, spec: PipelineSpec) -> PipelinePlan:
     scope = cursor_scope(spec)
-    stored = store.table(spec.table).cursor(scope) if spec.table in store.table_names() else None
+    stored = (store.table(spec.table).cursor(scope)
+              if store is not None and spec.table in store.table_names() else None)
     position = open_position(scope, stored[0] if stored else None, spec.incremental)
     config = HttpConfig.from_config(spec.source.config)
     since = since_text(position.since, position.clock) if position.since is not None else None

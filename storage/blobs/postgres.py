@@ -41,7 +41,7 @@ class PostgresBlobStore(SqlDialect, BlobStore):
         return postgres_connection_lost(self._conn, exc)
 
     def _map_error(self, exc: Exception) -> ContextfulError | None:
-        return postgres_error(self.schema, exc)
+        return postgres_error(self.schema, exc, self.dsn)
 
     def _store_bytes(self, digest: str, data: bytes) -> None:
         self._write(lambda cur: cur.execute(

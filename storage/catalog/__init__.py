@@ -211,6 +211,11 @@ class Catalog(ABC):
     def close(self) -> None: ...
 
 
+def storage_profile(profile: str | None = None) -> str:
+    """``profile``, else ``CONTEXTFUL_STORAGE_PROFILE``, else ``local``."""
+    return profile or os.environ.get("CONTEXTFUL_STORAGE_PROFILE") or "local"
+
+
 def open_catalog(profile: str | None = None, *, sqlite_path: str | None = None, dsn: str | None = None,
                  schema: str | None = None) -> Catalog:
     """The catalog for ``profile`` (default: ``CONTEXTFUL_STORAGE_PROFILE``, else ``local``).
@@ -219,7 +224,7 @@ def open_catalog(profile: str | None = None, *, sqlite_path: str | None = None, 
     ``CONTEXTFUL_POSTGRES_DSN``, else libpq's own ``PG*`` variables) inside the PostgreSQL schema
     ``schema`` (default: ``CONTEXTFUL_POSTGRES_SCHEMA``, else ``contextful``).
     """
-    profile = profile or os.environ.get("CONTEXTFUL_STORAGE_PROFILE") or "local"
+    profile = storage_profile(profile)
     if profile == "local":
         from contextful.storage.catalog.sqlite import SqliteCatalog
 

@@ -46,7 +46,7 @@ class PostgresCatalog(SqlCatalog):
         cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
 
     def _map_error(self, exc: Exception) -> ContextfulError | None:
-        return postgres_error(self.schema, exc)
+        return postgres_error(self.schema, exc, self.dsn)
 
     def _connection_lost(self, exc: BaseException) -> bool:
         return postgres_connection_lost(self._conn, exc)

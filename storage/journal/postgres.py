@@ -46,4 +46,4 @@ class PostgresJournalStore(SqlJournalStore):
                     (f"contextful-journal-owner:{self.schema}:{scope}",))
 
     def _map_error(self, exc: Exception) -> ContextfulError | None:
-        return postgres_error(self.schema, exc)
+        return postgres_error(self.schema, exc, self.dsn)

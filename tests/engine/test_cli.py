@@ -46,13 +46,13 @@ def test_load_then_query_list_show_and_history(project: Path) -> None:
 
 
 def test_expected_errors_print_one_line_and_exit_by_category(project: Path) -> None:
+    contextful(project, "table", "load", "events", str(project / "events.csv"))
     missing = contextful(project, "table", "show", "nope", check=False)
     assert missing.returncode == 6
     assert missing.stderr.strip() == "error: TableNotFound: no table 'nope' in this store"
     bad_sql = contextful(project, "sql", "SELEC 1", check=False)
     assert bad_sql.returncode == 3 and bad_sql.stderr.startswith("error: QueryInvalid: ")
     assert "Traceback" not in bad_sql.stderr
-    contextful(project, "table", "load", "events", str(project / "events.csv"))
     (project / "bad.ndjson").write_text('{"id": "text now"}\n')
     clash = contextful(project, "table", "load", "events", str(project / "bad.ndjson"), check=False)
     assert clash.returncode == 4 and "SchemaIrreconcilable" in clash.stderr and "column id" in clash.stderr

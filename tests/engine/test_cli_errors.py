@@ -23,6 +23,7 @@ import click
 import pytest
 from contextful.engine.cli import cli
 from contextful.engine.cli.errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED
+from contextful.storage import Store
 from contextful.storage.errors import EXIT_CODES
 
 from tests.support.cli import contextful
@@ -235,7 +236,7 @@ def test_debug_prints_the_trace_instead_of_a_log(project: Path) -> None:
 
 def test_outside_a_project_the_log_goes_to_the_state_dir(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    store.mkdir()
+    Store.open(str(store)).close()  # a store, then damaged: reading it fails outside the catalogue
     (store / "store.json").write_text("{not json")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
     env["XDG_STATE_HOME"] = str(tmp_path / "state")

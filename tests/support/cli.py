@@ -12,10 +12,16 @@ from pathlib import Path
 def contextful(project: Path, *args: str, check: bool = True, timeout: float = 300,
                preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
     """``contextful --project PROJECT ARGS…``; raises with its stderr when ``check`` and it fails."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
-    proc = subprocess.run([sys.executable, "-m", "contextful.engine.cli", "--project", str(project), *args],
-                          capture_output=True, text=True, env=env, timeout=timeout, preexec_fn=preexec_fn,
-                          check=False)
+    return contextful_in(None, "--project", str(project), *args, check=check, timeout=timeout, preexec_fn=preexec_fn)
+
+
+def contextful_in(cwd: Path | None, *args: str, env: dict[str, str] | None = None, check: bool = True,
+                  timeout: float = 300,
+                  preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
+    """``contextful ARGS…`` run in directory ``cwd``, with no ``CONTEXTFUL_*`` variable but ``env``'s."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")} | (env or {})
+    proc = subprocess.run([sys.executable, "-m", "contextful.engine.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, env=clean, timeout=timeout, preexec_fn=preexec_fn, check=False)
     if check and proc.returncode != 0:
         raise AssertionError(f"contextful {' '.join(args)}: exit {proc.returncode}: {proc.stderr}")
     return proc
