@@ -111,7 +111,7 @@ def test_a_table_whose_view_cannot_bind_never_keeps_the_others_from_reading(make
     assert con.sql("SELECT sum(x) FROM good").fetchall() == [(3,)]
     with pytest.raises(duckdb.Error) as caught:
         con.sql("SELECT count(*) FROM broken").fetchall()
-    error = read_path.unreadable_error(caught.value)
+    error = read_path.deferred_error(caught.value)
     assert error is not None and error.table == "broken" and part.path.split("/")[-1] in error.reason
 
 
@@ -142,5 +142,5 @@ def test_tables_differing_only_in_case_never_answer_for_each_other(make_store, s
     for spelling in ("events", "Events"):
         with pytest.raises(duckdb.Error) as caught:
             con.sql(f'SELECT * FROM "{spelling}"').fetchall()
-        error = read_path.unreadable_error(caught.value)
+        error = read_path.deferred_error(caught.value)
         assert error is not None and "differs only in case" in error.reason
