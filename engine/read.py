@@ -125,13 +125,14 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
         except duckdb.Error as exc:  # one table's view does not bind: it alone answers an error
             attach_error(con, name, TableUnreadable(name, first_line(exc)))
         names.append(name)
-    for name in unborn if as_of is not None else ():
-        if name.lower() not in spelled and name not in names:
-            first = store.catalog.first_commit_us(name)
-            landed = ("no commit has landed in it" if first is None
-                      else f"its first commit landed at {from_us(first).isoformat()}")
-            attach_error(con, name, SnapshotNotFound(name, f"as of {as_of.isoformat()} ({landed})"))
-            names.append(name)
+    for name in unborn:  # as of an instant before its first commit: reading it is SnapshotNotFound
+        if as_of is None or name.lower() in spelled or name in names:
+            continue
+        first = store.catalog.first_commit_us(name)  # one indexed row per such table
+        landed = ("no commit has landed in it" if first is None
+                  else f"its first commit landed at {from_us(first).isoformat()}")
+        attach_error(con, name, SnapshotNotFound(name, f"as of {as_of.isoformat()} ({landed})"))
+        names.append(name)
     return names
 
 

@@ -174,8 +174,9 @@ def test_as_of_before_a_tables_first_commit_is_snapshot_not_found(tmp_path: Path
 
 
 def test_a_collected_snapshot_of_one_table_leaves_the_others_readable(tmp_path: Path) -> None:
-    import contextful as api
     from contextful.engine.read import deferred_error
+
+    import contextful as api
     from contextful.errors import SnapshotCollected
 
     root = project(tmp_path, '[project]\nname = "p"\n')
@@ -247,9 +248,8 @@ def test_store_collect_refuses_a_negative_window(tmp_path: Path, option: str, va
 def test_store_collect_refuses_a_negative_window_from_python(tmp_path: Path) -> None:
     from contextful.errors import ArgumentInvalid
 
-    with Store.open(tmp_path / "store") as store:
-        with pytest.raises(ArgumentInvalid) as caught:
-            store.collect(retain_seconds=-5)
+    with Store.open(tmp_path / "store") as store, pytest.raises(ArgumentInvalid) as caught:
+        store.collect(retain_seconds=-5)
     assert caught.value.argument == "retain_seconds" and caught.value.value == -5
 
 
