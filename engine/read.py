@@ -11,49 +11,78 @@ Each view reads exactly the parts live at its snapshot — the head, or the newe
 before ``as_of`` — with schema evolution and primary-key resolution applied (contextful.storage.snapshot).
 Views are pinned, every table at one point (``Store.pin``: one catalog read): a run
 committing after ``connect`` does not change what they answer, and none is seen in some tables
-but not others; call ``connect`` again to see it. A table whose view cannot be built (a part
-missing, a snapshot collected, a key naming no column in a store written before keys were
-checked) never keeps the others from reading: its view raises ``TableUnreadable`` naming it and
-the cause when queried (:func:`unreadable_error` turns DuckDB's error back into it). ``_runs`` is
-a view like any other, and so is each model (its latest
-published build); :func:`model_build` adds a view of one specific build (docs/notebooks.md).
+but not others; call ``connect`` again to see it. A table whose view cannot be built never keeps
+the others from reading: its view raises, when queried, the catalogue error naming it —
+``SnapshotNotFound`` as of an instant before its first commit (naming that commit's time),
+``SnapshotCollected`` when its parts at that snapshot were collected past retention,
+``TableUnreadable`` for any other cause (a part missing, a key naming no column in a store
+written before keys were checked) — and :func:`deferred_error` turns DuckDB's error back into
+it. ``_runs`` is a view like any other, and so is each model (its latest published build);
+:func:`model_build` adds a view of one specific build (docs/notebooks.md).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from datetime import datetime
+from collections.abc import Callable
+from datetime import UTC, datetime
 
 import duckdb
 import pyarrow as pa
 from contextful.engine.project import open_store
 from contextful.storage import Store
-from contextful.storage.errors import SnapshotCollected, SnapshotNotFound, TableUnreadable, first_line
+from contextful.storage.clock import from_us
+from contextful.storage.errors import (
+    ArgumentInvalid,
+    ContextfulError,
+    SnapshotCollected,
+    SnapshotNotFound,
+    TableUnreadable,
+    first_line,
+)
 from contextful.storage.reserved import RUNS_TABLE
 from contextful.storage.snapshot import Snapshot, quote, snapshot_sql, sql_literal
 
 _RUNS_CACHE = "__contextful_runs_history"
-_UNREADABLE = re.compile(r"TableUnreadable: table '([A-Za-z_][A-Za-z0-9_]*)' cannot be read: (.*)", re.DOTALL)
+_NAME = r"'(?P<table>[A-Za-z_][A-Za-z0-9_]*)'"
+_DEFERRED: dict[str, tuple[Callable[..., ContextfulError], re.Pattern[str]]] = {  # each error a view may defer, by name
+    "TableUnreadable": (TableUnreadable, re.compile(rf"table {_NAME} cannot be read: (?P<reason>.*)", re.DOTALL)),
+    "SnapshotNotFound": (SnapshotNotFound, re.compile(rf"table {_NAME} has no snapshot (?P<wanted>.*)", re.DOTALL)),
+    "SnapshotCollected": (SnapshotCollected, re.compile(
+        rf"table {_NAME} snapshot (?P<commit_seq>\d+): part (?P<missing>.*) was collected past retention", re.DOTALL)),
+}
+_DEFERRED_ERROR = re.compile(rf"\b({'|'.join(_DEFERRED)}): (.*)", re.DOTALL)
+INSTANT_FORMS = ("an ISO-8601 instant such as 2026-11-29T12:00:00Z, 2026-11-29T13:00:00+01:00 or 2026-11-29 "
+                 "(UTC without an offset)")
 
 
-def parse_instant(value: str | datetime | None) -> datetime | None:
-    """An ``as_of`` given as an ISO-8601 string (``Z`` allowed) or a datetime."""
-    if value is None or isinstance(value, datetime):
-        return value
-    return datetime.fromisoformat(value)
+def parse_instant(value: str | datetime | None, argument: str = "as_of") -> datetime | None:
+    """An ``as_of`` given as ISO-8601 text (``Z`` allowed) or a datetime, as an aware instant (a
+    value without an offset is UTC); ArgumentInvalid naming ``argument`` when it is neither."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ArgumentInvalid(argument, value, f"not {INSTANT_FORMS}") from None
+    if not isinstance(value, datetime):
+        raise ArgumentInvalid(argument, value, f"give {INSTANT_FORMS}, or a datetime")
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def connect(project_or_store: Store | str | os.PathLike[str] | None = None,
             as_of: str | datetime | None = None, *, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with a view per store table at head (or ``as_of`` a transaction time).
 
-    A table whose first commit came after ``as_of`` has no view.
+    As of an instant before a table's first commit, that table's view raises SnapshotNotFound.
     """
+    instant = parse_instant(as_of)  # before the store opens: a mistyped instant touches nothing
     store = project_or_store if isinstance(project_or_store, Store) else open_store(project_or_store)
     try:
         con = store.duckdb(database)
-        attach_views(con, store, parse_instant(as_of))
+        attach_views(con, store, instant)
         return con
     finally:
         if store is not project_or_store:
@@ -71,19 +100,20 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
         con.register(_RUNS_CACHE, store.runs.history())
         con.execute(f"CREATE OR REPLACE VIEW {quote(RUNS_TABLE)} AS SELECT * FROM {quote(_RUNS_CACHE)}")
         names.append(RUNS_TABLE)
+    pinned, unborn = store.pin_with_unborn(as_of=as_of)  # every table pinned at one point
     spelled: dict[str, str] = {}  # DuckDB compares view names case-insensitively
-    for name, (table, seq) in store.pin(as_of=as_of).items():  # every table pinned at one point
+    for name, (table, seq) in pinned.items():
         if name in names:
             continue
         twin = spelled.setdefault(name.lower(), name)
         if twin != name:  # a store written before case twins were refused: neither view is answered
-            attach_unreadable(con, name, f"its name differs only in case from the table {twin!r}, and DuckDB "
-                                         f"reads both names as one view")
+            attach_error(con, name, TableUnreadable(name, f"its name differs only in case from the table {twin!r}, "
+                                                          f"and DuckDB reads both names as one view"))
             continue
         try:
             snap = table.snapshot_at(seq)
         except SnapshotCollected as exc:
-            attach_unreadable(con, name, exc.detail)
+            attach_error(con, name, exc)
             names.append(name)
             continue
         if snap.schema is None:
@@ -91,23 +121,40 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
         try:
             attach_snapshot(con, snap, name)
         except TableUnreadable as exc:
-            attach_unreadable(con, name, exc.reason)
+            attach_error(con, name, exc)
         except duckdb.Error as exc:  # one table's view does not bind: it alone answers an error
-            attach_unreadable(con, name, first_line(exc))
+            attach_error(con, name, TableUnreadable(name, first_line(exc)))
+        names.append(name)
+    for name in unborn:  # as of an instant before its first commit: reading it is SnapshotNotFound
+        if as_of is None or name.lower() in spelled or name in names:
+            continue
+        first = store.catalog.first_commit_us(name)  # one indexed row per such table
+        landed = ("no commit has landed in it" if first is None
+                  else f"its first commit landed at {from_us(first).isoformat()}")
+        attach_error(con, name, SnapshotNotFound(name, f"as of {as_of.isoformat()} ({landed})"))
         names.append(name)
     return names
 
 
-def attach_unreadable(con: duckdb.DuckDBPyConnection, view: str, reason: str) -> None:
-    """Create (or replace) the view ``view`` raising :class:`TableUnreadable` whenever it is read."""
-    message = sql_literal(str(TableUnreadable(view, reason)))
+def attach_error(con: duckdb.DuckDBPyConnection, view: str, error: ContextfulError) -> None:
+    """Create (or replace) the view ``view`` raising ``error`` whenever it is read (:func:`deferred_error`
+    turns DuckDB's error back into it)."""
+    assert error.name in _DEFERRED, f"{error.name} is not an error a view defers"
+    message = sql_literal(str(error))
     con.execute(f"CREATE OR REPLACE VIEW {quote(view)} AS SELECT NULL AS unreadable WHERE error({message}) IS NULL")
 
 
-def unreadable_error(exc: duckdb.Error) -> TableUnreadable | None:
-    """The :class:`TableUnreadable` a query over an unreadable table's view raised, if it is one."""
-    found = _UNREADABLE.search(str(exc))
-    return TableUnreadable(found.group(1), found.group(2)) if found else None
+def deferred_error(exc: BaseException) -> ContextfulError | None:
+    """The catalogue error a query over a view made by :func:`attach_error` raised, if it is one."""
+    found = _DEFERRED_ERROR.search(str(exc))
+    if found is None:
+        return None
+    cls, pattern = _DEFERRED[found.group(1)]
+    fields = pattern.fullmatch(found.group(2))
+    if fields is None:
+        return None
+    values = {k: int(v) if k == "commit_seq" else v for k, v in fields.groupdict().items()}
+    return cls(**values)
 
 
 def attach_snapshot(con: duckdb.DuckDBPyConnection, snap: Snapshot, view: str) -> None:

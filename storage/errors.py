@@ -15,7 +15,8 @@ Hierarchy::
     │   ├── CommitOutcomeUnknown         a commit was sent and its outcome could not be learned (unknown)
     │   ├── RateLimited                  a limiter or server denied the call; the retry schedule waits
     │   ├── ConnectorBoundHit            a connector struck its linear-memory or call-deadline bound
-    │   └── SourceUnavailable            a source is unreachable or answered 5xx
+    │   ├── SourceUnavailable            a source is unreachable or answered 5xx
+    │   └── AddressInUse                 serve's address is held by another socket (the port may free up)
     └── TerminalError                    marker: retrying the same input fails the same way
         ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
         │   ├── StorageProfileUnknown
@@ -39,7 +40,8 @@ Hierarchy::
         │   ├── ExportNamespaceShared    two [[export]] blocks share a namespace, credential or table
         │   ├── PipelinePrimaryKeyInvalid  a primary_key column the manifest shows can never be a column
         │   ├── TableNameCollision       a table named <root>__... beside a relational root, or two differing in case
-        │   └── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
+        │   ├── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
+        │   └── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
         │   │   └── PrimaryKeyWideningLossy  a key column would widen to a type not holding every key exactly
@@ -526,10 +528,13 @@ class PipelineSeedCeilingUnevaluable(Incompatible):
 
 
 class TypeSpellingUnreadable(Incompatible):
-    """``run.land.typed-pull``: a ``types`` entry the typed landing cannot read."""
+    """``run.land.typed-pull``: a ``types`` entry the typed landing cannot read (an unknown type, unit
+    or time zone); names the pipeline when the manifest's validation knows it."""
 
-    def __init__(self, column: str, spelling: str, reason: str) -> None:
-        super().__init__(f"types.{column} = {spelling!r}: {reason}", column=column, spelling=spelling, reason=reason)
+    def __init__(self, column: str, spelling: str, reason: str, pipeline: str | None = None) -> None:
+        where = f"pipeline {pipeline!r}: " if pipeline else ""
+        super().__init__(f"{where}types.{column} = {spelling!r}: {reason}", column=column, spelling=spelling,
+                         reason=reason, pipeline=pipeline)
 
 
 class TypedLandingFailed(Incompatible):
@@ -964,9 +969,42 @@ class CatalogPathMissing(SpecInvalid):
                          "set [project] catalog in contextful.toml (e.g. catalog = \"catalog.sqlite\"), or "
                          "CONTEXTFUL_STORAGE_PROFILE=postgres for a shared catalog", root=root)
 
+
+# --- arguments a command or a call is given (issue 14) ---------------------------------------------
+
+
+class ArgumentInvalid(SpecInvalid):
+    """A value given to a command option or a call's argument cannot be what it names: an address
+    that is not ``HOST:PORT`` (or one this machine cannot listen on), an instant that is not
+    ISO-8601, a negative window. Names the option (or argument) as it was given, and the value."""
+
+    argument: str
+    value: object
+    reason: str
+
+    def __init__(self, argument: str, value: object, reason: str) -> None:
+        super().__init__(f"{argument} {value!r}: {reason}", argument=argument, value=value, reason=reason)
+
+
+class AddressInUse(TransientError):
+    """``pipeline serve`` could not listen on an address because another socket holds it. Transient
+    (exit 75): the port frees when its holder exits, so a supervisor's retry may start the service."""
+
+    argument: str
+    address: str
+    reason: str
+
+    def __init__(self, argument: str, address: str, reason: str) -> None:
+        super().__init__(f"{argument} {address}: cannot listen: {reason} (another process holds the port; stop "
+                         f"it or pick another port, or port 0 for a free one)", argument=argument, address=address,
+                         reason=reason)
+
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
+    "AddressInUse",
     "AnswerTooLarge",
+    "ArgumentInvalid",
     "BlobCorrupt",
     "BlobNotFound",
     "CatalogPathMissing",

@@ -210,12 +210,20 @@ class Store:
         sees each commit whole (``table.snapshot_at(seq)`` then reads each). A table with no commit
         by ``as_of`` is left out; a name that is no table raises TableNotFound.
         """
+        pinned, _ = self.pin_with_unborn(names, as_of)
+        return pinned
+
+    def pin_with_unborn(self, names: Sequence[str] | None = None, as_of: datetime | int | None = None
+                        ) -> tuple[dict[str, tuple[Table, int]], dict[str, Table]]:
+        """:meth:`pin`, and apart, read at the same point, the tables with no commit by ``as_of``
+        (a reader answers ``SnapshotNotFound`` for them, not "no such table")."""
         as_of_us = None if as_of is None else to_us(as_of) if isinstance(as_of, datetime) else int(as_of)
         pinned = self.catalog.pin_heads(names, as_of_us)
         for name in names or ():
             if name not in pinned:
                 raise TableNotFound(name)
-        return {name: (Table(self, p.head), p.commit_seq) for name, p in pinned.items() if p.commit_seq is not None}
+        return ({name: (Table(self, p.head), p.commit_seq) for name, p in pinned.items() if p.commit_seq is not None},
+                {name: Table(self, p.head) for name, p in pinned.items() if p.commit_seq is None})
 
     def snapshots(self, names: Sequence[str] | None = None, as_of: datetime | int | None = None) -> dict[str, Snapshot]:
         """The snapshots of :meth:`pin`: every table pinned at one point."""

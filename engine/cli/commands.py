@@ -37,18 +37,19 @@ def _json(ctx: click.Context) -> bool:
 def sql(ctx: click.Context, query: str, as_of: str | None) -> None:
     """Run a DuckDB query over the store's tables (each a view)."""
     import duckdb
-    from contextful.engine.read import connect, unreadable_error
+    from contextful.engine.read import connect, deferred_error, parse_instant
     from contextful.storage.errors import QueryInvalid, first_line
 
+    instant = parse_instant(as_of, "--as-of")  # before the store opens: a mistyped instant touches nothing
     with _store(ctx) as store:
-        con = connect(store, as_of=as_of)
+        con = connect(store, as_of=instant)
         try:
             rel = con.sql(query)
             if rel is None:
                 return
             result = rel.to_arrow_table()
         except duckdb.Error as exc:
-            raise unreadable_error(exc) or QueryInvalid(query, first_line(exc)) from exc
+            raise deferred_error(exc) or QueryInvalid(query, first_line(exc)) from exc
     if _json(ctx):
         emit_json(result.to_pylist())
     else:
@@ -164,10 +165,18 @@ def store_group() -> None:
     """Store upkeep."""
 
 
+def _window(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A ``--…-seconds`` window: 0 or more (ArgumentInvalid naming the option otherwise)."""
+    from contextful.storage.collect import check_window
+
+    check_window(param.opts[0], value)
+    return value
+
+
 @store_group.command("collect")
-@click.option("--retain-seconds", type=float, default=7 * 24 * 3600, show_default=True,
+@click.option("--retain-seconds", type=float, default=7 * 24 * 3600, show_default=True, callback=_window,
               help="Keep parts that snapshots younger than this still read.")
-@click.option("--grace-seconds", type=float, default=3600, show_default=True,
+@click.option("--grace-seconds", type=float, default=3600, show_default=True, callback=_window,
               help="Leave unreferenced objects younger than this alone (runs in flight).")
 @click.pass_context
 def store_collect(ctx: click.Context, retain_seconds: float, grace_seconds: float) -> None:

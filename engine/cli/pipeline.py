@@ -64,10 +64,13 @@ def validate(ctx: click.Context) -> None:
                 click.echo(f"error: {mask_message(str(problem))}", err=True)
         ctx.exit(exc.exit_code)
     from contextful.engine.export.preflight import caller_sql_warnings
+    from contextful.engine.land.files import unmatched_warnings
     from contextful.engine.land.http import rereads_warning
 
     rereads = [rereads_warning(p.id, p.source.kind, p.incremental) for p in manifest.pipelines]
-    warnings = caller_sql_warnings(manifest.exports) + [w for w in rereads if w]
+    unmatched = [w for p in manifest.pipelines if p.source.kind == "files"
+                 for w in unmatched_warnings(p.id, p.source.config, manifest.root)]
+    warnings = caller_sql_warnings(manifest.exports) + [w for w in rereads if w] + unmatched
     if ctx.obj["json"]:
         emit_json({"ok": True, "pipelines": [p.id for p in manifest.pipelines], "warnings": warnings})
     else:

@@ -190,7 +190,7 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
 
         for column, spelling in types.items():
             try:
-                parse_type(spelling, column)
+                parse_type(spelling, column, pipeline_id or f"#{n}")
             except ContextfulError as exc:
                 problems.add(exc)
     schedule = problems.string(where, block, "schedule")

@@ -134,6 +134,28 @@ def _patterns(config: dict[str, Any], root: Path) -> list[str]:
     return [p if "://" in p or Path(p).is_absolute() else str(root / p) for p in paths]
 
 
+def unmatched_warnings(pipeline: str, config: dict[str, Any], root: Path) -> list[str]:
+    """What validate says of each local ``paths`` entry matching no file (a glob: the run lands
+    nothing from it; a literal path: the run fails InputNotFound). Remote entries are not listed:
+    validate stays offline."""
+    written = config.get("paths")
+    written = [written] if isinstance(written, str) else list(written or [])
+    warnings = []
+    fs = fsspec.filesystem("file")
+    for entry, pattern in zip(written, _patterns(config, root)):
+        local = local_path(pattern)
+        if local is None:
+            continue
+        glob = any(ch in local for ch in "*?[")
+        if glob and not any(info.get("type") != "directory" for info in fs.glob(local, detail=True).values()):
+            warnings.append(f"pipeline {pipeline!r}: paths entry {entry!r} matches no file under {root}; a run "
+                            "lands nothing from it")
+        elif not glob and not os.path.exists(local):
+            warnings.append(f"pipeline {pipeline!r}: paths entry {entry!r} names no file under {root}; a run fails "
+                            "with InputNotFound")
+    return warnings
+
+
 def list_inputs(config: dict[str, Any], root: Path) -> list[InputFile]:
     """Every file the config names, in path order, fingerprinted; a literal path that is missing raises."""
     found: dict[str, InputFile] = {}

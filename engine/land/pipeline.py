@@ -9,8 +9,10 @@ One ``contextful pipeline run`` of a ``files`` pipeline:
    nothing;
 2. decode each remaining input in its own child (``engine.land.decode``: 60 s, 512 MiB), apply the
    pull's ``types`` (``engine.land.typed``), and stage the batches into the run's transaction;
-3. an input that fails — parse-crashed, malformed, unreadable — fails by name alone: everything it
-   staged is rolled back and it stays out of the cursor, so a re-run after the fix pulls exactly it;
+3. an input that fails — parse-crashed, malformed, unreadable, or a value its table's column cannot
+   take (``SchemaIrreconcilable``, checked before the next input starts) — fails by name alone:
+   everything it staged is rolled back and it stays out of the cursor, so a re-run after the fix
+   pulls exactly it;
 4. commit the rows with the cursor (the inputs landed so far) in one commit. When the parts staged
    since the last commit reach ``checkpoint_bytes`` (512 MiB by default) the run commits at that
    input boundary and keeps pulling, so a crash loses at most the work since the last checkpoint
@@ -163,7 +165,7 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     sink = LandingSink(store, spec)
     result = PipelineResult(spec.id, [], inputs_skipped=len(plan.skip))
     for item, changed in plan.changed:  # fails by name; its entry stays as it landed
-        result.failures.append(InputFailure(item.path, changed.name, mask_message(changed.detail), changed.exit_code))
+        result.failures.append(_failure(item, changed))
     landed = dict(plan.cursor)
     fmt = spec.source.config.get("format")
     pending = int(landed != stored)  # renames and old entries carried forward commit too
@@ -175,9 +177,10 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                 for chunk in coalesce(decoder.decode(item.path, fmt, declared=sink.types, window=item.window()),
                                       STAGE_ROWS):
                     sink.stage(chunk, f"input {item.path}")
+                sink.flush()  # its rows meet the table's schema now, while a clash is still this input's
             except (Incompatible, NotFound) as exc:  # this input alone fails, by name
                 sink.rollback_to(point)
-                result.failures.append(InputFailure(item.path, exc.name, mask_message(exc.detail), exc.exit_code))
+                result.failures.append(_failure(item, exc))
                 continue
             landed[item.name] = item.entry()
             result.inputs_landed.append(item.path)
@@ -201,6 +204,12 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     result.tables = sink.results()
     result.seconds = time.monotonic() - started
     return result
+
+
+def _failure(item: InputFile, exc: ContextfulError) -> InputFailure:
+    """One input's failure; its detail names the input (a schema clash names only the table and column)."""
+    detail = exc.detail if item.path in exc.detail else f"input {item.path}: {exc.detail}"
+    return InputFailure(item.path, exc.name, mask_message(detail), exc.exit_code)
 
 
 def run_pipelines(store: Store, manifest: Manifest, ids: list[str] | None = None, *,

@@ -211,10 +211,15 @@ class LandingSink:
 
     # --- savepoints -----------------------------------------------------------------------------
 
-    def savepoint(self) -> SinkPoint:
-        """A point to roll back to when what follows must not land (one failed input)."""
+    def flush(self) -> None:
+        """Stage what is buffered: a batch the table cannot take (``SchemaIrreconcilable``) fails here,
+        so a caller flushing at the end of an input fails that input, not the one after it."""
         for staging in self._staging.values():
             staging.flush()
+
+    def savepoint(self) -> SinkPoint:
+        """A point to roll back to when what follows must not land (one failed input)."""
+        self.flush()
         return SinkPoint({name: s.txn.savepoint() for name, s in self._staging.items()},
                          {t: dict(c) for t, c in self._masked.items()})
 

@@ -108,7 +108,7 @@ class _Parser:
             if unit not in ("s", "ms", "us", "ns"):
                 raise ValueError(f"unknown time unit {unit!r}")
             if name == "timestamp":
-                return pa.timestamp(unit, tz=tz)
+                return pa.timestamp(unit, tz=_known_zone(tz))
             if name == "duration":
                 return pa.duration(unit)
             return pa.time32(unit) if name == "time32" else pa.time64(unit)
@@ -149,12 +149,25 @@ class _Parser:
         raise ValueError(f"unknown type {name!r}")
 
 
-def parse_type(spelling: str, column: str = "") -> pa.DataType:
-    """The Arrow type ``spelling`` names; TypeSpellingUnreadable when it names none."""
+def _known_zone(tz: str | None) -> str | None:
+    """``tz`` when Arrow's time zone database knows it (pyarrow builds a type with any zone name and
+    fails only when a value is converted: at landing, or in a reader)."""
+    if tz is not None:
+        try:
+            pa.array([0], pa.timestamp("s", tz=tz)).cast(pa.string())
+        except pa.ArrowInvalid:
+            raise ValueError(f"unknown time zone {tz!r}: give a time zone database name such as UTC or "
+                             f"Europe/Paris") from None
+    return tz
+
+
+def parse_type(spelling: str, column: str = "", pipeline: str | None = None) -> pa.DataType:
+    """The Arrow type ``spelling`` names; TypeSpellingUnreadable (naming ``pipeline`` when given)
+    when it names none."""
     try:
         return _Parser(spelling.strip()).parse()
     except (ValueError, pa.ArrowInvalid) as exc:
-        raise TypeSpellingUnreadable(column, spelling, str(exc)) from exc
+        raise TypeSpellingUnreadable(column, spelling, str(exc), pipeline) from exc
 
 
 def read_types(types: dict[str, str]) -> dict[str, pa.DataType]:

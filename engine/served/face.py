@@ -11,12 +11,16 @@ pipeline to a caller that proved nothing. Request bodies are framed by ``Content
 chunked transfer coding (:class:`Exchange`); an answer leaving body bytes unread closes the
 connection, so no body is ever parsed as the next request.
 
-:func:`serve_face` binds (port 0 picks one) and serves in a daemon thread; :meth:`ServedFace.shutdown`
-stops accepting and gives requests in flight a grace period to answer.
+:func:`bind_face` binds (port 0 picks one) and :meth:`ServedFace.serve` serves in a daemon thread
+(:func:`serve_face` does both); :meth:`ServedFace.shutdown` stops accepting and gives requests in
+flight a grace period to answer. An address that cannot be bound is a catalogue error naming the
+option it came from: ``ArgumentInvalid`` when it is malformed or not this machine's to listen on,
+``AddressInUse`` (transient) when another socket holds it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -31,11 +35,14 @@ from urllib.parse import parse_qs, urlsplit
 
 from contextful.engine.guard import mask_message
 from contextful.storage.errors import (
+    AddressInUse,
+    ArgumentInvalid,
     ContextfulError,
     InputUnreadable,
     NotFound,
     RequestBodyTooLarge,
     SpecInvalid,
+    first_line,
 )
 
 log = logging.getLogger(__name__)
@@ -59,8 +66,9 @@ class Route:
     """How the route is spelled in a "no resource" answer, e.g. ``POST /pipelines/<id>/batches``."""
 
 
-def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port``; an empty host listens on every interface) as a pair.
+def parse_address(address: str | tuple[str, int], argument: str = "address") -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``; an empty host listens on every interface) as a pair;
+    ArgumentInvalid naming ``argument`` (the option it came from) when it is not one.
 
     >>> parse_address("127.0.0.1:0"), parse_address("[::1]:8080")
     (('127.0.0.1', 0), ('::1', 8080))
@@ -69,7 +77,8 @@ def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
         return address
     host, sep, port = address.rpartition(":")
     if not sep or not _DIGITS.fullmatch(port) or int(port) > 65535:
-        raise SpecInvalid(f"address {address!r}: give HOST:PORT (port 0 picks a free one)")
+        raise ArgumentInvalid(argument, address, "give HOST:PORT with a port from 0 to 65535 (0 picks a free one; "
+                                                 "[::1]:PORT for IPv6)")
     return host.strip("[]"), int(port)
 
 
@@ -334,7 +343,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class ServedFace:
-    """A running served face: ``url``, ``address``, ``shutdown()``."""
+    """A bound served face: ``url``, ``address``; :meth:`serve` starts it, :meth:`shutdown` stops it."""
 
     def __init__(self, httpd: _HTTPServer) -> None:
         self._httpd = httpd
@@ -342,19 +351,39 @@ class ServedFace:
         self.address: tuple[str, int] = (host, port)
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{port}"
-        self._serving = threading.Thread(target=httpd.serve_forever, name="served-http", daemon=True)
+        self._serving: threading.Thread | None = None
+
+    def serve(self, routes: list[Route]) -> ServedFace:
+        """Serve ``routes`` in a daemon thread."""
+        self._httpd.routes = routes
+        self._serving = threading.Thread(target=self._httpd.serve_forever, name="served-http", daemon=True)
         self._serving.start()
+        return self
 
     def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> bool:
         """Stop accepting; wait up to ``grace_s`` for requests in flight; whether all answered."""
-        self._httpd.shutdown()
+        if self._serving is not None:  # shutdown() waits for serve_forever, which a face never served never runs
+            self._httpd.shutdown()
         self._httpd.server_close()
         with self._httpd.idle:
             return self._httpd.idle.wait_for(lambda: self._httpd.active == 0, timeout=grace_s)
 
 
+def bind_face(address: str | tuple[str, int], argument: str = "address") -> ServedFace:
+    """Bind ``address`` (not serving yet). A socket holding it is AddressInUse (transient: it may free
+    up); an address this machine cannot listen on (not its own, a name that does not resolve, a port
+    it may not take) is ArgumentInvalid; both name ``argument``, the option the address came from."""
+    host, port = parse_address(address, argument)
+    server_class = _HTTP6Server if ":" in host else _HTTPServer
+    try:
+        return ServedFace(server_class((host, port), []))
+    except OSError as exc:
+        reason = exc.strerror or first_line(exc)
+        if exc.errno == errno.EADDRINUSE:
+            raise AddressInUse(argument, f"{host}:{port}" if isinstance(address, tuple) else address, reason) from exc
+        raise ArgumentInvalid(argument, address, f"cannot listen there: {reason}") from exc
+
+
 def serve_face(address: str | tuple[str, int], routes: list[Route]) -> ServedFace:
     """Bind ``address`` and serve ``routes`` in a daemon thread."""
-    host, port = parse_address(address)
-    server_class = _HTTP6Server if ":" in host else _HTTPServer
-    return ServedFace(server_class((host, port), routes))
+    return bind_face(address).serve(routes)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from contextful.engine.served.face import SHUTDOWN_GRACE_S, Route, ServedFace, serve_face
+from contextful.engine.served.face import SHUTDOWN_GRACE_S, ServedFace, bind_face, parse_address
 from contextful.storage.errors import SpecInvalid
 
 if TYPE_CHECKING:
@@ -53,36 +53,46 @@ class Served:
             self.receive.close(grace_s, idle=idle)
 
 
+OPTIONS = {"": "--http", "receive": "--receive-http", "gateway": "--gateway-http"}
+"""Each address's option, as ``contextful pipeline serve`` spells it: what an address error names."""
+
+
 def serve_project(manifest: Manifest, store_factory: Callable[[], Store], address: Address | None, *,
                   decoder: Decoder, queue_root: str | Path, receive_address: Address | None = None,
                   gateway_address: Address | None = None) -> Served:
-    """Serve the manifest's receive pipelines and its exports' query gateway (see the module docstring)."""
+    """Serve the manifest's receive pipelines and its exports' query gateway (see the module docstring).
+
+    Every address given is read first and every face bound before the store or the receive queues
+    open, so an address that cannot be served (ArgumentInvalid, AddressInUse) leaves nothing behind.
+    """
     from contextful.engine.export.gateway import Gateway, gateway_routes
     from contextful.engine.land.receive.server import open_receivers
 
-    receive_at = receive_address or address
-    gateway_at = gateway_address or address
-    receiving = any(p.source.kind == "receive" for p in manifest.pipelines) and receive_at is not None
-    gateway = Gateway(manifest) if manifest.exports and gateway_at is not None else None
+    given = {"": address, "receive": receive_address, "gateway": gateway_address}
+    for label, at in given.items():
+        if at is not None:
+            parse_address(at, OPTIONS[label])
+    receiving = any(p.source.kind == "receive" for p in manifest.pipelines) and (receive_address or address) is not None
+    gateway = Gateway(manifest) if manifest.exports and (gateway_address or address) is not None else None
     if not receiving and gateway is None:
         raise SpecInvalid("nothing to serve: no [[pipeline]] of kind 'receive' or [[export]] has an address "
                           "(--http, --receive-http, --gateway-http)")
-    receive = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder) if receiving else None
-    wanted: dict[str, tuple[Address, list[Route], list[str]]] = {}
-    for name, own, routes in (("receive", receive_address, receive.routes() if receive else None),
-                              ("gateway", gateway_address, gateway_routes(gateway) if gateway else None)):
-        if routes is None:
-            continue
-        at = own or address
-        assert at is not None, f"{name} is served only with an address"
-        _, gathered, names = wanted.setdefault(name if own else "", (at, [], []))
-        gathered += routes
-        names.append(name)
+    wanted: dict[str, list[str]] = {}  # face label -> the services it serves
+    for name, serving in (("receive", receiving), ("gateway", gateway is not None)):
+        if serving:
+            wanted.setdefault(name if given[name] is not None else "", []).append(name)
     faces: dict[str, ServedFace] = {}
-    urls: dict[str, str] = {}
+    receive: ReceiveServer | None = None
     try:
-        for label, (at, routes, names) in wanted.items():
-            faces[label] = serve_face(at, routes)
+        for label in wanted:
+            at = given[label]
+            assert at is not None, f"{label or 'the shared face'} is served only with an address"
+            faces[label] = bind_face(at, OPTIONS[label])
+        receive = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder) if receiving else None
+        routes = {"receive": receive.routes() if receive else [], "gateway": gateway_routes(gateway) if gateway else []}
+        urls: dict[str, str] = {}
+        for label, names in wanted.items():
+            faces[label].serve([route for name in names for route in routes[name]])
             urls.update(dict.fromkeys(names, faces[label].url))
     except BaseException:
         for face in faces.values():

@@ -152,6 +152,10 @@ class Catalog(ABC):
     @abstractmethod
     def commits(self, name: str) -> list[CommitRow]: ...
 
+    @abstractmethod
+    def first_commit_us(self, name: str) -> int | None:
+        """When the table's first commit landed (None: none has); one indexed row, whatever its history."""
+
     def seq_as_of(self, name: str, as_of_us: int) -> int | None:
         """The newest commit_seq committed at or before ``as_of_us`` (None if none was)."""
         pinned = self.pin_heads([name], as_of_us).get(name)

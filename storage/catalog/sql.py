@@ -383,6 +383,11 @@ class SqlCatalog(SqlDialect, Catalog):
         )
         return [CommitRow(*r) for r in rows]
 
+    def first_commit_us(self, name: str) -> int | None:
+        rows = self._read("SELECT committed_us FROM cf_commits WHERE table_name = ? ORDER BY commit_seq LIMIT 1",
+                          (name,))
+        return int(rows[0][0]) if rows else None
+
     def schema_id_at(self, name: str, commit_seq: int) -> int:
         rows = self._read("SELECT schema_id FROM cf_commits WHERE table_name = ? AND commit_seq = ?",
                           (name, commit_seq))

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pytest
 from contextful.engine import read as read_path
 from contextful.storage import ManualClock, Store
 from contextful.storage.clock import from_us
+from contextful.storage.errors import ArgumentInvalid, SnapshotNotFound
 
 
 def test_every_table_is_a_view_at_head_with_keys_resolved(store: Store) -> None:
@@ -38,8 +40,11 @@ def test_views_are_pinned_and_as_of_reads_the_past(tmp_path: Path) -> None:
     assert con.sql("SELECT sum(n) FROM t").fetchall() == [(3,)]  # pinned at connect
     past = read_path.connect(store, as_of=middle.isoformat())
     assert past.sql("SELECT n FROM t").fetchall() == [(1,)]
-    tables = {r[0] for r in past.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-    assert "late" not in tables  # it had no commit yet
+    with pytest.raises(duckdb.Error) as caught:  # it had no commit yet: SnapshotNotFound, not "no such table"
+        past.sql("SELECT * FROM late").fetchall()
+    error = read_path.deferred_error(caught.value)
+    assert isinstance(error, SnapshotNotFound) and error.table == "late"
+    assert "its first commit landed at" in error.wanted
     store.close()
 
 
@@ -68,7 +73,7 @@ def test_the_view_query_matches_reading_the_parts_directly(local_store: Store) -
 
 def test_parse_instant_accepts_z_suffix() -> None:
     assert read_path.parse_instant("2026-01-01T00:00:00Z").utcoffset().total_seconds() == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ArgumentInvalid):  # a catalogue error naming the value and the forms it takes
         read_path.parse_instant("yesterday")
 
 
@@ -111,7 +116,7 @@ def test_a_table_whose_view_cannot_bind_never_keeps_the_others_from_reading(make
     assert con.sql("SELECT sum(x) FROM good").fetchall() == [(3,)]
     with pytest.raises(duckdb.Error) as caught:
         con.sql("SELECT count(*) FROM broken").fetchall()
-    error = read_path.unreadable_error(caught.value)
+    error = read_path.deferred_error(caught.value)
     assert error is not None and error.table == "broken" and part.path.split("/")[-1] in error.reason
 
 
@@ -142,5 +147,5 @@ def test_tables_differing_only_in_case_never_answer_for_each_other(make_store, s
     for spelling in ("events", "Events"):
         with pytest.raises(duckdb.Error) as caught:
             con.sql(f'SELECT * FROM "{spelling}"').fetchall()
-        error = read_path.unreadable_error(caught.value)
+        error = read_path.deferred_error(caught.value)
         assert error is not None and "differs only in case" in error.reason

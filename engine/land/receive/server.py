@@ -325,7 +325,8 @@ class ReceiveServer:
         A batch still in flight after the grace stays spooled (unacknowledged) for the next leader.
         """
         for thread in self._recovering:
-            thread.join(timeout=grace_s)
+            if thread.ident is not None:  # never started (closed before start()): nothing to wait for
+                thread.join(timeout=grace_s)
         if idle and not any(t.is_alive() for t in self._recovering):
             for receiver in self.receivers.values():
                 receiver.close()
