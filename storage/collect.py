@@ -35,12 +35,6 @@ DEFAULT_RETAIN_SECONDS = 7 * 24 * 3600
 DEFAULT_GRACE_SECONDS = 3600
 
 
-def check_window(argument: str, value: float) -> None:
-    """Refuse a window that is not 0 or more seconds (negative, or NaN): ArgumentInvalid naming it."""
-    if not value >= 0:
-        raise ArgumentInvalid(argument, value, "a window is 0 or more seconds")
-
-
 @dataclass
 class CollectResult:
     removed_parts: list[str] = field(default_factory=list)
@@ -53,7 +47,8 @@ class CollectResult:
 def collect(store: Store, *, retain_seconds: float = DEFAULT_RETAIN_SECONDS,
             grace_seconds: float = DEFAULT_GRACE_SECONDS) -> CollectResult:
     for argument, value in (("retain_seconds", retain_seconds), ("grace_seconds", grace_seconds)):
-        check_window(argument, value)
+        if not value >= 0:  # negative, or NaN
+            raise ArgumentInvalid(argument, value, "give 0 or more seconds")
     result = CollectResult()
     horizon_us = store.clock.now_us() - int(retain_seconds * 1_000_000)
     orphan_before = time.time() - grace_seconds  # object mtimes are wall-clock

@@ -13,6 +13,7 @@ from contextful.engine.cli.output import (
     end_progress,
     progress_line,
 )
+from contextful.engine.cli.values import at_least
 
 if TYPE_CHECKING:
     from contextful.storage import Store
@@ -165,18 +166,10 @@ def store_group() -> None:
     """Store upkeep."""
 
 
-def _window(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """A ``--…-seconds`` window: 0 or more (ArgumentInvalid naming the option otherwise)."""
-    from contextful.storage.collect import check_window
-
-    check_window(param.opts[0], value)
-    return value
-
-
 @store_group.command("collect")
-@click.option("--retain-seconds", type=float, default=7 * 24 * 3600, show_default=True, callback=_window,
+@click.option("--retain-seconds", type=float, default=7 * 24 * 3600, show_default=True, callback=at_least(0, "seconds"),
               help="Keep parts that snapshots younger than this still read.")
-@click.option("--grace-seconds", type=float, default=3600, show_default=True, callback=_window,
+@click.option("--grace-seconds", type=float, default=3600, show_default=True, callback=at_least(0, "seconds"),
               help="Leave unreferenced objects younger than this alone (runs in flight).")
 @click.pass_context
 def store_collect(ctx: click.Context, retain_seconds: float, grace_seconds: float) -> None:
@@ -196,7 +189,7 @@ def run() -> None:
 
 @run.command("history")
 @click.option("--table", "table_name", default=None, help="Only runs of this table.")
-@click.option("--limit", default=50, show_default=True, help="Newest runs to show.")
+@click.option("--limit", default=50, show_default=True, callback=at_least(1, "runs"), help="Newest runs to show.")
 @click.pass_context
 def run_history(ctx: click.Context, table_name: str | None, limit: int) -> None:
     """Runs from _runs, newest last, each with its downgrade events."""

@@ -14,6 +14,7 @@ from contextful.engine.cli.output import (
     progress_line,
 )
 from contextful.engine.cli.serve import register_serve
+from contextful.engine.cli.values import at_least
 
 if TYPE_CHECKING:
     from contextful.engine.config import Manifest
@@ -115,7 +116,7 @@ def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
 
 @pipeline.command()
 @click.argument("ids", nargs=-1)
-@click.option("--checkpoint-mib", type=float, default=512, show_default=True,
+@click.option("--checkpoint-mib", type=float, default=512, show_default=True, callback=at_least(0, "MiB"),
               help="Commit and keep pulling once this much is staged.")
 @click.pass_context
 def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float) -> None:

@@ -235,14 +235,17 @@ def test_a_type_clash_fails_that_input_alone_named_by_its_path(tmp_path: Path) -
 # --- impossible values --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("option", ["--retain-seconds", "--grace-seconds"])
-@pytest.mark.parametrize("value", ["-5", "nan"])
-def test_store_collect_refuses_a_negative_window(tmp_path: Path, option: str, value: str) -> None:
-    root = project(tmp_path, '[project]\nname = "p"\n')
-    proc = contextful(root, "store", "collect", option, value, check=False)
+@pytest.mark.parametrize(("command", "option", "value", "shown"), [
+    (("store", "collect"), "--retain-seconds", "-5", "-5.0"), (("store", "collect"), "--grace-seconds", "-1", "-1.0"),
+    (("store", "collect"), "--retain-seconds", "nan", "nan"), (("run", "history"), "--limit", "0", "0"),
+    (("pipeline", "run"), "--checkpoint-mib", "-5", "-5.0")])
+def test_impossible_option_values_are_refused_naming_the_option(tmp_path: Path, command: tuple[str, ...],
+                                                                 option: str, value: str, shown: str) -> None:
+    root = project(tmp_path, FILES.format(extra=""))
+    proc = contextful(root, *command, option, value, check=False)
     line = one_error(proc, "ArgumentInvalid", EXIT_CODES["spec-invalid"])
-    assert f"{option} {float(value)!r}" in line
-    assert created(root) == []
+    assert line.startswith(f"error: ArgumentInvalid: {option} {shown}: give ")
+    assert created(root) == []  # refused before the store opens
 
 
 def test_store_collect_refuses_a_negative_window_from_python(tmp_path: Path) -> None:
