@@ -38,6 +38,7 @@ Hierarchy::
         │   ├── ExportNamespaceShared    two [[export]] blocks share a namespace, credential or table
         │   ├── PipelinePrimaryKeyInvalid  a primary_key column the manifest shows can never be a column
         │   ├── TableNameCollision       a table named <root>__... beside a relational root, or two differing in case
+        │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   └── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
@@ -60,6 +61,7 @@ Hierarchy::
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │   │   ExecutionRewindUnsafe
         │   ├── InputChanged             a landed files input has other content now, not only appended NDJSON
+        │   ├── TableStillRead           table drop of a table a model or an [[export]] reads (without --force)
         │   └── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         ├── Expired                      a window closed (expired; HTTP 410)
         │   └── ReceiveBatchKeyExpired
@@ -912,6 +914,31 @@ class ColumnNamesCollide(Incompatible):
                          table=table, first=first, second=second, where=where)
 
 
+class TableStillRead(Conflict):
+    """``table drop`` of a table the manifest still reads: a model's SQL or an ``[[export]]``'s source.
+    Refused unless ``--force``; the readers are named so the manifest can be edited first."""
+
+    table: str
+    readers: tuple[str, ...]
+
+    def __init__(self, table: str, readers: tuple[str, ...]) -> None:
+        super().__init__(f"table {table!r} is read by {', '.join(readers)}: remove them from contextful.toml "
+                         f"first, or drop it anyway with --force", table=table, readers=readers)
+
+
+class ModelInputUnknown(SpecInvalid):
+    """A model's SQL reads tables that no pipeline or model of the manifest produces and the store
+    does not hold: its build would fail on them."""
+
+    model: str
+    tables: tuple[str, ...]
+    known: tuple[str, ...]
+
+    def __init__(self, model: str, tables: tuple[str, ...], known: tuple[str, ...]) -> None:
+        super().__init__(f"[[model]] {model!r} reads {', '.join(map(repr, tables))}, which no pipeline or model "
+                         f"produces and the store does not hold (known: {', '.join(known) or 'none'})",
+                         model=model, tables=tables, known=known)
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AnswerTooLarge",
@@ -947,6 +974,7 @@ __all__ = [
     "ManifestValueInvalid",
     "ModalityInvalid",
     "ModelCycle",
+    "ModelInputUnknown",
     "ModelTestFailed",
     "NotFound",
     "OwnerPlanMismatch",
@@ -989,6 +1017,7 @@ __all__ = [
     "TableNameCollision",
     "TableNameInvalid",
     "TableNotFound",
+    "TableStillRead",
     "TableUnreadable",
     "TerminalError",
     "TransientError",

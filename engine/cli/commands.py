@@ -138,9 +138,10 @@ def _history(store: Store, table_name: str | None, limit: int) -> list[dict[str,
             latest[row["run_id"]] = row
     runs = sorted(latest.values(), key=lambda r: r["recorded_at"])[-limit:]
     out = []
+    tables = set(store.table_names(include_reserved=True))  # a dropped table's runs keep no manifest
     for row in runs:
         events: list[dict[str, Any]] = []
-        if row["phase"] == "commit":
+        if row["phase"] == "commit" and row["table_name"] in tables:
             events = [e.to_json() for e in store.table(row["table_name"]).manifest(row["run_id"]).downgrade_events]
         out.append({"run_id": row["run_id"], "table": row["table_name"], "kind": row["kind"],
                     "status": row["status"], "recorded_at": row["recorded_at"], "commit_seq": row["commit_seq"],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from contextful.engine.cli.commands import _json, _store
@@ -14,6 +14,9 @@ from contextful.engine.cli.output import (
     end_progress,
     progress_line,
 )
+
+if TYPE_CHECKING:
+    from contextful.engine.config import Manifest
 
 
 @click.group()
@@ -117,3 +120,31 @@ def table_fold(ctx: click.Context, name: str) -> None:
         click.echo(f"{name}: nothing to fold")
     else:
         click.echo(f"{name}: folded {result.parts_removed} parts into {result.parts_added} at commit_seq {result.commit_seq}")
+
+
+@table.command("drop")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Drop it even though a model or an [[export]] of the manifest reads it.")
+@click.pass_context
+def table_drop(ctx: click.Context, name: str, force: bool) -> None:
+    """Drop a table: its head, history and objects (refused while a model or export reads it)."""
+    from contextful.engine.drop import drop_table
+
+    manifest = None if force else _project_manifest(ctx)
+    with _store(ctx) as store:
+        result = drop_table(store, name, manifest, force=force)
+    if _json(ctx):
+        emit_json(result.to_json())
+    else:
+        click.echo(f"{name}: dropped (was at commit_seq {result.commit_seq}; {result.objects} object(s) deleted)")
+
+
+def _project_manifest(ctx: click.Context) -> Manifest | None:
+    """The manifest of the project the command runs in (None when no contextful.toml is found: then no
+    model or export is known to read anything)."""
+    from contextful.engine.config import load_manifest
+    from contextful.engine.project import MANIFEST, find_project
+
+    if not (find_project(ctx.obj["project"]) / MANIFEST).is_file():
+        return None
+    return load_manifest(ctx.obj["project"])
