@@ -23,8 +23,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from contextful.storage.errors import ContextfulError
 
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
@@ -59,6 +63,11 @@ def one_line_errors(project_dir: str, debug: bool) -> Iterator[None]:
 
         raise click.exceptions.Exit(_report(exc, type(exc).__name__, first_line(exc), project_dir, debug,
                                             EXIT_INTERNAL)) from None
+
+
+def error_line(exc: ContextfulError) -> str:
+    """The masked one-line report of a catalogue error a command goes on past (one of several failures)."""
+    return _masked(f"error: {exc.name}: {_one_line(exc.detail)}")
 
 
 def _report(exc: BaseException, name: str, message: str, log_project: str | None, debug: bool, code: int) -> int:
