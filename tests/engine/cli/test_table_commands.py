@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from contextful.engine.cli import cli
-from contextful.storage import Store
 
 from tests.support.cli import contextful
 
@@ -153,17 +152,3 @@ def test_collect_removes_what_a_drop_left_behind(project: Path) -> None:
     result = json.loads(contextful(project, "--json", "store", "collect", "--grace-seconds", "0").stdout)
     assert result["orphans"] == 1
     assert not left.exists()
-
-
-def test_store_drop_is_one_catalog_step(tmp_path: Path) -> None:
-    import pyarrow as pa
-
-    with Store.open(tmp_path / "store") as store:
-        store.append("t", pa.table({"x": [1, 2]}))
-        head = store.table("t").head
-        assert not store.catalog.drop_table("t", "another-uuid")  # another incarnation: untouched
-        assert not store.catalog.drop_table("t", head.uuid, at_seq=0)  # it has moved past 0
-        assert store.table_names() == ["t"]
-        store.drop_table("t")
-        assert store.table_names() == [] and store.catalog.commits("t") == []
-        assert store.catalog.all_parts("t") == []
