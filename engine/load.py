@@ -5,14 +5,13 @@ same bounded decoder child (``engine.land.decode``: 60 s, 512 MiB, streaming), i
 coalesced into parts of about a million rows, and the run commits once: the whole file
 lands or none of it (a null key fails it naming the file and the row, ``storage.keys``).
 
-A load that creates its table and then fails leaves no table behind: the head it created is
-dropped again, if it is still that incarnation at commit_seq 0 (a commit whose outcome is unknown
-is left alone). A local path that is no file is refused before anything is created.
+A load that creates its table and then fails leaves no table behind (its aborted run drops the
+table it created while nothing committed to it, ``storage.transaction``). A local path that is no
+file is refused before anything is created.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -20,10 +19,8 @@ from pathlib import Path
 from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.decode import Decoder
 from contextful.storage import CommitResult, Store
-from contextful.storage.errors import ContextfulError, InputNotFound, InputUnreadable
+from contextful.storage.errors import InputNotFound, InputUnreadable
 from contextful.storage.keys import check_keys
-
-log = logging.getLogger(__name__)
 
 
 def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary_key: tuple[str, ...] = (),
@@ -37,13 +34,11 @@ def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary
         if not os.path.isfile(source):
             what = "a directory" if os.path.isdir(source) else "not a regular file"
             raise InputUnreadable(source, f"is {what}: table load takes one file")
-    created = table not in store.table_names()
     target = store.create_table(table, primary_key)
     owned = decoder is None
     decoder = decoder or Decoder()
-    txn = None
+    txn = target.transaction("replace" if replace else "append", meta={"source": source})
     try:
-        txn = target.transaction("replace" if replace else "append", meta={"source": source})
         landed = 0
         for chunk in coalesce(decoder.decode(source, fmt)):
             check_keys(table, target.primary_key, chunk, input=f"input {source}", first_row=landed)
@@ -53,20 +48,8 @@ def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary
                 progress(landed)
         return txn.commit()
     except BaseException:
-        if txn is not None:
-            txn.abort()
-        if created and not (txn is not None and txn.outcome_unknown):
-            _forget(store, table, target.head.uuid)
+        txn.abort()  # a table this load created goes with it (storage.transaction)
         raise
     finally:
         if owned:
             decoder.close()
-
-
-def _forget(store: Store, table: str, uuid: str) -> None:
-    """Drop the table this failed load created, if nothing committed to it since; a catalog that
-    cannot be reached leaves it (empty) and the load's own error is the one reported."""
-    try:
-        store.catalog.drop_table(table, uuid, at_seq=0)
-    except ContextfulError as exc:
-        log.warning("the failed load left its new table %s behind (empty): %s", table, exc)

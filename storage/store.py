@@ -167,6 +167,9 @@ class Store:
                      order_by: str | None = None) -> Table:
         """Create ``name`` (or return it when it exists; its primary key is fixed at creation).
 
+        A table this call created is dropped again by the first of its runs to abort, if nothing
+        committed to it by then (:meth:`RunTransaction.abort`): a failed first run leaves no table.
+
         ``order_by`` names the column whose larger value wins a primary-key merge (docs/store.md);
         a keyed table created without one takes it the first time one is declared, by a commit of
         its own (:meth:`Table.declare_order_by`: earlier snapshots answer as before), and keeps it.
@@ -187,8 +190,10 @@ class Store:
             twin = next((h.name for h in self.catalog.list_heads() if h.name.lower() == name.lower()), None)
             if twin is not None:  # DuckDB compares names case-insensitively: the views would be one
                 raise TableNameInvalid(name, f"differs only in case from the table {twin!r}")
-            head = self.catalog.create_table(name, str(uuidlib.uuid4()), primary_key, self.clock.now_us(),
+            uuid = str(uuidlib.uuid4())
+            head = self.catalog.create_table(name, uuid, primary_key, self.clock.now_us(),
                                              order_by if primary_key else None)
+            return Table(self, head, created=head.uuid == uuid)
         return Table(self, head)
 
     def drop_table(self, name: str) -> DropResult:

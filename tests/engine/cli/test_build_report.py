@@ -63,6 +63,8 @@ def test_every_published_model_is_reported_beside_the_failures(project: Path) ->
     assert "c_after_broken: skipped, it reads b_broken, which did not build" in out
     assert published(project) == {"a_counts": 1, "b_broken": None, "c_after_broken": None, "d_contract": None,
                                   "e_after_counts": 1}
+    tables = [r["table"] for r in json.loads(contextful(project, "--json", "table", "list").stdout)]
+    assert tables == ["a_counts", "e_after_counts", "users"]  # a failed first build leaves no empty table
 
 
 def test_json_reports_each_model_with_its_status(project: Path) -> None:
