@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 @click.group()
 def table() -> None:
-    """Inspect and load store tables."""
+    """Inspect, load and drop store tables."""
 
 
 @table.command("list")

@@ -106,7 +106,10 @@ class BuildOutcome:
         if self.result is not None:
             return {**self.result.to_json(), "status": self.status}
         if self.error is not None:
-            return {"model": self.model, "status": self.status, "error": self.error.name, "detail": self.error.detail}
+            from contextful.engine.guard import mask_message
+
+            return {"model": self.model, "status": self.status, "error": self.error.name,
+                    "detail": mask_message(self.error.detail)}
         return {"model": self.model, "status": self.status, "after": list(self.after)}
 
 
