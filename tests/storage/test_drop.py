@@ -39,3 +39,12 @@ def test_drop_refuses_reserved_and_unknown_tables(store: Store) -> None:
     with pytest.raises(TableNotFound):
         store.drop_table("missing")
     assert "_runs" in store.table_names(include_reserved=True)
+
+
+def test_collect_removes_what_a_dropped_table_left(store: Store) -> None:
+    store.append("t", pa.table({"x": [1]}))
+    store.drop_table("t")
+    late = f"{table_prefix('t')}/parts/r1-abc-00000.parquet"  # a run in flight wrote it after the drop
+    store.objects.put_bytes(late, b"late")
+    assert late in store.collect(grace_seconds=0).orphans
+    assert not store.objects.exists(late)
