@@ -6,8 +6,8 @@ coalesced into parts of about a million rows, and the run commits once: the whol
 lands or none of it (a null key fails it naming the file and the row, ``storage.keys``).
 
 A load that creates its table and then fails leaves no table behind (its aborted run drops the
-table it created while nothing committed to it, ``storage.transaction``). A local path that is no
-file is refused before anything is created.
+table it created while nothing committed to it, ``storage.transaction``). A path that does not exist
+or is a directory is refused before anything is created.
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary
               progress: Callable[[int], None] | None = None) -> CommitResult:
     """Land the file at ``path`` into ``table`` (created on first use) as one run."""
     source = str(path) if "://" in str(path) else str(Path(path).resolve())
-    if "://" not in source:
+    if "://" not in source:  # a pipe (`<(zcat …)`) reads as a file does
         if not os.path.exists(source):
             raise InputNotFound(source)
-        if not os.path.isfile(source):
-            what = "a directory" if os.path.isdir(source) else "not a regular file"
-            raise InputUnreadable(source, f"is {what}: table load takes one file")
+        if os.path.isdir(source):
+            raise InputUnreadable(source, "is a directory: table load takes one file")
     target = store.create_table(table, primary_key)
     owned = decoder is None
     decoder = decoder or Decoder()
