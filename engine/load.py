@@ -4,6 +4,10 @@ An operator convenience and a test handle beside the pipeline path: the file is 
 same bounded decoder child (``engine.land.decode``: 60 s, 512 MiB, streaming), its batches are
 coalesced into parts of about a million rows, and the run commits once: the whole file
 lands or none of it (a null key fails it naming the file and the row, ``storage.keys``).
+
+A load that creates its table and then fails leaves no table behind (its aborted run drops the
+table it created while nothing committed to it, ``storage.transaction``). A path that does not exist
+or is a directory is refused before anything is created.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.decode import Decoder
 from contextful.storage import CommitResult, Store
+from contextful.storage.errors import InputNotFound, InputUnreadable
 from contextful.storage.keys import check_keys
 
 
@@ -23,6 +28,11 @@ def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary
               progress: Callable[[int], None] | None = None) -> CommitResult:
     """Land the file at ``path`` into ``table`` (created on first use) as one run."""
     source = str(path) if "://" in str(path) else str(Path(path).resolve())
+    if "://" not in source:  # a pipe (`<(zcat …)`) reads as a file does
+        if not os.path.exists(source):
+            raise InputNotFound(source)
+        if os.path.isdir(source):
+            raise InputUnreadable(source, "is a directory: table load takes one file")
     target = store.create_table(table, primary_key)
     owned = decoder is None
     decoder = decoder or Decoder()
@@ -37,7 +47,7 @@ def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary
                 progress(landed)
         return txn.commit()
     except BaseException:
-        txn.abort()
+        txn.abort()  # a table this load created goes with it (storage.transaction)
         raise
     finally:
         if owned:

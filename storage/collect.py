@@ -12,6 +12,9 @@ Two kinds of garbage:
   commit outcome is unknown — until it commits, gives up, its lease lapses or its holder is
   provably dead.
 
+A dropped table (``Store.drop_table``) has no catalog rows left, so whatever of it remains under
+its prefix is an orphan.
+
 Neither touches a part a live snapshot reads, so no answer within retention changes. Parts a
 held build added (``storage.holds``, ``run.publish.hold``) are kept past retention.
 """
@@ -54,7 +57,9 @@ def collect(store: Store, *, retain_seconds: float = DEFAULT_RETAIN_SECONDS,
     orphan_before = time.time() - grace_seconds  # object mtimes are wall-clock
     catalog = store.catalog
     now_us = store.clock.now_us()
-    for name in store.table_names(include_reserved=True):
+    # A dropped table's prefix has no head; what its drop left (a failed delete, a run in flight)
+    # is collected like any table's orphans: its catalog rows are gone, so nothing references it.
+    for name in sorted(set(store.table_names(include_reserved=True)) | set(store.objects.children("tables"))):
         # List first: an object listed now was written after its run registered as staging, so the
         # staging rows and commits read below know of it (as staging, or as committed).
         listed = store.objects.list(table_prefix(name))

@@ -42,6 +42,9 @@ Hierarchy::
         │   ├── TableNameCollision       a table named <root>__... beside a relational root, or two differing in case
         │   ├── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
         │   └── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
+
+        │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
+        │   └── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
         │   │   └── PrimaryKeyWideningLossy  a key column would widen to a type not holding every key exactly
@@ -65,6 +68,9 @@ Hierarchy::
         │   ├── InputChanged             a landed files input has other content now, not only appended NDJSON
         │   ├── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         │   └── ProjectExists            init found a contextful.toml already
+
+        │   ├── TableStillRead           table drop of a table a model or an [[export]] reads (without --force)
+        │   └── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         ├── Expired                      a window closed (expired; HTTP 410)
         │   └── ReceiveBatchKeyExpired
         ├── Refused                      an admitted caller asked beyond its grant (refused; HTTP 403)
@@ -1000,6 +1006,31 @@ class AddressInUse(TransientError):
                          reason=reason)
 
 
+class TableStillRead(Conflict):
+    """``table drop`` of a table the manifest still reads: a model's SQL or an ``[[export]]``'s source.
+    Refused unless ``--force``; the readers are named so the manifest can be edited first."""
+
+    table: str
+    readers: tuple[str, ...]
+
+    def __init__(self, table: str, readers: tuple[str, ...]) -> None:
+        super().__init__(f"table {table!r} is read by {', '.join(readers)}: remove them from contextful.toml "
+                         f"first, or drop it anyway with --force", table=table, readers=readers)
+
+
+class ModelInputUnknown(SpecInvalid):
+    """A model's SQL reads tables that no pipeline or model of the manifest produces and the store
+    does not hold: its build would fail on them."""
+
+    model: str
+    tables: tuple[str, ...]
+    known: tuple[str, ...]
+
+    def __init__(self, model: str, tables: tuple[str, ...], known: tuple[str, ...]) -> None:
+        super().__init__(f"[[model]] {model!r} reads {', '.join(map(repr, tables))}, which no pipeline or model "
+                         f"produces and the store does not hold (known: {', '.join(known) or 'none'})",
+                         model=model, tables=tables, known=known)
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AddressInUse",
@@ -1038,6 +1069,7 @@ __all__ = [
     "ManifestValueInvalid",
     "ModalityInvalid",
     "ModelCycle",
+    "ModelInputUnknown",
     "ModelTestFailed",
     "NotFound",
     "OwnerPlanMismatch",
@@ -1083,6 +1115,7 @@ __all__ = [
     "TableNameCollision",
     "TableNameInvalid",
     "TableNotFound",
+    "TableStillRead",
     "TableUnreadable",
     "TerminalError",
     "TransientError",

@@ -173,6 +173,13 @@ class ObjectStore:
             out.append(ObjectInfo(self.key_of(path), int(info.get("size") or 0), _modified(info)))
         return out
 
+    def children(self, prefix: str) -> builtins.list[str]:
+        """The names directly under ``prefix`` (its directories, or common prefixes on an object store)."""
+        base = self.path(prefix)
+        if not self.fs.exists(base):
+            return []
+        return sorted(self.key_of(p).rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False))
+
     def delete(self, keys: builtins.list[str]) -> None:
         """Delete ``keys``; one already gone (a temporary renamed or removed since it was listed)
         counts as deleted, so collection racing a writer never fails on it."""

@@ -17,11 +17,13 @@ Layout under the root (docs/store.md)::
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import uuid as uuidlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Self
 
@@ -32,9 +34,16 @@ from contextful.storage.catalog import Catalog, open_catalog, storage_profile
 from contextful.storage.clock import Clock, SystemClock, to_us
 from contextful.storage.collect import CollectResult, collect
 from contextful.storage.duck import connect
-from contextful.storage.errors import CatalogPathMissing, StoreNotFound, TableNameInvalid, TableNotFound
+from contextful.storage.errors import (
+    CatalogPathMissing,
+    CommitConflict,
+    StoreNotFound,
+    TableNameInvalid,
+    TableNotFound,
+)
 from contextful.storage.fold import FoldResult, fold_table
 from contextful.storage.journal import JournalStore, open_journal_store
+from contextful.storage.manifest import table_prefix
 from contextful.storage.objects import ObjectStore
 from contextful.storage.reserved import RESERVED_TABLES, check_table_name
 from contextful.storage.run_record import RunRecord
@@ -42,8 +51,23 @@ from contextful.storage.snapshot import Snapshot
 from contextful.storage.table import Table
 from contextful.storage.transaction import CommitResult
 
+log = logging.getLogger(__name__)
+
 STORE_FORMAT = 1
 DEFAULT_STORE = os.path.join(".contextful", "store")
+
+
+@dataclass(frozen=True)
+class DropResult:
+    table: str
+    uuid: str
+    commit_seq: int
+    """The head the dropped table was at."""
+    objects: int
+    """Objects of the table listed for deletion."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def write_threads() -> int:
@@ -161,6 +185,9 @@ class Store:
                      order_by: str | None = None) -> Table:
         """Create ``name`` (or return it when it exists; its primary key is fixed at creation).
 
+        A table this call created is dropped again by the first of its runs to abort, if nothing
+        committed to it by then (:meth:`RunTransaction.abort`): a failed first run leaves no table.
+
         ``order_by`` names the column whose larger value wins a primary-key merge (docs/store.md);
         a keyed table created without one takes it the first time one is declared, by a commit of
         its own (:meth:`Table.declare_order_by`: earlier snapshots answer as before), and keeps it.
@@ -181,9 +208,31 @@ class Store:
             twin = next((h.name for h in self.catalog.list_heads() if h.name.lower() == name.lower()), None)
             if twin is not None:  # DuckDB compares names case-insensitively: the views would be one
                 raise TableNameInvalid(name, f"differs only in case from the table {twin!r}")
-            head = self.catalog.create_table(name, str(uuidlib.uuid4()), primary_key, self.clock.now_us(),
+            uuid = str(uuidlib.uuid4())
+            head = self.catalog.create_table(name, uuid, primary_key, self.clock.now_us(),
                                              order_by if primary_key else None)
+            return Table(self, head, created=head.uuid == uuid)
         return Table(self, head)
+
+    def drop_table(self, name: str) -> DropResult:
+        """Drop the user table ``name``: one catalog transaction forgets it whole (readers see it or
+        nothing), then its objects are deleted. Only the objects listed before that transaction go,
+        so a table created again under the name meanwhile keeps its own; what a run still in flight
+        writes afterwards, or a failed delete leaves, is an orphan for collection."""
+        check_table_name(name)
+        head = self.catalog.load_head(name)
+        if head is None:
+            raise TableNotFound(name)
+        listed = [o.key for o in self.objects.list(table_prefix(name))]
+        self.catalog.drop_table(name, head.uuid)
+        after = self.catalog.load_head(name)
+        if after is not None and after.uuid == head.uuid:  # the drop could not tell, and did not land
+            raise CommitConflict(name, "the table was still there after its drop")
+        try:
+            self.objects.delete(listed)
+        except OSError as exc:  # the table is gone already; collection removes what is left
+            log.warning("drop of table %s left objects behind: %s", name, exc)
+        return DropResult(name, head.uuid, head.commit_seq, len(listed))
 
     def append(self, name: str, data: Any, *, primary_key: tuple[str, ...] | list[str] = (),
                **kwargs: Any) -> CommitResult:

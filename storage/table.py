@@ -27,10 +27,13 @@ if TYPE_CHECKING:
 
 
 class Table:
-    def __init__(self, store: Store, head: TableHead) -> None:
+    def __init__(self, store: Store, head: TableHead, created: bool = False) -> None:
         self.store = store
         self.name = head.name
         self.head = head
+        self.created = created
+        """Whether this handle's :meth:`Store.create_table` call created the table (a run aborting
+        on it drops it again while nothing has committed to it)."""
 
     def refresh(self) -> TableHead:
         head = self.store.catalog.load_head(self.name)

@@ -2,7 +2,8 @@
 
 The sequence is the decision "no representable torn publication": parts are written whole, the
 run manifest is written whole, and only then one catalog commit advances the table head. Until
-that commit the run is invisible; after it, all of it is. A crash in between leaves unreferenced
+that commit the run is invisible; after it, all of it is. A run that aborts on a table its caller
+just created (``Store.create_table``) drops that table again while nothing has committed to it. A crash in between leaves unreferenced
 objects for collection and nothing a reader can see. Runs on several tables that must be seen
 together (a relational landing's root and child tables) land with :func:`commit_together`: one
 catalog commit advances every head or none.
@@ -44,7 +45,7 @@ from contextful.storage.commits import (
     Update,
 )
 from contextful.storage.cursors import check_cursor
-from contextful.storage.errors import CommitConflict, CommitOutcomeUnknown, StagingFailed
+from contextful.storage.errors import CommitConflict, CommitOutcomeUnknown, ContextfulError, StagingFailed
 from contextful.storage.keys import check_keys
 from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
 from contextful.storage.parts import part_key, split_table, write_part
@@ -359,8 +360,20 @@ class RunTransaction:
             self.store.objects.delete([k for k in keys if self.store.objects.exists(k)])
         except OSError as exc:  # collection removes what is left once the lease lapses
             log.warning("abort of run %s left objects behind: %s", self.run_id, exc)
-            return
-        self._lease.end()
+        else:
+            self._lease.end()
+        if self.table.created:
+            self._forget_table()
+
+    def _forget_table(self) -> None:
+        """Drop the table this run's caller created, unless a commit landed on it since (commit_seq 0,
+        same incarnation): a failed first run leaves no empty table behind. A catalog that cannot be
+        reached leaves it, and the run's own error is the one reported."""
+        try:
+            self.store.catalog.drop_table(self.table.name, self._uuid, at_seq=0)
+        except ContextfulError as exc:
+            log.warning("abort of run %s left its new table %s behind (empty): %s", self.run_id,
+                        self.table.name, exc)
 
     def _take_orphans(self) -> list[str]:
         """Parts written after a failed one: never in ``_parts``, deleted with the run."""

@@ -28,8 +28,13 @@ def build() -> None:
 @click.argument("models", nargs=-1)
 @click.pass_context
 def build_run(ctx: click.Context, models: tuple[str, ...]) -> None:
-    """Build models (default: all), each after the models it reads."""
-    from contextful.engine.model.build import build_models
+    """Build models (default: all), each after the models it reads.
+
+    A failing model does not stop the others: every published build is reported, then one ``error:``
+    line per failed model; models reading a failed one are skipped. Exits with the first failure's code.
+    """
+    from contextful.engine.cli.errors import error_line
+    from contextful.engine.model.build import build_each
 
     manifest, store = _open(ctx)
     known = {m.name for m in manifest.models}
@@ -38,13 +43,22 @@ def build_run(ctx: click.Context, models: tuple[str, ...]) -> None:
         raise click.BadParameter(f"no model {', '.join(map(repr, unknown))} (declared: {', '.join(sorted(known))})",
                                  param_hint="MODEL")
     with store:
-        results = build_models(store, manifest, list(models) or None)
+        outcomes = build_each(store, manifest, list(models) or None)
     if ctx.obj["json"]:
-        emit_json([r.to_json() for r in results])
-        return
-    for r in results:
-        marks = ", ".join(f"{k}@{v}" for k, v in r.watermark.items()) or "no inputs"
-        click.echo(f"{r.model}: build {r.build_id} published, {r.rows:,} rows in {r.parts} part(s), read {marks}")
+        emit_json([o.to_json() for o in outcomes])
+    else:
+        for o in outcomes:
+            if (r := o.result) is not None:
+                marks = ", ".join(f"{k}@{v}" for k, v in r.watermark.items()) or "no inputs"
+                click.echo(f"{r.model}: build {r.build_id} published, {r.rows:,} rows in {r.parts} part(s),"
+                           f" read {marks}")
+            elif o.after:
+                click.echo(f"{o.model}: skipped, it reads {', '.join(o.after)}, which did not build")
+    failed = [o.error for o in outcomes if o.error is not None]
+    for error in failed:
+        click.echo(error_line(error), err=True)
+    if failed:
+        ctx.exit(failed[0].exit_code)
 
 
 @build.command("hold")

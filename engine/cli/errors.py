@@ -23,9 +23,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from contextful.storage.errors import ContextfulError
 
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
@@ -64,6 +67,11 @@ def one_line_errors(options: Mapping[str, Any]) -> Iterator[None]:
 
         raise click.exceptions.Exit(_report(exc, type(exc).__name__, first_line(exc), str(options.get("project") or "."),
                                             bool(options.get("debug")), EXIT_INTERNAL)) from None
+
+
+def error_line(exc: ContextfulError) -> str:
+    """The masked one-line report of a catalogue error a command goes on past (one of several failures)."""
+    return _masked(f"error: {exc.name}: {_one_line(exc.detail)}")
 
 
 def _report(exc: BaseException, name: str, message: str, log_project: str | None, debug: bool, code: int) -> int:

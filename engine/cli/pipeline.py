@@ -53,10 +53,13 @@ def pipeline() -> None:
 def validate(ctx: click.Context) -> None:
     """Check contextful.toml; print every problem, each by its spec error."""
     from contextful.engine.guard import mask_message
+    from contextful.engine.model.inputs import check_model_inputs
     from contextful.storage.errors import ManifestInvalid
 
     try:
         manifest = _manifest(ctx)
+        if unknown := check_model_inputs(manifest, ctx.obj["store"]):
+            raise ManifestInvalid(str(manifest.root / "contextful.toml"), [*unknown])
     except ManifestInvalid as exc:
         if ctx.obj["json"]:
             emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in exc.problems]})

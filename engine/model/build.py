@@ -31,7 +31,13 @@ from contextful.engine.model.conform import conform
 from contextful.engine.model.contract import check_contract
 from contextful.engine.model.spec import Contract, ModelSpec, ModelTest, case_clash
 from contextful.engine.read import attach_snapshot
-from contextful.storage.errors import ContractMismatch, ModelTestFailed, QueryInvalid, first_line
+from contextful.storage.errors import (
+    ContextfulError,
+    ContractMismatch,
+    ModelTestFailed,
+    QueryInvalid,
+    first_line,
+)
 from contextful.storage.snapshot import quote
 
 if TYPE_CHECKING:
@@ -76,9 +82,58 @@ def published_build(store: Store, model: str) -> tuple[int, RunManifest] | None:
 
 def build_models(store: Store, manifest: Manifest, names: list[str] | None = None) -> list[BuildResult]:
     """Build the named models (default: all), each after the models it reads; the first failure
-    raises, and models after it are not built."""
+    raises, and models after it are not built (:func:`build_each` builds past a failure)."""
     known = set(store.table_names()) | {m.name for m in manifest.models}
     return [build_model(store, spec, known) for spec in manifest.models_in_order(names)]
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """What ``build run`` did with one model: published it, failed it, or skipped it because it reads
+    a model that failed or was skipped."""
+
+    model: str
+    status: str
+    """``published``, ``failed`` or ``skipped``."""
+    result: BuildResult | None = None
+    """The published build (``published`` only)."""
+    error: ContextfulError | None = None
+    """Why it failed (``failed`` only)."""
+    after: tuple[str, ...] = ()
+    """The failed or skipped models it reads (``skipped`` only)."""
+
+    def to_json(self) -> dict[str, Any]:
+        if self.result is not None:
+            return {**self.result.to_json(), "status": self.status}
+        if self.error is not None:
+            from contextful.engine.guard import mask_message
+
+            return {"model": self.model, "status": self.status, "error": self.error.name,
+                    "detail": mask_message(self.error.detail)}
+        return {"model": self.model, "status": self.status, "after": list(self.after)}
+
+
+def build_each(store: Store, manifest: Manifest, names: list[str] | None = None) -> list[BuildOutcome]:
+    """Build the named models (default: all), each after the models it reads, and say what became of
+    each: a model failing with a catalogue error does not stop the others, but one reading a failed
+    (or skipped) model is skipped, since it would read a build that did not publish."""
+    known = set(store.table_names()) | {m.name for m in manifest.models}
+    broken: set[str] = set()
+    outcomes = []
+    for spec in manifest.models_in_order(names):
+        after = tuple(n for n in spec.input_names(known) if n in broken)
+        if after:
+            broken.add(spec.name)
+            outcomes.append(BuildOutcome(spec.name, "skipped", after=after))
+            continue
+        try:
+            result = build_model(store, spec, known)
+        except ContextfulError as exc:
+            broken.add(spec.name)
+            outcomes.append(BuildOutcome(spec.name, "failed", error=exc))
+            continue
+        outcomes.append(BuildOutcome(spec.name, "published", result=result))
+    return outcomes
 
 
 def chain_record(store: Store, table: str, through: int) -> dict[str, Any]:

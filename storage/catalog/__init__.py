@@ -110,6 +110,13 @@ class Catalog(ABC):
         """Create the table's head at commit_seq 0, or return the existing head."""
 
     @abstractmethod
+    def drop_table(self, name: str, uuid: str, at_seq: int | None = None) -> bool:
+        """Forget the table ``name`` whole in one transaction — its head, commits, schemas, part index,
+        cursors and staging rows — if its head is still the incarnation ``uuid`` (and, given
+        ``at_seq``, still at that commit_seq); return whether this call dropped it. Readers see the
+        table whole or not at all; its objects are the caller's to delete."""
+
+    @abstractmethod
     def load_head(self, name: str) -> TableHead | None: ...
 
     @abstractmethod

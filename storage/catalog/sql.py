@@ -179,6 +179,19 @@ class SqlCatalog(SqlDialect, Catalog):
         assert head is not None
         return head
 
+    def drop_table(self, name: str, uuid: str, at_seq: int | None = None) -> bool:
+        def drop(cur: _Cursor) -> bool:
+            cur.execute(f"SELECT table_uuid, commit_seq FROM cf_tables WHERE name = ?{self.row_lock}", (name,))
+            row = cur.fetchone()
+            if row is None or row[0] != uuid or (at_seq is not None and row[1] != at_seq):
+                return False
+            for owned in ("cf_parts", "cf_commits", "cf_schemas", "cf_cursors", "cf_staging"):
+                cur.execute(f"DELETE FROM {owned} WHERE table_name = ?", (name,))
+            cur.execute("DELETE FROM cf_tables WHERE name = ?", (name,))
+            return True
+
+        return self._write(drop, rerun_unheard=True)
+
     def load_head(self, name: str) -> TableHead | None:
         pinned = self.pin_heads([name]).get(name)
         return pinned.head if pinned is not None else None

@@ -86,6 +86,7 @@ def args_for(words: tuple[str, ...], root: Path, port: int) -> list[str]:
         ("table", "show"): ["events"],
         ("table", "load"): ["events", str(root / "events.csv")],
         ("table", "fold"): ["events"],
+        ("table", "drop"): ["events", "--force"],
         ("run", "rewind"): ["0" * 32, "--reason", "test"],
         ("pipeline", "serve"): ["--http", f"127.0.0.1:{port}"],
         ("build", "hold"): ["by_kind", "1"],

@@ -63,7 +63,6 @@ from contextful.storage.errors import (
     ContextfulError,
     InputMalformed,
     InputUnreadable,
-    ManifestValueInvalid,
     NotFound,
     ParseCrashed,
     ReceiveBatchKeyExpired,
@@ -102,9 +101,6 @@ class Receiver:
 
     def __init__(self, store: Store, spec: PipelineSpec, *, queue_root: str | Path, decoder: Decoder,
                  clock: Clock | None = None, push: PushHook | None = None) -> None:
-        if spec.normalize != "nested":
-            raise ManifestValueInvalid(f"[[pipeline]] {spec.id!r}", "normalize",
-                                       f"{spec.normalize!r} normalization is not available in this version; use 'nested'")
         self.store = store
         self.spec = spec
         self.config = ReceiveConfig.from_config(spec.source.config, f"[[pipeline]] {spec.id!r} source.config")

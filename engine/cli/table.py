@@ -1,0 +1,150 @@
+"""``contextful table list|show|load|fold|drop``: inspect, load and drop store tables."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+from contextful.engine.cli.commands import _json, _store
+from contextful.engine.cli.output import (
+    describe_event,
+    emit_json,
+    emit_pairs,
+    emit_rows,
+    end_progress,
+    progress_line,
+)
+
+if TYPE_CHECKING:
+    from contextful.engine.config import Manifest
+
+
+@click.group()
+def table() -> None:
+    """Inspect, load and drop store tables."""
+
+
+@table.command("list")
+@click.option("--all", "include_reserved", is_flag=True, help="Include reserved tables such as _runs.")
+@click.pass_context
+def table_list(ctx: click.Context, include_reserved: bool) -> None:
+    """Every table with its head commit, parts and stored rows."""
+    with _store(ctx) as store:
+        rows = []
+        snaps = store.snapshots(store.table_names(include_reserved=include_reserved))  # one point for all
+        for name, snap in snaps.items():
+            rows.append({"table": name, "commit_seq": snap.commit_seq, "parts": len(snap.parts),
+                         "rows_stored": snap.rows_stored, "primary_key": list(snap.primary_key)})
+    if _json(ctx):
+        emit_json(rows)
+    else:
+        emit_rows(["table", "commit_seq", "parts", "rows_stored", "primary_key"],
+                  [(r["table"], r["commit_seq"], r["parts"], r["rows_stored"], ",".join(r["primary_key"]) or "-")  # type: ignore[arg-type]
+                   for r in rows])
+
+
+@table.command("show")
+@click.argument("name")
+@click.pass_context
+def table_show(ctx: click.Context, name: str) -> None:
+    """A table's schema, commits and row count."""
+    from contextful.storage.clock import from_us
+
+    with _store(ctx) as store:
+        t = store.table(name)
+        snap = t.snapshot()
+        info: dict[str, Any] = {
+            "table": name,
+            "uuid": t.head.uuid,
+            "commit_seq": snap.commit_seq,
+            "primary_key": list(t.primary_key),
+            "order_by": t.head.order_by,
+            "rows": t.count(),
+            "parts": len(snap.parts),
+            "schema": [{"name": f.name, "type": str(f.type)} for f in (snap.schema or [])],
+            "commits": [{"commit_seq": c.commit_seq, "run_id": c.run_id, "kind": c.kind, "rows": c.rows,
+                         "committed_at": from_us(c.committed_us).isoformat()} for c in t.commits()],
+        }
+    if _json(ctx):
+        emit_json(info)
+        return
+    emit_pairs([("table", name), ("uuid", info["uuid"]), ("commit_seq", str(info["commit_seq"])),
+                ("primary key", ",".join(info["primary_key"]) or "-"), ("order by", info["order_by"] or "-"),
+                ("rows", str(info["rows"])),
+                ("parts", str(info["parts"]))])
+    click.echo("\nschema")
+    emit_rows(["column", "type"], [(c["name"], c["type"]) for c in info["schema"]])
+    click.echo("\ncommits")
+    emit_rows(["commit_seq", "run_id", "kind", "rows", "committed_at"],
+              [(c["commit_seq"], c["run_id"], c["kind"], c["rows"], c["committed_at"]) for c in info["commits"]])
+
+
+@table.command("load")
+@click.argument("name")
+@click.argument("file")
+@click.option("--primary-key", default="", help="Comma-separated key columns (fixed when the table is created).")
+@click.option("--replace", is_flag=True, help="Replace every row the table answers instead of appending.")
+@click.option("--format", "fmt", type=click.Choice(["csv", "ndjson", "json", "parquet"]), default=None,
+              help="Input format (default: from the file name).")
+@click.pass_context
+def table_load(ctx: click.Context, name: str, file: str, primary_key: str, replace: bool, fmt: str | None) -> None:
+    """Land one CSV, NDJSON or Parquet file (optionally gzip/zstd) as one run."""
+    from contextful.engine.load import load_file
+
+    keys = tuple(k.strip() for k in primary_key.split(",") if k.strip())
+    with _store(ctx, create=True) as store:
+        result = load_file(store, name, file, primary_key=keys, replace=replace, fmt=fmt,
+                           progress=lambda n: progress_line(f"{name}: {n:,} rows staged"))
+        end_progress()
+    if _json(ctx):
+        emit_json(result.to_json())
+        return
+    click.echo(f"{name}: run {result.run_id} committed at commit_seq {result.commit_seq}: "
+               f"{result.rows:,} rows in {result.parts} part(s), {result.bytes:,} bytes")
+    for event in result.downgrade_events:
+        click.echo(f"  {describe_event(event.to_json())}")
+
+
+@table.command("fold")
+@click.argument("name")
+@click.pass_context
+def table_fold(ctx: click.Context, name: str) -> None:
+    """Compact a table's small parts (answers stay the same)."""
+    with _store(ctx) as store:
+        result = store.fold(name)
+    if _json(ctx):
+        emit_json(None if result is None else {"table": result.table, "commit_seq": result.commit_seq,
+                                               "parts_removed": result.parts_removed,
+                                               "parts_added": result.parts_added})
+    elif result is None:
+        click.echo(f"{name}: nothing to fold")
+    else:
+        click.echo(f"{name}: folded {result.parts_removed} parts into {result.parts_added} at commit_seq {result.commit_seq}")
+
+
+@table.command("drop")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Drop it even though a model or an [[export]] of the manifest reads it.")
+@click.pass_context
+def table_drop(ctx: click.Context, name: str, force: bool) -> None:
+    """Drop a table: its head, history and objects (refused while a model or export reads it)."""
+    from contextful.engine.drop import drop_table
+
+    manifest = None if force else _project_manifest(ctx)
+    with _store(ctx) as store:
+        result = drop_table(store, name, manifest, force=force)
+    if _json(ctx):
+        emit_json(result.to_json())
+    else:
+        click.echo(f"{name}: dropped (was at commit_seq {result.commit_seq}; {result.objects} object(s) deleted)")
+
+
+def _project_manifest(ctx: click.Context) -> Manifest | None:
+    """The manifest of the project the command runs in (None when no contextful.toml is found: then no
+    model or export is known to read anything)."""
+    from contextful.engine.config import load_manifest
+    from contextful.engine.project import find_project
+
+    if find_project(ctx.obj["project"]) is None:
+        return None
+    return load_manifest(ctx.obj["project"])
