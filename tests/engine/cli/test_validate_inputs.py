@@ -50,6 +50,7 @@ def test_unknown_model_inputs_are_spec_errors_and_no_store_is_created(tmp_path: 
 def test_a_table_the_store_holds_is_known(tmp_path: Path) -> None:
     (tmp_path / "contextful.toml").write_text('[project]\nname = "inputs"\n')
     (tmp_path / "users.csv").write_text("id\n1\n")
+    (tmp_path / "events.ndjson").write_text('{"_id": 1, "items": [1]}\n')  # the paths entry names a file
     contextful(tmp_path, "table", "load", "users", str(tmp_path / "users.csv"))
     (tmp_path / "contextful.toml").write_text(MANIFEST)
     proc = contextful(tmp_path, "--json", "pipeline", "validate", check=False)
