@@ -1,15 +1,10 @@
-"""``contextful run history|executions|rewind``: run records and execution owners."""
+"""``contextful run history|show|executions|rewind``: run records and execution owners."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import click
 from contextful.engine.cli.commands import _json, _store
-from contextful.engine.cli.output import describe_event, emit_json, emit_rows
-
-if TYPE_CHECKING:
-    from contextful.storage import Store
+from contextful.engine.cli.output import describe_event, emit_json, emit_pairs, emit_rows
 
 
 @click.group()
@@ -22,9 +17,11 @@ def run() -> None:
 @click.option("--limit", default=50, show_default=True, help="Newest runs to show.")
 @click.pass_context
 def run_history(ctx: click.Context, table_name: str | None, limit: int) -> None:
-    """Runs from _runs, newest last, each with its downgrade events."""
+    """Runs from _runs, newest last: committed, failed (with the error) or planned, and downgrade events."""
+    from contextful.engine.run.records import run_history as history
+
     with _store(ctx) as store:
-        runs = _history(store, table_name, limit)
+        runs = history(store, table_name, limit)
     if _json(ctx):
         emit_json(runs)
         return
@@ -34,6 +31,50 @@ def run_history(ctx: click.Context, table_name: str | None, limit: int) -> None:
     for r in runs:
         for e in r["downgrade_events"]:
             click.echo(f"  {r['run_id']} {describe_event(e)}")
+        if r["failure"] is not None:
+            click.echo(f"  {r['run_id']} failed: {_failure_line(r['failure'])}")
+
+
+@run.command("show")
+@click.argument("run_id")
+@click.pass_context
+def run_show(ctx: click.Context, run_id: str) -> None:
+    """One run whole: inputs, rows and bytes per table, downgrade events, masked cells, error."""
+    from contextful.engine.run.records import run_detail
+
+    with _store(ctx) as store:
+        run = run_detail(store, run_id)
+    if _json(ctx):
+        emit_json(run)
+        return
+    emit_pairs([("run", run["run_id"]), ("table", run["table"]), ("kind", run["kind"]), ("status", run["status"]),
+                ("made by", run["origin"] or "-"), ("planned at", run["planned_at"] or "-"),
+                ("finished at", run["finished_at"] or "-"), ("commit_seq", run["commit_seq"] or "-")])
+    if run["failure"] is not None:
+        click.echo(f"error: {_failure_line(run['failure'])}")
+    if run["status"] != "committed":
+        return
+    inputs = run["inputs"]
+    click.echo(f"\ninputs ({len(inputs)})")
+    for name in inputs:
+        click.echo(f"  {name}")
+    click.echo("\ntables")
+    emit_rows(["table", "run_id", "rows", "parts", "bytes"],
+              [(t["table"], t["run_id"], t["rows"], t["parts"], t["bytes"]) for t in run["tables"]])
+    events = run["downgrade_events"]
+    click.echo(f"\ndowngrade events ({len(events)})")
+    for e in events:
+        click.echo(f"  {describe_event(e)}")
+    masked = run["masked_cells"]
+    click.echo(f"\nmasked cells ({sum(masked.values())})")
+    for column, n in sorted(masked.items()):
+        click.echo(f"  {column}: {n:,}")
+    for hit in run["bound_hits"]:
+        click.echo(f"bound hit: {hit['step']}, attempt {hit['attempt']}: {hit['bound']}")
+
+
+def _failure_line(failure: dict[str, str]) -> str:
+    return f"{failure['error']}: {failure['detail']}"
 
 
 @run.command("executions")
@@ -53,38 +94,19 @@ def run_executions(ctx: click.Context) -> None:
 @run.command("rewind")
 @click.argument("execution_id")
 @click.option("--reason", required=True, help="Why the execution is abandoned (kept in the output).")
-@click.option("--force", is_flag=True, help="Accepted, and overrides none of the refusals.")
 @click.pass_context
-def run_rewind(ctx: click.Context, execution_id: str, reason: str, force: bool) -> None:
-    """Retire a pending execution; its scope keeps its committed position and the next run starts fresh."""
+def run_rewind(ctx: click.Context, execution_id: str, reason: str) -> None:
+    """Retire a pending execution; its scope keeps its committed position and the next run starts fresh.
+
+    Refused while an attempt holds the execution's lease (``ExecutionRewindUnsafe``): nothing overrides
+    that (run.own.rewind-unsafe), so there is no --force.
+    """
     from contextful.engine.run.rewind import rewind
 
     with _store(ctx) as store:
-        done = rewind(store.journal, execution_id, reason, force=force)
+        done = rewind(store.journal, execution_id, reason)
     if _json(ctx):
         emit_json({"execution": execution_id, "scope": done.owner.scope, "status": done.owner.status,
                    "reason": reason})
     else:
         click.echo(f"rewound execution {execution_id} on {done.owner.scope}: {reason}")
-
-
-def _history(store: Store, table_name: str | None, limit: int) -> list[dict[str, Any]]:
-    """Latest row per run (commit over plan), with the run's downgrade events from its manifest."""
-    latest: dict[str, dict[str, Any]] = {}
-    for row in store.runs.history().to_pylist():  # one row per run phase: bounded by run count
-        if table_name is not None and row["table_name"] != table_name:
-            continue
-        if row["run_id"] not in latest or row["phase"] == "commit":
-            latest[row["run_id"]] = row
-    runs = sorted(latest.values(), key=lambda r: r["recorded_at"])[-limit:]
-    out = []
-    for row in runs:
-        events: list[dict[str, Any]] = []
-        if row["phase"] == "commit":
-            events = [e.to_json() for e in store.table(row["table_name"]).manifest(row["run_id"]).downgrade_events]
-        out.append({"run_id": row["run_id"], "table": row["table_name"], "kind": row["kind"],
-                    "status": row["status"], "recorded_at": row["recorded_at"], "commit_seq": row["commit_seq"],
-                    "rows": row["rows"], "downgrade_events": events})
-    return out
-
-

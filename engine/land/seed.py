@@ -52,6 +52,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from contextful.engine.config.manifest import PipelineSpec, SourceSpec
+from contextful.engine.guard import masked_failure
 from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, check_config, list_inputs
@@ -229,6 +230,9 @@ def land_seed(store: Store, root: Path, pipeline_id: str, table_name: str, prima
                 check_ceiling(pipeline_id, order_by, seed.ceiling, typed)  # before anything is staged
                 sink.stage(typed, f"seed input {item.path}", typed=True)
         result = sink.commit(scope, {"kind": "seed", "fingerprint": current, "ceiling": seed.ceiling})
+    except BaseException as exc:
+        sink.abort(masked_failure(exc))
+        raise
     finally:
         sink.abort()
     assert result is not None

@@ -36,6 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 from contextful.engine.config.manifest import PipelineSpec
+from contextful.engine.guard import masked_failure
 from contextful.engine.land.clocks import ClockReader, span
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.decode_child import conform
@@ -155,6 +156,9 @@ def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, sco
             run.watermark_walk(position, tracker, progress, started)
         else:
             run.url_walk(position, config, progress, started)
+    except BaseException as exc:
+        run.sink.abort(masked_failure(exc))  # each run staged since the last commit records why
+        raise
     finally:
         run.abort()
         result.tables = run.sink.results()

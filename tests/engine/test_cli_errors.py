@@ -86,6 +86,7 @@ def args_for(words: tuple[str, ...], root: Path, port: int) -> list[str]:
         ("table", "load"): ["events", str(root / "events.csv")],
         ("table", "fold"): ["events"],
         ("run", "rewind"): ["0" * 32, "--reason", "test"],
+        ("run", "show"): ["r0"],
         ("pipeline", "serve"): ["--http", f"127.0.0.1:{port}"],
         ("build", "hold"): ["by_kind", "1"],
         ("build", "release"): ["by_kind", "1"],
