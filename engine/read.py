@@ -104,7 +104,7 @@ def attach_unreadable(con: duckdb.DuckDBPyConnection, view: str, reason: str) ->
     con.execute(f"CREATE OR REPLACE VIEW {quote(view)} AS SELECT NULL AS unreadable WHERE error({message}) IS NULL")
 
 
-def unreadable_error(exc: duckdb.Error) -> TableUnreadable | None:
+def unreadable_error(exc: Exception) -> TableUnreadable | None:
     """The :class:`TableUnreadable` a query over an unreadable table's view raised, if it is one."""
     found = _UNREADABLE.search(str(exc))
     return TableUnreadable(found.group(1), found.group(2)) if found else None

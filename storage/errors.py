@@ -935,8 +935,8 @@ class QueryWriteRefused(Refused):
 
     def __init__(self, query: str, statement: str) -> None:
         shown = query if len(query) <= 200 else query[:197] + "..."
-        super().__init__(f"`contextful sql` only reads, and this query holds a {statement} statement (in: {shown});"
-                         " land data with `contextful table load` or a pipeline, derive tables with a [[model]]",
+        super().__init__(f"`contextful sql` only reads: {statement} is not a SELECT statement (in: {shown}); land "
+                         "data with `contextful table load` or a pipeline, derive tables with a [[model]]",
                          query=query, statement=statement)
 
 
