@@ -198,9 +198,9 @@ class _Run:
     def report(self, progress: Callable[[Progress], None] | None, started: float) -> None:
         if progress is not None:
             landed = self.sink.landings[self.spec.table]
-            progress(Progress(self.spec.id, self.walker.pages, 0, landed.rows + self.sink.staged_rows,
+            progress(Progress(self.spec.id, self.walker.pages, None, landed.rows + self.sink.staged_rows,
                               landed.bytes + self.sink.staged_bytes_written, len(self.sink.landings),
-                              time.monotonic() - started))
+                              time.monotonic() - started, unit="pages"))
 
     # --- the two walks ---------------------------------------------------------------------------
 
