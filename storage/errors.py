@@ -567,11 +567,13 @@ class SyncCursorConflict(Conflict):
 
 
 class PipelineSeedSourceChanged(Conflict):
-    """``run.seed.source-changed``: names both fingerprints."""
+    """``run.seed.source-changed``: names both fingerprints, and how to recover."""
 
     def __init__(self, pipeline: str, landed: str, current: str) -> None:
         super().__init__(f"pipeline {pipeline!r}: the seed landed from fingerprint {landed} but its source now has "
-                         f"{current}", pipeline=pipeline, landed=landed, current=current)
+                         f"{current}; a seed lands once: restore the seed files it landed from, or remove the "
+                         "pipeline's [pipeline.seed] block (the rows the seed landed stay)",
+                         pipeline=pipeline, landed=landed, current=current)
 
 
 class JournalConflict(Conflict):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -93,6 +93,12 @@ def emit_rows(columns: list[str], rows: list[tuple[Any, ...]], total: int | None
     click.echo(f"({total} row{'s' if total != 1 else ''}){suffix}")
 
 
+def declared(names: Iterable[str]) -> str:
+    """``declared: a, b`` naming what a manifest declares, or ``none declared`` (for an unknown name's message)."""
+    ordered = sorted(names)
+    return f"declared: {', '.join(ordered)}" if ordered else "none declared"
+
+
 def emit_pairs(pairs: list[tuple[str, Any]]) -> None:
     width = max(len(k) for k, _ in pairs)
     for key, value in pairs:
@@ -100,9 +106,15 @@ def emit_pairs(pairs: list[tuple[str, Any]]) -> None:
 
 
 def describe_event(event: dict[str, Any]) -> str:
-    """One line for a downgrade event: where, what arrived, what landed, and why."""
-    return (f"downgrade {event['table']}.{event['path']}: arrived {event['source_type']},"
-            f" landed {event['landed_type']} ({event['reason']})")
+    """One line for a downgrade event: where, what arrived, what landed, and why.
+
+    An arrived type that landed as it is widened the column to hold it (``storage.reconcile``): the
+    line says so, instead of "arrived double, landed double" beside a widening.
+    """
+    where = f"downgrade {event['table']}.{event['path']}"
+    if event["source_type"] == event["landed_type"]:
+        return f"{where}: {event['reason']} to hold the {event['source_type']} that arrived"
+    return f"{where}: arrived {event['source_type']}, landed {event['landed_type']} ({event['reason']})"
 
 
 def progress_line(text: str) -> None:

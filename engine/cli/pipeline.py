@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from contextful.engine.cli.output import (
+    declared,
     describe_event,
     emit_issued,
     emit_json,
@@ -39,7 +40,7 @@ def _check_ids(manifest: Manifest, ids: tuple[str, ...]) -> list[str] | None:
     known = {p.id for p in manifest.pipelines}
     unknown = [i for i in ids if i not in known]
     if unknown:
-        raise click.BadParameter(f"no pipeline {', '.join(map(repr, unknown))} (declared: {', '.join(sorted(known))})",
+        raise click.BadParameter(f"no pipeline {', '.join(map(repr, unknown))} ({declared(known)})",
                                  param_hint="ID")
     return list(ids) or None
 
