@@ -26,8 +26,8 @@ def run_history(ctx: click.Context, table_name: str | None, limit: int) -> None:
         emit_json(runs)
         return
     emit_rows(["run_id", "table", "kind", "status", "recorded_at", "commit_seq", "rows", "events"],
-              [(r["run_id"], r["table"], r["kind"], r["status"], r["recorded_at"], r["commit_seq"], r["rows"],
-                len(r["downgrade_events"])) for r in runs])
+              [(r["run_id"], r["table"], r["kind"], r["status"], r["recorded_at"], _or_dash(r["commit_seq"]),
+                _or_dash(r["rows"]), len(r["downgrade_events"])) for r in runs])
     for r in runs:
         for e in r["downgrade_events"]:
             click.echo(f"  {r['run_id']} {describe_event(e)}")
@@ -49,7 +49,7 @@ def run_show(ctx: click.Context, run_id: str) -> None:
         return
     emit_pairs([("run", run["run_id"]), ("table", run["table"]), ("kind", run["kind"]), ("status", run["status"]),
                 ("made by", run["origin"] or "-"), ("planned at", run["planned_at"] or "-"),
-                ("finished at", run["finished_at"] or "-"), ("commit_seq", run["commit_seq"] or "-")])
+                ("finished at", run["finished_at"] or "-"), ("commit_seq", _or_dash(run["commit_seq"]))])
     if run["failure"] is not None:
         click.echo(f"error: {_failure_line(run['failure'])}")
     if run["status"] != "committed":
@@ -71,6 +71,10 @@ def run_show(ctx: click.Context, run_id: str) -> None:
         click.echo(f"  {column}: {n:,}")
     for hit in run["bound_hits"]:
         click.echo(f"bound hit: {hit['step']}, attempt {hit['attempt']}: {hit['bound']}")
+
+
+def _or_dash(value: int | None) -> int | str:
+    return "-" if value is None else value
 
 
 def _failure_line(failure: dict[str, str]) -> str:

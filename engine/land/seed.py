@@ -215,8 +215,12 @@ def land_seed(store: Store, root: Path, pipeline_id: str, table_name: str, prima
             return SeedOutcome("skipped-equal", current, 0, None, None)
         if landed == seed_fingerprint(inputs, old_form=True):  # carried forward: later moves keep it
             txn = store.table(table_name).transaction("append", meta={"pipeline": pipeline_id, "seed": True})
-            txn.set_cursor(scope, {**committed[0], "fingerprint": current})
-            txn.commit()
+            try:
+                txn.set_cursor(scope, {**committed[0], "fingerprint": current})
+                txn.commit()
+            except BaseException as exc:
+                txn.abort(masked_failure(exc))
+                raise
             return SeedOutcome("skipped-equal", current, 0, None, None)
         raise PipelineSeedSourceChanged(pipeline_id, str(landed), current)
     spec = PipelineSpec(pipeline_id, SourceSpec("files", {"paths": list(seed.paths)}), table_name, normalize=normalize,
