@@ -66,9 +66,15 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def masked_failure(exc: BaseException) -> RunFailure:
-    """What a run given up on ``exc`` records as its fail row: the error's name, its message masked."""
-    return RunFailure.of(exc, mask_message)
+def masked_failure(exc: BaseException) -> RunFailure | None:
+    """What a run given up on ``exc`` records as its fail row: the error's name, its message masked.
+
+    None for :class:`CommitOutcomeUnknown`: the run may have landed, so it is not recorded as failed
+    (an outcome that cannot be classified is not a failure).
+    """
+    from contextful.storage.errors import CommitOutcomeUnknown
+
+    return None if isinstance(exc, CommitOutcomeUnknown) else RunFailure.of(exc, mask_message)
 
 
 def log_masked(pipeline: str, pull_label: str, masked: Mapping[str, int], renamed: Sequence[str] = ()) -> None:

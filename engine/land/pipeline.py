@@ -168,7 +168,6 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     pending = int(landed != stored)  # renames and old entries carried forward commit too
     bytes_read = 0
     since_commit: list[str] = []  # the inputs the next commit lands: its runs' manifests name them
-    failure: RunFailure | None = None
     try:
         for done, item in enumerate(plan.pull):
             point = sink.savepoint()
@@ -200,12 +199,10 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
         if pending:
             sink.commit(cursor_scope(spec), {"kind": "files", "inputs": dict(landed)}, {"inputs": since_commit})
     except BaseException as exc:
-        failure = masked_failure(exc)
+        sink.abort(masked_failure(exc))  # what is still staged did not commit, and why
         raise
-    finally:
-        if failure is None and result.failures:  # every input staged since the last commit failed
-            failure = RunFailure(result.failures[0].error, result.failures[0].detail)
-        sink.abort(failure)  # what is still staged did not commit
+    first = result.failures[0] if result.failures else None  # an input failed: the run records it
+    sink.abort(RunFailure(first.error, first.detail) if first is not None else None)
     result.tables = sink.results()
     result.seconds = time.monotonic() - started
     return result

@@ -137,8 +137,8 @@ class LandingSink:
         self._masked: dict[str, dict[str, int]] = {}
         self._names: dict[str, LandedNames] = {}
         self._batches = 0
-        self._pull = ("", 0)
-        self._failures: set[RunFailure] = set()  # the failures some run of this sink recorded  # the last pull staged and the rows staged from it so far
+        self._pull = ("", 0)  # the last pull staged and the rows staged from it so far
+        self._failures: set[RunFailure] = set()  # the failures some run of this sink recorded
 
     # --- staging --------------------------------------------------------------------------------
 

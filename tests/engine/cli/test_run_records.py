@@ -114,4 +114,5 @@ def test_an_unknown_run_is_a_not_found_error_and_creates_nothing(project: Path) 
 def test_rewind_has_no_force_flag(project: Path) -> None:
     proc = contextful(project, "run", "rewind", "0" * 32, "--reason", "x", "--force", check=False)
     assert proc.returncode == 2 and "No such option '--force'" in proc.stderr
-    assert "--force" not in contextful(project, "run", "rewind", "--help").stdout
+    options = contextful(project, "run", "rewind", "--help").stdout.split("Options:")[1]
+    assert "--force" not in options
