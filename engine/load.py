@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from contextful.engine.guard import masked_failure
 from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.decode import Decoder
 from contextful.storage import CommitResult, Store
@@ -46,8 +47,8 @@ def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary
             if progress is not None:
                 progress(landed)
         return txn.commit()
-    except BaseException:
-        txn.abort()  # a table this load created goes with it (storage.transaction)
+    except BaseException as exc:
+        txn.abort(masked_failure(exc))  # a table this load created goes with it (storage.transaction)
         raise
     finally:
         if owned:

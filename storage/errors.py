@@ -75,7 +75,8 @@ Hierarchy::
         │   └── ReceiveBatchKeyExpired
         ├── Refused                      an admitted caller asked beyond its grant (refused; HTTP 403)
         │   ├── ExportQueryRefused       a gateway request names a namespace, an undeclared template, ...
-        │   └── WriterPipelineRefused    a writer key posted to a pipeline it does not name
+        │   ├── WriterPipelineRefused    a writer key posted to a pipeline it does not name
+        │   └── QueryWriteRefused        `contextful sql` was given a statement that writes (CREATE, INSERT, COPY ... TO)
         ├── Unauthenticated              no admitted credential (unauthenticated; HTTP 401)
         │   ├── ReaderCredentialUnadmitted
         │   └── WriterCredentialUnadmitted
@@ -86,6 +87,8 @@ Hierarchy::
         │   ├── BlobNotFound
         │   ├── ProjectNotFound          no such directory, or no contextful.toml at or above it
         │   └── StoreNotFound            a reading command found no store (it never creates one)
+
+        │   └── RunNotFound              `contextful run show` names a run no record holds
         └── Permanent                    the store or backend cannot do this (permanent)
             ├── ConditionalWriteUnsupported
             ├── StoreCatalogMismatch
@@ -580,11 +583,13 @@ class SyncCursorConflict(Conflict):
 
 
 class PipelineSeedSourceChanged(Conflict):
-    """``run.seed.source-changed``: names both fingerprints."""
+    """``run.seed.source-changed``: names both fingerprints, and how to recover."""
 
     def __init__(self, pipeline: str, landed: str, current: str) -> None:
         super().__init__(f"pipeline {pipeline!r}: the seed landed from fingerprint {landed} but its source now has "
-                         f"{current}", pipeline=pipeline, landed=landed, current=current)
+                         f"{current}; a seed lands once: restore the seed files it landed from, or remove the "
+                         "pipeline's [pipeline.seed] block (the rows the seed landed stay)",
+                         pipeline=pipeline, landed=landed, current=current)
 
 
 class JournalConflict(Conflict):
@@ -608,7 +613,8 @@ class ExecutionRewindUnsafe(Conflict):
     """``run.own.rewind-unsafe``: the owner has a live attempt; ``--force`` overrides none."""
 
     def __init__(self, execution: str, reason: str) -> None:
-        super().__init__(f"execution {execution}: {reason}; rewinding it now would let two attempts run",
+        super().__init__(f"execution {execution}: {reason}; rewinding it now would let two attempts run: "
+                         "rewind it once that attempt has ended or its lease has lapsed (nothing overrides this)",
                          execution=execution, reason=reason)
 
 
@@ -1031,6 +1037,32 @@ class ModelInputUnknown(SpecInvalid):
                          f"produces and the store does not hold (known: {', '.join(known) or 'none'})",
                          model=model, tables=tables, known=known)
 
+
+class RunNotFound(NotFound):
+    """``contextful run show RUN``: no run record (``_runs`` or its cache) holds ``run_id``."""
+
+    run_id: str
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r} in this store's run records (`contextful run history` lists them)",
+                         run_id=run_id)
+
+
+class QueryWriteRefused(Refused):
+    """``contextful sql`` only reads: a statement whose DuckDB statement type is not a read
+    (``CREATE``, ``INSERT``, ``COPY ... TO``, ``ATTACH``, ``INSTALL``, ...) is refused before any
+    statement of the query runs, naming that type."""
+
+    query: str
+    statement: str
+
+    def __init__(self, query: str, statement: str) -> None:
+        shown = query if len(query) <= 200 else query[:197] + "..."
+        super().__init__(f"`contextful sql` only reads: {statement} is not a SELECT statement (in: {shown}); land "
+                         "data with `contextful table load` or a pipeline, derive tables with a [[model]]",
+                         query=query, statement=statement)
+
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AddressInUse",
@@ -1095,11 +1127,13 @@ __all__ = [
     "ProjectNotFound",
     "QueryFailed",
     "QueryInvalid",
+    "QueryWriteRefused",
     "RateLimited",
     "ReaderCredentialUnadmitted",
     "ReceiveBatchKeyExpired",
     "Refused",
     "RequestBodyTooLarge",
+    "RunNotFound",
     "SchemaIrreconcilable",
     "SnapshotCollected",
     "SnapshotNotFound",

@@ -4,7 +4,10 @@ Implements the decision "run-record-folds":
 
 - ``run.record.reserved-table``: every run writes two rows, one at plan and one at commit. The
   plan row enters the catalog cache when the run opens; the commit row enters it inside the run's
-  own catalog commit, so it exists exactly when the run landed. Cached rows are flushed to
+  own catalog commit, so it exists exactly when the run landed. A run given up on an error (its
+  transaction aborted with a :class:`RunFailure`) writes a third kind, the fail row: the error's
+  name and one line of its message, masked by the caller (the engine's secret guard), so history
+  shows the run as failed rather than forever planned. Cached rows are flushed to
   ``_runs`` — an ordinary store table keyed on ``(run_id, phase)``, latest row winning — as one
   append once ``flush_rows`` rows wait or the oldest has waited ``flush_age_seconds``, and when
   the store closes; a flush another process already made is not repeated. Batching keeps the
@@ -20,11 +23,13 @@ Readers of run history get ``_runs`` merged with rows still only in the cache.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from contextful.storage.commits import AssertRecordsPending, MarkRecordsFlushed, RecordRun
-from contextful.storage.errors import CommitConflict
+from contextful.storage.errors import CommitConflict, ContextfulError, first_line
 from contextful.storage.fold import fold_table
 from contextful.storage.manifest import RunManifest
 from contextful.storage.reserved import RUNS_TABLE
@@ -55,10 +60,29 @@ RUNS_SCHEMA = pa.schema([
     ("manifest", pa.string()),
     ("downgrade_events", pa.int64()),
     ("bound_hits", pa.list_(pa.struct([("step", pa.string()), ("attempt", pa.int64()), ("bound", pa.string())]))),
+    ("error", pa.string()),
+    ("detail", pa.string()),
 ])
-"""``bound_hits`` (``run.retry.bound-hit-recorded``): every connector bound the run's pulls struck,
+"""``error`` and ``detail`` (fail rows): the name of the error the run was given up on and one line
+of its message, masked.
+``bound_hits`` (``run.retry.bound-hit-recorded``): every connector bound the run's pulls struck,
 with the pull's step label and attempt, a hit a later attempt recovered from included; a run
 records them in its manifest's ``meta["bound_hits"]``."""
+
+
+@dataclass(frozen=True)
+class RunFailure:
+    """Why a run landed nothing: its error's name and one line of its message."""
+
+    error: str
+    detail: str
+
+    @classmethod
+    def of(cls, exc: BaseException, mask: Callable[[str], str]) -> RunFailure:
+        """The failure ``exc`` stands for, its message on one line through ``mask`` (the secret guard)."""
+        name = exc.name if isinstance(exc, ContextfulError) else type(exc).__name__
+        text = exc.detail if isinstance(exc, ContextfulError) else first_line(exc)
+        return cls(name, mask(" ".join(part.strip() for part in text.splitlines() if part.strip())))
 
 
 class RunRecord:
@@ -79,6 +103,19 @@ class RunRecord:
         self.wrote = True
         payload = {"kind": kind, "status": "planned", "recorded_us": now}
         self.store.catalog.record_run(run_id, "plan", table, payload, now)
+
+    def fail(self, run_id: str, table: str, kind: str, failure: RunFailure) -> None:
+        """The fail row of a run given up on ``failure`` (it landed nothing); a failure to write it is
+        logged, never raised: the caller is raising the run's own error."""
+        now = self.store.clock.now_us()
+        payload = {"kind": kind, "status": "failed", "recorded_us": now, "error": failure.error,
+                   "detail": failure.detail}
+        try:
+            self.store.catalog.record_run(run_id, "fail", table, payload, now)
+        except Exception as exc:  # noqa: BLE001 - must not hide the error the run failed on
+            log.warning("recording the failure of run %s failed: %s", run_id, exc)
+            return
+        self.wrote = True
 
     def commit_update(self, run_id: str, table: str, manifest: RunManifest, manifest_path: str) -> RecordRun:
         """The commit row, to ride inside the run's own catalog commit."""
@@ -149,7 +186,7 @@ class RunRecord:
     # --- reading --------------------------------------------------------------------------------
 
     def history(self) -> pa.Table:
-        """Every run's plan and commit rows: ``_runs`` merged with the cache, latest row winning."""
+        """Every run's plan, commit and fail rows: ``_runs`` merged with the cache, latest row winning."""
         cached = pa.Table.from_pylist(
             [_row(r.run_id, r.phase, r.table, r.payload) for r in self.store.catalog.run_records()],
             schema=RUNS_SCHEMA,
@@ -180,4 +217,6 @@ def _row(run_id: str, phase: str, table: str, payload: dict[str, Any]) -> dict[s
         "manifest": payload.get("manifest"),
         "downgrade_events": payload.get("downgrade_events"),
         "bound_hits": payload.get("bound_hits") or [],
+        "error": payload.get("error"),
+        "detail": payload.get("detail"),
     }

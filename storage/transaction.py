@@ -54,6 +54,7 @@ from contextful.storage.reserved import RESERVED_TABLES, check_modality
 from contextful.storage.staging import StagingLease
 
 if TYPE_CHECKING:
+    from contextful.storage.run_record import RunFailure
     from contextful.storage.table import Table
 
 log = logging.getLogger(__name__)
@@ -346,11 +347,17 @@ class RunTransaction:
         """Whether the commit was sent and its outcome could not be learned (nothing is deleted)."""
         return self._outcome_unknown
 
-    def abort(self) -> None:
-        """Drop the staged parts; the run lands nothing. After an unknown commit outcome, nothing."""
+    def abort(self, failure: RunFailure | None = None) -> None:
+        """Drop the staged parts; the run lands nothing. After an unknown commit outcome, nothing.
+
+        ``failure``: why the run is given up; a recorded run writes it as its fail row
+        (``storage.run_record``), so its history shows it failed.
+        """
         if self._done:
             return
         self._done = True
+        if failure is not None and self._recorded:
+            self.store.runs.fail(self.run_id, self.table.name, self.kind, failure)
         try:
             self._settle()
         except Exception as exc:  # noqa: BLE001 - giving the run up anyway; its written parts go below

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import click
-from contextful.engine.cli.output import emit_json, emit_rows
+from contextful.engine.cli.output import declared, emit_json, emit_rows
 
 if TYPE_CHECKING:
     from contextful.engine.config import Manifest
@@ -34,15 +34,16 @@ def build_run(ctx: click.Context, models: tuple[str, ...]) -> None:
     line per failed model; models reading a failed one are skipped. Exits with the first failure's code.
     """
     from contextful.engine.cli.errors import error_line
+    from contextful.engine.cli.pipeline import _manifest, _store
     from contextful.engine.model.build import build_each
 
-    manifest, store = _open(ctx)
+    manifest = _manifest(ctx)
     known = {m.name for m in manifest.models}
     unknown = [m for m in models if m not in known]
-    if unknown:
-        raise click.BadParameter(f"no model {', '.join(map(repr, unknown))} (declared: {', '.join(sorted(known))})",
+    if unknown:  # before the store opens: a mistyped name touches nothing
+        raise click.BadParameter(f"no model {', '.join(map(repr, unknown))} ({declared(known)})",
                                  param_hint="MODEL")
-    with store:
+    with _store(ctx, manifest) as store:
         outcomes = build_each(store, manifest, list(models) or None)
     if ctx.obj["json"]:
         emit_json([o.to_json() for o in outcomes])
@@ -133,5 +134,11 @@ def build_status_command(ctx: click.Context) -> None:
     if ctx.obj["json"]:
         emit_json([s.to_json() for s in found])
         return
-    emit_rows(["model", "build_id", "stale_inputs", "why"],
-              [(s.model, s.build_id, ", ".join(s.stale_inputs) or "-", "; ".join(s.why) or "-") for s in found])
+    for s in found:  # what --json says, in words: a block per model, nothing cut short
+        built = f"build {s.build_id}" if s.build_id is not None else "no build published"
+        click.echo(f"{s.model}: {built}, {'stale' if s.stale else 'current'}")
+        click.echo(f"  watermark: {', '.join(f'{k}@{v}' for k, v in s.watermark.items()) or '-'}")
+        click.echo(f"  stale inputs: {', '.join(s.stale_inputs) or 'none'}")
+        click.echo(f"  changed: {', '.join(s.changed) or 'nothing'}")
+        if s.why:
+            click.echo(f"  why: {'; '.join(s.why)}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
-from contextful.engine.cli.output import emit_issued, emit_json, emit_rows
+from contextful.engine.cli.output import declared, emit_issued, emit_json, emit_rows
 
 
 @click.group()
@@ -24,7 +26,7 @@ def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
     known = {e.name for e in manifest.exports}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise click.BadParameter(f"no export {', '.join(map(repr, unknown))} (declared: {', '.join(sorted(known))})",
+        raise click.BadParameter(f"no export {', '.join(map(repr, unknown))} ({declared(known)})",
                                  param_hint="NAME")
     def show(p: ExportProgress) -> None:
         progress_line(f"{p.export}: {p.rows:,} rows written, {p.rows / max(p.seconds, 1e-9):,.0f} rows/s")
@@ -60,13 +62,27 @@ def export_status_command(ctx: click.Context) -> None:
         emit_json([s.to_json() for s in found])
         return
 
-    def source(s: dict | None) -> str:
-        if s is None:
-            return "-"
-        return f"{s['name']} build {s['build_id']}" if s["kind"] == "model" else f"{s['name']}@{s['commit_seq']}"
+    for s in found:  # what --json says, in words: a block per export
+        click.echo(f"{s.export}: {s.identifier} (credential {s.credential})")
+        if s.snapshot_id is None:
+            click.echo("  snapshot: none yet (run `contextful export run`)")
+            continue
+        click.echo(f"  snapshot: {s.snapshot_id}")
+        click.echo(f"  source read: {_source_read(s.source)}")
+        click.echo(f"  rows: {_count(s.rows)}, files: {_count(s.files)}")
 
-    emit_rows(["export", "table", "snapshot_id", "source", "rows", "files"],
-              [(s.export, s.identifier, s.snapshot_id, source(s.source), s.rows, s.files) for s in found])
+
+def _source_read(source: dict[str, Any] | None) -> str:
+    """What the current snapshot holds, in words."""
+    if source is None:
+        return "unknown (another writer committed the current snapshot)"
+    if source["kind"] == "model":
+        return f"model {source['name']} build {source['build_id']}"
+    return f"table {source['name']} at commit_seq {source['commit_seq']}"
+
+
+def _count(n: int | None) -> str:
+    return "unknown" if n is None else f"{n:,}"
 
 
 @export.group("key")
@@ -88,7 +104,7 @@ def key_issue(ctx: click.Context, credential: str) -> None:
     admitted = preflight(manifest)
     if credential not in admitted:
         raise ReaderCredentialUnadmitted(
-            f"credential {credential!r} is admitted by no [[export]] (declared: {', '.join(sorted(admitted)) or 'none'})")
+            f"credential {credential!r} is admitted by no [[export]] ({declared(admitted)})")
     issued = readers.issue(manifest.root, credential)
     emit_issued(ctx, issued, f"reader key {issued.key.key_id} for credential {credential!r}")
 

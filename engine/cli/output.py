@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable, Iterator
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -30,16 +31,22 @@ WRITE_CHUNK = 1 << 16
 def emit_json(value: Any) -> None:
     """``value`` as indented JSON on stdout, encoded and written a chunk at a time (a large answer
     is never one string in memory, and a reader that leaves mid-answer is an error, not a silent cut)."""
+    for chunk in json_chunks(value):
+        write_stdout(chunk)
+
+
+def json_chunks(value: Any) -> Iterator[str]:
+    """``value`` as indented JSON with a final newline, in pieces of about WRITE_CHUNK characters."""
     pending: list[str] = []
     size = 0
     for piece in json.JSONEncoder(default=_default, indent=1).iterencode(value):
         pending.append(piece)
         size += len(piece)
         if size >= WRITE_CHUNK:
-            write_stdout("".join(pending))
+            yield "".join(pending)
             pending, size = [], 0
     pending.append("\n")
-    write_stdout("".join(pending))
+    yield "".join(pending)
 
 
 def write_stdout(text: str) -> None:
@@ -62,22 +69,34 @@ def write_stdout(text: str) -> None:
     buffer.flush()
 
 
+_ESCAPES = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
+"""A cell's line breaks and tabs, shown as their escapes so one row stays one line."""
+
+
 def _cell(value: Any) -> str:
     text = "NULL" if value is None else (value.isoformat() if isinstance(value, datetime) else str(value))
+    text = text.translate(_ESCAPES)
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
-def emit_rows(columns: list[str], rows: list[tuple[Any, ...]], total: int | None = None) -> None:
-    """A fixed-width text table of ``rows`` (at most MAX_TEXT_ROWS shown)."""
-    shown = [[_cell(v) for v in row] for row in rows[:MAX_TEXT_ROWS]]
+def emit_rows(columns: list[str], rows: list[tuple[Any, ...]], total: int | None = None,
+              limit: int = MAX_TEXT_ROWS) -> None:
+    """A fixed-width text table of ``rows`` (at most ``limit`` shown; ``total``: rows there were)."""
+    shown = [[_cell(v) for v in row] for row in rows[:limit]]
     widths = [max([len(c)] + [len(r[i]) for r in shown]) for i, c in enumerate(columns)]
     click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
     click.echo("  ".join("-" * w for w in widths))
     for row in shown:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
     total = len(rows) if total is None else total
-    suffix = f" (first {MAX_TEXT_ROWS} shown)" if total > len(shown) else ""
+    suffix = f" (first {len(shown)} shown)" if total > len(shown) else ""
     click.echo(f"({total} row{'s' if total != 1 else ''}){suffix}")
+
+
+def declared(names: Iterable[str]) -> str:
+    """``declared: a, b`` naming what a manifest declares, or ``none declared`` (for an unknown name's message)."""
+    ordered = sorted(names)
+    return f"declared: {', '.join(ordered)}" if ordered else "none declared"
 
 
 def emit_pairs(pairs: list[tuple[str, Any]]) -> None:
@@ -87,9 +106,15 @@ def emit_pairs(pairs: list[tuple[str, Any]]) -> None:
 
 
 def describe_event(event: dict[str, Any]) -> str:
-    """One line for a downgrade event: where, what arrived, what landed, and why."""
-    return (f"downgrade {event['table']}.{event['path']}: arrived {event['source_type']},"
-            f" landed {event['landed_type']} ({event['reason']})")
+    """One line for a downgrade event: where, what arrived, what landed, and why.
+
+    An arrived type that landed as it is widened the column to hold it (``storage.reconcile``): the
+    line says so, instead of "arrived double, landed double" beside a widening.
+    """
+    where = f"downgrade {event['table']}.{event['path']}"
+    if event["source_type"] == event["landed_type"]:
+        return f"{where}: {event['reason']} to hold the {event['source_type']} that arrived"
+    return f"{where}: arrived {event['source_type']}, landed {event['landed_type']} ({event['reason']})"
 
 
 def progress_line(text: str) -> None:

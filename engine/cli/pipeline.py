@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from contextful.engine.cli.output import (
+    declared,
     describe_event,
     emit_issued,
     emit_json,
@@ -18,6 +19,7 @@ from contextful.engine.cli.values import at_least
 
 if TYPE_CHECKING:
     from contextful.engine.config import Manifest
+    from contextful.engine.land.pipeline import PipelinePlan
     from contextful.storage import Store
 
 
@@ -38,7 +40,7 @@ def _check_ids(manifest: Manifest, ids: tuple[str, ...]) -> list[str] | None:
     known = {p.id for p in manifest.pipelines}
     unknown = [i for i in ids if i not in known]
     if unknown:
-        raise click.BadParameter(f"no pipeline {', '.join(map(repr, unknown))} (declared: {', '.join(sorted(known))})",
+        raise click.BadParameter(f"no pipeline {', '.join(map(repr, unknown))} ({declared(known)})",
                                  param_hint="ID")
     return list(ids) or None
 
@@ -103,9 +105,8 @@ def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
     if ctx.obj["json"]:
         emit_json([p.to_json() for p in plans])
         return
-    emit_rows(["pipeline", "table", "inputs to pull", "bytes", "already landed", "changed"],
-              [(p.pipeline, p.table, len(p.pull), sum(i.size - i.offset for i in p.pull), len(p.skip), len(p.changed))
-               for p in plans])
+    for p in plans:
+        _print_plan(p)
     from contextful.engine.land.http import rereads_warning
 
     for spec in manifest.in_dependency_order(selected):
@@ -115,6 +116,36 @@ def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
         for item in p.changed:
             click.echo(f"warning: pipeline {p.pipeline!r}: input {item.path} changed since it landed; a run fails "
                        "it with InputChanged", err=True)
+
+
+PLAN_INPUTS_SHOWN = 5
+"""Inputs to pull a plan's text names before it gives the count of the rest (``--json`` lists all)."""
+
+
+def _print_plan(p: PipelinePlan) -> None:
+    """What ``--json`` says of one pipeline's plan, in words."""
+    import json
+
+    click.echo(f"{p.pipeline} -> {p.table} ({p.source})")
+    if p.source == "files":
+        size = sum(i.size - i.offset for i in p.pull)
+        click.echo(f"  inputs to pull: {len(p.pull)} ({size:,} bytes)")
+        for item in p.pull[:PLAN_INPUTS_SHOWN]:
+            start = f", from byte {item.offset:,}" if item.offset else ""
+            click.echo(f"    {item.path} ({item.size - item.offset:,} bytes{start})")
+        if len(p.pull) > PLAN_INPUTS_SHOWN:
+            click.echo(f"    … and {len(p.pull) - PLAN_INPUTS_SHOWN:,} more (--json lists every one)")
+        click.echo(f"  already landed: {len(p.skip)}")
+        for item in p.changed:
+            click.echo(f"  changed since it landed: {item.path}")
+    elif p.source == "http":
+        position = json.dumps(p.position) if p.position is not None else "none (a first run starts from the beginning)"
+        click.echo(f"  stored position: {position}")
+        click.echo(f"  first request: {p.first_request}")
+        click.echo("  rereads all: " + ("yes, every run reads the whole source (no incremental field)"
+                                        if p.rereads_all else "no"))
+    else:
+        click.echo("  nothing to pull: senders push batches to it (contextful pipeline serve)")
 
 
 @pipeline.command()
@@ -131,8 +162,11 @@ def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float) -> None
 
     def show(p: Progress) -> None:
         rate = p.bytes_read / max(p.seconds, 1e-9) / 2**20
-        progress_line(f"{p.pipeline}: {p.inputs_done}/{p.inputs_total} inputs, {p.rows:,} rows,"
-                      f" {p.bytes_read / 2**20:,.1f} MiB read, {p.tables} table(s), {rate:,.1f} MiB/s")
+        unit = p.unit if p.done != 1 or p.total is not None else p.unit.removesuffix("s")
+        done = f"{p.done:,}/{p.total:,} {unit}" if p.total is not None else f"{p.done:,} {unit}"
+        moved = "read" if p.unit == "inputs" else "staged"
+        progress_line(f"{p.pipeline}: {done}, {p.rows:,} rows, {p.bytes_read / 2**20:,.1f} MiB {moved},"
+                      f" {p.tables} table(s), {rate:,.1f} MiB/s")
 
     with _store(ctx, manifest, create=True) as store:
         results = run_pipelines(store, manifest, selected, checkpoint_bytes=int(checkpoint_mib * 2**20),

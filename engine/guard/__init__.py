@@ -44,6 +44,7 @@ from contextful.engine.guard.arrow import (
 from contextful.engine.guard.catalogue import FAMILIES, Family, Finding, mask_text, scan_text
 from contextful.engine.guard.escapes import mask_all
 from contextful.engine.guard.names import mask_name
+from contextful.storage.run_record import RunFailure
 
 __all__ = [
     "FAMILIES",
@@ -58,10 +59,22 @@ __all__ = [
     "mask_message",
     "mask_name",
     "mask_text",
+    "masked_failure",
     "scan_text",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def masked_failure(exc: BaseException) -> RunFailure | None:
+    """What a run given up on ``exc`` records as its fail row: the error's name, its message masked.
+
+    None for :class:`CommitOutcomeUnknown`: the run may have landed, so it is not recorded as failed
+    (an outcome that cannot be classified is not a failure).
+    """
+    from contextful.storage.errors import CommitOutcomeUnknown
+
+    return None if isinstance(exc, CommitOutcomeUnknown) else RunFailure.of(exc, mask_message)
 
 
 def log_masked(pipeline: str, pull_label: str, masked: Mapping[str, int], renamed: Sequence[str] = ()) -> None:

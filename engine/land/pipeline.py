@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contextful.engine.config.manifest import Manifest, PipelineSpec
-from contextful.engine.guard import mask_message
+from contextful.engine.guard import mask_message, masked_failure
 from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs
@@ -43,6 +43,7 @@ from contextful.engine.land.sink import LandingSink
 from contextful.engine.land.walk import run_http_pipeline
 from contextful.storage import Store
 from contextful.storage.errors import ContextfulError, Incompatible, NotFound
+from contextful.storage.run_record import RunFailure
 
 CHECKPOINT_BYTES = 512 * 1024 * 1024
 STAGE_ROWS = 1_000_000
@@ -170,6 +171,7 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     fmt = spec.source.config.get("format")
     pending = int(landed != stored)  # renames and old entries carried forward commit too
     bytes_read = 0
+    since_commit: list[str] = []  # the inputs the next commit lands: its runs' manifests name them
     try:
         for done, item in enumerate(plan.pull):
             point = sink.savepoint()
@@ -179,28 +181,33 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                     sink.stage(chunk, f"input {item.path}")
                 sink.flush()  # its rows meet the table's schema now, while a clash is still this input's
             except (Incompatible, NotFound) as exc:  # this input alone fails, by name
-                sink.rollback_to(point)
-                result.failures.append(_failure(item, exc))
+                failed = _failure(item, exc)
+                sink.rollback_to(point, RunFailure(failed.error, failed.detail))
+                result.failures.append(failed)
                 continue
             landed[item.name] = item.entry()
             result.inputs_landed.append(item.path)
             if journal is not None:
                 journal.pulled(f"input {item.path}", {"input": item.name, "entry": item.entry(), "from": item.offset})
             pending += 1
+            since_commit.append(item.path)
             bytes_read += item.size - item.offset
             if progress is not None:
                 progress(Progress(spec.id, done + 1, len(plan.pull), sink.landings[spec.table].rows + sink.staged_rows,
                                   bytes_read, len(sink.landings), time.monotonic() - started))
             if sink.staged_reach(checkpoint_bytes):  # a checkpoint, at an input boundary
                 position = {"kind": "files", "inputs": dict(landed)}
-                committed = sink.commit(cursor_scope(spec), position)
-                pending = 0
+                committed = sink.commit(cursor_scope(spec), position, {"inputs": since_commit})
+                pending, since_commit = 0, []
                 if journal is not None and committed is not None:
                     journal.checkpoint(position, committed)
         if pending:
-            sink.commit(cursor_scope(spec), {"kind": "files", "inputs": dict(landed)})
-    finally:
-        sink.abort()  # what is still staged did not commit
+            sink.commit(cursor_scope(spec), {"kind": "files", "inputs": dict(landed)}, {"inputs": since_commit})
+    except BaseException as exc:
+        sink.abort(masked_failure(exc))  # what is still staged did not commit, and why
+        raise
+    first = result.failures[0] if result.failures else None  # an input failed: the run records it
+    sink.abort(RunFailure(first.error, first.detail) if first is not None else None)
     result.tables = sink.results()
     result.seconds = time.monotonic() - started
     return result

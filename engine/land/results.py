@@ -81,10 +81,18 @@ class PipelineResult:
 
 @dataclass(frozen=True)
 class Progress:
+    """How far a pipeline run is: called after each input (files) or page (http) it staged."""
+
     pipeline: str
-    inputs_done: int
-    inputs_total: int
+    done: int
+    """Inputs (files) or pages (http) pulled so far."""
+    total: int | None
+    """Inputs the run pulls (files); None for pages, whose count a walk learns only at its end."""
     rows: int
+    """Rows landed and staged so far."""
     bytes_read: int
+    """Input bytes read (files); bytes landed and staged (http)."""
     tables: int
     seconds: float
+    unit: str = "inputs"
+    """What ``done`` counts: ``inputs`` or ``pages``."""

@@ -52,6 +52,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from contextful.engine.config.manifest import PipelineSpec, SourceSpec
+from contextful.engine.guard import masked_failure
 from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, check_config, list_inputs
@@ -214,8 +215,12 @@ def land_seed(store: Store, root: Path, pipeline_id: str, table_name: str, prima
             return SeedOutcome("skipped-equal", current, 0, None, None)
         if landed == seed_fingerprint(inputs, old_form=True):  # carried forward: later moves keep it
             txn = store.table(table_name).transaction("append", meta={"pipeline": pipeline_id, "seed": True})
-            txn.set_cursor(scope, {**committed[0], "fingerprint": current})
-            txn.commit()
+            try:
+                txn.set_cursor(scope, {**committed[0], "fingerprint": current})
+                txn.commit()
+            except BaseException as exc:
+                txn.abort(masked_failure(exc))
+                raise
             return SeedOutcome("skipped-equal", current, 0, None, None)
         raise PipelineSeedSourceChanged(pipeline_id, str(landed), current)
     spec = PipelineSpec(pipeline_id, SourceSpec("files", {"paths": list(seed.paths)}), table_name, normalize=normalize,
@@ -229,6 +234,9 @@ def land_seed(store: Store, root: Path, pipeline_id: str, table_name: str, prima
                 check_ceiling(pipeline_id, order_by, seed.ceiling, typed)  # before anything is staged
                 sink.stage(typed, f"seed input {item.path}", typed=True)
         result = sink.commit(scope, {"kind": "seed", "fingerprint": current, "ceiling": seed.ceiling})
+    except BaseException as exc:
+        sink.abort(masked_failure(exc))
+        raise
     finally:
         sink.abort()
     assert result is not None

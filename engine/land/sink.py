@@ -42,7 +42,14 @@ from contextful.engine.land.results import TableLanding
 from contextful.engine.land.typed import apply_types, read_types
 from contextful.storage import Store
 from contextful.storage.keys import check_keys
-from contextful.storage.transaction import CommitResult, RunTransaction, Savepoint, commit_together
+from contextful.storage.run_record import RunFailure
+from contextful.storage.transaction import (
+    CommitResult,
+    RunTransaction,
+    Savepoint,
+    commit_together,
+    new_run_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +138,7 @@ class LandingSink:
         self._names: dict[str, LandedNames] = {}
         self._batches = 0
         self._pull = ("", 0)  # the last pull staged and the rows staged from it so far
+        self._failures: set[RunFailure] = set()  # the failures some run of this sink recorded
 
     # --- staging --------------------------------------------------------------------------------
 
@@ -223,14 +231,15 @@ class LandingSink:
         return SinkPoint({name: s.txn.savepoint() for name, s in self._staging.items()},
                          {t: dict(c) for t, c in self._masked.items()})
 
-    def rollback_to(self, point: SinkPoint) -> None:
+    def rollback_to(self, point: SinkPoint, failure: RunFailure | None = None) -> None:
+        """Forget what was staged after ``point``; a run first opened after it is given up on ``failure``."""
         for name in list(self._staging):
             staging = self._staging[name]
             staging.buffered, staging.buffered_rows, staging.buffered_bytes = [], 0, 0
             if name in point.points:
                 staging.txn.rollback_to(point.points[name])
             else:  # a table first touched after the point
-                staging.txn.abort()
+                self._give_up(staging.txn, failure)
                 del self._staging[name]
         self._masked = {t: dict(c) for t, c in point.masked.items()}
         self._names = {name: LandedNames(name, p.schema) for name, p in point.points.items()}
@@ -258,9 +267,13 @@ class LandingSink:
                     staging.txn.meta["masked_cells"] = self._masked[name]
                 if name == self.spec.table and scope is not None:
                     staging.txn.set_cursor(scope, position)
+                if len(names) > 1:  # each run names the runs it landed with (``contextful run show``)
+                    staging.txn.meta["tables"] = {n: self._staging[n].txn.run_id for n in names}
             committed = commit_together([self._staging[name].txn for name in names])
-        except BaseException:
-            self.abort()
+        except BaseException as exc:
+            from contextful.engine.guard import masked_failure
+
+            self.abort(masked_failure(exc))
             raise
         self._staging.clear()
         result: CommitResult | None = None
@@ -273,13 +286,26 @@ class LandingSink:
                 result = landed
         return result
 
-    def abort(self) -> None:
-        """Drop everything staged since the last commit."""
+    def abort(self, failure: RunFailure | None = None) -> None:
+        """Drop everything staged since the last commit.
+
+        ``failure``: why. Each dropped run records it; when no run of this sink holds it (the
+        pipeline failed before staging a row), a fail row of its own on the pipeline's table does,
+        so the run history shows every failed pipeline run.
+        """
         for staging in self._staging.values():
-            staging.txn.abort()
+            self._give_up(staging.txn, failure)
+        if failure is not None and failure not in self._failures:
+            self.store.runs.fail(new_run_id(), self.spec.table, "append", failure)
+            self._failures.add(failure)
         self._staging.clear()
         self._masked.clear()
         self._names.clear()
+
+    def _give_up(self, txn: RunTransaction, failure: RunFailure | None) -> None:
+        txn.abort(failure)
+        if failure is not None:
+            self._failures.add(failure)
 
     def results(self) -> list[TableLanding]:
         """The root table's landing first, then each child table's."""

@@ -36,6 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 from contextful.engine.config.manifest import PipelineSpec
+from contextful.engine.guard import masked_failure
 from contextful.engine.land.clocks import ClockReader, span
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.decode_child import conform
@@ -155,6 +156,9 @@ def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, sco
             run.watermark_walk(position, tracker, progress, started)
         else:
             run.url_walk(position, config, progress, started)
+    except BaseException as exc:
+        run.sink.abort(masked_failure(exc))  # each run staged since the last commit records why
+        raise
     finally:
         run.abort()
         result.tables = run.sink.results()
@@ -194,9 +198,9 @@ class _Run:
     def report(self, progress: Callable[[Progress], None] | None, started: float) -> None:
         if progress is not None:
             landed = self.sink.landings[self.spec.table]
-            progress(Progress(self.spec.id, self.walker.pages, 0, landed.rows + self.sink.staged_rows,
+            progress(Progress(self.spec.id, self.walker.pages, None, landed.rows + self.sink.staged_rows,
                               landed.bytes + self.sink.staged_bytes_written, len(self.sink.landings),
-                              time.monotonic() - started))
+                              time.monotonic() - started, unit="pages"))
 
     # --- the two walks ---------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
+from contextful.engine.guard import masked_failure
 from contextful.engine.model.conform import conform
 from contextful.engine.model.contract import check_contract
 from contextful.engine.model.spec import Contract, ModelSpec, ModelTest, case_clash
@@ -185,8 +186,8 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
             _stage(spec, reader, txn, checks)
             _check(con, spec, txn.staged_uris, schema)
             result = txn.commit()
-        except BaseException:
-            txn.abort()
+        except BaseException as exc:
+            txn.abort(masked_failure(exc))
             raise
     finally:
         con.close()

@@ -5,7 +5,8 @@ a superseded owner retires by operator verb or applied declaration, never at ope
 retires the owner holding the execution and leaves the scope's committed position alone: the
 rows and cursor its commits landed stay, and the next run starts a new execution from that
 position. An owner whose attempt still holds an unexpired lease (its holder is not provably dead)
-refuses with :class:`ExecutionRewindUnsafe`; ``force`` overrides none of that.
+refuses with :class:`ExecutionRewindUnsafe`; nothing overrides that (the spec's "--force overrides
+none"), so the command has no ``--force``.
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ class Rewound:
     reason: str
 
 
-def rewind(journal: JournalStore, execution_id: str, reason: str, *, force: bool = False,
-           clock: Clock | None = None) -> Rewound:
-    """Retire the pending owner holding ``execution_id``; ``force`` changes nothing (spec)."""
-    del force  # named so callers can pass it; it overrides none of the refusals below
+def rewind(journal: JournalStore, execution_id: str, reason: str, *, clock: Clock | None = None) -> Rewound:
+    """Retire the pending owner holding ``execution_id``."""
     if not reason.strip():
         raise ExecutionNotFound(execution_id, "a rewind needs a --reason")
     now = (clock or SystemClock()).now_us()

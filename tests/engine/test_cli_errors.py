@@ -88,6 +88,7 @@ def args_for(words: tuple[str, ...], root: Path, port: int) -> list[str]:
         ("table", "fold"): ["events"],
         ("table", "drop"): ["events", "--force"],
         ("run", "rewind"): ["0" * 32, "--reason", "test"],
+        ("run", "show"): ["r0"],
         ("pipeline", "serve"): ["--http", f"127.0.0.1:{port}"],
         ("build", "hold"): ["by_kind", "1"],
         ("build", "release"): ["by_kind", "1"],

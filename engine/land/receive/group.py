@@ -39,7 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 from contextful.engine.config.manifest import Manifest, PipelineSpec
-from contextful.engine.guard import mask_message
+from contextful.engine.guard import mask_message, masked_failure
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig
 from contextful.engine.land.receive.spool import DIGEST_HEX, LANDED, Member, Queue, key_digest, queue_root
@@ -217,9 +217,9 @@ def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Mem
             if group:
                 runs.append(_stage(store, spec, queue, table, group, data))
         landing.commits.extend(commit_together(runs))
-    except BaseException:
+    except BaseException as exc:
         for run in runs:
-            run.abort()  # after an unknown outcome this deletes nothing
+            run.abort(masked_failure(exc))  # after an unknown outcome this deletes nothing
         raise
 
     now = clock.now_us()
@@ -319,8 +319,8 @@ def _stage(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: li
                                               "rows": m.rows.get(table, 0), "member": m.id,
                                               "tables": touched_tables(spec, [m])})
             for m in group))
-    except BaseException:
-        txn.abort()
+    except BaseException as exc:
+        txn.abort(masked_failure(exc))
         raise
     return txn
 

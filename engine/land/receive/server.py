@@ -253,7 +253,8 @@ def receive_routes(receivers: dict[str, Receiver], root: Path) -> list[Route]:
             exchange.send_error(error, status=411, close=True)
             return
         key = exchange.headers.get(KEY_HEADER)
-        what = f"batch {key!r} of pipeline {pipeline!r}"
+        what = (f"batch {key!r} of pipeline {pipeline!r}" if key is not None
+                else f"a batch without a {KEY_HEADER} header to pipeline {pipeline!r}")
         limit = receiver.config.max_body_bytes
         exchange.check_length(limit, what)
         try:

@@ -68,11 +68,13 @@ def test_rewind_retires_the_pending_owner_and_keeps_the_committed_position(proje
 
 
 @pytest.mark.clause("run.own.rewind-unsafe")
-def test_rewind_refuses_an_owner_whose_attempt_holds_its_lease_even_forced(project: Path) -> None:
+def test_rewind_refuses_an_owner_whose_attempt_holds_its_lease_and_nothing_overrides_it(project: Path) -> None:
     execution = _pending(project, f"{socket.gethostname()}:{os.getpid()}:alive")
-    for extra in ((), ("--force",)):
-        out = contextful(project, "run", "rewind", execution, "--reason", "stuck?", *extra, check=False)
-        assert out.returncode == 5 and "ExecutionRewindUnsafe" in out.stderr and execution in out.stderr
+    out = contextful(project, "run", "rewind", execution, "--reason", "stuck?", check=False)
+    assert out.returncode == 5 and "ExecutionRewindUnsafe" in out.stderr and execution in out.stderr
+    assert "once that attempt has ended or its lease has lapsed" in out.stderr
+    forced = contextful(project, "run", "rewind", execution, "--reason", "stuck?", "--force", check=False)
+    assert forced.returncode == 5 and "ExecutionRewindUnsafe" in forced.stderr  # --force overrides none
     listing = json.loads(contextful(project, "--json", "run", "executions").stdout)
     assert [o["status"] for o in listing if o["execution"] == execution] == ["pending"]
     unknown = contextful(project, "run", "rewind", "nope", "--reason", "x", check=False)
