@@ -44,7 +44,6 @@ id = "events"
 table = "events"
 primary_key = ["id"]              # a later row with the same id replaces the earlier one
 # normalize = "relational"        # land lists as child tables (docs/normalization.md)
-# schedule = "every 15m"          # for `contextful pipeline serve`
 
 [pipeline.source]
 kind = "files"
