@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import click
@@ -12,11 +13,17 @@ if TYPE_CHECKING:
     from contextful.storage import Store
 
 
-def _open(ctx: click.Context) -> tuple[Manifest, Store]:
+def _open(ctx: click.Context) -> tuple[Manifest, Store | None]:
+    """The manifest and its store; no store (None) before anything landed: then no model has a
+    build, and the reading commands say so rather than fail or create one."""
     from contextful.engine.cli.pipeline import _manifest, _store
+    from contextful.storage.errors import StoreNotFound
 
     manifest = _manifest(ctx)
-    return manifest, _store(ctx, manifest)
+    try:
+        return manifest, _store(ctx, manifest)
+    except StoreNotFound:
+        return manifest, None
 
 
 @click.group()
@@ -106,14 +113,14 @@ def build_list(ctx: click.Context) -> None:
 
     manifest, store = _open(ctx)
     rows = []
-    with store:
+    with nullcontext() if store is None else store:
         for spec in manifest.models:
-            found = published_build(store, spec.name)
+            found = published_build(store, spec.name) if store is not None else None
             meta = found[1].meta if found else {}
             rows.append({"model": spec.name, "build_id": found[0] if found else None,
                          "watermark": meta.get("watermark", {}),
                          "contract": (meta.get("contract") or {}).get("version"),
-                         "held": [h.build_id for h in holds(store, spec.name)] if found else []})
+                         "held": [h.build_id for h in holds(store, spec.name)] if store is not None and found else []})
     if ctx.obj["json"]:
         emit_json(rows)
         return
@@ -126,11 +133,14 @@ def build_list(ctx: click.Context) -> None:
 @click.pass_context
 def build_status_command(ctx: click.Context) -> None:
     """Each model's published build, stale inputs (older than its max_lag) and why it is stale."""
-    from contextful.engine.model.status import build_status
+    from contextful.engine.model.status import ModelStatus, build_status
 
     manifest, store = _open(ctx)
-    with store:
-        found = build_status(store, manifest)
+    if store is None:
+        found = [ModelStatus(m.name, None) for m in manifest.models]
+    else:
+        with store:
+            found = build_status(store, manifest)
     if ctx.obj["json"]:
         emit_json([s.to_json() for s in found])
         return

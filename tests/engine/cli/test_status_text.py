@@ -42,6 +42,9 @@ def test_build_and_export_status_text_match_their_json(tmp_path: Path) -> None:
     assert before == ["kinds: bi.kinds (credential analysts)", "  snapshot: none yet (run `contextful export run`)"]
     unbuilt = contextful(tmp_path, "build", "status").stdout.splitlines()
     assert unbuilt[0] == "by_kind: no build published, current"
+    listed = json.loads(contextful(tmp_path, "--json", "build", "list").stdout)
+    assert [(r["model"], r["build_id"]) for r in listed] == [("by_kind", None)]
+    assert not (tmp_path / ".contextful").exists()  # reading before anything landed creates no store
 
     for args in (("pipeline", "run"), ("build", "run"), ("export", "run")):
         contextful(tmp_path, *args)
