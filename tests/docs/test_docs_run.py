@@ -228,7 +228,7 @@ def test_the_runner_reports_the_failing_line_and_its_stderr(tmp_path: Path) -> N
         Reader(tmp_path, tmp_path / "p").shell(block)
     message = str(failed.value)
     assert "doc.md block 1 (sh), doc.md:5: `contextful table show nowhere   # fails`" in message
-    assert "error: TableNotFound" in message and "never" not in message
+    assert "error: StoreNotFound" in message and "never" not in message  # no store there: reading creates none
 
 
 def test_the_docs_hold_runnable_blocks() -> None:
