@@ -34,7 +34,7 @@ def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary
             raise InputNotFound(source)
         if os.path.isdir(source):
             raise InputUnreadable(source, "is a directory: table load takes one file")
-    target = store.create_table(table, primary_key)
+    target = store.create_table(table, primary_key, provisional=True)
     owned = decoder is None
     decoder = decoder or Decoder()
     txn = target.transaction("replace" if replace else "append", meta={"source": source})

@@ -182,18 +182,21 @@ class Store:
         return Table(self, head)
 
     def create_table(self, name: str, primary_key: tuple[str, ...] | list[str] = (),
-                     order_by: str | None = None) -> Table:
+                     order_by: str | None = None, *, provisional: bool = False) -> Table:
         """Create ``name`` (or return it when it exists; its primary key is fixed at creation).
 
-        A table this call created is dropped again by the first of its runs to abort, if nothing
-        committed to it by then (:meth:`RunTransaction.abort`): a failed first run leaves no table.
+        ``provisional``: the table is created only for the run about to land on it (a load, a
+        pipeline's or a model's first run, :meth:`append`), so when this call created it, the
+        first of its runs to abort drops it again while nothing committed to it
+        (:meth:`RunTransaction.abort`): a failed first run leaves no table. A table created on
+        purpose (the default) stays, empty, whatever its runs do.
 
         ``order_by`` names the column whose larger value wins a primary-key merge (docs/store.md);
         a keyed table created without one takes it the first time one is declared, by a commit of
         its own (:meth:`Table.declare_order_by`: earlier snapshots answer as before), and keeps it.
         """
         check_table_name(name)
-        table = self._create(name, tuple(primary_key), order_by)
+        table = self._create(name, tuple(primary_key), order_by, provisional)
         if order_by is not None and table.head.order_by is None and table.primary_key:
             table.declare_order_by(order_by)
         return table
@@ -202,7 +205,8 @@ class Store:
         check_table_name(name, reserved_ok=True)
         return self._create(name, primary_key)
 
-    def _create(self, name: str, primary_key: tuple[str, ...], order_by: str | None = None) -> Table:
+    def _create(self, name: str, primary_key: tuple[str, ...], order_by: str | None = None,
+                provisional: bool = False) -> Table:
         head = self.catalog.load_head(name)
         if head is None:
             twin = next((h.name for h in self.catalog.list_heads() if h.name.lower() == name.lower()), None)
@@ -211,7 +215,7 @@ class Store:
             uuid = str(uuidlib.uuid4())
             head = self.catalog.create_table(name, uuid, primary_key, self.clock.now_us(),
                                              order_by if primary_key else None)
-            return Table(self, head, created=head.uuid == uuid)
+            return Table(self, head, created=provisional and head.uuid == uuid)
         return Table(self, head)
 
     def drop_table(self, name: str) -> DropResult:
@@ -236,8 +240,9 @@ class Store:
 
     def append(self, name: str, data: Any, *, primary_key: tuple[str, ...] | list[str] = (),
                **kwargs: Any) -> CommitResult:
-        """Append ``data`` to ``name`` as one run, creating the table on first use."""
-        return self.create_table(name, primary_key).append(data, **kwargs)
+        """Append ``data`` to ``name`` as one run, creating the table on first use (a first append that
+        fails leaves no table)."""
+        return self.create_table(name, primary_key, provisional=True).append(data, **kwargs)
 
     # --- maintenance ----------------------------------------------------------------------------
 

@@ -32,8 +32,8 @@ class Table:
         self.name = head.name
         self.head = head
         self.created = created
-        """Whether this handle's :meth:`Store.create_table` call created the table (a run aborting
-        on it drops it again while nothing has committed to it)."""
+        """Whether this handle's :meth:`Store.create_table` call created the table provisionally (a
+        run aborting on it drops it again while nothing has committed to it)."""
 
     def refresh(self) -> TableHead:
         head = self.store.catalog.load_head(self.name)

@@ -3,10 +3,11 @@
 The sequence is the decision "no representable torn publication": parts are written whole, the
 run manifest is written whole, and only then one catalog commit advances the table head. Until
 that commit the run is invisible; after it, all of it is. A crash in between leaves unreferenced
-objects for collection and nothing a reader can see. A run that aborts on a table its caller just
-created (``Store.create_table``) drops that table again while nothing has committed to it. Runs on
-several tables that must be seen together (a relational landing's root and child tables) land with
-:func:`commit_together`: one catalog commit advances every head or none.
+objects for collection and nothing a reader can see. A run that aborts on a table its caller
+just created for it (``Store.create_table(provisional=True)``) drops that table again while
+nothing has committed to it. Runs on several tables that must be seen together (a relational
+landing's root and child tables) land with :func:`commit_together`: one catalog commit advances
+every head or none.
 
 Staging refuses a batch for a keyed table that lacks a key column or holds a null or NaN key
 (``storage.keys``), reconciles each batch's schema with the table's (``storage.reconcile``; a key

@@ -175,7 +175,7 @@ class LandingSink:
     def _staging_for(self, name: str) -> _Staging:
         if name not in self._staging:
             run_id = self.run_id(name) if self.run_id is not None else None
-            table = self.store.create_table(name, *table_merge(self.spec, name))
+            table = self.store.create_table(name, *table_merge(self.spec, name), provisional=True)
             txn = table.transaction("append", run_id=run_id,
                                                                         meta=dict(self.meta))
             self._staging[name] = _Staging(txn)

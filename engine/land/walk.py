@@ -135,7 +135,7 @@ def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, sco
                       journal: PullJournal | None = None) -> PipelineResult:
     started = time.monotonic()
     config = HttpConfig.from_config(spec.source.config)
-    table = store.create_table(spec.table, spec.primary_key)
+    table = store.create_table(spec.table, spec.primary_key, provisional=True)
     stored = table.cursor(scope)
     position = open_position(scope, stored[0] if stored else None, spec.incremental)  # before any request
     schedule = RetrySchedule.from_config(config.retry, where=f"[[pipeline]] {spec.id!r} source.config.retry")

@@ -178,7 +178,7 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
         except duckdb.Error as exc:
             raise QueryInvalid(spec.sql, first_line(exc)) from exc
         meta = {"model": spec.name, "watermark": watermark, "chain": chains, **definition(spec, known)}
-        txn = store.create_table(spec.name).transaction("replace", meta=meta, record=spec.record,
+        txn = store.create_table(spec.name, provisional=True).transaction("replace", meta=meta, record=spec.record,
                                                          own_schema=True)
         checks = con.cursor()  # the exactness checks run beside the streaming result
         try:

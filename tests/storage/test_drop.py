@@ -48,3 +48,21 @@ def test_collect_removes_what_a_dropped_table_left(store: Store) -> None:
     store.objects.put_bytes(late, b"late")
     assert late in store.collect(grace_seconds=0).orphans
     assert not store.objects.exists(late)
+
+
+def test_a_failed_first_run_drops_only_a_table_created_for_it(store: Store) -> None:
+    from contextful.storage.errors import PrimaryKeyNull
+
+    bad = pa.table({"k": [1, None]})
+    with pytest.raises(PrimaryKeyNull):
+        store.append("provisional", bad, primary_key=["k"])  # created for this run: it goes with it
+    assert "provisional" not in store.table_names()
+    on_purpose = store.create_table("kept_empty", ["k"])
+    with pytest.raises(PrimaryKeyNull):
+        on_purpose.append(bad)
+    assert store.table("kept_empty").refresh().commit_seq == 0  # created on purpose: it stays, empty
+    landed = store.create_table("landed", ["k"], provisional=True)
+    landed.append(pa.table({"k": [1]}))
+    with pytest.raises(PrimaryKeyNull):
+        landed.append(bad)  # a later run's failure never drops a table something committed to
+    assert store.table("landed").count() == 1

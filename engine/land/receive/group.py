@@ -310,7 +310,7 @@ def _stage(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: li
     stem = run_stem(digest, table)
     run_id = attempt_run_id(stem, queue.index.next_attempt(stem))
     rows = pa.concat_tables([data[m.id, table] for m in group])  # each conformed to the group's schema
-    txn = store.create_table(table, *table_merge(spec, table)).transaction(
+    txn = store.create_table(table, *table_merge(spec, table), provisional=True).transaction(
         "append", run_id=run_id, meta={"pipeline": spec.id, "receive_group": keys, "receive_digest": digest})
     try:
         txn.stage(rows)
