@@ -23,10 +23,12 @@ from tests.support.cli import contextful_in
 READERS = (
     ("table", "list"), ("table", "show", "events"), ("table", "fold", "events"), ("sql", "SELECT 1"),
     ("run", "history"), ("run", "executions"), ("run", "rewind", "x", "--reason", "r"), ("store", "collect"),
-    ("build", "hold", "m", "1"), ("build", "release", "m", "1"), ("build", "list"), ("build", "status"),
-    ("build", "run"), ("export", "run"),
+    ("build", "hold", "m", "1"), ("build", "release", "m", "1"), ("build", "run"), ("export", "run"),
 )
 """Commands that read or maintain an existing store: none may create one."""
+
+UNLANDED = (("build", "list"), ("build", "status"))
+"""Commands that answer before anything landed (every model unbuilt), creating nothing."""
 
 MANIFEST = ('[project]\nname = "disc"\n\n[[pipeline]]\nid = "events"\n\n[pipeline.source]\nkind = "files"\n\n'
             '[pipeline.source.config]\npaths = ["raw/*.ndjson"]\n')
@@ -62,7 +64,7 @@ def project(tmp_path: Path) -> Path:
 def test_outside_a_project_every_command_says_so_in_one_line_and_creates_nothing(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    for words in (*READERS, ("export", "status"), ("pipeline", "run"), ("pipeline", "plan"),
+    for words in (*READERS, *UNLANDED, ("export", "status"), ("pipeline", "run"), ("pipeline", "plan"),
                   ("table", "load", "t", "x.csv")):
         line = one_line(contextful_in(empty, *words, check=False), "ProjectNotFound", 6)
         assert str(empty) in line and "no contextful.toml" in line and "contextful init" in line, line
@@ -99,6 +101,8 @@ def test_a_project_without_a_store_yet_is_read_without_creating_one(tmp_path: Pa
     for words in READERS:
         line = one_line(contextful_in(tmp_path, *words, check=False), "StoreNotFound", 6)
         assert f"no store at {tmp_path / '.contextful' / 'store'}" in line and "pipeline run" in line, line
+    for words in UNLANDED:
+        assert contextful_in(tmp_path, *words).returncode == 0
     plan = json.loads(contextful_in(tmp_path, "--json", "pipeline", "plan").stdout)  # plans against nothing landed
     assert len(plan[0]["pull"]) == 1 and plan[0]["skip"] == []
     assert tree(tmp_path) == before
