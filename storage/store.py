@@ -78,6 +78,9 @@ def write_threads() -> int:
     return min(4, os.cpu_count() or 1)
 
 
+_CREATE_ATTEMPTS = 5
+
+
 class Store:
     def __init__(self, objects: ObjectStore, catalog: Catalog, clock: Clock, store_uuid: str,
                  durable: bool = True) -> None:
@@ -207,16 +210,21 @@ class Store:
 
     def _create(self, name: str, primary_key: tuple[str, ...], order_by: str | None = None,
                 provisional: bool = False) -> Table:
-        head = self.catalog.load_head(name)
-        if head is None:
-            twin = next((h.name for h in self.catalog.list_heads() if h.name.lower() == name.lower()), None)
+        for _ in range(_CREATE_ATTEMPTS):  # another writer may create (or drop) it meanwhile
+            head = self.catalog.load_head(name)
+            if head is not None:
+                return Table(self, head)
+            twin = next((h.name for h in self.catalog.list_heads()
+                         if h.name != name and h.name.lower() == name.lower()), None)
             if twin is not None:  # DuckDB compares names case-insensitively: the views would be one
                 raise TableNameInvalid(name, f"differs only in case from the table {twin!r}")
             uuid = str(uuidlib.uuid4())
             head = self.catalog.create_table(name, uuid, primary_key, self.clock.now_us(),
                                              order_by if primary_key else None)
-            return Table(self, head, created=provisional and head.uuid == uuid)
-        return Table(self, head)
+            if head is not None:
+                return Table(self, head, created=provisional and head.uuid == uuid)
+        raise CommitConflict(name, f"the table was created and dropped again {_CREATE_ATTEMPTS} times"
+                                   " while this writer tried to create it")
 
     def drop_table(self, name: str) -> DropResult:
         """Drop the user table ``name``: one catalog transaction forgets it whole (readers see it or

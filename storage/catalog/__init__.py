@@ -106,8 +106,9 @@ class Catalog(ABC):
 
     @abstractmethod
     def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
-                     order_by: str | None = None) -> TableHead:
-        """Create the table's head at commit_seq 0, or return the existing head."""
+                     order_by: str | None = None) -> TableHead | None:
+        """Create the table's head at commit_seq 0, or return the existing head (None when the
+        existing one was a provisional table dropped again before it could be read)."""
 
     @abstractmethod
     def drop_table(self, name: str, uuid: str, at_seq: int | None = None) -> bool:

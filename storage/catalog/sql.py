@@ -169,15 +169,13 @@ class SqlCatalog(SqlDialect, Catalog):
             raise StoreCatalogMismatch(store_uuid, bound, root)
 
     def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
-                     order_by: str | None = None) -> TableHead:
+                     order_by: str | None = None) -> TableHead | None:
         self._write(lambda cur: cur.execute(
             "INSERT INTO cf_tables (name, table_uuid, commit_seq, schema_id, primary_key, created_us,"
             " last_commit_us) VALUES (?, ?, 0, 0, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
             (name, uuid, _merge_text(primary_key, order_by), now_us, now_us),
         ), rerun_unheard=True)
-        head = self.load_head(name)
-        assert head is not None
-        return head
+        return self.load_head(name)  # None: a provisional table was dropped again meanwhile
 
     def drop_table(self, name: str, uuid: str, at_seq: int | None = None) -> bool:
         def drop(cur: _Cursor) -> bool:
