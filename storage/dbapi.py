@@ -110,8 +110,13 @@ class SqlDialect:
                     self._reconnect()
             raise AssertionError("unreachable")
 
-    def _write(self, body: Callable[[Any], T], *, durable: bool = True, rerun_unheard: bool = False) -> T:
+    def _write(self, body: Callable[[Any], T], *, durable: bool = True, rerun_unheard: bool = False,
+               one_statement: bool = False) -> T:
         """Run ``body(cursor)`` in one write transaction and commit it; return what it returned.
+
+        ``one_statement``: the body issues exactly one statement, which commits on its own (the
+        connection is in autocommit mode): one round trip instead of three, and a connection lost
+        while it ran leaves its outcome unheard, like a lost ``COMMIT``.
 
         An error the body raises rolls the transaction back and propagates (mapped). A connection
         lost before ``COMMIT`` was sent: reconnect and run the transaction again, once. A ``COMMIT``
@@ -126,6 +131,9 @@ class SqlDialect:
                 phase = "begin"
                 try:
                     cur = self._conn.cursor()
+                    if one_statement:
+                        phase = "statement"
+                        return body(self._cursor_for(cur))
                     self._begin_write(cur, durable)
                     phase = "body"
                     result = body(self._cursor_for(cur))
@@ -135,7 +143,7 @@ class SqlDialect:
                 except Exception as exc:
                     _rollback_quietly(cur)  # SQLite: a failed COMMIT may leave the transaction open
                     lost = self._connection_lost(exc)
-                    if phase == "commit":
+                    if phase == "commit" or (phase == "statement" and lost):
                         unheard = exc
                         if not rerun_unheard or attempt == 2:
                             raise CommitUnheard(exc) from exc

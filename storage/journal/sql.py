@@ -122,11 +122,16 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
     # --- steps ----------------------------------------------------------------------------------
 
     def _insert_step(self, row: StepRow) -> StepRow:
+        def insert(cur: Any) -> bool:
+            cur.execute(self._sql("INSERT INTO cf_journal_steps (execution_id, seq, label, value, recorded_us)"
+                                  " VALUES (?, ?, ?, ?, ?) ON CONFLICT (execution_id, seq) DO NOTHING"
+                                  " RETURNING seq"),
+                        (row.execution_id, row.seq, row.label, row.value, row.recorded_us))
+            return cur.fetchone() is not None
+
         while True:  # bounded in practice: it loops only if a collect removes the step in between
-            self._write(lambda cur: cur.execute(
-                self._sql("INSERT INTO cf_journal_steps (execution_id, seq, label, value, recorded_us)"
-                          " VALUES (?, ?, ?, ?, ?) ON CONFLICT (execution_id, seq) DO NOTHING"),
-                (row.execution_id, row.seq, row.label, row.value, row.recorded_us)), rerun_unheard=True)
+            if self._write(insert, rerun_unheard=True, one_statement=True):
+                return row  # this write stored it: one round trip in the common case
             stored = self._query(f"{_SELECT_STEP} WHERE execution_id = ? AND seq = ?", (row.execution_id, row.seq))
             if stored:
                 return _step(stored[0])
