@@ -41,9 +41,11 @@ from contextful.storage.parts import part_key
 from contextful.storage.reserved import RUNS_TABLE
 
 from tests.storage import crash_writer as cw
+from tests.support.soak import trials
 
 REPO = Path(__file__).resolve().parents[2]
-RANDOM_TRIALS = 48
+RANDOM_TRIALS = trials(short=12, long=48)
+"""Trials with a kill at a random moment, beside one stall-and-kill per named step."""
 MAX_DELAY_S = 0.5
 SPAN = 10_000
 """Run numbers each trial may use: trial t numbers its operations from (t + 1) * SPAN."""
