@@ -134,6 +134,20 @@ def test_open_awakeable_store_picks_the_adapter_beside_the_journal(site: Journal
         FileAwakeableStore(ObjectStore("memory://awakeable-root"))
 
 
+@pytest.mark.clause("run.journal.storage-ports")
+def test_a_local_store_keeps_awakeables_in_its_catalog_file(tmp_path: Path) -> None:
+    from contextful.storage import Store
+
+    with Store.open(tmp_path / "store") as store:
+        assert type(store.awakeables) is SqliteAwakeableStore
+        row = store.awakeables.mint("e1", 0, "approve", DEADLINE, T0)
+        catalog = store.catalog.path  # type: ignore[attr-defined]
+    with sqlite3.connect(catalog) as conn:
+        assert conn.execute("SELECT token, state FROM cf_awakeables").fetchall() == [(row.token, PENDING)]
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"cf_awakeables", "cf_journal_owners"} <= tables
+
+
 @pytest.mark.clause("run.journal.postgres-stores")
 @pytest.mark.postgres
 def test_postgres_keeps_awakeables_in_the_catalogs_schema(pg_dsn: str, pg_schema: str, tmp_path: Path) -> None:
@@ -375,11 +389,27 @@ def test_a_suspended_execution_dropped_without_close_resumes_under_another_holde
     clock.advance(LEASE_S)
     third = open_execution(journal, "host:approvals", PLAN, holder="h3", lease_s=LEASE_S, clock=clock)
     third.step("prepare", lambda: b"recomputed")
+    third.awakeables = _Unreachable()  # a recorded suspension reads no awakeable store
     assert third.suspend("approve", timeout_s=1) == b"approved"
-    assert third.awakeables is None  # a recorded suspension opens no awakeable store
     with pytest.raises(JournalConflict):  # a suspension replayed under another label diverged
         open_execution(journal, "host:approvals", PLAN, holder="h3", lease_s=LEASE_S, clock=clock).suspend(
             "prepare", timeout_s=1)
+
+
+class _Unreachable(AwakeableStore):
+    """An awakeable store every read or write of fails: what a replay must never touch."""
+
+    def _insert_pending(self, row: AwakeableRow) -> AwakeableRow:
+        raise AssertionError("a replayed suspension minted")
+
+    def _settle(self, token: str, payload: bytes, subject: str | None, resolved_us: int) -> None:
+        raise AssertionError("a replayed suspension resolved")
+
+    def get(self, token: str) -> AwakeableRow | None:
+        raise AssertionError("a replayed suspension read the awakeable store")
+
+    def rows_of(self, execution_id: str) -> list[AwakeableRow]:
+        raise AssertionError("a replayed suspension read the awakeable store")
 
 
 @pytest.mark.clause("run.suspend.awakeable")
