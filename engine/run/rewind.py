@@ -35,7 +35,15 @@ def rewind(journal: JournalStore, execution_id: str, reason: str, *, clock: Cloc
         raise ExecutionNotFound(execution_id)
     if owner.status != PENDING:
         raise ExecutionNotFound(execution_id, f"its owner on {owner.scope} is {owner.status}, not pending")
-    if owner.lease_expires_us > now and not holder_is_dead(owner.holder):
-        raise ExecutionRewindUnsafe(execution_id, f"attempt {owner.attempts} of {owner.holder} holds the owner "
-                                                  f"lease on {owner.scope} until {from_us(owner.lease_expires_us)}")
+    ensure_rewind_safe(owner, now)
     return Rewound(journal.retire(execution_id, now), reason)
+
+
+def ensure_rewind_safe(owner: OwnerRow, now_us: int) -> None:
+    """Raise :class:`ExecutionRewindUnsafe` naming the execution if retiring ``owner`` at ``now_us``
+    could leave an attempt running (the one check both the operator's rewind and an applied
+    retirement make)."""
+    if owner.lease_expires_us > now_us and not holder_is_dead(owner.holder):
+        raise ExecutionRewindUnsafe(owner.execution_id,
+                                    f"attempt {owner.attempts} of {owner.holder} holds the owner lease on "
+                                    f"{owner.scope} until {from_us(owner.lease_expires_us)}")

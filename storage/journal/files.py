@@ -13,6 +13,11 @@ writers only on a local filesystem, so this adapter needs a local root: on an fs
 no compare-and-swap is linearizable and it refuses to open with ConditionalWriteUnsupported. A step
 lands by hard link, which fails when the step is present: the first whole writer wins and every
 later writer reads its value.
+
+:meth:`hold_owner` (an execution's admission) is check-then-act, weaker than the SQL adapters:
+it reads the owner row under the owner lock and holds nothing while the admitted callback runs, so
+a takeover during the callback is not held back; the superseded holder learns it at its next owner
+write (renew, cache_cursor, close), which is conditional on the holder and fails.
 """
 
 from __future__ import annotations
@@ -93,6 +98,13 @@ class FileJournalStore(JournalStore):
                                            json.dumps({"scope": new.scope}).encode())
             self.objects.put_bytes(self.owner_key(new.scope), json.dumps(asdict(new), sort_keys=True).encode())
             return new
+
+    @contextlib.contextmanager
+    def hold_owner(self, execution_id: str) -> Iterator[OwnerRow | None]:
+        with self._owner_lock():
+            scope = self._scope_of(execution_id)
+            row = None if scope is None else self._read_owner(self.owner_key(scope))
+        yield row if row is not None and row.execution_id == execution_id else None
 
     def owner(self, scope: str) -> OwnerRow | None:
         return self._read_owner(self.owner_key(scope))

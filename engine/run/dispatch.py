@@ -1,0 +1,76 @@
+"""Admission: the current-owner check an execution passes immediately before an effect or a
+publication, and the hold it keeps on its owner through the admitted callback.
+
+Implements ``run.journal.current-owner`` and ``run.journal.durable-dispatch`` (decision
+"run-substrate-storage") and ``run.export.writer-fenced`` (decision "disposable-execution-state").
+:meth:`Execution.admit <contextful.engine.run.execution.Execution.admit>` opens the block; here
+:func:`admit` reads the durable owner row through the journal port's ``hold_owner`` and refuses
+with :class:`ExecutionWriterFenced` unless the row is still this execution's, pending, under the
+plan and pins the execution was admitted with, leased (unexpired) to this holder, at this attempt.
+A superseded attempt therefore enters neither boundary: the callback never runs.
+
+What the hold guarantees depends on the adapter:
+
+* **PostgreSQL** holds the owner row — which carries the lease — ``FOR SHARE`` on a connection of
+  its own through the block. Takeover, retirement and replacement write the row ``FOR UPDATE``, so
+  they serialize after the admitted callback returns; two admitted callbacks of one owner share it.
+* **SQLite** holds the database's write lock through the block: every owner write waits (strict,
+  and coarser: other scopes' owner writes wait too).
+* **The file tree** checks, then acts: nothing is held during the callback. A takeover meanwhile is
+  learned at the superseded holder's next owner write, which fails conditionally.
+
+The owner's own renewals wait behind the hold too (PostgreSQL, SQLite): renew before the block,
+never inside it, and keep a callback shorter than the lease and the server's idle-in-transaction
+bound. A stop (cancel) arriving while a callback is admitted does not cut it: the callback returns,
+and the stop takes effect at the next boundary, as landing's path does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from contextful.storage.clock import from_us
+from contextful.storage.errors import ExecutionWriterFenced
+from contextful.storage.journal import PENDING, OwnerRow
+
+if TYPE_CHECKING:
+    from contextful.engine.run.execution import Execution
+
+DISPATCH = "effect dispatch"
+PUBLICATION = "state publication"
+BOUNDARIES = (DISPATCH, PUBLICATION)
+
+
+def fenced_reason(row: OwnerRow | None, execution: Execution, now_us: int) -> str | None:
+    """Why ``execution`` is not its scope's current writer at ``now_us`` (None: it is)."""
+    if execution.closed:
+        return "the execution is closed"
+    if row is None or row.execution_id != execution.execution_id:
+        return f"no owner of scope {execution.scope} holds this execution any more"
+    if row.status != PENDING:
+        return f"its owner on {row.scope} is {row.status}"
+    if row.plan_ref != execution.plan_ref:
+        return f"its owner is pinned to plan {row.plan_ref[:12]}, this attempt to {execution.plan_ref[:12]}"
+    if row.pins != execution.pins:
+        return f"its owner pins {row.pins}, this attempt was admitted under {execution.pins}"
+    if row.holder != execution.holder or row.attempts != execution.attempt:
+        return (f"the owner lease transferred: attempt {row.attempts} of {row.holder} holds it, not attempt "
+                f"{execution.attempt} of {execution.holder}")
+    if row.lease_expires_us <= now_us:
+        return f"its owner lease lapsed at {from_us(row.lease_expires_us).isoformat()}"
+    return None
+
+
+@contextmanager
+def admit(execution: Execution, boundary: str = DISPATCH) -> Iterator[OwnerRow]:
+    """Hold ``execution``'s owner row through the block if it is the current writer; otherwise
+    raise :class:`ExecutionWriterFenced` naming the boundary and why, before the block runs."""
+    if boundary not in BOUNDARIES:
+        raise ValueError(f"admission boundary {boundary!r} is not one of {BOUNDARIES}")
+    with execution.journal.hold_owner(execution.execution_id) as row:
+        reason = fenced_reason(row, execution, execution.clock.now_us())
+        if reason is not None or row is None:
+            raise ExecutionWriterFenced(execution.execution_id, execution.attempt, boundary, reason or "")
+        yield row
