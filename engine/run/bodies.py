@@ -55,10 +55,14 @@ def _digest(value: Any) -> str:
 
 
 @cache
+def _distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()  # scans every installed distribution: once
+
+
 def package_version(top_level: str) -> str:
     """The version of the installed distribution providing import package ``top_level``
     (``unpackaged`` for code no distribution provides, such as a script's own module)."""
-    dists = importlib.metadata.packages_distributions().get(top_level)
+    dists = _distributions().get(top_level)
     return importlib.metadata.version(dists[0]) if dists else "unpackaged"
 
 
