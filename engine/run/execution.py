@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -203,11 +203,13 @@ class Execution:
 
     # --- admission (run.journal.current-owner, run.journal.durable-dispatch) ------------------------
 
-    def admit(self, boundary: str = "effect dispatch") -> AbstractContextManager[OwnerRow]:
+    def admit(self, boundary: str = "effect dispatch", *,
+              fences: Sequence[str | Scope] = ()) -> AbstractContextManager[OwnerRow]:
         """Admit this attempt to ``boundary`` (``"effect dispatch"`` or ``"state publication"``)
         for the block: immediately before it, the durable owner row must still be this execution's,
-        pending, under this plan and pins, leased to this holder's active attempt, or
-        ExecutionWriterFenced is raised and the block never runs. The row stays held through the
+        pending, under this plan and pins, leased to this holder's active attempt, and each scope of
+        ``fences`` (an item's ancestors, its entity fences) pending under an unexpired lease, or
+        ExecutionWriterFenced is raised and the block never runs. The rows stay held through the
         block (:func:`contextful.engine.run.dispatch.admit` says what each adapter holds)::
 
             with execution.admit():
@@ -216,7 +218,7 @@ class Execution:
         """
         from contextful.engine.run.dispatch import admit
 
-        return admit(self, boundary)
+        return admit(self, boundary, [fence if isinstance(fence, str) else fence.key for fence in fences])
 
 
 def open_execution(journal: JournalStore, scope: str | Scope, plan_ref: str, *, holder: str | None = None,

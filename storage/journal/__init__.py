@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
@@ -72,6 +72,16 @@ class OwnerRow:
         """The owner's pins as a mapping."""
         decoded: dict[str, str] = json.loads(self.pins)
         return decoded
+
+
+@dataclass(frozen=True)
+class HeldOwners:
+    """What :meth:`JournalStore.hold_owners` read and holds."""
+
+    own: OwnerRow | None
+    """The row holding the execution; None when a claim replaced its execution or none holds it."""
+    others: dict[str, OwnerRow]
+    """The rows of the other scopes asked for, by scope (a scope with no owner row is absent)."""
 
 
 @dataclass(frozen=True)
@@ -136,13 +146,13 @@ class JournalStore(ABC):
         """Delete the execution's steps (those with ``seq < below`` when given); return how many."""
 
     @abstractmethod
-    def hold_owner(self, execution_id: str) -> AbstractContextManager[OwnerRow | None]:
-        """Read the owner row ``execution_id`` was opened under (None when a claim replaced its
-        execution or none holds it) and hold it against owner writes until the context exits, so
-        a takeover, retirement or replacement serializes after the held block. PostgreSQL holds
-        the row ``FOR SHARE``; SQLite holds the database's write lock; the file tree reads the row
-        under its owner lock and holds nothing after (check-then-act: the next conditional owner
-        write of a superseded holder fails instead)."""
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = ()) -> AbstractContextManager[HeldOwners]:
+        """Read the owner row ``execution_id`` was opened under and the owner rows of ``scopes``
+        (an item's ancestors, entity fences), and hold them against owner writes until the context
+        exits, so a takeover, retirement or replacement of any serializes after the held block.
+        PostgreSQL holds the rows ``FOR SHARE``; SQLite holds the database's write lock; the file
+        tree reads them under its owner lock and holds nothing after (check-then-act: the next
+        conditional owner write of a superseded holder fails instead)."""
 
     def close_store(self) -> None:
         """Release connections and handles (an adapter with none keeps this no-op)."""

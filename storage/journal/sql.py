@@ -10,13 +10,13 @@ one step waits for the first insert to commit and then reads its value.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from contextful.storage.dbapi import CommitUnheard, SqlDialect
 from contextful.storage.errors import CommitOutcomeUnknown, ContextfulError
-from contextful.storage.journal import JournalStore, OwnerRow, StepRow
+from contextful.storage.journal import HeldOwners, JournalStore, OwnerRow, StepRow
 
 OWNER_COLUMNS = ("scope", "execution_id", "plan_ref", "status", "holder", "lease_expires_us", "opened_us",
                  "closed_us", "cursor", "attempts", "replay_from", "pins")
@@ -93,7 +93,7 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
     """Appended to the owner read inside a write transaction (`` FOR UPDATE`` where rows lock)."""
 
     row_share = ""
-    """Appended to the owner read :meth:`hold_owner` holds (`` FOR SHARE`` where rows lock)."""
+    """Appended to the owner read :meth:`hold_owners` holds (`` FOR SHARE`` where rows lock)."""
 
     # --- plumbing -------------------------------------------------------------------------------
 
@@ -125,7 +125,7 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
                                        str(exc)) from exc
 
     @contextmanager
-    def hold_owner(self, execution_id: str) -> Iterator[OwnerRow | None]:
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = ()) -> Iterator[HeldOwners]:
         # Its own connection: the held transaction stays open through the caller's block while this
         # store's connection goes on serving its other verbs (a step record, another scope's claim).
         with self._mapped_errors():
@@ -135,8 +135,14 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
                 cur = conn.cursor()
                 self._begin_write(cur)
                 cur.execute(self._sql(f"{_SELECT_OWNER} WHERE execution_id = ?{self.row_share}"), (execution_id,))
-                row = _owner(cur.fetchone())
-            yield row
+                own = _owner(cur.fetchone())
+                others: dict[str, OwnerRow] = {}
+                if scopes:
+                    marks = ", ".join("?" for _ in scopes)
+                    cur.execute(self._sql(f"{_SELECT_OWNER} WHERE scope IN ({marks}) ORDER BY scope{self.row_share}"),
+                                tuple(scopes))
+                    others = {row.scope: row for row in (OwnerRow(*found) for found in cur.fetchall())}
+            yield HeldOwners(own, others)
             with self._mapped_errors():
                 cur.execute("COMMIT")
         finally:

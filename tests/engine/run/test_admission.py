@@ -22,6 +22,8 @@ from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_s
 
 PLAN = "a" * 64
 SCOPE = Scope.host("export:orders")
+PARENT = Scope.host("job:orders")
+"""An ancestor of the export's items: admission holds its owner row too."""
 
 
 @pytest.fixture(params=KINDS)
@@ -80,6 +82,24 @@ def test_only_the_current_attempt_enters_dispatch_or_publication(journal: Journa
     assert entered == [DISPATCH, PUBLICATION, "again"]
 
 
+@pytest.mark.clause("run.journal.current-owner")
+def test_an_items_ancestor_and_entity_fences_must_be_current_too(journal: JournalStore) -> None:
+    clock = ManualClock()
+    parent = open_execution(journal, PARENT, PLAN, holder="job", lease_s=600, clock=clock)
+    item = _open(journal, clock, "a")
+    fence = Scope.host("fence:customer-7")
+    with pytest.raises(ExecutionWriterFenced) as absent, item.admit(DISPATCH, fences=[PARENT, fence]):
+        pytest.fail("admitted with a fence no owner holds")
+    assert "fence:customer-7" in absent.value.reason
+    open_execution(journal, fence, PLAN, holder="fencer", lease_s=600, clock=clock)
+    with item.admit(DISPATCH, fences=[PARENT, fence]) as row:
+        assert row.execution_id == item.execution_id
+    journal.retire(parent.execution_id, clock.now_us())  # the ancestor is superseded: its items stop
+    with pytest.raises(ExecutionWriterFenced) as info, item.admit(PUBLICATION, fences=[PARENT]):
+        pytest.fail("admitted under a retired ancestor")
+    assert PARENT.key in info.value.reason
+
+
 # --- PostgreSQL: the owner row is held through the admitted callback ---------------------------------
 
 
@@ -101,12 +121,13 @@ def _wait_until(condition: Callable[[], bool], done: threading.Event) -> None:
 
 @pytest.mark.postgres
 @pytest.mark.clause("run.journal.durable-dispatch", "run.export.writer-fenced")
-@pytest.mark.parametrize("operation", ["takeover", "retirement"])
+@pytest.mark.parametrize("operation", ["takeover", "retirement", "ancestor retirement"])
 def test_an_owner_write_waits_for_the_admitted_callback_and_the_old_writer_is_fenced_after(
         pg_dsn: str, pg_schema: str, operation: str) -> None:
     mine = open_journal_store("postgres", dsn=pg_dsn, schema=pg_schema)
     theirs = open_journal_store("postgres", dsn=pg_dsn, schema=pg_schema)  # another connection (process)
     clock = ManualClock()
+    parent = open_execution(mine, PARENT, PLAN, holder="job", lease_s=600, clock=clock)
     writer = _open(mine, clock, "exporter-1")
     events: list[str] = []
     admitted, release, written = threading.Event(), threading.Event(), threading.Event()
@@ -114,7 +135,7 @@ def test_an_owner_write_waits_for_the_admitted_callback_and_the_old_writer_is_fe
 
     def callback() -> None:
         try:
-            with writer.admit(DISPATCH):
+            with writer.admit(DISPATCH, fences=[PARENT]):
                 admitted.set()
                 release.wait()  # the outbound call, in flight
                 events.append("callback returned")
@@ -126,8 +147,10 @@ def test_an_owner_write_waits_for_the_admitted_callback_and_the_old_writer_is_fe
         try:
             if operation == "takeover":
                 _open(theirs, clock, "exporter-2")
-            else:
+            elif operation == "retirement":
                 theirs.retire(writer.execution_id, clock.now_us())
+            else:
+                theirs.retire(parent.execution_id, clock.now_us())
             events.append(operation)
         except BaseException as exc:  # noqa: BLE001 - reported to the test below
             failures.append(exc)
@@ -149,16 +172,17 @@ def test_an_owner_write_waits_for_the_admitted_callback_and_the_old_writer_is_fe
         calling.join()
         writing.join()
     assert failures == [] and events == ["callback returned", operation]
-    row = mine.owner(SCOPE.key)
+    row = mine.owner(SCOPE.key if operation != "ancestor retirement" else PARENT.key)
     assert row is not None
     if operation == "takeover":
         assert (row.holder, row.attempts) == ("exporter-2", 2)
     else:
         assert row.status == "retired"
 
-    # the writer whose lease transferred enters neither boundary now
+    # the writer whose lease transferred (or whose ancestor retired) enters neither boundary now
     for boundary in (DISPATCH, PUBLICATION):
-        _refused(writer, boundary)
+        with pytest.raises(ExecutionWriterFenced), writer.admit(boundary, fences=[PARENT]):
+            pytest.fail(f"a superseded writer entered {boundary}")
     mine.close_store()
     theirs.close_store()
 
