@@ -142,7 +142,7 @@ def retire_superseded(journal: JournalStore, owners: Iterable[OwnerRow], declare
         except ExecutionRewindUnsafe as exc:
             refused.append(exc)
             print(f"apply: execution {owner.execution_id} on {owner.scope} is superseded but stays pending: "
-                  f"{exc.reason}; the applied snapshot stays claimed until `contextful run rewind "
+                  f"{exc.fields['reason']}; the applied snapshot stays claimed until `contextful run rewind "
                   f"{owner.execution_id} --reason TEXT` retires it", file=out)
         except JournalConflict:
             continue  # it closed, retired or was replaced since the apply read it: no longer pending
