@@ -5,6 +5,7 @@ pending owners (``run.own.host-scope``, ``run.own.apply-retires-superseded``,
 from __future__ import annotations
 
 import io
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,11 +14,14 @@ import pytest
 from contextful.engine.run.bodies import IMPLEMENTATION_PIN, INPUT_PIN
 from contextful.engine.run.execution import open_execution
 from contextful.engine.run.owners import CHUNK, HOST, TABLE, AppliedDeclarations, Scope, retire_superseded
+from contextful.storage import Store
 from contextful.storage.clock import ManualClock
 from contextful.storage.errors import ArgumentInvalid, OwnerPinsMismatch, OwnerPlanMismatch
 from contextful.storage.journal import PENDING, RETIRED, JournalStore, open_journal_store
 
+from tests.engine.run.test_rewind import MANIFEST
 from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
+from tests.support.cli import contextful
 
 PLAN, OTHER_PLAN, THIRD_PLAN = "a" * 64, "b" * 64, "c" * 64
 
@@ -98,6 +102,20 @@ def test_a_journal_made_before_pins_gains_the_column(tmp_path: Path) -> None:
         assert journal.claim("pipeline:x", PLAN, "h2", 10, 5).attempts == 2  # resumable with no pins, as before
     finally:
         journal.close_store()
+
+
+@pytest.mark.clause("run.own.host-scope")
+def test_run_executions_lists_each_owners_scope_kind_and_pins(tmp_path: Path) -> None:
+    (tmp_path / "contextful.toml").write_text(MANIFEST)
+    with Store.open(tmp_path / ".contextful" / "store") as store:
+        table = open_execution(store.journal, Scope.table("pipeline:events"), PLAN, holder="h")
+        open_execution(store.journal, Scope.host("digest"), PLAN, holder="h", pins={"input": "events@1"})
+        open_execution(store.journal, Scope.backfill_chunk("pipeline:events", "2026-01"), PLAN, holder="h")
+    listing = {o["scope"]: o for o in json.loads(contextful(tmp_path, "--json", "run", "executions").stdout)}
+    assert listing["pipeline:events"]["execution"] == table.execution_id  # the table's key, byte for byte
+    assert listing["pipeline:events"]["kind"] == TABLE and listing["pipeline:events"]["pins"] == {}
+    assert listing["host:digest"]["kind"] == HOST and listing["host:digest"]["pins"] == {"input": "events@1"}
+    assert listing['backfill:["pipeline:events","2026-01"]']["kind"] == CHUNK
 
 
 # --- apply-side retirement ------------------------------------------------------------------------
