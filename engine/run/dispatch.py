@@ -17,7 +17,9 @@ What the hold guarantees depends on the adapter:
   on a connection of its own through the block. Takeover, retirement and replacement write the row ``FOR UPDATE``, so
   they serialize after the admitted callback returns; two admitted callbacks of one owner share it.
 * **SQLite** holds the database's write lock through the block: every owner write waits (strict,
-  and coarser: other scopes' owner writes wait too).
+  and coarser: other scopes' owner writes, and every other write to that file — the catalog's
+  commits when the journal shares its file — wait too). So the block itself must not write that
+  database: journal the callback's value, or commit the publication it admitted, after the block.
 * **The file tree** checks, then acts: nothing is held during the callback. A takeover meanwhile is
   learned at the superseded holder's next owner write, which fails conditionally.
 
