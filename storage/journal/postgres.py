@@ -9,9 +9,9 @@ granted (a row whose execution a claim replaced meanwhile no longer matches). A 
 does nothing, and both read the first value.
 
 :meth:`hold_owners` (an execution's admission, ``run.journal.durable-dispatch``) reads the owner row
-(and those of the item's ancestors and entity fences) ``FOR SHARE`` on a connection of its own and keeps that transaction open through the admitted
-callback: every owner write of the scope takes the row ``FOR UPDATE`` and so waits for the callback
-to return. The held session is idle in its transaction meanwhile, so the server's
+(and those of the item's ancestors and entity fences) ``FOR SHARE`` on a connection of its own and
+keeps that transaction open through the admitted callback: every owner write of those scopes takes
+its row ``FOR UPDATE`` and so waits for the callback to return. The held session is idle in its transaction meanwhile, so the server's
 ``idle_in_transaction_session_timeout`` (60 s, :mod:`storage.dbapi`) bounds an admitted callback:
 one that overruns it loses its lock and its exit fails with the mapped connection error.
 """
