@@ -17,8 +17,16 @@ from contextful.engine.run.bodies import (
     BodyRegistry,
     package_version,
 )
-from contextful.engine.run.execution import plan_reference
-from contextful.storage.errors import ArgumentInvalid, BodyIdentityConfigured, BodyUnregistered
+from contextful.engine.run.execution import open_execution, plan_reference
+from contextful.engine.run.owners import Scope
+from contextful.storage.clock import ManualClock
+from contextful.storage.errors import (
+    ArgumentInvalid,
+    BodyIdentityConfigured,
+    BodyUnregistered,
+    OwnerPinsMismatch,
+)
+from contextful.storage.journal import open_journal_store
 
 SOURCE = '''
 def summarize(text):
@@ -53,6 +61,19 @@ def test_the_implementation_pin_is_the_hosts_digest_of_the_loaded_code_and_its_t
     assert after.implementation != before.implementation and after.type_name == before.type_name
     assert after.pins()[IMPLEMENTATION_PIN] == after.implementation != before.pins()[IMPLEMENTATION_PIN]
     assert after.pins()[TYPE_PIN] == before.pins()[TYPE_PIN] and after.pins()[BODY_PIN] == "summarize"
+
+    # an owner pinned to the old implementation refuses a claim under the new one
+    journal = open_journal_store("sqlite", path=str(tmp_path / "journal.sqlite"))
+    clock = ManualClock()
+    pending = open_execution(journal, Scope.host("job:summaries"), "a" * 64, holder="old", lease_s=30, clock=clock,
+                             pins=before.pins(input_identity="docs@3"))
+    clock.advance(31)
+    with pytest.raises(OwnerPinsMismatch) as info:
+        open_execution(journal, Scope.host("job:summaries"), "a" * 64, holder="new", clock=clock,
+                       pins=after.pins(input_identity="docs@3"))
+    assert info.value.execution == pending.execution_id
+    assert before.implementation in str(info.value) and after.implementation in str(info.value)
+    journal.close_store()
 
     packaged = BodyRegistry().register("plan", plan_reference)  # code of an installed package: its version
     assert packaged.package_version == importlib.metadata.version("contextful") == package_version("contextful")
