@@ -21,6 +21,8 @@ Hierarchy::
     └── TerminalError                    marker: retrying the same input fails the same way
         ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
         │   ├── StorageProfileUnknown
+        │   ├── BodyUnregistered         configuration selects a body name no host registered
+        │   ├── BodyIdentityConfigured   configuration gives a body's implementation identity beside its name
         │   ├── PipelineSeedDeclarationMissing
         │   ├── LeaseCursorKindMismatch
         │   ├── TableNameInvalid
@@ -67,6 +69,8 @@ Hierarchy::
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │   │   ExecutionRewindUnsafe
         │   ├── AwakeableAlreadyResolved  an awakeable resolved with another payload (its value stays)
+        │   ├── OwnerPinsMismatch        a pending owner pins other host-supplied identities than the claim
+        │   ├── ExecutionWriterFenced    a superseded attempt reached effect dispatch or state publication
         │   ├── InputChanged             a landed files input has other content now, not only appended NDJSON
         │   ├── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         │   └── ProjectExists            init found a contextful.toml already
@@ -1133,6 +1137,66 @@ def _token_hint(token: str) -> str:
     """The first characters of an awakeable token: enough to tell tokens apart in a message, not
     enough to resolve one from a log line."""
     return f"{token[:6]}…" if len(token) > 6 else repr(token)
+# --- owners, registered bodies and admission (issue 15, helper "owners") ------------------------
+
+
+class OwnerPinsMismatch(Conflict):
+    """``run.own.host-scope``: a scope's pending owner pins other host-supplied identities than this
+    claim offers (refused like :class:`OwnerPlanMismatch`); names every differing pin, both values."""
+
+    scope: str
+    execution: str
+    pinned: dict[str, str]
+    offered: dict[str, str]
+
+    def __init__(self, scope: str, execution: str, pinned: dict[str, str], offered: dict[str, str]) -> None:
+        names = sorted(k for k in set(pinned) | set(offered) if pinned.get(k) != offered.get(k))
+        diff = "; ".join(f"{k}: pinned {pinned.get(k, '(absent)')}, offered {offered.get(k, '(absent)')}"
+                         for k in names)
+        super().__init__(f"scope {scope}: execution {execution} is pending under other pins ({diff}); it resumes "
+                         "only under its pins: run it with them to completion, or rewind the execution",
+                         scope=scope, execution=execution, pinned=pinned, offered=offered)
+
+
+class BodyUnregistered(SpecInvalid):
+    """``run.own.body-implementation``: configuration selects a body name no host registered."""
+
+    body: str
+    known: tuple[str, ...]
+
+    def __init__(self, body: str, known: tuple[str, ...]) -> None:
+        super().__init__(f"body {body!r} is not registered by this host (registered: {', '.join(known) or 'none'}); "
+                         "register it with contextful.engine.run.bodies.register_body before it is selected",
+                         body=body, known=known)
+
+
+class BodyIdentityConfigured(SpecInvalid):
+    """``run.own.body-implementation``: configuration gave an implementation identity (a digest, a
+    type, a version) beside a body name; the host computes it, configuration only names the body."""
+
+    body: str
+    keys: tuple[str, ...]
+
+    def __init__(self, body: str, keys: tuple[str, ...]) -> None:
+        super().__init__(f"body {body!r}: configuration gives {', '.join(keys)} beside the name; configuration "
+                         "selects a registered body by name only (the host verifies its implementation digest): "
+                         "remove those keys", body=body, keys=keys)
+
+
+class ExecutionWriterFenced(Conflict):
+    """``run.journal.current-owner``, ``run.export.writer-fenced``: this attempt is no longer its
+    scope's current writer (the lease transferred, the owner was retired or replaced, its pins
+    changed), so it enters neither effect dispatch nor state publication."""
+
+    execution: str
+    attempt: int
+    boundary: str
+    reason: str
+
+    def __init__(self, execution: str, attempt: int, boundary: str, reason: str) -> None:
+        super().__init__(f"execution {execution}, attempt {attempt}: not admitted to {boundary}: {reason}; this "
+                         "writer is fenced and must stop (the current owner's attempt carries the work on)",
+                         execution=execution, attempt=attempt, boundary=boundary, reason=reason)
 
 
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
@@ -1145,6 +1209,8 @@ __all__ = [
     "AwakeableUnknown",
     "BlobCorrupt",
     "BlobNotFound",
+    "BodyIdentityConfigured",
+    "BodyUnregistered",
     "CatalogPathMissing",
     "CatalogRejected",
     "CatalogUnavailable",
@@ -1161,6 +1227,7 @@ __all__ = [
     "ExecutionNotFound",
     "ExecutionRewindUnsafe",
     "ExecutionSuspended",
+    "ExecutionWriterFenced",
     "Expired",
     "ExportCommitConflict",
     "ExportNamespaceShared",
@@ -1180,6 +1247,7 @@ __all__ = [
     "ModelInputUnknown",
     "ModelTestFailed",
     "NotFound",
+    "OwnerPinsMismatch",
     "OwnerPlanMismatch",
     "PageCapExceeded",
     "ParseCrashed",

@@ -86,14 +86,18 @@ def _failure_line(failure: dict[str, str]) -> str:
 @click.pass_context
 def run_executions(ctx: click.Context) -> None:
     """Execution owners by scope: pending ones hold a checkpoint and resume on the next run."""
+    from contextful.engine.run.owners import Scope
+
     with _store(ctx) as store:
         owners = store.journal.owners()
     rows = [{"scope": o.scope, "execution": o.execution_id, "status": o.status, "attempts": o.attempts,
-             "holder": o.holder, "plan": o.plan_ref[:12]} for o in owners]
+             "holder": o.holder, "plan": o.plan_ref[:12], "kind": Scope.parse(o.scope).kind, "pins": o.pin_map()}
+            for o in owners]
     if _json(ctx):
         emit_json(rows)
         return
-    emit_rows(["scope", "execution", "status", "attempts", "holder", "plan"], [tuple(r.values()) for r in rows])
+    columns = ["scope", "execution", "status", "attempts", "holder", "plan"]
+    emit_rows(columns, [tuple(r[c] for c in columns) for r in rows])
 
 
 @run.command("rewind")

@@ -18,6 +18,7 @@ from typing import Any
 
 from contextful.engine.config.manifest import PipelineSpec
 from contextful.engine.run.execution import Execution, open_execution, plan_reference
+from contextful.engine.run.owners import Scope
 from contextful.storage import Store
 from contextful.storage.transaction import CommitResult
 
@@ -42,8 +43,8 @@ class PullJournal:
 
     @classmethod
     def open(cls, store: Store, spec: PipelineSpec, scope: str) -> PullJournal:
-        execution = open_execution(store.journal, scope, plan_reference(pipeline_plan(spec)), lease_s=LEASE_S,
-                                   take_over_dead=True)
+        execution = open_execution(store.journal, Scope.table(scope), plan_reference(pipeline_plan(spec)),
+                                   lease_s=LEASE_S, take_over_dead=True)
         if execution.resumed:
             execution.discard_recorded()  # pulls after the last checkpoint never committed: pull afresh
         return cls(execution)

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from contextful.engine.run.awakeable import POLL_S, await_resolution, decode_suspension
@@ -39,9 +40,17 @@ from contextful.storage.awakeables import AwakeableStore, awakeable_store_beside
 from contextful.storage.clock import Clock, SystemClock
 from contextful.storage.errors import JournalConflict
 from contextful.storage.holders import default_holder, holder_is_dead
-from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, JournalStore, StepRow
+from contextful.storage.journal import (
+    CLOSED_FAILED,
+    CLOSED_OK,
+    JournalStore,
+    OwnerRow,
+    StepRow,
+    canonical_pins,
+)
 
 if TYPE_CHECKING:
+    from contextful.engine.run.owners import Scope
     from contextful.engine.run.retry import RetrySchedule
 
 StepValue = bytes | dict[str, Any]
@@ -88,16 +97,18 @@ class Execution:
     """
 
     def __init__(self, journal: JournalStore, scope: str, plan_ref: str, holder: str, lease_us: int,
-                 clock: Clock, claim_at_us: int | None = None) -> None:
+                 clock: Clock, claim_at_us: int | None = None, *, pins: Mapping[str, str] | None = None) -> None:
         self.journal = journal
         self.scope = scope
         self.plan_ref = plan_ref
+        self.pins = canonical_pins(pins)
+        """The identities the host supplied beside the plan (canonical JSON), pinned on the owner."""
         self.holder = holder
         self.lease_us = lease_us
         self.clock = clock
         self.retry: RetrySchedule | None = None
         self.closed = False
-        row = journal.claim(scope, plan_ref, holder, max(clock.now_us(), claim_at_us or 0), lease_us)
+        row = journal.claim(scope, plan_ref, holder, max(clock.now_us(), claim_at_us or 0), lease_us, pins)
         self.execution_id = row.execution_id
         self.attempt = row.attempts
         self.resumed = row.attempts > 1
@@ -235,10 +246,34 @@ class Execution:
         self.journal.close(self.execution_id, self.holder, CLOSED_OK if ok else CLOSED_FAILED, self.clock.now_us())
         self.closed = True
 
+    # --- admission (run.journal.current-owner, run.journal.durable-dispatch) ------------------------
 
-def open_execution(journal: JournalStore, scope: str, plan_ref: str, *, holder: str | None = None,
-                   lease_s: float = 60.0, clock: Clock | None = None, take_over_dead: bool = False) -> Execution:
+    def admit(self, boundary: str = "effect dispatch", *,
+              fences: Sequence[str | Scope] = ()) -> AbstractContextManager[OwnerRow]:
+        """Admit this attempt to ``boundary`` (``"effect dispatch"`` or ``"state publication"``)
+        for the block: immediately before it, the durable owner row must still be this execution's,
+        pending, under this plan and pins, leased to this holder's active attempt, and each scope of
+        ``fences`` (an item's ancestors, its entity fences) pending under an unexpired lease, or
+        ExecutionWriterFenced is raised and the block never runs. The rows stay held through the
+        block (:func:`contextful.engine.run.dispatch.admit` says what each adapter holds)::
+
+            with execution.admit():
+                answer = provider.call(request)      # the bounded callback
+            execution.step("answer", lambda: answer)  # journal its value after the block
+        """
+        from contextful.engine.run.dispatch import admit
+
+        return admit(self, boundary, [fence if isinstance(fence, str) else fence.key for fence in fences])
+
+
+def open_execution(journal: JournalStore, scope: str | Scope, plan_ref: str, *, holder: str | None = None,
+                   lease_s: float = 60.0, clock: Clock | None = None, take_over_dead: bool = False,
+                   pins: Mapping[str, str] | None = None) -> Execution:
     """Open a new execution under ``scope``, or resume its pending one.
+
+    ``scope`` is a :class:`~contextful.engine.run.owners.Scope` (a live table, a backfill chunk, a
+    host-declared id) or a table's stored key as text; ``pins`` are the identities the host
+    supplies beside the plan (a registered body's digests, an input identity), pinned on the owner.
 
     Resumes when the pending owner is pinned to ``plan_ref`` and its lease lapsed (or ``holder``
     holds it). Raises OwnerPlanMismatch when the pending owner is pinned to another plan, and
@@ -249,12 +284,14 @@ def open_execution(journal: JournalStore, scope: str, plan_ref: str, *, holder: 
     clock = clock or SystemClock()
     holder = holder or default_holder()
     lease_us = int(lease_s * 1_000_000)
+    key = scope if isinstance(scope, str) else scope.key
     try:
-        return Execution(journal, scope, plan_ref, holder, lease_us, clock)
+        return Execution(journal, key, plan_ref, holder, lease_us, clock, pins=pins)
     except JournalConflict:
-        owner = journal.owner(scope)
+        owner = journal.owner(key)
         if not take_over_dead or owner is None or not holder_is_dead(owner.holder):
             raise
-    execution = Execution(journal, scope, plan_ref, holder, lease_us, clock, claim_at_us=owner.lease_expires_us)
+    execution = Execution(journal, key, plan_ref, holder, lease_us, clock, claim_at_us=owner.lease_expires_us,
+                          pins=pins)
     execution.renew()
     return execution

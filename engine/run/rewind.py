@@ -39,22 +39,27 @@ def rewind(journal: JournalStore, execution_id: str, reason: str, *, clock: Cloc
         raise ExecutionNotFound(execution_id)
     if owner.status != PENDING:
         raise ExecutionNotFound(execution_id, f"its owner on {owner.scope} is {owner.status}, not pending")
-    if owner.lease_expires_us > now and not holder_is_dead(owner.holder):
-        raise ExecutionRewindUnsafe(execution_id, f"attempt {owner.attempts} of {owner.holder} holds the owner "
-                                                  f"lease on {owner.scope} until {from_us(owner.lease_expires_us)}")
-    _refuse_pending_awakeables(journal, execution_id, now, awakeables)
+    ensure_rewind_safe(journal, owner, now, awakeables)
     return Rewound(journal.retire(execution_id, now), reason)
 
 
-def _refuse_pending_awakeables(journal: JournalStore, execution_id: str, now: int,
-                               awakeables: AwakeableStore | None) -> None:
+def ensure_rewind_safe(journal: JournalStore, owner: OwnerRow, now_us: int,
+                       awakeables: AwakeableStore | None = None) -> None:
+    """Raise :class:`ExecutionRewindUnsafe` naming the execution if retiring ``owner`` at ``now_us``
+    could leave an attempt running or a token able to resume it (the one check both the operator's
+    rewind and an applied retirement make). ``awakeables`` defaults to the store beside ``journal``."""
+    if owner.lease_expires_us > now_us and not holder_is_dead(owner.holder):
+        raise ExecutionRewindUnsafe(owner.execution_id,
+                                    f"attempt {owner.attempts} of {owner.holder} holds the owner lease on "
+                                    f"{owner.scope} until {from_us(owner.lease_expires_us)}")
     store = awakeables or awakeable_store_beside(journal)
     try:
-        pending = store.pending_for(execution_id, now)
+        pending = store.pending_for(owner.execution_id, now_us)
     finally:
         if awakeables is None:
             store.close_store()
     if pending:
         row = pending[0]
-        raise ExecutionRewindUnsafe(execution_id, f"awakeable {row.label!r} (step {row.seq}) is pending until "
-                                                  f"{from_us(row.deadline_us)}: its token would resume the execution")
+        raise ExecutionRewindUnsafe(owner.execution_id,
+                                    f"awakeable {row.label!r} (step {row.seq}) is pending until "
+                                    f"{from_us(row.deadline_us)}: its token would resume the execution")

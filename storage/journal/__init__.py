@@ -22,13 +22,15 @@ owner ``pending`` until the lease lapses and the next claim under the scope resu
 
 from __future__ import annotations
 
+import json
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
 from contextful.storage.clock import SystemClock, from_us
-from contextful.storage.errors import JournalConflict, OwnerPlanMismatch
+from contextful.storage.errors import JournalConflict, OwnerPinsMismatch, OwnerPlanMismatch
 
 PENDING = "pending"
 CLOSED_OK = "closed-ok"
@@ -61,6 +63,25 @@ class OwnerRow:
     """How many claims opened this execution: 1 when created, +1 on every resumption."""
     replay_from: int = 0
     """The step sequence number a resumption replays from; steps below it are collectable."""
+    pins: str = "{}"
+    """Canonical JSON object of the identities the host supplied beside the plan reference (its
+    registered body's implementation and dependency digests, an input identity), name → value;
+    a claim under other pins refuses with OwnerPinsMismatch. Read it with :meth:`pin_map`."""
+
+    def pin_map(self) -> dict[str, str]:
+        """The owner's pins as a mapping."""
+        decoded: dict[str, str] = json.loads(self.pins)
+        return decoded
+
+
+@dataclass(frozen=True)
+class HeldOwners:
+    """What :meth:`JournalStore.hold_owners` read and holds."""
+
+    own: OwnerRow | None
+    """The row holding the execution; None when a claim replaced its execution or none holds it."""
+    others: dict[str, OwnerRow]
+    """The rows of the other scopes asked for, by scope (a scope with no owner row is absent)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +91,11 @@ class StepRow:
     label: str
     value: bytes
     recorded_us: int
+
+
+def canonical_pins(pins: Mapping[str, str] | None) -> str:
+    """The text an owner row stores for ``pins``: canonical JSON, keys sorted, values as text."""
+    return json.dumps({str(k): str(v) for k, v in (pins or {}).items()}, sort_keys=True, separators=(",", ":"))
 
 
 def _held_reason(row: OwnerRow) -> str:
@@ -119,6 +145,15 @@ class JournalStore(ABC):
     def collect(self, execution_id: str, below: int | None = None) -> int:
         """Delete the execution's steps (those with ``seq < below`` when given); return how many."""
 
+    @abstractmethod
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = ()) -> AbstractContextManager[HeldOwners]:
+        """Read the owner row ``execution_id`` was opened under and the owner rows of ``scopes``
+        (an item's ancestors, entity fences), and hold them against owner writes until the context
+        exits, so a takeover, retirement or replacement of any serializes after the held block.
+        PostgreSQL holds the rows ``FOR SHARE``; SQLite holds the database's write lock; the file
+        tree reads them under its owner lock and holds nothing after (check-then-act: the next
+        conditional owner write of a superseded holder fails instead)."""
+
     def close_store(self) -> None:
         """Release connections and handles (an adapter with none keeps this no-op)."""
 
@@ -132,22 +167,28 @@ class JournalStore(ABC):
 
     # --- owner verbs ------------------------------------------------------------------------------
 
-    def claim(self, scope: str, plan_ref: str, holder: str, now_us: int, lease_us: int) -> OwnerRow:
+    def claim(self, scope: str, plan_ref: str, holder: str, now_us: int, lease_us: int,
+              pins: Mapping[str, str] | None = None) -> OwnerRow:
         """Open or resume the execution under ``scope``.
 
-        No pending owner: a new execution, pending, leased to ``holder``. A pending owner under
-        the same plan whose lease lapsed (``lease_expires_us <= now_us``) or that ``holder`` already
-        holds: the same execution, ``attempts + 1``. Pending under another plan: OwnerPlanMismatch.
-        Pending and leased to another holder: JournalConflict naming the holder and the expiry.
+        No pending owner: a new execution, pending, leased to ``holder``, pinned to ``plan_ref`` and
+        ``pins``. A pending owner under the same plan and pins whose lease lapsed
+        (``lease_expires_us <= now_us``) or that ``holder`` already holds: the same execution,
+        ``attempts + 1``. Pending under another plan: OwnerPlanMismatch; under other pins:
+        OwnerPinsMismatch. Pending and leased to another holder: JournalConflict naming the holder
+        and the expiry.
         """
+        offered = canonical_pins(pins)
 
         def change(row: OwnerRow | None) -> OwnerRow:
             if row is None or row.status != PENDING:
                 return OwnerRow(scope=scope, execution_id=uuid.uuid4().hex, plan_ref=plan_ref, status=PENDING,
                                 holder=holder, lease_expires_us=now_us + lease_us, opened_us=now_us,
-                                closed_us=None, cursor=None, attempts=1)
+                                closed_us=None, cursor=None, attempts=1, pins=offered)
             if row.plan_ref != plan_ref:
                 raise OwnerPlanMismatch(scope, row.execution_id, row.plan_ref, plan_ref)
+            if row.pins != offered:
+                raise OwnerPinsMismatch(scope, row.execution_id, row.pin_map(), json.loads(offered))
             if row.holder != holder and row.lease_expires_us > now_us:
                 raise JournalConflict(row.execution_id, 0, _held_reason(row))
             return replace(row, holder=holder, lease_expires_us=now_us + lease_us, attempts=row.attempts + 1)

@@ -13,6 +13,11 @@ writers only on a local filesystem, so this adapter needs a local root: on an fs
 no compare-and-swap is linearizable and it refuses to open with ConditionalWriteUnsupported. A step
 lands by hard link, which fails when the step is present: the first whole writer wins and every
 later writer reads its value.
+
+:meth:`hold_owners` (an execution's admission) is check-then-act, weaker than the SQL adapters:
+it reads the owner row under the owner lock and holds nothing while the admitted callback runs, so
+a takeover during the callback is not held back; the superseded holder learns it at its next owner
+write (renew, cache_cursor, close), which is conditional on the holder and fails.
 """
 
 from __future__ import annotations
@@ -23,11 +28,11 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 
 from contextful.storage.errors import ConditionalWriteUnsupported
-from contextful.storage.journal import JournalStore, OwnerRow, StepRow
+from contextful.storage.journal import HeldOwners, JournalStore, OwnerRow, StepRow
 from contextful.storage.objects import TMP_MARK, ObjectStore
 
 LOCK_KEY = "journal/owners.lock"
@@ -93,6 +98,15 @@ class FileJournalStore(JournalStore):
                                            json.dumps({"scope": new.scope}).encode())
             self.objects.put_bytes(self.owner_key(new.scope), json.dumps(asdict(new), sort_keys=True).encode())
             return new
+
+    @contextlib.contextmanager
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = ()) -> Iterator[HeldOwners]:
+        with self._owner_lock():
+            scope = self._scope_of(execution_id)
+            row = None if scope is None else self._read_owner(self.owner_key(scope))
+            others = {other.scope: other for other in map(self._read_owner, map(self.owner_key, scopes))
+                      if other is not None}
+        yield HeldOwners(row if row is not None and row.execution_id == execution_id else None, others)
 
     def owner(self, scope: str) -> OwnerRow | None:
         return self._read_owner(self.owner_key(scope))

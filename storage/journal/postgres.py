@@ -7,6 +7,13 @@ and a verb addressed by execution id waits on the row lock, re-reading the row o
 granted (a row whose execution a claim replaced meanwhile no longer matches). A step insert is
 ``ON CONFLICT DO NOTHING``: a racing insert of the same step waits for the first to commit, then
 does nothing, and both read the first value.
+
+:meth:`hold_owners` (an execution's admission, ``run.journal.durable-dispatch``) reads the owner row
+(and those of the item's ancestors and entity fences) ``FOR SHARE`` on a connection of its own and
+keeps that transaction open through the admitted callback: every owner write of those scopes takes
+its row ``FOR UPDATE`` and so waits for the callback to return. The held session is idle in its transaction meanwhile, so the server's
+``idle_in_transaction_session_timeout`` (60 s, :mod:`storage.dbapi`) bounds an admitted callback:
+one that overruns it loses its lock and its exit fails with the mapped connection error.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ class PostgresJournalStore(SqlJournalStore):
     placeholder = "%s"
     blob_type = "BYTEA"
     row_lock = " FOR UPDATE"
+    row_share = " FOR SHARE"
 
     def __init__(self, dsn: str, schema: str) -> None:
         self.dsn = dsn

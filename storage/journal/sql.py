@@ -10,21 +10,22 @@ one step waits for the first insert to commit and then reads its value.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from contextful.storage.dbapi import CommitUnheard, SqlDialect
 from contextful.storage.errors import CommitOutcomeUnknown, ContextfulError
-from contextful.storage.journal import JournalStore, OwnerRow, StepRow
+from contextful.storage.journal import HeldOwners, JournalStore, OwnerRow, StepRow
 
 OWNER_COLUMNS = ("scope", "execution_id", "plan_ref", "status", "holder", "lease_expires_us", "opened_us",
-                 "closed_us", "cursor", "attempts", "replay_from")
+                 "closed_us", "cursor", "attempts", "replay_from", "pins")
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS cf_journal_owners (
         scope TEXT PRIMARY KEY, execution_id TEXT NOT NULL UNIQUE, plan_ref TEXT NOT NULL, status TEXT NOT NULL,
         holder TEXT, lease_expires_us BIGINT NOT NULL, opened_us BIGINT NOT NULL, closed_us BIGINT,
-        cursor TEXT, attempts BIGINT NOT NULL, replay_from BIGINT NOT NULL)""",
+        cursor TEXT, attempts BIGINT NOT NULL, replay_from BIGINT NOT NULL, pins TEXT NOT NULL DEFAULT '{{}}')""",
     """CREATE TABLE IF NOT EXISTS cf_journal_steps (
         execution_id TEXT NOT NULL, seq BIGINT NOT NULL, label TEXT NOT NULL, value {blob} NOT NULL,
         recorded_us BIGINT NOT NULL, PRIMARY KEY (execution_id, seq))""",
@@ -34,6 +35,9 @@ _SELECT_OWNER = f"SELECT {', '.join(OWNER_COLUMNS)} FROM cf_journal_owners"
 _UPSERT_OWNER = (f"INSERT INTO cf_journal_owners ({', '.join(OWNER_COLUMNS)})"
                  f" VALUES ({', '.join('?' for _ in OWNER_COLUMNS)}) ON CONFLICT (scope) DO UPDATE SET "
                  + ", ".join(f"{c} = excluded.{c}" for c in OWNER_COLUMNS[1:]))
+ADDED_OWNER_COLUMNS = {"pins": "TEXT NOT NULL DEFAULT '{}'"}
+"""Owner columns added after ``cf_journal_owners`` first shipped: a journal made before gains them."""
+
 _SELECT_STEP = "SELECT execution_id, seq, label, value, recorded_us FROM cf_journal_steps"
 
 
@@ -58,6 +62,11 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
             self._lock_ddl(cur)
             for statement in DDL:
                 cur.execute(statement.format(blob=self.blob_type))
+            cur.execute("SELECT * FROM cf_journal_owners WHERE 1 = 0")
+            present = {column[0] for column in cur.description}
+            for column, ddl in ADDED_OWNER_COLUMNS.items():
+                if column not in present:
+                    cur.execute(f"ALTER TABLE cf_journal_owners ADD COLUMN {column} {ddl}")
 
         self._write(create, rerun_unheard=True)
 
@@ -82,6 +91,9 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
 
     row_lock = ""
     """Appended to the owner read inside a write transaction (`` FOR UPDATE`` where rows lock)."""
+
+    row_share = ""
+    """Appended to the owner read :meth:`hold_owners` holds (`` FOR SHARE`` where rows lock)."""
 
     # --- plumbing -------------------------------------------------------------------------------
 
@@ -111,6 +123,30 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
         except CommitUnheard as exc:
             raise CommitOutcomeUnknown(f"journal owner {scope or execution_id}", str(execution_id or scope),
                                        str(exc)) from exc
+
+    @contextmanager
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = ()) -> Iterator[HeldOwners]:
+        # Its own connection: the held transaction stays open through the caller's block while this
+        # store's connection goes on serving its other verbs (a step record, another scope's claim).
+        with self._mapped_errors():
+            conn = self._connect()
+        try:
+            with self._mapped_errors():
+                cur = conn.cursor()
+                self._begin_write(cur)
+                cur.execute(self._sql(f"{_SELECT_OWNER} WHERE execution_id = ?{self.row_share}"), (execution_id,))
+                own = _owner(cur.fetchone())
+                others: dict[str, OwnerRow] = {}
+                if scopes:
+                    marks = ", ".join("?" for _ in scopes)
+                    cur.execute(self._sql(f"{_SELECT_OWNER} WHERE scope IN ({marks}) ORDER BY scope{self.row_share}"),
+                                tuple(scopes))
+                    others = {row.scope: row for row in (OwnerRow(*found) for found in cur.fetchall())}
+            yield HeldOwners(own, others)
+            with self._mapped_errors():
+                cur.execute("COMMIT")
+        finally:
+            conn.close()  # a block that raised: closing rolls the read back and frees the lock
 
     def owner(self, scope: str) -> OwnerRow | None:
         rows = self._query(f"{_SELECT_OWNER} WHERE scope = ?", (scope,))

@@ -23,6 +23,7 @@ from contextful.storage.clock import from_us
 from contextful.storage.errors import (
     ConditionalWriteUnsupported,
     JournalConflict,
+    OwnerPinsMismatch,
     OwnerPlanMismatch,
     StorageProfileUnknown,
 )
@@ -396,3 +397,30 @@ def test_concurrent_claimers_of_one_scope_elect_one_holder(site: JournalSite, jo
     owner = journal.owner("contended")
     assert owner is not None
     assert (owner.execution_id, owner.holder, owner.attempts) == (execution, f"holder {winner}", 1)
+
+
+# --- pins and held owners (run.own.host-scope, run.journal.current-owner) -------------------------
+
+
+@pytest.mark.clause("run.own.host-scope")
+def test_an_owner_pins_the_identities_its_claim_supplies(journal: JournalStore, other: JournalStore) -> None:
+    pins = {"body.implementation": "d" * 64, "input": "orders@17"}
+    first = journal.claim("host:digest", PLAN, "h1", T0, LEASE, pins)
+    assert other.owner("host:digest") == first and first.pin_map() == pins
+    with pytest.raises(OwnerPinsMismatch) as info:
+        other.claim("host:digest", PLAN, "h2", T0 + LEASE, LEASE, {**pins, "input": "orders@18"})
+    assert (info.value.pinned, info.value.offered) == (pins, {**pins, "input": "orders@18"})
+    assert other.claim("host:digest", PLAN, "h2", T0 + LEASE, LEASE, pins).attempts == 2
+
+
+@pytest.mark.clause("run.journal.current-owner")
+def test_hold_owners_reads_the_executions_row_and_the_scopes_asked_for(journal: JournalStore,
+                                                                      other: JournalStore) -> None:
+    parent = journal.claim("job", PLAN, "h0", T0, LEASE)
+    first = journal.claim("orders", PLAN, "h1", T0, LEASE)
+    with other.hold_owners(first.execution_id, ["job", "absent"]) as held:
+        assert held.own == first and held.others == {"job": parent}
+    journal.close(first.execution_id, "h1", CLOSED_OK, T0 + 1)
+    journal.claim("orders", PLAN, "h2", T0 + 2, LEASE)  # a new execution replaces it under the scope
+    with other.hold_owners(first.execution_id) as held:
+        assert held.own is None and held.others == {}

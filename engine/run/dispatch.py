@@ -1,0 +1,90 @@
+"""Admission: the current-owner check an execution passes immediately before an effect or a
+publication, and the hold it keeps on its owner through the admitted callback.
+
+Implements ``run.journal.current-owner`` and ``run.journal.durable-dispatch`` (decision
+"run-substrate-storage") and ``run.export.writer-fenced`` (decision "disposable-execution-state").
+:meth:`Execution.admit <contextful.engine.run.execution.Execution.admit>` opens the block; here
+:func:`admit` reads the durable owner row through the journal port's ``hold_owner`` and refuses
+with :class:`ExecutionWriterFenced` unless the row is still this execution's, pending, under the
+plan and pins the execution was admitted with, leased (unexpired) to this holder, at this attempt.
+A superseded attempt therefore enters neither boundary: the callback never runs. The scopes of an
+item's ancestors and its entity fences (owner rows keyed like any scope) are read and held with
+it, and each must be pending under an unexpired lease.
+
+What the hold guarantees depends on the adapter:
+
+* **PostgreSQL** holds the owner row — which carries the lease — and the fences' rows ``FOR SHARE``
+  on a connection of its own through the block. Takeover, retirement and replacement write the row ``FOR UPDATE``, so
+  they serialize after the admitted callback returns; two admitted callbacks of one owner share it.
+* **SQLite** holds the database's write lock through the block: every owner write waits (strict,
+  and coarser: other scopes' owner writes, and every other write to that file — the catalog's
+  commits when the journal shares its file — wait too). So the block itself must not write that
+  database: journal the callback's value, or commit the publication it admitted, after the block.
+* **The file tree** checks, then acts: nothing is held during the callback. A takeover meanwhile is
+  learned at the superseded holder's next owner write, which fails conditionally.
+
+The owner's own renewals wait behind the hold too (PostgreSQL, SQLite): renew before the block,
+never inside it, and keep a callback shorter than the lease and the server's idle-in-transaction
+bound. A stop (cancel) arriving while a callback is admitted does not cut it: the callback returns,
+and the stop takes effect at the next boundary, as landing's path does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from contextful.storage.clock import from_us
+from contextful.storage.errors import ExecutionWriterFenced
+from contextful.storage.journal import PENDING, HeldOwners, OwnerRow
+
+if TYPE_CHECKING:
+    from contextful.engine.run.execution import Execution
+
+DISPATCH = "effect dispatch"
+PUBLICATION = "state publication"
+BOUNDARIES = (DISPATCH, PUBLICATION)
+
+
+def fenced_reason(held: HeldOwners, execution: Execution, fences: Sequence[str], now_us: int) -> str | None:
+    """Why ``execution`` is not its scope's current writer at ``now_us``, or a scope of ``fences``
+    has no pending owner with an unexpired lease (None: admitted)."""
+    row = held.own
+    if execution.closed:
+        return "the execution is closed"
+    if row is None or row.execution_id != execution.execution_id:
+        return f"no owner of scope {execution.scope} holds this execution any more"
+    if row.status != PENDING:
+        return f"its owner on {row.scope} is {row.status}"
+    if row.plan_ref != execution.plan_ref:
+        return f"its owner is pinned to plan {row.plan_ref[:12]}, this attempt to {execution.plan_ref[:12]}"
+    if row.pins != execution.pins:
+        return f"its owner pins {row.pins}, this attempt was admitted under {execution.pins}"
+    if row.holder != execution.holder or row.attempts != execution.attempt:
+        return (f"the owner lease transferred: attempt {row.attempts} of {row.holder} holds it, not attempt "
+                f"{execution.attempt} of {execution.holder}")
+    if row.lease_expires_us <= now_us:
+        return f"its owner lease lapsed at {from_us(row.lease_expires_us).isoformat()}"
+    for scope in fences:
+        fence = held.others.get(scope)
+        if fence is None or fence.status != PENDING:
+            return f"its ancestor or fence {scope} has no pending owner"
+        if fence.lease_expires_us <= now_us:
+            return f"the lease of its ancestor or fence {scope} lapsed at {from_us(fence.lease_expires_us).isoformat()}"
+    return None
+
+
+@contextmanager
+def admit(execution: Execution, boundary: str = DISPATCH, fences: Sequence[str] = ()) -> Iterator[OwnerRow]:
+    """Hold ``execution``'s owner row, and the owner rows of ``fences`` (the scopes of an item's
+    ancestors and its entity fences), through the block if it is the current writer and every
+    fence is pending under an unexpired lease; otherwise raise :class:`ExecutionWriterFenced`
+    naming the boundary and why, before the block runs."""
+    if boundary not in BOUNDARIES:
+        raise ValueError(f"admission boundary {boundary!r} is not one of {BOUNDARIES}")
+    with execution.journal.hold_owners(execution.execution_id, fences) as held:
+        reason = fenced_reason(held, execution, fences, execution.clock.now_us())
+        if reason is not None or held.own is None:
+            raise ExecutionWriterFenced(execution.execution_id, execution.attempt, boundary, reason or "")
+        yield held.own
