@@ -67,7 +67,8 @@ Hierarchy::
         │   │   ExecutionRewindUnsafe
         │   ├── InputChanged             a landed files input has other content now, not only appended NDJSON
         │   ├── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
-        │   └── ProjectExists            init found a contextful.toml already
+        │   ├── ProjectExists            init found a contextful.toml already
+        │   └── SweepOriginOutOfOrder    a carried sweep's origin read before the origin preceding it landed
 
         │   ├── TableStillRead           table drop of a table a model or an [[export]] reads (without --force)
         │   └── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
@@ -1063,6 +1064,20 @@ class QueryWriteRefused(Refused):
                          query=query, statement=statement)
 
 
+class SweepOriginOutOfOrder(Conflict):
+    """``run.sweep.carried-state``: under ``state = "carried"`` origins run in ascending order one
+    at a time, each reading the job's outputs at the preceding origin's commit; an origin read
+    before that origin landed has no state to read."""
+
+    execution_id: str
+    origin: str
+    preceding: str
+
+    def __init__(self, execution_id: str, origin: str, preceding: str) -> None:
+        super().__init__(f"sweep of execution {execution_id}: origin {origin} reads the outputs origin {preceding} "
+                         f"commits, and {preceding} has not landed; run the origins in ascending order "
+                         "(Sweep.run does)", execution_id=execution_id, origin=origin, preceding=preceding)
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AddressInUse",
@@ -1145,6 +1160,7 @@ __all__ = [
     "StorageProfileUnknown",
     "StoreCatalogMismatch",
     "StoreNotFound",
+    "SweepOriginOutOfOrder",
     "SyncCursorConflict",
     "TableNameCollision",
     "TableNameInvalid",
