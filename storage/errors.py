@@ -1074,8 +1074,8 @@ class SweepOriginOutOfOrder(Conflict):
     preceding: str
 
     def __init__(self, execution_id: str, origin: str, preceding: str) -> None:
-        super().__init__(f"sweep of execution {execution_id}: origin {origin} reads the outputs origin {preceding} "
-                         f"commits, and {preceding} has not landed; run the origins in ascending order "
+        super().__init__(f"sweep of execution {execution_id}: origin {origin} reads the outputs as origin {preceding} "
+                         f"commits them, and origin {preceding} has not landed; run the origins in ascending order "
                          "(Sweep.run does)", execution_id=execution_id, origin=origin, preceding=preceding)
 
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
