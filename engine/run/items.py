@@ -24,10 +24,11 @@ relation"):
 Crash safety (never a lost or doubled row): the ``_items`` run id is a digest of the job and the
 items' attempt run ids, and a catalog lands a run id at most once per table. A crash before the
 commit leaves nothing visible (the staged parts are orphans for collection) and the replayed
-attempt stages and commits again; a commit whose answer was lost is found landed by the catalog's
-rerun; a writer that commits the same items again after a landed commit finds the run id landed
-(:meth:`ItemOutcomes.commit` checks before staging) and lands nothing. One owner holds an item's
-scope at a time (``storage.journal``), so two writers never race on one item.
+attempt stages and commits again under the same run id; a commit whose answer was lost is found
+landed by the catalog's rerun; an item whose receipt already names its attempt run id is left out
+of a later commit (:meth:`ItemOutcomes.commit` reads the receipts before staging), so committing
+the same items again lands nothing, and the key ``(job, attempt_run_id)`` merges any repeat. One
+owner holds an item's scope at a time (``storage.journal``), so two writers never race on one item.
 
     >>> from contextful.storage import Store
     >>> import tempfile
@@ -60,6 +61,7 @@ from contextful.storage.transaction import CommitResult, RunTransaction, commit_
 
 if TYPE_CHECKING:
     from contextful.storage.store import Store
+    from contextful.storage.table import Table
 
 PRIMARY_KEY = ("job", "attempt_run_id")
 KEY_COLUMNS = ("logical_key", "entity_key")
@@ -207,37 +209,41 @@ class ItemOutcomes:
 
     def run_id(self) -> str:
         """The ``_items`` run id of the items recorded so far: the same items, the same run id."""
-        digest = hashlib.sha256("\0".join([self.job, *sorted(i.attempt_run_id for i in self._pending)]).encode())
-        return f"items-{digest.hexdigest()[:32]}"
+        return _run_id(self.job, [i.attempt_run_id for i in self._pending])
 
     def commit(self, *alongside: RunTransaction) -> list[CommitResult]:
         """Land the recorded rows and their receipts, with ``alongside`` (the runs carrying the items'
         output rows), in one catalog commit; return every run's result, ``_items``'s last.
 
-        Items whose run already landed (a replay after a crash) land nothing again: ``alongside`` is
-        committed alone and the landed ``_items`` commit is answered.
+        An item whose receipt already names its attempt run id (its row landed: a replay after a
+        crash) lands nothing again; when every item did, ``alongside`` is committed alone.
         """
         if not self._pending:
             return commit_together(alongside)
         table = self.store.reserved_table(ITEMS_TABLE, PRIMARY_KEY)
-        run_id = self.run_id()
-        landed = next((c for c in table.commits() if c.run_id == run_id), None)
-        if landed is not None:
+        guarded = served_keys(pa.Table.from_pylist([i.to_row() for i in self._pending], schema=ITEMS_SCHEMA))
+        rows = guarded.to_pylist()
+        fresh = [n for n, row in enumerate(rows) if not self._landed(table, row)]
+        if not fresh:
             results = commit_together(alongside)
-            count, self._pending = len(self._pending), []
-            return [*results, CommitResult(ITEMS_TABLE, run_id, landed.commit_seq, count, 0, 0, ())]
-        txn = table.transaction("append", run_id=run_id, meta={"job": self.job})
+            self._pending.clear()
+            return results
+        txn = table.transaction("append", run_id=_run_id(self.job, [rows[n]["attempt_run_id"] for n in fresh]),
+                                meta={"job": self.job})
         try:
-            guarded = served_keys(pa.Table.from_pylist([i.to_row() for i in self._pending], schema=ITEMS_SCHEMA))
-            txn.stage(guarded)
+            txn.stage(guarded.take(fresh))
             txn.add_to_commit(updates=tuple(
-                SetCursor(self.receipt_scope(row["logical_key"]), _receipt(row)) for row in guarded.to_pylist()))
+                SetCursor(self.receipt_scope(rows[n]["logical_key"]), _receipt(rows[n])) for n in fresh))
             results = commit_together([*alongside, txn])
         except BaseException:
             txn.abort()
             raise
         self._pending.clear()
         return results
+
+    def _landed(self, table: Table, row: dict[str, Any]) -> bool:
+        found = table.cursor(self.receipt_scope(row["logical_key"]))
+        return found is not None and found[0].get("attempt_run_id") == row["attempt_run_id"]
 
     def receipt_scope(self, served_logical_key: str | int) -> str:
         """The catalog cursor holding the receipt of the item the input relation served under this key."""
@@ -251,6 +257,11 @@ class ItemOutcomes:
             return None
         found = self.store.table(ITEMS_TABLE).cursor(self.receipt_scope(served_logical_key))
         return None if found is None else dict(found[0])
+
+
+def _run_id(job: str, attempt_run_ids: list[str]) -> str:
+    digest = hashlib.sha256("\0".join([job, *sorted(attempt_run_ids)]).encode())
+    return f"items-{digest.hexdigest()[:32]}"
 
 
 def _receipt(row: dict[str, Any]) -> dict[str, Any]:

@@ -110,11 +110,15 @@ def test_a_crash_before_the_commit_loses_nothing_and_a_replay_doubles_nothing(st
     staged.stage(pa.Table.from_pylist([i.to_row() for i in crashed.pending], schema=ITEMS_SCHEMA))
     assert items(store) == [] and crashed.receipt("doc-0") is None
     # the replayed attempt lands them once; a replay after that landing lands nothing again
-    first = attempt().commit()
-    replay = attempt().commit()
-    assert replay[-1].commit_seq == first[-1].commit_seq
-    assert [r["logical_key"] for r in items(store)] == ["doc-0", "doc-1", "doc-2"]
-    assert len(store.table(ITEMS_TABLE).commits()) == 1
+    [first] = attempt().commit()
+    assert first.table == ITEMS_TABLE and first.run_id == crashed.run_id()
+    assert attempt().commit() == []
+    more = attempt()  # a later batch repeating landed items beside a new one lands only the new row
+    more.record("doc-3", attempts=2, outcome="completed", attempt_run_id="item-3", execution_id="x-2", ended_us=T0)
+    [later] = more.commit()
+    assert later.rows == 1
+    assert [r["logical_key"] for r in items(store)] == ["doc-0", "doc-1", "doc-2", "doc-3"]
+    assert len(store.table(ITEMS_TABLE).commits()) == 2
 
 
 @pytest.mark.clause("run.items.terminal-outcome")
