@@ -114,7 +114,7 @@ class SweepSpec:
 
     @property
     def as_of_us(self) -> int | None:
-        return None if self.as_of is None else to_us(self.as_of)  # type: ignore[arg-type]
+        return to_us(self.as_of) if isinstance(self.as_of, datetime) else None
 
 
 def _problems(where: str, state: object, as_of: object) -> list[ContextfulError]:
