@@ -17,7 +17,8 @@ the others from reading: its view raises, when queried, the catalogue error nami
 ``SnapshotCollected`` when its parts at that snapshot were collected past retention,
 ``TableUnreadable`` for any other cause (a part missing, a key naming no column in a store
 written before keys were checked) — and :func:`deferred_error` turns DuckDB's error back into
-it. ``_runs`` is a view like any other, and so is each model (its latest published build);
+it. ``_runs`` is a view like any other (``_items`` too: at head, before any item ended, an empty
+one), and so is each model (its latest published build);
 :func:`model_build` adds a view of one specific build (docs/notebooks.md).
 """
 
@@ -41,7 +42,7 @@ from contextful.storage.errors import (
     TableUnreadable,
     first_line,
 )
-from contextful.storage.reserved import RUNS_TABLE
+from contextful.storage.reserved import ITEMS_TABLE, RUNS_TABLE
 from contextful.storage.snapshot import Snapshot, quote, snapshot_sql, sql_literal
 
 _RUNS_CACHE = "__contextful_runs_history"
@@ -133,6 +134,12 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
                   else f"its first commit landed at {from_us(first).isoformat()}")
         attach_error(con, name, SnapshotNotFound(name, f"as of {as_of.isoformat()} ({landed})"))
         names.append(name)
+    if as_of is None and ITEMS_TABLE not in names:  # no item ended yet: the reserved table reads empty
+        from contextful.engine.run.items import ITEMS_SCHEMA
+
+        con.register(f"__contextful_empty_{ITEMS_TABLE}", ITEMS_SCHEMA.empty_table())
+        con.execute(f"CREATE OR REPLACE VIEW {quote(ITEMS_TABLE)} AS SELECT * FROM {quote(f'__contextful_empty_{ITEMS_TABLE}')}")
+        names.append(ITEMS_TABLE)
     return names
 
 

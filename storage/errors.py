@@ -44,10 +44,8 @@ Hierarchy::
         │   ├── PipelinePrimaryKeyInvalid  a primary_key column the manifest shows can never be a column
         │   ├── TableNameCollision       a table named <root>__... beside a relational root, or two differing in case
         │   ├── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
-        │   └── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
-
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
-        │   └── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
+        │   └── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
         │   │   └── PrimaryKeyWideningLossy  a key column would widen to a type not holding every key exactly
@@ -73,10 +71,9 @@ Hierarchy::
         │   ├── ExecutionWriterFenced    a superseded attempt reached effect dispatch or state publication
         │   ├── InputChanged             a landed files input has other content now, not only appended NDJSON
         │   ├── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
-        │   └── ProjectExists            init found a contextful.toml already
-
+        │   ├── ProjectExists            init found a contextful.toml already
         │   ├── TableStillRead           table drop of a table a model or an [[export]] reads (without --force)
-        │   └── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
+        │   └── SweepOriginOutOfOrder    a carried sweep's origin read before the origin preceding it landed
         ├── Expired                      a window closed (expired; HTTP 410)
         │   ├── ReceiveBatchKeyExpired
         │   └── AwakeableTimedOut        an awakeable's deadline passed while it was pending
@@ -94,8 +91,7 @@ Hierarchy::
         │   ├── BlobNotFound
         │   ├── AwakeableUnknown         no awakeable holds the token
         │   ├── ProjectNotFound          no such directory, or no contextful.toml at or above it
-        │   └── StoreNotFound            a reading command found no store (it never creates one)
-
+        │   ├── StoreNotFound            a reading command found no store (it never creates one)
         │   └── RunNotFound              `contextful run show` names a run no record holds
         └── Permanent                    the store or backend cannot do this (permanent)
             ├── ConditionalWriteUnsupported
@@ -1198,6 +1194,19 @@ class ExecutionWriterFenced(Conflict):
                          "writer is fenced and must stop (the current owner's attempt carries the work on)",
                          execution=execution, attempt=attempt, boundary=boundary, reason=reason)
 
+class SweepOriginOutOfOrder(Conflict):
+    """``run.sweep.carried-state``: under ``state = "carried"`` origins run in ascending order one
+    at a time, each reading the job's outputs at the preceding origin's commit; an origin read
+    before that origin landed has no state to read."""
+
+    execution_id: str
+    origin: str
+    preceding: str
+
+    def __init__(self, execution_id: str, origin: str, preceding: str) -> None:
+        super().__init__(f"sweep of execution {execution_id}: origin {origin} reads the outputs as origin {preceding} "
+                         f"commits them, and origin {preceding} has not landed; run the origins in ascending order "
+                         "(Sweep.run does)", execution_id=execution_id, origin=origin, preceding=preceding)
 
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
@@ -1289,6 +1298,7 @@ __all__ = [
     "StorageProfileUnknown",
     "StoreCatalogMismatch",
     "StoreNotFound",
+    "SweepOriginOutOfOrder",
     "SyncCursorConflict",
     "TableNameCollision",
     "TableNameInvalid",

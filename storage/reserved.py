@@ -1,7 +1,7 @@
 """Reserved names and reserved columns of the store.
 
-Table names starting with ``_`` belong to the store (``_runs`` now; ``_items`` joins with the item
-ledger); a user table name is a letter followed by letters, digits and underscores. A batch
+Table names starting with ``_`` belong to the store: ``_runs`` (the run record,
+``storage.run_record``) and ``_items`` (one row per terminal item, ``engine.run.items``); a user table name is a letter followed by letters, digits and underscores. A batch
 carrying ``_modality`` must name one of the five modalities in every row
 (``store.reserve.modality``, decision "passage-s-modality"); anything else fails that batch's
 validation before a byte is staged.
@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 from contextful.storage.errors import ModalityInvalid, TableNameInvalid
 
 RUNS_TABLE = "_runs"
-RESERVED_TABLES = frozenset({RUNS_TABLE})
+ITEMS_TABLE = "_items"
+RESERVED_TABLES = frozenset({RUNS_TABLE, ITEMS_TABLE})
 MODALITIES = ("text", "image", "audio", "structured", "mixed")
 MODALITY_COLUMN = "_modality"
 
