@@ -16,7 +16,8 @@ Hierarchy::
     │   ├── RateLimited                  a limiter or server denied the call; the retry schedule waits
     │   ├── ConnectorBoundHit            a connector struck its linear-memory or call-deadline bound
     │   ├── SourceUnavailable            a source is unreachable or answered 5xx
-    │   └── AddressInUse                 serve's address is held by another socket (the port may free up)
+    │   ├── AddressInUse                 serve's address is held by another socket (the port may free up)
+    │   └── ExecutionSuspended           an execution stopped waiting on a pending awakeable; reopen to resume
     └── TerminalError                    marker: retrying the same input fails the same way
         ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
         │   ├── StorageProfileUnknown
@@ -66,6 +67,7 @@ Hierarchy::
         ├── Conflict                     two values disagree for good (conflict)
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │   │   ExecutionRewindUnsafe
+        │   ├── AwakeableAlreadyResolved  an awakeable resolved with another payload (its value stays)
         │   ├── InputChanged             a landed files input has other content now, not only appended NDJSON
         │   ├── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         │   └── ProjectExists            init found a contextful.toml already
@@ -73,7 +75,8 @@ Hierarchy::
         │   ├── TableStillRead           table drop of a table a model or an [[export]] reads (without --force)
         │   └── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         ├── Expired                      a window closed (expired; HTTP 410)
-        │   └── ReceiveBatchKeyExpired
+        │   ├── ReceiveBatchKeyExpired
+        │   └── AwakeableTimedOut        an awakeable's deadline passed while it was pending
         ├── Refused                      an admitted caller asked beyond its grant (refused; HTTP 403)
         │   ├── ExportQueryRefused       a gateway request names a namespace, an undeclared template, ...
         │   ├── WriterPipelineRefused    a writer key posted to a pipeline it does not name
@@ -88,6 +91,7 @@ Hierarchy::
         │   ├── SnapshotNotFound
         │   ├── InputNotFound
         │   ├── BlobNotFound
+        │   ├── AwakeableUnknown         no awakeable holds the token
         │   ├── ProjectNotFound          no such directory, or no contextful.toml at or above it
         │   └── StoreNotFound            a reading command found no store (it never creates one)
 
@@ -1066,6 +1070,73 @@ class QueryWriteRefused(Refused):
                          query=query, statement=statement)
 
 
+class AwakeableUnknown(NotFound):
+    """``run.suspend.resume-route``: no awakeable was minted under this token (HTTP 404)."""
+
+    token: str
+
+    def __init__(self, token: str) -> None:
+        super().__init__(f"no awakeable holds token {_token_hint(token)}: check the token the suspended run handed "
+                         "out (tokens are single-use and exact)", token=token)
+
+
+class AwakeableTimedOut(Expired):
+    """``run.suspend.expired-token``: the awakeable's deadline passed while it was pending; deadlines
+    evaluate lazily, at resolution or when the suspended execution looks (HTTP 410)."""
+
+    token: str
+    execution: str
+    label: str
+    deadline_us: int
+
+    def __init__(self, token: str, execution: str, label: str, deadline_us: int) -> None:
+        from datetime import UTC, datetime
+
+        deadline = datetime.fromtimestamp(deadline_us / 1_000_000, tz=UTC).isoformat()
+        super().__init__(f"awakeable {label!r} of execution {execution} (token {_token_hint(token)}) timed out at "
+                         f"{deadline}; it can no longer be resolved: rewind or re-run the execution to suspend "
+                         "afresh", token=token, execution=execution, label=label, deadline_us=deadline_us)
+
+
+class AwakeableAlreadyResolved(Conflict):
+    """``run.suspend.conflicting-resolution``: the awakeable was resolved with another payload; the
+    recorded value stays untouched (HTTP 409). The same payload again is no error."""
+
+    token: str
+    execution: str
+    label: str
+
+    def __init__(self, token: str, execution: str, label: str) -> None:
+        super().__init__(f"awakeable {label!r} of execution {execution} (token {_token_hint(token)}) was already "
+                         "resolved with another payload, which stays recorded; a resolution is single-valued "
+                         "(GET the token to read the recorded payload)", token=token, execution=execution,
+                         label=label)
+
+
+class ExecutionSuspended(TransientError):
+    """``run.suspend.awakeable``: an execution stopped waiting on a pending awakeable (its caller
+    asked it to wait no longer). Transient: the execution is pending, and reopening it after the
+    token is resolved replays to the same suspension and returns the payload."""
+
+    execution: str
+    token: str
+    label: str
+    deadline_us: int
+
+    def __init__(self, execution: str, token: str, label: str, deadline_us: int) -> None:
+        from datetime import UTC, datetime
+
+        deadline = datetime.fromtimestamp(deadline_us / 1_000_000, tz=UTC).isoformat()
+        super().__init__(f"execution {execution} is suspended on awakeable {label!r} until it is resolved (POST "
+                         f"/awake/<token>) or it times out at {deadline}; open the execution again to resume it",
+                         execution=execution, token=token, label=label, deadline_us=deadline_us)
+
+
+def _token_hint(token: str) -> str:
+    """The first characters of an awakeable token: enough to tell tokens apart in a message, not
+    enough to resolve one from a log line."""
+    return f"{token[:6]}…" if len(token) > 6 else repr(token)
+
 
 # --- signed credentials (engine.control.credentials) -----------------------------------------
 
@@ -1113,6 +1184,9 @@ __all__ = [
     "AddressInUse",
     "AnswerTooLarge",
     "ArgumentInvalid",
+    "AwakeableAlreadyResolved",
+    "AwakeableTimedOut",
+    "AwakeableUnknown",
     "BlobCorrupt",
     "BlobNotFound",
     "CatalogPathMissing",
@@ -1132,6 +1206,7 @@ __all__ = [
     "CursorPositionUnorderable",
     "ExecutionNotFound",
     "ExecutionRewindUnsafe",
+    "ExecutionSuspended",
     "Expired",
     "ExportCommitConflict",
     "ExportNamespaceShared",

@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any, Self
 
 import duckdb
+from contextful.storage.awakeables import AwakeableStore, awakeable_store_beside
 from contextful.storage.blobs import BlobStore
 from contextful.storage.blobs.files import FileBlobStore
 from contextful.storage.catalog import Catalog, open_catalog, storage_profile
@@ -93,6 +94,7 @@ class Store:
         self._closed = False
         self.blobs: BlobStore = FileBlobStore(objects)
         self._journal: JournalStore | None = None
+        self._awakeables: AwakeableStore | None = None
         self.write_threads = write_threads()
         """Parts one run writes behind its caller at once (``CONTEXTFUL_WRITE_THREADS``; 0: write inline)."""
         self._writers: ThreadPoolExecutor | None = None
@@ -122,6 +124,13 @@ class Store:
             else:
                 raise ValueError(f"no journal store for a {type(self.catalog).__name__} catalog")
         return self._journal
+
+    @property
+    def awakeables(self) -> AwakeableStore:
+        """The awakeable store beside :attr:`journal`: the same SQLite file or PostgreSQL schema."""
+        if self._awakeables is None:
+            self._awakeables = awakeable_store_beside(self.journal)
+        return self._awakeables
 
     @classmethod
     def open(cls, root: str | os.PathLike[str] = DEFAULT_STORE, *, catalog: Catalog | None = None,
@@ -162,6 +171,8 @@ class Store:
             self.runs.flush_quietly()
         if self._journal is not None:
             self._journal.close_store()
+        if self._awakeables is not None:
+            self._awakeables.close_store()
         self.catalog.close()
         if self._writers is not None:  # after the record's flush, which writes a part too
             self._writers.shutdown(wait=True)
