@@ -2,9 +2,9 @@
 
 Implements ``run.journal.substrate-port`` (decision "host-opens-execution": a host opens an
 execution through one handle keyed on a declared scope): open or resume under a scope and a
-content-hashed plan reference, record step output, commit a cursor, attach a retry schedule,
-describe capabilities. Suspending on an awakeable attaches here once the awakeable store exists;
-until then :meth:`Execution.capabilities` reports ``awakeables: False``.
+content-hashed plan reference, record step output, commit a cursor, suspend on an awakeable with a
+timeout (:meth:`Execution.suspend`, ``run.suspend.awakeable``: see :mod:`engine.run.awakeable`),
+attach a retry schedule, describe capabilities.
 
 Also ``run.own.unclosed-execution`` (decision "unclosed-execution-recovers"): only :meth:`close`
 writes a status. A handle dropped without it, or a process killed under it, leaves the owner
@@ -34,6 +34,8 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from contextful.engine.run.awakeable import POLL_S, await_resolution, decode_suspension
+from contextful.storage.awakeables import AwakeableStore, awakeable_store_beside
 from contextful.storage.clock import Clock, SystemClock
 from contextful.storage.errors import JournalConflict
 from contextful.storage.holders import default_holder, holder_is_dead
@@ -180,6 +182,45 @@ class Execution:
     def capabilities(self) -> dict[str, bool]:
         """What this execution can do over its journal store's profile."""
         return self.journal.capabilities()
+
+    # --- awakeables -------------------------------------------------------------------------------
+
+    awakeables: AwakeableStore | None = None
+    """The awakeable store :meth:`suspend` mints in; None opens the one beside the journal (the same
+    root, SQLite file or PostgreSQL schema) on the first suspension."""
+
+    def suspend(self, label: str, timeout_s: float, *, on_token: Callable[[str], None] | None = None,
+                wait_s: float | None = None, poll_s: float = POLL_S) -> bytes:
+        """Suspend on an awakeable as the next step; return the payload it was resolved with.
+
+        The step mints an opaque single-use token (the same token on every attempt of this
+        execution: minting is idempotent per step), calls ``on_token(token)`` while it is pending,
+        and blocks until someone resolves the token (``AwakeableStore.resolve``, ``POST
+        /awake/<token>``) or ``timeout_s`` from the first mint passes. The payload is then recorded
+        as the step, so a resumed execution replays it without minting or waiting. Past the
+        deadline, AwakeableTimedOut (recorded too: a replay raises it again).
+
+        ``wait_s`` bounds how long this call blocks: once it runs out with the token pending,
+        ExecutionSuspended carries the token and nothing is recorded; the owner stays pending, and
+        whoever opens the execution next (this holder at once, another once the lease lapses)
+        replays to this step and resumes waiting on the same token. A process that dies while
+        waiting leaves the same state behind.
+        """
+        seq = self._next_seq
+        self._check_open(seq)
+        recorded = self._recorded.get(seq)
+        if recorded is not None:
+            if recorded.label != label:
+                raise JournalConflict(self.execution_id, seq,
+                                      f"step {seq} was recorded as {recorded.label!r}; this attempt offers {label!r}")
+            stored = recorded.value
+        else:
+            if self.awakeables is None:
+                self.awakeables = awakeable_store_beside(self.journal)
+            stored = await_resolution(self, self.awakeables, seq, label, timeout_s, on_token=on_token,
+                                      wait_s=wait_s, poll_s=poll_s)
+        self._next_seq = seq + 1
+        return decode_suspension(self.execution_id, seq, label, stored)
 
     # --- close ------------------------------------------------------------------------------------
 

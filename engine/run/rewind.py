@@ -4,15 +4,17 @@ Implements ``run.own.rewind`` and ``run.own.rewind-unsafe`` (decision "supersede
 a superseded owner retires by operator verb or applied declaration, never at open). Rewinding
 retires the owner holding the execution and leaves the scope's committed position alone: the
 rows and cursor its commits landed stay, and the next run starts a new execution from that
-position. An owner whose attempt still holds an unexpired lease (its holder is not provably dead)
-refuses with :class:`ExecutionRewindUnsafe`; nothing overrides that (the spec's "--force overrides
-none"), so the command has no ``--force``.
+position. An owner whose attempt still holds an unexpired lease (its holder is not provably dead),
+or whose execution has an awakeable pending before its deadline (someone holds a token that would
+resume it), refuses with :class:`ExecutionRewindUnsafe` naming it; nothing overrides that (the
+spec's "--force overrides none").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contextful.storage.awakeables import AwakeableStore, awakeable_store_beside
 from contextful.storage.clock import Clock, SystemClock, from_us
 from contextful.storage.errors import ExecutionNotFound, ExecutionRewindUnsafe
 from contextful.storage.holders import holder_is_dead
@@ -25,8 +27,10 @@ class Rewound:
     reason: str
 
 
-def rewind(journal: JournalStore, execution_id: str, reason: str, *, clock: Clock | None = None) -> Rewound:
-    """Retire the pending owner holding ``execution_id``."""
+def rewind(journal: JournalStore, execution_id: str, reason: str, *, clock: Clock | None = None,
+           awakeables: AwakeableStore | None = None) -> Rewound:
+    """Retire the pending owner holding ``execution_id``. ``awakeables`` defaults to the awakeable
+    store beside ``journal``."""
     if not reason.strip():
         raise ExecutionNotFound(execution_id, "a rewind needs a --reason")
     now = (clock or SystemClock()).now_us()
@@ -38,4 +42,19 @@ def rewind(journal: JournalStore, execution_id: str, reason: str, *, clock: Cloc
     if owner.lease_expires_us > now and not holder_is_dead(owner.holder):
         raise ExecutionRewindUnsafe(execution_id, f"attempt {owner.attempts} of {owner.holder} holds the owner "
                                                   f"lease on {owner.scope} until {from_us(owner.lease_expires_us)}")
+    _refuse_pending_awakeables(journal, execution_id, now, awakeables)
     return Rewound(journal.retire(execution_id, now), reason)
+
+
+def _refuse_pending_awakeables(journal: JournalStore, execution_id: str, now: int,
+                               awakeables: AwakeableStore | None) -> None:
+    store = awakeables or awakeable_store_beside(journal)
+    try:
+        pending = store.pending_for(execution_id, now)
+    finally:
+        if awakeables is None:
+            store.close_store()
+    if pending:
+        row = pending[0]
+        raise ExecutionRewindUnsafe(execution_id, f"awakeable {row.label!r} (step {row.seq}) is pending until "
+                                                  f"{from_us(row.deadline_us)}: its token would resume the execution")

@@ -44,7 +44,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from contextful.storage.errors import AwakeableAlreadyResolved, AwakeableTimedOut, AwakeableUnknown, JournalConflict
+from contextful.storage.errors import (
+    AwakeableAlreadyResolved,
+    AwakeableTimedOut,
+    AwakeableUnknown,
+    JournalConflict,
+)
 
 if TYPE_CHECKING:
     from contextful.storage.journal import JournalStore

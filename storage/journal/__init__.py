@@ -126,9 +126,9 @@ class JournalStore(ABC):
 
     def capabilities(self) -> dict[str, bool]:
         """What an execution over this store can do. Every profile pairs the journal with a blob
-        store and writes conditionally (an adapter that cannot refuses to open); awakeables are not
-        built yet."""
-        return {"journal": True, "blobs": True, "awakeables": False, "conditional_writes": True}
+        store and an awakeable store beside it (``storage.awakeables``) and writes conditionally (an
+        adapter that cannot refuses to open)."""
+        return {"journal": True, "blobs": True, "awakeables": True, "conditional_writes": True}
 
     # --- owner verbs ------------------------------------------------------------------------------
 

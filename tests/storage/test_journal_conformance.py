@@ -303,7 +303,7 @@ def test_collect_deletes_an_executions_steps(journal: JournalStore, other: Journ
 
 
 def test_capabilities(journal: JournalStore) -> None:
-    assert journal.capabilities() == {"journal": True, "blobs": True, "awakeables": False,
+    assert journal.capabilities() == {"journal": True, "blobs": True, "awakeables": True,
                                       "conditional_writes": True}
 
 

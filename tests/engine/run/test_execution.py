@@ -29,7 +29,7 @@ import pytest
 from contextful.engine.run.execution import Execution, open_execution, plan_reference
 from contextful.engine.run.retry import RetrySchedule
 from contextful.storage.clock import ManualClock, from_us
-from contextful.storage.errors import JournalConflict, OwnerPlanMismatch
+from contextful.storage.errors import ExecutionSuspended, JournalConflict, OwnerPlanMismatch
 from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING, JournalStore
 from contextful.storage.journal.files import FileJournalStore
 
@@ -103,12 +103,20 @@ def test_one_handle_opens_records_caches_a_cursor_takes_a_retry_schedule_and_clo
     owner = journal.owner("host:nightly-report")
     assert owner is not None and json.loads(owner.cursor or "null") == {"position": "tok-2", "marker": "m1"}
 
-    # Attach a retry schedule; describe capabilities (awakeables come with the awakeable store).
+    # Suspend on an awakeable with a timeout: the token goes out, the resolved payload comes back.
+    tokens: list[str] = []
+    with pytest.raises(ExecutionSuspended):
+        ex.suspend("approve", timeout_s=60, on_token=tokens.append, wait_s=0)
+    ex.awakeables.resolve(tokens[0], b"approved", "alice", clock.now_us())  # type: ignore[union-attr]
+    assert ex.suspend("approve", timeout_s=60) == b"approved"
+    assert [(s.seq, s.label) for s in journal.steps(ex.execution_id)][-1] == (2, "approve")
+
+    # Attach a retry schedule; describe capabilities.
     schedule = RetrySchedule(attempts=3)
     assert ex.retry is None
     ex.attach_retry(schedule)
     assert ex.retry is schedule
-    assert ex.capabilities() == {"journal": True, "blobs": True, "awakeables": False, "conditional_writes": True}
+    assert ex.capabilities() == {"journal": True, "blobs": True, "awakeables": True, "conditional_writes": True}
 
     clock.advance(5)
     ex.renew()

@@ -12,7 +12,10 @@ import pytest
 from contextful.engine.config import load_manifest
 from contextful.engine.land.journal import pipeline_plan
 from contextful.engine.run.execution import open_execution, plan_reference
+from contextful.engine.run.rewind import rewind
 from contextful.storage import Store
+from contextful.storage.clock import ManualClock, SystemClock
+from contextful.storage.errors import ExecutionSuspended
 
 from tests.support.cli import contextful
 
@@ -79,3 +82,33 @@ def test_rewind_refuses_an_owner_whose_attempt_holds_its_lease_and_nothing_overr
     assert [o["status"] for o in listing if o["execution"] == execution] == ["pending"]
     unknown = contextful(project, "run", "rewind", "nope", "--reason", "x", check=False)
     assert unknown.returncode == 6 and "ExecutionNotFound" in unknown.stderr
+
+
+@pytest.mark.clause("run.own.rewind-unsafe")
+def test_rewind_refuses_an_execution_with_an_awakeable_pending_before_its_deadline(project: Path) -> None:
+    spec = load_manifest(project).pipeline("events")
+    with Store.open(project / ".contextful" / "store") as store:
+        # The holder is dead, so its lease does not refuse: the pending awakeable does.
+        execution = open_execution(store.journal, "pipeline:events", plan_reference(pipeline_plan(spec)),
+                                   holder=f"{socket.gethostname()}:{_dead_pid()}:gone", lease_s=600)
+        with pytest.raises(ExecutionSuspended) as suspended:
+            execution.suspend("await approval", timeout_s=3600, wait_s=0)
+        token = suspended.value.token
+    for extra in ((), ("--force",)):  # --force overrides none
+        out = contextful(project, "run", "rewind", execution.execution_id, "--reason", "stuck?", *extra, check=False)
+        assert out.returncode == 5 and "ExecutionRewindUnsafe" in out.stderr, out.stderr
+        assert execution.execution_id in out.stderr and "awakeable 'await approval' (step 0) is pending" in out.stderr
+    with Store.open(project / ".contextful" / "store") as store:
+        row = store.awakeables.get(token)
+        assert row is not None and row.state == "pending"
+        # Past its deadline the awakeable can resume nothing (it timed out): the rewind goes through.
+        past = ManualClock(row.deadline_us)
+        done = rewind(store.journal, execution.execution_id, "timed out", clock=past)
+        assert done.owner.status == "retired"
+        # A resolved awakeable holds nothing back either.
+        again = open_execution(store.journal, "pipeline:events", plan_reference(pipeline_plan(spec)),
+                               holder=f"{socket.gethostname()}:{_dead_pid()}:gone", lease_s=600)
+        with pytest.raises(ExecutionSuspended) as suspended:
+            again.suspend("await approval", timeout_s=3600, wait_s=0)
+        store.awakeables.resolve(suspended.value.token, b"ok", None, SystemClock().now_us())
+        assert rewind(store.journal, again.execution_id, "resolved").owner.status == "retired"
