@@ -12,11 +12,13 @@ import base64
 import http.client
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from contextful.engine.control.credentials import (
     issuer_key,
     load_signing_key,
 )
+from contextful.engine.run.execution import open_execution
 from contextful.engine.served.awake import MAX_PAYLOAD_BYTES
 from contextful.engine.served.project import Served, serve_project
 from contextful.storage import Store
@@ -247,6 +250,29 @@ def test_the_verified_on_behalf_of_is_recorded_as_the_caller_subject(face: Face)
     assert request(face.url, "POST", f"/awake/{third}", b"ok",
                    bearer(f"{head}.{forged_claims.rstrip(b'=').decode()}.{signature}"))[0] == 401
     assert face.store.awakeables.get(third).subject is None  # type: ignore[union-attr]
+
+
+@pytest.mark.clause("run.suspend.resume-route", "run.suspend.resume-authenticates")
+def test_a_post_wakes_the_suspended_execution_with_the_payload(face: Face) -> None:
+    tokens: queue.Queue[str] = queue.Queue()
+
+    def run() -> bytes:  # an execution suspending, as a job's step does, until someone posts the token back
+        execution = open_execution(face.store.journal, "job:approve", "plan-1", clock=face.clock)
+        payload = execution.suspend("approve", 3600, on_token=tokens.put, wait_s=60)
+        execution.close(True)
+        return payload
+
+    with ThreadPoolExecutor(1, thread_name_prefix="suspended-execution") as pool:
+        waiting = pool.submit(run)
+        token = tokens.get(timeout=60)  # pending: the execution is waiting on it
+        auth = bearer(face.credential("svc://relay", on_behalf_of="dana"))
+        assert json.loads(request(face.url, "GET", f"/awake/{token}", headers=auth)[2])["state"] == "pending"
+        assert not waiting.done()  # GET resumed nothing
+        assert request(face.url, "POST", f"/awake/{token}", b"approved by dana", auth)[::2] == \
+            (200, b"approved by dana")
+        assert waiting.result(timeout=60) == b"approved by dana"
+    row = face.store.awakeables.get(token)
+    assert row is not None and (row.state, row.subject) == (RESOLVED, "dana")
 
 
 def _serve(project: Path, *args: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
