@@ -162,9 +162,19 @@ def test_post_answers_200_with_the_recorded_payload_404_409_and_410(face: Face) 
     assert error_of(request(face.url, "POST", f"/awake/{soon}", b"late", auth)) == (410, "AwakeableTimedOut")
     assert face.store.awakeables.get(soon).state == PENDING  # type: ignore[union-attr]
 
-    # a payload past the bound is refused before it is read whole; the awakeable stays pending
+    # a payload declared past the bound is refused before a byte of it is read; the awakeable stays pending
     fresh = face.mint(3, deadline_us=T0_US + HOUR_US)
-    assert error_of(request(face.url, "POST", f"/awake/{fresh}", b"x" * (MAX_PAYLOAD_BYTES + 1), auth))[0] == 413
+    host, port = face.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.putrequest("POST", f"/awake/{fresh}")
+        for name, value in {**auth, "Content-Length": str(MAX_PAYLOAD_BYTES + 1)}.items():
+            conn.putheader(name, value)
+        conn.endheaders()  # the headers alone: the answer comes before any body
+        response = conn.getresponse()
+        assert (response.status, json.loads(response.read())["error"]) == (413, "RequestBodyTooLarge")
+    finally:
+        conn.close()
     assert face.store.awakeables.get(fresh).state == PENDING  # type: ignore[union-attr]
 
 
