@@ -186,8 +186,9 @@ class Execution:
     # --- awakeables -------------------------------------------------------------------------------
 
     awakeables: AwakeableStore | None = None
-    """The awakeable store :meth:`suspend` mints in; None opens the one beside the journal (the same
-    root, SQLite file or PostgreSQL schema) on the first suspension."""
+    """The awakeable store :meth:`suspend` mints in (e.g. ``Store.awakeables``); None opens the one
+    beside the journal (the same root, SQLite file or PostgreSQL schema) for each suspension that
+    is not a replay, and closes it after."""
 
     def suspend(self, label: str, timeout_s: float, *, on_token: Callable[[str], None] | None = None,
                 wait_s: float | None = None, poll_s: float = POLL_S) -> bytes:
@@ -215,10 +216,13 @@ class Execution:
                                       f"step {seq} was recorded as {recorded.label!r}; this attempt offers {label!r}")
             stored = recorded.value
         else:
-            if self.awakeables is None:
-                self.awakeables = awakeable_store_beside(self.journal)
-            stored = await_resolution(self, self.awakeables, seq, label, timeout_s, on_token=on_token,
-                                      wait_s=wait_s, poll_s=poll_s)
+            awakeables = self.awakeables or awakeable_store_beside(self.journal)
+            try:
+                stored = await_resolution(self, awakeables, seq, label, timeout_s, on_token=on_token,
+                                          wait_s=wait_s, poll_s=poll_s)
+            finally:
+                if awakeables is not self.awakeables:
+                    awakeables.close_store()
         self._next_seq = seq + 1
         return decode_suspension(self.execution_id, seq, label, stored)
 

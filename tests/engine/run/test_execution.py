@@ -28,6 +28,7 @@ import psycopg
 import pytest
 from contextful.engine.run.execution import Execution, open_execution, plan_reference
 from contextful.engine.run.retry import RetrySchedule
+from contextful.storage.awakeables import awakeable_store_beside
 from contextful.storage.clock import ManualClock, from_us
 from contextful.storage.errors import ExecutionSuspended, JournalConflict, OwnerPlanMismatch
 from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING, JournalStore
@@ -107,9 +108,11 @@ def test_one_handle_opens_records_caches_a_cursor_takes_a_retry_schedule_and_clo
     tokens: list[str] = []
     with pytest.raises(ExecutionSuspended):
         ex.suspend("approve", timeout_s=60, on_token=tokens.append, wait_s=0)
-    ex.awakeables.resolve(tokens[0], b"approved", "alice", clock.now_us())  # type: ignore[union-attr]
+    ex.awakeables = awakeable_store_beside(journal)
+    ex.awakeables.resolve(tokens[0], b"approved", "alice", clock.now_us())
     assert ex.suspend("approve", timeout_s=60) == b"approved"
     assert [(s.seq, s.label) for s in journal.steps(ex.execution_id)][-1] == (2, "approve")
+    ex.awakeables.close_store()
 
     # Attach a retry schedule; describe capabilities.
     schedule = RetrySchedule(attempts=3)
