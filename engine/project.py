@@ -28,7 +28,7 @@ from contextful.storage.errors import (
 from contextful.storage.store import DEFAULT_STORE
 
 MANIFEST = "contextful.toml"
-PROJECT_KEYS = ("name", "store", "catalog")
+PROJECT_KEYS = ("name", "store", "catalog", "issuer_keys")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class Project:
     """The store root: a local path (resolved against the project) or an fsspec URL."""
     catalog: str | None
     """The local profile's SQLite catalog file when the store root is remote."""
+    issuer_keys: tuple[str, ...] = ()
+    """Issuer public keys pinned for signed credentials (``engine.control.credentials``)."""
 
 
 def find_project(start: str | os.PathLike[str] = ".") -> Path | None:
@@ -83,7 +85,8 @@ def parse_project(block: Any, root: Path) -> tuple[Project, list[ContextfulError
         block = {}
     problems += [ManifestKeyUnknown("[project]", k, PROJECT_KEYS) for k in block if k not in PROJECT_KEYS]
     values: dict[str, str | None] = {"name": root.name, "store": DEFAULT_STORE, "catalog": None}
-    for key in PROJECT_KEYS:
+    issuer_keys = _issuer_keys(block.get("issuer_keys", []), problems)
+    for key in ("name", "store", "catalog"):
         if key in block:
             if isinstance(block[key], str) and block[key].strip():
                 values[key] = block[key]
@@ -94,7 +97,19 @@ def parse_project(block: Any, root: Path) -> tuple[Project, list[ContextfulError
         store = str((root / store).resolve())
     if catalog is not None and "://" not in catalog:
         catalog = str((root / catalog).resolve())
-    return Project(root, values["name"] or root.name, store, catalog), problems
+    return Project(root, values["name"] or root.name, store, catalog, issuer_keys), problems
+
+
+def _issuer_keys(value: Any, problems: list[ContextfulError]) -> tuple[str, ...]:
+    """``[project] issuer_keys``: a list of public keys, each as ``contextful key generate`` prints it."""
+    from contextful.engine.control.credentials import public_key_problem
+
+    if not isinstance(value, list):
+        problems.append(ManifestValueInvalid("[project]", "issuer_keys", f"must be a list of public keys, not {value!r}"))
+        return ()
+    found = [problem for text in value if (problem := public_key_problem(text)) is not None]
+    problems += [ManifestValueInvalid("[project]", "issuer_keys", problem) for problem in found]
+    return () if found else tuple(value)
 
 
 def load_project(directory: str | os.PathLike[str] = ".") -> Project:

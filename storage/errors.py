@@ -45,7 +45,8 @@ Hierarchy::
         │   ├── TableNameCollision       a table named <root>__... beside a relational root, or two differing in case
         │   ├── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
-        │   └── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
+        │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
+        │   └── IssuerKeyInvalid         an issuer key (pinned public key, private key file) is not an Ed25519 key
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
         │   │   └── PrimaryKeyWideningLossy  a key column would widen to a type not holding every key exactly
@@ -83,7 +84,9 @@ Hierarchy::
         │   └── QueryWriteRefused        `contextful sql` was given a statement that writes (CREATE, INSERT, COPY ... TO)
         ├── Unauthenticated              no admitted credential (unauthenticated; HTTP 401)
         │   ├── ReaderCredentialUnadmitted
-        │   └── WriterCredentialUnadmitted
+        │   ├── WriterCredentialUnadmitted
+        │   └── CredentialUnadmitted     a signed credential missing, malformed, unpinned, badly signed, other audience
+        │       └── CredentialExpired    its exp has passed
         ├── NotFound                     (not-found)
         │   ├── TableNotFound
         │   ├── SnapshotNotFound
@@ -1133,6 +1136,8 @@ def _token_hint(token: str) -> str:
     """The first characters of an awakeable token: enough to tell tokens apart in a message, not
     enough to resolve one from a log line."""
     return f"{token[:6]}…" if len(token) > 6 else repr(token)
+
+
 # --- owners, registered bodies and admission (issue 15, helper "owners") ------------------------
 
 
@@ -1208,6 +1213,48 @@ class SweepOriginOutOfOrder(Conflict):
                          f"commits them, and origin {preceding} has not landed; run the origins in ascending order "
                          "(Sweep.run does)", execution_id=execution_id, origin=origin, preceding=preceding)
 
+
+# --- signed credentials (engine.control.credentials) -----------------------------------------
+
+
+class CredentialUnadmitted(Unauthenticated):
+    """A request's signed credential is missing, malformed, signed by no issuer key pinned here,
+    badly signed, for another audience or not yet valid (unauthenticated; HTTP 401, exit 9)."""
+
+    audience: str
+    reason: str
+
+    def __init__(self, audience: str, reason: str) -> None:
+        super().__init__(f"{reason}; this route admits 'Authorization: Bearer <credential>' carrying a credential "
+                         f"for audience {audience!r} issued by `contextful key issue --audience {audience}` under an "
+                         f"issuer key pinned here ([project] issuer_keys or CONTEXTFUL_ISSUER_PUBKEY)",
+                         audience=audience, reason=reason)
+
+
+class CredentialExpired(CredentialUnadmitted):
+    """A signed credential's ``exp`` has passed (still a 401: it admits nothing)."""
+
+    expired_at: str
+
+    def __init__(self, audience: str, expired_at: str) -> None:
+        super().__init__(audience, f"the credential expired at {expired_at}; issue a fresh one")
+        self.expired_at = expired_at
+        self.fields["expired_at"] = expired_at
+
+
+class IssuerKeyInvalid(SpecInvalid):
+    """An issuer key (a pinned public key, or a private key file) is not an Ed25519 key in the
+    spelling ``contextful key generate`` writes, or cannot be read or written where it was named."""
+
+    source: str
+    reason: str
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"issuer key from {source}: {reason}; `contextful key generate` writes a key pair and "
+                         "prints the public key to pin (ed25519:<43 base64url characters>)", source=source,
+                         reason=reason)
+
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AddressInUse",
@@ -1231,6 +1278,8 @@ __all__ = [
     "ConnectorBoundHit",
     "ContextfulError",
     "ContractMismatch",
+    "CredentialExpired",
+    "CredentialUnadmitted",
     "CursorFieldMismatch",
     "CursorPositionUnorderable",
     "ExecutionNotFound",
@@ -1246,6 +1295,7 @@ __all__ = [
     "InputMalformed",
     "InputNotFound",
     "InputUnreadable",
+    "IssuerKeyInvalid",
     "JournalConflict",
     "LeaseCursorKindMismatch",
     "ManifestInvalid",

@@ -7,6 +7,7 @@ one catalogue line (``error: ArgumentInvalid: --limit 0: ...``, exit 3) and noth
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import click
@@ -23,3 +24,19 @@ def at_least(minimum: float, unit: str) -> Callable[[click.Context, click.Parame
         return value
 
     return check
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"([0-9]{1,9})\s*([smhd]?)")
+
+
+def duration_seconds(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    """A click callback reading ``90``, ``90s``, ``15m``, ``1h`` or ``2d`` as whole seconds (one or
+    more); ArgumentInvalid naming the option else."""
+    match = _DURATION.fullmatch(value.strip())
+    seconds = int(match.group(1)) * _UNITS[match.group(2) or "s"] if match else 0
+    if seconds < 1:
+        from contextful.storage.errors import ArgumentInvalid
+
+        raise ArgumentInvalid(param.opts[0], value, "give a duration of one second or more: 90, 90s, 15m, 1h or 2d")
+    return seconds

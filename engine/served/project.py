@@ -1,12 +1,15 @@
 """Everything ``contextful pipeline serve`` hosts for one project, on one served face or several.
 
 - the receive source, when a ``[[pipeline]]`` has a source of kind ``receive`` (docs/receive.md);
-- the Iceberg query gateway, when the manifest declares an ``[[export]]`` (docs/exports.md).
+- the Iceberg query gateway, when the manifest declares an ``[[export]]`` (docs/exports.md);
+- the resume route of awakeables, when an issuer key is pinned (``[project] issuer_keys`` or
+  ``CONTEXTFUL_ISSUER_PUBKEY``; docs/served.md).
 
 :func:`serve_project` serves each service on its own address when given one (``receive_address``,
-``gateway_address``) and the others on the shared ``address``; a service with no address is not
+``gateway_address``, ``awake_address``) and the others on the shared ``address``; a service with no address is not
 served. Writer keys admit only receive routes and reader keys only the gateway's, wherever they
-are served; separate addresses let a deployment expose one and not the other.
+are served, and signed credentials only the resume route; separate addresses let a deployment
+expose one and not the other.
 :meth:`Served.shutdown` stops accepting, lets requests in flight answer, and closes the services.
 """
 
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
     from contextful.engine.export.gateway import Gateway
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.server import ReceiveServer
+    from contextful.engine.served.awake import AwakeService
     from contextful.storage import Store
 
 Address = str | tuple[str, int]
@@ -35,9 +39,10 @@ class Served:
     faces: dict[str, ServedFace]
     """Each face by what it serves: ``""`` for the shared address, else the service's name."""
     urls: dict[str, str]
-    """Each served service (``receive``, ``gateway``) -> the URL it answers on."""
+    """Each served service (``receive``, ``gateway``, ``awake``) -> the URL it answers on."""
     receive: ReceiveServer | None
     gateway: Gateway | None
+    awake: AwakeService | None = None
 
     @property
     def url(self) -> str:
@@ -51,34 +56,46 @@ class Served:
             idle = face.shutdown(grace_s) and idle
         if self.receive is not None:
             self.receive.close(grace_s, idle=idle)
+        if self.awake is not None:
+            self.awake.close()
 
 
-OPTIONS = {"": "--http", "receive": "--receive-http", "gateway": "--gateway-http"}
+OPTIONS = {"": "--http", "receive": "--receive-http", "gateway": "--gateway-http", "awake": "--awake-http"}
 """Each address's option, as ``contextful pipeline serve`` spells it: what an address error names."""
 
 
 def serve_project(manifest: Manifest, store_factory: Callable[[], Store], address: Address | None, *,
                   decoder: Decoder, queue_root: str | Path, receive_address: Address | None = None,
-                  gateway_address: Address | None = None) -> Served:
-    """Serve the manifest's receive pipelines and its exports' query gateway (see the module docstring).
+                  gateway_address: Address | None = None, awake_address: Address | None = None,
+                  awake_store: Callable[[], Store] | None = None) -> Served:
+    """Serve the manifest's receive pipelines, its exports' query gateway and the resume route
+    (see the module docstring). The resume route opens its store with ``awake_store`` (default
+    ``store_factory``); ``contextful pipeline serve`` passes one that never creates a store.
 
     Every address given is read first and every face bound before the store or the receive queues
     open, so an address that cannot be served (ArgumentInvalid, AddressInUse) leaves nothing behind.
     """
+    from contextful.engine.control.credentials import pinned_issuers
     from contextful.engine.export.gateway import Gateway, gateway_routes
     from contextful.engine.land.receive.server import open_receivers
+    from contextful.engine.served.awake import AwakeService, awake_routes
 
-    given = {"": address, "receive": receive_address, "gateway": gateway_address}
+    given = {"": address, "receive": receive_address, "gateway": gateway_address, "awake": awake_address}
     for label, at in given.items():
         if at is not None:
             parse_address(at, OPTIONS[label])
     receiving = any(p.source.kind == "receive" for p in manifest.pipelines) and (receive_address or address) is not None
     gateway = Gateway(manifest) if manifest.exports and (gateway_address or address) is not None else None
-    if not receiving and gateway is None:
-        raise SpecInvalid("nothing to serve: no [[pipeline]] of kind 'receive' or [[export]] has an address "
-                          "(--http, --receive-http, --gateway-http)")
+    pins = pinned_issuers(manifest.project) if (awake_address or address) is not None else ()
+    if awake_address is not None and not pins:
+        raise SpecInvalid("nothing to serve on --awake-http: no issuer key is pinned ([project] issuer_keys or "
+                          "CONTEXTFUL_ISSUER_PUBKEY; `contextful key generate` makes one)")
+    awake = AwakeService(awake_store or store_factory, pins) if pins else None
+    if not receiving and gateway is None and awake is None:
+        raise SpecInvalid("nothing to serve: no [[pipeline]] of kind 'receive', [[export]] or pinned issuer key "
+                          "has an address (--http, --receive-http, --gateway-http, --awake-http)")
     wanted: dict[str, list[str]] = {}  # face label -> the services it serves
-    for name, serving in (("receive", receiving), ("gateway", gateway is not None)):
+    for name, serving in (("receive", receiving), ("gateway", gateway is not None), ("awake", awake is not None)):
         if serving:
             wanted.setdefault(name if given[name] is not None else "", []).append(name)
     faces: dict[str, ServedFace] = {}
@@ -89,7 +106,8 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
             assert at is not None, f"{label or 'the shared face'} is served only with an address"
             faces[label] = bind_face(at, OPTIONS[label])
         receive = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder) if receiving else None
-        routes = {"receive": receive.routes() if receive else [], "gateway": gateway_routes(gateway) if gateway else []}
+        routes = {"receive": receive.routes() if receive else [], "gateway": gateway_routes(gateway) if gateway else [],
+                  "awake": awake_routes(awake) if awake else []}
         urls: dict[str, str] = {}
         for label, names in wanted.items():
             faces[label].serve([route for name in names for route in routes[name]])
@@ -102,4 +120,4 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
         raise
     if receive is not None:
         receive.start()
-    return Served(faces, urls, receive, gateway)
+    return Served(faces, urls, receive, gateway, awake)
