@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from contextful.engine.config import load_manifest
-from contextful.engine.land.journal import pipeline_plan
-from contextful.engine.run.execution import open_execution, plan_reference
+from contextful.engine.run.execution import open_execution
+from contextful.engine.run.plan import pipeline_reference
 from contextful.storage import Store
 
 from tests.support.cli import contextful
@@ -47,7 +47,7 @@ def project(tmp_path: Path) -> Path:
 def _pending(project: Path, holder: str, plan: str | None = None) -> str:
     spec = load_manifest(project).pipeline("events")
     with Store.open(project / ".contextful" / "store") as store:
-        execution = open_execution(store.journal, "pipeline:events", plan or plan_reference(pipeline_plan(spec)),
+        execution = open_execution(store.journal, "pipeline:events", plan or pipeline_reference(spec),
                                    holder=holder, lease_s=600)
         return execution.execution_id  # dropped without close: pending, as after a crash
 
