@@ -167,7 +167,9 @@ def _print_plan(p: PipelinePlan) -> None:
 def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float) -> None:
     """Run pipelines (default: all, in dependency order)."""
     from contextful.engine.land.pipeline import Progress, run_pipelines
+    from contextful.engine.run.script_runtime import refuse_script_runtime
 
+    refuse_script_runtime()  # before the store opens: a refused environment writes nothing
     manifest = _manifest(ctx)
     selected = _check_ids(manifest, ids)
 
