@@ -256,14 +256,28 @@ def _needs(table_name: str, op: dict[str, Any], column: str, data: pa.Table) -> 
     return data.column(column)
 
 
+_KINDS: tuple[Callable[[pa.DataType], bool], ...] = (
+    lambda t: pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t),
+    lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+    pa.types.is_boolean, pa.types.is_temporal)
+
+
 def _matches(table_name: str, op: dict[str, Any], values: pa.ChunkedArray, wanted: list[Any]) -> pa.ChunkedArray:
-    """Where ``values`` equals one of ``wanted``, compared as the column's own type (a value that
-    type cannot hold exactly is refused, never compared as text)."""
+    """Where ``values`` equals one of ``wanted``, compared as the column's own type: a declared
+    value of another kind (text against numbers, a boolean against text) or one that type cannot
+    hold exactly is refused, never compared as text."""
+    reason = None
     try:
-        value_set = pa.array(wanted).cast(values.type)
+        declared = pa.array(wanted)
+        if not any(kind(declared.type) and kind(values.type) for kind in _KINDS):
+            reason = f"{declared.type} values never equal {values.type} ones"
+        else:
+            value_set = declared.cast(values.type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise SchemaIrreconcilable(table_name, "", str(values.type), f"operation {op['id']!r}'s values {wanted!r}",
-                                   str(exc)) from exc
+        reason = str(exc)
+    if reason is not None:
+        raise SchemaIrreconcilable(table_name, op.get("column", op.get("on", "")), str(values.type),
+                                   f"operation {op['id']!r}'s values {wanted!r}", reason)
     return pc.fill_null(pc.is_in(values, value_set=value_set), False)
 
 

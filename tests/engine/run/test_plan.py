@@ -23,6 +23,7 @@ from contextful.storage.errors import (
     PipelineNodeIdCollision,
     PipelineTransformArity,
     PipelineUndeclaredControlFlow,
+    SchemaIrreconcilable,
 )
 
 from tests.support.cli import contextful, contextful_in
@@ -212,6 +213,9 @@ chain = [{ op = "filter", column = "id", equals = 3 }, { op = "rename", columns 
         {"id": 1, "region": None, "amount": 10.0, "amount_eur": None, "copy_of": None},
         {"id": 2, "region": "eu", "amount": None, "amount_eur": 20, "copy_of": None},
         {"id": None, "region": "eu", "amount": None, "amount_eur": 30, "copy_of": 3}]
+    text_for_a_number = [{"id": "f", "op": "filter", "column": "id", "equals": "1"}]
+    with pytest.raises(SchemaIrreconcilable, match="string values never equal int64"):  # like with like only
+        run_chain("orders", "orders", text_for_a_number, rows)
 
 
 @pytest.mark.clause("run.compile.node-id-collision")
@@ -281,6 +285,12 @@ def _fake_runtime(directory: Path, name: str) -> Path:
 @pytest.mark.clause("run.compile.authoring-surface")
 def test_a_javascript_runtime_importable_where_plans_run_refuses_to_start(tmp_path: Path) -> None:
     assert linked_script_runtimes() == ()  # this environment, the one the package installs into, links none
+    project_table = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())["project"]
+    declared = [*project_table["dependencies"], *(d for ds in project_table["optional-dependencies"].values()
+                                                   for d in ds)]
+    js_distributions = ("mini-racer", "py-mini-racer", "quickjs", "dukpy", "js2py", "pythonmonkey", "stpyv8",
+                        "pyexecjs", "javascript", "pyduktape", "pyduktape2")
+    assert not [d for d in declared if d.lower().replace("_", "-").startswith(js_distributions)]  # no profile links one
     project = tmp_path / "project"
     project.mkdir()
     (project / "contextful.toml").write_text(PROJECT.format(body=CHAIN))
