@@ -260,16 +260,18 @@ def test_an_operation_emitting_more_rows_than_it_consumed_raises_on_that_batch()
 
 @pytest.mark.clause("run.transform.arity")
 def test_a_run_fails_the_input_whose_batch_breaks_arity_and_lands_the_others(tmp_path: Path) -> None:
-    (tmp_path / "contextful.toml").write_text(PROJECT.format(body=CHAIN))
+    from contextful.engine.land.pipeline import run_pipelines
+    from contextful.storage import Store
+
+    manifest = manifest_of(PROJECT.format(body=CHAIN), tmp_path)
     (tmp_path / "orders").mkdir()
     (tmp_path / "orders" / "a.ndjson").write_text('{"id": 1, "status": "paid", "amount": 5, "tags": ["a"]}\n')
     (tmp_path / "orders" / "b.ndjson").write_text('{"id": 2, "status": "paid", "amount": 6, "tags": ["b", "c"]}\n')
-    out = contextful(tmp_path, "--json", "pipeline", "run", check=False)
-    assert out.returncode == 4, out.stderr
-    failures = json.loads(out.stdout)[0]["failures"]
-    assert [(f["error"], f["input"].endswith("b.ndjson")) for f in failures] == [("PipelineTransformArity", True)]
-    landed = json.loads(contextful(tmp_path, "--json", "sql", "SELECT id, tags FROM orders").stdout)
-    assert landed == [{"id": 1, "tags": "a"}]
+    with Store.open(tmp_path / "store") as store:
+        [result] = run_pipelines(store, manifest)
+        assert [(f.error, f.input.endswith("b.ndjson")) for f in result.failures] == [("PipelineTransformArity", True)]
+        assert "'first_tag' emitted 2 rows from 1 consumed" in result.failures[0].detail
+        assert store.table("orders").to_arrow().select(["id", "tags"]).to_pylist() == [{"id": 1, "tags": "a"}]
 
 
 def _fake_runtime(directory: Path, name: str) -> Path:
