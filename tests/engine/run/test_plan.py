@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -295,7 +298,8 @@ def test_a_javascript_runtime_importable_where_plans_run_refuses_to_start(tmp_pa
     assert not [d for d in declared if d.lower().replace("_", "-").startswith(js_distributions)]  # no profile links one
     project = tmp_path / "project"
     project.mkdir()
-    (project / "contextful.toml").write_text(PROJECT.format(body=CHAIN))
+    (project / "contextful.toml").write_text(PROJECT.format(body=CHAIN) + '[[pipeline]]\nid = "clicks"\n'
+                                             '[pipeline.source]\nkind = "receive"\nconfig = { key_retention_secs = 60 }\n')
     (project / "orders").mkdir()
     (project / "orders" / "a.ndjson").write_text('{"id": 1, "status": "paid", "amount": 5, "tags": ["a"]}\n')
     path = os.pathsep.join(p for p in (str(tmp_path / "linked"), os.environ.get("PYTHONPATH", "")) if p)
@@ -307,6 +311,14 @@ def test_a_javascript_runtime_importable_where_plans_run_refuses_to_start(tmp_pa
     assert served.returncode == 1 and "error: ScriptRuntimeLinked:" in served.stderr, served.stderr
     assert "listening" not in served.stdout and not marker.exists()  # found on the path, never imported
     assert not (project / ".contextful" / "store").exists()  # refused before anything ran
-    clean = contextful(project, "--json", "pipeline", "run")
-    assert json.loads(clean.stdout)[0]["tables"][0]["rows"] == 1
+    clean = {r["pipeline"]: r for r in json.loads(contextful(project, "--json", "pipeline", "run").stdout)}
+    assert clean["orders"]["tables"][0]["rows"] == 1
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
+    serving = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(project), "pipeline",
+                                "serve", "--http", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert serving.stdout is not None and serving.stdout.readline().startswith("listening on http://127.0.0.1:")
+    finally:
+        serving.send_signal(signal.SIGTERM)
+        assert serving.wait(timeout=60) == 0
     assert {"py_mini_racer", "quickjs", "dukpy", "js2py", "pythonmonkey", "STPyV8"} <= set(JS_RUNTIME_MODULES)
