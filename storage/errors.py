@@ -44,6 +44,8 @@ Hierarchy::
         │   ├── PipelinePrimaryKeyInvalid  a primary_key column the manifest shows can never be a column
         │   ├── TableNameCollision       a table named <root>__... beside a relational root, or two differing in case
         │   ├── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
+        │   ├── PipelineInlineStepBody, PipelineUndeclaredControlFlow, PipelineNodeIdCollision
+        │   │                            a manifest the plan compiler refuses (run.compile.*)
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
         │   └── IssuerKeyInvalid         an issuer key (pinned public key, private key file) is not an Ed25519 key
@@ -63,7 +65,8 @@ Hierarchy::
         │   ├── PipelineSeedCeilingBreached, PipelineSeedCeilingUnevaluable
         │   ├── ContractMismatch         contract-mismatch: a model's contract or result breaks the published one
         │   ├── ModelTestFailed          a model's data test found offending rows; nothing published
-        │   └── ColumnNamesCollide       two column or field names of a table differ only in case
+        │   ├── ColumnNamesCollide       two column or field names of a table differ only in case
+        │   └── PipelineTransformArity   a chain operation emitted more rows than it consumed
         ├── Conflict                     two values disagree for good (conflict)
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │   │   ExecutionRewindUnsafe
@@ -104,6 +107,7 @@ Hierarchy::
             ├── QueryFailed              an admitted gateway query failed for a reason not the reader's (error id)
             ├── TableUnreadable          one table's view cannot be built; the other tables still read
             └── CatalogRejected           the catalog database refused a write (integrity)
+            └── ScriptRuntimeLinked      a JavaScript engine is importable where plans are served
 
 Messages are built from structured fields, so callers and tests read the fields, and the text
 names what the spec says it names.
@@ -940,7 +944,6 @@ class ColumnNamesCollide(Incompatible):
                          table=table, first=first, second=second, where=where)
 
 
-
 # --- finding a project and its store ---------------------------------------------------------
 
 
@@ -1255,6 +1258,74 @@ class IssuerKeyInvalid(SpecInvalid):
                          reason=reason)
 
 
+# --- compiled plans (decision "plan-compiled-content") ----------------------------------------
+
+
+class PipelineInlineStepBody(SpecInvalid):
+    """``run.compile.inline-step-body``: a pipeline step's body is a connector reference (a source
+    ``kind`` the engine knows, with its ``config``); inline code or any other body key is refused."""
+
+    path: str
+    key: str
+
+    def __init__(self, path: str, key: str, detail: str) -> None:
+        super().__init__(f"{path}: {detail}; a step's body is a connector reference only ([pipeline.source] with "
+                         f"kind and config): remove {key!r} and land through a source kind, shaping rows with "
+                         f"[[pipeline.transform]] operations", path=path, key=key)
+
+
+class PipelineUndeclaredControlFlow(SpecInvalid):
+    """``run.compile.control-flow``: a data-dependent conditional or loop written any way but a
+    declared ``branch`` (arms selected by data) or ``parallel`` (fan-out) operation."""
+
+    path: str
+    key: str
+
+    def __init__(self, path: str, key: str) -> None:
+        super().__init__(f"{path}: {key!r} is a data-dependent conditional or loop the plan cannot declare; "
+                         f"branch with op = \"branch\" (declared arms, one selected per row by a column's value) "
+                         f"and fan out with op = \"parallel\" in [[pipeline.transform]]", path=path, key=key)
+
+
+class PipelineNodeIdCollision(SpecInvalid):
+    """``run.compile.node-id-collision``: two nodes of one compiled plan share an id."""
+
+    node: str
+    first: str
+    second: str
+
+    def __init__(self, node: str, first: str, second: str) -> None:
+        super().__init__(f"node id {node!r} is declared at {first} and again at {second}; give one of them another "
+                         f"id", node=node, first=first, second=second)
+
+
+class PipelineTransformArity(Incompatible):
+    """``run.transform.arity``: a chain operation emitted more rows than it consumed (per batch)."""
+
+    pipeline: str
+    node: str
+    consumed: int
+    emitted: int
+
+    def __init__(self, pipeline: str, node: str, consumed: int, emitted: int) -> None:
+        super().__init__(f"pipeline {pipeline!r}: operation {node!r} emitted {emitted:,} rows from {consumed:,} "
+                         f"consumed; a chain operation never emits more rows than it consumes (nothing of this "
+                         f"batch landed): change the operation or the data it reads", pipeline=pipeline, node=node,
+                         consumed=consumed, emitted=emitted)
+
+
+class ScriptRuntimeLinked(Permanent):
+    """``topology.compose.script-runtime``: a JavaScript engine is importable where plans are served."""
+
+    modules: tuple[str, ...]
+
+    def __init__(self, modules: tuple[str, ...]) -> None:
+        super().__init__(f"a JavaScript runtime is importable in this serving environment ({', '.join(modules)}); "
+                         f"plans are compiled data and no scripting runtime may be linked where they run: uninstall "
+                         f"it from this environment (pip uninstall {' '.join(modules)}) or take it off PYTHONPATH",
+                         modules=modules)
+
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AddressInUse",
@@ -1314,7 +1385,9 @@ __all__ = [
     "PipelineAfterCycle",
     "PipelineAfterUnknown",
     "PipelineIdDuplicate",
+    "PipelineInlineStepBody",
     "PipelineListIndexMissing",
+    "PipelineNodeIdCollision",
     "PipelineNormalizeModeUnknown",
     "PipelinePrimaryKeyInvalid",
     "PipelineSeedCeilingBreached",
@@ -1322,6 +1395,8 @@ __all__ = [
     "PipelineSeedDeclarationMissing",
     "PipelineSeedSourceChanged",
     "PipelineSourceKindUnknown",
+    "PipelineTransformArity",
+    "PipelineUndeclaredControlFlow",
     "PrimaryKeyColumnMissing",
     "PrimaryKeyNull",
     "PrimaryKeyWideningLossy",
@@ -1338,6 +1413,7 @@ __all__ = [
     "RequestBodyTooLarge",
     "RunNotFound",
     "SchemaIrreconcilable",
+    "ScriptRuntimeLinked",
     "SnapshotCollected",
     "SnapshotNotFound",
     "SourceRequestRefused",

@@ -20,6 +20,7 @@ from contextful.engine.cli.values import at_least
 if TYPE_CHECKING:
     from contextful.engine.config import Manifest
     from contextful.engine.land.pipeline import PipelinePlan
+    from contextful.engine.run.plan import CompiledPlan
     from contextful.storage import Store
 
 
@@ -34,6 +35,13 @@ def _store(ctx: click.Context, manifest: Manifest, *, create: bool = False) -> S
     from contextful.engine.project import open_project_store
 
     return open_project_store(manifest.root, ctx.obj["store"], project=manifest.project, create=create)
+
+
+def _compiled(manifest: Manifest) -> CompiledPlan:
+    """The plan :func:`load_manifest` compiled (it compiles one for every manifest it returns)."""
+    if manifest.plan is None:
+        raise RuntimeError("a manifest load_manifest returned carries its compiled plan")
+    return manifest.plan
 
 
 def _check_ids(manifest: Manifest, ids: tuple[str, ...]) -> list[str] | None:
@@ -77,19 +85,22 @@ def validate(ctx: click.Context) -> None:
     unmatched = [w for p in manifest.pipelines if p.source.kind == "files"
                  for w in unmatched_warnings(p.id, p.source.config, manifest.root)]
     warnings = caller_sql_warnings(manifest.exports) + [w for w in rereads if w] + unmatched
+    compiled = _compiled(manifest)
     if ctx.obj["json"]:
-        emit_json({"ok": True, "pipelines": [p.id for p in manifest.pipelines], "warnings": warnings})
+        emit_json({"ok": True, "pipelines": [p.id for p in manifest.pipelines], "warnings": warnings,
+                   "plan_reference": compiled.reference})
     else:
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
-        click.echo(f"{manifest.root / 'contextful.toml'}: ok, {len(manifest.pipelines)} pipeline(s)")
+        click.echo(f"{manifest.root / 'contextful.toml'}: ok, {len(manifest.pipelines)} pipeline(s), "
+                   f"plan {compiled.reference}")
 
 
 @pipeline.command()
 @click.argument("ids", nargs=-1)
 @click.pass_context
 def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
-    """What a run would pull and land, without running it."""
+    """What a run would pull and land, without running it; --json adds the compiled plan and its hash."""
     from contextful.engine.land.pipeline import plan_pipeline
     from contextful.storage.errors import StoreNotFound
 
@@ -102,8 +113,8 @@ def plan(ctx: click.Context, ids: tuple[str, ...]) -> None:
     else:
         with store:
             plans = [plan_pipeline(store, manifest, spec) for spec in manifest.in_dependency_order(selected)]
-    if ctx.obj["json"]:
-        emit_json([p.to_json() for p in plans])
+    if ctx.obj["json"]:  # the compiled plan whole (the reference pins every unit), each pipeline's pull
+        emit_json({**_compiled(manifest).to_json(), "pipelines": [p.to_json() for p in plans]})
         return
     for p in plans:
         _print_plan(p)
@@ -156,7 +167,9 @@ def _print_plan(p: PipelinePlan) -> None:
 def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float) -> None:
     """Run pipelines (default: all, in dependency order)."""
     from contextful.engine.land.pipeline import Progress, run_pipelines
+    from contextful.engine.run.script_runtime import refuse_script_runtime
 
+    refuse_script_runtime()  # before the store opens: a refused environment writes nothing
     manifest = _manifest(ctx)
     selected = _check_ids(manifest, ids)
 

@@ -36,7 +36,10 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.spool import queue_root
     from contextful.engine.project import open_project_store
+    from contextful.engine.run.script_runtime import refuse_script_runtime
     from contextful.engine.served.project import serve_project
+
+    refuse_script_runtime()  # topology.compose.script-runtime: checked before anything is served
 
     def open_store() -> Store:  # receive pipelines land batches: a writer, so it creates the store
         return open_project_store(manifest.root, store_url, project=manifest.project, create=True)

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from contextful.engine.export.spec import ExportSpec
     from contextful.engine.land.seed import SeedSpec
     from contextful.engine.model.spec import ModelSpec
+    from contextful.engine.run.plan import CompiledPlan
 
 NORMALIZE_MODES = ("nested", "relational")
 SOURCE_KINDS = ("files", "http", "receive")
@@ -51,6 +52,8 @@ class PipelineSpec:
     """Higher runs first among pipelines ready at once."""
     seed: SeedSpec | None = None
     """A one-time historical load landed before the live source's first pull (``[pipeline.seed]``)."""
+    transform: tuple[dict[str, Any], ...] = ()
+    """The compiled transform chain (``[[pipeline.transform]]``, ``engine.run.transform``) each batch runs through."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class Manifest:
     """The ``[[model]]`` blocks (docs/models.md)."""
     exports: tuple[ExportSpec, ...] = ()
     """The ``[[export]]`` blocks (docs/exports.md)."""
+    plan: CompiledPlan | None = None
+    """The compiled plan (``engine.run.plan``); every manifest :func:`load_manifest` reads has one."""
 
     def export(self, name: str) -> ExportSpec:
         for spec in self.exports:

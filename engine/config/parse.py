@@ -41,8 +41,7 @@ from contextful.storage.errors import (
 
 TOP_KEYS = ("project", "pipeline", "model", "export")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
-                 "schedule", "after", "priority", "seed")
-SOURCE_KEYS = ("kind", "config")
+                 "schedule", "after", "priority", "seed", "transform")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 _SCHEDULE = re.compile(r"every\s+\d+\s*(s|m|h|d)|(\S+\s+){4}\S+")
 
@@ -122,9 +121,14 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
     models = _models(doc.get("model", []), root, pipelines, problems)
     _check_table_names(pipelines, models, problems)
     exports = _exports(doc.get("export", []), root, problems)
+    plan = None
+    if not problems.found:  # the build-time compiler: every declaration validated becomes a plan node
+        from contextful.engine.run.plan import compile_plan
+
+        plan = compile_plan(pipelines, models, exports, doc, problems.add)
     if problems.found:
         raise ManifestInvalid(path, problems.found)
-    return Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports))
+    return Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan)
 
 
 def _exports(blocks: Any, root: Path, problems: _Problems) -> list[ExportSpec]:
@@ -168,11 +172,18 @@ def _models(blocks: Any, root: Path, pipelines: list[PipelineSpec], problems: _P
 
 
 def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
+    from contextful.engine.run.plan import control_flow_keys
+    from contextful.engine.run.transform import compile_chain
+
+    if isinstance(block, dict):
+        named = f"[[pipeline]] {block['id']!r}" if isinstance(block.get("id"), str) else f"[[pipeline]] #{n}"
+        block = control_flow_keys(named, block, problems.add)
     opened = problems.open_block("pipeline", n, block, "id", PIPELINE_KEYS, _ID,
                                  "an id (a letter, then letters, digits or '_')")
     if opened is None:
         return None
     where, pipeline_id = opened
+    transform = compile_chain(block.get("transform", []), where, problems.add)
     incremental = problems.string(where, block, "incremental")
     source = _source(block.get("source"), where, pipeline_id or f"#{n}", incremental, problems)
     table = problems.string(where, block, "table", pipeline_id) or (pipeline_id or "")
@@ -222,7 +233,7 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
     return PipelineSpec(
         id=pipeline_id, source=source, table=table, normalize=normalize, incremental=incremental,
         primary_key=primary_key, order_by=order_by, types=dict(types), schedule=schedule,
-        after=problems.strings(where, block, "after"), priority=priority, seed=seed,
+        after=problems.strings(where, block, "after"), priority=priority, seed=seed, transform=tuple(transform),
     )
 
 
@@ -281,10 +292,11 @@ def _source(block: Any, where: str, pipeline_id: str, incremental: str | None,
     if block is None:
         problems.add(ManifestValueInvalid(where, "source", "is required ([pipeline.source] with a kind)"))
         return None
-    if not isinstance(block, dict):
-        problems.add(ManifestValueInvalid(where, "source", "must be a table with a kind"))
+    from contextful.engine.run.plan import check_step_body
+
+    block = check_step_body(f"{where} source", block, problems.add)
+    if block is None:
         return None
-    problems.unknown_keys(f"{where} source", block, SOURCE_KEYS)
     kind = problems.string(f"{where} source", block, "kind", required=True)
     if kind is not None and kind not in SOURCE_KINDS:
         problems.add(PipelineSourceKindUnknown(pipeline_id, kind, SOURCE_KINDS))

@@ -1,8 +1,8 @@
 """A pipeline run's execution: opened on the pipeline's scope and plan, journaling each pull.
 
 Implements, for landing, ``run.own.checkpoint-resume`` (decision "host-registered-derive"): a run
-opens or resumes the execution keyed on ``pipeline:<id>`` and the SHA-256 of its plan
-(:func:`pipeline_plan`), journals each pull (its request, position and rows), and at each
+opens or resumes the execution keyed on ``pipeline:<id>`` and its node's reference in the compiled
+plan (``engine.run.plan.pipeline_reference``), journals each pull (its request, position and rows), and at each
 checkpoint caches the committed position and its marker (the checkpoint's run id and commit) on the
 pending owner and collects the journal's recorded pulls. A resumption — the run that follows a
 crash, taking over the dead holder's lease — discards the pulls recorded after the checkpoint and
@@ -17,21 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 from contextful.engine.config.manifest import PipelineSpec
-from contextful.engine.run.execution import Execution, open_execution, plan_reference
+from contextful.engine.run.execution import Execution, open_execution
 from contextful.engine.run.owners import Scope
+from contextful.engine.run.plan import pipeline_reference
 from contextful.storage import Store
 from contextful.storage.transaction import CommitResult
 
 LEASE_S = 300.0
 """The owner lease a run renews at every pull; a crashed holder on this host is taken over at once."""
-
-
-def pipeline_plan(spec: PipelineSpec) -> dict[str, Any]:
-    """What pins a pipeline's execution: everything that decides which rows land where."""
-    return {"pipeline": spec.id, "table": spec.table, "source": {"kind": spec.source.kind,
-                                                                 "config": spec.source.config},
-            "normalize": spec.normalize, "incremental": spec.incremental, "primary_key": list(spec.primary_key),
-            "order_by": spec.order_by, "types": spec.types}
 
 
 class PullJournal:
@@ -43,7 +36,7 @@ class PullJournal:
 
     @classmethod
     def open(cls, store: Store, spec: PipelineSpec, scope: str) -> PullJournal:
-        execution = open_execution(store.journal, Scope.table(scope), plan_reference(pipeline_plan(spec)),
+        execution = open_execution(store.journal, Scope.table(scope), pipeline_reference(spec),
                                    lease_s=LEASE_S, take_over_dead=True)
         if execution.resumed:
             execution.discard_recorded()  # pulls after the last checkpoint never committed: pull afresh

@@ -223,7 +223,11 @@ def run_pipelines(store: Store, manifest: Manifest, ids: list[str] | None = None
                   checkpoint_bytes: int = CHECKPOINT_BYTES, decoder: Decoder | None = None,
                   progress: Callable[[Progress], None] | None = None,
                   cancel: threading.Event | None = None) -> list[PipelineResult]:
-    """Run the named pipelines (default: all) in dependency order, sharing one decoder server."""
+    """Run the named pipelines (default: all) in dependency order, sharing one decoder server; a
+    JavaScript engine importable here refuses them all first (``engine.run.script_runtime``)."""
+    from contextful.engine.run.script_runtime import refuse_script_runtime
+
+    refuse_script_runtime()
     specs = manifest.in_dependency_order(ids)
     owned = decoder is None
     decoder = decoder or Decoder()

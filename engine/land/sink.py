@@ -72,7 +72,8 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
                   guard: bool = True, pull: str = "", first_row: int = 0) -> tuple[dict[str, pa.Table], dict[str, int]]:
     """One decoded batch as the tables it lands in, and the cells the guard masked per column.
 
-    Typed landing (when ``types`` is given), then the secret guard, then normalization: ``nested``
+    Typed landing (when ``types`` is given), then the pipeline's transform chain
+    (``engine.run.transform``), then the secret guard, then normalization: ``nested``
     gives ``{root: batch}``; ``relational`` the root table then its child tables, each checked for
     its list index. ``id_prefix`` makes the relational row ids of an unkeyed root unique (a run id
     and a counter). A keyed root's rows are checked for their key (``storage.keys``): a missing key
@@ -80,6 +81,10 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
     first row's position in the pull).
     """
     table = apply_types(spec.table, batch, types) if types is not None else batch
+    if spec.transform:
+        from contextful.engine.run.transform import run_chain
+
+        table = run_chain(spec.id, spec.table, list(spec.transform), table)
     masked: dict[str, int] = {}
     if guard:
         from contextful.engine.guard import guard_table, log_masked

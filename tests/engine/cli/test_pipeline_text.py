@@ -61,7 +61,7 @@ def test_a_files_plan_names_the_first_inputs_and_counts_the_rest(tmp_path: Path)
     for name in "bcdefg":
         (raw / f"{name}.ndjson").write_text('{"id": 3}\n')
 
-    planned = json.loads(contextful(tmp_path, "--json", "pipeline", "plan").stdout)[0]
+    planned = json.loads(contextful(tmp_path, "--json", "pipeline", "plan").stdout)["pipelines"][0]
     assert len(planned["pull"]) == 7 and planned["changed"] == [str(raw / "z.ndjson")]
     proc = contextful(tmp_path, "pipeline", "plan")
     lines = proc.stdout.splitlines()
@@ -90,7 +90,7 @@ def test_an_http_plan_shows_the_stored_position_and_first_request_and_progress_c
         ["events: 1 page", "2 rows"], ["events: 2 pages", "4 rows"], ["events: 3 pages", "5 rows"]]
     assert all("inputs" not in line and "MiB staged" in line for line in progress)
 
-    planned = json.loads(contextful(tmp_path, "--json", "pipeline", "plan").stdout)[0]
+    planned = json.loads(contextful(tmp_path, "--json", "pipeline", "plan").stdout)["pipelines"][0]
     text = contextful(tmp_path, "pipeline", "plan").stdout.splitlines()
     assert text[1] == f"  stored position: {json.dumps(planned['position'])}"
     assert text[2] == f"  first request: {planned['first_request']}" and "since=" in planned["first_request"]

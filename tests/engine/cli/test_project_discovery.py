@@ -86,7 +86,7 @@ def test_commands_find_the_project_at_or_above_the_working_directory(project: Pa
     assert [t["table"] for t in listed] == ["events"]
     assert json.loads(contextful_in(deep, "--json", "sql", "SELECT count(*) AS n FROM events").stdout) == [{"n": 2}]
     assert len(json.loads(contextful_in(deep, "--json", "run", "history").stdout)) == 1
-    assert json.loads(contextful_in(deep, "--json", "pipeline", "plan").stdout)[0]["pull"] == []
+    assert json.loads(contextful_in(deep, "--json", "pipeline", "plan").stdout)["pipelines"][0]["pull"] == []
     contextful_in(deep, "table", "load", "more", str(project / "raw" / "a.ndjson"))
     contextful_in(deep, "store", "collect")
     assert tree(deep) == set()
@@ -103,7 +103,7 @@ def test_a_project_without_a_store_yet_is_read_without_creating_one(tmp_path: Pa
         assert f"no store at {tmp_path / '.contextful' / 'store'}" in line and "pipeline run" in line, line
     for words in UNLANDED:
         assert contextful_in(tmp_path, *words).returncode == 0
-    plan = json.loads(contextful_in(tmp_path, "--json", "pipeline", "plan").stdout)  # plans against nothing landed
+    plan = json.loads(contextful_in(tmp_path, "--json", "pipeline", "plan").stdout)["pipelines"]  # plans against nothing landed
     assert len(plan[0]["pull"]) == 1 and plan[0]["skip"] == []
     assert tree(tmp_path) == before
     contextful_in(tmp_path, "pipeline", "run")  # a writer creates the project's store

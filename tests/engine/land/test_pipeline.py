@@ -62,7 +62,7 @@ def test_generated_events_land_and_reruns_land_only_new_inputs(project: Path) ->
     bigger = write_shards(2 * n, project / "more", shards=6, seed=5, gzip=True)
     for path in bigger[3:]:
         path.rename(project / "raw" / path.name.replace("events-", "events-b"))
-    plan = json.loads(contextful(project, "--json", "pipeline", "plan").stdout)
+    plan = json.loads(contextful(project, "--json", "pipeline", "plan").stdout)["pipelines"]
     assert len(plan[0]["pull"]) == 3 and len(plan[0]["skip"]) == 3
     third = json.loads(contextful(project, "--json", "pipeline", "run").stdout)
     assert third[0]["tables"][0]["rows"] == n
@@ -135,7 +135,7 @@ def test_a_staging_write_failure_fails_the_run_by_name_and_lands_nothing(project
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: StagingFailed: table 'gh_events'") and "File too large" in last
     assert "Traceback" not in proc.stderr
-    plan = json.loads(contextful(project, "--json", "pipeline", "plan").stdout)
+    plan = json.loads(contextful(project, "--json", "pipeline", "plan").stdout)["pipelines"]
     assert len(plan[0]["pull"]) == 1  # the cursor did not move
     done = json.loads(contextful(project, "--json", "pipeline", "run").stdout)
     assert done[0]["tables"][0]["rows"] == 8000

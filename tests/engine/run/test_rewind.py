@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from contextful.engine.config import load_manifest
-from contextful.engine.land.journal import pipeline_plan
-from contextful.engine.run.execution import open_execution, plan_reference
+from contextful.engine.run.execution import open_execution
+from contextful.engine.run.plan import pipeline_reference
 from contextful.engine.run.rewind import rewind
 from contextful.storage import Store
 from contextful.storage.clock import ManualClock, SystemClock
@@ -50,7 +50,7 @@ def project(tmp_path: Path) -> Path:
 def _pending(project: Path, holder: str, plan: str | None = None) -> str:
     spec = load_manifest(project).pipeline("events")
     with Store.open(project / ".contextful" / "store") as store:
-        execution = open_execution(store.journal, "pipeline:events", plan or plan_reference(pipeline_plan(spec)),
+        execution = open_execution(store.journal, "pipeline:events", plan or pipeline_reference(spec),
                                    holder=holder, lease_s=600)
         return execution.execution_id  # dropped without close: pending, as after a crash
 
@@ -89,7 +89,7 @@ def test_rewind_refuses_an_execution_with_an_awakeable_pending_before_its_deadli
     spec = load_manifest(project).pipeline("events")
     with Store.open(project / ".contextful" / "store") as store:
         # The holder is dead, so its lease does not refuse: the pending awakeable does.
-        execution = open_execution(store.journal, "pipeline:events", plan_reference(pipeline_plan(spec)),
+        execution = open_execution(store.journal, "pipeline:events", pipeline_reference(spec),
                                    holder=f"{socket.gethostname()}:{_dead_pid()}:gone", lease_s=600)
         with pytest.raises(ExecutionSuspended) as suspended:
             execution.suspend("await approval", timeout_s=3600, wait_s=0)
@@ -106,7 +106,7 @@ def test_rewind_refuses_an_execution_with_an_awakeable_pending_before_its_deadli
         done = rewind(store.journal, execution.execution_id, "timed out", clock=past)
         assert done.owner.status == "retired"
         # A resolved awakeable holds nothing back either.
-        again = open_execution(store.journal, "pipeline:events", plan_reference(pipeline_plan(spec)),
+        again = open_execution(store.journal, "pipeline:events", pipeline_reference(spec),
                                holder=f"{socket.gethostname()}:{_dead_pid()}:gone", lease_s=600)
         with pytest.raises(ExecutionSuspended) as suspended:
             again.suspend("await approval", timeout_s=3600, wait_s=0)
