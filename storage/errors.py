@@ -106,7 +106,7 @@ Hierarchy::
             ├── BlobCorrupt
             ├── QueryFailed              an admitted gateway query failed for a reason not the reader's (error id)
             ├── TableUnreadable          one table's view cannot be built; the other tables still read
-            └── CatalogRejected           the catalog database refused a write (integrity)
+            ├── CatalogRejected           the catalog database refused a write (integrity)
             └── ScriptRuntimeLinked      a JavaScript engine is importable where plans are served
 
 Messages are built from structured fields, so callers and tests read the fields, and the text
