@@ -18,13 +18,13 @@ from contextful.storage.errors import CommitOutcomeUnknown, ContextfulError
 from contextful.storage.journal import JournalStore, OwnerRow, StepRow
 
 OWNER_COLUMNS = ("scope", "execution_id", "plan_ref", "status", "holder", "lease_expires_us", "opened_us",
-                 "closed_us", "cursor", "attempts", "replay_from")
+                 "closed_us", "cursor", "attempts", "replay_from", "cancel_requested_us")
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS cf_journal_owners (
         scope TEXT PRIMARY KEY, execution_id TEXT NOT NULL UNIQUE, plan_ref TEXT NOT NULL, status TEXT NOT NULL,
         holder TEXT, lease_expires_us BIGINT NOT NULL, opened_us BIGINT NOT NULL, closed_us BIGINT,
-        cursor TEXT, attempts BIGINT NOT NULL, replay_from BIGINT NOT NULL)""",
+        cursor TEXT, attempts BIGINT NOT NULL, replay_from BIGINT NOT NULL, cancel_requested_us BIGINT)""",
     """CREATE TABLE IF NOT EXISTS cf_journal_steps (
         execution_id TEXT NOT NULL, seq BIGINT NOT NULL, label TEXT NOT NULL, value {blob} NOT NULL,
         recorded_us BIGINT NOT NULL, PRIMARY KEY (execution_id, seq))""",
