@@ -198,7 +198,7 @@ class JournalStore(ABC):
 
         def change(row: OwnerRow | None) -> OwnerRow:
             if row is None or row.execution_id != execution_id:
-                raise CancelTargetNotInFlight(execution_id, "no owner holds this execution any more")
+                raise CancelTargetNotInFlight(execution_id, "no execution or scope of that name is pending")
             if row.status != PENDING:
                 raise CancelTargetNotInFlight(execution_id, f"its owner on {row.scope} is {row.status}")
             return row if row.cancel_requested_us is not None else replace(row, cancel_requested_us=now_us)
