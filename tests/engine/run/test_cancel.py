@@ -56,6 +56,16 @@ def keeper() -> Keeper:
     return Keeper(ManualClock(T0), start=False)  # nothing renews behind the test's back
 
 
+def _cli(project: Path, *args: str, code: int = 0) -> str:
+    """``contextful`` in this process (click's runner): the child-process cost goes to the run itself."""
+    from click.testing import CliRunner
+    from contextful.engine.cli import cli
+
+    result = CliRunner().invoke(cli, ["--project", str(project), *args])
+    assert result.exit_code == code, result.output
+    return result.output
+
+
 # --- run.cancel.not-in-flight ---------------------------------------------------------------------
 
 
@@ -102,13 +112,13 @@ def test_run_cancel_at_the_terminal_marks_once_and_refuses_what_is_not_in_flight
     with Store.open(tmp_path / ".contextful" / "store") as store:
         execution = open_execution(store.journal, "pipeline:orders", PLAN, holder="elsewhere:1:x", lease_s=600,
                                    keeper=Keeper(start=False)).execution_id  # in flight in "another process"
-    first = json.loads(contextful(tmp_path, "--json", "run", "cancel", execution).stdout)
+    first = json.loads(_cli(tmp_path, "--json", "run", "cancel", execution))
     assert first["execution"] == execution and first["status"] == PENDING
-    second = json.loads(contextful(tmp_path, "--json", "run", "cancel", "pipeline:orders").stdout)
+    second = json.loads(_cli(tmp_path, "--json", "run", "cancel", "pipeline:orders"))
     assert second == first  # marking twice is marking once: the first instant stays
-    listed = json.loads(contextful(tmp_path, "--json", "run", "executions", "--pending").stdout)
+    listed = json.loads(_cli(tmp_path, "--json", "run", "executions", "--pending"))
     assert [(o["execution"], o["cancel_requested_at"]) for o in listed] == [(execution, first["cancel_requested_at"])]
-    missing = contextful(tmp_path, "run", "cancel", "nope", check=False)
+    missing = contextful(tmp_path, "run", "cancel", "nope", check=False)  # a real terminal: the exit code
     assert missing.returncode == 5 and "error: CancelTargetNotInFlight" in missing.stderr and "nope" in missing.stderr
 
 
@@ -191,6 +201,10 @@ def _landed(project: Path) -> tuple[list[int], Any]:
         return ids, table.cursor("pipeline:events")
 
 
+def _run_here(project: Path) -> dict[str, Any]:
+    return json.loads(_cli(project, "--json", "pipeline", "run"))[0]
+
+
 @pytest.mark.clause("run.cancel.abandoned-work", "run.cancel.distinct-terminal-status")
 def test_a_canceled_pipeline_run_lands_nothing_records_canceled_and_leaves_its_position(tmp_path: Path) -> None:
     with JsonApi() as api:
@@ -198,7 +212,7 @@ def test_a_canceled_pipeline_run_lands_nothing_records_canceled_and_leaves_its_p
         api.route("/items", held)
         api.records.extend({"id": i, "updated_at": i} for i in range(4))
         (tmp_path / "contextful.toml").write_text(MANIFEST.format(url=f"{api.url}/items"))
-        contextful(tmp_path, "pipeline", "run")
+        assert _run_here(tmp_path)["ok"]
         ids, position = _landed(tmp_path)
         assert ids == [0, 1, 2, 3] and position is not None
 
@@ -209,10 +223,10 @@ def test_a_canceled_pipeline_run_lands_nothing_records_canceled_and_leaves_its_p
                                  text=True)
         try:
             assert held.reached.wait(120), "the run never asked for its second page"
-            pending = json.loads(contextful(tmp_path, "--json", "run", "executions", "--pending").stdout)
+            pending = json.loads(_cli(tmp_path, "--json", "run", "executions", "--pending"))
             assert [o["scope"] for o in pending] == ["pipeline:events"]
             execution = pending[0]["execution"]
-            contextful(tmp_path, "run", "cancel", execution)
+            _cli(tmp_path, "run", "cancel", execution)
         finally:
             held.release.set()
             out, err = child.communicate(timeout=300)
@@ -224,15 +238,15 @@ def test_a_canceled_pipeline_run_lands_nothing_records_canceled_and_leaves_its_p
         assert execution in result["failures"][0]["detail"]
         assert _landed(tmp_path) == (ids, position)  # nothing landed, the position left alone
 
-        owners = json.loads(contextful(tmp_path, "--json", "run", "executions").stdout)
+        owners = json.loads(_cli(tmp_path, "--json", "run", "executions"))
         assert [(o["execution"], o["status"]) for o in owners] == [(execution, CLOSED_CANCELED)]
-        history = json.loads(contextful(tmp_path, "--json", "run", "history").stdout)
+        history = json.loads(_cli(tmp_path, "--json", "run", "history"))
         assert history[-1]["status"] == "canceled" and history[-1]["failure"]["error"] == "RunCanceled"
         assert [r["status"] for r in history].count("committed") == 1  # only the first run's commit
-        shown = contextful(tmp_path, "run", "show", history[-1]["run_id"]).stdout
+        shown = _cli(tmp_path, "run", "show", history[-1]["run_id"])
         assert "canceled" in shown and "RunCanceled" in shown
 
-        rerun = json.loads(contextful(tmp_path, "--json", "pipeline", "run").stdout)[0]
+        rerun = _run_here(tmp_path)
         assert rerun["ok"] and rerun["execution"] != execution
         ids, _ = _landed(tmp_path)
         assert ids == list(range(10))  # exactly what was missing, each once
