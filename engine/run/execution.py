@@ -43,7 +43,14 @@ from typing import TYPE_CHECKING, Any
 from contextful.storage.clock import Clock, SystemClock
 from contextful.storage.errors import JournalConflict, RunCanceled
 from contextful.storage.holders import default_holder, holder_is_dead
-from contextful.storage.journal import CLOSED_CANCELED, CLOSED_FAILED, CLOSED_OK, JournalStore, OwnerRow, StepRow
+from contextful.storage.journal import (
+    CLOSED_CANCELED,
+    CLOSED_FAILED,
+    CLOSED_OK,
+    JournalStore,
+    OwnerRow,
+    StepRow,
+)
 
 if TYPE_CHECKING:
     from contextful.engine.run.keeper import Keeper

@@ -54,7 +54,7 @@ class _Entry:
 
     @property
     def due_us(self) -> int:
-        return self.renew_due_us if self.renew_due_us <= self.poll_due_us else self.poll_due_us
+        return min(self.renew_due_us, self.poll_due_us)
 
 
 class Keeper:
@@ -157,7 +157,8 @@ class Keeper:
         except Exception as exc:  # noqa: BLE001 - a catalog hiccup: the next deadline tries again
             log.warning("keeper: renewing execution %s failed, retrying at its next deadline: %s",
                         entry.execution_id, exc)
-            entry.renew_due_us = min(entry.renew_due_us, now + self.poll_us)
+            if entry.renew_due_us <= now:  # a failed renewal is tried again after a poll interval
+                entry.renew_due_us = now + self.poll_us
             entry.poll_due_us = now + self.poll_us
         if execution.cancel_token.is_set():
             entry.poll_due_us = entry.renew_due_us  # the mark is seen: only renewals remain
@@ -179,20 +180,18 @@ class Keeper:
 
     def _run(self) -> None:
         while True:
+            pause_s: float | None = None
             try:
-                due = self.tick()
-            except Exception:  # noqa: BLE001 - the keeper outlives any one failure
-                log.exception("keeper pass failed")
-                due = self.clock.now_us() + self.poll_us
+                self.tick()
+            except Exception:
+                log.exception("keeper pass failed; the next pass is in %s s", self.poll_us / 1_000_000)
+                pause_s = self.poll_us / 1_000_000  # never a busy loop over a failing pass
             with self._cond:
-                head = self.next_due_us()
-                due = head if head is not None and (due is None or head < due) else due
-                if due is None:
-                    self._cond.wait()
-                else:
-                    wait_us = due - self.clock.now_us()
-                    if wait_us > 0:
-                        self._cond.wait(wait_us / 1_000_000)
+                due = self.next_due_us()
+                if pause_s is None and due is not None:
+                    pause_s = (due - self.clock.now_us()) / 1_000_000
+                if pause_s is None or pause_s > 0:
+                    self._cond.wait(pause_s)  # until the earliest deadline, or a (de)registration
 
 
 _engine_keeper: Keeper | None = None

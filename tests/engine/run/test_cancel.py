@@ -28,7 +28,14 @@ from contextful.engine.run.keeper import Keeper
 from contextful.storage import Store
 from contextful.storage.clock import ManualClock
 from contextful.storage.errors import CancelTargetNotInFlight, RunCanceled
-from contextful.storage.journal import CLOSED_CANCELED, CLOSED_FAILED, CLOSED_OK, PENDING, RETIRED, JournalStore
+from contextful.storage.journal import (
+    CLOSED_CANCELED,
+    CLOSED_FAILED,
+    CLOSED_OK,
+    PENDING,
+    RETIRED,
+    JournalStore,
+)
 from contextful.storage.run_record import RunFailure
 
 from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
