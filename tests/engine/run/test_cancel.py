@@ -129,6 +129,43 @@ def test_run_cancel_at_the_terminal_marks_once_and_refuses_what_is_not_in_flight
     assert missing.returncode == 5 and "error: CancelTargetNotInFlight" in missing.stderr and "nope" in missing.stderr
 
 
+@pytest.mark.clause("run.cancel.not-in-flight")
+def test_a_stop_matching_nothing_in_flight_answers_409_over_the_served_face(tmp_path: Path) -> None:
+    """The control plane's stop route arrives with it; any route of the served face calling the same
+    verb answers CancelTargetNotInFlight with 409 and the error's name."""
+    import re
+    import urllib.error
+    import urllib.request
+
+    from contextful.engine.served.face import Route, serve_face
+
+    with Store.open(tmp_path / "store") as store:
+        ex = open_execution(store.journal, "pipeline:orders", PLAN, lease_s=600, keeper=Keeper(start=False))
+
+        def stop(exchange: Any, match: re.Match[str]) -> None:
+            owner = request_cancel(store.journal, match["run"])
+            exchange.send_json(200, {"execution": owner.execution_id})
+
+        face = serve_face(("127.0.0.1", 0), [Route("POST", re.compile(r"/runs/(?P<run>[^/]+)/cancel"), stop,
+                                                    "POST /runs/<run>/cancel")])
+        try:
+            def post(run: str) -> tuple[int, dict[str, Any]]:
+                request = urllib.request.Request(f"{face.url}/runs/{run}/cancel", data=b"", method="POST")
+                try:
+                    with urllib.request.urlopen(request, timeout=60) as answer:
+                        return answer.status, json.loads(answer.read())
+                except urllib.error.HTTPError as refused:
+                    return refused.code, json.loads(refused.read())
+
+            assert post(ex.execution_id) == (200, {"execution": ex.execution_id})
+            ex.close_canceled()
+            status, body = post(ex.execution_id)
+            assert status == 409 and body["error"] == "CancelTargetNotInFlight" and "closed-canceled" in body["detail"]
+            assert post("nope")[0] == 409
+        finally:
+            face.shutdown(grace_s=5)
+
+
 # --- run.cancel.distinct-terminal-status -------------------------------------------------------------
 
 
