@@ -12,7 +12,7 @@ upstream table; ``run_pipelines`` reads the same rule when deciding whether a pi
     >>> from contextful.storage import Store
     >>> import pyarrow as pa, tempfile
     >>> store = Store.open(tempfile.mkdtemp())
-    >>> store.append("orders", pa.table({"id": [1]}))
+    >>> _ = store.append("orders", pa.table({"id": [1]}))
     >>> upstream_health(store, ["orders", "items"])["orders"].status
     'committed'
     >>> upstream_health(store, ["orders", "items"])["items"] is None

@@ -294,3 +294,55 @@ def test_a_canceled_pipeline_run_lands_nothing_records_canceled_and_leaves_its_p
         assert rerun["ok"] and rerun["execution"] != execution
         ids, _ = _landed(tmp_path)
         assert ids == list(range(10))  # exactly what was missing, each once
+
+
+TWO_PIPELINES = """
+[project]
+name = "two"
+
+[[pipeline]]
+id = "up"
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["up/*.ndjson"]
+
+[[pipeline]]
+id = "down"
+after = ["up"]
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["down/*.ndjson"]
+"""
+
+
+@pytest.mark.clause("run.cancel.distinct-terminal-status", "run.cancel.abandoned-work")
+def test_a_canceled_upstream_neither_lands_nor_fails_what_runs_after_it(tmp_path: Path, decoder: Any) -> None:
+    from contextful.engine.config import load_manifest
+    from contextful.engine.land.pipeline import run_pipelines
+    from contextful.engine.land.results import Progress
+
+    (tmp_path / "contextful.toml").write_text(TWO_PIPELINES)
+    for name in ("up", "down"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.ndjson").write_text('{"id": 1}\n')
+    manifest = load_manifest(tmp_path)
+    with Store.open(tmp_path / ".contextful" / "store") as store:
+        assert all(r.ok for r in run_pipelines(store, manifest, decoder=decoder))
+        position = store.table("up").cursor("pipeline:up")
+        (tmp_path / "up" / "b.ndjson").write_text('{"id": 2}\n')
+        (tmp_path / "down" / "b.ndjson").write_text('{"id": 2}\n')
+
+        def cancel_up(progress: Progress) -> None:  # `run cancel` from elsewhere, while up is in flight
+            if progress.pipeline == "up":
+                request_cancel(store.journal, "pipeline:up")
+
+        up, down = run_pipelines(store, manifest, decoder=decoder, progress=cancel_up)
+        assert [f.error for f in up.failures] == ["RunCanceled"] and up.failures[0].exit_code == 10
+        assert store.table("up").cursor("pipeline:up") == position and store.table("up").count() == 1
+        owner = store.journal.owner("pipeline:up")
+        assert owner is not None and owner.status == CLOSED_CANCELED
+        assert down.ok and store.table("down").count() == 2  # its upstream's health skipped the cancel
+        health = upstream_health(store, ["up"])["up"]
+        assert health is not None and health.healthy
