@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from contextful.storage.clock import Clock, SystemClock
-from contextful.storage.errors import JournalConflict
+from contextful.storage.errors import JournalConflict, TransientError
 
 if TYPE_CHECKING:
     from contextful.engine.run.execution import Execution
@@ -154,12 +154,15 @@ class Keeper:
             if not execution.closed:
                 log.warning("keeper: execution %s lost its owner: %s", entry.execution_id, exc.detail)
             return False
-        except Exception as exc:  # noqa: BLE001 - a catalog hiccup: the next deadline tries again
-            log.warning("keeper: renewing execution %s failed, retrying at its next deadline: %s",
-                        entry.execution_id, exc)
-            if entry.renew_due_us <= now:  # a failed renewal is tried again after a poll interval
+        except TransientError as exc:  # a catalog hiccup: tried again after a poll interval
+            if entry.renew_due_us <= now:
+                log.warning("keeper: renewing execution %s failed, retrying in %s s: %s", entry.execution_id,
+                            self.poll_us / 1_000_000, exc)
                 entry.renew_due_us = now + self.poll_us
             entry.poll_due_us = now + self.poll_us
+        except Exception as exc:  # noqa: BLE001 - e.g. its journal store was closed: retrying cannot help
+            log.warning("keeper: no longer keeping execution %s (its lease will lapse): %s", entry.execution_id, exc)
+            return False
         if execution.cancel_token.is_set():
             entry.poll_due_us = entry.renew_due_us  # the mark is seen: only renewals remain
         return True

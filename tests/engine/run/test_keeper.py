@@ -127,3 +127,15 @@ def test_one_keeper_per_engine_registers_every_open_and_its_thread_feeds_the_tok
     first.close(ok=True)
     second.close_canceled()
     assert not {first.execution_id, second.execution_id} & set(keeper.registered())
+
+
+def test_the_keeper_lets_go_of_an_execution_whose_journal_was_closed(tmp_path: Path) -> None:
+    from contextful.storage.journal import open_journal_store
+
+    clock = ManualClock(T0)
+    keeper = Keeper(clock, poll_s=1, start=False)
+    journal = open_journal_store("sqlite", path=str(tmp_path / "journal.sqlite"))
+    ex = open_execution(journal, "s:a", PLAN, holder="h", lease_s=30, clock=clock, keeper=keeper)
+    journal.close_store()  # the handle outlives its store (a test's traceback, a leak): retrying cannot help
+    clock.advance(1)
+    assert keeper.tick() is None and keeper.registered() == [] and not ex.closed
