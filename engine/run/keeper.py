@@ -78,10 +78,9 @@ class Keeper:
         """Keep ``execution``'s lease from now on: renewed every half lease, its cancel mark polled."""
         now = self.clock.now_us()
         key = id(execution)
-        entry = _Entry(weakref.ref(execution, lambda _ref: self._forget(key)), execution.execution_id,
-                       max(1, execution.lease_us // 2), 0, 0)
-        entry.renew_due_us = now + entry.renew_every_us
-        entry.poll_due_us = now + self.poll_us
+        every = max(1, execution.lease_us // 2)
+        entry = _Entry(weakref.ref(execution, lambda _ref: self._forget(key)), execution.execution_id, every,
+                       renew_due_us=now + every, poll_due_us=now + self.poll_us)
         with self._cond:
             old = self._entries.pop(key, None)
             if old is not None:
@@ -111,11 +110,6 @@ class Keeper:
         with self._cond:
             self._drop_gone()
             return self._heap[0][0] if self._heap else None
-
-    def wake(self) -> None:
-        """Make the thread look at the clock again (a test moved its :class:`ManualClock`)."""
-        with self._cond:
-            self._cond.notify_all()
 
     # --- the work ---------------------------------------------------------------------------------
 
