@@ -346,3 +346,24 @@ def test_a_canceled_upstream_neither_lands_nor_fails_what_runs_after_it(tmp_path
         assert down.ok and store.table("down").count() == 2  # its upstream's health skipped the cancel
         health = upstream_health(store, ["up"])["up"]
         assert health is not None and health.healthy
+
+
+@pytest.mark.clause("run.cancel.abandoned-work")
+def test_a_cancel_ends_a_retry_wait_under_way_with_the_canceled_tag(tmp_path: Path, decoder: Any) -> None:
+    from contextful.engine.config import load_manifest
+    from contextful.engine.land.pipeline import run_pipelines
+
+    with JsonApi() as api, Store.open(tmp_path / ".contextful" / "store") as store:
+        def unavailable(request: Request) -> Reply:  # and `run cancel` arrives while the run waits to retry
+            request_cancel(store.journal, "pipeline:events")
+            return Reply(503, {"error": "down"})
+
+        api.route("/items", unavailable)
+        (tmp_path / "contextful.toml").write_text(
+            MANIFEST.format(url=f"{api.url}/items") + "retry = { attempts = 3, base_s = 600, max_s = 600 }\n")
+        [result] = run_pipelines(store, load_manifest(tmp_path), decoder=decoder)
+        assert [f.error for f in result.failures] == ["RunCanceled"]
+        assert len(api.requests) == 1  # the 600 s wait ended at the keeper's next poll: no second request
+        owner = store.journal.owner("pipeline:events")
+        assert owner is not None and owner.status == CLOSED_CANCELED
+        assert "events" not in store.table_names() or store.table("events").count() == 0
