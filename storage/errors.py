@@ -73,6 +73,7 @@ Hierarchy::
         │   ├── AwakeableAlreadyResolved  an awakeable resolved with another payload (its value stays)
         │   ├── OwnerPinsMismatch        a pending owner pins other host-supplied identities than the claim
         │   ├── ExecutionWriterFenced    a superseded attempt reached effect dispatch or state publication
+        │   ├── CancelTargetNotInFlight  `run cancel` named nothing pending (HTTP 409)
         │   ├── InputChanged             a landed files input has other content now, not only appended NDJSON
         │   ├── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         │   ├── ProjectExists            init found a contextful.toml already
@@ -99,6 +100,7 @@ Hierarchy::
         │   ├── ProjectNotFound          no such directory, or no contextful.toml at or above it
         │   ├── StoreNotFound            a reading command found no store (it never creates one)
         │   └── RunNotFound              `contextful run show` names a run no record holds
+        ├── RunCanceled                  the Canceled tag: a run marked canceled gave up (canceled)
         └── Permanent                    the store or backend cannot do this (permanent)
             ├── ConditionalWriteUnsupported
             ├── StoreCatalogMismatch
@@ -129,6 +131,7 @@ EXIT_CODES: dict[str, int] = {
     "refused": 8,
     "unauthenticated": 9,
     "permanent": 1,
+    "canceled": 10,
 }
 
 HTTP_STATUS: dict[str, int] = {
@@ -142,6 +145,7 @@ HTTP_STATUS: dict[str, int] = {
     "refused": 403,
     "unauthenticated": 401,
     "permanent": 500,
+    "canceled": 409,
 }
 
 
@@ -1326,6 +1330,41 @@ class ScriptRuntimeLinked(Permanent):
                          modules=modules)
 
 
+# --- run cancel (run.cancel.*) -----------------------------------------------------------------
+
+
+class CancelTargetNotInFlight(Conflict):
+    """``run.cancel.not-in-flight``: ``contextful run cancel`` named nothing in flight (HTTP 409).
+
+    Only a pending owner (a non-terminal run status) accepts a cancel mark; ``target`` is the
+    execution id or scope asked for, ``reason`` what was found instead.
+    """
+
+    target: str
+    reason: str
+
+    def __init__(self, target: str, reason: str) -> None:
+        super().__init__(f"no execution in flight matches {target!r}: {reason}; only a pending execution can be "
+                         "canceled (`contextful run executions` lists them with their status)",
+                         target=target, reason=reason)
+
+
+class RunCanceled(TerminalError):
+    """``run.cancel.abandoned-work``: the Canceled tag. A run whose execution was marked canceled
+    gives up at its next pull or commit boundary through the ordinary failure path: nothing staged
+    lands, its run record closes as ``canceled`` and its owner as ``closed-canceled``, the committed
+    position stays where it was (category canceled, a terminal status apart from failed)."""
+
+    category = "canceled"
+    execution: str
+    scope: str
+
+    def __init__(self, execution: str, scope: str) -> None:
+        super().__init__(f"execution {execution} on {scope} was canceled (`contextful run cancel`); nothing it "
+                         "staged since its last commit landed and its position is unchanged: run it again to land "
+                         "what is missing", execution=execution, scope=scope)
+
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AddressInUse",
@@ -1338,6 +1377,7 @@ __all__ = [
     "BlobNotFound",
     "BodyIdentityConfigured",
     "BodyUnregistered",
+    "CancelTargetNotInFlight",
     "CatalogPathMissing",
     "CatalogRejected",
     "CatalogUnavailable",
@@ -1411,6 +1451,7 @@ __all__ = [
     "ReceiveBatchKeyExpired",
     "Refused",
     "RequestBodyTooLarge",
+    "RunCanceled",
     "RunNotFound",
     "SchemaIrreconcilable",
     "ScriptRuntimeLinked",

@@ -7,7 +7,9 @@ Implements the decision "run-record-folds":
   own catalog commit, so it exists exactly when the run landed. A run given up on an error (its
   transaction aborted with a :class:`RunFailure`) writes a third kind, the fail row: the error's
   name and one line of its message, masked by the caller (the engine's secret guard), so history
-  shows the run as failed rather than forever planned. Cached rows are flushed to
+  shows the run as failed rather than forever planned; a run given up on the Canceled tag
+  (``RunCanceled``) writes its fail row with status ``canceled`` instead
+  (``run.cancel.distinct-terminal-status``). Cached rows are flushed to
   ``_runs`` — an ordinary store table keyed on ``(run_id, phase)``, latest row winning — as one
   append once ``flush_rows`` rows wait or the oldest has waited ``flush_age_seconds``, and when
   the store closes; a flush another process already made is not repeated. Batching keeps the
@@ -70,19 +72,26 @@ with the pull's step label and attempt, a hit a later attempt recovered from inc
 records them in its manifest's ``meta["bound_hits"]``."""
 
 
+FAILED, CANCELED = "failed", "canceled"
+
+
 @dataclass(frozen=True)
 class RunFailure:
     """Why a run landed nothing: its error's name and one line of its message."""
 
     error: str
     detail: str
+    status: str = FAILED
+    """The status its fail row records: ``failed``, or ``canceled`` for the Canceled tag
+    (``run.cancel.distinct-terminal-status``: a terminal status apart from failed)."""
 
     @classmethod
     def of(cls, exc: BaseException, mask: Callable[[str], str]) -> RunFailure:
         """The failure ``exc`` stands for, its message on one line through ``mask`` (the secret guard)."""
         name = exc.name if isinstance(exc, ContextfulError) else type(exc).__name__
         text = exc.detail if isinstance(exc, ContextfulError) else first_line(exc)
-        return cls(name, mask(" ".join(part.strip() for part in text.splitlines() if part.strip())))
+        status = CANCELED if isinstance(exc, ContextfulError) and exc.category == CANCELED else FAILED
+        return cls(name, mask(" ".join(part.strip() for part in text.splitlines() if part.strip())), status)
 
 
 class RunRecord:
@@ -108,7 +117,7 @@ class RunRecord:
         """The fail row of a run given up on ``failure`` (it landed nothing); a failure to write it is
         logged, never raised: the caller is raising the run's own error."""
         now = self.store.clock.now_us()
-        payload = {"kind": kind, "status": "failed", "recorded_us": now, "error": failure.error,
+        payload = {"kind": kind, "status": failure.status, "recorded_us": now, "error": failure.error,
                    "detail": failure.detail}
         try:
             self.store.catalog.record_run(run_id, "fail", table, payload, now)

@@ -1,4 +1,4 @@
-"""``contextful run history|show|executions|rewind``: run records and execution owners."""
+"""``contextful run history|show|executions|cancel|rewind``: run records and execution owners."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def run() -> None:
 @click.option("--limit", default=50, show_default=True, callback=at_least(1, "runs"), help="Newest runs to show.")
 @click.pass_context
 def run_history(ctx: click.Context, table_name: str | None, limit: int) -> None:
-    """Runs from _runs, newest last: committed, failed (with the error) or planned, and downgrade events."""
+    """Runs from _runs, newest last: committed, failed or canceled (with the error) or planned, and downgrade events."""
     from contextful.engine.run.records import run_history as history
 
     with _store(ctx) as store:
@@ -33,7 +33,7 @@ def run_history(ctx: click.Context, table_name: str | None, limit: int) -> None:
         for e in r["downgrade_events"]:
             click.echo(f"  {r['run_id']} {describe_event(e)}")
         if r["failure"] is not None:
-            click.echo(f"  {r['run_id']} failed: {_failure_line(r['failure'])}")
+            click.echo(f"  {r['run_id']} {r['status']}: {_failure_line(r['failure'])}")
 
 
 @run.command("show")
@@ -83,21 +83,51 @@ def _failure_line(failure: dict[str, str]) -> str:
 
 
 @run.command("executions")
+@click.option("--pending", "pending_only", is_flag=True,
+              help="Only executions in flight (pending): what `run cancel` and `run rewind` accept.")
 @click.pass_context
-def run_executions(ctx: click.Context) -> None:
-    """Execution owners by scope: pending ones hold a checkpoint and resume on the next run."""
+def run_executions(ctx: click.Context, pending_only: bool) -> None:
+    """Execution owners by scope: pending ones are in flight or hold a checkpoint and resume on the next run."""
     from contextful.engine.run.owners import Scope
+    from contextful.storage.clock import from_us
+    from contextful.storage.journal import PENDING
 
     with _store(ctx) as store:
         owners = store.journal.owners()
     rows = [{"scope": o.scope, "execution": o.execution_id, "status": o.status, "attempts": o.attempts,
-             "holder": o.holder, "plan": o.plan_ref[:12], "kind": Scope.parse(o.scope).kind, "pins": o.pin_map()}
-            for o in owners]
+             "holder": o.holder, "plan": o.plan_ref[:12], "kind": Scope.parse(o.scope).kind, "pins": o.pin_map(),
+             "cancel_requested_at": None if o.cancel_requested_us is None else from_us(o.cancel_requested_us).isoformat()}
+            for o in owners if not pending_only or o.status == PENDING]
     if _json(ctx):
         emit_json(rows)
         return
     columns = ["scope", "execution", "status", "attempts", "holder", "plan"]
-    emit_rows(columns, [tuple(r[c] for c in columns) for r in rows])
+    emit_rows([*columns, "cancel requested"],
+              [(*(r[c] for c in columns), r["cancel_requested_at"] or "-") for r in rows])
+
+
+@run.command("cancel")
+@click.argument("run")
+@click.pass_context
+def run_cancel(ctx: click.Context, run: str) -> None:
+    """Mark a run in flight canceled: RUN is a pending execution's id or its scope (`run executions --pending`).
+
+    The run stops at its next pull or commit boundary: nothing it staged since its last commit
+    lands, its record closes `canceled`, its position stays. Marking twice is marking once; RUN
+    matching nothing pending is ``CancelTargetNotInFlight``.
+    """
+    from contextful.engine.run.cancel import request_cancel
+    from contextful.storage.clock import from_us
+
+    with _store(ctx) as store:
+        owner = request_cancel(store.journal, run)
+    assert owner.cancel_requested_us is not None
+    if _json(ctx):
+        emit_json({"execution": owner.execution_id, "scope": owner.scope, "status": owner.status,
+                   "cancel_requested_at": from_us(owner.cancel_requested_us).isoformat()})
+    else:
+        click.echo(f"cancel requested for execution {owner.execution_id} on {owner.scope}: "
+                   "it stops at its next pull or commit")
 
 
 @run.command("rewind")

@@ -10,6 +10,14 @@ pulls afresh from the committed position: rows land only through commits, so not
 a page's rows from the journal.
 
 A run that ends, well or failing by name, closes its execution; one killed leaves it pending.
+The engine keeper (``engine.run.keeper``) renews the execution's lease while the run lasts.
+
+Cancel (``run.cancel.abandoned-work``, decision "unclosed-execution-recovers"): after each pull
+the run checks the execution's cancellation token (no I/O), and before each commit it reads the
+owner's cancel mark, so a run marked canceled never publishes: it raises :class:`RunCanceled`
+through the ordinary failure path (its staged rows dropped, its run records closed canceled, its
+position left at its last commit) and :meth:`PullJournal.settle` closes the owner
+``closed-canceled``.
 """
 
 from __future__ import annotations
@@ -21,10 +29,12 @@ from contextful.engine.run.execution import Execution, open_execution
 from contextful.engine.run.owners import Scope
 from contextful.engine.run.plan import pipeline_reference
 from contextful.storage import Store
+from contextful.storage.errors import RunCanceled
 from contextful.storage.transaction import CommitResult
 
 LEASE_S = 300.0
-"""The owner lease a run renews at every pull; a crashed holder on this host is taken over at once."""
+"""The owner lease the engine keeper renews every half lease; a crashed holder on this host is taken
+over at once."""
 
 
 class PullJournal:
@@ -47,9 +57,14 @@ class PullJournal:
         return self.execution.execution_id
 
     def pulled(self, label: str, record: dict[str, Any]) -> None:
+        """Journal one pull, then stop here if the run was canceled (a pull boundary)."""
         self.pulls += 1
         self.execution.step(label, lambda: record)
-        self.execution.renew()
+        self.execution.raise_if_canceled()
+
+    def before_commit(self) -> None:
+        """A commit boundary: read the cancel mark, so a canceled run publishes nothing."""
+        self.execution.raise_if_canceled(durable=True)
 
     def checkpoint(self, position: Any, result: CommitResult) -> None:
         self.execution.cache_cursor({"position": position, "run_id": result.run_id,
@@ -59,3 +74,12 @@ class PullJournal:
     def close(self, ok: bool) -> None:
         if not self.execution.closed:
             self.execution.close(ok)
+
+    def settle(self, exc: BaseException) -> None:
+        """Close after the run failed by name: ``closed-canceled`` for the Canceled tag, else failed."""
+        if self.execution.closed:
+            return
+        if isinstance(exc, RunCanceled):
+            self.execution.close_canceled()
+        else:
+            self.execution.close(ok=False)

@@ -131,6 +131,8 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
     journal = PullJournal.open(store, spec, cursor_scope(spec)) if spec.source.kind in ("files", "http") else None
     try:
         if spec.source.kind == "http":
+            if cancel is None and journal is not None:
+                cancel = journal.execution.cancel_token  # a retry wait ends once the run is canceled
             result = run_http_pipeline(store, spec, decoder, scope=cursor_scope(spec),
                                        checkpoint_bytes=checkpoint_bytes, progress=progress, cancel=cancel,
                                        sleep=sleep, journal=journal)
@@ -141,9 +143,9 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
         else:
             result = _run_files(store, manifest, spec, decoder, checkpoint_bytes=checkpoint_bytes,
                                 progress=progress, journal=journal)
-    except ContextfulError:
+    except ContextfulError as exc:
         if journal is not None:
-            journal.close(ok=False)  # failed by name: settled; a killed run stays pending instead
+            journal.settle(exc)  # failed or canceled by name: settled; a killed run stays pending instead
         raise
     if journal is not None:
         journal.close(ok=result.ok)
@@ -197,11 +199,15 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                                   bytes_read, len(sink.landings), time.monotonic() - started))
             if sink.staged_reach(checkpoint_bytes):  # a checkpoint, at an input boundary
                 position = {"kind": "files", "inputs": dict(landed)}
+                if journal is not None:
+                    journal.before_commit()
                 committed = sink.commit(cursor_scope(spec), position, {"inputs": since_commit})
                 pending, since_commit = 0, []
                 if journal is not None and committed is not None:
                     journal.checkpoint(position, committed)
         if pending:
+            if journal is not None:
+                journal.before_commit()
             sink.commit(cursor_scope(spec), {"kind": "files", "inputs": dict(landed)}, {"inputs": since_commit})
     except BaseException as exc:
         sink.abort(masked_failure(exc))  # what is still staged did not commit, and why
@@ -217,6 +223,19 @@ def _failure(item: InputFile, exc: ContextfulError) -> InputFailure:
     """One input's failure; its detail names the input (a schema clash names only the table and column)."""
     detail = exc.detail if item.path in exc.detail else f"input {item.path}: {exc.detail}"
     return InputFailure(item.path, exc.name, mask_message(detail), exc.exit_code)
+
+
+def _canceled_upon_health(store: Store, spec: PipelineSpec, result: PipelineResult) -> bool:
+    """Whether ``result`` is a canceled run of a healthy upstream: health observations skip a
+    canceled run (``run.cancel.distinct-terminal-status``), so what runs after it reads the rows
+    its last settled run left, unless that run failed."""
+    from contextful.engine.run.health import upstream_health
+    from contextful.storage.errors import RunCanceled
+
+    if [f.error for f in result.failures] != [RunCanceled.__name__]:
+        return False
+    observed = upstream_health(store, [spec.table])[spec.table]
+    return observed is None or observed.healthy
 
 
 def run_pipelines(store: Store, manifest: Manifest, ids: list[str] | None = None, *,
@@ -248,7 +267,7 @@ def run_pipelines(store: Store, manifest: Manifest, ids: list[str] | None = None
             except ContextfulError as exc:  # this pipeline fails by name; the others still run
                 result = PipelineResult(spec.id, [TableLanding(spec.table)], failures=[
                     InputFailure(spec.id, exc.name, mask_message(exc.detail), exc.exit_code)])
-            if not result.ok:
+            if not result.ok and not _canceled_upon_health(store, spec, result):
                 failed.add(spec.id)
             results.append(result)
         return results

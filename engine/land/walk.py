@@ -49,7 +49,7 @@ from contextful.engine.land.sink import LandingSink
 from contextful.engine.land.typed import read_types
 from contextful.engine.run.retry import RetrySchedule
 from contextful.storage import Store
-from contextful.storage.errors import PageCapExceeded, SourceResponseMalformed
+from contextful.storage.errors import ContextfulError, PageCapExceeded, SourceResponseMalformed
 
 
 @dataclass
@@ -88,7 +88,12 @@ class _Walker:
     def page(self, url: str) -> Page:
         self.pages += 1
         label = f"{self.spec.id} page {self.pages}"
-        rows, meta = self.schedule.run(label, lambda _attempt: self._request(label, url), cancel=self.cancel)
+        try:
+            rows, meta = self.schedule.run(label, lambda _attempt: self._request(label, url), cancel=self.cancel)
+        except ContextfulError:
+            if self.journal is not None:
+                self.journal.execution.raise_if_canceled()  # a wait the cancel ended: the Canceled tag
+            raise
         values = digests = None
         if self.tracker is not None:
             rows = self.tracker.typed(rows)
@@ -185,6 +190,8 @@ class _Run:
         """Commit what is staged with ``position`` (a position alone still commits: it moved)."""
         meta = {"bound_hits": [hit.to_json() for hit in self.walker.schedule.bound_hits]}
         value = position.to_json() if position is not None else None
+        if self.walker.journal is not None:
+            self.walker.journal.before_commit()
         result = self.sink.commit(self.scope if position is not None else None, value, meta)
         if result is not None and self.walker.journal is not None:
             self.walker.journal.checkpoint(value, result)

@@ -11,6 +11,11 @@ writes a status. A handle dropped without it, or a process killed under it, leav
 pending, and the next :func:`open_execution` under its scope resumes the same execution once the
 owner lease lapses, replaying the recorded steps instead of computing them again.
 
+Opening registers the handle with the engine keeper (``run.cancel.engine-keeper``,
+``engine.run.keeper``), which renews its lease and feeds its cancellation token from the owner's
+cancel mark; :meth:`Execution.raise_if_canceled` turns a set token into the Canceled tag and
+:meth:`Execution.close_canceled` settles the owner ``closed-canceled`` (``engine.run.cancel``).
+
     >>> from storage.clock import ManualClock
     >>> from storage.journal import open_journal_store
     >>> import tempfile
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -38,9 +44,10 @@ from typing import TYPE_CHECKING, Any
 from contextful.engine.run.awakeable import POLL_S, await_resolution, decode_suspension
 from contextful.storage.awakeables import AwakeableStore, awakeable_store_beside
 from contextful.storage.clock import Clock, SystemClock
-from contextful.storage.errors import JournalConflict
+from contextful.storage.errors import JournalConflict, RunCanceled
 from contextful.storage.holders import default_holder, holder_is_dead
 from contextful.storage.journal import (
+    CLOSED_CANCELED,
     CLOSED_FAILED,
     CLOSED_OK,
     JournalStore,
@@ -50,6 +57,7 @@ from contextful.storage.journal import (
 )
 
 if TYPE_CHECKING:
+    from contextful.engine.run.keeper import Keeper
     from contextful.engine.run.owners import Scope
     from contextful.engine.run.retry import RetrySchedule
 
@@ -108,8 +116,12 @@ class Execution:
         self.clock = clock
         self.retry: RetrySchedule | None = None
         self.closed = False
+        self.keeper: Keeper | None = None
+        self.cancel_token = threading.Event()
+        """Set once the owner carries a cancel mark (``contextful run cancel``); the keeper feeds it."""
         row = journal.claim(scope, plan_ref, holder, max(clock.now_us(), claim_at_us or 0), lease_us, pins)
         self.execution_id = row.execution_id
+        self._observe_mark(row)  # a resumption of an execution marked canceled stops at its first boundary
         self.attempt = row.attempts
         self.resumed = row.attempts > 1
         self.cached_cursor: dict[str, Any] | None = None if row.cursor is None else json.loads(row.cursor)
@@ -185,6 +197,7 @@ class Execution:
         self._check_open(self._next_seq)
         row = self.journal.renew(self.execution_id, self.holder, self.clock.now_us(), self.lease_us)
         self.lease_expires_us = row.lease_expires_us
+        self._observe_mark(row)
 
     def attach_retry(self, schedule: RetrySchedule) -> None:
         """The retry schedule this execution's steps run under (kept on ``.retry``)."""
@@ -241,10 +254,40 @@ class Execution:
 
     def close(self, ok: bool) -> None:
         """Settle the owner as ``closed-ok`` or ``closed-failed``: the scope's next open starts a new
-        execution. The only write of a status."""
+        execution. The only write of a status (with :meth:`close_canceled`)."""
+        self._settle(CLOSED_OK if ok else CLOSED_FAILED)
+
+    def _settle(self, status: str) -> None:
         self._check_open(self._next_seq)
-        self.journal.close(self.execution_id, self.holder, CLOSED_OK if ok else CLOSED_FAILED, self.clock.now_us())
+        self.journal.close(self.execution_id, self.holder, status, self.clock.now_us())
         self.closed = True
+        if self.keeper is not None:
+            self.keeper.deregister(self)
+
+    # --- cancel (run.cancel.*, engine.run.cancel) ---------------------------------------------------
+
+    def _observe_mark(self, row: OwnerRow) -> None:
+        if row.execution_id == self.execution_id and row.cancel_requested_us is not None:
+            self.cancel_token.set()
+
+    def poll_cancel(self) -> bool:
+        """Read the owner's cancel mark (one catalog read); set :attr:`cancel_token` when it is set."""
+        row = self.journal.owner(self.scope)
+        if row is not None:
+            self._observe_mark(row)
+        return self.cancel_token.is_set()
+
+    def raise_if_canceled(self, *, durable: bool = False) -> None:
+        """Raise :class:`RunCanceled` (the Canceled tag) once the token is set. ``durable``: read the
+        mark first, so a boundary that publishes (a commit) sees a cancel the keeper has not yet fed."""
+        if durable and not self.cancel_token.is_set():
+            self.poll_cancel()
+        if self.cancel_token.is_set():
+            raise RunCanceled(self.execution_id, self.scope)
+
+    def close_canceled(self) -> None:
+        """Settle the owner as ``closed-canceled``: a terminal status apart from ``closed-failed``."""
+        self._settle(CLOSED_CANCELED)
 
     # --- admission (run.journal.current-owner, run.journal.durable-dispatch) ------------------------
 
@@ -268,7 +311,7 @@ class Execution:
 
 def open_execution(journal: JournalStore, scope: str | Scope, plan_ref: str, *, holder: str | None = None,
                    lease_s: float = 60.0, clock: Clock | None = None, take_over_dead: bool = False,
-                   pins: Mapping[str, str] | None = None) -> Execution:
+                   pins: Mapping[str, str] | None = None, keeper: Keeper | None = None) -> Execution:
     """Open a new execution under ``scope``, or resume its pending one.
 
     ``scope`` is a :class:`~contextful.engine.run.owners.Scope` (a live table, a backfill chunk, a
@@ -280,18 +323,26 @@ def open_execution(journal: JournalStore, scope: str | Scope, plan_ref: str, *, 
     JournalConflict naming the holder and expiry while another holder's lease runs. With
     ``take_over_dead``, a lease held by a process of this host that died (SIGKILL, a crash) is
     taken over at once instead of after it lapses.
+
+    The opened execution is registered with ``keeper`` (default: the engine's,
+    :func:`~engine.run.keeper.engine_keeper`), which renews its lease and feeds its cancellation
+    token until it closes or the handle is dropped (``run.cancel.engine-keeper``).
     """
+    from contextful.engine.run.keeper import engine_keeper
+
     clock = clock or SystemClock()
     holder = holder or default_holder()
     lease_us = int(lease_s * 1_000_000)
     key = scope if isinstance(scope, str) else scope.key
     try:
-        return Execution(journal, key, plan_ref, holder, lease_us, clock, pins=pins)
+        execution = Execution(journal, key, plan_ref, holder, lease_us, clock, pins=pins)
     except JournalConflict:
         owner = journal.owner(key)
         if not take_over_dead or owner is None or not holder_is_dead(owner.holder):
             raise
-    execution = Execution(journal, key, plan_ref, holder, lease_us, clock, claim_at_us=owner.lease_expires_us,
-                          pins=pins)
-    execution.renew()
+        execution = Execution(journal, key, plan_ref, holder, lease_us, clock, claim_at_us=owner.lease_expires_us,
+                              pins=pins)
+        execution.renew()
+    execution.keeper = keeper or engine_keeper()
+    execution.keeper.register(execution)
     return execution

@@ -3,8 +3,9 @@
 
 A run writes a plan row when it opens, then a commit row when it lands or a fail row when it is
 given up on an error (``storage.run_record``). Its state is its latest row by that order:
-``committed``, ``failed`` (with the error's name and its masked one-line message), or ``planned``
-(still running, or its process ended before it finished). What a committed run landed — its
+``committed``, ``failed`` (with the error's name and its masked one-line message), ``canceled``
+(given up on ``contextful run cancel``: a terminal status apart from failed, with the same error
+fields), or ``planned`` (still running, or its process ended before it finished). What a committed run landed — its
 inputs, its downgrade events, the cells the secret guard masked, the runs it landed together
 with on other tables — is read from its manifest.
 """

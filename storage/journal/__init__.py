@@ -30,13 +30,19 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
 from contextful.storage.clock import SystemClock, from_us
-from contextful.storage.errors import JournalConflict, OwnerPinsMismatch, OwnerPlanMismatch
+from contextful.storage.errors import (
+    CancelTargetNotInFlight,
+    JournalConflict,
+    OwnerPinsMismatch,
+    OwnerPlanMismatch,
+)
 
 PENDING = "pending"
 CLOSED_OK = "closed-ok"
 CLOSED_FAILED = "closed-failed"
 RETIRED = "retired"
-STATUSES = (PENDING, CLOSED_OK, CLOSED_FAILED, RETIRED)
+CLOSED_CANCELED = "closed-canceled"
+STATUSES = (PENDING, CLOSED_OK, CLOSED_FAILED, RETIRED, CLOSED_CANCELED)
 
 PROFILES = ("files", "sqlite", "postgres")
 
@@ -51,7 +57,7 @@ class OwnerRow:
     plan_ref: str
     """SHA-256 hex of the canonical plan the execution is pinned to."""
     status: str
-    """``pending``, ``closed-ok``, ``closed-failed`` or ``retired``."""
+    """``pending``, ``closed-ok``, ``closed-failed``, ``retired`` or ``closed-canceled``."""
     holder: str | None
     """Opaque id of the process or handle holding the lease."""
     lease_expires_us: int
@@ -67,6 +73,9 @@ class OwnerRow:
     """Canonical JSON object of the identities the host supplied beside the plan reference (its
     registered body's implementation and dependency digests, an input identity), name → value;
     a claim under other pins refuses with OwnerPinsMismatch. Read it with :meth:`pin_map`."""
+    cancel_requested_us: int | None = None
+    """When ``contextful run cancel`` marked the pending execution (``run.cancel.not-in-flight``):
+    single-valued, the first mark kept; None while nobody asked it to stop."""
 
     def pin_map(self) -> dict[str, str]:
         """The owner's pins as a mapping."""
@@ -214,9 +223,9 @@ class JournalStore(ABC):
         return self._swap_owner(change, execution_id=execution_id)
 
     def close(self, execution_id: str, holder: str, status: str, now_us: int) -> OwnerRow:
-        """Settle ``holder``'s pending owner as ``closed-ok`` or ``closed-failed``."""
-        if status not in (CLOSED_OK, CLOSED_FAILED):
-            raise ValueError(f"close takes {CLOSED_OK!r} or {CLOSED_FAILED!r}, not {status!r}")
+        """Settle ``holder``'s pending owner as ``closed-ok``, ``closed-failed`` or ``closed-canceled``."""
+        if status not in (CLOSED_OK, CLOSED_FAILED, CLOSED_CANCELED):
+            raise ValueError(f"close takes {CLOSED_OK!r}, {CLOSED_FAILED!r} or {CLOSED_CANCELED!r}, not {status!r}")
         return self._swap_owner(
             lambda row: replace(_require_held(row, execution_id, holder), status=status, closed_us=now_us),
             execution_id=execution_id)
@@ -227,6 +236,20 @@ class JournalStore(ABC):
         return self._swap_owner(
             lambda row: replace(_require_held(row, execution_id, None), status=RETIRED, closed_us=now_us),
             execution_id=execution_id)
+
+    def request_cancel(self, execution_id: str, now_us: int) -> OwnerRow:
+        """Mark ``execution_id``'s pending owner canceled (``run.cancel.not-in-flight``, decision
+        "external-signals-single": a single-valued catalog write). A second mark keeps the first
+        one's instant; an execution no pending owner holds raises CancelTargetNotInFlight."""
+
+        def change(row: OwnerRow | None) -> OwnerRow:
+            if row is None or row.execution_id != execution_id:
+                raise CancelTargetNotInFlight(execution_id, "no execution or scope of that name is pending")
+            if row.status != PENDING:
+                raise CancelTargetNotInFlight(execution_id, f"its owner on {row.scope} is {row.status}")
+            return row if row.cancel_requested_us is not None else replace(row, cancel_requested_us=now_us)
+
+        return self._swap_owner(change, execution_id=execution_id)
 
     # --- steps ------------------------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ from tests.support.cli import contextful_in
 
 READERS = (
     ("table", "list"), ("table", "show", "events"), ("table", "fold", "events"), ("sql", "SELECT 1"),
-    ("run", "history"), ("run", "executions"), ("run", "rewind", "x", "--reason", "r"), ("store", "collect"),
+    ("run", "history"), ("run", "executions"), ("run", "rewind", "x", "--reason", "r"), ("run", "cancel", "x"),
+    ("store", "collect"),
     ("build", "hold", "m", "1"), ("build", "release", "m", "1"), ("build", "run"), ("export", "run"),
 )
 """Commands that read or maintain an existing store: none may create one."""
