@@ -12,8 +12,8 @@ Before an execution is admitted (the store's journal or outbox is first opened) 
 checks, in order:
 
 1. the bindings: a DSN, a corpus bucket (or a store root that is itself a bucket), the corpus
-   state (the bucket's ``store.json``), strict execution guards (the server acknowledges a commit
-   only once it is durable: ``fsync`` and ``synchronous_commit`` on) and a supported outbox —
+   state (the bucket's ``store.json``), strict execution guards (the session acknowledges a
+   commit only once it is durable: ``synchronous_commit`` not off) and a supported outbox —
    anything missing is one ``StorageCapabilityMissing`` naming all of it;
 2. the execution tables and the project recovery identity — missing tables, a missing identity,
    or one that differs from the corpus's (``recovery.json`` in the bucket) is
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from contextful.storage.errors import ExecutionRecoveryMismatch, StorageCapabilityMissing
 
 if TYPE_CHECKING:
+    from contextful.storage.catalog import Catalog
     from contextful.storage.catalog.postgres import PostgresCatalog
     from contextful.storage.objects import ObjectStore
     from contextful.storage.store import Store
@@ -108,10 +109,30 @@ def _catalog(store: Store) -> PostgresCatalog:
     return store.catalog
 
 
+def require_corpus_state(corpus: ObjectStore, catalog: Catalog) -> None:
+    """Refuse to open a corpus that lost its ``store.json`` while the catalog serves a store: a new
+    one minted there would bind the corpus to another store for good."""
+    from contextful.storage.catalog.postgres import PostgresCatalog
+
+    if corpus.exists("store.json") or not isinstance(catalog, PostgresCatalog):
+        return
+    conn = _connect(catalog)
+    try:
+        present = conn.execute("SELECT to_regclass('cf_meta') IS NOT NULL").fetchone()[0]
+        bound = present and conn.execute("SELECT value FROM cf_meta WHERE key = 'store_uuid'").fetchone()
+    finally:
+        conn.close()
+    if bound:
+        raise StorageCapabilityMissing(PROFILE, ((f"the corpus state: {corpus.url} holds no store.json, and the "
+                                                 f"catalog serves store {bound[0]}"),))
+
+
 def check_bindings(store: Store) -> None:
     """``StorageCapabilityMissing`` naming every binding or capability the store lacks."""
     bindings = store.container
-    assert bindings is not None, "only a store opened under the container profile is checked"
+    if bindings is None:
+        raise StorageCapabilityMissing(store.catalog.backend, ((f"the container profile (CONTEXTFUL_STORAGE_PROFILE="
+                                                               f"{PROFILE}): this store did not open under it"),))
     missing = []
     if not bindings.dsn:
         missing.append("CONTEXTFUL_POSTGRES_DSN (the execution database)")
@@ -122,15 +143,19 @@ def check_bindings(store: Store) -> None:
     catalog = _catalog(store)
     conn = _connect(catalog)
     try:
-        for setting in ("fsync", "synchronous_commit"):
-            value = conn.execute(f"SHOW {setting}").fetchone()[0]
-            if value == "off":
-                missing.append(f"strict execution guards: the server's {setting} is off, so a commit it "
-                               "acknowledges may not survive")
+        # A session may turn synchronous_commit off (a DSN's options, a role's default): then a
+        # recorded step could be acknowledged and lost. The server's own fsync is its operator's.
+        if conn.execute("SHOW synchronous_commit").fetchone()[0] == "off":
+            missing.append("strict execution guards: the session's synchronous_commit is off, so a journal write "
+                           "it acknowledges may not survive")
     finally:
         conn.close()
     if missing:
         raise StorageCapabilityMissing(PROFILE, tuple(missing))
+
+
+def _has_recovery_table(conn: Any) -> bool:
+    return bool(conn.execute("SELECT to_regclass('cf_recovery') IS NOT NULL").fetchone()[0])
 
 
 def _recorded(conn: Any) -> RecoveryIdentity | None:
@@ -186,24 +211,23 @@ def provision(store: Store) -> RecoveryIdentity:
 
     check_bindings(store)
     catalog = _catalog(store)
-    # Each port makes its tables when it opens.
-    PostgresJournalStore(catalog.dsn, catalog.schema).close_store()
-    PostgresBlobStore(catalog.dsn, catalog.schema).close()
-    PostgresOutboxStore(catalog.dsn, catalog.schema).close()
     corpus_objects = _corpus(store)
     in_corpus = _in_corpus(corpus_objects)
     conn = _connect(catalog)
     try:
+        if in_corpus is not None and (not _has_recovery_table(conn) or _recorded(conn) is None):
+            raise ExecutionRecoveryMismatch(
+                catalog.schema, f"the corpus carries recovery identity {in_corpus.recovery_id} and this execution "
+                                "database none: a corpus-only restore admits no paid or effectful work")
+        # Each port makes its tables when it opens.
+        PostgresJournalStore(catalog.dsn, catalog.schema).close_store()
+        PostgresBlobStore(catalog.dsn, catalog.schema).close()
+        PostgresOutboxStore(catalog.dsn, catalog.schema).close()
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"contextful-recovery:{catalog.schema}",))
             conn.execute(_RECOVERY_DDL)
             recorded = _recorded(conn)
             if recorded is None:
-                if in_corpus is not None:
-                    raise ExecutionRecoveryMismatch(
-                        catalog.schema, f"the corpus carries recovery identity {in_corpus.recovery_id} and this "
-                                        "execution database none: a corpus-only restore admits no paid or effectful "
-                                        "work")
                 recorded = RecoveryIdentity(uuid.uuid4().hex, store.uuid, catalog.schema, corpus_objects.url)
                 conn.execute("INSERT INTO cf_recovery (key, value) VALUES ('identity', %s)", (recorded.dumps(),))
     finally:

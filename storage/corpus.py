@@ -83,9 +83,8 @@ class CorpusMirror(ObjectStore):
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """The bucket decides: when it holds ``key`` already that object is pulled and kept."""
         wrote = self.remote.put_if_absent(key, data)
-        if not wrote:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(super().path(key))  # a stale cached copy yields to the bucket's object
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(super().path(key))  # a cached copy yields to the bucket's object
         self.pull(key)
         return wrote
 

@@ -33,8 +33,8 @@ from contextful.storage.blobs.files import FileBlobStore
 from contextful.storage.catalog import Catalog, open_catalog, storage_profile
 from contextful.storage.clock import Clock, SystemClock, to_us
 from contextful.storage.collect import CollectResult, collect
-from contextful.storage.container import ContainerBindings, admit, container_bindings
-from contextful.storage.corpus import corpus_objects
+from contextful.storage.container import ContainerBindings, admit, container_bindings, require_corpus_state
+from contextful.storage.corpus import CorpusMirror, corpus_objects
 from contextful.storage.duck import connect
 from contextful.storage.errors import (
     CatalogPathMissing,
@@ -190,6 +190,8 @@ class Store:
         if catalog is None:
             catalog = open_catalog(profile, sqlite_path=catalog_path)
         try:
+            if container is not None:
+                require_corpus_state(objects.remote if isinstance(objects, CorpusMirror) else objects, catalog)
             store_uuid = _store_uuid(objects)
             catalog.bind_store(store_uuid, objects.url)
         except BaseException:
