@@ -29,7 +29,7 @@ events in one stream and acknowledges them together).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 PROFILES = ("postgres",)
@@ -86,6 +86,17 @@ class OutboxStore(ABC):
 
     def close(self) -> None:
         """Release connections (an adapter with none keeps this no-op)."""
+
+    def drain(self, stream: str, send: Callable[[OutboxEvent], Mapping[str, bytes]]) -> list[OutboxEvent]:
+        """Offer every pending event to ``send``, oldest first, acknowledging each (with the keyed
+        state ``send`` returns) once it returned: what a sender runs first, and what a replacement
+        runs before it stages anything new, so it reoffers exactly the ids its predecessor left
+        pending. An exception from ``send`` leaves that event and the later ones pending."""
+        delivered = []
+        for event in self.pending(stream):  # bounded by what is owed
+            self.acknowledge(stream, [event.event_id], send(event))
+            delivered.append(event)
+        return delivered
 
 
 def open_outbox_store(profile: str, **kwargs: object) -> OutboxStore:
