@@ -55,6 +55,7 @@ def main() -> None:
         if i == args.stop_before:
             print(f"stop {i}", flush=True)
             sys.stdin.read()  # the parent kills this process here
+            sys.exit(3)  # stdin closed: the parent is gone, and this machine with it
 
         def compute(i: int = i) -> dict[str, Any]:
             side.execute(f"INSERT INTO {SIDE_TABLE} (scope, step, pid) VALUES (%s, %s, %s)",

@@ -46,6 +46,7 @@ def main() -> None:
         outbox.acknowledge(args.stream, [first.event_id], send(first))
         print("ready", flush=True)
         sys.stdin.read()  # the parent kills this process here
+        sys.exit(3)  # stdin closed: the parent is gone, and this machine with it
     outbox.drain(args.stream, send)
     print("done " + json.dumps(outbox.stream_state(args.stream).frontier), flush=True)
     outbox.close()

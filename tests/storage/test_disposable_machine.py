@@ -100,6 +100,7 @@ def run_trial(site: ContainerSite, journal: PostgresJournalStore, reader: Store,
                                 for r in recorded for n in range(child.ROWS_PER_STEP)]
 
 
+@pytest.mark.timeout(3600 if SOAK else 900)
 @pytest.mark.clause("run.journal.postgres-stores", "run.journal.container-profile")
 def test_a_killed_machine_whose_disk_is_lost_resumes_every_recorded_step(
         pg_dsn: str, pg_schema: str, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
