@@ -150,11 +150,10 @@ class Store:
         profile the execution is admitted first (``storage.container.admit``)."""
         if self._journal is None:
             from contextful.storage.catalog.postgres import PostgresCatalog
+            from contextful.storage.catalog.sqlite import SqliteCatalog
 
             if self.container is not None:
                 admit(self)
-            from contextful.storage.catalog.sqlite import SqliteCatalog
-
             if isinstance(self.catalog, SqliteCatalog):
                 self._journal = open_journal_store("sqlite", path=self.catalog.path)
             elif isinstance(self.catalog, PostgresCatalog):
