@@ -214,3 +214,14 @@ def test_a_corpus_only_restore_admits_no_paid_or_effectful_work(site: ContainerS
         restored.outbox  # noqa: B018
     restored.close()
     assert not set(EXECUTION_TABLES) & site.tables()  # the refused step created nothing
+
+
+@pytest.mark.clause("run.journal.container-profile")
+def test_a_store_root_in_the_bucket_is_the_corpus_binding(site: ContainerSite, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CONTEXTFUL_CORPUS_BUCKET")
+    with Store.open(site.bucket) as store:  # no working copy: every object is written to the bucket directly
+        assert not isinstance(store.objects, CorpusMirror) and store.objects.url == site.bucket
+        assert provision(store).corpus == site.bucket
+        execution = open_execution(store.journal, "job:x", PLAN)
+        execution.close(ok=True)
+    assert json.loads(bucket(site).get_bytes(RECOVERY_KEY))["schema"] == site.schema
