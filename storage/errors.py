@@ -78,7 +78,8 @@ Hierarchy::
         │   ├── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         │   ├── ProjectExists            init found a contextful.toml already
         │   ├── TableStillRead           table drop of a table a model or an [[export]] reads (without --force)
-        │   └── SweepOriginOutOfOrder    a carried sweep's origin read before the origin preceding it landed
+        │   ├── SweepOriginOutOfOrder    a carried sweep's origin read before the origin preceding it landed
+        │   └── OutboxFrontierGap        an acknowledgement skipping a pending outbox event
         ├── Expired                      a window closed (expired; HTTP 410)
         │   ├── ReceiveBatchKeyExpired
         │   └── AwakeableTimedOut        an awakeable's deadline passed while it was pending
@@ -109,7 +110,9 @@ Hierarchy::
             ├── QueryFailed              an admitted gateway query failed for a reason not the reader's (error id)
             ├── TableUnreadable          one table's view cannot be built; the other tables still read
             ├── CatalogRejected           the catalog database refused a write (integrity)
-            └── ScriptRuntimeLinked      a JavaScript engine is importable where plans are served
+            ├── ScriptRuntimeLinked      a JavaScript engine is importable where plans are served
+            ├── StorageCapabilityMissing  the profile lacks a binding an execution needs (before admission)
+            └── ExecutionRecoveryMismatch no execution tables, or another project recovery identity
 
 Messages are built from structured fields, so callers and tests read the fields, and the text
 names what the spec says it names.
@@ -1365,6 +1368,51 @@ class RunCanceled(TerminalError):
                          "what is missing", execution=execution, scope=scope)
 
 
+# --- the container profile (issue 15): storage bindings and recovery identity ------------------
+
+
+class StorageCapabilityMissing(Permanent):
+    """``run.journal.storage-incomplete``: the storage profile lacks a binding or capability an
+    execution needs (a DSN, a corpus bucket, the corpus's ``store.json``, a strict execution guard,
+    a supported outbox); raised before any execution is admitted, naming every missing one."""
+
+    profile: str
+    missing: tuple[str, ...]
+
+    def __init__(self, profile: str, missing: tuple[str, ...]) -> None:
+        super().__init__(f"storage profile {profile!r} lacks {'; '.join(missing)}: bind it (docs/container-profile.md) "
+                         "and start again; no execution was admitted", profile=profile, missing=missing)
+
+
+class ExecutionRecoveryMismatch(Permanent):
+    """``run.journal.execution-recovery``: the execution database is missing its tables or its
+    project recovery identity, or holds another one than the corpus; no execution is admitted
+    until the execution database is restored or ``contextful store provision`` records one."""
+
+    schema: str
+    reason: str
+
+    def __init__(self, schema: str, reason: str) -> None:
+        super().__init__(f"execution database {schema!r}: {reason}; restore the execution database that "
+                         "belongs to this corpus, or on a first set-up record the recovery identity with "
+                         "`contextful store provision` (docs/container-profile.md)", schema=schema, reason=reason)
+
+
+class OutboxFrontierGap(Conflict):
+    """``run.export.remote-state``: an acknowledgement that is not the stream's oldest pending
+    events, in order. A (replacement) sender reoffers the pending event ids first; the frontier
+    never advances past an event still owed."""
+
+    stream: str
+    pending: tuple[str, ...]
+    offered: tuple[str, ...]
+
+    def __init__(self, stream: str, pending: tuple[str, ...], offered: tuple[str, ...]) -> None:
+        super().__init__(f"outbox stream {stream!r}: acknowledged {', '.join(offered) or 'nothing'} but the oldest "
+                         f"pending events are {', '.join(pending) or 'none'}; deliver and acknowledge the pending "
+                         "events first, in order", stream=stream, pending=pending, offered=offered)
+
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AddressInUse",
@@ -1394,6 +1442,7 @@ __all__ = [
     "CursorFieldMismatch",
     "CursorPositionUnorderable",
     "ExecutionNotFound",
+    "ExecutionRecoveryMismatch",
     "ExecutionRewindUnsafe",
     "ExecutionSuspended",
     "ExecutionWriterFenced",
@@ -1417,6 +1466,7 @@ __all__ = [
     "ModelInputUnknown",
     "ModelTestFailed",
     "NotFound",
+    "OutboxFrontierGap",
     "OwnerPinsMismatch",
     "OwnerPlanMismatch",
     "PageCapExceeded",
@@ -1462,6 +1512,7 @@ __all__ = [
     "SourceUnavailable",
     "SpecInvalid",
     "StagingFailed",
+    "StorageCapabilityMissing",
     "StorageProfileUnknown",
     "StoreCatalogMismatch",
     "StoreNotFound",

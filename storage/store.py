@@ -29,11 +29,13 @@ from typing import Any, Self
 
 import duckdb
 from contextful.storage.awakeables import AwakeableStore, awakeable_store_beside
-from contextful.storage.blobs import BlobStore
+from contextful.storage.blobs import BlobStore, open_blob_store
 from contextful.storage.blobs.files import FileBlobStore
 from contextful.storage.catalog import Catalog, open_catalog, storage_profile
 from contextful.storage.clock import Clock, SystemClock, to_us
 from contextful.storage.collect import CollectResult, collect
+from contextful.storage.container import ContainerBindings, admit, container_bindings, require_corpus_state
+from contextful.storage.corpus import CorpusMirror, corpus_objects
 from contextful.storage.duck import connect
 from contextful.storage.errors import (
     CatalogPathMissing,
@@ -46,6 +48,7 @@ from contextful.storage.fold import FoldResult, fold_table
 from contextful.storage.journal import JournalStore, open_journal_store
 from contextful.storage.manifest import table_prefix
 from contextful.storage.objects import ObjectStore
+from contextful.storage.outbox import OutboxStore, open_outbox_store
 from contextful.storage.reserved import RESERVED_TABLES, check_table_name
 from contextful.storage.run_record import RunRecord
 from contextful.storage.snapshot import Snapshot
@@ -83,6 +86,9 @@ _CREATE_ATTEMPTS = 5
 
 
 class Store:
+    container: ContainerBindings | None = None
+    """The container profile's bindings when the store opened under it (``storage.container``)."""
+
     def __init__(self, objects: ObjectStore, catalog: Catalog, clock: Clock, store_uuid: str,
                  durable: bool = True) -> None:
         self.objects = objects
@@ -92,9 +98,10 @@ class Store:
         self.durable = durable
         self.runs = RunRecord(self)
         self._closed = False
-        self.blobs: BlobStore = FileBlobStore(objects)
+        self._blobs: BlobStore | None = None
         self._journal: JournalStore | None = None
         self._awakeables: AwakeableStore | None = None
+        self._outbox: OutboxStore | None = None
         self.write_threads = write_threads()
         """Parts one run writes behind its caller at once (``CONTEXTFUL_WRITE_THREADS``; 0: write inline)."""
         self._writers: ThreadPoolExecutor | None = None
@@ -110,13 +117,45 @@ class Store:
             return self._writers
 
     @property
+    def blobs(self) -> BlobStore:
+        """The blob store: the execution database's ``cf_blobs`` under the container profile (a
+        recorded value and the blob it names share one home and one backup), else ``blobs/`` under
+        the root."""
+        if self._blobs is None:
+            from contextful.storage.catalog.postgres import PostgresCatalog
+
+            if self.container is not None and isinstance(self.catalog, PostgresCatalog):
+                self._blobs = open_blob_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
+            else:
+                self._blobs = FileBlobStore(self.objects)
+        return self._blobs
+
+    @property
+    def outbox(self) -> OutboxStore:
+        """The exporters' outbox in the execution database (``storage.outbox``); a profile without
+        one raises ``StorageCapabilityMissing``. Under the container profile, admitted first."""
+        if self._outbox is None:
+            from contextful.storage.catalog.postgres import PostgresCatalog
+
+            if self.container is not None:
+                admit(self)
+            if isinstance(self.catalog, PostgresCatalog):
+                self._outbox = open_outbox_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
+            else:
+                self._outbox = open_outbox_store(self.catalog.backend)
+        return self._outbox
+
+    @property
     def journal(self) -> JournalStore:
         """The journal store beside this store's catalog: the same SQLite file or PostgreSQL schema
-        (one transactional home for owners, journal rows and table heads)."""
+        (one transactional home for owners, journal rows and table heads). Under the container
+        profile the execution is admitted first (``storage.container.admit``)."""
         if self._journal is None:
             from contextful.storage.catalog.postgres import PostgresCatalog
             from contextful.storage.catalog.sqlite import SqliteCatalog
 
+            if self.container is not None:
+                admit(self)
             if isinstance(self.catalog, SqliteCatalog):
                 self._journal = open_journal_store("sqlite", path=self.catalog.path)
             elif isinstance(self.catalog, PostgresCatalog):
@@ -145,6 +184,11 @@ class Store:
         """
         objects = ObjectStore(str(root), storage_options, create=create)
         owned = catalog is None
+        container = None
+        if owned and storage_profile(profile) == "postgres":
+            container = container_bindings(objects.is_local, objects.url)
+            if container.bucket is not None and objects.is_local:  # the root is the bucket's working copy
+                objects = corpus_objects(objects.root, container.bucket, create=create)
         if owned and storage_profile(profile) == "local":
             if catalog_path is None and not objects.is_local:
                 raise CatalogPathMissing(objects.url)
@@ -154,13 +198,17 @@ class Store:
         if catalog is None:
             catalog = open_catalog(profile, sqlite_path=catalog_path)
         try:
+            if container is not None:
+                require_corpus_state(objects.remote if isinstance(objects, CorpusMirror) else objects, catalog)
             store_uuid = _store_uuid(objects)
             catalog.bind_store(store_uuid, objects.url)
         except BaseException:
             if owned:
                 catalog.close()
             raise
-        return cls(objects, catalog, clock or SystemClock(), store_uuid, durable)
+        store = cls(objects, catalog, clock or SystemClock(), store_uuid, durable)
+        store.container = container
+        return store
 
     def close(self) -> None:
         """Close the catalog, first flushing the run-record cache if this handle recorded runs."""
@@ -173,6 +221,10 @@ class Store:
             self._journal.close_store()
         if self._awakeables is not None:
             self._awakeables.close_store()
+        if self._blobs is not None:
+            self._blobs.close()
+        if self._outbox is not None:
+            self._outbox.close()
         self.catalog.close()
         if self._writers is not None:  # after the record's flush, which writes a part too
             self._writers.shutdown(wait=True)

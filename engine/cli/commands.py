@@ -1,4 +1,4 @@
-"""``contextful store collect``, the shared ``_store``/``_json`` of the store commands, and ``register()``,
+"""``contextful store collect`` and ``store provision``, the shared ``_store``/``_json`` of the store commands, and ``register()``,
 which adds every command group (``table``, ``sql``, ``run``, ``pipeline``, ... each in its own module)."""
 
 from __future__ import annotations
@@ -44,6 +44,23 @@ def store_collect(ctx: click.Context, retain_seconds: float, grace_seconds: floa
         emit_json(result.to_json())
     else:
         click.echo(f"collected {len(result.removed_parts)} removed part(s) and {len(result.orphans)} orphan(s)")
+
+
+@store_group.command("provision")
+@click.pass_context
+def store_provision(ctx: click.Context) -> None:
+    """Create the execution tables and record the project recovery identity (container profile)."""
+    from dataclasses import asdict
+
+    from contextful.storage.container import provision
+
+    with _store(ctx, create=True) as store:
+        identity = provision(store)
+    if _json(ctx):
+        emit_json(asdict(identity))
+    else:
+        click.echo(f"recovery identity {identity.recovery_id}: store {identity.store_uuid}, schema {identity.schema}, "
+                   f"corpus {identity.corpus}")
 
 
 def register(cli: click.Group) -> None:

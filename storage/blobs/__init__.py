@@ -31,6 +31,9 @@ class BlobStore(ABC):
     @abstractmethod
     def exists(self, digest: str) -> bool: ...
 
+    def close(self) -> None:
+        """Release connections (an adapter with none keeps this no-op)."""
+
     def put(self, data: bytes) -> str:
         """Store ``data``; return its lowercase hex SHA-256."""
         digest = digest_of(data)

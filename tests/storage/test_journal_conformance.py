@@ -4,8 +4,9 @@ Adapters: :class:`FileJournalStore` on a local root, :class:`SqliteJournalStore`
 :class:`PostgresJournalStore` on the session's real server (a fresh schema per test). Covers the
 owner lifecycle (claim, resume by the holder, takeover once the lease lapses, refusal while another
 holder's lease runs, plan mismatch, renew, cursor cache, close, retire), conditional step records
-converging on the first value, collection, and both races across real OS processes: recorders of
-one step all read one value with no error, and claimers of one scope elect exactly one holder.
+converging on the first value, collection, and the races across real OS processes: recorders of
+one step all read one value with no error, claimers of one scope elect exactly one holder, and
+processes opening a lapsed scope through the execution handle resume it exactly once.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from contextful.storage.clock import from_us
+from contextful.engine.run.execution import open_execution
+from contextful.storage.clock import ManualClock, from_us
 from contextful.storage.errors import (
     ConditionalWriteUnsupported,
     JournalConflict,
@@ -348,6 +350,26 @@ def _claimer(site: JournalSite, tag: int, start: Any, results: Any) -> None:
         results.put((tag, "error", traceback.format_exc()))
 
 
+def _opener(site: JournalSite, tag: int, start: Any, results: Any) -> None:
+    """Open the execution handle on ``contended`` once the seeded owner's lease lapsed."""
+    try:
+        journal = site.open()
+        try:
+            start.wait(TIMEOUT_S)
+            try:
+                execution = open_execution(journal, "contended", PLAN, holder=f"holder {tag}", lease_s=LEASE / 1e6,
+                                           clock=ManualClock(T0 + LEASE))
+                outcome = (tag, "opened", execution.execution_id, execution.attempt)
+            except JournalConflict as exc:
+                outcome = (tag, "refused", exc.execution, 0)
+        finally:
+            journal.close_store()
+        results.put(outcome)
+    except BaseException:  # noqa: BLE001
+        start.abort()
+        results.put((tag, "error", traceback.format_exc()))
+
+
 def _run_children(target: Any, args_for: Any) -> list[tuple[Any, ...]]:
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Barrier(PROCESSES)
@@ -424,3 +446,18 @@ def test_hold_owners_reads_the_executions_row_and_the_scopes_asked_for(journal: 
     journal.claim("orders", PLAN, "h2", T0 + 2, LEASE)  # a new execution replaces it under the scope
     with other.hold_owners(first.execution_id) as held:
         assert held.own is None and held.others == {}
+
+def test_processes_racing_to_open_a_lapsed_scope_resume_it_once(site: JournalSite, journal: JournalStore) -> None:
+    """The pending execution of a holder that is gone: of the processes opening the scope once its
+    lease lapsed, exactly one resumes it (the same execution, attempt 2); the others are refused
+    naming it, and none opens a second execution."""
+    seeded = journal.claim("contended", PLAN, "gone", T0, LEASE)
+    outcomes = _run_children(_opener, lambda tag: (site, tag))
+    opened = [o for o in outcomes if o[1] == "opened"]
+    assert len(opened) == 1, outcomes
+    winner, _, execution, attempt = opened[0]
+    assert (execution, attempt) == (seeded.execution_id, 2)
+    assert all(o[1:] == ("refused", execution, 0) for o in outcomes if o is not opened[0]), outcomes
+    owner = journal.owner("contended")
+    assert owner is not None
+    assert (owner.execution_id, owner.holder, owner.attempts) == (execution, f"holder {winner}", 2)

@@ -1,7 +1,7 @@
 """A dropped catalog connection costs one retried operation, not the rest of the process's life;
 a commit whose outcome cannot be learned loses nothing.
 
-A long ``contextful pipeline run`` on the PostgreSQL profile has its backends terminated
+A long ``contextful pipeline run`` on the PostgreSQL (container) profile has its backends terminated
 (``pg_terminate_backend``) in the middle of a walk; it reconnects and lands every row once. A run
 whose checkpoint committed on the server while the answer was lost and the server stayed
 unreachable exits naming ``CommitOutcomeUnknown``; the next run settles it.
@@ -25,6 +25,7 @@ from contextful.storage.catalog.postgres import PostgresCatalog
 
 from tests.support.http_api import JsonApi, Reply, Request, watermark_pages
 from tests.support.pg_proxy import PgProxy
+from tests.support.s3_server import CREDENTIALS, S3Server
 
 
 @pytest.fixture
@@ -41,14 +42,26 @@ def terminate_backends(dsn: str, application_name: str) -> int:
     return len(rows)
 
 
-def postgres_env(dsn: str, schema: str, application_name: str) -> dict[str, str]:
+def postgres_env(dsn: str, schema: str, application_name: str, s3: S3Server, bucket: str) -> dict[str, str]:
+    """The container profile's bindings (docs/container-profile.md): the catalog's database and a corpus bucket."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
     env.update(CONTEXTFUL_STORAGE_PROFILE="postgres", CONTEXTFUL_POSTGRES_DSN=f"{dsn} application_name={application_name}",
-               CONTEXTFUL_POSTGRES_SCHEMA=schema)
+               CONTEXTFUL_POSTGRES_SCHEMA=schema, CONTEXTFUL_CORPUS_BUCKET=f"s3://{bucket}/corpus",
+               CONTEXTFUL_S3_ENDPOINT_URL=s3.endpoint, **CREDENTIALS)
     return env
 
 
-def test_a_long_run_whose_backends_are_terminated_goes_on(tmp_path: Path, api: JsonApi, pg_dsn: str) -> None:
+def provisioned(project: Path, dsn: str, schema: str, s3: S3Server) -> str:
+    """Provision the project's execution database (``contextful store provision``); its corpus bucket."""
+    bucket = s3.new_bucket()
+    subprocess.run([sys.executable, "-m", "contextful.engine.cli", "--project", str(project), "store", "provision"],
+                   env=postgres_env(dsn, schema, "cf-provision", s3, bucket), check=True, capture_output=True,
+                   timeout=300)
+    return bucket
+
+
+def test_a_long_run_whose_backends_are_terminated_goes_on(tmp_path: Path, api: JsonApi, pg_dsn: str,
+                                                          s3_server: S3Server) -> None:
     rows = [{"id": i, "updated_at": i} for i in range(12)]
     serve = watermark_pages(rows, "updated_at", 2)
     inside_page_4 = threading.Event()
@@ -76,8 +89,9 @@ url = "{api.url}/items"
 """)
     schema = f"t_{uuid.uuid4().hex[:16]}"
     name = f"cf-{uuid.uuid4().hex[:12]}"
+    bucket = provisioned(tmp_path, pg_dsn, schema, s3_server)
     child = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "pipeline", "run",
-                              "--checkpoint-mib", "0.000001"], env=postgres_env(pg_dsn, schema, name),
+                              "--checkpoint-mib", "0.000001"], env=postgres_env(pg_dsn, schema, name, s3_server, bucket),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert inside_page_4.wait(120), "the walk never reached page 4"
@@ -100,8 +114,8 @@ url = "{api.url}/items"
         store.close()
 
 
-def test_a_pipeline_run_whose_commit_outcome_is_unknown_settles_on_the_next_run(tmp_path: Path,
-                                                                               pg_dsn: str) -> None:
+def test_a_pipeline_run_whose_commit_outcome_is_unknown_settles_on_the_next_run(tmp_path: Path, pg_dsn: str,
+                                                                               s3_server: S3Server) -> None:
     """The server commits a checkpoint, the answer is lost and the catalog cannot be reached
     again: the run exits 75 naming CommitOutcomeUnknown and deletes nothing; once the catalog is
     back, the next run lands exactly what is missing and every row is there once."""
@@ -123,8 +137,9 @@ kind = "files"
 paths = ["raw/events-*.ndjson"]
 """)
     schema = f"t_{uuid.uuid4().hex[:16]}"
+    bucket = provisioned(tmp_path, pg_dsn, schema, s3_server)
     with PgProxy(pg_dsn) as proxy:
-        env = postgres_env(proxy.dsn(), schema, "cf-outcome")
+        env = postgres_env(proxy.dsn(), schema, "cf-outcome", s3_server, bucket)
         command = [sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "pipeline", "run",
                    "--checkpoint-mib", "0.000001"]
         proxy.cut_after_commit(b"INSERT INTO cf_commits", then_refuse=True)
@@ -145,7 +160,8 @@ paths = ["raw/events-*.ndjson"]
         store.close()
 
 
-def test_a_serving_receiver_whose_backends_are_terminated_goes_on(tmp_path: Path, pg_dsn: str) -> None:
+def test_a_serving_receiver_whose_backends_are_terminated_goes_on(tmp_path: Path, pg_dsn: str,
+                                                                 s3_server: S3Server) -> None:
     """``pipeline serve`` on the PostgreSQL profile: a batch lands, every backend of the server is
     terminated, and the next batch lands too; both batches once each."""
     import re
@@ -169,9 +185,10 @@ key_retention_secs = 60
     token = writers.issue(tmp_path, [PIPELINE]).token
     schema = f"t_{uuid.uuid4().hex[:16]}"
     name = f"cf-{uuid.uuid4().hex[:12]}"
+    bucket = provisioned(tmp_path, pg_dsn, schema, s3_server)
     proc = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "pipeline", "serve",
                              "--http", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=postgres_env(pg_dsn, schema, name))
+                            env=postgres_env(pg_dsn, schema, name, s3_server, bucket))
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
