@@ -66,6 +66,8 @@ def commands(group: click.Group = cli, prefix: tuple[str, ...] = ()) -> Iterator
 
 
 COMMANDS = list(commands())
+PROJECT_COMMANDS = [c for c in COMMANDS if c[0] != "key"]
+"""Every command that reads the project (the ``key`` group works on the operator's key files alone)."""
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +91,9 @@ def args_for(words: tuple[str, ...], root: Path, port: int) -> list[str]:
         ("table", "drop"): ["events", "--force"],
         ("run", "rewind"): ["0" * 32, "--reason", "test"],
         ("run", "show"): ["r0"],
+        ("run", "cancel"): ["0" * 32],
+        ("key", "public"): ["--key", str(root.parent / "issuer.pem")],
+        ("key", "issue"): ["--subject", "ops", "--audience", "awake", "--key", str(root.parent / "issuer.pem")],
         ("pipeline", "serve"): ["--http", f"127.0.0.1:{port}"],
         ("build", "hold"): ["by_kind", "1"],
         ("build", "release"): ["by_kind", "1"],
@@ -132,7 +137,7 @@ STORE_COMMANDS = [c for c in COMMANDS if c[0] in ("sql", "table", "store", "run"
 # breakage -> (how to break a copy of the healthy project, the commands it must make fail)
 BREAKAGES: dict[str, tuple[Callable[[Path], object], list[tuple[str, ...]]]] = {
     "manifest-not-utf8": (lambda root: (root / "contextful.toml").write_bytes(b"\xff\xfe" + MANIFEST.encode()),
-                          COMMANDS),
+                          PROJECT_COMMANDS),
     "store-catalog-garbage": (lambda root: garbage(root / ".contextful" / "store" / "catalog.sqlite"),
                               STORE_COMMANDS),
     "store-json-invalid": (lambda root: (root / ".contextful" / "store" / "store.json").write_text("{not json"),
@@ -144,6 +149,8 @@ BREAKAGES: dict[str, tuple[Callable[[Path], object], list[tuple[str, ...]]]] = {
     "reader-key-a-directory": (
         lambda root: directory_instead(next((root / ".contextful" / "readers").glob("*.json"))),
         [("export", "key", "list"), ("export", "key", "revoke")]),
+    "issuer-key-garbage": (lambda root: (root.parent / "issuer.pem").write_bytes(b"-----BEGIN PRIVATE KEY-----\nnot a key"),
+                           [("key", "public"), ("key", "issue")]),
     "iceberg-catalog-garbage": (lambda root: garbage(root / ".contextful" / "iceberg" / "catalog.sqlite"),
                                 [("export", "run"), ("export", "status")]),
 }

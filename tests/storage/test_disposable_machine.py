@@ -17,7 +17,6 @@ Short form: 5 trials. ``CONTEXTFUL_SOAK=1``: 50 trials over every kill point and
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -35,12 +34,13 @@ from contextful.storage.journal.postgres import PostgresJournalStore
 from tests.storage import container_run as child
 from tests.storage.container_site import ContainerSite
 from tests.support.s3_server import S3Server
+from tests.support.soak import soak_long, trials
 
 pytestmark = [pytest.mark.postgres, pytest.mark.s3, pytest.mark.slow]
 
 STEPS = 4
-SOAK = os.environ.get("CONTEXTFUL_SOAK") == "1"
-TRIALS = 50 if SOAK else 5
+SOAK = soak_long()
+TRIALS = trials(short=5, long=50)
 CHILD_TIMEOUT_S = 300.0
 PARALLEL = 2
 
