@@ -83,8 +83,14 @@ def admit(execution: Execution, boundary: str = DISPATCH, fences: Sequence[str] 
     naming the boundary and why, before the block runs."""
     if boundary not in BOUNDARIES:
         raise ValueError(f"admission boundary {boundary!r} is not one of {BOUNDARIES}")
-    with execution.journal.hold_owners(execution.execution_id, fences) as held:
-        reason = fenced_reason(held, execution, fences, execution.clock.now_us())
-        if reason is not None or held.own is None:
-            raise ExecutionWriterFenced(execution.execution_id, execution.attempt, boundary, reason or "")
-        yield held.own
+    execution.admissions += 1  # the keeper defers renewing it: a renewal would wait behind the hold
+    execution.journal.held_blocks += 1
+    try:
+        with execution.journal.hold_owners(execution.execution_id, fences) as held:
+            reason = fenced_reason(held, execution, fences, execution.clock.now_us())
+            if reason is not None or held.own is None:
+                raise ExecutionWriterFenced(execution.execution_id, execution.attempt, boundary, reason or "")
+            yield held.own
+    finally:
+        execution.admissions -= 1
+        execution.journal.held_blocks -= 1

@@ -119,6 +119,9 @@ class Execution:
         self.keeper: Keeper | None = None
         self.cancel_token = threading.Event()
         """Set once the owner carries a cancel mark (``contextful run cancel``); the keeper feeds it."""
+        self.admissions = 0
+        """Admitted blocks in progress (:meth:`admit`): while one holds the owner row, the keeper
+        defers this execution's renewal, which would wait behind the hold (and stall every other)."""
         row = journal.claim(scope, plan_ref, holder, max(clock.now_us(), claim_at_us or 0), lease_us, pins)
         self.execution_id = row.execution_id
         self._observe_mark(row)  # a resumption of an execution marked canceled stops at its first boundary

@@ -138,7 +138,10 @@ class Keeper:
         if execution is None or execution.closed:
             return False
         try:
-            if entry.renew_due_us <= now:
+            if entry.renew_due_us <= now and _held(execution):  # it would wait behind an admitted callback
+                entry.renew_due_us = now + self.poll_us
+                execution.poll_cancel()
+            elif entry.renew_due_us <= now:
                 execution.renew()
                 entry.renew_due_us = now + entry.renew_every_us
             else:
@@ -189,6 +192,13 @@ class Keeper:
                     pause_s = (due - self.clock.now_us()) / 1_000_000
                 if pause_s is None or pause_s > 0:
                     self._cond.wait(pause_s)  # until the earliest deadline, or a (de)registration
+
+
+def _held(execution: Execution) -> bool:
+    """Whether renewing ``execution`` now would wait behind an admitted callback's hold: its own, or
+    any on its journal where a hold blocks every owner write (SQLite)."""
+    journal = execution.journal
+    return bool(execution.admissions or (journal.hold_blocks_every_owner_write and journal.held_blocks))
 
 
 _engine_keeper: Keeper | None = None

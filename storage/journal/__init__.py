@@ -125,6 +125,12 @@ def _require_held(row: OwnerRow | None, execution_id: str, holder: str | None) -
 class JournalStore(ABC):
     """Owners and steps behind conditional writes; adapters supply storage, this class the rules."""
 
+    hold_blocks_every_owner_write = False
+    """Whether :meth:`hold_owners` holds every owner write of the store, other scopes' too (SQLite's
+    database write lock), not only the rows it names (PostgreSQL's row locks)."""
+    held_blocks = 0
+    """Admitted blocks of this process holding owners of this store now (``engine.run.dispatch``)."""
+
     # --- adapter primitives ---------------------------------------------------------------------
 
     @abstractmethod

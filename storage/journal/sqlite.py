@@ -24,6 +24,8 @@ from contextful.storage.journal.sql import SqlJournalStore
 
 
 class SqliteJournalStore(SqlJournalStore):
+    hold_blocks_every_owner_write = True
+
     def __init__(self, path: str) -> None:
         self.path = path
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

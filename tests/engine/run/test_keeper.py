@@ -69,6 +69,30 @@ def test_the_keeper_renews_each_lease_at_its_own_deadline_and_sleeps_until_the_e
     assert (long.lease_expires_us, short.lease_expires_us) == (T0 + 45 * S, T0 + 25 * S)
 
 
+@pytest.mark.clause("run.cancel.engine-keeper", "run.journal.durable-dispatch")
+def test_an_admitted_execution_is_renewed_after_its_callback_and_the_others_meanwhile(journal: JournalStore) -> None:
+    """A renewal waits behind an admitted callback's hold on the owner row (PostgreSQL, SQLite), so
+    the keeper defers that one execution's renewal instead of stalling every other's."""
+    clock = ManualClock(T0)
+    keeper = Keeper(clock, poll_s=1, start=False)
+    busy = open_execution(journal, "s:busy", PLAN, holder="h", lease_s=10, clock=clock, keeper=keeper)
+    idle = open_execution(journal, "s:idle", PLAN, holder="h", lease_s=10, clock=clock, keeper=keeper)
+    clock.advance(5)
+    with busy.admit():
+        keeper.tick()  # on the keeper's own thread this would block behind the hold if it renewed busy
+        assert busy.admissions == 1
+        # PostgreSQL holds only busy's row, so idle renews; SQLite's hold is the database write
+        # lock, which every owner write waits behind, so idle's renewal is deferred too.
+        idle_lease = T0 + 10 * S if journal.hold_blocks_every_owner_write else T0 + 15 * S
+        assert (_lease(journal, "s:busy"), _lease(journal, "s:idle")) == (T0 + 10 * S, idle_lease)
+    assert busy.admissions == 0 and journal.held_blocks == 0
+    clock.advance(1)
+    keeper.tick()  # the callback returned: the deferred renewals go through at the next pass
+    assert _lease(journal, "s:busy") == T0 + 16 * S
+    assert _lease(journal, "s:idle") == (T0 + 16 * S if journal.hold_blocks_every_owner_write else T0 + 15 * S)
+    assert idle.lease_expires_us == _lease(journal, "s:idle")  # held here: the keeper keeps only live handles
+
+
 @pytest.mark.clause("run.cancel.engine-keeper")
 def test_the_keeper_feeds_the_token_of_the_marked_execution_only(journal: JournalStore) -> None:
     clock = ManualClock(T0)
