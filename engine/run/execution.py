@@ -154,17 +154,23 @@ class Execution:
         recorded the step first, its value is returned instead.
         """
         seq = self._next_seq
-        self._check_open(seq)
-        recorded = self._recorded.get(seq)
-        if recorded is not None:
-            if recorded.label != label:
-                raise JournalConflict(self.execution_id, seq,
-                                      f"step {seq} was recorded as {recorded.label!r}; this attempt offers {label!r}")
-            stored = recorded.value
-        else:
+        stored = self._replayed(seq, label)
+        if stored is None:
             stored = self.journal.record(self.execution_id, seq, label, _encode(compute()), self.clock.now_us())
         self._next_seq = seq + 1
         return _decode(stored)
+
+    def _replayed(self, seq: int, label: str) -> bytes | None:
+        """The value an earlier attempt recorded at step ``seq`` (None: not recorded); a step
+        recorded under another label means the replay diverged: JournalConflict."""
+        self._check_open(seq)
+        recorded = self._recorded.get(seq)
+        if recorded is None:
+            return None
+        if recorded.label != label:
+            raise JournalConflict(self.execution_id, seq,
+                                  f"step {seq} was recorded as {recorded.label!r}; this attempt offers {label!r}")
+        return recorded.value
 
     @property
     def next_seq(self) -> int:
@@ -235,14 +241,8 @@ class Execution:
         waiting leaves the same state behind.
         """
         seq = self._next_seq
-        self._check_open(seq)
-        recorded = self._recorded.get(seq)
-        if recorded is not None:
-            if recorded.label != label:
-                raise JournalConflict(self.execution_id, seq,
-                                      f"step {seq} was recorded as {recorded.label!r}; this attempt offers {label!r}")
-            stored = recorded.value
-        else:
+        stored = self._replayed(seq, label)
+        if stored is None:
             awakeables = self.awakeables or awakeable_store_beside(self.journal)
             try:
                 stored = await_resolution(self, awakeables, seq, label, timeout_s, on_token=on_token,

@@ -11,37 +11,23 @@ from __future__ import annotations
 from typing import Any
 
 from contextful.storage.blobs import BlobStore
-from contextful.storage.dbapi import SqlDialect, postgres_connection, postgres_connection_lost, postgres_error
-from contextful.storage.errors import BlobNotFound, ContextfulError
+from contextful.storage.dbapi import SqlDialect
+from contextful.storage.errors import BlobNotFound
+from contextful.storage.port_dialects import PostgresSchemaPort
 
 
-class PostgresBlobStore(SqlDialect, BlobStore):
-    placeholder = "%s"
-
+class PostgresBlobStore(PostgresSchemaPort, SqlDialect, BlobStore):
     def __init__(self, dsn: str, schema: str) -> None:
         self.dsn = dsn
         self.schema = schema
         self._open_connection()
 
         def create(cur: Any) -> None:
-            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"contextful-ddl:{schema}",))
-            cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            self._lock_ddl(cur)
             cur.execute(f'CREATE TABLE IF NOT EXISTS "{schema}".cf_blobs'
                         " (digest TEXT PRIMARY KEY, content BYTEA NOT NULL)")
 
         self._write(create, rerun_unheard=True)
-
-    def _connect(self) -> Any:
-        return postgres_connection(self.dsn, self.schema)
-
-    def _begin_write(self, cur: Any, durable: bool) -> None:
-        cur.execute("BEGIN")
-
-    def _connection_lost(self, exc: BaseException) -> bool:
-        return postgres_connection_lost(self._conn, exc)
-
-    def _map_error(self, exc: Exception) -> ContextfulError | None:
-        return postgres_error(self.schema, exc, self.dsn)
 
     def _store_bytes(self, digest: str, data: bytes) -> None:
         self._write(lambda cur: cur.execute(

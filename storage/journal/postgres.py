@@ -20,38 +20,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from contextful.storage.dbapi import postgres_connection, postgres_connection_lost, postgres_error
-from contextful.storage.errors import ContextfulError
 from contextful.storage.journal.sql import SqlJournalStore
+from contextful.storage.port_dialects import PostgresSchemaPort
 
 
-class PostgresJournalStore(SqlJournalStore):
-    placeholder = "%s"
-    blob_type = "BYTEA"
+class PostgresJournalStore(PostgresSchemaPort, SqlJournalStore):
     row_lock = " FOR UPDATE"
     row_share = " FOR SHARE"
-
-    def __init__(self, dsn: str, schema: str) -> None:
-        self.dsn = dsn
-        self.schema = schema
-        super().__init__()
-
-    def _connect(self) -> Any:
-        return postgres_connection(self.dsn, self.schema)
-
-    def _connection_lost(self, exc: BaseException) -> bool:
-        return postgres_connection_lost(self._conn, exc)
-
-    def _begin_write(self, cur: Any, durable: bool = True) -> None:
-        cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-
-    def _lock_ddl(self, cur: Any) -> None:
-        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"contextful-ddl:{self.schema}",))
-        cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
 
     def _lock_scope(self, cur: Any, scope: str) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     (f"contextful-journal-owner:{self.schema}:{scope}",))
-
-    def _map_error(self, exc: Exception) -> ContextfulError | None:
-        return postgres_error(self.schema, exc, self.dsn)

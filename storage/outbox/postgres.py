@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from contextful.storage.dbapi import SqlDialect, postgres_connection, postgres_connection_lost, postgres_error
-from contextful.storage.errors import ContextfulError, OutboxFrontierGap
+from contextful.storage.dbapi import SqlDialect
+from contextful.storage.errors import OutboxFrontierGap
 from contextful.storage.outbox import OutboxEvent, OutboxStore, StreamState
+from contextful.storage.port_dialects import PostgresSchemaPort
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS cf_outbox_streams (
@@ -34,33 +35,18 @@ def _event(row: Any) -> OutboxEvent:
     return OutboxEvent(row[0], int(row[1]), row[2], row[3], bytes(row[4]), int(row[5]))
 
 
-class PostgresOutboxStore(SqlDialect, OutboxStore):
-    placeholder = "%s"
-
+class PostgresOutboxStore(PostgresSchemaPort, SqlDialect, OutboxStore):
     def __init__(self, dsn: str, schema: str) -> None:
         self.dsn = dsn
         self.schema = schema
         self._open_connection()
 
         def create(cur: Any) -> None:
-            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"contextful-ddl:{schema}",))
-            cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            self._lock_ddl(cur)
             for statement in DDL:
                 cur.execute(statement)
 
         self._write(create, rerun_unheard=True)
-
-    def _connect(self) -> Any:
-        return postgres_connection(self.dsn, self.schema)
-
-    def _begin_write(self, cur: Any, durable: bool) -> None:
-        cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-
-    def _connection_lost(self, exc: BaseException) -> bool:
-        return postgres_connection_lost(self._conn, exc)
-
-    def _map_error(self, exc: Exception) -> ContextfulError | None:
-        return postgres_error(self.schema, exc, self.dsn)
 
     def close(self) -> None:
         with self._lock:
