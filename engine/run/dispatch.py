@@ -31,7 +31,7 @@ and the stop takes effect at the next boundary, as landing's path does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -41,6 +41,7 @@ from contextful.storage.journal import PENDING, HeldOwners, OwnerRow
 
 if TYPE_CHECKING:
     from contextful.engine.run.execution import Execution
+    from contextful.storage.outbox import OutboxEvent, OutboxStore
 
 DISPATCH = "effect dispatch"
 PUBLICATION = "state publication"
@@ -94,3 +95,12 @@ def admit(execution: Execution, boundary: str = DISPATCH, fences: Sequence[str] 
     finally:
         execution.admissions -= 1
         execution.journal.held_blocks -= 1
+
+
+def drain_admitted(execution: Execution, outbox: OutboxStore, stream: str,
+                   send: Callable[[OutboxEvent], Mapping[str, bytes]]) -> list[OutboxEvent]:
+    """Drain ``stream`` of ``outbox`` as ``execution``'s writer: each delivery admitted to effect
+    dispatch and each acknowledgement to state publication, so a writer whose lease transferred is
+    fenced before it sends or publishes anything (``run.export.writer-fenced``)."""
+    return outbox.drain(stream, send, dispatch=lambda: admit(execution, DISPATCH),
+                        publish=lambda: admit(execution, PUBLICATION))

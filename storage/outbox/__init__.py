@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 PROFILES = ("postgres",)
@@ -87,14 +88,24 @@ class OutboxStore(ABC):
     def close(self) -> None:
         """Release connections (an adapter with none keeps this no-op)."""
 
-    def drain(self, stream: str, send: Callable[[OutboxEvent], Mapping[str, bytes]]) -> list[OutboxEvent]:
+    def drain(self, stream: str, send: Callable[[OutboxEvent], Mapping[str, bytes]], *,
+              dispatch: Callable[[], AbstractContextManager[object]] | None = None,
+              publish: Callable[[], AbstractContextManager[object]] | None = None) -> list[OutboxEvent]:
         """Offer every pending event to ``send``, oldest first, acknowledging each (with the keyed
         state ``send`` returns) once it returned: what a sender runs first, and what a replacement
         runs before it stages anything new, so it reoffers exactly the ids its predecessor left
-        pending. An exception from ``send`` leaves that event and the later ones pending."""
+        pending. An exception from ``send`` leaves that event and the later ones pending.
+
+        ``dispatch`` and ``publish`` are the sender's admission (``engine.run.dispatch``): each
+        ``send`` runs inside ``dispatch()`` and each acknowledgement inside ``publish()``, so a
+        writer whose lease transferred is fenced before either (``run.export.writer-fenced``).
+        """
         delivered = []
         for event in self.pending(stream):  # bounded by what is owed
-            self.acknowledge(stream, [event.event_id], send(event))
+            with dispatch() if dispatch is not None else nullcontext():
+                state = send(event)
+            with publish() if publish is not None else nullcontext():
+                self.acknowledge(stream, [event.event_id], state)
             delivered.append(event)
         return delivered
 

@@ -11,12 +11,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from contextful.engine.run.dispatch import DISPATCH, PUBLICATION
+from contextful.engine.run.dispatch import DISPATCH, PUBLICATION, drain_admitted
 from contextful.engine.run.execution import Execution, open_execution
 from contextful.engine.run.owners import Scope
 from contextful.storage.clock import ManualClock
 from contextful.storage.errors import ExecutionWriterFenced
 from contextful.storage.journal import JournalStore, open_journal_store
+from contextful.storage.outbox import OutboxEvent, open_outbox_store
 
 from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
 
@@ -206,5 +207,38 @@ def test_a_writer_whose_lease_transferred_is_fenced_before_dispatch_and_publicat
     with replacement.admit(PUBLICATION):
         sent.append("state")
     assert sent == ["event 1", "state"]
+    mine.close_store()
+    theirs.close_store()
+
+
+@pytest.mark.postgres
+@pytest.mark.clause("run.export.writer-fenced", "run.export.remote-state")
+def test_an_exporter_whose_lease_transferred_sends_and_publishes_nothing_and_its_replacement_drains(
+        pg_dsn: str, pg_schema: str) -> None:
+    """The outbox drained through admission: the superseded writer is fenced before its first send,
+    every event stays pending, and the replacement reoffers exactly those ids."""
+    mine = open_journal_store("postgres", dsn=pg_dsn, schema=pg_schema)
+    theirs = open_journal_store("postgres", dsn=pg_dsn, schema=pg_schema)
+    outbox = open_outbox_store("postgres", dsn=pg_dsn, schema=pg_schema)
+    clock = ManualClock()
+    writer = _open(mine, clock, "exporter-1")
+    outbox.stage("orders", [("orders/1", "upsert", b"one"), ("orders/2", "upsert", b"two")], "log@2",
+                 clock.now_us())
+    sent: list[str] = []
+
+    def send(event: OutboxEvent) -> dict[str, bytes]:
+        sent.append(event.event_id)
+        return {event.event_id: event.payload}
+
+    clock.advance(31)
+    replacement = _open(theirs, clock, "exporter-2")  # a replacement machine took the lease over
+    with pytest.raises(ExecutionWriterFenced) as fenced:
+        drain_admitted(writer, outbox, "orders", send)
+    assert fenced.value.boundary == DISPATCH and sent == []
+    assert [e.event_id for e in outbox.pending("orders")] == ["orders/1", "orders/2"]
+    delivered = drain_admitted(replacement, outbox, "orders", send)
+    assert [e.event_id for e in delivered] == sent == ["orders/1", "orders/2"]
+    assert outbox.pending("orders") == [] and outbox.acknowledged("orders", "orders/2") == b"two"
+    outbox.close()
     mine.close_store()
     theirs.close_store()
