@@ -401,6 +401,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("jwt", ("eyJ",), B64URL, 4, None, left_boundary=B64URL,
            segments=(Segment(".eyJ", B64URL, 4, None), Segment(".", B64URL, 16, None))),
     Family("jwt-base64", _JWT_BASE64_PREFIXES, B64STD + "-_", 40, None, left_boundary=B64STD + "-_"),
+    # Contextful's own: served-face reader and writer keys, signed credentials (docs/served.md)
+    Family("contextful-key", ("cfr_", "cfw_"), HEX, 16, 16, left_boundary=ALNUM, right_boundary=B64URL,
+           segments=(Segment("_", B64URL, 43, 43),)),
+    Family("contextful-signed-credential", ("cfc1.",), B64URL, 20, None, left_boundary=B64URL,
+           right_boundary=B64URL, segments=(Segment(".", B64URL, 86, 86),)),
 )
 """Every family the guard masks, in no significant order (overlaps resolve by position)."""
 

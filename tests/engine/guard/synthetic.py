@@ -196,6 +196,9 @@ CREDENTIALS: dict[str, Draw] = {
                                           + chars(r, UPPER_DIGITS, 16)),
     "jwt-base64": lambda r: base64.b64encode(_jwt(r).encode()).decode().rstrip("="),
     "stripe-secret-key:prod": lambda r: r.choice(("sk_prod_", "rk_prod_")) + chars(r, ALNUM, r.randint(24, 99)),
+    "contextful-key": lambda r: r.choice(("cfr_", "cfw_")) + chars(r, HEX, 16) + "_" + chars(r, B64URL, 43),
+    "contextful-signed-credential": lambda r: (f"cfc1.eyJ{chars(r, B64URL, r.randint(100, 300))}"
+                                               f".{chars(r, B64URL, 86)}"),
 }
 """Credential-shaped values: a ``<<key>>`` placeholder in a positive expects one finding of ``key``'s family."""
 
