@@ -1,0 +1,1 @@
+"""The built-in derive tasks' engines: ``transcribe`` (speech to text) and ``link_preview``."""
