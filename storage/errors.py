@@ -17,7 +17,8 @@ Hierarchy::
     │   ├── ConnectorBoundHit            a connector struck its linear-memory or call-deadline bound
     │   ├── SourceUnavailable            a source is unreachable or answered 5xx
     │   ├── AddressInUse                 serve's address is held by another socket (the port may free up)
-    │   └── ExecutionSuspended           an execution stopped waiting on a pending awakeable; reopen to resume
+    │   ├── ExecutionSuspended           an execution stopped waiting on a pending awakeable; reopen to resume
+    │   └── DeriveStepExit, DeriveStepTimeout  a derive engine step exited non-zero or passed its deadline
     └── TerminalError                    marker: retrying the same input fails the same way
         ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
         │   ├── StorageProfileUnknown
@@ -48,7 +49,12 @@ Hierarchy::
         │   │                            a manifest the plan compiler refuses (run.compile.*)
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
-        │   └── IssuerKeyInvalid         an issuer key (pinned public key, private key file) is not an Ed25519 key
+        │   ├── IssuerKeyInvalid         an issuer key (pinned public key, private key file) is not an Ed25519 key
+        │   └── DeriveNoStoreRoot, DeriveConfigKeyMissing, DeriveForeignOutputTable, DeriveReservedDiscriminator,
+        │       DeriveFailureOffTable, DeriveOutputTablesMismatch, DeriveCycle, DeriveAfterConflict,
+        │       DeriveEngineUnbound, DeriveCommandInManifest, DeriveUnknownTask, DeriveTaskNameTaken,
+        │       DeriveDriverMismatch, DeriveEndpointHostNotBare, DeriveAdvisoryZone, DeriveShellCommand,
+        │       DeriveEnvNameInvalid     a derive pipeline or engine binding the spec refuses (docs/derive.md)
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
         │   │   └── PrimaryKeyWideningLossy  a key column would widen to a type not holding every key exactly
@@ -66,7 +72,10 @@ Hierarchy::
         │   ├── ContractMismatch         contract-mismatch: a model's contract or result breaks the published one
         │   ├── ModelTestFailed          a model's data test found offending rows; nothing published
         │   ├── ColumnNamesCollide       two column or field names of a table differ only in case
-        │   └── PipelineTransformArity   a chain operation emitted more rows than it consumed
+        │   ├── PipelineTransformArity   a chain operation emitted more rows than it consumed
+        │   └── DeriveUnitStatusUnknown, DeriveRemoteUrlUnsupported, DeriveMediaUnreadable,
+        │       DeriveConfidenceOutOfRange, DeriveOutputCap, DeriveStepProducedNothing
+        │                                a derive unit's media or engine output cannot land (that unit fails)
         ├── Conflict                     two values disagree for good (conflict)
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │   │   ExecutionRewindUnsafe
@@ -79,7 +88,8 @@ Hierarchy::
         │   ├── ProjectExists            init found a contextful.toml already
         │   ├── TableStillRead           table drop of a table a model or an [[export]] reads (without --force)
         │   ├── SweepOriginOutOfOrder    a carried sweep's origin read before the origin preceding it landed
-        │   └── OutboxFrontierGap        an acknowledgement skipping a pending outbox event
+        │   ├── OutboxFrontierGap        an acknowledgement skipping a pending outbox event
+        │   └── DeriveSettledUnitRevived  a unit settled under its key by another run while this one derived it
         ├── Expired                      a window closed (expired; HTTP 410)
         │   ├── ReceiveBatchKeyExpired
         │   └── AwakeableTimedOut        an awakeable's deadline passed while it was pending
@@ -1413,6 +1423,349 @@ class OutboxFrontierGap(Conflict):
                          "events first, in order", stream=stream, pending=pending, offered=offered)
 
 
+# --- derive pipelines (run.select.*, run.emit.*, run.bind.*, run.exec.*; docs/derive.md) ---------
+
+
+class DeriveNoStoreRoot(SpecInvalid):
+    """``run.select.no-store-root``: a derive source built without a store root or without its
+    pipeline id; ``absent`` names which (``store root``, ``pipeline id`` or both)."""
+
+    absent: str
+
+    def __init__(self, absent: str) -> None:
+        super().__init__(f"a derive source was built without its {absent}: selection reads the pipeline's own "
+                         "output table in its store, so build the source from a project (contextful pipeline run) "
+                         "or pass both", absent=absent)
+
+
+class DeriveConfigKeyMissing(SpecInvalid):
+    """``run.select.required-key``: a required ``[pipeline.source.config]`` key is missing or blank."""
+
+    pipeline: str
+    key: str
+
+    def __init__(self, pipeline: str, key: str, why: str = "") -> None:
+        super().__init__(f"pipeline {pipeline!r}: [pipeline.source.config] {key} is missing or blank{why}; "
+                         f"set it (docs/derive.md)", pipeline=pipeline, key=key)
+
+
+class DeriveForeignOutputTable(SpecInvalid):
+    """``run.select.foreign-output-table``: a config key names another pipeline's output table; the
+    anti-join reads only this pipeline's own output table, named by the build."""
+
+    pipeline: str
+    key: str
+    table: str
+    owner: str
+
+    def __init__(self, pipeline: str, key: str, table: str, owner: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}: [pipeline.source.config] {key} = {table!r} is the output of "
+                         f"{owner}; a derive pipeline selects against its own output table only (its `table`): "
+                         f"remove {key}", pipeline=pipeline, key=key, table=table, owner=owner)
+
+
+class DeriveReservedDiscriminator(SpecInvalid):
+    """``run.emit.reserved-discriminator``: a derive output table declares a column named ``kind``
+    (the passage/marker discriminator is the engine's)."""
+
+    pipeline: str
+    table: str
+    column: str
+
+    def __init__(self, pipeline: str, table: str, column: str = "kind") -> None:
+        super().__init__(f"pipeline {pipeline!r}: derive table {table!r} declares a column {column!r}, which is "
+                         f"reserved (it tells passage rows from marker rows): rename the column",
+                         pipeline=pipeline, table=table, column=column)
+
+
+class DeriveFailureOffTable(SpecInvalid):
+    """``run.emit.failure-off-table``: per-unit failure state recorded anywhere but the pipeline's
+    own output table (or a host task's marker table), the single record of done, failed and settled."""
+
+    pipeline: str
+    where: str
+
+    def __init__(self, pipeline: str, where: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}: per-unit failure state would be recorded in {where}; a unit's "
+                         "status, attempts and last error are marker rows of the pipeline's own output table "
+                         "(a host task's marker table): remove it", pipeline=pipeline, where=where)
+
+
+class DeriveOutputTablesMismatch(SpecInvalid):
+    """``run.emit.output-tables``: a host-task pipeline declares other tables than its task's marker
+    and content tables, or a unit returned rows for a table not among its content tables (that unit
+    alone fails)."""
+
+    pipeline: str
+    task: str
+    declared: tuple[str, ...]
+    expected: tuple[str, ...]
+
+    def __init__(self, pipeline: str, task: str, declared: tuple[str, ...], expected: tuple[str, ...],
+                 unit: str | None = None) -> None:
+        what = (f"unit {unit!r} returned rows for {', '.join(declared)}" if unit is not None
+                else f"the pipeline declares {', '.join(declared) or 'no tables'}")
+        super().__init__(f"pipeline {pipeline!r}, host task {task!r}: {what}; the task's tables are exactly "
+                         f"{', '.join(expected)}", pipeline=pipeline, task=task, declared=declared,
+                         expected=expected, unit=unit)
+
+
+class DeriveCycle(SpecInvalid):
+    """``run.select.derive-cycle``: derive source-table or join dependencies return to a pipeline;
+    names every pipeline on the cycle, and nothing is armed."""
+
+    cycle: tuple[str, ...]
+
+    def __init__(self, cycle: tuple[str, ...]) -> None:
+        super().__init__(f"derive pipelines read each other in a cycle: {' -> '.join(cycle)}; no pipeline is "
+                         "armed: break the cycle (a derive pipeline cannot read, directly or through others, its "
+                         "own output)", cycle=cycle)
+
+
+class DeriveAfterConflict(SpecInvalid):
+    """``run.select.derive-after-conflict``: a derive child's ``after`` names a pipeline other than
+    the derive parent it runs after; nothing is armed."""
+
+    pipeline: str
+    after: tuple[str, ...]
+    parent: str
+
+    def __init__(self, pipeline: str, after: tuple[str, ...], parent: str) -> None:
+        super().__init__(f"pipeline {pipeline!r} runs after its derive parent {parent!r} (it reads that "
+                         f"pipeline's output) but declares after = {list(after)!r}; remove `after` or name "
+                         f"only {parent!r}; no pipeline is armed", pipeline=pipeline, after=after, parent=parent)
+
+
+class DeriveEngineUnbound(SpecInvalid):
+    """``run.bind.unbound-engine``: the engine a derive pipeline names has no ``[derive.<name>]``
+    block in the machine configuration; names the pipeline, the engine, the file to edit and every
+    bound engine."""
+
+    pipeline: str
+    engine: str
+    file: str
+    bound: tuple[str, ...]
+
+    def __init__(self, pipeline: str, engine: str, file: str, bound: tuple[str, ...]) -> None:
+        super().__init__(f"pipeline {pipeline!r} names engine {engine!r}, which has no [derive.{engine}] block; "
+                         f"add one to {file} (bound engines: {', '.join(bound) or 'none'}; docs/derive.md)",
+                         pipeline=pipeline, engine=engine, file=file, bound=bound)
+
+
+class DeriveCommandInManifest(SpecInvalid):
+    """``run.bind.command-in-manifest``: a binding key (``preprocess``, ``env``, ``allow_hosts``,
+    a step's ``command``) inside ``[pipeline.source.config]``: what an engine executes belongs to
+    the machine configuration."""
+
+    pipeline: str
+    key: str
+
+    def __init__(self, pipeline: str, key: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}: [pipeline.source.config] holds {key!r}, which belongs to the "
+                         f"machine configuration's [derive.<engine>] block (the manifest names an engine; this "
+                         f"machine's configuration says what it runs): move it there", pipeline=pipeline, key=key)
+
+
+class DeriveUnknownTask(SpecInvalid):
+    """``run.bind.unknown-task``: ``task`` names neither a built-in task nor a registered one."""
+
+    pipeline: str
+    task: str
+    builtin: tuple[str, ...]
+    registered: tuple[str, ...]
+
+    def __init__(self, pipeline: str, task: str, builtin: tuple[str, ...], registered: tuple[str, ...]) -> None:
+        super().__init__(f"pipeline {pipeline!r}: task {task!r} is not a derive task (built-in: "
+                         f"{', '.join(builtin)}; registered: {', '.join(registered) or 'none'})",
+                         pipeline=pipeline, task=task, builtin=builtin, registered=registered)
+
+
+class DeriveTaskNameTaken(SpecInvalid):
+    """``run.bind.host-task``: a host task registered under a built-in or already registered name."""
+
+    task: str
+    holder: str
+
+    def __init__(self, task: str, holder: str) -> None:
+        super().__init__(f"derive task name {task!r} is taken by {holder}; register the task under another name",
+                         task=task, holder=holder)
+
+
+class DeriveDriverMismatch(SpecInvalid):
+    """``run.bind.driver-mismatch``: ``exec`` or ``none`` behind transcribe, ``fetch`` behind
+    link_preview, and no engine behind a host task; any other pairing."""
+
+    pipeline: str
+    task: str
+    driver: str
+
+    def __init__(self, pipeline: str, task: str, driver: str, expected: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}: task {task!r} cannot run behind {driver}; {expected}",
+                         pipeline=pipeline, task=task, driver=driver)
+
+
+class DeriveEndpointHostNotBare(SpecInvalid):
+    """``run.bind.endpoint-host-bare``: an ``endpoint_host`` carrying a scheme, port, path or query."""
+
+    engine: str
+    value: str
+    part: str
+
+    def __init__(self, engine: str, value: str, part: str) -> None:
+        super().__init__(f"[derive.{engine}] endpoint_host = {value!r} carries a {part}; give the bare host name "
+                         "(e.g. \"example.org\")", engine=engine, value=value, part=part)
+
+
+class DeriveAdvisoryZone(SpecInvalid):
+    """``run.bind.advisory-zone``: a row's zone taken from the binding's advisory ``zone`` key (the
+    zone is advice to the engine and is left out of derivation keys; a row's zone is its own)."""
+
+    pipeline: str
+    engine: str
+
+    def __init__(self, pipeline: str, engine: str, detail: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}, engine {engine!r}: {detail}; the binding's zone is advisory and "
+                         "never a row's zone: let the engine report each passage's zone", pipeline=pipeline,
+                         engine=engine)
+
+
+class DeriveShellCommand(SpecInvalid):
+    """``run.exec.shell-command``: a string-valued command; steps run as argument arrays, no shell."""
+
+    engine: str
+    step: str
+
+    def __init__(self, engine: str, step: str) -> None:
+        super().__init__(f"[derive.{engine}] {step}: command is a string; give an argument array "
+                         "(command = [\"prog\", \"--flag\", \"{input}\"]): no shell ever runs a step",
+                         engine=engine, step=step)
+
+
+class DeriveEnvNameInvalid(SpecInvalid):
+    """``run.exec.env-name``: an environment name that is not ASCII letters, digits and underscores,
+    or that leads with a digit."""
+
+    engine: str
+    env_name: str
+
+    def __init__(self, engine: str, env_name: str) -> None:
+        super().__init__(f"[derive.{engine}] env: {env_name!r} is not an environment name (ASCII letters, digits "
+                         "and '_', not leading with a digit)", engine=engine, env_name=env_name)
+
+
+class DeriveUnitStatusUnknown(Incompatible):
+    """``run.emit.unit-status``: a unit status other than ok, empty, unavailable or failed."""
+
+    pipeline: str
+    unit: str
+    status: str
+
+    def __init__(self, pipeline: str, unit: str, status: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}, unit {unit!r}: unit status {status!r} is none of ok, empty, "
+                         "unavailable, failed", pipeline=pipeline, unit=unit, status=status)
+
+
+class DeriveRemoteUrlUnsupported(Incompatible):
+    """``run.bind.remote-url-unsupported``: an http(s) media value for an engine that declines remote
+    addresses, with no ``when = "media_is_url"`` preprocess step to fetch it first."""
+
+    engine: str
+    media: str
+
+    def __init__(self, engine: str, media: str) -> None:
+        super().__init__(f"engine {engine!r} declines remote addresses and got {media!r}: add a preprocess step "
+                         f"with when = \"media_is_url\" to [derive.{engine}] that fetches {{input}} into {{output}}",
+                         engine=engine, media=media)
+
+
+class DeriveMediaUnreadable(Incompatible):
+    """``run.bind.media-unreadable``: a media value that is neither an address nor a readable local
+    file; that unit alone fails."""
+
+    unit: str
+    media: str
+    reason: str
+
+    def __init__(self, unit: str, media: str, reason: str) -> None:
+        super().__init__(f"unit {unit!r}: media {media!r} is neither an http(s) address nor a readable local file "
+                         f"({reason})", unit=unit, media=media, reason=reason)
+
+
+class DeriveConfidenceOutOfRange(Incompatible):
+    """``run.bind.confidence-range``: a passage confidence outside 0.0..=1.0 after the adapter's
+    normalization; the passage lands with a null confidence."""
+
+    engine: str
+    unit: str
+    value: float
+
+    def __init__(self, engine: str, unit: str, value: float) -> None:
+        super().__init__(f"engine {engine!r}, unit {unit!r}: confidence {value!r} is outside 0.0..=1.0; the "
+                         "passage landed with a null confidence", engine=engine, unit=unit, value=value)
+
+
+class DeriveStepExit(TransientError):
+    """``run.exec.non-zero-exit``: a step exited non-zero; ``error`` is its bounded error text."""
+
+    step: str
+    code: int
+    error: str
+
+    def __init__(self, step: str, code: int, error: str) -> None:
+        super().__init__(f"derive step {step} exited {code}: {error or '(no error output)'}", step=step, code=code,
+                         error=error)
+
+
+class DeriveStepTimeout(TransientError):
+    """``run.exec.deadline-elapsed``: a unit's chain passed its deadline; names the running step."""
+
+    step: str
+    deadline_s: float
+
+    def __init__(self, step: str, deadline_s: float) -> None:
+        super().__init__(f"derive step {step} was still running when the chain's {deadline_s:g} s deadline passed; "
+                         "it was killed (raise deadline_s in its [derive.<engine>] block if the unit needs longer)",
+                         step=step, deadline_s=deadline_s)
+
+
+class DeriveOutputCap(Incompatible):
+    """``run.exec.output-cap``: a step wrote past its output bound; it was killed and drained."""
+
+    step: str
+    bytes: int
+    cap: int
+
+    def __init__(self, step: str, count: int, cap: int) -> None:
+        super().__init__(f"derive step {step} wrote {count:,} bytes, past its {cap:,}-byte output bound; it was "
+                         "killed (raise output_cap_bytes in its [derive.<engine>] block if the output is right)",
+                         step=step, bytes=count, cap=cap)
+
+
+class DeriveStepProducedNothing(Incompatible):
+    """``run.exec.silent-step``: a preprocess step exited zero without writing its output file."""
+
+    step: str
+    output: str
+
+    def __init__(self, step: str, output: str) -> None:
+        super().__init__(f"derive step {step} exited 0 but wrote nothing to {output}; a preprocess step must write "
+                         "its {output} file", step=step, output=output)
+
+
+class DeriveSettledUnitRevived(Conflict):
+    """``run.emit.settled-revived``: a unit settled under its current key (by another tick) while this
+    tick derived it; this tick lands none of that unit's rows."""
+
+    pipeline: str
+    unit: str
+    derivation_key: str
+
+    def __init__(self, pipeline: str, unit: str, derivation_key: str) -> None:
+        super().__init__(f"pipeline {pipeline!r}, unit {unit!r}: settled under derivation key "
+                         f"{derivation_key[:12]}... by another run while this one derived it; this run landed "
+                         "none of its rows", pipeline=pipeline, unit=unit, derivation_key=derivation_key)
+
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AddressInUse",
@@ -1441,6 +1794,32 @@ __all__ = [
     "CredentialUnadmitted",
     "CursorFieldMismatch",
     "CursorPositionUnorderable",
+    "DeriveAdvisoryZone",
+    "DeriveAfterConflict",
+    "DeriveCommandInManifest",
+    "DeriveConfidenceOutOfRange",
+    "DeriveConfigKeyMissing",
+    "DeriveCycle",
+    "DeriveDriverMismatch",
+    "DeriveEndpointHostNotBare",
+    "DeriveEngineUnbound",
+    "DeriveEnvNameInvalid",
+    "DeriveFailureOffTable",
+    "DeriveForeignOutputTable",
+    "DeriveMediaUnreadable",
+    "DeriveNoStoreRoot",
+    "DeriveOutputCap",
+    "DeriveOutputTablesMismatch",
+    "DeriveRemoteUrlUnsupported",
+    "DeriveReservedDiscriminator",
+    "DeriveSettledUnitRevived",
+    "DeriveShellCommand",
+    "DeriveStepExit",
+    "DeriveStepProducedNothing",
+    "DeriveStepTimeout",
+    "DeriveTaskNameTaken",
+    "DeriveUnitStatusUnknown",
+    "DeriveUnknownTask",
     "ExecutionNotFound",
     "ExecutionRecoveryMismatch",
     "ExecutionRewindUnsafe",
