@@ -1,6 +1,6 @@
 """The global options, given before the subcommand or after it.
 
-``--project``, ``--store``, ``--json``, ``-v`` and ``--debug`` belong to the ``contextful`` group
+``--project``, ``--store``, ``--machine``, ``--json``, ``-v`` and ``--debug`` belong to the ``contextful`` group
 (``contextful --json build status``), and every leaf command accepts them too, as users type them
 (``contextful build status --json``). The group's values start ``ctx.obj`` (a dict keyed by
 :data:`KEYS`, which every command reads); a value given after the subcommand overrides it.
@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-KEYS = ("store", "project", "json", "verbose", "debug")
+KEYS = ("store", "project", "machine", "json", "verbose", "debug")
 """``ctx.obj``'s keys: one per global option."""
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,6 +31,10 @@ def _specs(after: bool) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
         (("--project", "project"), {"default": None if after else ".", "show_default": not after, "metavar": "DIR",
                                     "type": click.Path(file_okay=False),
                                     "help": "Project directory: the nearest contextful.toml at or above it."}),
+        (("--machine", "machine"), {"default": None, "metavar": "FILE", "type": click.Path(dir_okay=False),
+                                    "help": "Machine configuration: this machine's derive engine bindings (env "
+                                            "CONTEXTFUL_MACHINE). Default: contextful.machine.toml beside "
+                                            "contextful.toml (docs/derive.md)."}),
         (("--json", "json"), {"is_flag": True, "help": "Print machine-readable JSON."}),
         (("-v", "--verbose", "verbose"), {"is_flag": True,
                                           "help": "Log each pull's details on stderr (masked cells per column, ...)."}),

@@ -19,6 +19,7 @@ from contextful.engine.cli.values import at_least
 
 if TYPE_CHECKING:
     from contextful.engine.config import Manifest
+    from contextful.engine.derive.bind import MachineConfig
     from contextful.engine.land.pipeline import PipelinePlan
     from contextful.engine.run.plan import CompiledPlan
     from contextful.storage import Store
@@ -35,6 +36,18 @@ def _store(ctx: click.Context, manifest: Manifest, *, create: bool = False) -> S
     from contextful.engine.project import open_project_store
 
     return open_project_store(manifest.root, ctx.obj["store"], project=manifest.project, create=create)
+
+
+def _machine(ctx: click.Context, manifest: Manifest) -> MachineConfig:
+    """The machine configuration ``--machine`` (or CONTEXTFUL_MACHINE, or the default file) names."""
+    from contextful.engine.derive.bind import machine_path, read_machine
+
+    machine, problems = read_machine(machine_path(manifest.root, ctx.obj.get("machine")))
+    if problems:
+        from contextful.storage.errors import ManifestInvalid
+
+        raise ManifestInvalid(str(machine.path), problems)
+    return machine
 
 
 def _compiled(manifest: Manifest) -> CompiledPlan:
@@ -70,6 +83,11 @@ def validate(ctx: click.Context) -> None:
         manifest = _manifest(ctx)
         if unknown := check_model_inputs(manifest, ctx.obj["store"]):
             raise ManifestInvalid(str(manifest.root / "contextful.toml"), [*unknown])
+        if any(p.source.kind == "derive" for p in manifest.pipelines):
+            from contextful.engine.derive.run import check_tiers
+
+            if unbound := check_tiers(manifest.pipelines, _machine(ctx, manifest)):
+                raise ManifestInvalid(str(manifest.root / "contextful.toml"), unbound)
     except ManifestInvalid as exc:
         if ctx.obj["json"]:
             emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in exc.problems]})
@@ -163,17 +181,30 @@ def _print_plan(p: PipelinePlan) -> None:
 @click.argument("ids", nargs=-1)
 @click.option("--checkpoint-mib", type=float, default=512, show_default=True, callback=at_least(0, "MiB"),
               help="Commit and keep pulling once this much is staged.")
+@click.option("--dry-run", is_flag=True,
+              help="Run nothing: print what each pipeline would do (a derive pipeline: its eligible, already-derived "
+                   "and outstanding units, from one selection, calling no engine).")
 @click.pass_context
-def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float) -> None:
-    """Run pipelines (default: all, in dependency order)."""
+def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float, dry_run: bool) -> None:
+    """Run pipelines (default: all, in dependency order; a derive pipeline runs after the pipelines it
+    reads, on their run)."""
     from contextful.engine.land.pipeline import Progress, run_pipelines
     from contextful.engine.run.script_runtime import refuse_script_runtime
 
     refuse_script_runtime()  # before the store opens: a refused environment writes nothing
     manifest = _manifest(ctx)
     selected = _check_ids(manifest, ids)
+    if dry_run:
+        _dry_run(ctx, manifest, selected)
+        return
+    machine = _machine(ctx, manifest) if any(p.source.kind == "derive" for p in manifest.pipelines) else None
 
     def show(p: Progress) -> None:
+        if p.unit == "units":
+            rate = p.done / max(p.seconds, 1e-9)
+            progress_line(f"{p.pipeline}: {p.done:,}/{p.total or 0:,} units, {p.failed:,} failed, {p.rows:,} rows, "
+                          f"{rate:,.1f} units/s")
+            return
         rate = p.bytes_read / max(p.seconds, 1e-9) / 2**20
         unit = p.unit if p.done != 1 or p.total is not None else p.unit.removesuffix("s")
         done = f"{p.done:,}/{p.total:,} {unit}" if p.total is not None else f"{p.done:,} {unit}"
@@ -183,7 +214,7 @@ def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float) -> None
 
     with _store(ctx, manifest, create=True) as store:
         results = run_pipelines(store, manifest, selected, checkpoint_bytes=int(checkpoint_mib * 2**20),
-                                progress=None if ctx.obj["json"] else show)
+                                progress=None if ctx.obj["json"] else show, machine=machine)
     end_progress()
     if ctx.obj["json"]:
         emit_json([r.to_json() for r in results])
@@ -192,6 +223,40 @@ def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float) -> None
     failed = [f for r in results for f in r.failures]
     if failed:
         ctx.exit(failed[0].exit_code)
+
+
+def _dry_run(ctx: click.Context, manifest: Manifest, selected: list[str] | None) -> None:
+    """``run.select.dry-run``: what a run would do, running nothing and creating no store."""
+    from contextful.engine.derive.run import dry_run
+    from contextful.engine.land.pipeline import plan_pipeline
+    from contextful.storage.errors import StoreNotFound
+
+    specs = manifest.in_dependency_order(selected)
+    machine = _machine(ctx, manifest) if any(p.source.kind == "derive" for p in specs) else None
+    try:
+        store: Store | None = _store(ctx, manifest)
+    except StoreNotFound:
+        store = None
+    out: list[dict[str, Any]] = []
+    try:
+        for spec in specs:
+            if spec.source.kind == "derive":
+                assert machine is not None
+                counts = dry_run(store, manifest, spec, machine)
+                out.append({"pipeline": spec.id, "table": spec.table, "source": "derive", **counts.to_json()})
+                if not ctx.obj["json"]:
+                    click.echo(f"{spec.id} -> {spec.table} (derive): {counts.eligible:,} eligible, "
+                               f"{counts.derived:,} already derived, {counts.outstanding:,} outstanding")
+            else:
+                planned = plan_pipeline(store, manifest, spec)
+                out.append(planned.to_json())
+                if not ctx.obj["json"]:
+                    _print_plan(planned)
+    finally:
+        if store is not None:
+            store.close()
+    if ctx.obj["json"]:
+        emit_json(out)
 
 
 def _print_results(results: list[Any]) -> None:
@@ -206,6 +271,11 @@ def _print_results(results: list[Any]) -> None:
             if t.masked_cells:
                 shown = ", ".join(f"{column} ({n:,})" for column, n in sorted(t.masked_cells.items()))
                 click.echo(f"  secret guard masked {sum(t.masked_cells.values()):,} cell(s): {shown}")
+        if r.derive is not None:
+            d = r.derive
+            click.echo(f"  units: {d['outstanding']:,} outstanding of {d['eligible']:,}; {d['ok']:,} ok, "
+                       f"{d['empty']:,} empty, {d['unavailable']:,} unavailable, {d['failed']:,} failed"
+                       + (f", {d['replayed']:,} answered before a restart" if d['replayed'] else ""))
         for hit in r.bound_hits:
             click.echo(f"  bound hit: {hit['step']}, attempt {hit['attempt']}: {hit['bound']}")
         for warning in r.warnings:

@@ -15,13 +15,13 @@ if TYPE_CHECKING:
     from contextful.engine.run.plan import CompiledPlan
 
 NORMALIZE_MODES = ("nested", "relational")
-SOURCE_KINDS = ("files", "http", "receive")
+SOURCE_KINDS = ("files", "http", "receive", "derive")
 
 
 @dataclass(frozen=True)
 class SourceSpec:
     kind: str
-    """Source kind: ``files``, ``http`` or ``receive``."""
+    """Source kind: ``files``, ``http``, ``receive`` or ``derive`` (docs/derive.md)."""
     config: dict[str, Any] = field(default_factory=dict)
     """Kind-specific settings (``[pipeline.source.config]``), validated by the source."""
 
@@ -54,6 +54,14 @@ class PipelineSpec:
     """A one-time historical load landed before the live source's first pull (``[pipeline.seed]``)."""
     transform: tuple[dict[str, Any], ...] = ()
     """The compiled transform chain (``[[pipeline.transform]]``, ``engine.run.transform``) each batch runs through."""
+    derive_parents: tuple[str, ...] = ()
+    """A derive pipeline: the pipelines landing the tables it reads; it runs after them, on their run
+    (``engine.derive.chain``)."""
+
+    @property
+    def follows(self) -> tuple[str, ...]:
+        """Every pipeline this one runs after: its ``after`` and its derive parents."""
+        return self.after + tuple(p for p in self.derive_parents if p not in self.after)
 
 
 @dataclass(frozen=True)
@@ -104,16 +112,22 @@ class Manifest:
         return [m for m in done if names is None or m.name in names]
 
     def in_dependency_order(self, ids: list[str] | None = None) -> list[PipelineSpec]:
-        """The named pipelines (default: all) with each after its ``after`` pipelines; ties by
-        priority (higher first), then id."""
+        """The named pipelines (default: all) with each after the pipelines it follows (``after``
+        and derive parents); ties by priority (higher first), then id. Naming a pipeline brings its
+        derive descendants: they run on its run (``run.select.derive-order``)."""
         wanted = set(ids) if ids else {p.id for p in self.pipelines}
+        grew = True
+        while grew:  # bounded by the pipeline count
+            more = {p.id for p in self.pipelines if wanted.intersection(p.derive_parents)} - wanted
+            wanted |= more
+            grew = bool(more)
         by_id = {p.id: p for p in self.pipelines}
         done: list[PipelineSpec] = []
         placed: set[str] = set()
         pending = sorted((by_id[i] for i in wanted), key=lambda p: (-p.priority, p.id))
         while pending:  # bounded by the pipeline count; validation rejected cycles
             for spec in pending:
-                if all(dep in placed or dep not in wanted for dep in spec.after):
+                if all(dep in placed or dep not in wanted for dep in spec.follows):
                     done.append(spec)
                     placed.add(spec.id)
                     pending.remove(spec)

@@ -118,6 +118,7 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
         blocks = []
     pipelines = [p for n, block in enumerate(blocks, 1) if (p := _pipeline(block, n, problems)) is not None]
     _check_ids_and_order(pipelines, problems)
+    pipelines = _derive_chains(pipelines, problems)
     models = _models(doc.get("model", []), root, pipelines, problems)
     _check_table_names(pipelines, models, problems)
     exports = _exports(doc.get("export", []), root, problems)
@@ -166,7 +167,7 @@ def _models(blocks: Any, root: Path, pipelines: list[PipelineSpec], problems: _P
                                               "is already a pipeline's table or another model"))
         seen.add(model.name)
     graph = {m.name: [i for i in m.input_names(seen) if i in seen] for m in models}
-    for cycle in _cycles(graph):
+    for cycle in cycles(graph):
         problems.add(ModelCycle(cycle))
     return models
 
@@ -185,8 +186,8 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
     where, pipeline_id = opened
     transform = compile_chain(block.get("transform", []), where, problems.add)
     incremental = problems.string(where, block, "incremental")
-    source = _source(block.get("source"), where, pipeline_id or f"#{n}", incremental, problems)
     table = problems.string(where, block, "table", pipeline_id) or (pipeline_id or "")
+    source = _source(block.get("source"), where, pipeline_id or f"#{n}", table, incremental, problems)
     if table and not _ID.fullmatch(table):
         problems.add(ManifestValueInvalid(where, "table", f"{table!r} is not a table name (a letter, then letters, digits or '_')"))
     normalize = problems.string(where, block, "normalize", "nested") or "nested"
@@ -287,7 +288,7 @@ def _check_table_names(pipelines: list[PipelineSpec], models: list[ModelSpec], p
                                             "table names that differ only in case read as one view"))
 
 
-def _source(block: Any, where: str, pipeline_id: str, incremental: str | None,
+def _source(block: Any, where: str, pipeline_id: str, table: str, incremental: str | None,
             problems: _Problems) -> SourceSpec | None:
     if block is None:
         problems.add(ManifestValueInvalid(where, "source", "is required ([pipeline.source] with a kind)"))
@@ -317,9 +318,28 @@ def _source(block: Any, where: str, pipeline_id: str, incremental: str | None,
         from contextful.engine.land.receive import config as receive
 
         found = receive.check_config(f"{where} source.config", config)
+    elif kind == "derive":
+        from contextful.engine.derive.config import check_config
+
+        found = check_config(f"{where} source.config", pipeline_id, table, config)
     for problem in found:
         problems.add(problem)
     return SourceSpec(kind, config) if kind else None
+
+
+def _derive_chains(pipelines: list[PipelineSpec], problems: _Problems) -> list[PipelineSpec]:
+    """Each derive pipeline with the pipelines it follows (``engine.derive.chain``), after the
+    manifest's chain checks."""
+    if not any(p.source.kind == "derive" for p in pipelines):
+        return pipelines
+    from dataclasses import replace
+
+    from contextful.engine.derive.chain import check_chains, derive_parents
+
+    for problem in check_chains(pipelines):
+        problems.add(problem)
+    parents = derive_parents(pipelines)
+    return [replace(p, derive_parents=parents[p.id]) if p.id in parents else p for p in pipelines]
 
 
 def _check_ids_and_order(pipelines: list[PipelineSpec], problems: _Problems) -> None:
@@ -333,11 +353,11 @@ def _check_ids_and_order(pipelines: list[PipelineSpec], problems: _Problems) -> 
         for dep in spec.after:
             if dep not in graph:
                 problems.add(PipelineAfterUnknown(spec.id, dep))
-    for cycle in _cycles(graph):
+    for cycle in cycles(graph):
         problems.add(PipelineAfterCycle(cycle))
 
 
-def _cycles(graph: Mapping[str, Sequence[str]]) -> list[tuple[str, ...]]:
+def cycles(graph: Mapping[str, Sequence[str]]) -> list[tuple[str, ...]]:
     """Each cycle a depth-first walk of ``graph`` (node -> what it waits on) meets, as the path
     around it; edges to nodes outside the graph are ignored (reported elsewhere)."""
     state: dict[str, int] = {}

@@ -45,10 +45,13 @@ class PullJournal:
         self.pulls = 0
 
     @classmethod
-    def open(cls, store: Store, spec: PipelineSpec, scope: str) -> PullJournal:
+    def open(cls, store: Store, spec: PipelineSpec, scope: str, *, replay: bool = False) -> PullJournal:
+        """Open or resume the run's execution. A resumed landing discards the pulls recorded after
+        its checkpoint (rows land only through commits); ``replay`` keeps them for the run to read
+        back (a derive run's unit answers, ``engine.derive.run``)."""
         execution = open_execution(store.journal, Scope.table(scope), pipeline_reference(spec),
                                    lease_s=LEASE_S, take_over_dead=True)
-        if execution.resumed:
+        if execution.resumed and not replay:
             execution.discard_recorded()  # pulls after the last checkpoint never committed: pull afresh
         return cls(execution)
 

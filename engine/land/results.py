@@ -66,6 +66,8 @@ class PipelineResult:
     """The execution the run opened or resumed (position-addressed sources)."""
     seed: dict[str, Any] | None = None
     """What the pipeline's seed did this run (``engine.land.seed.SeedOutcome``)."""
+    derive: dict[str, Any] | None = None
+    """A derive run's unit counts (``engine.derive.run.DeriveStats``)."""
 
     @property
     def ok(self) -> bool:
@@ -76,7 +78,7 @@ class PipelineResult:
                 "inputs_landed": self.inputs_landed, "inputs_skipped": self.inputs_skipped,
                 "failures": [f.to_json() for f in self.failures], "seconds": round(self.seconds, 3),
                 "pulls": self.pulls, "bound_hits": self.bound_hits, "warnings": self.warnings,
-                "execution": self.execution, "seed": self.seed}
+                "execution": self.execution, "seed": self.seed, "derive": self.derive}
 
 
 @dataclass(frozen=True)
@@ -95,4 +97,6 @@ class Progress:
     tables: int
     seconds: float
     unit: str = "inputs"
-    """What ``done`` counts: ``inputs`` or ``pages``."""
+    """What ``done`` counts: ``inputs``, ``pages`` or ``units`` (a derive run)."""
+    failed: int = 0
+    """A derive run: units that failed so far (each recorded as a marker row)."""

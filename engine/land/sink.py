@@ -41,6 +41,7 @@ from contextful.engine.land.names import LandedNames
 from contextful.engine.land.results import TableLanding
 from contextful.engine.land.typed import apply_types, read_types
 from contextful.storage import Store
+from contextful.storage.commits import Requirement
 from contextful.storage.keys import check_keys
 from contextful.storage.run_record import RunFailure
 from contextful.storage.transaction import (
@@ -252,8 +253,9 @@ class LandingSink:
     # --- landing --------------------------------------------------------------------------------
 
     def commit(self, scope: str | None = None, position: Any = None,
-               meta: dict[str, Any] | None = None) -> CommitResult | None:
-        """Commit every touched table in one catalog commit, the root with ``position``.
+               meta: dict[str, Any] | None = None, requirements: tuple[Requirement, ...] = ()) -> CommitResult | None:
+        """Commit every touched table in one catalog commit, the root with ``position`` and
+        ``requirements`` (checked in that commit).
 
         A position with nothing staged still commits (an empty run on the root table): it moved.
         Returns the root table's commit (None when nothing was staged and no position given).
@@ -272,6 +274,8 @@ class LandingSink:
                     staging.txn.meta["masked_cells"] = self._masked[name]
                 if name == self.spec.table and scope is not None:
                     staging.txn.set_cursor(scope, position)
+                if name == self.spec.table and requirements:
+                    staging.txn.add_to_commit(requirements)
                 if len(names) > 1:  # each run names the runs it landed with (``contextful run show``)
                     staging.txn.meta["tables"] = {n: self._staging[n].txn.run_id for n in names}
             committed = commit_together([self._staging[name].txn for name in names])

@@ -97,6 +97,10 @@ def _decode(stored: bytes) -> StepValue:
     raise ValueError(f"a recorded step value starts with tag {tag!r}, neither {_TAG_BYTES!r} nor {_TAG_JSON!r}")
 
 
+def _never_computed() -> StepValue:
+    raise AssertionError("a replayed step is never computed")
+
+
 class Execution:
     """A claimed execution: record-or-replay steps, cache a cursor, close once.
 
@@ -171,6 +175,16 @@ class Execution:
             raise JournalConflict(self.execution_id, seq,
                                   f"step {seq} was recorded as {recorded.label!r}; this attempt offers {label!r}")
         return recorded.value
+
+    def replay_recorded(self) -> list[tuple[str, StepValue]]:
+        """Replay, in order, every step an earlier attempt recorded from the next one on, and return
+        each label with its value: a resumption whose steps are keyed by label (a derive run's
+        units, answered in whatever order their engines finished) reads back what was answered
+        instead of asking again. New steps record after them."""
+        replayed: list[tuple[str, StepValue]] = []
+        while (recorded := self._recorded.get(self._next_seq)) is not None:
+            replayed.append((recorded.label, self.step(recorded.label, _never_computed)))
+        return replayed
 
     @property
     def next_seq(self) -> int:

@@ -1,0 +1,262 @@
+"""The derive work set: an anti-join of parent rows against the output table under current keys.
+
+Implements ``run.select.anti-join``, ``run.select.parent-scan``, ``run.select.no-store-root``,
+``run.select.unit-parents``, ``run.select.dry-run`` and, with the store's supersede rule,
+``run.select.key-change`` (decisions "derive-work-set", "derivation-key-decides",
+"selection-stays-bounded").
+
+Each run recomputes the outstanding set from the pipeline's own output table (a host task's: its
+marker table), the single record of done, failed and settled: a unit is *settled* under a key when
+the table answers a passage under it, a marker whose status is ok or empty, or a marker that no
+longer retries (a failure past ``max_attempts``, an unavailable unit). Every parent row whose
+current key (``engine.derive.keys``) is not settled is outstanding; a failed unit still retrying
+carries its attempts forward. What the table answers already follows the supersede rule
+(``storage.supersede``): rows under a key landed before the unit's latest ok or empty landing under
+another key count for nothing, so a key changed and changed back derives the unit again.
+
+Every table the selection reads is pinned at one catalog point (``Store.pin``), so the parents,
+the output and a host task's joined tables are one consistent state. A host task's joined tables
+are copied once, before the anti-join, into the selection's DuckDB (rows landed after that read are
+absent from every unit of the run).
+
+Memory: a parent table of at most :data:`IN_MEMORY_ROWS` rows is selected in memory in one piece;
+a larger one streams from DuckDB in batches of :data:`BATCH_ROWS` rows, one batch held at a time,
+while DuckDB's own join state is bounded by :data:`MEMORY_LIMIT` (it spills past it to a temporary
+directory), so selection memory does not grow with the archive.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from contextful.engine.derive.keys import MediaDigests, join_digest_sql, key_sql
+from contextful.storage.errors import DeriveNoStoreRoot, TableNotFound
+from contextful.storage.snapshot import quote
+
+if TYPE_CHECKING:
+    from contextful.engine.derive.config import DeriveConfig
+    from contextful.engine.derive.tasks import HostTask
+    from contextful.storage import Store
+
+IN_MEMORY_ROWS = 1_000_000
+BATCH_ROWS = 1_000_000
+MEMORY_LIMIT = "1GB"
+SETTLING = ("ok", "empty")
+
+
+@dataclass(frozen=True)
+class SelectionCounts:
+    eligible: int
+    """Parent rows with an id: every unit."""
+    derived: int
+    """Units settled under their current key."""
+    outstanding: int
+    """Units a run derives (eligible - derived)."""
+
+    def to_json(self) -> dict[str, int]:
+        return {"eligible": self.eligible, "derived": self.derived, "outstanding": self.outstanding}
+
+
+class Selection:
+    """One pinned selection of a derive pipeline (close it, or use it as a context manager).
+
+    ``static`` is the build's part of every key (``engine.derive.keys.static_digest``); ``task`` is
+    the host task for a host-task pipeline (None: a built-in task over ``config.media_column``).
+    """
+
+    def __init__(self, store: Store | None, pipeline: str | None, output_table: str, config: DeriveConfig,
+                 static: str, root: Path, *, task: HostTask | None = None, in_memory_rows: int = IN_MEMORY_ROWS,
+                 batch_rows: int = BATCH_ROWS, memory_limit: str = MEMORY_LIMIT) -> None:
+        absent = [name for name, value in (("store root", store), ("pipeline id", pipeline)) if not value]
+        if absent:
+            raise DeriveNoStoreRoot(" and ".join(absent))
+        assert store is not None and pipeline is not None
+        self.store = store
+        self.pipeline = pipeline
+        self.output_table = output_table
+        self.config = config
+        self.static = static
+        self.root = root
+        self.task = task
+        self.batch_rows = batch_rows
+        self._spill = tempfile.TemporaryDirectory(prefix="contextful-select-")
+        self.con = store.duckdb()
+        self.con.execute(f"SET memory_limit = '{memory_limit}'")
+        self.con.execute(f"SET temp_directory = '{self._spill.name}'")
+        self.con.execute("SET preserve_insertion_order = false")
+        joins = [j.table for j in task.joins] if task is not None else []
+        names = [config.source_table, *joins]
+        existing = set(store.table_names())
+        missing = [n for n in names if n not in existing]
+        if missing:
+            self.close()
+            raise TableNotFound(missing[0])
+        pinned = store.pin(names + ([output_table] if output_table in existing else []))
+        from contextful.engine.read import attach_snapshot
+
+        parent_rows = 0
+        self.has_output = False
+        for name, (table, seq) in pinned.items():
+            snap = table.snapshot_at(seq)
+            if name == output_table:
+                self.has_output = snap.schema is not None
+            attach_snapshot(self.con, snap, f"__derive_{'output' if name == output_table else name}")
+            if name == config.source_table:
+                parent_rows = snap.rows_stored
+        if config.source_table not in pinned:  # the parent has no commit yet: no units
+            self.con.execute(f"CREATE VIEW {quote('__derive_' + config.source_table)} AS "
+                             f"SELECT NULL AS {quote(config.parent_id_column)} WHERE false")
+        self.pinned = {name: seq for name, (_table, seq) in pinned.items()}
+        self.streams = parent_rows > in_memory_rows
+        """Whether the parent scan streams in batches (more than ``in_memory_rows`` rows)."""
+        self._parent_columns = [row[0] for row in self.con.execute(
+            f"DESCRIBE SELECT * FROM {quote('__derive_' + config.source_table)}").fetchall()]
+        self._copy_joins()
+        self.digests: MediaDigests | None = None
+        if task is None:
+            self._register_media_digests()
+
+    # --- setup ------------------------------------------------------------------------------------
+
+    def _copy_joins(self) -> None:
+        """``run.select.unit-parents``: each joined table read once, before the anti-join."""
+        if self.task is None:
+            return
+        for join in self.task.joins:
+            self.con.execute(f"CREATE TEMP TABLE {quote('__joined_' + join.table)} AS "
+                             f"SELECT * FROM {quote('__derive_' + join.table)}")
+
+    def _register_media_digests(self) -> None:
+        """SHA-256 of every local media file the parents name (``run.emit.local-content-key``)."""
+        media = quote(self.config.media_column or "")
+        parent = quote("__derive_" + self.config.source_table)
+        if self.config.media_column not in self._parent_columns:
+            raise TableNotFound(f"{self.config.source_table}.{self.config.media_column}")
+        self.digests = MediaDigests(self.root)
+        values: list[str] = []
+        digests: list[str | None] = []
+        reader = self.con.sql(
+            f"SELECT DISTINCT CAST({media} AS VARCHAR) AS media FROM {parent} WHERE {media} IS NOT NULL "
+            f"AND NOT regexp_matches(CAST({media} AS VARCHAR), '^https?://')").fetch_record_batch(self.batch_rows)
+        for batch in reader:
+            more_values, more_digests = self.digests.table(batch.column(0).to_pylist())
+            values += more_values
+            digests += more_digests
+        self._media_digests = pa.table({"media": pa.array(values, pa.string()),
+                                        "digest": pa.array(digests, pa.string())})
+        self.con.register("__derive_media_digests", self._media_digests)
+
+    # --- the query --------------------------------------------------------------------------------
+
+    def _keyed_sql(self) -> str:
+        """Every unit: its id, its value (media, or declared parent columns), prior state, and key."""
+        cfg = self.config
+        parent = quote("__derive_" + cfg.source_table)
+        pid = f"p.{quote(cfg.parent_id_column)}"
+        if cfg.parent_id_column not in self._parent_columns:
+            raise TableNotFound(f"{cfg.source_table}.{cfg.parent_id_column}")
+        parent_key = "p.derivation_key" if "derivation_key" in self._parent_columns else None
+        joins = ""
+        join_parts: list[str] = []
+        if self.task is None:
+            value = f"CAST(p.{quote(cfg.media_column or '')} AS VARCHAR)"
+            select = f"{pid} AS unit_ref, {value} AS media"
+            content = "d.digest"
+            joins += " LEFT JOIN __derive_media_digests AS d ON d.media = " + value
+        else:
+            columns = [c for c in self.task.columns] or [c for c in self._parent_columns]
+            value = "{" + ", ".join(f"'{c}': p.{quote(c)}" for c in columns) + "}"
+            select = f"{pid} AS unit_ref, " + ", ".join(f"p.{quote(c)} AS {quote('p_' + c)}" for c in columns)
+            content = None
+            for n, join in enumerate(self.task.joins):
+                alias = f"j{n}"
+                joins += (f" LEFT JOIN ({join_digest_sql(quote('__joined_' + join.table), join.column, join.read)})"
+                          f" AS {alias} ON {alias}.join_value = {pid}")
+                join_parts.append(f"coalesce({alias}.join_digest, '')")
+        join = " || chr(31) || ".join(join_parts) if join_parts else None
+        key = key_sql(self.static, pid, value, parent_key, content, join)
+        return f"SELECT {select}, {key} AS derivation_key FROM {parent} AS p{joins} WHERE {pid} IS NOT NULL"
+
+    def _state_sql(self) -> str:
+        """Per (unit, key) the output table answers: settled, and the attempts a failure recorded."""
+        if not self.has_output:
+            return "SELECT NULL AS unit_ref, NULL AS derivation_key, NULL AS settled, NULL AS attempts WHERE false"
+        settling = ", ".join(f"'{s}'" for s in SETTLING)
+        return (f"SELECT unit_ref, derivation_key, bool_or(kind = 'passage' OR unit_status IN ({settling}) "
+                f"OR NOT coalesce(retry, true)) AS settled, max(attempts) AS attempts "
+                f"FROM __derive_output GROUP BY unit_ref, derivation_key")
+
+    def _joined_sql(self) -> str:
+        return (f"SELECT k.*, s.settled IS TRUE AS settled, coalesce(s.attempts, 0) AS attempts "
+                f"FROM ({self._keyed_sql()}) AS k LEFT JOIN ({self._state_sql()}) AS s "
+                f"ON s.unit_ref = k.unit_ref AND s.derivation_key = k.derivation_key")
+
+    def counts(self) -> SelectionCounts:
+        """Eligible, already-derived and outstanding units, from one query (``run.select.dry-run``)."""
+        eligible, derived = self.con.execute(
+            f"SELECT count(*), count(*) FILTER (WHERE settled) FROM ({self._joined_sql()})").fetchone() or (0, 0)
+        return SelectionCounts(int(eligible), int(derived), int(eligible) - int(derived))
+
+    def outstanding(self) -> Iterator[pa.RecordBatch]:
+        """The outstanding units (unit_ref, media or p_<column>..., derivation_key, attempts): in one
+        piece from a parent of at most ``in_memory_rows`` rows, else streamed ``batch_rows`` at a time."""
+        sql = f"SELECT * EXCLUDE (settled) FROM ({self._joined_sql()}) WHERE NOT settled"
+        if not self.streams:
+            yield from self.con.sql(sql).arrow().to_batches()
+            return
+        reader = self.con.sql(sql).fetch_record_batch(self.batch_rows)
+        yield from reader
+
+    def joined_rows(self, join_table: str, column: str, values: list[Any]) -> dict[Any, list[dict[str, Any]]]:
+        """Rows of the copied joined table whose ``column`` is one of ``values``, grouped by it."""
+        self.con.register("__derive_join_keys", pa.table({"v": values}))
+        try:
+            rows = self.con.execute(f"SELECT j.* FROM {quote('__joined_' + join_table)} AS j "
+                                    f"SEMI JOIN __derive_join_keys AS k ON k.v = j.{quote(column)}").arrow()
+        finally:
+            self.con.unregister("__derive_join_keys")
+        grouped: dict[Any, list[dict[str, Any]]] = {}
+        for row in rows.to_pylist():
+            grouped.setdefault(row[column], []).append(row)
+        return grouped
+
+    def settled_now(self, pairs: pa.Table) -> set[tuple[Any, str]]:
+        """Which (unit_ref, derivation_key) of ``pairs`` the output table's HEAD settles now
+        (``run.emit.settled-revived``: another run settled them while this one derived them)."""
+        if self.output_table not in self.store.table_names():
+            return set()
+        snap = self.store.table(self.output_table).snapshot()
+        if snap.schema is None:
+            return set()
+        from contextful.engine.read import attach_snapshot
+
+        con = self.store.duckdb()
+        try:
+            attach_snapshot(con, snap, "__derive_output")
+            con.register("__derive_pairs", pairs)
+            rows = con.execute(
+                f"SELECT DISTINCT o.unit_ref, o.derivation_key FROM __derive_output AS o SEMI JOIN __derive_pairs AS p "
+                f"ON p.unit_ref = o.unit_ref AND p.derivation_key = o.derivation_key WHERE o.kind = 'passage' "
+                f"OR o.unit_status IN ('ok', 'empty') OR NOT coalesce(o.retry, true)").fetchall()
+        finally:
+            con.close()
+        return {(r[0], r[1]) for r in rows}
+
+    def close(self) -> None:
+        if self.digests is not None:
+            self.digests.close()
+            self.digests = None
+        self.con.close()
+        self._spill.cleanup()
+
+    def __enter__(self) -> Selection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
