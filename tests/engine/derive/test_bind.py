@@ -1,0 +1,255 @@
+"""The machine configuration: lookup, every problem of a [derive.<name>] block named, bindings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from contextful.engine.derive.bind import (
+    MACHINE_ENV,
+    MACHINE_FILE,
+    Binding,
+    Step,
+    binding_for,
+    check_driver,
+    command_in_manifest,
+    machine_path,
+    read_machine,
+)
+from contextful.storage.errors import (
+    ContextfulError,
+    DeriveCommandInManifest,
+    DeriveDriverMismatch,
+    DeriveEndpointHostNotBare,
+    DeriveEngineUnbound,
+    DeriveEnvNameInvalid,
+    DeriveShellCommand,
+    ManifestKeyUnknown,
+    ManifestValueInvalid,
+    ProjectInvalid,
+)
+
+FULL = """
+[derive.whisper]
+driver = "exec"
+command = ["python3", "engine.py", "{input}"]
+remote = false
+env = { LANG = "C.UTF-8", _X1 = "y" }
+allow_hosts = ["127.0.0.1"]
+endpoint_host = "127.0.0.1"
+deadline_s = 30
+output_cap_bytes = 1024
+parallelism = 2
+zone = "eu"
+[[derive.whisper.preprocess]]
+when = "media_is_url"
+command = ["python3", "fetch.py", "{input}", "{output}"]
+output = "media.wav"
+[[derive.whisper.preprocess]]
+command = ["ffmpeg", "-i", "{input}", "{output}"]
+output = "16k.wav"
+
+[derive.preview]
+driver = "fetch"
+endpoint_host = "::1"
+"""
+
+
+def read(tmp_path: Path, text: str) -> tuple[dict[str, Binding], list[ContextfulError]]:
+    path = tmp_path / MACHINE_FILE
+    path.write_text(text)
+    machine, problems = read_machine(path)
+    assert machine.path == path
+    return dict(machine.bindings), problems
+
+
+def test_a_full_block_reads_into_its_binding(tmp_path: Path) -> None:
+    bindings, problems = read(tmp_path, FULL)
+    assert problems == []
+    whisper = bindings["whisper"]
+    assert whisper == Binding("whisper", "exec", ("python3", "engine.py", "{input}"), (
+        Step("preprocess[0]", ("python3", "fetch.py", "{input}", "{output}"), "media_is_url", "media.wav"),
+        Step("preprocess[1]", ("ffmpeg", "-i", "{input}", "{output}"), "always", "16k.wav")),
+        {"LANG": "C.UTF-8", "_X1": "y"}, ("127.0.0.1",), "127.0.0.1", False, 30.0, 1024, 2, "eu")
+    assert bindings["preview"].driver == "fetch" and bindings["preview"].endpoint_host == "::1"
+    assert bindings["preview"].deadline_s == 300.0 and bindings["preview"].parallelism is None
+
+
+def test_identity_leaves_out_the_bounds_and_the_zone(tmp_path: Path) -> None:
+    bindings, _ = read(tmp_path, FULL)
+    whisper = bindings["whisper"]
+    identity = whisper.identity()
+    assert set(identity) == {"engine", "driver", "command", "preprocess", "env", "allow_hosts", "endpoint_host",
+                             "remote"}
+    bounded = Binding(**{**whisper.__dict__, "deadline_s": 1.0, "output_cap_bytes": 7, "parallelism": 9,
+                         "zone": "us"})
+    assert bounded.identity() == identity
+    assert Binding(**{**whisper.__dict__, "env": {"LANG": "C"}}).identity() != identity
+    assert identity["preprocess"][0] == {"name": "preprocess[0]", "argv": ["python3", "fetch.py", "{input}",
+                                                                           "{output}"],
+                                         "when": "media_is_url", "output": "media.wav"}
+
+
+def test_lookup_order_flag_then_environment_then_beside_the_project(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MACHINE_ENV, raising=False)
+    assert machine_path(tmp_path) is None
+    machine, problems = read_machine(None)
+    assert machine.path is None and dict(machine.bindings) == {} and problems == []
+    beside = tmp_path / MACHINE_FILE
+    beside.write_text("")
+    assert machine_path(tmp_path) == beside
+    monkeypatch.setenv(MACHINE_ENV, str(tmp_path / "env.toml"))
+    assert machine_path(tmp_path) == tmp_path / "env.toml"
+    assert machine_path(tmp_path, str(tmp_path / "flag.toml")) == tmp_path / "flag.toml"
+    _, problems = read_machine(tmp_path / "env.toml")  # named but missing: reported, never skipped
+    assert [type(p) for p in problems] == [ProjectInvalid] and "env.toml" in str(problems[0])
+
+
+@pytest.mark.clause("run.bind.unbound-engine")
+def test_an_unbound_engine_names_pipeline_engine_file_and_every_bound_engine(tmp_path: Path) -> None:
+    path = tmp_path / "machine.toml"
+    path.write_text(FULL)
+    machine, _ = read_machine(path)
+    assert binding_for(machine, "talks", "whisper").engine == "whisper"
+    with pytest.raises(DeriveEngineUnbound) as caught:
+        binding_for(machine, "talks", "vosk")
+    error = caught.value
+    assert (error.pipeline, error.engine, error.file, error.bound) == ("talks", "vosk", str(path),
+                                                                       ("preview", "whisper"))
+    for text in ("'talks'", "'vosk'", "[derive.vosk]", str(path), "preview, whisper"):
+        assert text in str(error)
+    with pytest.raises(DeriveEngineUnbound) as caught:  # no file found: the default one beside the project
+        binding_for(read_machine(None)[0], "talks", "vosk")
+    assert MACHINE_FILE in caught.value.file and caught.value.bound == ()
+
+
+@pytest.mark.clause("run.bind.command-in-manifest")
+def test_binding_keys_in_the_pipeline_config_are_refused_wherever_they_sit() -> None:
+    config = {"source_table": "talks", "engine": "whisper", "media_column": "audio",
+              "preprocess": [{"command": ["x"]}], "env": {"A": "b"}, "allow_hosts": ["h"],
+              "command": ["python3", "e.py"], "options": {"steps": [{"command": "sh -c x"}]}}
+    found = command_in_manifest("talks", config)
+    assert all(isinstance(e, DeriveCommandInManifest) and e.pipeline == "talks" for e in found)
+    assert [e.key for e in found] == ["preprocess", "env", "allow_hosts", "command", "options.steps[0].command"]
+    assert command_in_manifest("talks", {"source_table": "t", "engine": "whisper", "media_column": "m"}) == []
+
+
+@pytest.mark.clause("run.bind.driver-mismatch")
+def test_each_task_runs_behind_its_drivers_only() -> None:
+    def bound(driver: str) -> Binding:
+        return Binding("e", driver)
+
+    for task, driver in (("transcribe", "exec"), ("transcribe", "none"), ("link_preview", "fetch")):
+        assert check_driver("p", task, bound(driver), host_task=False) == []
+    assert check_driver("p", "ocr_pages", None, host_task=True) == []
+    for task, driver in (("transcribe", "fetch"), ("link_preview", "exec"), ("link_preview", "none")):
+        [error] = check_driver("p", task, bound(driver), host_task=False)
+        assert isinstance(error, DeriveDriverMismatch)
+        assert (error.pipeline, error.task, error.driver) == ("p", task, driver)
+    [error] = check_driver("p", "ocr_pages", bound("exec"), host_task=True)  # a host task names no engine
+    assert isinstance(error, DeriveDriverMismatch) and error.task == "ocr_pages" and "names no engine" in str(error)
+
+
+@pytest.mark.clause("run.bind.endpoint-host-bare")
+@pytest.mark.parametrize(("value", "part"), [("http://example.org", "scheme"), ("example.org:8080", "port"),
+                                             ("[::1]:80", "port"), ("example.org/api", "path"),
+                                             ("example.org?x=1", "query"), ("https://h:1/p?q", "scheme")])
+def test_an_endpoint_host_must_be_bare(tmp_path: Path, value: str, part: str) -> None:
+    bindings, problems = read(tmp_path, f'[derive.preview]\ndriver = "fetch"\nendpoint_host = "{value}"\n')
+    [error] = problems
+    assert isinstance(error, DeriveEndpointHostNotBare)
+    assert (error.engine, error.value, error.part) == ("preview", value, part)
+    assert bindings == {}
+
+
+def test_bare_hosts_pass(tmp_path: Path) -> None:
+    for host in ("example.org", "127.0.0.1", "::1", "[::1]", "my_host-1.local"):
+        bindings, problems = read(tmp_path, f'[derive.p]\ndriver = "fetch"\nendpoint_host = "{host}"\n')
+        assert problems == [] and bindings["p"].endpoint_host == host
+
+
+@pytest.mark.clause("run.exec.shell-command")
+def test_a_string_command_is_refused_in_the_engine_and_in_a_step(tmp_path: Path) -> None:
+    bindings, problems = read(tmp_path, """
+[derive.e]
+command = "python3 engine.py {input} | tee out"
+[[derive.e.preprocess]]
+command = "ffmpeg -i {input} {output}"
+output = "a.wav"
+""")
+    assert [(type(p), p.engine, p.step) for p in problems if isinstance(p, DeriveShellCommand)] == [
+        (DeriveShellCommand, "e", "command"), (DeriveShellCommand, "e", "preprocess[0]")]
+    assert len(problems) == 2 and bindings == {}
+
+
+@pytest.mark.clause("run.exec.env-name")
+def test_environment_names_are_ascii_words_not_leading_with_a_digit(tmp_path: Path) -> None:
+    bindings, problems = read(tmp_path, """
+[derive.e]
+command = ["/bin/true"]
+env = { GOOD_1 = "x", "1LEADING" = "x", "HAS-DASH" = "x", "HAS SPACE" = "x", "ÜNICODE" = "x", "A=B" = "x", "" = "x" }
+""")
+    assert [p.env_name for p in problems if isinstance(p, DeriveEnvNameInvalid)] == [
+        "1LEADING", "HAS-DASH", "HAS SPACE", "ÜNICODE", "A=B", ""]
+    assert len(problems) == 6 and bindings == {}
+
+
+def test_every_problem_is_named_at_once(tmp_path: Path) -> None:
+    _, problems = read(tmp_path, """
+colour = "blue"
+[derive.e]
+driver = "shell"
+command = ["python3", "e.py", "{output}"]
+remote = "yes"
+env = { A = 1 }
+allow_hosts = "h"
+deadline_s = 0
+output_cap_bytes = 1.5
+parallelism = 0
+zone = ""
+timeout = 3
+[[derive.e.preprocess]]
+when = "sometimes"
+command = []
+output = "../x"
+shell = true
+[[derive.e.preprocess]]
+command = ["a"]
+output = "same"
+[[derive.e.preprocess]]
+command = ["b"]
+output = "same"
+[derive.n]
+driver = "none"
+command = ["x"]
+""")
+    named = sorted((type(p).__name__, p.fields.get("block"), p.fields.get("key")) for p in problems)
+    assert named == sorted([
+        ("ManifestKeyUnknown", "the machine configuration", "colour"),
+        ("ManifestKeyUnknown", "[derive.e]", "timeout"),
+        ("ManifestKeyUnknown", "[derive.e].preprocess[0]", "shell"),
+        ("ManifestValueInvalid", "[derive.e]", "driver"),
+        ("ManifestValueInvalid", "[derive.e]", "command"),  # {output} in the engine step
+        ("ManifestValueInvalid", "[derive.e]", "command"),  # driver 'shell' runs no engine command
+        ("ManifestValueInvalid", "[derive.e]", "remote"),
+        ("ManifestValueInvalid", "[derive.e]", "env.A"),
+        ("ManifestValueInvalid", "[derive.e]", "allow_hosts"),
+        ("ManifestValueInvalid", "[derive.e]", "deadline_s"),
+        ("ManifestValueInvalid", "[derive.e]", "output_cap_bytes"),
+        ("ManifestValueInvalid", "[derive.e]", "parallelism"),
+        ("ManifestValueInvalid", "[derive.e]", "zone"),
+        ("ManifestValueInvalid", "[derive.e].preprocess[0]", "when"),
+        ("ManifestValueInvalid", "[derive.e].preprocess[0]", "command"),
+        ("ManifestValueInvalid", "[derive.e].preprocess[0]", "output"),
+        ("ManifestValueInvalid", "[derive.e].preprocess[2]", "output"),
+        ("ManifestValueInvalid", "[derive.n]", "command"),
+        ("ManifestValueInvalid", "[derive.n]", "preprocess"),
+    ])
+    assert all(isinstance(p, ManifestKeyUnknown | ManifestValueInvalid) for p in problems)
+
+
+def test_unreadable_toml_is_named(tmp_path: Path) -> None:
+    _, problems = read(tmp_path, "[derive.e\ncommand = [")
+    [error] = problems
+    assert isinstance(error, ProjectInvalid) and MACHINE_FILE in str(error)
