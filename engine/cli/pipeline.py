@@ -263,6 +263,7 @@ def _print_results(results: list[Any]) -> None:
     for r in results:
         for t in r.tables:
             source = (f"{r.pulls} request(s)" if r.pulls else
+                      f"{r.derive['done']:,} unit(s) derived" if r.derive is not None else
                       f"{len(r.inputs_landed)} input(s) landed, {r.inputs_skipped} already landed")
             click.echo(f"{r.pipeline} -> {t.table}: {t.rows:,} rows in {t.parts} part(s), {t.bytes:,} bytes,"
                        f" {source}, {len(t.run_ids)} commit(s) in {r.seconds:.1f}s")

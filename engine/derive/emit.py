@@ -14,7 +14,9 @@ unit's step (``engine.derive.run``), so a resumed run lands the same rows withou
 
 A built-in task's unit lands its passages (``kind = 'passage'``, ``cue_seq`` 0, 1, ...,
 ``unit_status = 'ok'``) or, yielding none, exactly one marker row (``cue_seq = -1``,
-``kind = 'marker'``) carrying its status, attempts, last error and whether it retries. A host
+``kind = 'marker'``) carrying its status, attempts, last error and whether it retries. Each row's
+``passage_id`` (``<unit_ref>:<cue_seq>``) is unique in its table: a chained derive pipeline names it
+as its ``parent_id_column`` and derives the parent's passages (never its markers). A host
 task's unit lands its content rows (``kind = 'passage'``, ``unit_status = 'ok'``, its unit_ref,
 derivation_key and task_version) and one marker row in the marker table, ``ok`` over content rows,
 ``empty`` over none. Every row carries the unit's ``derivation_key``.
@@ -47,6 +49,8 @@ ERROR_TEXT_BYTES = 1024
 """A marker's last_error is capped (the full text is in the run's log)."""
 KEY_COLUMNS = ("unit_ref", "derivation_key", "cue_seq")
 """The output tables' primary key: a re-landed unit's rows collapse by key."""
+ENGINE_COLUMNS = ("unit_ref", "derivation_key", "task_version", "cue_seq", "passage_id", "unit_status")
+"""Columns the engine sets on every row; a host task's rows may not carry them."""
 
 
 @dataclass
@@ -140,9 +144,14 @@ def host_answer(pipeline: str, task: str, content_tables: Sequence[str], unit: s
     for table in content_tables:
         rows = [dict(row) for row in returned.get(table, ())]
         for row in rows:
-            reserved = [c for c in row if c.lower() in RESERVED_COLUMNS or c in KEY_COLUMNS + ("task_version",)]
+            reserved = [c for c in row if c.lower() in RESERVED_COLUMNS]
             if reserved:
                 return failed(DeriveReservedDiscriminator(pipeline, table, reserved[0]), retry=False)
+            engines = [c for c in row if c in ENGINE_COLUMNS]
+            if engines:
+                return failed(ValueError(f"host task {task!r} returned a {table} row with column {engines[0]!r}, "
+                                         f"which the engine sets on every row ({', '.join(ENGINE_COLUMNS)})"),
+                              retry=False)
         tables[table] = rows
     status = "ok" if any(tables.values()) else "empty"
     return Answer(status, tables=tables)
@@ -164,7 +173,8 @@ def builtin_schema(unit_type: pa.DataType, columns: Sequence[str]) -> pa.Schema:
     """The built-in tasks' output table: key, discriminator, status, passage fields, marker fields."""
     return pa.schema([
         ("unit_ref", unit_type), ("derivation_key", pa.string()), ("task_version", pa.string()),
-        ("cue_seq", pa.int64()), ("kind", pa.string()), ("unit_status", pa.string()), ("media", pa.string()),
+        ("cue_seq", pa.int64()), ("passage_id", pa.string()), ("kind", pa.string()), ("unit_status", pa.string()),
+        ("media", pa.string()),
         ("text", pa.string()), ("start_s", pa.float64()), ("end_s", pa.float64()), ("confidence", pa.float64()),
         ("uri", pa.string()), ("zone", pa.string()), (MODALITY_COLUMN, pa.string()),
         ("attempts", pa.int64()), ("last_error", pa.string()), ("retry", pa.bool_()),
@@ -179,7 +189,7 @@ def builtin_rows(unit_ref: Any, key: str, version: str, media: str | None, answe
     if answer.status == "ok" and answer.passages:
         rows = []
         for seq, passage in enumerate(answer.passages):
-            row = {**base, "cue_seq": seq, "kind": PASSAGE, "unit_status": "ok",
+            row = {**base, "cue_seq": seq, "passage_id": passage_id(unit_ref, seq), "kind": PASSAGE, "unit_status": "ok",
                    MODALITY_COLUMN: passage.get("modality", "text")}
             for name in (*PASSAGE_FIELDS, *columns):
                 if name in passage:
@@ -187,7 +197,13 @@ def builtin_rows(unit_ref: Any, key: str, version: str, media: str | None, answe
                     row[name] = value if name in PASSAGE_FIELDS else _text(value)
             rows.append(row)
         return rows
-    return [{**base, "cue_seq": MARKER_SEQ, "kind": MARKER, **marker_fields(answer, attempts, max_attempts)}]
+    return [{**base, "cue_seq": MARKER_SEQ, "passage_id": passage_id(unit_ref, MARKER_SEQ), "kind": MARKER,
+             **marker_fields(answer, attempts, max_attempts)}]
+
+
+def passage_id(unit_ref: Any, cue_seq: int) -> str:
+    """A passage's id, unique in its table: what a chained derive pipeline names as its parent id."""
+    return f"{unit_ref}:{cue_seq}"
 
 
 def _text(value: Any) -> str | None:
@@ -213,9 +229,11 @@ def host_rows(unit_ref: Any, key: str, version: str, answer: Answer, attempts: i
     if answer.status in ("ok", "empty"):
         for table in content_tables:
             rows = answer.tables.get(table, [])
-            out[table] = ([{**base, "cue_seq": seq, "kind": PASSAGE, "unit_status": "ok", **row}
+            out[table] = ([{**base, "cue_seq": seq, "passage_id": passage_id(unit_ref, seq), "kind": PASSAGE,
+                            "unit_status": "ok", **row}
                            for seq, row in enumerate(rows)]
-                          or [{**base, "cue_seq": MARKER_SEQ, "kind": MARKER, "unit_status": "empty"}])
+                          or [{**base, "cue_seq": MARKER_SEQ, "passage_id": passage_id(unit_ref, MARKER_SEQ),
+                               "kind": MARKER, "unit_status": "empty"}])
     marker = {**base, "cue_seq": MARKER_SEQ, "kind": MARKER, "rows": sum(len(r) for r in answer.tables.values()),
               **marker_fields(answer, attempts, max_attempts)}
     out[marker_table] = [marker]

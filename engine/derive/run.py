@@ -75,6 +75,8 @@ FLUSH_SECONDS = 30.0
 REVIVE_ATTEMPTS = 8
 """Commits retried while other runs keep moving the output table's head."""
 ERRORS_SHOWN = 3
+WARNINGS_KEPT = 20
+"""Unit warnings a run's result carries (every one is logged)."""
 
 
 @dataclass
@@ -104,7 +106,8 @@ class DeriveStats:
         return self.ok + self.empty + self.unavailable + self.failed
 
     def to_json(self) -> dict[str, Any]:
-        return {"eligible": self.eligible, "derived": self.derived, "outstanding": self.outstanding, "ok": self.ok,
+        return {"eligible": self.eligible, "derived": self.derived, "outstanding": self.outstanding, "done": self.done,
+                "ok": self.ok,
                 "empty": self.empty, "unavailable": self.unavailable, "failed": self.failed,
                 "replayed": self.replayed, "revived": self.revived, "errors": self.errors}
 
@@ -126,6 +129,12 @@ class Tier:
         if self.task is None:
             return (self.spec.table,)
         return (*self.task.content_tables, self.task.marker_table)
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        """The output tables' primary key (with ``task_version`` when versions are retained: the
+        supersede rule's unit columns are key columns)."""
+        return KEY_COLUMNS + (("task_version",) if self.config.retain_versions else ())
 
     @property
     def parallelism(self) -> int:
@@ -193,7 +202,7 @@ def ensure_tables(store: Store, tier: Tier) -> None:
 
     unit = ("unit_ref", "task_version") if tier.config.retain_versions else ("unit_ref",)
     for table in tier.tables:
-        store.create_table(table, KEY_COLUMNS, supersede=Supersede(unit))
+        store.create_table(table, tier.key_columns, supersede=Supersede(unit))
 
 
 def run_derive(store: Store, manifest: Manifest, spec: PipelineSpec, machine: MachineConfig, *,
@@ -351,6 +360,8 @@ class _Runner:
         self.stats.count(str(ref), answer)
         for warning in answer.warnings:
             log.warning("pipeline %s: %s", tier.spec.id, warning)
+            if len(self.result.warnings) < WARNINGS_KEPT:
+                self.result.warnings.append(warning)
         if tier.task is None:
             rows = {tier.spec.table: builtin_rows(ref, key, tier.version, unit.get("media"), answer, attempts,
                                                   tier.config.max_attempts, tier.config.columns)}
@@ -415,7 +426,7 @@ class _Runner:
         rows = self.pending[table]
         if not rows:
             return
-        spec = replace(self.tier.spec, table=table, primary_key=KEY_COLUMNS, normalize="nested", types={},
+        spec = replace(self.tier.spec, table=table, primary_key=self.tier.key_columns, normalize="nested", types={},
                        transform=(), order_by=None)
         sink = LandingSink(self.store, spec, meta={"pipeline": self.tier.spec.id, "derive": {
             "units": len(self.pending_units), "failed": self.stats.failed, "errors": self.stats.errors}})

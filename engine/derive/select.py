@@ -12,7 +12,9 @@ longer retries (a failure past ``max_attempts``, an unavailable unit). Every par
 current key (``engine.derive.keys``) is not settled is outstanding; a failed unit still retrying
 carries its attempts forward. What the table answers already follows the supersede rule
 (``storage.supersede``): rows under a key landed before the unit's latest ok or empty landing under
-another key count for nothing, so a key changed and changed back derives the unit again.
+another key count for nothing, so a key changed and changed back derives the unit again. A parent
+that is itself a derive output (it has ``derivation_key`` and ``kind``) gives its passages as units,
+never its markers, and its ``derivation_key`` enters each unit's key.
 
 Every table the selection reads is pinned at one catalog point (``Store.pin``), so the parents,
 the output and a host task's joined tables are one consistent state. A host task's joined tables
@@ -31,7 +33,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
 from contextful.engine.derive.keys import MediaDigests, join_digest_sql, key_sql
@@ -180,7 +182,9 @@ class Selection:
                 join_parts.append(f"coalesce({alias}.join_digest, '')")
         join = " || chr(31) || ".join(join_parts) if join_parts else None
         key = key_sql(self.static, pid, value, parent_key, content, join)
-        return f"SELECT {select}, {key} AS derivation_key FROM {parent} AS p{joins} WHERE {pid} IS NOT NULL"
+        passages_only = " AND p.kind = 'passage'" if parent_key and "kind" in self._parent_columns else ""
+        return (f"SELECT {select}, {key} AS derivation_key FROM {parent} AS p{joins} "
+                f"WHERE {pid} IS NOT NULL{passages_only}")
 
     def _state_sql(self) -> str:
         """Per (unit, key) the output table answers: settled, and the attempts a failure recorded."""
@@ -240,9 +244,9 @@ class Selection:
             attach_snapshot(con, snap, "__derive_output")
             con.register("__derive_pairs", pairs)
             rows = con.execute(
-                f"SELECT DISTINCT o.unit_ref, o.derivation_key FROM __derive_output AS o SEMI JOIN __derive_pairs AS p "
-                f"ON p.unit_ref = o.unit_ref AND p.derivation_key = o.derivation_key WHERE o.kind = 'passage' "
-                f"OR o.unit_status IN ('ok', 'empty') OR NOT coalesce(o.retry, true)").fetchall()
+                "SELECT DISTINCT o.unit_ref, o.derivation_key FROM __derive_output AS o SEMI JOIN __derive_pairs AS p "
+                "ON p.unit_ref = o.unit_ref AND p.derivation_key = o.derivation_key WHERE o.kind = 'passage' "
+                "OR o.unit_status IN ('ok', 'empty') OR NOT coalesce(o.retry, true)").fetchall()
         finally:
             con.close()
         return {(r[0], r[1]) for r in rows}
@@ -254,7 +258,7 @@ class Selection:
         self.con.close()
         self._spill.cleanup()
 
-    def __enter__(self) -> Selection:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

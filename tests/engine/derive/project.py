@@ -1,0 +1,120 @@
+"""A scratch derive project for tests: parents landed by a files pipeline, a small engine script,
+and a machine configuration binding it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from contextful.engine.config import Manifest, load_manifest
+from contextful.engine.land.pipeline import run_pipelines
+from contextful.engine.land.results import PipelineResult
+from contextful.engine.project import open_project_store
+from contextful.storage import Store
+
+ENGINE = r'''
+"""A test engine: one passage per line of the media file; directives on the first line."""
+import json, os, sys
+path = sys.argv[1]
+if os.environ.get("DERIVE_LOG"):
+    with open(os.environ["DERIVE_LOG"], "a") as log:
+        log.write(path + "\n")
+text = open(path, encoding="utf-8").read()
+first = text.split("\n", 1)[0]
+if first == "EMPTY":
+    print(json.dumps({"status": "empty"}))
+elif first == "NOTHING":
+    pass
+elif first.startswith("STATUS "):
+    print(json.dumps({"status": first[7:]}))
+elif first.startswith("FAIL"):
+    sys.stderr.write("engine refused " + path + "\n")
+    sys.exit(3)
+elif first.startswith("CONF "):
+    print(json.dumps({"text": "c", "confidence": float(first[5:])}))
+elif first.startswith("VIDEO"):
+    print(json.dumps({"text": "a spoken line", "start_s": 0.0, "end_s": 1.5, "modality": "text"}))
+    print(json.dumps({"text": "a frame", "uri": "frame-1.png", "modality": "image"}))
+else:
+    for n, line in enumerate(l for l in text.splitlines() if l.strip()):
+        print(json.dumps({"text": line, "start_s": float(n), "end_s": n + 1.0, "confidence": 0.9}))
+'''
+
+MANIFEST = '''
+[project]
+name = "derive-test"
+
+[[pipeline]]
+id = "docs"
+primary_key = ["id"]
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["parents/*.ndjson"]
+
+[[pipeline]]
+id = "passages"
+[pipeline.source]
+kind = "derive"
+[pipeline.source.config]
+source_table = "docs"
+parent_id_column = "id"
+engine = "lines"
+media_column = "path"
+{extra}
+'''
+
+
+class DeriveProject:
+    def __init__(self, root: Path, *, extra: str = "", manifest: str | None = None, parallelism: int = 2) -> None:
+        self.root = root
+        (root / "parents").mkdir(parents=True, exist_ok=True)
+        (root / "media").mkdir(exist_ok=True)
+        (root / "engine.py").write_text(ENGINE)
+        self.calls = root / "calls.log"
+        (root / "contextful.toml").write_text(manifest if manifest is not None else MANIFEST.format(extra=extra))
+        self.write_machine(parallelism=parallelism)
+        self._batches = 0
+
+    def write_machine(self, *, parallelism: int = 2, extra: str = "") -> None:
+        (self.root / "contextful.machine.toml").write_text(
+            f'[derive.lines]\ncommand = [{json.dumps(sys.executable)}, {json.dumps(str(self.root / "engine.py"))}, '
+            f'"{{input}}"]\nenv = {{ DERIVE_LOG = {json.dumps(str(self.calls))} }}\nparallelism = {parallelism}\n'
+            f'{extra}')
+
+    def media(self, name: str, text: str) -> str:
+        """Write a media file; its value as a parent row holds it (relative to the project)."""
+        (self.root / "media" / name).write_text(text)
+        return f"media/{name}"
+
+    def parents(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Land parent rows (a new input file; a row with an id already landed replaces it)."""
+        self._batches += 1
+        path = self.root / "parents" / f"batch-{self._batches:04d}.ndjson"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def manifest(self) -> Manifest:
+        return load_manifest(self.root)
+
+    def store(self) -> Store:
+        return open_project_store(self.root, create=True)
+
+    def run(self, ids: list[str] | None = None) -> list[PipelineResult]:
+        with self.store() as store:
+            return run_pipelines(store, self.manifest(), ids)
+
+    def engine_calls(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        from contextful.engine.read import connect
+
+        with self.store() as store:
+            con = connect(store)
+            try:
+                return con.execute(sql).fetchall()
+            finally:
+                con.close()

@@ -1,0 +1,255 @@
+"""Derive pipelines end to end over a real store: selection, keys, passages and markers, engines as
+real child processes (a small script the test writes)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from contextful.engine.derive.keys import SEPARATOR
+from contextful.storage.errors import DeriveNoStoreRoot, ManifestInvalid
+
+from tests.engine.derive.project import DeriveProject
+
+
+def _passages(project: DeriveProject) -> list[tuple]:
+    return project.rows("SELECT unit_ref, cue_seq, kind, unit_status, text FROM passages ORDER BY unit_ref, cue_seq")
+
+
+@pytest.mark.clause("run.select.anti-join")
+def test_each_run_derives_only_the_units_without_a_settled_row_under_their_current_key(tmp_path: Path) -> None:
+    project = DeriveProject(tmp_path)
+    project.parents([{"id": f"d{n}", "path": project.media(f"d{n}.txt", f"line {n}a\nline {n}b")} for n in range(3)])
+    first = project.run()
+    assert [r.pipeline for r in first] == ["docs", "passages"]
+    assert first[1].derive is not None and first[1].derive["outstanding"] == 3 and first[1].derive["ok"] == 3
+    assert len(project.engine_calls()) == 3
+    assert _passages(project) == [(f"d{n}", seq, "passage", "ok", f"line {n}{c}")
+                                  for n in range(3) for seq, c in enumerate("ab")]
+    again = project.run()
+    assert again[1].derive is not None and again[1].derive["outstanding"] == 0 and again[1].derive["derived"] == 3
+    assert len(project.engine_calls()) == 3  # nothing outstanding: no engine ran
+    project.parents([{"id": "d3", "path": project.media("d3.txt", "new")}])
+    third = project.run()
+    assert third[1].derive is not None and (third[1].derive["outstanding"], third[1].derive["derived"]) == (1, 3)
+    assert project.engine_calls()[-1].endswith("d3.txt") and len(project.engine_calls()) == 4
+
+
+@pytest.mark.clause("run.emit.derivation-key", "run.emit.local-content-key")
+def test_every_row_carries_the_documented_derivation_key(tmp_path: Path) -> None:
+    from contextful.engine.derive.bind import machine_path, read_machine
+    from contextful.engine.derive.run import build_tier
+
+    project = DeriveProject(tmp_path)
+    media = project.media("a.txt", "hello")
+    project.parents([{"id": "a", "path": media}, {"id": "b", "path": project.media("b.txt", "EMPTY")}])
+    project.run()
+    machine, _ = read_machine(machine_path(tmp_path))
+    tier = build_tier(project.manifest().pipeline("passages"), machine)
+    content = hashlib.sha256(b"hello").hexdigest()
+    text = SEPARATOR.join([tier.static, json.dumps("a"), json.dumps(media), "", content, ""])
+    expected = hashlib.sha256(text.encode()).hexdigest()
+    keys = dict(project.rows("SELECT unit_ref, any_value(derivation_key) FROM passages GROUP BY unit_ref"))
+    assert keys["a"] == expected and len(keys["b"]) == 64 and keys["b"] == keys["b"].lower()
+    # the static part: engine id, binding less bounds and zone, declared columns
+    static = tier.static
+    project.write_machine(parallelism=7, extra="deadline_s = 11\noutput_cap_bytes = 4096\nzone = \"eu\"\n")
+    machine, _ = read_machine(machine_path(tmp_path))
+    assert build_tier(project.manifest().pipeline("passages"), machine).static == static  # bounds and zone: out
+    (tmp_path / "contextful.machine.toml").write_text(
+        (tmp_path / "contextful.machine.toml").read_text().replace('parallelism = 7', 'parallelism = 7\nremote = true'))
+    machine, _ = read_machine(machine_path(tmp_path))
+    assert build_tier(project.manifest().pipeline("passages"), machine).static != static  # the binding: in
+    # a changed byte under the same path re-selects that unit alone
+    calls = len(project.engine_calls())
+    project.media("a.txt", "hellp")
+    (tmp_path / "contextful.machine.toml").write_text(
+        (tmp_path / "contextful.machine.toml").read_text().replace('\nremote = true', ''))
+    results = project.run()
+    assert results[1].derive is not None and results[1].derive["outstanding"] == 1
+    assert project.engine_calls()[calls:] == [str(tmp_path / "media" / "a.txt")]
+    assert project.rows("SELECT text FROM passages WHERE unit_ref = 'a'") == [("hellp",)]
+
+
+@pytest.mark.clause("run.emit.unit-status", "run.emit.marker-row", "run.exec.non-zero-exit")
+def test_units_without_passages_land_one_marker_row_with_their_status(tmp_path: Path) -> None:
+    project = DeriveProject(tmp_path, extra="max_attempts = 2")
+    project.parents([
+        {"id": "empty", "path": project.media("e.txt", "EMPTY")},
+        {"id": "nothing", "path": project.media("n.txt", "NOTHING")},
+        {"id": "fails", "path": project.media("f.txt", "FAIL")},
+        {"id": "odd", "path": project.media("o.txt", "STATUS pending")},
+        {"id": "ok", "path": project.media("k.txt", "one")},
+    ])
+    results = project.run()
+    derive = results[1].derive
+    assert derive is not None and (derive["ok"], derive["empty"], derive["unavailable"], derive["failed"]) == (1, 1, 1, 2)
+    markers = {r[0]: r[1:] for r in project.rows(
+        "SELECT unit_ref, cue_seq, kind, unit_status, attempts, last_error, retry FROM passages WHERE kind = 'marker'")}
+    assert set(markers) == {"empty", "nothing", "fails", "odd"}
+    assert markers["empty"] == (-1, "marker", "empty", 1, None, False)
+    assert markers["nothing"][:4] == (-1, "marker", "unavailable", 1) and markers["nothing"][5] is True
+    seq, kind, status, attempts, error, retry = markers["fails"]
+    assert (seq, kind, status, attempts, retry) == (-1, "marker", "failed", 1, True)
+    assert error.startswith("DeriveStepExit") and "exited 3" in error and "engine refused" in error
+    assert markers["odd"][2] == "failed" and markers["odd"][4].startswith("DeriveUnitStatusUnknown")
+    assert markers["odd"][5] is False  # an unknown status never passes on retry
+    # a failure retries until max_attempts, then settles
+    project.run()
+    after = dict(project.rows("SELECT unit_ref, attempts FROM passages WHERE unit_status = 'failed'"))
+    assert after == {"fails": 2, "odd": 1}
+    third = project.run()
+    assert third[1].derive is not None and third[1].derive["outstanding"] == 0
+
+
+@pytest.mark.clause("run.bind.confidence-range", "run.emit.output-modality")
+def test_a_confidence_out_of_range_lands_null_and_modalities_name_the_output(tmp_path: Path) -> None:
+    project = DeriveProject(tmp_path)
+    project.parents([{"id": "c1", "path": project.media("c1.txt", "CONF 1.5")},
+                     {"id": "c2", "path": project.media("c2.txt", "CONF 0.25")},
+                     {"id": "v", "path": project.media("clip.mp4", "VIDEO")}])
+    results = project.run()
+    assert project.rows("SELECT unit_ref, confidence FROM passages WHERE unit_ref LIKE 'c%' ORDER BY 1") == [
+        ("c1", None), ("c2", 0.25)]
+    assert [w for w in results[1].warnings if w.startswith("DeriveConfidenceOutOfRange")] == [
+        ("DeriveConfidenceOutOfRange: engine 'lines', unit 'c1': confidence 1.5 is outside 0.0..=1.0; the passage "
+        "landed with a null confidence")]
+    assert project.rows("SELECT text, _modality, uri FROM passages WHERE unit_ref = 'v' ORDER BY cue_seq") == [
+        ("a spoken line", "text", None), ("a frame", "image", "frame-1.png")]
+
+
+@pytest.mark.clause("run.select.dry-run")
+def test_dry_run_counts_from_one_selection_calling_no_engine_and_landing_nothing(tmp_path: Path) -> None:
+    from contextful.engine.derive.bind import machine_path, read_machine
+    from contextful.engine.derive.run import dry_run
+
+    project = DeriveProject(tmp_path)
+    project.parents([{"id": f"d{n}", "path": project.media(f"d{n}.txt", "x")} for n in range(4)])
+    project.run()
+    project.parents([{"id": f"n{n}", "path": project.media(f"n{n}.txt", "y")} for n in range(3)])
+    with project.store() as store:
+        from contextful.engine.land.decode import Decoder
+        from contextful.engine.land.pipeline import run_pipeline
+
+        with Decoder() as decoder:  # the parents land; the derive pipeline does not run
+            run_pipeline(store, project.manifest(), project.manifest().pipeline("docs"), decoder)
+        heads = {t: store.table(t).head.commit_seq for t in store.table_names()}
+        machine, _ = read_machine(machine_path(tmp_path))
+        calls = len(project.engine_calls())
+        counts = dry_run(store, project.manifest(), project.manifest().pipeline("passages"), machine)
+        assert (counts.eligible, counts.derived, counts.outstanding) == (7, 4, 3)
+        assert len(project.engine_calls()) == calls
+        assert {t: store.table(t).refresh().commit_seq for t in store.table_names()} == heads
+
+
+@pytest.mark.clause("run.select.no-store-root")
+def test_a_selection_without_a_store_root_or_pipeline_id_names_which_is_absent(tmp_path: Path) -> None:
+    from contextful.engine.derive.config import DeriveConfig
+    from contextful.engine.derive.select import Selection
+
+    config = DeriveConfig("docs", "id", engine="lines", media_column="path")
+    with pytest.raises(DeriveNoStoreRoot, match="store root"):
+        Selection(None, "passages", "passages", config, "0" * 64, tmp_path)
+    project = DeriveProject(tmp_path)
+    with project.store() as store, pytest.raises(DeriveNoStoreRoot, match="pipeline id") as caught:
+        Selection(store, None, "passages", config, "0" * 64, tmp_path)
+    assert caught.value.absent == "pipeline id"
+    with pytest.raises(DeriveNoStoreRoot) as both:
+        Selection(None, "", "passages", config, "0" * 64, tmp_path)
+    assert both.value.absent == "store root and pipeline id"
+
+
+@pytest.mark.clause("run.select.parent-scan")
+def test_parents_past_the_in_memory_bound_stream_in_batches_with_the_same_work_set(tmp_path: Path) -> None:
+    from contextful.engine.derive.config import DeriveConfig
+    from contextful.engine.derive.select import IN_MEMORY_ROWS, Selection
+
+    assert IN_MEMORY_ROWS == 1_000_000
+    project = DeriveProject(tmp_path)
+    with project.store() as store:
+        store.append("docs", {"id": [f"u{n:05d}" for n in range(5000)],
+                              "path": [f"https://example.invalid/{n}" for n in range(5000)]})
+        config = DeriveConfig("docs", "id", engine="lines", media_column="path")
+        with Selection(store, "passages", "passages", config, "0" * 64, tmp_path) as whole:
+            assert not whole.streams
+            one = [b.num_rows for b in whole.outstanding()]
+            expected = sorted(r for b in whole.outstanding() for r in b.column("unit_ref").to_pylist())
+        with Selection(store, "passages", "passages", config, "0" * 64, tmp_path, in_memory_rows=1000,
+                       batch_rows=700) as streamed:
+            assert streamed.streams
+            sizes = [b.num_rows for b in streamed.outstanding()]
+            got = sorted(r for b in streamed.outstanding() for r in b.column("unit_ref").to_pylist())
+    assert sum(one) == 5000 and max(sizes) <= 700 and len(sizes) >= 8
+    assert got == expected
+
+
+@pytest.mark.clause("run.select.required-key", "run.emit.reserved-discriminator", "run.emit.failure-off-table",
+                    "run.bind.advisory-zone")
+@pytest.mark.parametrize(("extra", "drop", "error", "names"), [
+    ("", "source_table", "DeriveConfigKeyMissing", ["source_table", "passages"]),
+    ("", "parent_id_column", "DeriveConfigKeyMissing", ["parent_id_column", "passages"]),
+    ("", "engine", "DeriveConfigKeyMissing", ["engine", "passages"]),
+    ("", "media_column", "DeriveConfigKeyMissing", ["media_column", "passages"]),
+    ('columns = ["speaker", "kind"]', None, "DeriveReservedDiscriminator", ["kind", "passages"]),
+    ('failure_table = "passage_errors"', None, "DeriveFailureOffTable", ["passage_errors"]),
+    ('zone_from = "binding"', None, "DeriveAdvisoryZone", ["zone", "binding"]),
+])
+def test_a_derive_config_the_spec_refuses_names_its_problem(tmp_path: Path, extra: str, drop: str | None,
+                                                            error: str, names: list[str]) -> None:
+    from contextful.engine.config import load_manifest
+
+    project = DeriveProject(tmp_path, extra=extra)
+    if drop is not None:
+        text = (tmp_path / "contextful.toml").read_text()
+        line = next(x for x in text.splitlines() if x.startswith(f"{drop} ="))
+        (tmp_path / "contextful.toml").write_text(text.replace(line, f'{drop} = " "' if drop == "engine" else ""))
+    with pytest.raises(ManifestInvalid) as caught:
+        load_manifest(project.root)
+    found = [p for p in caught.value.problems if p.name == error]
+    assert found, [p.name for p in caught.value.problems]
+    for name in names:
+        assert name in found[0].detail
+
+
+def test_a_reader_polling_through_a_rederive_never_sees_an_empty_unit(tmp_path: Path) -> None:
+    """The issue's proof: land, derive, change three parent rows and one media file's bytes, derive
+    again: exactly those four units run, and a reader polling throughout never sees one empty."""
+    project = DeriveProject(tmp_path)
+    rows = [{"id": f"u{n}", "path": project.media(f"u{n}.txt", f"text {n}"), "note": "v1"} for n in range(10)]
+    project.parents(rows)
+    project.run()
+    calls = len(project.engine_calls())
+    changed = [dict(rows[n], path=project.media(f"u{n}-v2.txt", f"text {n} v2")) for n in (1, 2, 3)]
+    project.parents(changed)
+    project.media("u7.txt", "text 7 new bytes")
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def poll() -> None:
+        from contextful.engine.read import connect
+
+        while not stop.is_set():
+            with project.store() as store:
+                con = connect(store)
+                try:
+                    counts = con.execute("SELECT count(DISTINCT unit_ref) FILTER (WHERE kind = 'passage') "
+                                         "FROM passages").fetchone()
+                finally:
+                    con.close()
+            seen.append(int(counts[0]) if counts else -1)
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    try:
+        project.run()
+    finally:
+        stop.set()
+        reader.join()
+    assert sorted(Path(c).name for c in project.engine_calls()[calls:]) == ["u1-v2.txt", "u2-v2.txt", "u3-v2.txt",
+                                                                           "u7.txt"]
+    assert seen and min(seen) == 10, seen
+    assert project.rows("SELECT unit_ref, text FROM passages WHERE unit_ref IN ('u1', 'u7') ORDER BY 1") == [
+        ("u1", "text 1 v2"), ("u7", "text 7 new bytes")]

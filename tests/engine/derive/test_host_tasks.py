@@ -1,0 +1,286 @@
+"""Host tasks: registered Python callables deriving content tables and a marker table."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from contextful.engine.derive.tasks import Join, Unit, register_task, unregister_task
+from contextful.storage.errors import DeriveTaskNameTaken, DeriveUnknownTask, ManifestInvalid
+
+from tests.engine.derive.project import DeriveProject
+
+MANIFEST = '''
+[project]
+name = "host-test"
+
+[[pipeline]]
+id = "docs"
+primary_key = ["id"]
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["parents/*.ndjson"]
+
+[[pipeline]]
+id = "notes"
+primary_key = ["id"]
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["notes/*.ndjson"]
+
+[[pipeline]]
+id = "chunking"
+table = "{marker}"
+[pipeline.source]
+kind = "derive"
+[pipeline.source.config]
+source_table = "docs"
+parent_id_column = "id"
+task = "{task}"
+tables = {tables}
+{extra}
+'''
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.units: list[str] = []
+        self.during: Any = None
+
+
+@pytest.fixture
+def task(request: pytest.FixtureRequest) -> Iterator[tuple[str, Calls]]:
+    """A host task splitting a doc's body into chunks, joining the doc's notes."""
+    name = f"chunks_{request.node.name[:40].replace('[', '_').replace(']', '_').replace('-', '_')}"
+    calls = Calls()
+    version = getattr(request, "param", "1")
+
+    @register_task(name, task_version=version, marker_table="chunks_done", content_tables=["chunks", "tags"],
+                   columns=["body"], joins=[Join("notes", "doc", ("text",))])
+    def chunk(unit: Unit) -> dict[str, list[dict[str, Any]]]:
+        calls.units.append(unit.unit_ref)
+        if calls.during is not None:
+            calls.during(unit)
+        body = unit.parent["body"]
+        if body == "BOOM":
+            raise RuntimeError("the chunker broke")
+        if body == "FOREIGN":
+            return {"elsewhere": [{"x": 1}]}
+        notes = sorted(n["text"] for n in unit.joined.get("notes", []))
+        return {"chunks": [{"text": part} for part in body.split("|") if part],
+                "tags": [{"tag": t} for t in notes]}
+
+    try:
+        yield name, calls
+    finally:
+        unregister_task(name)
+
+
+def _project(tmp_path: Path, task: str, *, tables: str = '["chunks_done", "chunks", "tags"]', extra: str = "",
+             marker: str = "chunks_done") -> DeriveProject:
+    project = DeriveProject(tmp_path, manifest=MANIFEST.format(task=task, tables=tables, extra=extra, marker=marker))
+    (tmp_path / "notes").mkdir(exist_ok=True)
+    return project
+
+
+def _notes(project: DeriveProject, name: str, rows: list[dict[str, Any]]) -> None:
+    import json
+
+    (project.root / "notes" / f"{name}.ndjson").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.clause("run.emit.host-rows", "run.bind.host-task")
+def test_content_rows_carry_their_unit_and_every_unit_lands_one_marker(tmp_path: Path,
+                                                                      task: tuple[str, Calls]) -> None:
+    name, _calls = task
+    project = _project(tmp_path, name)
+    project.parents([{"id": "a", "body": "x|y"}, {"id": "b", "body": ""}])
+    _notes(project, "n1", [{"id": 1, "doc": "a", "text": "red"}])
+    results = project.run()
+    assert results[-1].derive is not None and results[-1].derive["ok"] == 1 and results[-1].derive["empty"] == 1
+    chunks = project.rows("SELECT unit_ref, cue_seq, kind, unit_status, task_version, text, length(derivation_key) "
+                          "FROM chunks WHERE kind = 'passage' ORDER BY unit_ref, cue_seq")
+    assert chunks == [("a", 0, "passage", "ok", "1", "x", 64), ("a", 1, "passage", "ok", "1", "y", 64)]
+    markers = project.rows("SELECT unit_ref, cue_seq, kind, unit_status, rows FROM chunks_done ORDER BY unit_ref")
+    assert markers == [("a", -1, "marker", "ok", 3), ("b", -1, "marker", "empty", 0)]
+    keys = project.rows("SELECT DISTINCT c.derivation_key = m.derivation_key FROM chunks c JOIN chunks_done m "
+                        "USING (unit_ref)")
+    assert keys == [(True,)]
+    with pytest.raises(DeriveTaskNameTaken, match=name):
+        register_task(name, task_version="9", marker_table="m", content_tables=["c"])(lambda unit: {})
+    with pytest.raises(DeriveTaskNameTaken, match="built-in"):
+        register_task("transcribe", task_version="1", marker_table="m", content_tables=["c"])(lambda unit: {})
+
+
+@pytest.mark.clause("run.bind.unknown-task")
+def test_a_task_neither_built_in_nor_registered_is_refused_listing_both(tmp_path: Path,
+                                                                       task: tuple[str, Calls]) -> None:
+    project = _project(tmp_path, "no_such_task")
+    with pytest.raises(ManifestInvalid) as caught:
+        project.manifest()
+    unknown = [p for p in caught.value.problems if isinstance(p, DeriveUnknownTask)]
+    assert unknown and unknown[0].builtin == ("transcribe", "link_preview") and task[0] in unknown[0].registered
+    assert "transcribe" in unknown[0].detail and task[0] in unknown[0].detail
+
+
+@pytest.mark.clause("run.emit.output-tables")
+def test_a_host_pipeline_declares_exactly_its_tables_and_a_unit_returns_only_its_content(
+        tmp_path: Path, task: tuple[str, Calls]) -> None:
+    name, _calls = task
+    project = _project(tmp_path, name, tables='["chunks_done", "chunks"]')
+    with pytest.raises(ManifestInvalid) as caught:
+        project.manifest()
+    assert [p.name for p in caught.value.problems] == ["DeriveOutputTablesMismatch"]
+    assert "chunks_done, chunks, tags" in caught.value.problems[0].detail
+    project = _project(tmp_path, name)
+    project.parents([{"id": "good", "body": "g"}, {"id": "bad", "body": "FOREIGN"}])
+    results = project.run()
+    assert results[-1].derive is not None and (results[-1].derive["ok"], results[-1].derive["failed"]) == (1, 1)
+    assert project.rows("SELECT unit_ref FROM chunks WHERE kind = 'passage'") == [("good",)]
+    bad = project.rows("SELECT unit_status, last_error, retry FROM chunks_done WHERE unit_ref = 'bad'")
+    assert bad[0][0] == "failed" and bad[0][1].startswith("DeriveOutputTablesMismatch") and "elsewhere" in bad[0][1]
+    assert bad[0][2] is False
+
+
+@pytest.mark.clause("run.select.unit-parents")
+def test_joined_rows_are_read_once_before_the_first_unit(tmp_path: Path, task: tuple[str, Calls]) -> None:
+    name, calls = task
+    project = _project(tmp_path, name, extra="")
+    project.parents([{"id": "a", "body": "x"}, {"id": "b", "body": "y"}])
+    _notes(project, "n1", [{"id": 1, "doc": "a", "text": "first"}, {"id": 2, "doc": "b", "text": "second"},
+                           {"id": 3, "doc": "b", "text": "third"}])
+    project.run(["docs"])  # docs and its descendants: chunking; notes lands apart
+    project.run(["notes"])
+
+    def land_more(unit: Unit) -> None:  # lands a note for b while the run derives a
+        if unit.unit_ref == "a":
+            with project.store() as store:
+                store.append("notes", {"id": [4], "doc": ["b"], "text": ["late"]}, primary_key=["id"])
+
+    calls.during = land_more
+    project.parents([{"id": "a", "body": "x2"}, {"id": "b", "body": "y2"}])
+    project.run(["docs"])
+    tags = project.rows("SELECT unit_ref, tag FROM tags WHERE kind = 'passage' ORDER BY 1, 2")
+    assert tags == [("a", "first"), ("b", "second"), ("b", "third")]  # "late" landed after the read
+    calls.during = None
+    project.run(["docs"])  # the late note changed b's join: b alone re-derives, with it
+    assert project.rows("SELECT tag FROM tags WHERE unit_ref = 'b' AND kind = 'passage' ORDER BY 1") == [
+        ("late",), ("second",), ("third",)]
+
+
+@pytest.mark.clause("run.select.join-key")
+def test_a_joined_row_landing_changing_or_leaving_rederives_that_unit_alone(tmp_path: Path,
+                                                                           task: tuple[str, Calls]) -> None:
+    name, calls = task
+    project = _project(tmp_path, name)
+    project.parents([{"id": d, "body": d} for d in ("a", "b", "c")])
+    _notes(project, "n1", [{"id": 1, "doc": "a", "text": "one"}, {"id": 2, "doc": "b", "text": "two"}])
+    project.run()
+    assert sorted(calls.units) == ["a", "b", "c"]
+    for change in ([{"id": 3, "doc": "c", "text": "new"}],        # lands for c
+                   [{"id": 1, "doc": "a", "text": "uno"}]):       # changes a's
+        calls.units.clear()
+        _notes(project, f"n{len(list((project.root / 'notes').iterdir())) + 1}", change)
+        project.run()
+        assert calls.units == [change[0]["doc"]]
+    calls.units.clear()
+    with project.store() as store:  # b's note leaves: its row moves to another doc
+        store.append("notes", {"id": [2], "doc": ["zzz"], "text": ["two"]}, primary_key=["id"])
+    project.run(["chunking"])
+    assert calls.units == ["b"]
+
+
+@pytest.mark.clause("run.emit.task-version")
+@pytest.mark.parametrize("task", ["1"], indirect=True)
+def test_raising_the_task_version_reselects_every_settled_unit(tmp_path: Path, task: tuple[str, Calls]) -> None:
+    from contextful.engine.derive import tasks
+
+    name, calls = task
+    project = _project(tmp_path, name)
+    project.parents([{"id": d, "body": d} for d in ("a", "b")])
+    project.run()
+    assert project.run()[-1].derive["outstanding"] == 0  # type: ignore[index]
+    registered = tasks.host_task(name)
+    assert registered is not None
+    unregister_task(name)
+    register_task(name, task_version="2", marker_table=registered.marker_table,
+                  content_tables=registered.content_tables, columns=registered.columns,
+                  joins=registered.joins)(registered.fn)
+    calls.units.clear()
+    results = project.run()
+    assert results[-1].derive is not None and results[-1].derive["outstanding"] == 2
+    assert sorted(calls.units) == ["a", "b"]
+    assert project.rows("SELECT DISTINCT task_version FROM chunks_done") == [("2",)]
+
+
+@pytest.mark.clause("run.emit.version-retained")
+def test_retained_versions_keep_each_versions_rows(tmp_path: Path, task: tuple[str, Calls]) -> None:
+    from contextful.engine.derive import tasks
+
+    name, _calls = task
+    project = _project(tmp_path, name, extra="retain_versions = true")
+    project.parents([{"id": "a", "body": "p|q"}])
+    project.run()
+    registered = tasks.host_task(name)
+    assert registered is not None
+    unregister_task(name)
+    register_task(name, task_version="2", marker_table="chunks_done", content_tables=["chunks", "tags"],
+                  columns=["body"], joins=registered.joins)(lambda unit: {"chunks": [{"text": "v2"}]})
+    project.run()
+    assert project.rows("SELECT task_version, text FROM chunks WHERE kind = 'passage' ORDER BY 1, 2") == [
+        ("1", "p"), ("1", "q"), ("2", "v2")]
+
+
+@pytest.mark.clause("run.emit.marker-last")
+def test_a_failing_content_table_stops_before_the_marker_and_the_rerun_collapses_by_key(
+        tmp_path: Path, task: tuple[str, Calls]) -> None:
+    name, calls = task
+    project = _project(tmp_path, name)
+    project.parents([{"id": "a", "body": "x|y"}])
+    _notes(project, "n1", [{"id": 1, "doc": "a", "text": "t"}])
+    with project.store() as store:  # tags.tag is a number: the unit's text tag cannot land in it
+        from contextful.engine.derive.emit import KEY_COLUMNS
+        from contextful.storage.supersede import Supersede
+
+        store.create_table("tags", KEY_COLUMNS, supersede=Supersede(("unit_ref",)))
+        store.append("tags", {"unit_ref": ["zz"], "derivation_key": ["k"], "cue_seq": [0], "kind": ["passage"],
+                              "unit_status": ["ok"], "task_version": ["1"], "tag": [[1.5]]})
+    results = project.run()
+    assert any(f.error == "SchemaIrreconcilable" for r in results for f in r.failures), [
+        f.error for r in results for f in r.failures]
+    assert project.rows("SELECT count(*) FROM chunks WHERE unit_ref = 'a'") == [(2,)]  # committed first
+    with project.store() as store:
+        assert "chunks_done" not in store.table_names() or project.rows("SELECT count(*) FROM chunks_done") == [(0,)]
+        store.drop_table("tags")
+    calls.units.clear()
+    project.run()
+    assert calls.units == ["a"]  # its marker never landed: the unit ran again
+    assert project.rows("SELECT count(*), count(DISTINCT cue_seq) FROM chunks WHERE unit_ref = 'a'") == [(2, 2)]
+    assert project.rows("SELECT unit_status FROM chunks_done") == [("ok",)]
+
+
+@pytest.mark.clause("run.emit.settled-revived")
+def test_a_unit_settled_by_another_run_meanwhile_lands_none_of_this_runs_rows(tmp_path: Path,
+                                                                             task: tuple[str, Calls]) -> None:
+    name, calls = task
+    project = _project(tmp_path, name)
+    project.parents([{"id": "a", "body": "mine"}, {"id": "b", "body": "b"}])
+
+    def other_run_settles(unit: Unit) -> None:  # another tick lands a's marker under the same key
+        if unit.unit_ref == "a":
+            with project.store() as store:
+                store.append("chunks_done", {"unit_ref": ["a"], "derivation_key": [unit.derivation_key],
+                                             "task_version": ["1"], "cue_seq": [-1], "kind": ["marker"],
+                                             "unit_status": ["empty"], "rows": [0], "attempts": [1],
+                                             "last_error": [None], "retry": [False]})
+
+    calls.during = other_run_settles
+    results = project.run()
+    revived = [f for f in results[-1].failures if f.error == "DeriveSettledUnitRevived"]
+    assert [f.input for f in revived] == ["unit a"]
+    assert project.rows("SELECT unit_ref FROM chunks WHERE kind = 'passage' ORDER BY 1") == [("b",)]
+    assert project.rows("SELECT unit_ref, unit_status FROM chunks_done ORDER BY 1") == [("a", "empty"), ("b", "ok")]
