@@ -17,8 +17,9 @@ table would.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import count
 from typing import TYPE_CHECKING
 
 import duckdb
@@ -37,8 +38,9 @@ from contextful.storage.errors import CommitOutcomeUnknown
 from contextful.storage.manifest import RunManifest, manifest_key, schema_to_text
 from contextful.storage.parts import part_key, write_part
 from contextful.storage.reconcile import conform
-from contextful.storage.snapshot import Snapshot, snapshot_sql
+from contextful.storage.snapshot import Snapshot, quote, snapshot_sql, stored_rows_sql
 from contextful.storage.staging import StagingLease
+from contextful.storage.supersede import Supersede
 from contextful.storage.transaction import new_run_id
 
 if TYPE_CHECKING:
@@ -56,19 +58,24 @@ class FoldResult:
     parts_added: int
 
 
-def fold_groups(parts: list[PartRow], small_bytes: int, min_parts: int, boundary: int = 0) -> list[list[PartRow]]:
+def fold_groups(parts: list[PartRow], small_bytes: int, min_parts: int, boundary: int = 0,
+                whole_commits: bool = False) -> list[list[PartRow]]:
     """Maximal runs of consecutive parts (in merge order) smaller than ``small_bytes``, none holding
-    parts on both sides of ``boundary`` (a declaration's commit_seq; 0: none)."""
+    parts on both sides of ``boundary`` (a declaration's commit_seq; 0: none). With
+    ``whole_commits``, a part sharing its ``ord_seq`` with a part not smaller counts as not small, so
+    no run holds part of a commit (a supersede rule compares commits)."""
+    large = {p.ord_seq for p in parts if p.bytes >= small_bytes} if whole_commits else set()
     groups: list[list[PartRow]] = []
     current: list[PartRow] = []
     for part in parts:
+        small = part.bytes < small_bytes and part.ord_seq not in large
         crosses = bool(current) and (current[-1].ord_seq < boundary) != (part.ord_seq < boundary)
-        if part.bytes < small_bytes and not crosses:
+        if small and not crosses:
             current.append(part)
             continue
         if len(current) >= min_parts:
             groups.append(current)
-        current = [part] if part.bytes < small_bytes else []
+        current = [part] if small else []
     if len(current) >= min_parts:
         groups.append(current)
     return groups
@@ -81,7 +88,7 @@ def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, 
     if snap.schema is None:
         return None
     boundary = snap.order_by_seq if snap.order_by is not None else 0
-    groups = fold_groups(list(snap.parts), small_bytes, min_parts, boundary)
+    groups = fold_groups(list(snap.parts), small_bytes, min_parts, boundary, snap.supersede is not None)
     if not groups:
         return None
     run_id = "fold-" + new_run_id()
@@ -89,12 +96,11 @@ def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, 
     removed: list[str] = []
     lease = StagingLease(store, name, run_id)
     con = store.duckdb()
+    keys = (part_key(name, run_id, index) for index in count())
     try:
-        for index, group in enumerate(groups):
+        for group in groups:
             lease.renew()
-            part = _fold_group(store, con, snap, group, part_key(name, run_id, index))
-            added.append(PartFile(part.path, part.rows, part.bytes,
-                                  ord_seq=group[-1].ord_seq, ord_idx=group[-1].ord_idx))
+            added.extend(_fold_group(store, con, snap, group, keys))
             removed.extend(p.path for p in group)
     finally:
         con.close()
@@ -122,17 +128,89 @@ def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, 
     return FoldResult(name, seq, len(removed), len(added))
 
 
-def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, group: list[PartRow], key: str) -> PartFile:
-    positions = [snap.parts.index(p) for p in group]
-    before_declaration = group[-1].ord_seq < snap.order_by_seq  # the whole group is on one side
-    sub = Snapshot(
-        table=snap.table, commit_seq=snap.commit_seq, schema=snap.schema, primary_key=snap.primary_key,
-        parts=tuple(group), uris=tuple(snap.uris[i] for i in positions),
-        mixed_schemas=any(p.schema_id != snap.schema_id for p in group), schema_id=snap.schema_id,
-        order_by=None if before_declaration else snap.order_by,
-    )
+def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, group: list[PartRow],
+                keys: Iterator[str]) -> list[PartFile]:
+    """The parts replacing ``group``: one at the merge position of its newest part holding what the
+    group answers, and, under a supersede rule, the rows of held units (:func:`_held_units`) as
+    stored, each in a part at the position of the part it came from."""
+    sub = _sub(snap, group, snap.primary_key)
     sql = snapshot_sql(sub, con)
-    assert sql is not None and snap.schema is not None
+    assert sql is not None
+    held: list[PartFile] = []
+    if snap.supersede is not None and _held_units(con, snap, group, sql):
+        rule, unit_of = snap.supersede, _unit_struct(snap.supersede)
+        sql = f"SELECT * FROM ({sql}) WHERE NOT list_contains((SELECT list(u) FROM {HELD}), {unit_of(quote)})"
+        for part in group:
+            one = _sub(snap, [part], snap.primary_key)
+            rows = stored_rows_sql(one, con, lambda column: (f"list_contains((SELECT list(u) FROM {HELD}),"
+                                                            f" {_unit_struct(rule)(column)})"))
+            assert rows is not None
+            if con.execute(f"SELECT count(*) FROM ({rows})").fetchone() != (0,):
+                held.append(_write(store, con, snap, rows, next(keys), part))
+        con.execute(f"DROP TABLE {HELD}")
+    return [*held, _write(store, con, snap, sql, next(keys), group[-1])]
+
+
+HELD = "__cf_held"
+"""The fold connection's temporary table of held units (:func:`_held_units`)."""
+
+
+def _held_units(con: duckdb.DuckDBPyConnection, snap: Snapshot, group: list[PartRow], answered: str) -> bool:
+    """Fill :data:`HELD` with the units a supersede fold must keep as stored; whether there are any.
+
+    Withholding is decided by commits, and the folded part holds every row at one commit (its
+    newest part's), so dropping what the group withholds is exact for a unit with no row stored
+    before the group: its rows meet only the group's and later rows, which the answered rows
+    meet the same way. A unit with rows before the group is held when the group stores some row
+    of it that the group does not answer (a row the key merge or the rule dropped may be what
+    retires, or overrides, one of its older rows): its rows stay as they are, where they are. A
+    unit the group answers whole folds like any other (nothing of it is dropped, and nothing of
+    it withholds anything of it).
+    """
+    rule = snap.supersede
+    assert rule is not None
+    first = snap.parts.index(group[0])
+    if first == 0:
+        return False
+    unit_of = _unit_struct(rule)(quote)
+    known = " AND ".join(f"{quote(u)} IS NOT NULL" for u in rule.unit)
+    stored, before = (snapshot_sql(_sub(snap, parts, ()), con) for parts in (group, list(snap.parts[:first])))
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {HELD} AS"
+        f" WITH stored AS (SELECT {unit_of} AS u, count(*) AS n FROM ({stored}) WHERE {known} GROUP BY ALL),"
+        f" answered AS (SELECT {unit_of} AS u, count(*) AS n FROM ({answered}) WHERE {known} GROUP BY ALL),"
+        f" earlier AS (SELECT DISTINCT {unit_of} AS u FROM ({before}) WHERE {known})"
+        f" SELECT stored.u FROM stored LEFT JOIN answered ON stored.u = answered.u"
+        f" WHERE coalesce(answered.n, 0) < stored.n AND stored.u IN (SELECT u FROM earlier)")
+    found = con.execute(f"SELECT count(*) FROM {HELD}").fetchone()
+    if found == (0,):
+        con.execute(f"DROP TABLE {HELD}")
+        return False
+    return True
+
+
+def _unit_struct(rule: Supersede) -> Callable[[Callable[[str], str]], str]:
+    """A unit's value as one struct, from a map of column name to expression."""
+    return lambda column: "struct_pack(" + ", ".join(f"u{i} := {column(u)}" for i, u in enumerate(rule.unit)) + ")"
+
+
+def _sub(snap: Snapshot, parts: list[PartRow], primary_key: tuple[str, ...]) -> Snapshot:
+    """``snap`` reading only ``parts`` (consecutive in merge order, on one side of a declaration)."""
+    positions = [snap.parts.index(p) for p in parts]
+    before_declaration = parts[-1].ord_seq < snap.order_by_seq  # the whole run is on one side
+    return Snapshot(
+        table=snap.table, commit_seq=snap.commit_seq, schema=snap.schema, primary_key=primary_key,
+        parts=tuple(parts), uris=tuple(snap.uris[i] for i in positions),
+        mixed_schemas=any(p.schema_id != snap.schema_id for p in parts), schema_id=snap.schema_id,
+        order_by=None if before_declaration else snap.order_by,
+        supersede=snap.supersede if primary_key else None,
+    )
+
+
+def _write(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, sql: str, key: str,
+           position: PartRow) -> PartFile:
+    """Write what ``sql`` answers as one part at ``key``, merging at ``position``'s place."""
+    assert snap.schema is not None
     reader = con.sql(sql).to_arrow_reader(READ_BATCH_ROWS)
     schema = snap.schema
 
@@ -140,4 +218,5 @@ def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, gr
         for batch in reader:
             yield from conform(pa.Table.from_batches([batch]), schema, snap.table).to_batches()
 
-    return write_part(store.objects, key, batches(), schema, durable=store.durable)
+    part = write_part(store.objects, key, batches(), schema, durable=store.durable)
+    return PartFile(part.path, part.rows, part.bytes, ord_seq=position.ord_seq, ord_idx=position.ord_idx)

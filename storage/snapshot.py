@@ -12,6 +12,10 @@ and a table with a primary key answers one row per key (merge on read, docs/stor
   declaration count only through their commit-order winner, which competes with the rows
   committed after it: the largest ``order_by`` value wins (nulls lose), then commit order.
 
+A table with a supersede rule (``storage.supersede``: derive output tables) withholds, after the
+merge, the rows a unit's later settling landing retired; the rule's facts are read from every
+scanned row, each row's commit being its part's ``ord_seq``.
+
 A row with a null or NaN in a key column has no key: it merges with nothing and is always
 answered (landing refuses such rows, ``storage.keys``; a store written before that may hold some,
 and neither a read nor a fold may collapse them).
@@ -27,12 +31,14 @@ column, the scan renames every column by position first.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
 from contextful.storage.catalog import PartRow
 from contextful.storage.errors import TableUnreadable
+from contextful.storage.supersede import KEEP, SEQ, TOP, Supersede, latest_settling, withheld
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,8 @@ class Snapshot:
     count only through their commit-order winner (0: declared with the table)."""
     schema_id: int = 0
     """The id of ``schema``: a part of that id holds every column (0: unknown, none is taken to)."""
+    supersede: Supersede | None = None
+    """The table's supersede rule (``storage.supersede``), applied after the key merge (None: none)."""
 
     @property
     def rows_stored(self) -> int:
@@ -68,7 +76,7 @@ ROW = "__cf_row"
 VIRTUAL_COLUMNS = ("file_index", "file_row_number")
 """DuckDB's virtual columns of a Parquet scan the merge reads; a user column of the same name
 (DuckDB compares names case-insensitively) shadows them unless the scan renames it."""
-INTERNAL_NAMES = (SCAN, ROWS, PART, ROW, "__cf_c0", "__cf_c1", "__cf_c2", "__cf_s0", "__cf_s1", "__cf_s2")
+INTERNAL_NAMES = (SCAN, ROWS, PART, ROW, SEQ, TOP, KEEP, "__cf_c0", "__cf_c1", "__cf_c2", "__cf_s0", "__cf_s1", "__cf_s2")
 """The names a snapshot query gives its relations and columns (the numbered ones stand for every
 ``__cf_c<i>``/``__cf_s<i>``); none reaches the user's namespace."""
 
@@ -105,30 +113,15 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
     """
     if not snapshot.parts or snapshot.schema is None:
         return None
-    names = snapshot.schema.names
-    merge_order = sorted(range(len(snapshot.parts)), key=lambda i: (snapshot.parts[i].ord_seq, snapshot.parts[i].ord_idx))
-    files = "[" + ", ".join(sql_literal(snapshot.uris[i]) for i in merge_order) + "]"
-    scan = f"read_parquet({files}, hive_partitioning = false{', union_by_name = true' if snapshot.mixed_schemas else ''})"
-    types = duckdb_types(snapshot.schema) if snapshot.mixed_schemas else None
-
-    def projected(read: dict[str, str]) -> str:
-        """The snapshot's columns, each from ``read[name]``, cast to its type when parts differ."""
-        if types is None:
-            return ", ".join(f"{read[n]} AS {quote(n)}" for n in names)
-        return ", ".join(f"CAST({read[n]} AS {t}) AS {quote(n)}" for n, t in zip(names, types))
-
-    source, alias = _sources(snapshot, con, scan)
     if not snapshot.primary_key:
+        scan, source, _alias, projected = _scan(snapshot, con)
         return f"SELECT {projected(source)} FROM {scan} AS {SCAN}"
-
-    inner_names = {n: f"__cf_c{i}" for i, n in enumerate(names)}
     for key in snapshot.primary_key:
-        if key not in inner_names:  # a store written before keys were checked at landing
+        if key not in snapshot.schema.names:  # a store written before keys were checked at landing
             raise TableUnreadable(snapshot.table, f"primary key column {key!r} is not a column of the table")
-    inner = (
-        "SELECT " + ", ".join(f"{source[n]} AS {quote(inner_names[n])}" for n in names)
-        + f", {SCAN}.file_index AS {PART}, {SCAN}.file_row_number AS {ROW} FROM {scan} AS {SCAN}{alias}"
-    )
+    inner, inner_names, projected = _inner(snapshot, con)
+    names = snapshot.schema.names
+    merge_order = _merge_order(snapshot)
     keys = ", ".join(f"{ROWS}.{quote(inner_names[k])}" for k in snapshot.primary_key)
     keyless = _keyless(snapshot, inner_names)
     latest = f"{ROWS}.{PART} DESC, {ROWS}.{ROW} DESC"
@@ -140,8 +133,80 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
                      f" OR row_number() OVER (PARTITION BY {keys}, {ROWS}.{PART} < {before} ORDER BY {latest}) = 1")
         latest = f"{_order_terms(snapshot, order_by, f'{ROWS}.{quote(inner_names[order_by])}')}, {latest}"
     columns = projected({n: f"{ROWS}.{quote(inner_names[n])}" for n in names})
-    return (f"SELECT {columns} FROM ({inner}) AS {ROWS}"
-            f" QUALIFY {keyless} OR row_number() OVER (PARTITION BY {keys} ORDER BY {latest}) = 1")
+    winner = f"{keyless} OR row_number() OVER (PARTITION BY {keys} ORDER BY {latest}) = 1"
+    rule = snapshot.supersede
+    if rule is None:
+        return f"SELECT {columns} FROM ({inner}) AS {ROWS} QUALIFY {winner}"
+    for column in rule.columns:
+        if column not in inner_names:
+            raise TableUnreadable(snapshot.table, f"supersede column {column!r} is not a column of the table")
+
+    def column_of(name: str) -> str:
+        return f"{ROWS}.{quote(inner_names[name])}"
+
+    # A part's commit is its ord_seq: the scan lists the parts in merge order, so file_index i is
+    # the i-th of them. The rule's facts come from every scanned row (before the key merge).
+    seqs = "CAST([" + ", ".join(str(snapshot.parts[i].ord_seq) for i in merge_order) + "] AS BIGINT[])"
+    facts = f"SELECT {ROWS}.*, {seqs}[CAST({ROWS}.{PART} AS BIGINT) + 1] AS {SEQ} FROM ({inner}) AS {ROWS}"
+    facts = (f"SELECT {ROWS}.*, {latest_settling(rule, column_of)} AS {TOP}, ({winner}) AS {KEEP}"
+             f" FROM ({facts}) AS {ROWS}")
+    return f"SELECT {columns} FROM ({facts}) AS {ROWS} QUALIFY {ROWS}.{KEEP} AND NOT {withheld(rule, column_of)}"
+
+
+def stored_rows_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection,
+                    where: Callable[[Callable[[str], str]], str]) -> str | None:
+    """Every row the snapshot's parts store (no key merge, no rule) for which ``where`` holds, in
+    merge order; ``where`` builds the condition from a map of column name to its expression."""
+    if not snapshot.parts or snapshot.schema is None:
+        return None
+    inner, inner_names, projected = _inner(snapshot, con)
+
+    def column_of(name: str) -> str:
+        return f"{ROWS}.{quote(inner_names[name])}"
+
+    columns = projected({n: column_of(n) for n in snapshot.schema.names})
+    return (f"SELECT {columns} FROM ({inner}) AS {ROWS} WHERE {where(column_of)}"
+            f" ORDER BY {ROWS}.{PART}, {ROWS}.{ROW}")
+
+
+def _merge_order(snapshot: Snapshot) -> list[int]:
+    """The positions of the snapshot's parts in merge order: the order its scan lists them."""
+    return sorted(range(len(snapshot.parts)), key=lambda i: (snapshot.parts[i].ord_seq, snapshot.parts[i].ord_idx))
+
+
+def _scan(snapshot: Snapshot, con: duckdb.DuckDBPyConnection
+          ) -> tuple[str, dict[str, str], str, Callable[[dict[str, str]], str]]:
+    """The parts' scan in merge order, what reads each column from it and its alias list
+    (:func:`_sources`), and the projection of the snapshot's columns from a map of expressions."""
+    assert snapshot.schema is not None
+    names = snapshot.schema.names
+    files = "[" + ", ".join(sql_literal(snapshot.uris[i]) for i in _merge_order(snapshot)) + "]"
+    scan = f"read_parquet({files}, hive_partitioning = false{', union_by_name = true' if snapshot.mixed_schemas else ''})"
+    types = duckdb_types(snapshot.schema) if snapshot.mixed_schemas else None
+
+    def projected(read: dict[str, str]) -> str:
+        """The snapshot's columns, each from ``read[name]``, cast to its type when parts differ."""
+        if types is None:
+            return ", ".join(f"{read[n]} AS {quote(n)}" for n in names)
+        return ", ".join(f"CAST({read[n]} AS {t}) AS {quote(n)}" for n, t in zip(names, types))
+
+    source, alias = _sources(snapshot, con, scan)
+    return scan, source, alias, projected
+
+
+def _inner(snapshot: Snapshot, con: duckdb.DuckDBPyConnection
+           ) -> tuple[str, dict[str, str], Callable[[dict[str, str]], str]]:
+    """The scanned rows under internal names (``__cf_c<i>``, the part's and the row's positions),
+    those names by column, and the projection back to the snapshot's columns."""
+    assert snapshot.schema is not None
+    scan, source, alias, projected = _scan(snapshot, con)
+    names = snapshot.schema.names
+    inner_names = {n: f"__cf_c{i}" for i, n in enumerate(names)}
+    inner = (
+        "SELECT " + ", ".join(f"{source[n]} AS {quote(inner_names[n])}" for n in names)
+        + f", {SCAN}.file_index AS {PART}, {SCAN}.file_row_number AS {ROW} FROM {scan} AS {SCAN}{alias}"
+    )
+    return inner, inner_names, projected
 
 
 ZONED_STAMP = r"[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?\s*([Zz]|[+-]\d{2}(:?\d{2})?)$"

@@ -52,6 +52,7 @@ from contextful.storage.outbox import OutboxStore, open_outbox_store
 from contextful.storage.reserved import RESERVED_TABLES, check_table_name
 from contextful.storage.run_record import RunRecord
 from contextful.storage.snapshot import Snapshot
+from contextful.storage.supersede import Supersede
 from contextful.storage.table import Table
 from contextful.storage.transaction import CommitResult
 
@@ -248,7 +249,8 @@ class Store:
         return Table(self, head)
 
     def create_table(self, name: str, primary_key: tuple[str, ...] | list[str] = (),
-                     order_by: str | None = None, *, provisional: bool = False) -> Table:
+                     order_by: str | None = None, *, provisional: bool = False,
+                     supersede: Supersede | None = None) -> Table:
         """Create ``name`` (or return it when it exists; its primary key is fixed at creation).
 
         ``provisional``: the table is created only for the run about to land on it (a load, a
@@ -260,9 +262,23 @@ class Store:
         ``order_by`` names the column whose larger value wins a primary-key merge (docs/store.md);
         a keyed table created without one takes it the first time one is declared, by a commit of
         its own (:meth:`Table.declare_order_by`: earlier snapshots answer as before), and keeps it.
+
+        ``supersede`` (``storage.supersede``, a derive output table's rule) is declared with the table
+        and kept: its unit and key columns must be primary-key columns (so a key merge never joins
+        two units), and it takes no ``order_by``. A table created without one keeps none. Asking
+        for a rule on an existing table that holds another rule, or none, raises
+        ``TableNameInvalid`` naming both (the table is not changed); asking for none returns the
+        table as it is.
         """
         check_table_name(name)
-        table = self._create(name, tuple(primary_key), order_by, provisional)
+        key = tuple(primary_key)
+        if supersede is not None:
+            _check_supersede(name, key, order_by, supersede)
+        table = self._create(name, key, order_by, provisional, supersede)
+        if supersede is not None and table.head.supersede != supersede:
+            held = table.head.supersede.describe() if table.head.supersede is not None else "no supersede rule"
+            raise TableNameInvalid(name, f"the existing table holds {held}, not {supersede.describe()}"
+                                         " (a rule is declared only when the table is created)")
         if order_by is not None and table.head.order_by is None and table.primary_key:
             table.declare_order_by(order_by)
         return table
@@ -272,7 +288,7 @@ class Store:
         return self._create(name, primary_key)
 
     def _create(self, name: str, primary_key: tuple[str, ...], order_by: str | None = None,
-                provisional: bool = False) -> Table:
+                provisional: bool = False, supersede: Supersede | None = None) -> Table:
         for _ in range(_CREATE_ATTEMPTS):  # another writer may create (or drop) it meanwhile
             head = self.catalog.load_head(name)
             if head is not None:
@@ -283,7 +299,7 @@ class Store:
                 raise TableNameInvalid(name, f"differs only in case from the table {twin!r}")
             uuid = str(uuidlib.uuid4())
             head = self.catalog.create_table(name, uuid, primary_key, self.clock.now_us(),
-                                             order_by if primary_key else None)
+                                             order_by if primary_key else None, supersede)
             if head is not None:
                 return Table(self, head, created=provisional and head.uuid == uuid)
         raise CommitConflict(name, f"the table was created and dropped again {_CREATE_ATTEMPTS} times"
@@ -357,6 +373,17 @@ class Store:
     def duckdb(self, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
         """A DuckDB connection able to read this store's parts."""
         return connect(self.objects, database)
+
+
+def _check_supersede(name: str, primary_key: tuple[str, ...], order_by: str | None, rule: Supersede) -> None:
+    """Refuse a supersede rule the key merge could break: a unit or key column outside the primary
+    key would let one key's rows span units, and ``order_by`` would reorder landings."""
+    outside = [c for c in (*rule.unit, rule.key) if c not in primary_key]
+    if outside:
+        raise TableNameInvalid(name, f"{rule.describe()} names {', '.join(outside)}, not in its primary key"
+                                     f" ({', '.join(primary_key) or 'none'})")
+    if order_by is not None:
+        raise TableNameInvalid(name, f"{rule.describe()} merges by commit order; it takes no order_by ({order_by!r})")
 
 
 def _require_existing(objects: ObjectStore, sqlite_path: str | None) -> None:

@@ -3,7 +3,8 @@
 ``append()`` and ``replace()`` are shorthand for a :class:`RunTransaction` that stages and
 commits. Reading resolves a snapshot — the head, a ``commit_seq``, or ``as_of`` a transaction
 time — to its live parts; a table declaring a primary key answers one row per key by the merge rule
-in force at that snapshot (merge on read, storage.snapshot) until a fold compacts it.
+in force at that snapshot (merge on read, storage.snapshot) until a fold compacts it, less the rows
+its supersede rule withholds (storage.supersede).
 :meth:`Table.declare_order_by` is a commit of its own: snapshots below it answer as before.
 """
 
@@ -16,7 +17,13 @@ import pyarrow as pa
 from contextful.storage.catalog import CommitRow, TableHead
 from contextful.storage.clock import to_us
 from contextful.storage.commits import AssertTableUUID, CommitRequest, DeclareOrderBy
-from contextful.storage.errors import CommitConflict, SnapshotCollected, SnapshotNotFound, TableNotFound
+from contextful.storage.errors import (
+    CommitConflict,
+    SnapshotCollected,
+    SnapshotNotFound,
+    TableNameInvalid,
+    TableNotFound,
+)
 from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text
 from contextful.storage.reconcile import conform
 from contextful.storage.snapshot import Snapshot, snapshot_sql
@@ -78,6 +85,9 @@ class Table:
         head = self.refresh()
         if not head.primary_key:
             raise ValueError(f"table {self.name!r} has no primary key to merge by {column!r}")
+        if head.supersede is not None:
+            raise TableNameInvalid(self.name, f"declares a supersede rule; its rows merge by commit order,"
+                                              f" never by {column!r}")
         if head.order_by is not None:
             return None
         request = CommitRequest(table=self.name, run_id="declare-" + new_run_id(), kind="declare", manifest=None,
@@ -161,6 +171,7 @@ class Table:
             uris=tuple(self.store.objects.uri(p.path) for p in parts),
             mixed_schemas=any(p.schema_id != schema_id for p in parts),
             schema_id=schema_id,
+            supersede=head.supersede,
         )
 
     def to_arrow(self, commit_seq: int | None = None, as_of: datetime | int | None = None) -> pa.Table:

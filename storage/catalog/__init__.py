@@ -18,6 +18,7 @@ from typing import Any
 from contextful.storage.clock import Clock
 from contextful.storage.commits import CommitRequest
 from contextful.storage.errors import StorageProfileUnknown
+from contextful.storage.supersede import Supersede
 
 PROFILES = ("local", "postgres")
 
@@ -37,6 +38,8 @@ class TableHead:
     """The column whose larger value wins a primary-key merge (None: the later commit wins)."""
     order_by_seq: int = 0
     """The commit that declared ``order_by`` (0: declared with the table, in force from its start)."""
+    supersede: Supersede | None = None
+    """The supersede rule declared with the table (``storage.supersede``; None: none)."""
 
 
 @dataclass(frozen=True)
@@ -106,9 +109,10 @@ class Catalog(ABC):
 
     @abstractmethod
     def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
-                     order_by: str | None = None) -> TableHead | None:
-        """Create the table's head at commit_seq 0, or return the existing head (None when the
-        existing one was a provisional table dropped again before it could be read)."""
+                     order_by: str | None = None, supersede: Supersede | None = None) -> TableHead | None:
+        """Create the table's head at commit_seq 0 with its merge declaration (key, ``order_by``,
+        supersede rule), or return the existing head as it is (None when the existing one was a
+        provisional table dropped again before it could be read)."""
 
     @abstractmethod
     def drop_table(self, name: str, uuid: str, at_seq: int | None = None) -> bool:

@@ -55,6 +55,7 @@ from contextful.storage.errors import (
     StoreCatalogMismatch,
     TableNotFound,
 )
+from contextful.storage.supersede import Supersede
 
 DDL = (
     "CREATE TABLE IF NOT EXISTS cf_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -169,11 +170,11 @@ class SqlCatalog(SqlDialect, Catalog):
             raise StoreCatalogMismatch(store_uuid, bound, root)
 
     def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
-                     order_by: str | None = None) -> TableHead | None:
+                     order_by: str | None = None, supersede: Supersede | None = None) -> TableHead | None:
         self._write(lambda cur: cur.execute(
             "INSERT INTO cf_tables (name, table_uuid, commit_seq, schema_id, primary_key, created_us,"
             " last_commit_us) VALUES (?, ?, 0, 0, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
-            (name, uuid, _merge_text(primary_key, order_by), now_us, now_us),
+            (name, uuid, _merge_text(primary_key, order_by, supersede=supersede), now_us, now_us),
         ), rerun_unheard=True)
         return self.load_head(name)  # None: a provisional table was dropped again meanwhile
 
@@ -504,28 +505,36 @@ class _Cursor:
 
 def _head(row: tuple[Any, ...]) -> TableHead:
     name, uuid, seq, schema_id, merge, created_us, last_us, schema_text = row
-    primary_key, order_by, order_by_seq = _merge_declaration(merge)
+    primary_key, order_by, order_by_seq, supersede = _merge_declaration(merge)
     return TableHead(name, uuid, seq, schema_id, schema_text, primary_key, created_us, last_us, order_by,
-                     order_by_seq)
+                     order_by_seq, supersede)
 
 
-def _merge_text(primary_key: tuple[str, ...], order_by: str | None, order_by_seq: int = 0) -> str:
-    """The ``primary_key`` column's text: the key as a JSON list (the original form, kept when no
-    ``order_by`` is declared), or ``{"key": [...], "order_by": column}`` plus ``"order_by_seq"``, the
-    declaring commit, when a commit declared it (absent: declared with the table)."""
-    if order_by is None:
+def _merge_text(primary_key: tuple[str, ...], order_by: str | None, order_by_seq: int = 0,
+                supersede: Supersede | None = None) -> str:
+    """The ``primary_key`` column's text: the key as a JSON list (the original form, kept when
+    nothing else is declared), or ``{"key": [...]}`` plus ``"order_by"`` (and ``"order_by_seq"``,
+    the declaring commit, when a commit declared it; absent: declared with the table) and
+    ``"supersede"`` (``Supersede.to_json``), each present only when declared."""
+    if order_by is None and supersede is None:
         return json.dumps(list(primary_key))
-    doc: dict[str, Any] = {"key": list(primary_key), "order_by": order_by}
+    doc: dict[str, Any] = {"key": list(primary_key)}
+    if order_by is not None:
+        doc["order_by"] = order_by
     if order_by_seq:
         doc["order_by_seq"] = order_by_seq
+    if supersede is not None:
+        doc["supersede"] = supersede.to_json()
     return json.dumps(doc)
 
 
-def _merge_declaration(text: str) -> tuple[tuple[str, ...], str | None, int]:
+def _merge_declaration(text: str) -> tuple[tuple[str, ...], str | None, int, Supersede | None]:
     doc = json.loads(text)
     if isinstance(doc, list):
-        return tuple(doc), None, 0
-    return tuple(doc["key"]), doc.get("order_by"), int(doc.get("order_by_seq", 0))
+        return tuple(doc), None, 0, None
+    rule = doc.get("supersede")
+    return (tuple(doc["key"]), doc.get("order_by"), int(doc.get("order_by_seq", 0)),
+            None if rule is None else Supersede.from_json(rule))
 
 
 def _record(row: tuple[Any, ...]) -> RunRecordRow:
