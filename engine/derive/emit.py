@@ -47,6 +47,8 @@ PASSAGE, MARKER = "passage", "marker"
 MARKER_SEQ = -1
 ERROR_TEXT_BYTES = 1024
 """A marker's last_error is capped (the full text is in the run's log)."""
+MARKER_MODALITY = "structured"
+"""A marker row's ``_modality``: it carries the unit's state, not derived content."""
 KEY_COLUMNS = ("unit_ref", "derivation_key", "cue_seq")
 """The output tables' primary key: a re-landed unit's rows collapse by key."""
 ENGINE_COLUMNS = ("unit_ref", "derivation_key", "task_version", "cue_seq", "passage_id", "unit_status")
@@ -198,7 +200,7 @@ def builtin_rows(unit_ref: Any, key: str, version: str, media: str | None, answe
             rows.append(row)
         return rows
     return [{**base, "cue_seq": MARKER_SEQ, "passage_id": passage_id(unit_ref, MARKER_SEQ), "kind": MARKER,
-             **marker_fields(answer, attempts, max_attempts)}]
+             MODALITY_COLUMN: MARKER_MODALITY, **marker_fields(answer, attempts, max_attempts)}]
 
 
 def passage_id(unit_ref: Any, cue_seq: int) -> str:

@@ -86,18 +86,19 @@ class Selection:
         self.root = root
         self.task = task
         self.batch_rows = batch_rows
+        self.digests: MediaDigests | None = None
         self._spill = tempfile.TemporaryDirectory(prefix="contextful-select-")
         self.con = store.duckdb()
         self.con.execute(f"SET memory_limit = '{memory_limit}'")
         self.con.execute(f"SET temp_directory = '{self._spill.name}'")
         self.con.execute("SET preserve_insertion_order = false")
-        joins = [j.table for j in task.joins] if task is not None else []
-        names = [config.source_table, *joins]
         existing = set(store.table_names())
-        missing = [n for n in names if n not in existing]
-        if missing:
+        if config.source_table not in existing:
             self.close()
-            raise TableNotFound(missing[0])
+            raise TableNotFound(config.source_table)
+        self.joins = [j for j in task.joins if j.table in existing] if task is not None else []
+        """The joins whose table exists (a table nothing landed yet joins no row to any unit)."""
+        names = [config.source_table, *[j.table for j in self.joins]]
         pinned = store.pin(names + ([output_table] if output_table in existing else []))
         from contextful.engine.read import attach_snapshot
 
@@ -107,6 +108,8 @@ class Selection:
             snap = table.snapshot_at(seq)
             if name == output_table:
                 self.has_output = snap.schema is not None
+                if not self.has_output:
+                    continue
             attach_snapshot(self.con, snap, f"__derive_{'output' if name == output_table else name}")
             if name == config.source_table:
                 parent_rows = snap.rows_stored
@@ -119,7 +122,6 @@ class Selection:
         self._parent_columns = [row[0] for row in self.con.execute(
             f"DESCRIBE SELECT * FROM {quote('__derive_' + config.source_table)}").fetchall()]
         self._copy_joins()
-        self.digests: MediaDigests | None = None
         if task is None:
             self._register_media_digests()
 
@@ -127,10 +129,8 @@ class Selection:
 
     def _copy_joins(self) -> None:
         """``run.select.unit-parents``: each joined table read once, before the anti-join."""
-        if self.task is None:
-            return
-        for join in self.task.joins:
-            self.con.execute(f"CREATE TEMP TABLE {quote('__joined_' + join.table)} AS "
+        for join in self.joins:
+            self.con.execute(f"CREATE TABLE {quote('__joined_' + join.table)} AS "
                              f"SELECT * FROM {quote('__derive_' + join.table)}")
 
     def _register_media_digests(self) -> None:
@@ -144,11 +144,12 @@ class Selection:
         digests: list[str | None] = []
         reader = self.con.sql(
             f"SELECT DISTINCT CAST({media} AS VARCHAR) AS media FROM {parent} WHERE {media} IS NOT NULL "
-            f"AND NOT regexp_matches(CAST({media} AS VARCHAR), '^https?://')").fetch_record_batch(self.batch_rows)
+            f"AND NOT regexp_matches(CAST({media} AS VARCHAR), '^https?://')").to_arrow_reader(self.batch_rows)
         for batch in reader:
             more_values, more_digests = self.digests.table(batch.column(0).to_pylist())
             values += more_values
             digests += more_digests
+        reader.close()
         self._media_digests = pa.table({"media": pa.array(values, pa.string()),
                                         "digest": pa.array(digests, pa.string())})
         self.con.register("__derive_media_digests", self._media_digests)
@@ -175,7 +176,7 @@ class Selection:
             value = "{" + ", ".join(f"'{c}': p.{quote(c)}" for c in columns) + "}"
             select = f"{pid} AS unit_ref, " + ", ".join(f"p.{quote(c)} AS {quote('p_' + c)}" for c in columns)
             content = None
-            for n, join in enumerate(self.task.joins):
+            for n, join in enumerate(self.joins):
                 alias = f"j{n}"
                 joins += (f" LEFT JOIN ({join_digest_sql(quote('__joined_' + join.table), join.column, join.read)})"
                           f" AS {alias} ON {alias}.join_value = {pid}")
@@ -202,8 +203,8 @@ class Selection:
 
     def counts(self) -> SelectionCounts:
         """Eligible, already-derived and outstanding units, from one query (``run.select.dry-run``)."""
-        eligible, derived = self.con.execute(
-            f"SELECT count(*), count(*) FILTER (WHERE settled) FROM ({self._joined_sql()})").fetchone() or (0, 0)
+        [(eligible, derived)] = self.con.execute(
+            f"SELECT count(*), count(*) FILTER (WHERE settled) FROM ({self._joined_sql()})").fetchall()
         return SelectionCounts(int(eligible), int(derived), int(eligible) - int(derived))
 
     def outstanding(self) -> Iterator[pa.RecordBatch]:
@@ -211,19 +212,23 @@ class Selection:
         piece from a parent of at most ``in_memory_rows`` rows, else streamed ``batch_rows`` at a time."""
         sql = f"SELECT * EXCLUDE (settled) FROM ({self._joined_sql()}) WHERE NOT settled"
         if not self.streams:
-            yield from self.con.sql(sql).arrow().to_batches()
+            yield from self.con.sql(sql).to_arrow_table().to_batches()
             return
-        reader = self.con.sql(sql).fetch_record_batch(self.batch_rows)
+        reader = self.con.sql(sql).to_arrow_reader(self.batch_rows)
         yield from reader
 
     def joined_rows(self, join_table: str, column: str, values: list[Any]) -> dict[Any, list[dict[str, Any]]]:
-        """Rows of the copied joined table whose ``column`` is one of ``values``, grouped by it."""
-        self.con.register("__derive_join_keys", pa.table({"v": values}))
+        """Rows of the copied joined table whose ``column`` is one of ``values``, grouped by it (on a
+        cursor of its own: the outstanding units may still be streaming on the selection's)."""
+        if join_table not in {j.table for j in self.joins}:
+            return {}
+        cursor = self.con.cursor()
         try:
-            rows = self.con.execute(f"SELECT j.* FROM {quote('__joined_' + join_table)} AS j "
-                                    f"SEMI JOIN __derive_join_keys AS k ON k.v = j.{quote(column)}").arrow()
+            cursor.register("__derive_join_keys", pa.table({"v": values}))
+            rows = cursor.sql(f"SELECT j.* FROM {quote('__joined_' + join_table)} AS j "
+                                  f"SEMI JOIN __derive_join_keys AS k ON k.v = j.{quote(column)}").to_arrow_table()
         finally:
-            self.con.unregister("__derive_join_keys")
+            cursor.close()
         grouped: dict[Any, list[dict[str, Any]]] = {}
         for row in rows.to_pylist():
             grouped.setdefault(row[column], []).append(row)

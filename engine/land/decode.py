@@ -106,15 +106,18 @@ class Decoder:
         self._lock = threading.Lock()
         self._server: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
-        self._closed = False
-        with self._lock:
-            self._start()
+        self._closed = False  # the server starts with the first input (a run with nothing to decode starts none)
 
     @property
     def server_pid(self) -> int:
-        """The fork server's process id: the parent of every decoder child."""
-        assert self._server is not None, "the decoder is closed"
-        return self._server.pid
+        """The fork server's process id: the parent of every decoder child (started if it is not yet)."""
+        with self._lock:
+            if self._closed:
+                raise ValueError("the decoder is closed")
+            if self._server is None:
+                self._start()
+            assert self._server is not None
+            return self._server.pid
 
     def decode(self, path: str, fmt: str | None = None, *, storage_options: dict[str, Any] | None = None,
                declared: Mapping[str, pa.DataType] | None = None,

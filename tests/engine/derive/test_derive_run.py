@@ -8,6 +8,7 @@ import json
 import threading
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from contextful.engine.derive.keys import SEPARATOR
 from contextful.storage.errors import DeriveNoStoreRoot, ManifestInvalid
@@ -143,6 +144,13 @@ def test_dry_run_counts_from_one_selection_calling_no_engine_and_landing_nothing
         assert (counts.eligible, counts.derived, counts.outstanding) == (7, 4, 3)
         assert len(project.engine_calls()) == calls
         assert {t: store.table(t).refresh().commit_seq for t in store.table_names()} == heads
+    from tests.support.cli import contextful
+
+    shown = contextful(tmp_path, "pipeline", "run", "--dry-run", "passages").stdout
+    assert "passages -> passages (derive): 7 eligible, 4 already derived, 3 outstanding" in shown
+    assert len(project.engine_calls()) == calls
+    with project.store() as store:
+        assert {t: store.table(t).refresh().commit_seq for t in store.table_names()} == heads
 
 
 @pytest.mark.clause("run.select.no-store-root")
@@ -170,8 +178,8 @@ def test_parents_past_the_in_memory_bound_stream_in_batches_with_the_same_work_s
     assert IN_MEMORY_ROWS == 1_000_000
     project = DeriveProject(tmp_path)
     with project.store() as store:
-        store.append("docs", {"id": [f"u{n:05d}" for n in range(5000)],
-                              "path": [f"https://example.invalid/{n}" for n in range(5000)]})
+        store.append("docs", pa.table({"id": [f"u{n:05d}" for n in range(5000)],
+                                       "path": [f"https://example.invalid/{n}" for n in range(5000)]}))
         config = DeriveConfig("docs", "id", engine="lines", media_column="path")
         with Selection(store, "passages", "passages", config, "0" * 64, tmp_path) as whole:
             assert not whole.streams
