@@ -18,12 +18,12 @@ engine step (driver ``exec``). Each step:
   ``PATH``; the child's environment gets no ``PATH`` the binding does not give;
 - is watched through one ``poll`` over its stdout, its stderr and its pidfd (the exit), waking on
   output and exit, with the chain's one deadline as the poll's timeout (the cancel event, which
-  has no file descriptor, is looked at every ``CANCEL_CHECK_S`` while it is set to be watched).
+  has no file descriptor, is looked at every ``CANCEL_CHECK_S`` when one is given).
 
 Bounds. stdout is read in chunks and counted; only the engine step's first ``output_cap_bytes``
 are kept. Past the cap the step's group is killed and its pipes drained, discarding, until it
-exits: ``DeriveOutputCap`` with the count. stderr keeps its last ``STDERR_TAIL`` bytes, the text
-``DeriveStepExit`` carries. Past the chain's deadline the running step's group is killed:
+exits: ``DeriveOutputCap`` with the count (driver ``none``: the last step's file is held to the
+same cap). stderr keeps its last ``STDERR_TAIL`` bytes, the text ``DeriveStepExit`` carries. Past the chain's deadline the running step's group is killed:
 ``DeriveStepTimeout`` naming it. When a step's leader exits its group is killed (the leader not
 yet reaped, so the group id cannot have been reused): no grandchild outlives its step, and the
 pipes are read until empty rather than until EOF, so a grandchild that left the group holding a
@@ -37,6 +37,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -107,7 +108,7 @@ def run_chain(binding: Binding, unit: str, media: str, workdir: Path,
             raise DeriveStepProducedNothing(step.name, target)
         current = target
     if binding.driver == "none":
-        output = Path(current).read_bytes()
+        output = _read_output(steps[-1].name, Path(current), binding.output_cap_bytes)
     return ChainOutput(output, tuple(s.name for s in steps))
 
 
@@ -121,6 +122,15 @@ def substitute(argv: tuple[str, ...], values: Mapping[str, str]) -> list[str]:
     return [PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in argv]
 
 
+def _read_output(step: str, path: Path, cap: int) -> bytes:
+    """Driver ``none``: the last step's file is the output, under the same bound as an engine's stdout."""
+    with path.open("rb") as fh:
+        data = fh.read(cap + 1)
+        if len(data) > cap:
+            raise DeriveOutputCap(step, os.fstat(fh.fileno()).st_size, cap)
+    return data
+
+
 def _check_readable(unit: str, media: str) -> None:
     """``run.bind.media-unreadable``: a local media value must be an absolute path to a readable file."""
     if not os.path.isabs(media):
@@ -130,7 +140,7 @@ def _check_readable(unit: str, media: str) -> None:
     except OSError as exc:
         raise DeriveMediaUnreadable(unit, media, exc.strerror or type(exc).__name__) from exc
     try:
-        if not os.path.isfile(f"/proc/self/fd/{fd}"):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise DeriveMediaUnreadable(unit, media, "not a regular file")
     finally:
         os.close(fd)
@@ -255,6 +265,8 @@ class _Watch:
         return why
 
     def close(self) -> None:
+        if self.child.returncode is None:  # left by an exception (an interrupt): the group goes with it
+            self._stop("abandoned")
         os.close(self.pidfd)
         assert self.child.stdout is not None and self.child.stderr is not None
         self.child.stdout.close()

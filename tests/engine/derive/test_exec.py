@@ -236,6 +236,9 @@ def test_driver_none_answers_the_last_steps_file(tmp_path: Path, work: Path) -> 
     media = media_file(tmp_path)
     result = run_chain(binding, "u", media, work)
     assert (result.output, result.steps) == (f"fetched {media}".encode(), ("preprocess[0]",))
+    with pytest.raises(DeriveOutputCap) as caught:  # the file is held to the stdout cap
+        run_chain(Binding("e", driver="none", preprocess=binding.preprocess, output_cap_bytes=5), "u", media, work)
+    assert (caught.value.step, caught.value.bytes) == ("preprocess[0]", len(result.output))
 
 
 @pytest.mark.clause("run.bind.remote-url-unsupported")
