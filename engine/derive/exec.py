@@ -60,6 +60,7 @@ STDERR_TAIL = 4096
 CANCEL_CHECK_S = 0.05
 """How often a running step looks at the cancel event (it has no file descriptor to poll)."""
 CHUNK = 65536
+_POLL_MAX_MS = 2**31 - 1
 _FINAL_DRAIN = 1 << 20
 """Bytes read from a pipe after its step's leader exited: the most a pipe buffers (Linux's default
 pipe-max-size), so what the leader left is all read and a leaked writer's stream is not followed."""
@@ -81,7 +82,7 @@ def run_chain(binding: Binding, unit: str, media: str, workdir: Path,
     ``workdir``; ``InterruptedError`` once ``cancel`` is set (the running step killed)."""
     if binding.driver not in ("exec", "none"):
         raise ValueError(f"engine {binding.engine!r}: driver {binding.driver!r} runs no child processes")
-    is_url = media.startswith(("http://", "https://"))
+    is_url = media[:8].lower().startswith(("http://", "https://"))
     steps = [s for s in binding.preprocess if s.when == "always" or (is_url and s.when == "media_is_url")]
     if is_url and not binding.remote and not any(s.when == "media_is_url" for s in steps):
         raise DeriveRemoteUrlUnsupported(binding.engine, media)
@@ -89,6 +90,7 @@ def run_chain(binding: Binding, unit: str, media: str, workdir: Path,
         _check_readable(unit, media)
     if binding.driver == "exec":
         steps.append(Step("engine", binding.command))
+    workdir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + binding.deadline_s
     current = media
     output = b""
@@ -214,7 +216,7 @@ class _Watch:
             if cancel is not None and cancel.is_set():
                 return self._stop("cancel")
             wait = min(left, CANCEL_CHECK_S) if cancel is not None else left
-            for fd, _event in poller.poll(wait * 1000):
+            for fd, _event in poller.poll(min(wait * 1000, _POLL_MAX_MS)):
                 if fd == self.pidfd:
                     self._stop("exit")
                     for pipe in sorted(open_fds):  # what the leader left behind; a leaked writer is not waited on

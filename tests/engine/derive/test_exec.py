@@ -249,14 +249,16 @@ def test_a_url_needs_a_media_is_url_step_or_a_remote_engine(tmp_path: Path, work
         run_chain(Binding("e", command=argv_engine), "u", url, work)
     assert (caught.value.engine, caught.value.media) == ("e", url)
     assert 'when = "media_is_url"' in str(caught.value)
+    with pytest.raises(DeriveRemoteUrlUnsupported):  # a scheme is case-insensitive
+        run_chain(Binding("e", command=argv_engine), "u", "HTTP://media.example/a.wav", work)
     assert json.loads(run_chain(Binding("e", command=argv_engine, remote=True), "u", url, work).output)["argv"] == [url]
     fetch = Step("preprocess[0]", (*PY, script(tmp_path, "copy.py", COPY_STEP), "{input}", "{output}"),
                  when="media_is_url", output="media.wav")
     fetching = Binding("e", command=argv_engine, preprocess=(fetch,))
-    result = run_chain(fetching, "u", url, work)
+    result = run_chain(fetching, "u", url, work / "new")  # the work directory is made when missing
     assert result.steps == ("preprocess[0]", "engine")
-    assert json.loads(result.output)["argv"] == [str(work / "media.wav")]
-    assert (work / "media.wav").read_text() == f"fetched {url}"
+    assert json.loads(result.output)["argv"] == [str(work / "new" / "media.wav")]
+    assert (work / "new" / "media.wav").read_text() == f"fetched {url}"
     local = media_file(tmp_path)
     assert run_chain(fetching, "u", local, work).steps == ("engine",)  # local media skips the fetch
 
