@@ -161,7 +161,8 @@ def _run_step(binding: Binding, step: str, argv: list[str], workdir: Path, deadl
     """One step to its end: its stdout (kept only when ``keep``, up to the cap) or the step's error."""
     program = _program(argv[0], binding.env)
     if program is None:
-        raise DeriveStepExit(step, 127, f"{argv[0]}: not found on the binding's PATH or this machine's")
+        where = "the binding's env" if "PATH" in binding.env else "this machine's"
+        raise DeriveStepExit(step, 127, f"{argv[0]}: no such program on the PATH of {where}")
     try:
         child = subprocess.Popen(argv, executable=program, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, cwd=workdir, env=dict(binding.env), start_new_session=True)
