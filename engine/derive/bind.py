@@ -15,6 +15,7 @@ documents every key.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -262,7 +263,7 @@ def _binding(name: str, block: Any, problems: list[ContextfulError]) -> Binding 
     if not isinstance(remote, bool):
         problems.append(ManifestValueInvalid(where, "remote", f"must be true or false, not {remote!r}"))
     deadline_s = block.get("deadline_s", 300.0)
-    if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float) or not deadline_s > 0:
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float) or not 0 < deadline_s < math.inf:
         problems.append(ManifestValueInvalid(where, "deadline_s", f"must be a positive number of seconds, "
                                              f"not {deadline_s!r}"))
     cap = _positive_int(where, block, "output_cap_bytes", 16 * 1024 * 1024, problems)

@@ -18,12 +18,12 @@ engine step (driver ``exec``). Each step:
   ``PATH``; the child's environment gets no ``PATH`` the binding does not give;
 - is watched through one ``poll`` over its stdout, its stderr and its pidfd (the exit), waking on
   output and exit, with the chain's one deadline as the poll's timeout (the cancel event, which
-  has no file descriptor, is looked at every ``CANCEL_CHECK_S`` while it is set to be watched).
+  has no file descriptor, is looked at every ``CANCEL_CHECK_S`` when one is given).
 
 Bounds. stdout is read in chunks and counted; only the engine step's first ``output_cap_bytes``
 are kept. Past the cap the step's group is killed and its pipes drained, discarding, until it
-exits: ``DeriveOutputCap`` with the count. stderr keeps its last ``STDERR_TAIL`` bytes, the text
-``DeriveStepExit`` carries. Past the chain's deadline the running step's group is killed:
+exits: ``DeriveOutputCap`` with the count (driver ``none``: the last step's file is held to the
+same cap). stderr keeps its last ``STDERR_TAIL`` bytes, the text ``DeriveStepExit`` carries. Past the chain's deadline the running step's group is killed:
 ``DeriveStepTimeout`` naming it. When a step's leader exits its group is killed (the leader not
 yet reaped, so the group id cannot have been reused): no grandchild outlives its step, and the
 pipes are read until empty rather than until EOF, so a grandchild that left the group holding a
@@ -37,6 +37,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -59,6 +60,7 @@ STDERR_TAIL = 4096
 CANCEL_CHECK_S = 0.05
 """How often a running step looks at the cancel event (it has no file descriptor to poll)."""
 CHUNK = 65536
+_POLL_MAX_MS = 2**31 - 1
 _FINAL_DRAIN = 1 << 20
 """Bytes read from a pipe after its step's leader exited: the most a pipe buffers (Linux's default
 pipe-max-size), so what the leader left is all read and a leaked writer's stream is not followed."""
@@ -80,7 +82,7 @@ def run_chain(binding: Binding, unit: str, media: str, workdir: Path,
     ``workdir``; ``InterruptedError`` once ``cancel`` is set (the running step killed)."""
     if binding.driver not in ("exec", "none"):
         raise ValueError(f"engine {binding.engine!r}: driver {binding.driver!r} runs no child processes")
-    is_url = media.startswith(("http://", "https://"))
+    is_url = media[:8].lower().startswith(("http://", "https://"))
     steps = [s for s in binding.preprocess if s.when == "always" or (is_url and s.when == "media_is_url")]
     if is_url and not binding.remote and not any(s.when == "media_is_url" for s in steps):
         raise DeriveRemoteUrlUnsupported(binding.engine, media)
@@ -88,6 +90,7 @@ def run_chain(binding: Binding, unit: str, media: str, workdir: Path,
         _check_readable(unit, media)
     if binding.driver == "exec":
         steps.append(Step("engine", binding.command))
+    workdir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + binding.deadline_s
     current = media
     output = b""
@@ -107,7 +110,7 @@ def run_chain(binding: Binding, unit: str, media: str, workdir: Path,
             raise DeriveStepProducedNothing(step.name, target)
         current = target
     if binding.driver == "none":
-        output = Path(current).read_bytes()
+        output = _read_output(steps[-1].name, Path(current), binding.output_cap_bytes)
     return ChainOutput(output, tuple(s.name for s in steps))
 
 
@@ -121,6 +124,15 @@ def substitute(argv: tuple[str, ...], values: Mapping[str, str]) -> list[str]:
     return [PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in argv]
 
 
+def _read_output(step: str, path: Path, cap: int) -> bytes:
+    """Driver ``none``: the last step's file is the output, under the same bound as an engine's stdout."""
+    with path.open("rb") as fh:
+        data = fh.read(cap + 1)
+        if len(data) > cap:
+            raise DeriveOutputCap(step, os.fstat(fh.fileno()).st_size, cap)
+    return data
+
+
 def _check_readable(unit: str, media: str) -> None:
     """``run.bind.media-unreadable``: a local media value must be an absolute path to a readable file."""
     if not os.path.isabs(media):
@@ -130,7 +142,7 @@ def _check_readable(unit: str, media: str) -> None:
     except OSError as exc:
         raise DeriveMediaUnreadable(unit, media, exc.strerror or type(exc).__name__) from exc
     try:
-        if not os.path.isfile(f"/proc/self/fd/{fd}"):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise DeriveMediaUnreadable(unit, media, "not a regular file")
     finally:
         os.close(fd)
@@ -149,7 +161,8 @@ def _run_step(binding: Binding, step: str, argv: list[str], workdir: Path, deadl
     """One step to its end: its stdout (kept only when ``keep``, up to the cap) or the step's error."""
     program = _program(argv[0], binding.env)
     if program is None:
-        raise DeriveStepExit(step, 127, f"{argv[0]}: not found on the binding's PATH or this machine's")
+        where = "the binding's env" if "PATH" in binding.env else "this machine's"
+        raise DeriveStepExit(step, 127, f"{argv[0]}: no such program on the PATH of {where}")
     try:
         child = subprocess.Popen(argv, executable=program, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, cwd=workdir, env=dict(binding.env), start_new_session=True)
@@ -204,7 +217,7 @@ class _Watch:
             if cancel is not None and cancel.is_set():
                 return self._stop("cancel")
             wait = min(left, CANCEL_CHECK_S) if cancel is not None else left
-            for fd, _event in poller.poll(wait * 1000):
+            for fd, _event in poller.poll(min(wait * 1000, _POLL_MAX_MS)):
                 if fd == self.pidfd:
                     self._stop("exit")
                     for pipe in sorted(open_fds):  # what the leader left behind; a leaked writer is not waited on
@@ -255,6 +268,8 @@ class _Watch:
         return why
 
     def close(self) -> None:
+        if self.child.returncode is None:  # left by an exception (an interrupt): the group goes with it
+            self._stop("abandoned")
         os.close(self.pidfd)
         assert self.child.stdout is not None and self.child.stderr is not None
         self.child.stdout.close()

@@ -223,6 +223,9 @@ output = "same"
 [derive.n]
 driver = "none"
 command = ["x"]
+[derive.i]
+command = ["/bin/true"]
+deadline_s = inf
 """)
     named = sorted((type(p).__name__, p.fields.get("block"), p.fields.get("key")) for p in problems)
     assert named == sorted([
@@ -245,6 +248,7 @@ command = ["x"]
         ("ManifestValueInvalid", "[derive.e].preprocess[2]", "output"),
         ("ManifestValueInvalid", "[derive.n]", "command"),
         ("ManifestValueInvalid", "[derive.n]", "preprocess"),
+        ("ManifestValueInvalid", "[derive.i]", "deadline_s"),
     ])
     assert all(isinstance(p, ManifestKeyUnknown | ManifestValueInvalid) for p in problems)
 
