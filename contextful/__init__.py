@@ -29,11 +29,14 @@ if TYPE_CHECKING:
         open_store,
         run_pipelines,
     )
+    from contextful.engine.derive.tasks import TaskJoin, TaskUnit, register_task
     from contextful.storage import Store
 
 __all__ = [
     "Project",
     "Store",
+    "TaskJoin",
+    "TaskUnit",
     "__version__",
     "attach_build",
     "build",
@@ -42,6 +45,7 @@ __all__ = [
     "export",
     "open_project",
     "open_store",
+    "register_task",
     "run_pipelines",
 ]
 
@@ -55,6 +59,9 @@ _WHERE = {
     "open_store": "contextful.api",
     "run_pipelines": "contextful.api",
     "Store": "contextful.storage",
+    "TaskJoin": "contextful.engine.derive.tasks",
+    "TaskUnit": "contextful.engine.derive.tasks",
+    "register_task": "contextful.engine.derive.tasks",
 }
 
 

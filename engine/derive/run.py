@@ -52,7 +52,7 @@ from contextful.engine.derive.emit import (
 )
 from contextful.engine.derive.keys import canonical, is_address, local_path, static_digest
 from contextful.engine.derive.select import Selection, SelectionCounts
-from contextful.engine.derive.tasks import HostTask, Unit
+from contextful.engine.derive.tasks import HostTask, TaskUnit
 from contextful.engine.land.results import InputFailure, PipelineResult, Progress, TableLanding
 from contextful.storage.errors import (
     CommitConflict,
@@ -341,7 +341,7 @@ class _Runner:
         task = self.tier.task
         assert task is not None
         parent = {k[2:]: v for k, v in unit.items() if k.startswith("p_")}
-        handed = Unit(unit["unit_ref"], unit["derivation_key"], task.task_version, parent, unit.get("__joined", {}))
+        handed = TaskUnit(unit["unit_ref"], unit["derivation_key"], task.task_version, parent, unit.get("__joined", {}))
         try:
             returned = task.fn(handed)
         except Exception as exc:  # noqa: BLE001 - a host task's failure is its unit's answer

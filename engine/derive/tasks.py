@@ -27,7 +27,7 @@ DEFAULT_TASK = "transcribe"
 
 
 @dataclass(frozen=True)
-class Join:
+class TaskJoin:
     """Rows of ``table`` whose ``column`` equals the unit's parent id travel with the unit."""
 
     table: str
@@ -37,7 +37,7 @@ class Join:
 
 
 @dataclass(frozen=True)
-class Unit:
+class TaskUnit:
     """What a host task receives for one unit."""
 
     unit_ref: Any
@@ -50,7 +50,7 @@ class Unit:
     """Per joined table, every row whose join column equals the unit's id, read once per run."""
 
 
-TaskFn = Callable[[Unit], Mapping[str, Sequence[Mapping[str, Any]]]]
+TaskFn = Callable[[TaskUnit], Mapping[str, Sequence[Mapping[str, Any]]]]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class HostTask:
     fn: TaskFn
     columns: tuple[str, ...] = ()
     """The parent columns the task reads (empty: every column)."""
-    joins: tuple[Join, ...] = ()
+    joins: tuple[TaskJoin, ...] = ()
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -75,7 +75,7 @@ _registry: dict[str, HostTask] = {}
 
 
 def register_task(name: str, *, task_version: str, marker_table: str, content_tables: Sequence[str],
-                  columns: Sequence[str] = (), joins: Sequence[Join] = ()) -> Callable[[TaskFn], TaskFn]:
+                  columns: Sequence[str] = (), joins: Sequence[TaskJoin] = ()) -> Callable[[TaskFn], TaskFn]:
     """Register ``fn`` as the host task ``name`` (a decorator)::
 
         @register_task("chunks", task_version="2", marker_table="doc_chunks_done",

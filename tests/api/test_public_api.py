@@ -16,8 +16,8 @@ import pytest
 
 import contextful
 
-PUBLIC = {"Project", "Store", "__version__", "attach_build", "build", "connect", "errors", "export", "open_project",
-          "open_store", "run_pipelines"}
+PUBLIC = {"Project", "Store", "TaskJoin", "TaskUnit", "__version__", "attach_build", "build", "connect", "errors",
+          "export", "open_project", "open_store", "register_task", "run_pipelines"}
 INTERNAL = {"engine", "storage", "iceberg", "datasets", "api"}
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from contextful.engine.derive.tasks import Join, Unit, register_task, unregister_task
+from contextful.engine.derive.tasks import TaskJoin, TaskUnit, register_task, unregister_task
 from contextful.storage.errors import ManifestInvalid
 
 from tests.engine.derive.project import DeriveProject
@@ -122,8 +122,8 @@ def joining() -> Iterator[str]:
     name = "summaries_join_order"
 
     @register_task(name, task_version="1", marker_table="summary_done", content_tables=["summaries"],
-                   columns=["id"], joins=[Join("lines", "unit_ref", ("text",)), Join("words", "unit_ref", ("text",))])
-    def summarize(unit: Unit) -> dict[str, list[dict[str, Any]]]:
+                   columns=["id"], joins=[TaskJoin("lines", "unit_ref", ("text",)), TaskJoin("words", "unit_ref", ("text",))])
+    def summarize(unit: TaskUnit) -> dict[str, list[dict[str, Any]]]:
         return {"summaries": [{"lines": len(unit.joined["lines"]), "words": len(unit.joined["words"])}]}
 
     try:

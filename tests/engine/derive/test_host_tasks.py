@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from contextful.engine.derive.tasks import Join, Unit, register_task, unregister_task
+from contextful.engine.derive.tasks import TaskJoin, TaskUnit, register_task, unregister_task
 from contextful.storage.errors import DeriveTaskNameTaken, DeriveUnknownTask, ManifestInvalid
 
 from tests.engine.derive.project import DeriveProject
@@ -61,8 +61,8 @@ def task(request: pytest.FixtureRequest) -> Iterator[tuple[str, Calls]]:
     version = getattr(request, "param", "1")
 
     @register_task(name, task_version=version, marker_table="chunks_done", content_tables=["chunks", "tags"],
-                   columns=["body"], joins=[Join("notes", "doc", ("text",))])
-    def chunk(unit: Unit) -> dict[str, list[dict[str, Any]]]:
+                   columns=["body"], joins=[TaskJoin("notes", "doc", ("text",))])
+    def chunk(unit: TaskUnit) -> dict[str, list[dict[str, Any]]]:
         calls.units.append(unit.unit_ref)
         if calls.during is not None:
             calls.during(unit)
@@ -157,7 +157,7 @@ def test_joined_rows_are_read_once_before_the_first_unit(tmp_path: Path, task: t
     project.run(["docs"])  # docs and its descendants: chunking; notes lands apart
     project.run(["notes"])
 
-    def land_more(unit: Unit) -> None:  # lands a note for b while the run derives a
+    def land_more(unit: TaskUnit) -> None:  # lands a note for b while the run derives a
         if unit.unit_ref == "a":
             with project.store() as store:
                 store.append("notes", pa.table({"id": [4], "doc": ["b"], "text": ["late"]}), primary_key=["id"])
@@ -272,7 +272,7 @@ def test_a_unit_settled_by_another_run_meanwhile_lands_none_of_this_runs_rows(tm
     project = _project(tmp_path, name)
     project.parents([{"id": "a", "body": "mine"}, {"id": "b", "body": "b"}])
 
-    def other_run_settles(unit: Unit) -> None:  # another tick lands a's marker under the same key
+    def other_run_settles(unit: TaskUnit) -> None:  # another tick lands a's marker under the same key
         if unit.unit_ref == "a":
             with project.store() as store:
                 store.append("chunks_done", pa.table({
