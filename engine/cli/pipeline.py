@@ -197,7 +197,13 @@ def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float, dry_run
     if dry_run:
         _dry_run(ctx, manifest, selected)
         return
-    machine = _machine(ctx, manifest) if any(p.source.kind == "derive" for p in manifest.pipelines) else None
+    machine = None
+    if any(p.source.kind == "derive" for p in manifest.pipelines):
+        from contextful.engine.derive.run import check_tiers
+
+        machine = _machine(ctx, manifest)
+        if problems := check_tiers(manifest.in_dependency_order(selected), machine):
+            raise problems[0]  # before the store opens: a derive tier that cannot run arms nothing
 
     def show(p: Progress) -> None:
         if p.unit == "units":

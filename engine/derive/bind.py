@@ -53,8 +53,9 @@ TOP_KEYS = ("derive",)
 ENGINE_KEYS = ("driver", "command", "remote", "env", "allow_hosts", "endpoint_host", "deadline_s",
                "output_cap_bytes", "parallelism", "zone", "preprocess")
 STEP_KEYS = ("when", "command", "output")
-PLACEHOLDER = re.compile(r"\{(input|output|media)\}")
-"""``{input}``, ``{output}`` and ``{media}`` inside an argv element; substituted once, in one pass."""
+PLACEHOLDER = re.compile(r"\{(input|output|media|python|project)\}")
+"""``{input}``, ``{output}``, ``{media}``, ``{python}`` (the interpreter running Contextful) and
+``{project}`` (the project's directory) inside an argv element; substituted once, in one pass."""
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")

@@ -39,6 +39,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -77,9 +78,10 @@ class ChainOutput:
 
 
 def run_chain(binding: Binding, unit: str, media: str, workdir: Path,
-              cancel: threading.Event | None = None) -> ChainOutput:
+              cancel: threading.Event | None = None, project: Path | None = None) -> ChainOutput:
     """Run ``unit``'s chain over ``media`` (an http(s) address or an absolute local path) in
-    ``workdir``; ``InterruptedError`` once ``cancel`` is set (the running step killed)."""
+    ``workdir``; ``InterruptedError`` once ``cancel`` is set (the running step killed).
+    ``project`` is what ``{project}`` names (default: the working directory)."""
     if binding.driver not in ("exec", "none"):
         raise ValueError(f"engine {binding.engine!r}: driver {binding.driver!r} runs no child processes")
     is_url = media[:8].lower().startswith(("http://", "https://"))
@@ -96,7 +98,8 @@ def run_chain(binding: Binding, unit: str, media: str, workdir: Path,
     output = b""
     for step in steps:
         target = str(workdir / step.output) if step.output is not None else ""
-        argv = substitute(step.argv, {"input": current, "output": target, "media": media})
+        argv = substitute(step.argv, {"input": current, "output": target, "media": media, "python": sys.executable,
+                                      "project": str(project or Path.cwd())})
         if step.output is None:
             output = _run_step(binding, step.name, argv, workdir, deadline, cancel, keep=True)
             continue
@@ -118,7 +121,8 @@ def substitute(argv: tuple[str, ...], values: Mapping[str, str]) -> list[str]:
     """``argv`` with each placeholder replaced by its value in one pass: a value is text, never
     searched again, so a media path holding ``{output}`` or ``$(...)`` arrives verbatim.
 
-    >>> substitute(("tool", "--in={input}", "{output}"), {"input": "a {output} b", "output": "/w/o", "media": ""})
+    >>> substitute(("tool", "--in={input}", "{output}"), {"input": "a {output} b", "output": "/w/o", "media": "",
+    ...                                                 "python": "/usr/bin/python3", "project": "/p"})
     ['tool', '--in=a {output} b', '/w/o']
     """
     return [PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in argv]

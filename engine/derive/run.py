@@ -315,7 +315,8 @@ class _Runner:
         located = media if is_address(media) else str(local_path(media, self.root))
         with tempfile.TemporaryDirectory(prefix="contextful-derive-") as work:
             try:
-                output = run_chain(tier.binding, ref, located, Path(work), cancel=self.execution.cancel_token)
+                output = run_chain(tier.binding, ref, located, Path(work), cancel=self.execution.cancel_token,
+                                   project=self.root)
             except InterruptedError:
                 raise
             except ContextfulError as exc:

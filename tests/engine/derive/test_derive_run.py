@@ -222,6 +222,7 @@ def test_a_derive_config_the_spec_refuses_names_its_problem(tmp_path: Path, extr
         assert name in found[0].detail
 
 
+@pytest.mark.clause("run.emit.stale-supersedes")
 def test_a_reader_polling_through_a_rederive_never_sees_an_empty_unit(tmp_path: Path) -> None:
     """The issue's proof: land, derive, change three parent rows and one media file's bytes, derive
     again: exactly those four units run, and a reader polling throughout never sees one empty."""
@@ -261,3 +262,37 @@ def test_a_reader_polling_through_a_rederive_never_sees_an_empty_unit(tmp_path: 
     assert seen and min(seen) == 10, seen
     assert project.rows("SELECT unit_ref, text FROM passages WHERE unit_ref IN ('u1', 'u7') ORDER BY 1") == [
         ("u1", "text 1 v2"), ("u7", "text 7 new bytes")]
+    with project.store() as store:  # the superseded rows are still stored until the next fold drops them
+        assert store.table("passages").snapshot().rows_stored == 14
+        store.fold("passages")
+        assert store.table("passages").snapshot().rows_stored == 10
+    assert project.rows("SELECT count(*), count(DISTINCT unit_ref) FROM passages") == [(10, 10)]
+
+
+@pytest.mark.clause("run.select.key-change")
+def test_a_key_changed_and_changed_back_derives_the_unit_again(tmp_path: Path) -> None:
+    project = DeriveProject(tmp_path)
+    project.parents([{"id": "u", "path": project.media("u.txt", "version A")}])
+    outstanding = []
+    for text in ("version A", "version B", "version A"):
+        project.media("u.txt", text)
+        results = project.run()
+        assert results[-1].derive is not None
+        outstanding.append(results[-1].derive["outstanding"])
+        assert project.rows("SELECT text FROM passages") == [(text,)]
+    assert outstanding == [1, 1, 1]  # the first A rows count for nothing once B landed
+    assert len(project.engine_calls()) == 3
+
+
+def test_an_unbound_engine_refuses_validate_and_the_whole_run_before_anything_runs(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    project = DeriveProject(tmp_path)
+    (tmp_path / "contextful.machine.toml").write_text("[derive.other]\ncommand = [\"/bin/true\"]\n")
+    project.parents([{"id": "a", "path": project.media("a.txt", "x")}])
+    checked = contextful(tmp_path, "pipeline", "validate", check=False)
+    assert checked.returncode == 3 and "DeriveEngineUnbound" in checked.stderr
+    assert "'lines'" in checked.stderr and "contextful.machine.toml" in checked.stderr and "other" in checked.stderr
+    ran = contextful(tmp_path, "pipeline", "run", check=False)
+    assert ran.returncode == 3 and "DeriveEngineUnbound" in ran.stderr
+    assert not (tmp_path / ".contextful" / "store").exists()  # nothing ran, not even the parents' landing
