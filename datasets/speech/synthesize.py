@@ -25,7 +25,6 @@ import wave
 from pathlib import Path
 
 import numpy as np
-
 from contextful.engine.derive.engines.transcribe import RATE, read_wav, to_pcm16
 
 HERE = Path(__file__).resolve().parent

@@ -87,7 +87,7 @@ def to_pcm16(samples: np.ndarray, rate: int, target: int = RATE) -> bytes:
             taps = np.arange(-32, 33)
             kernel = 2 * cutoff * np.sinc(2 * cutoff * taps) * np.hanning(len(taps))
             mono = np.convolve(mono, kernel / kernel.sum(), mode="same")
-        count = int(round(len(mono) * target / rate))
+        count = round(len(mono) * target / rate)
         mono = np.interp(np.arange(count) * (rate / target), np.arange(len(mono)), mono)
     return (np.clip(mono, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
 
