@@ -74,7 +74,7 @@ Hierarchy::
         │   ├── ColumnNamesCollide       two column or field names of a table differ only in case
         │   ├── PipelineTransformArity   a chain operation emitted more rows than it consumed
         │   └── DeriveUnitStatusUnknown, DeriveRemoteUrlUnsupported, DeriveMediaUnreadable,
-        │       DeriveConfidenceOutOfRange, DeriveOutputCap, DeriveStepProducedNothing
+        │       DeriveConfidenceOutOfRange, DeriveOutputCap, DeriveStepProducedNothing, DeriveHostNotAllowed
         │                                a derive unit's media or engine output cannot land (that unit fails)
         ├── Conflict                     two values disagree for good (conflict)
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
@@ -1689,6 +1689,20 @@ class DeriveMediaUnreadable(Incompatible):
     def __init__(self, unit: str, media: str, reason: str) -> None:
         super().__init__(f"unit {unit!r}: media {media!r} is neither an http(s) address nor a readable local file "
                          f"({reason})", unit=unit, media=media, reason=reason)
+
+
+class DeriveHostNotAllowed(Incompatible):
+    """The fetch driver was asked to reach (or redirected to) a host that is neither the binding's
+    ``endpoint_host`` nor in its ``allow_hosts``; nothing is fetched from it and that unit fails."""
+
+    url: str
+    host: str
+    allowed: tuple[str, ...]
+
+    def __init__(self, url: str, host: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(f"{url!r}: host {host!r} is not the endpoint host or in allow_hosts "
+                         f"({', '.join(allowed) or 'none'}); nothing was fetched from it",
+                         url=url, host=host, allowed=allowed)
 
 
 class DeriveConfidenceOutOfRange(Incompatible):
