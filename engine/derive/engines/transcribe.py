@@ -51,7 +51,7 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
             channels, width, rate, frames = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
             raw = w.readframes(frames)
     except (wave.Error, EOFError) as exc:
-        raise NotWav(f"{path}: not a PCM WAV file ({exc or 'truncated header'})") from exc
+        raise NotWav(f"{path}: not a PCM WAV file ({str(exc) or 'truncated'})") from exc
     except OSError as exc:
         raise NotWav(f"{path}: unreadable ({exc.strerror or exc})") from exc
     if channels < 1 or rate < 1 or width not in (1, 2, 3, 4):
