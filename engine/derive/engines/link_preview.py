@@ -32,8 +32,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from email.message import Message
 from html.parser import HTMLParser
+from http.client import HTTPMessage
 from typing import Any
 from urllib.parse import urldefrag, urljoin, urlsplit
 
@@ -111,7 +111,7 @@ class HostCheck(urllib.request.HTTPRedirectHandler):
     def __init__(self, allowed: tuple[str, ...]) -> None:
         self.allowed = allowed
 
-    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Message,
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: HTTPMessage,
                          newurl: str) -> urllib.request.Request | None:
         check_host(urljoin(req.full_url, newurl), self.allowed)
         return super().redirect_request(req, fp, code, msg, headers, newurl)
