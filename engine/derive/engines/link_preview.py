@@ -15,10 +15,12 @@ returns, the engine output protocol as dicts (decision "passage-s-modality"):
 
 Other failures raise: ``DeriveHostNotAllowed`` for a URL, or a redirect, to a host other than
 ``endpoint_host`` and ``allow_hosts`` (or a scheme other than http/https); ``SourceUnavailable``
-for a 5xx, 408 or 429 answer, a connection error, a timeout or the deadline passing (transient:
-a later run may succeed); ``SourceRequestRefused`` for any other 4xx. At most ``cap_bytes`` of the
-body are read (the preview comes from the page's start, where its head is); the whole fetch
-shares one deadline. No proxy is consulted: the request goes to the named host or nowhere.
+for a 5xx, 408 or 429 answer, a connection error, a timeout, the deadline passing or a body cut
+short of its ``Content-Length`` (transient: a later run may succeed); ``SourceRequestRefused`` for
+any other 4xx. At most ``cap_bytes`` of the body are read (the preview comes from the page's
+start, where its head is). One deadline covers the fetch: it is checked between reads, and no
+single wait on the socket outlasts ``deadline_s``.
+No proxy is consulted: the request goes to the named host or nowhere.
 
     >>> parse_page("<title>A &amp; B</title><a href='/x'>x</a>", "http://h/p")  # doctest: +NORMALIZE_WHITESPACE
     [{'text': 'A & B', 'modality': 'text'},
@@ -32,8 +34,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from email.message import Message
 from html.parser import HTMLParser
+from http.client import HTTPException, HTTPMessage
 from typing import Any
 from urllib.parse import urldefrag, urljoin, urlsplit
 
@@ -111,7 +113,7 @@ class HostCheck(urllib.request.HTTPRedirectHandler):
     def __init__(self, allowed: tuple[str, ...]) -> None:
         self.allowed = allowed
 
-    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Message,
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: HTTPMessage,
                          newurl: str) -> urllib.request.Request | None:
         check_host(urljoin(req.full_url, newurl), self.allowed)
         return super().redirect_request(req, fp, code, msg, headers, newurl)
@@ -143,6 +145,9 @@ def fetch_preview(url: str, *, endpoint_host: str, allow_hosts: Sequence[str] = 
                     break
                 body += chunk
             headers, final_url = response.headers, response.geturl()
+            declared = headers.get("Content-Length", "")
+            if declared.isdigit() and len(body) < min(int(declared), cap_bytes):  # urllib returns a cut body quietly
+                raise SourceUnavailable(url, f"the body ended after {len(body)} of its {declared} bytes")
     except urllib.error.HTTPError as exc:
         reason = f"HTTP {exc.code} {exc.reason}"
         if exc.code in GONE:
@@ -152,7 +157,7 @@ def fetch_preview(url: str, *, endpoint_host: str, allow_hosts: Sequence[str] = 
         raise SourceRequestRefused(url, exc.code, str(exc.reason)) from exc
     except urllib.error.URLError as exc:  # refused, unresolvable, timed out connecting
         raise SourceUnavailable(url, str(exc.reason)) from exc
-    except OSError as exc:  # reset or timed out mid-body
+    except (OSError, HTTPException) as exc:  # reset, timed out or cut short mid-body
         raise SourceUnavailable(url, str(exc) or type(exc).__name__) from exc
     if headers.get_content_type() not in HTML_TYPES:
         return [{"status": "empty"}]

@@ -37,7 +37,7 @@ import numpy as np
 
 RATE = 16_000  # the bundled en-us acoustic model's sample rate
 TRAILING_SILENCE_S = 1
-FILLERS = frozenset({"<s>", "</s>", "<sil>", "[NOISE]", "[SPEECH]", "[BREATH]", "[COUGH]", "[UH]", "[UM]", "[SMACK]"})
+FILLERS = ("<", "[")  # pocketsphinx's non-words (<s>, </s>, <sil>, [NOISE], [SPEECH], ...) start so
 
 
 class NotWav(ValueError):
@@ -51,7 +51,7 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
             channels, width, rate, frames = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
             raw = w.readframes(frames)
     except (wave.Error, EOFError) as exc:
-        raise NotWav(f"{path}: not a PCM WAV file ({exc or 'truncated header'})") from exc
+        raise NotWav(f"{path}: not a PCM WAV file ({str(exc) or 'truncated'})") from exc
     except OSError as exc:
         raise NotWav(f"{path}: unreadable ({exc.strerror or exc})") from exc
     if channels < 1 or rate < 1 or width not in (1, 2, 3, 4):
@@ -109,6 +109,7 @@ def passages(pcm: bytes, grammar: Path | None = None) -> Iterator[dict[str, Any]
     from pocketsphinx import Segmenter
 
     dec = decoder(grammar)
+    duration = len(pcm) / (2 * RATE)
     # Trailing silence closes an utterance still open at the end of the audio: the segmenter yields
     # a segment only when it hears speech stop, and never flushes one cut off by the end of the file.
     stream = io.BytesIO(pcm + bytes(2 * RATE * TRAILING_SILENCE_S))
@@ -116,7 +117,7 @@ def passages(pcm: bytes, grammar: Path | None = None) -> Iterator[dict[str, Any]
         dec.start_utt()
         dec.process_raw(speech.pcm, full_utt=True)
         dec.end_utt()
-        words = [seg for seg in dec.seg() or () if seg.word not in FILLERS]  # None: no path through a grammar
+        words = [seg for seg in dec.seg() or () if not seg.word.startswith(FILLERS)]  # None: no path through a grammar
         if not words:
             continue
         posteriors = [min(1.0, seg.prob) for seg in words]  # the bindings give exp(log posterior)
@@ -124,7 +125,7 @@ def passages(pcm: bytes, grammar: Path | None = None) -> Iterator[dict[str, Any]
         yield {
             "text": " ".join(seg.word.split("(")[0] for seg in words),  # "read(2)": a pronunciation variant
             "start_s": round(speech.start_time, 3),
-            "end_s": round(speech.end_time, 3),
+            "end_s": round(min(speech.end_time, duration), 3),  # not into the padding
             "confidence": round(confidence, 4),
             "modality": "text",
         }

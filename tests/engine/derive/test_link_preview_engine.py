@@ -53,6 +53,7 @@ PAGES: dict[str, tuple[int, str, bytes, dict[str, str]]] = {
 class Site(ThreadingHTTPServer):
     daemon_threads = True
     requested: list[str]
+    release: threading.Event  # a stalled page's handler waits on it
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -61,6 +62,17 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.server.requested.append(f"{self.headers['Host'].split(':')[0]}{self.path}")
         status, ctype, body, extra = PAGES.get(self.path, (404, "text/plain", b"", {}))
+        if self.path in ("/stall", "/short"):  # promise 1000 bytes, send 10, then stall or hang up
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b"<title>Sl")
+            self.wfile.flush()
+            if self.path == "/stall":
+                self.server.release.wait()
+            self.close_connection = True
+            return
         if self.path.startswith("/away"):  # a redirect to another host name of this same server
             status, extra = 302, {"Location": f"http://localhost:{self.server.server_port}/article"}
         self.send_response(status)
@@ -78,10 +90,11 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def site() -> Iterator[Site]:
     server = Site(("127.0.0.1", 0), Handler)
-    server.requested = []
+    server.requested, server.release = [], threading.Event()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
+    server.release.set()
     server.shutdown()
     server.server_close()
     thread.join()
@@ -162,3 +175,10 @@ def test_at_most_cap_bytes_of_the_body_are_read(site: Site) -> None:
     assert text == {"text": "Long list", "modality": "text"}
     assert 0 < len(json.loads(links["text"])["links"]) < 50
     assert len(json.loads(preview(site, "/big")[1]["text"])["links"]) == 5_000
+
+
+def test_a_stalled_or_cut_short_body_is_unavailable_within_the_deadline(site: Site) -> None:
+    with pytest.raises(SourceUnavailable):
+        preview(site, "/stall", deadline_s=0.5)
+    with pytest.raises(SourceUnavailable):
+        preview(site, "/short")
