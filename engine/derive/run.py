@@ -317,7 +317,8 @@ class _Runner:
             try:
                 output = run_chain(tier.binding, ref, located, Path(work), cancel=self.execution.cancel_token,
                                    project=self.root)
-            except InterruptedError:
+            except InterruptedError:  # the run was canceled while this unit's step ran: it stops here
+                self.execution.raise_if_canceled(durable=True)
                 raise
             except ContextfulError as exc:
                 return failed(exc)
@@ -331,7 +332,7 @@ class _Runner:
         binding = self.tier.binding
         assert binding is not None
         try:
-            passages = fetch_preview(media, endpoint_host=binding.endpoint_host, allow_hosts=binding.allow_hosts,
+            passages = fetch_preview(media, endpoint_host=binding.endpoint_host or "", allow_hosts=binding.allow_hosts,
                                      deadline_s=binding.deadline_s, cap_bytes=binding.output_cap_bytes)
         except ContextfulError as exc:
             return failed(exc)

@@ -176,13 +176,13 @@ class Selection:
             value = "{" + ", ".join(f"'{c}': p.{quote(c)}" for c in columns) + "}"
             select = f"{pid} AS unit_ref, " + ", ".join(f"p.{quote(c)} AS {quote('p_' + c)}" for c in columns)
             content = None
-            for n, join in enumerate(self.joins):
+            for n, joined in enumerate(self.joins):
                 alias = f"j{n}"
-                joins += (f" LEFT JOIN ({join_digest_sql(quote('__joined_' + join.table), join.column, join.read)})"
-                          f" AS {alias} ON {alias}.join_value = {pid}")
+                digest = join_digest_sql(quote("__joined_" + joined.table), joined.column, joined.read)
+                joins += f" LEFT JOIN ({digest}) AS {alias} ON {alias}.join_value = {pid}"
                 join_parts.append(f"coalesce({alias}.join_digest, '')")
-        join = " || chr(31) || ".join(join_parts) if join_parts else None
-        key = key_sql(self.static, pid, value, parent_key, content, join)
+        join_key = " || chr(31) || ".join(join_parts) if join_parts else None
+        key = key_sql(self.static, pid, value, parent_key, content, join_key)
         passages_only = " AND p.kind = 'passage'" if parent_key and "kind" in self._parent_columns else ""
         return (f"SELECT {select}, {key} AS derivation_key FROM {parent} AS p{joins} "
                 f"WHERE {pid} IS NOT NULL{passages_only}")

@@ -46,7 +46,7 @@ media_column = "url"
 
 
 class _Pages(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_GET(self) -> None:
         body = PAGES.get(self.path)
         if body is None:
             self.send_error(404)
