@@ -375,7 +375,8 @@ class _Runner:
         self.pending_units.append((ref, key))
         if self.progress is not None:
             self.progress(Progress(tier.spec.id, self.stats.done, self.stats.outstanding,
-                                   sum(t.rows for t in self.result.tables), 0, len(tier.tables),
+                                   sum(t.rows for t in self.result.tables) + sum(map(len, self.pending.values())), 0,
+                                   len(tier.tables),
                                    time.monotonic() - self.started, unit="units", failed=self.stats.failed))
         if len(self.pending_units) >= FLUSH_UNITS or time.monotonic() - self.last_flush >= FLUSH_SECONDS:
             self._flush()
