@@ -43,18 +43,16 @@ else:
         print(json.dumps({"text": line, "start_s": float(n), "end_s": n + 1.0, "confidence": 0.9}))
 '''
 
-MANIFEST = '''
-[project]
-name = "derive-test"
+HEADER = '[project]\nname = "derive-test"\n'
 
-[[pipeline]]
-id = "docs"
-primary_key = ["id"]
-[pipeline.source]
-kind = "files"
-[pipeline.source.config]
-paths = ["parents/*.ndjson"]
 
+def files_pipeline(pipeline_id: str, paths: str = "parents/*.ndjson") -> str:
+    """A manifest block: a files pipeline keyed on ``id`` over the NDJSON inputs ``paths`` names."""
+    return (f'\n[[pipeline]]\nid = "{pipeline_id}"\nprimary_key = ["id"]\n[pipeline.source]\nkind = "files"\n'
+            f'[pipeline.source.config]\npaths = ["{paths}"]\n')
+
+
+MANIFEST = HEADER + files_pipeline("docs") + '''
 [[pipeline]]
 id = "passages"
 [pipeline.source]

@@ -10,20 +10,9 @@ import pytest
 from contextful.engine.derive.tasks import TaskJoin, TaskUnit, register_task, unregister_task
 from contextful.storage.errors import ManifestInvalid
 
-from tests.engine.derive.project import DeriveProject
+from tests.engine.derive.project import HEADER, DeriveProject, files_pipeline
 
-LANDING = '''
-[project]
-name = "chain-test"
-
-[[pipeline]]
-id = "docs"
-primary_key = ["id"]
-[pipeline.source]
-kind = "files"
-[pipeline.source.config]
-paths = ["parents/*.ndjson"]
-'''
+LANDING = HEADER + files_pipeline("docs")
 
 # The grandchild is declared first: declaration order gives no landing order.
 CHAIN = LANDING + '''

@@ -11,28 +11,9 @@ import pytest
 from contextful.engine.derive.tasks import TaskJoin, TaskUnit, register_task, unregister_task
 from contextful.storage.errors import DeriveTaskNameTaken, DeriveUnknownTask, ManifestInvalid
 
-from tests.engine.derive.project import DeriveProject
+from tests.engine.derive.project import HEADER, DeriveProject, files_pipeline
 
-MANIFEST = '''
-[project]
-name = "host-test"
-
-[[pipeline]]
-id = "docs"
-primary_key = ["id"]
-[pipeline.source]
-kind = "files"
-[pipeline.source.config]
-paths = ["parents/*.ndjson"]
-
-[[pipeline]]
-id = "notes"
-primary_key = ["id"]
-[pipeline.source]
-kind = "files"
-[pipeline.source.config]
-paths = ["notes/*.ndjson"]
-
+MANIFEST = HEADER + files_pipeline("docs") + files_pipeline("notes", "notes/*.ndjson") + '''
 [[pipeline]]
 id = "chunking"
 table = "{marker}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.derive.project import DeriveProject
+from tests.engine.derive.project import HEADER, DeriveProject, files_pipeline
 
 PAGES = {
     "/a.html": b"""<!doctype html><html><head><title>Tide &amp; Time</title>
@@ -20,18 +20,7 @@ PAGES = {
     "/b.html": b"<html><body><p>no title, no links</p></body></html>",
 }
 
-MANIFEST = '''
-[project]
-name = "preview-test"
-
-[[pipeline]]
-id = "links"
-primary_key = ["id"]
-[pipeline.source]
-kind = "files"
-[pipeline.source.config]
-paths = ["parents/*.ndjson"]
-
+MANIFEST = HEADER + files_pipeline("links") + '''
 [[pipeline]]
 id = "previews"
 [pipeline.source]
