@@ -267,3 +267,28 @@ def test_a_unit_settled_by_another_run_meanwhile_lands_none_of_this_runs_rows(tm
     assert [f.input for f in revived] == ["unit a"]
     assert project.rows("SELECT unit_ref FROM chunks WHERE kind = 'passage' ORDER BY 1") == [("b",)]
     assert project.rows("SELECT unit_ref, unit_status FROM chunks_done ORDER BY 1") == [("a", "empty"), ("b", "ok")]
+
+
+def test_a_canceled_derive_run_lands_nothing_more_and_the_rerun_derives_what_is_missing(
+        tmp_path: Path, task: tuple[str, Calls]) -> None:
+    from contextful.engine.run.cancel import request_cancel
+
+    name, calls = task
+    project = _project(tmp_path, name)
+    project.parents([{"id": d, "body": d} for d in ("a", "b", "c")])
+
+    def cancel_on_first(unit: TaskUnit) -> None:  # `contextful run cancel pipeline:chunking`, mid-run
+        if len(calls.units) == 1:
+            with project.store() as store:
+                request_cancel(store.journal, "pipeline:chunking")
+
+    calls.during = cancel_on_first
+    results = project.run()
+    assert [f.error for f in results[-1].failures] == ["RunCanceled"]
+    with project.store() as store:
+        assert store.table("chunks_done").snapshot().rows_stored == 0  # nothing it staged landed
+    calls.during = None
+    calls.units.clear()
+    results = project.run()
+    assert results[-1].derive is not None and results[-1].derive["outstanding"] == 3
+    assert project.rows("SELECT count(*) FROM chunks_done WHERE unit_status IN ('ok', 'empty')") == [(3,)]
