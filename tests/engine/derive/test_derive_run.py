@@ -296,3 +296,12 @@ def test_an_unbound_engine_refuses_validate_and_the_whole_run_before_anything_ru
     ran = contextful(tmp_path, "pipeline", "run", check=False)
     assert ran.returncode == 3 and "DeriveEngineUnbound" in ran.stderr
     assert not (tmp_path / ".contextful" / "store").exists()  # nothing ran, not even the parents' landing
+
+
+def test_passages_pass_through_the_secret_guard(tmp_path: Path) -> None:
+    token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    project = DeriveProject(tmp_path)
+    project.parents([{"id": "s", "path": project.media("s.txt", f"deploy with {token} today")}])
+    project.run()
+    [(text,)] = project.rows("SELECT text FROM passages WHERE unit_ref = 's'")
+    assert token not in text and text.startswith("deploy with [masked:") and text.endswith(" today")
