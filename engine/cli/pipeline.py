@@ -173,6 +173,9 @@ def _print_plan(p: PipelinePlan) -> None:
         click.echo(f"  first request: {p.first_request}")
         click.echo("  rereads all: " + ("yes, every run reads the whole source (no incremental field)"
                                         if p.rereads_all else "no"))
+    elif p.source == "derive":
+        click.echo(f"  derives the outstanding units of what it reads: `contextful pipeline run --dry-run {p.pipeline}` "
+                   "counts them")
     else:
         click.echo("  nothing to pull: senders push batches to it (contextful pipeline serve)")
 
