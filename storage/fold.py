@@ -136,19 +136,22 @@ def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, gr
     sub = _sub(snap, group, snap.primary_key)
     sql = snapshot_sql(sub, con)
     assert sql is not None
-    held: list[PartFile] = []
-    if snap.supersede is not None and _held_units(con, snap, group, sql):
-        rule, unit_of = snap.supersede, _unit_struct(snap.supersede)
-        sql = f"SELECT * FROM ({sql}) WHERE NOT list_contains((SELECT list(u) FROM {HELD}), {unit_of(quote)})"
+    if snap.supersede is None or not _held_units(con, snap, group, sql):
+        return [_write(store, con, snap, sql, next(keys), group[-1])]
+    unit_of = _unit_struct(snap.supersede)
+    held = f"(SELECT list(u) FROM {HELD})"
+    try:
+        written = [_write(store, con, snap, f"SELECT * FROM ({sql}) WHERE NOT list_contains({held}, {unit_of(quote)})",
+                          next(keys), group[-1])]
         for part in group:
-            one = _sub(snap, [part], snap.primary_key)
-            rows = stored_rows_sql(one, con, lambda column: (f"list_contains((SELECT list(u) FROM {HELD}),"
-                                                            f" {_unit_struct(rule)(column)})"))
+            rows = stored_rows_sql(_sub(snap, [part], snap.primary_key), con,
+                                   lambda column: f"list_contains({held}, {unit_of(column)})")
             assert rows is not None
             if con.execute(f"SELECT count(*) FROM ({rows})").fetchone() != (0,):
-                held.append(_write(store, con, snap, rows, next(keys), part))
+                written.append(_write(store, con, snap, rows, next(keys), part))
+    finally:
         con.execute(f"DROP TABLE {HELD}")
-    return [*held, _write(store, con, snap, sql, next(keys), group[-1])]
+    return written
 
 
 HELD = "__cf_held"
@@ -218,5 +221,8 @@ def _write(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, sql: st
         for batch in reader:
             yield from conform(pa.Table.from_batches([batch]), schema, snap.table).to_batches()
 
-    part = write_part(store.objects, key, batches(), schema, durable=store.durable)
+    try:
+        part = write_part(store.objects, key, batches(), schema, durable=store.durable)
+    finally:
+        reader.close()
     return PartFile(part.path, part.rows, part.bytes, ord_seq=position.ord_seq, ord_idx=position.ord_idx)
