@@ -147,7 +147,7 @@ def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, gr
             rows = stored_rows_sql(_sub(snap, [part], snap.primary_key), con,
                                    lambda column: f"list_contains({held}, {unit_of(column)})")
             assert rows is not None
-            if con.execute(f"SELECT count(*) FROM ({rows})").fetchone() != (0,):
+            if con.execute(f"SELECT count(*) FROM ({rows})").fetchall()[0] != (0,):
                 written.append(_write(store, con, snap, rows, next(keys), part))
     finally:
         con.execute(f"DROP TABLE {HELD}")
@@ -185,7 +185,7 @@ def _held_units(con: duckdb.DuckDBPyConnection, snap: Snapshot, group: list[Part
         f" earlier AS (SELECT DISTINCT {unit_of} AS u FROM ({before}) WHERE {known})"
         f" SELECT stored.u FROM stored LEFT JOIN answered ON stored.u = answered.u"
         f" WHERE coalesce(answered.n, 0) < stored.n AND stored.u IN (SELECT u FROM earlier)")
-    found = con.execute(f"SELECT count(*) FROM {HELD}").fetchone()
+    found = con.execute(f"SELECT count(*) FROM {HELD}").fetchall()[0]
     if found == (0,):
         con.execute(f"DROP TABLE {HELD}")
         return False
