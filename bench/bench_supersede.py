@@ -4,8 +4,8 @@ read by the plain keyed merge (storage.supersede, issue 16).
 One table of ``--units`` units x 4 passages under key A (one landing), then ``--changed`` of those
 units re-derived under key B (a second landing), then one failed marker each for ``--changed``
 other units. The same parts are read as the snapshot with the rule and as the snapshot without it
-(``dataclasses.replace(snapshot, supersede=None)``), interleaved, ``SELECT count(*), sum(cue_seq)``
-over each (every column of the rule is read either way). Prints the median seconds, the ratio and
+(``dataclasses.replace(snapshot, supersede=None)``), interleaved, with a query reading every column
+(``--narrow``: ``count(*), sum(cue_seq)`` only, which lets the plain read skip the text column). Prints the median seconds, the ratio and
 DuckDB's EXPLAIN ANALYZE of the ruled read.
 
     python bench/bench_supersede.py                  # 250,000 units: 1,000,000 rows + 100,000
@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=250_000)
     parser.add_argument("--changed", type=int, default=25_000)
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--narrow", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root, Store.open(root, durable=False) as store:
         table = store.create_table("passages", ("unit_ref", "derivation_key", "cue_seq"),
@@ -51,7 +52,10 @@ def main() -> None:
         ruled = table.snapshot()
         plain = dataclasses.replace(ruled, supersede=None)
         con = store.duckdb()
-        queries = {name: f"SELECT count(*), sum(cue_seq) FROM ({snapshot_sql(snap, con)})"
+        measures = ("count(*), sum(cue_seq)" if args.narrow else
+                    "count(*), sum(cue_seq), sum(length(text)), max(unit_ref), max(derivation_key),"
+                    " max(unit_status), max(kind)")
+        queries = {name: f"SELECT {measures} FROM ({snapshot_sql(snap, con)})"
                    for name, snap in (("plain", plain), ("ruled", ruled))}
         times: dict[str, list[float]] = {name: [] for name in queries}
         answers = {}
