@@ -13,6 +13,13 @@ rows count only through that winner from the declaration on), the parts after it
 Each rule keeps the run's winner whatever comes before or after the run, and no later declaration
 can prefer a row a fold dropped (docs/store.md), so every later snapshot answers what the unfolded
 table would.
+
+A table with a supersede rule (``storage.supersede``) folds runs of whole commits only, since the
+rule compares commits and the folded part holds every row at its newest part's. The folded part
+holds what the run answers (the withheld rows dropped: "the next fold drops the superseded rows");
+a unit with rows stored before the run whose run rows the run does not all answer is held — its
+rows stay as stored, each in a part at its original position — because a dropped landing of it
+may be what retires an older row (:func:`_held_units`; docs/store.md, "Supersede rules").
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def check(store: Store, con: duckdb.DuckDBPyConnection, model: Model) -> None:
         assert read(con, table.snapshot(seq)) == model.answer(seq), f"snapshot {seq} of {model.head}"
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(operation, min_size=1, max_size=8))
 @example([("land", [[("u0", "A", 0, "ok", "passage"), ("u0", "A", 1, "ok", "passage")]]),
           ("land", [[("u0", "B", 0, "ok", "passage"), ("u1", "A", 0, "failed", "marker")]]),
