@@ -22,9 +22,10 @@ and after key A, then B, then A again, only the last A landing's rows answer. A 
 unit column belongs to no unit: it is never withheld and settles nothing. A null status is not
 settling; a null kind is not a marker.
 
-The rule is set-shaped: two window aggregates partitioned by unit over the scanned rows (the
-latest settling landing and its key, then the latest settling landing under any other key) and a
-filter, no per-row subquery.
+The rule is set-shaped (:func:`ruled_sql`): a hash aggregate of the settling landings by unit and
+key, two per-unit aggregates over that small relation (the latest settling landing and its key, and
+the latest under any other key), one hash join onto the merged rows and a filter; no per-row
+subquery and no window over the rows (``bench/bench_supersede.py``: about 2x the plain keyed read).
 
 >>> Supersede(("unit_ref",)).to_json()
 {'unit': ['unit_ref'], 'key': 'derivation_key', 'status': 'unit_status', 'kind': 'kind'}
@@ -48,11 +49,12 @@ SEQ = "__cf_seq"
 TOP_SEQ, TOP_KEY = "__cf_top_s", "__cf_top_k"
 """A unit's latest settling landing: its commit, and its key (the largest among several)."""
 OTHER = "__cf_other"
-"""A unit's latest settling landing under a key other than ````TOP_KEY``."""
+"""A unit's latest settling landing under a key other than :data:`TOP_KEY`."""
 LATEST = "__cf_ks"
 """A unit's latest settling landing under one key."""
 LANDED, UNITS = "__cf_landed", "__cf_units"
-"""The relations of the ruled query: each unit's settling landings by key, and each unit's facts (:data:`TOP_SEQ`, :data:`TOP_KEY`, :data:`OTHER`)."""
+"""The relations of the ruled query: each unit's settling landings by key, and each unit's facts
+(:data:`TOP_SEQ`, :data:`TOP_KEY`, :data:`OTHER`)."""
 NAMES = (SEQ, TOP_SEQ, TOP_KEY, OTHER, LATEST, LANDED, UNITS)
 """Every name the ruled query adds (none reaches the user's namespace)."""
 
