@@ -1820,6 +1820,7 @@ __all__ = [
     "DeriveEnvNameInvalid",
     "DeriveFailureOffTable",
     "DeriveForeignOutputTable",
+    "DeriveHostNotAllowed",
     "DeriveMediaUnreadable",
     "DeriveNoStoreRoot",
     "DeriveOutputCap",

@@ -13,6 +13,13 @@ rows count only through that winner from the declaration on), the parts after it
 Each rule keeps the run's winner whatever comes before or after the run, and no later declaration
 can prefer a row a fold dropped (docs/store.md), so every later snapshot answers what the unfolded
 table would.
+
+A table with a supersede rule (``storage.supersede``) folds runs of whole commits only, since the
+rule compares commits and the folded part holds every row at its newest part's. The folded part
+holds what the run answers (the withheld rows dropped: "the next fold drops the superseded rows");
+a unit with rows stored before the run whose run rows the run does not all answer is held — its
+rows stay as stored, each in a part at its original position — because a dropped landing of it
+may be what retires an older row (:func:`_held_units`; docs/store.md, "Supersede rules").
 """
 
 from __future__ import annotations
@@ -136,19 +143,22 @@ def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, gr
     sub = _sub(snap, group, snap.primary_key)
     sql = snapshot_sql(sub, con)
     assert sql is not None
-    held: list[PartFile] = []
-    if snap.supersede is not None and _held_units(con, snap, group, sql):
-        rule, unit_of = snap.supersede, _unit_struct(snap.supersede)
-        sql = f"SELECT * FROM ({sql}) WHERE NOT list_contains((SELECT list(u) FROM {HELD}), {unit_of(quote)})"
+    if snap.supersede is None or not _held_units(con, snap, group, sql):
+        return [_write(store, con, snap, sql, next(keys), group[-1])]
+    unit_of = _unit_struct(snap.supersede)
+    held = f"(SELECT list(u) FROM {HELD})"
+    try:
+        written = [_write(store, con, snap, f"SELECT * FROM ({sql}) WHERE NOT list_contains({held}, {unit_of(quote)})",
+                          next(keys), group[-1])]
         for part in group:
-            one = _sub(snap, [part], snap.primary_key)
-            rows = stored_rows_sql(one, con, lambda column: (f"list_contains((SELECT list(u) FROM {HELD}),"
-                                                            f" {_unit_struct(rule)(column)})"))
+            rows = stored_rows_sql(_sub(snap, [part], snap.primary_key), con,
+                                   lambda column: f"list_contains({held}, {unit_of(column)})")
             assert rows is not None
-            if con.execute(f"SELECT count(*) FROM ({rows})").fetchone() != (0,):
-                held.append(_write(store, con, snap, rows, next(keys), part))
+            if con.execute(f"SELECT count(*) FROM ({rows})").fetchall()[0] != (0,):
+                written.append(_write(store, con, snap, rows, next(keys), part))
+    finally:
         con.execute(f"DROP TABLE {HELD}")
-    return [*held, _write(store, con, snap, sql, next(keys), group[-1])]
+    return written
 
 
 HELD = "__cf_held"
@@ -182,7 +192,7 @@ def _held_units(con: duckdb.DuckDBPyConnection, snap: Snapshot, group: list[Part
         f" earlier AS (SELECT DISTINCT {unit_of} AS u FROM ({before}) WHERE {known})"
         f" SELECT stored.u FROM stored LEFT JOIN answered ON stored.u = answered.u"
         f" WHERE coalesce(answered.n, 0) < stored.n AND stored.u IN (SELECT u FROM earlier)")
-    found = con.execute(f"SELECT count(*) FROM {HELD}").fetchone()
+    found = con.execute(f"SELECT count(*) FROM {HELD}").fetchall()[0]
     if found == (0,):
         con.execute(f"DROP TABLE {HELD}")
         return False
@@ -218,5 +228,8 @@ def _write(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, sql: st
         for batch in reader:
             yield from conform(pa.Table.from_batches([batch]), schema, snap.table).to_batches()
 
-    part = write_part(store.objects, key, batches(), schema, durable=store.durable)
+    try:
+        part = write_part(store.objects, key, batches(), schema, durable=store.durable)
+    finally:
+        reader.close()
     return PartFile(part.path, part.rows, part.bytes, ord_seq=position.ord_seq, ord_idx=position.ord_idx)

@@ -38,7 +38,8 @@ import duckdb
 import pyarrow as pa
 from contextful.storage.catalog import PartRow
 from contextful.storage.errors import TableUnreadable
-from contextful.storage.supersede import KEEP, SEQ, TOP, Supersede, latest_settling, withheld
+from contextful.storage.supersede import NAMES as RULE_NAMES
+from contextful.storage.supersede import SEQ, Supersede, ruled_sql
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ ROW = "__cf_row"
 VIRTUAL_COLUMNS = ("file_index", "file_row_number")
 """DuckDB's virtual columns of a Parquet scan the merge reads; a user column of the same name
 (DuckDB compares names case-insensitively) shadows them unless the scan renames it."""
-INTERNAL_NAMES = (SCAN, ROWS, PART, ROW, SEQ, TOP, KEEP, "__cf_c0", "__cf_c1", "__cf_c2", "__cf_s0", "__cf_s1", "__cf_s2")
+INTERNAL_NAMES = (SCAN, ROWS, PART, ROW, *RULE_NAMES, "__cf_c0", "__cf_c1", "__cf_c2", "__cf_s0", "__cf_s1", "__cf_s2")
 """The names a snapshot query gives its relations and columns (the numbered ones stand for every
 ``__cf_c<i>``/``__cf_s<i>``); none reaches the user's namespace."""
 
@@ -141,16 +142,11 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
         if column not in inner_names:
             raise TableUnreadable(snapshot.table, f"supersede column {column!r} is not a column of the table")
 
-    def column_of(name: str) -> str:
-        return f"{ROWS}.{quote(inner_names[name])}"
-
     # A part's commit is its ord_seq: the scan lists the parts in merge order, so file_index i is
     # the i-th of them. The rule's facts come from every scanned row (before the key merge).
     seqs = "CAST([" + ", ".join(str(snapshot.parts[i].ord_seq) for i in merge_order) + "] AS BIGINT[])"
-    facts = f"SELECT {ROWS}.*, {seqs}[CAST({ROWS}.{PART} AS BIGINT) + 1] AS {SEQ} FROM ({inner}) AS {ROWS}"
-    facts = (f"SELECT {ROWS}.*, {latest_settling(rule, column_of)} AS {TOP}, ({winner}) AS {KEEP}"
-             f" FROM ({facts}) AS {ROWS}")
-    return f"SELECT {columns} FROM ({facts}) AS {ROWS} QUALIFY {ROWS}.{KEEP} AND NOT {withheld(rule, column_of)}"
+    scanned = f"SELECT {ROWS}.*, {seqs}[CAST({ROWS}.{PART} AS BIGINT) + 1] AS {SEQ} FROM ({inner}) AS {ROWS}"
+    return ruled_sql(rule, scanned, ROWS, lambda name: quote(inner_names[name]), winner, columns)
 
 
 def stored_rows_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection,
