@@ -103,22 +103,24 @@ class Selection:
         from contextful.engine.read import attach_snapshot
 
         parent_rows = 0
-        self.has_output = False
+        attached: set[str] = set()
         for name, (table, seq) in pinned.items():
             snap = table.snapshot_at(seq)
-            if name == output_table:
-                self.has_output = snap.schema is not None
-                if not self.has_output:
-                    continue
+            if snap.schema is None:  # created, nothing landed yet: no rows to read
+                continue
             attach_snapshot(self.con, snap, f"__derive_{'output' if name == output_table else name}")
+            attached.add(name)
             if name == config.source_table:
                 parent_rows = snap.rows_stored
-        if config.source_table not in pinned:  # the parent has no commit yet: no units
-            self.con.execute(f"CREATE VIEW {quote('__derive_' + config.source_table)} AS "
-                             f"SELECT NULL AS {quote(config.parent_id_column)} WHERE false")
         self.pinned = {name: seq for name, (_table, seq) in pinned.items()}
+        self.has_output = output_table in attached
+        self.joins = [j for j in self.joins if j.table in attached]
+        self.empty = config.source_table not in attached
+        """The parent has no commit yet (a derive parent that derived nothing so far): no units."""
         self.streams = parent_rows > in_memory_rows
         """Whether the parent scan streams in batches (more than ``in_memory_rows`` rows)."""
+        if self.empty:
+            return
         self._parent_columns = [row[0] for row in self.con.execute(
             f"DESCRIBE SELECT * FROM {quote('__derive_' + config.source_table)}").fetchall()]
         self._copy_joins()
@@ -203,6 +205,8 @@ class Selection:
 
     def counts(self) -> SelectionCounts:
         """Eligible, already-derived and outstanding units, from one query (``run.select.dry-run``)."""
+        if self.empty:
+            return SelectionCounts(0, 0, 0)
         [(eligible, derived)] = self.con.execute(
             f"SELECT count(*), count(*) FILTER (WHERE settled) FROM ({self._joined_sql()})").fetchall()
         return SelectionCounts(int(eligible), int(derived), int(eligible) - int(derived))
@@ -210,6 +214,8 @@ class Selection:
     def outstanding(self) -> Iterator[pa.RecordBatch]:
         """The outstanding units (unit_ref, media or p_<column>..., derivation_key, attempts): in one
         piece from a parent of at most ``in_memory_rows`` rows, else streamed ``batch_rows`` at a time."""
+        if self.empty:
+            return
         sql = f"SELECT * EXCLUDE (settled) FROM ({self._joined_sql()}) WHERE NOT settled"
         if not self.streams:
             yield from self.con.sql(sql).to_arrow_table().to_batches()

@@ -145,3 +145,15 @@ tables = ["summary_done", "summaries"]
     project.run()
     # lines answered before summary read it (words keys its units by passage_id, joining none of d1)
     assert project.rows("SELECT unit_ref, lines, words FROM summaries WHERE kind = 'passage'") == [("d1", 2, 0)]
+
+
+def test_a_child_over_a_derive_parent_with_nothing_landed_yet_has_no_units(tmp_path: Path) -> None:
+    from contextful.engine.derive.bind import machine_path, read_machine
+    from contextful.engine.derive.run import build_tier, ensure_tables
+
+    project = _chain(tmp_path)
+    machine, _ = read_machine(machine_path(tmp_path))
+    with project.store() as store:  # the parent's tables exist (its first run created them) but hold no commit
+        ensure_tables(store, build_tier(project.manifest().pipeline("lines"), machine))
+    [words] = project.run(["words"])
+    assert words.ok and words.derive is not None and words.derive["eligible"] == 0
