@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Self
 import pyarrow as pa
 from contextful.engine.derive.keys import MediaDigests, join_digest_sql, key_sql
 from contextful.storage.errors import DeriveNoStoreRoot, TableNotFound
-from contextful.storage.snapshot import quote
+from contextful.storage.snapshot import Snapshot, quote, sql_literal
 
 if TYPE_CHECKING:
     from contextful.engine.derive.config import DeriveConfig
@@ -107,16 +107,19 @@ class Selection:
 
         parent_rows = 0
         attached: set[str] = set()
+        self._output: Snapshot | None = None
         for name, (table, seq) in pinned.items():
             snap = table.snapshot_at(seq)
-            if snap.schema is None:  # created, nothing landed yet: no rows to read
+            if snap.schema is None or not snap.parts:  # created, nothing landed yet: no rows to read
                 continue
-            attach_snapshot(self.con, snap, f"__derive_{'output' if name == output_table else name}")
             attached.add(name)
+            if name == output_table:  # read through state_sql, not a view
+                self._output = snap
+                continue
+            attach_snapshot(self.con, snap, f"__derive_{name}")
             if name == config.source_table:
                 parent_rows = snap.rows_stored
         self.pinned = {name: seq for name, (_table, seq) in pinned.items()}
-        self.has_output = output_table in attached
         self.joins = [j for j in self.joins if j.table in attached]
         self.empty = config.source_table not in attached
         """The parent has no commit yet (a derive parent that derived nothing so far): no units."""
@@ -192,14 +195,16 @@ class Selection:
         return (f"SELECT {select}, {key} AS derivation_key FROM {parent} AS p{joins} "
                 f"WHERE {pid} IS NOT NULL{passages_only}")
 
+    @property
+    def unit_columns(self) -> tuple[str, ...]:
+        """The columns naming a unit under the output table's supersede rule."""
+        return ("unit_ref", "task_version") if self.config.retain_versions else ("unit_ref",)
+
     def _state_sql(self) -> str:
         """Per (unit, key) the output table answers: settled, and the attempts a failure recorded."""
-        if not self.has_output:
+        if self._output is None:
             return "SELECT NULL AS unit_ref, NULL AS derivation_key, NULL AS settled, NULL AS attempts WHERE false"
-        settling = ", ".join(f"'{s}'" for s in SETTLING)
-        return (f"SELECT unit_ref, derivation_key, bool_or(kind = 'passage' OR unit_status IN ({settling}) "
-                f"OR NOT coalesce(retry, true)) AS settled, max(attempts) AS attempts "
-                f"FROM __derive_output GROUP BY unit_ref, derivation_key")
+        return state_sql(self._output, self.unit_columns)
 
     def _joined_sql(self) -> str:
         return (f"SELECT k.*, s.settled IS TRUE AS settled, coalesce(s.attempts, 0) AS attempts "
@@ -245,22 +250,20 @@ class Selection:
 
     def settled_now(self, pairs: pa.Table) -> set[tuple[Any, str]]:
         """Which (unit_ref, derivation_key) of ``pairs`` the output table's HEAD settles now
-        (``run.emit.settled-revived``: another run settled them while this one derived them)."""
+        (``run.emit.settled-revived``: another run settled them while this one derived them); only
+        those units' stored rows are read."""
         if self.output_table not in self.store.table_names():
             return set()
         snap = self.store.table(self.output_table).snapshot()
-        if snap.schema is None:
+        if snap.schema is None or not snap.parts:
             return set()
-        from contextful.engine.read import attach_snapshot
-
         con = self.store.duckdb()
         try:
-            attach_snapshot(con, snap, "__derive_output")
             con.register("__derive_pairs", pairs)
-            rows = con.execute(
-                "SELECT DISTINCT o.unit_ref, o.derivation_key FROM __derive_output AS o SEMI JOIN __derive_pairs AS p "
-                "ON p.unit_ref = o.unit_ref AND p.derivation_key = o.derivation_key WHERE o.kind = 'passage' "
-                "OR o.unit_status IN ('ok', 'empty') OR NOT coalesce(o.retry, true)").fetchall()
+            state = state_sql(snap, self.unit_columns, "SELECT unit_ref FROM __derive_pairs")
+            rows = con.sql(f"SELECT s.unit_ref, s.derivation_key FROM ({state}) AS s SEMI JOIN __derive_pairs AS p "
+                           f"ON p.unit_ref = s.unit_ref AND p.derivation_key = s.derivation_key "
+                           f"WHERE s.settled").fetchall()
         finally:
             con.close()
         return {(r[0], r[1]) for r in rows}
@@ -278,3 +281,44 @@ class Selection:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+DONE = "(kind = 'passage' OR unit_status IN ('ok', 'empty') OR NOT coalesce(retry, true))"
+"""A row that settles its unit under its key for selection: a passage, an ok or empty marker, or a
+marker that no longer retries."""
+
+
+def state_sql(output: Snapshot, unit: tuple[str, ...], restrict: str | None = None) -> str:
+    """Per (unit_ref, derivation_key) of the output table: whether the table answers a row settling
+    it (``settled``) and the attempts recorded under it, exactly as a reader under the table's
+    supersede rule (``storage.supersede``) would find them, read from the stored rows in one scan.
+
+    Neither the primary-key merge nor the rule's full rewrite of every row is needed for that: a row
+    under key K that settles its unit is answered unless a LATER commit settled the unit (ok or
+    empty) under another key, so the unit is settled under K exactly when the newest such row under
+    K is newer than the newest settling landing under any other key (a marker that stopped retrying
+    is withheld by a later settling landing under K too, but then K's own landing answers). Each
+    row's commit is its part's ``ord_seq``. ``restrict``: a SELECT of unit_ref values; only their
+    units are read.
+    """
+    order = sorted(range(len(output.parts)), key=lambda i: (output.parts[i].ord_seq, output.parts[i].ord_idx))
+    files = "[" + ", ".join(sql_literal(output.uris[i]) for i in order) + "]"
+    seqs = "[" + ", ".join(str(output.parts[i].ord_seq) for i in order) + "]"
+    units = ", ".join(unit)
+    keyed = f"{units}, derivation_key"
+    where = "unit_ref IS NOT NULL" + (f" AND unit_ref IN ({restrict})" if restrict else "")
+    rows = (f"SELECT {keyed}, kind, unit_status, retry, attempts, {seqs}[CAST(file_index AS BIGINT) + 1] AS seq "
+            f"FROM read_parquet({files}, hive_partitioning = false, union_by_name = true) WHERE {where}")
+    per_key = (f"SELECT {keyed}, max(seq) FILTER (WHERE {DONE}) AS done_seq, "
+               f"max(seq) FILTER (WHERE unit_status IN ('ok', 'empty')) AS settle_seq, max(attempts) AS attempts "
+               f"FROM ({rows}) GROUP BY {keyed}")
+    top = (f"SELECT {units}, max(settle_seq) AS s1, arg_max(derivation_key, settle_seq) AS k1 "
+           f"FROM __per_key GROUP BY {units}")
+    on = " AND ".join(f"t.{u} IS NOT DISTINCT FROM k.{u}" for u in unit)
+    second = (f"SELECT {', '.join('k.' + u for u in unit)}, max(k.settle_seq) AS s2 FROM __per_key AS k "
+              f"JOIN __top AS t ON {on} WHERE k.derivation_key IS DISTINCT FROM t.k1 GROUP BY {', '.join('k.' + u for u in unit)}")
+    on_top = " AND ".join(f"t.{u} IS NOT DISTINCT FROM k.{u}" for u in unit)
+    on_second = " AND ".join(f"o.{u} IS NOT DISTINCT FROM k.{u}" for u in unit)
+    return (f"WITH __per_key AS ({per_key}), __top AS ({top}), __second AS ({second}) "
+            f"SELECT k.unit_ref, k.derivation_key, k.attempts, k.done_seq IS NOT NULL AND k.done_seq > coalesce("
+            f"CASE WHEN k.derivation_key IS NOT DISTINCT FROM t.k1 THEN o.s2 ELSE t.s1 END, -1) AS settled "
+            f"FROM __per_key AS k LEFT JOIN __top AS t ON {on_top} LEFT JOIN __second AS o ON {on_second}")
