@@ -184,8 +184,8 @@ class Selection:
                 joins += (f" LEFT JOIN ({join_digest_sql(quote('__joined_' + join.table), join.column, join.read)})"
                           f" AS {alias} ON {alias}.join_value = {pid}")
                 join_parts.append(f"coalesce({alias}.join_digest, '')")
-        join = " || chr(31) || ".join(join_parts) if join_parts else None
-        key = key_sql(self.static, pid, value, parent_key, content, join)
+        join_digest = " || chr(31) || ".join(join_parts) if join_parts else None
+        key = key_sql(self.static, pid, value, parent_key, content, join_digest)
         passages_only = " AND p.kind = 'passage'" if parent_key and "kind" in self._parent_columns else ""
         return (f"SELECT {select}, {key} AS derivation_key FROM {parent} AS p{joins} "
                 f"WHERE {pid} IS NOT NULL{passages_only}")
