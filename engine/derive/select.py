@@ -295,7 +295,7 @@ def state_sql(output: Snapshot, unit: tuple[str, ...], restrict: str | None = No
     Neither the primary-key merge nor the rule's full rewrite of every row is needed for that: a row
     under key K that settles its unit is answered unless a LATER commit settled the unit (ok or
     empty) under another key, so the unit is settled under K exactly when the newest such row under
-    K is newer than the newest settling landing under any other key (a marker that stopped retrying
+    K is no older than the newest settling landing under any other key (a marker that stopped retrying
     is withheld by a later settling landing under K too, but then K's own landing answers). Each
     row's commit is its part's ``ord_seq``. ``restrict``: a SELECT of unit_ref values; only their
     units are read.
@@ -319,6 +319,6 @@ def state_sql(output: Snapshot, unit: tuple[str, ...], restrict: str | None = No
     on_top = " AND ".join(f"t.{u} IS NOT DISTINCT FROM k.{u}" for u in unit)
     on_second = " AND ".join(f"o.{u} IS NOT DISTINCT FROM k.{u}" for u in unit)
     return (f"WITH __per_key AS ({per_key}), __top AS ({top}), __second AS ({second}) "
-            f"SELECT k.unit_ref, k.derivation_key, k.attempts, k.done_seq IS NOT NULL AND k.done_seq > coalesce("
+            f"SELECT k.unit_ref, k.derivation_key, k.attempts, k.done_seq IS NOT NULL AND k.done_seq >= coalesce("
             f"CASE WHEN k.derivation_key IS NOT DISTINCT FROM t.k1 THEN o.s2 ELSE t.s1 END, -1) AS settled "
             f"FROM __per_key AS k LEFT JOIN __top AS t ON {on_top} LEFT JOIN __second AS o ON {on_second}")

@@ -1,0 +1,65 @@
+"""Property: the selection's one-scan read of the output table (``engine.derive.select.state_sql``)
+settles exactly the (unit, key) pairs a reader under the supersede rule finds settled, at every
+snapshot and across folds (``run.select.anti-join``, ``run.select.key-change``)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import pyarrow as pa
+from contextful.engine.derive.select import DONE, state_sql
+from contextful.storage import ManualClock, Store
+from contextful.storage.snapshot import snapshot_sql
+from contextful.storage.supersede import Supersede
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+SCHEMA = pa.schema({"unit_ref": pa.string(), "derivation_key": pa.string(), "cue_seq": pa.int64(),
+                    "kind": pa.string(), "unit_status": pa.string(), "retry": pa.bool_(), "attempts": pa.int64()})
+row = st.tuples(st.sampled_from(["u0", "u1", "u2"]), st.sampled_from(["A", "B", "C"]), st.integers(-1, 1),
+                st.sampled_from(["ok", "empty", "failed", "unavailable"]), st.booleans(), st.integers(1, 3))
+operation = st.one_of(st.tuples(st.just("land"), st.lists(row, min_size=1, max_size=5)),
+                      st.tuples(st.just("fold"), st.just([])))
+
+
+def _batch(rows: list[tuple[Any, ...]]) -> pa.Table:
+    cols: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+    for unit, key, cue, status, retry, attempts in rows:
+        kind = "marker" if cue == -1 else "passage"
+        for name, value in zip(SCHEMA.names, (unit, key, cue, kind, "ok" if kind == "passage" else status,
+                                              retry if kind == "marker" else None, attempts)):
+            cols[name].append(value)
+    return pa.table(cols, schema=SCHEMA)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(operation, min_size=1, max_size=6))
+def test_the_one_scan_state_settles_what_a_reader_under_the_rule_finds_settled(ops: list[tuple[str, Any]]) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        store = Store.open(root, clock=ManualClock(1_700_000_000_000_000))
+        try:
+            table = store.create_table("out", ("unit_ref", "derivation_key", "cue_seq"),
+                                       supersede=Supersede(("unit_ref",)))
+            for op, rows in ops:
+                if op == "land":
+                    table.append(_batch(rows))
+                else:
+                    store.fold("out", min_parts=2)
+                snap = store.table("out").snapshot()
+                if not snap.parts:
+                    continue
+                con = store.duckdb()
+                try:
+                    read = snapshot_sql(snap, con)
+                    expected = {(u, k) for u, k, settled in con.sql(
+                        f"SELECT unit_ref, derivation_key, bool_or({DONE}) FROM ({read}) GROUP BY ALL").fetchall()
+                        if settled}
+                    got = {(u, k) for u, k, settled in con.sql(
+                        f"SELECT unit_ref, derivation_key, settled FROM ({state_sql(snap, ('unit_ref',))})"
+                    ).fetchall() if settled}
+                finally:
+                    con.close()
+                assert got == expected, (ops, got, expected)
+        finally:
+            store.close()
