@@ -182,7 +182,7 @@ def check_tiers(pipelines: Sequence[PipelineSpec], machine: MachineConfig) -> li
 
 def _selection(store: Store | None, tier: Tier, root: Path) -> Selection:
     return Selection(store, tier.spec.id, tier.task.marker_table if tier.task else tier.spec.table, tier.config,
-                     tier.static, root, task=tier.task)
+                     tier.static, root, task=tier.task, version=tier.version)
 
 
 def dry_run(store: Store | None, manifest: Manifest, spec: PipelineSpec, machine: MachineConfig) -> SelectionCounts:

@@ -76,7 +76,7 @@ class Selection:
 
     def __init__(self, store: Store | None, pipeline: str | None, output_table: str, config: DeriveConfig,
                  static: str, root: Path, *, task: HostTask | None = None, in_memory_rows: int = IN_MEMORY_ROWS,
-                 batch_rows: int = BATCH_ROWS, memory_limit: str = MEMORY_LIMIT) -> None:
+                 batch_rows: int = BATCH_ROWS, memory_limit: str = MEMORY_LIMIT, version: str | None = None) -> None:
         absent = [name for name, value in (("store root", store), ("pipeline id", pipeline)) if not value]
         if absent:
             raise DeriveNoStoreRoot(" and ".join(absent))
@@ -89,6 +89,9 @@ class Selection:
         self.root = root
         self.task = task
         self.batch_rows = batch_rows
+        self.version = version
+        """The build's task version (what ``retain_versions`` keeps rows apart by)."""
+        self._keyed_columns: list[str] | None = None
         self.digests: MediaDigests | None = None
         self._spill = tempfile.TemporaryDirectory(prefix="contextful-select-")
         self.con = store.duckdb()
@@ -200,16 +203,20 @@ class Selection:
         """The columns naming a unit under the output table's supersede rule."""
         return ("unit_ref", "task_version") if self.config.retain_versions else ("unit_ref",)
 
-    def _state_sql(self) -> str:
-        """Per (unit, key) the output table answers: settled, and the attempts a failure recorded."""
-        if self._output is None:
-            return "SELECT NULL AS unit_ref, NULL AS derivation_key, NULL AS settled, NULL AS attempts WHERE false"
-        return state_sql(self._output, self.unit_columns)
-
     def _joined_sql(self) -> str:
-        return (f"SELECT k.*, s.settled IS TRUE AS settled, coalesce(s.attempts, 0) AS attempts "
-                f"FROM ({self._keyed_sql()}) AS k LEFT JOIN ({self._state_sql()}) AS s "
-                f"ON s.unit_ref = k.unit_ref AND s.derivation_key = k.derivation_key")
+        """Every unit with ``settled`` and ``attempts``: the parents' keys joined to the output's stored
+        rows of their units and aggregated per unit in one pass. A unit is settled under its current
+        key K when its newest settling row under K is no older than the newest ``ok``/``empty``
+        landing under another key (of its task version, when versions are retained): exactly what a
+        reader under the supersede rule finds (:func:`state_sql` says why)."""
+        keyed = self._keyed_sql()
+        if self._output is None:
+            return f"SELECT k.*, false AS settled, 0 AS attempts FROM ({keyed}) AS k"
+        if self._keyed_columns is None:
+            self._keyed_columns = [r[0] for r in self.con.execute(f"DESCRIBE {keyed}").fetchall()]
+        rest = [c for c in self._keyed_columns if c not in ("unit_ref", "derivation_key")]
+        version = self.version if self.config.retain_versions else None
+        return settled_sql(keyed, rest, self._output, self.unit_columns, version)
 
     def counts(self) -> SelectionCounts:
         """Eligible, already-derived and outstanding units, from one query (``run.select.dry-run``)."""
@@ -287,30 +294,63 @@ DONE = "(kind = 'passage' OR unit_status IN ('ok', 'empty') OR NOT coalesce(retr
 marker that no longer retries."""
 
 
+SETTLES = "unit_status IN ('ok', 'empty')"
+"""A row of a settling landing: it supersedes the unit's rows under other keys (storage.supersede)."""
+
+
+def stored_keys(output: Snapshot, unit: tuple[str, ...], restrict: str | None = None) -> str:
+    """The output's stored rows folded to one per primary key (unit, derivation_key, cue_seq), read in
+    one scan, no reader's view: whether the key's latest row (the key merge's winner) settles its
+    unit for selection (``done``) and its commit (``seq``: the part's ``ord_seq``), the newest commit
+    that landed a settling row under the key (``settle_seq``: a landing, whatever overrode its row)
+    and the latest attempts. ``restrict``: a SELECT of the unit_refs to read."""
+    order = sorted(range(len(output.parts)), key=lambda i: (output.parts[i].ord_seq, output.parts[i].ord_idx))
+    files = "[" + ", ".join(sql_literal(output.uris[i]) for i in order) + "]"
+    seqs = "[" + ", ".join(str(output.parts[i].ord_seq) for i in order) + "]"
+    where = "unit_ref IS NOT NULL" + (f" AND unit_ref IN ({restrict})" if restrict else "")
+    keys = f"{', '.join(unit)}, derivation_key, cue_seq"
+    rows = (f"SELECT {keys}, kind, unit_status, retry, attempts, {seqs}[CAST(file_index AS BIGINT) + 1] AS seq, "
+            f"CAST(file_index AS BIGINT) * 4294967296 + file_row_number AS pos "
+            f"FROM read_parquet({files}, hive_partitioning = false, union_by_name = true) WHERE {where}")
+    return (f"SELECT {keys}, arg_max({DONE}, pos) AS done, max(seq) AS seq, "
+            f"max(seq) FILTER (WHERE {SETTLES}) AS settle_seq, arg_max(attempts, pos) AS attempts "
+            f"FROM ({rows}) GROUP BY {keys}")
+
+
+def settled_sql(keyed: str, rest: list[str], output: Snapshot, unit: tuple[str, ...], version: str | None) -> str:
+    """``keyed`` (a SELECT of unit_ref, derivation_key and the ``rest`` columns) with ``settled`` and
+    ``attempts`` per unit: its output rows (:func:`stored_keys`) joined and aggregated in one pass.
+    Settled under its key K: its newest settling key-merge winner under K is no older than the newest
+    ``ok``/``empty`` landing under another key (of task version ``version``, when versions are kept)."""
+    carried = "".join(f", any_value(k.{quote(c)}) AS {quote(c)}" for c in rest)
+    same = "o.derivation_key = k.derivation_key"
+    of_version = f" AND o.task_version = {sql_literal(version)}" if version is not None else ""
+    done = f"max(o.seq) FILTER (WHERE {same} AND o.done)"
+    other = f"max(o.settle_seq) FILTER (WHERE o.derivation_key <> k.derivation_key{of_version})"
+    return (f"SELECT k.unit_ref, k.derivation_key{carried}, coalesce({done} >= coalesce({other}, -1), false) "
+            f"AS settled, coalesce(max(o.attempts) FILTER (WHERE {same}), 0) AS attempts "
+            f"FROM ({keyed}) AS k LEFT JOIN ({stored_keys(output, unit)}) AS o "
+            f"ON o.unit_ref = k.unit_ref GROUP BY k.unit_ref, k.derivation_key")
+
+
 def state_sql(output: Snapshot, unit: tuple[str, ...], restrict: str | None = None) -> str:
     """Per (unit_ref, derivation_key) of the output table: whether the table answers a row settling
     it (``settled``) and the attempts recorded under it, exactly as a reader under the table's
     supersede rule (``storage.supersede``) would find them, read from the stored rows in one scan.
 
-    Neither the primary-key merge nor the rule's full rewrite of every row is needed for that: a row
-    under key K that settles its unit is answered unless a LATER commit settled the unit (ok or
-    empty) under another key, so the unit is settled under K exactly when the newest such row under
+    The rule's full rewrite of every row is not needed for that, only each primary key's latest row
+    (:func:`stored_keys`): a row under key K that settles its unit is answered unless a LATER commit
+    settled the unit (ok or empty) under another key, so the unit is settled under K exactly when the newest such row under
     K is no older than the newest settling landing under any other key (a marker that stopped retrying
     is withheld by a later settling landing under K too, but then K's own landing answers). Each
     row's commit is its part's ``ord_seq``. ``restrict``: a SELECT of unit_ref values; only their
     units are read.
     """
-    order = sorted(range(len(output.parts)), key=lambda i: (output.parts[i].ord_seq, output.parts[i].ord_idx))
-    files = "[" + ", ".join(sql_literal(output.uris[i]) for i in order) + "]"
-    seqs = "[" + ", ".join(str(output.parts[i].ord_seq) for i in order) + "]"
     units = ", ".join(unit)
     keyed = f"{units}, derivation_key"
-    where = "unit_ref IS NOT NULL" + (f" AND unit_ref IN ({restrict})" if restrict else "")
-    rows = (f"SELECT {keyed}, kind, unit_status, retry, attempts, {seqs}[CAST(file_index AS BIGINT) + 1] AS seq "
-            f"FROM read_parquet({files}, hive_partitioning = false, union_by_name = true) WHERE {where}")
-    per_key = (f"SELECT {keyed}, max(seq) FILTER (WHERE {DONE}) AS done_seq, "
-               f"max(seq) FILTER (WHERE unit_status IN ('ok', 'empty')) AS settle_seq, max(attempts) AS attempts "
-               f"FROM ({rows}) GROUP BY {keyed}")
+    rows = stored_keys(output, unit, restrict)
+    per_key = (f"SELECT {keyed}, max(seq) FILTER (WHERE done) AS done_seq, max(settle_seq) AS settle_seq, "
+               f"max(attempts) AS attempts FROM ({rows}) GROUP BY {keyed}")
     top = (f"SELECT {units}, max(settle_seq) AS s1, arg_max(derivation_key, settle_seq) AS k1 "
            f"FROM __per_key GROUP BY {units}")
     on = " AND ".join(f"t.{u} IS NOT DISTINCT FROM k.{u}" for u in unit)

@@ -8,11 +8,11 @@ import tempfile
 from typing import Any
 
 import pyarrow as pa
-from contextful.engine.derive.select import DONE, state_sql
+from contextful.engine.derive.select import DONE, settled_sql, state_sql
 from contextful.storage import ManualClock, Store
 from contextful.storage.snapshot import snapshot_sql
 from contextful.storage.supersede import Supersede
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 SCHEMA = pa.schema({"unit_ref": pa.string(), "derivation_key": pa.string(), "cue_seq": pa.int64(),
@@ -33,8 +33,11 @@ def _batch(rows: list[tuple[Any, ...]]) -> pa.Table:
     return pa.table(cols, schema=SCHEMA)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(operation, min_size=1, max_size=6))
+@example(ops=[("land", [("u1", "A", -1, "ok", False, 1)]), ("land", [("u1", "A", -1, "failed", True, 1)])])  # merged away
+@example(ops=[("land", [("u0", "A", 0, "ok", False, 1)]), ("land", [("u0", "B", 0, "ok", False, 1)]),
+              ("land", [("u0", "A", -1, "failed", True, 2)]), ("fold", [])])  # A, B, then A failing
 def test_the_one_scan_state_settles_what_a_reader_under_the_rule_finds_settled(ops: list[tuple[str, Any]]) -> None:
     with tempfile.TemporaryDirectory() as root:
         store = Store.open(root, clock=ManualClock(1_700_000_000_000_000))
@@ -58,8 +61,15 @@ def test_the_one_scan_state_settles_what_a_reader_under_the_rule_finds_settled(o
                     got = {(u, k) for u, k, settled in con.sql(
                         f"SELECT unit_ref, derivation_key, settled FROM ({state_sql(snap, ('unit_ref',))})"
                     ).fetchall() if settled}
+                    # the selection's own join: every (unit, key) a parent could hold as its current key
+                    every = "SELECT u AS unit_ref, k AS derivation_key FROM (VALUES ('u0'), ('u1'), ('u2')) AS a(u), " \
+                            "(VALUES ('A'), ('B'), ('C')) AS b(k)"
+                    joined = {(u, k) for u, k, settled in con.sql(
+                        f"SELECT unit_ref, derivation_key, settled FROM ({settled_sql(every, [], snap, ('unit_ref',), None)})"
+                    ).fetchall() if settled}
                 finally:
                     con.close()
                 assert got == expected, (ops, got, expected)
+                assert joined == expected, (ops, joined, expected)
         finally:
             store.close()
