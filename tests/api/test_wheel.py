@@ -90,9 +90,9 @@ def test_the_wheel_installs_one_import_name_and_shadows_nothing(installed: tuple
 def test_the_readme_main_job_runs_from_another_directory(installed: tuple[Path, Path, dict[str, str]]) -> None:
     bin_dir, elsewhere, env = installed
     python = bin_dir / "python"
-    project = elsewhere / "example"
-    project.mkdir()
-    shutil.copy2(REPO / "datasets" / "example" / "contextful.toml", project / "contextful.toml")
+    project = elsewhere / "example"  # the example project as a clone has it, its speech recordings beside it
+    shutil.copytree(REPO / "datasets" / "example", project, ignore=shutil.ignore_patterns("raw", ".contextful"))
+    shutil.copytree(REPO / "datasets" / "speech", elsewhere / "speech", ignore=shutil.ignore_patterns("__pycache__"))
     steps = [
         (python, "-m", "contextful.datasets.gharchive", "400", project / "raw", "--shards", "2", "--gzip"),
         (bin_dir / "contextful", "--project", project, "pipeline", "run"),
