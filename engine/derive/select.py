@@ -203,18 +203,19 @@ class Selection:
         """The columns naming a unit under the output table's supersede rule."""
         return ("unit_ref", "task_version") if self.config.retain_versions else ("unit_ref",)
 
-    def _joined_sql(self) -> str:
+    def _joined_sql(self, carry: bool = True) -> str:
         """Every unit with ``settled`` and ``attempts``: the parents' keys joined to the output's stored
         rows of their units and aggregated per unit in one pass. A unit is settled under its current
         key K when its newest settling row under K is no older than the newest ``ok``/``empty``
         landing under another key (of its task version, when versions are retained): exactly what a
-        reader under the supersede rule finds (:func:`state_sql` says why)."""
+        reader under the supersede rule finds (:func:`state_sql` says why). ``carry``: the units' other
+        columns ride along (counting needs none of them, so its join state holds only ids and keys)."""
         keyed = self._keyed_sql()
         if self._output is None:
             return f"SELECT k.*, false AS settled, 0 AS attempts FROM ({keyed}) AS k"
         if self._keyed_columns is None:
             self._keyed_columns = [r[0] for r in self.con.execute(f"DESCRIBE {keyed}").fetchall()]
-        rest = [c for c in self._keyed_columns if c not in ("unit_ref", "derivation_key")]
+        rest = [c for c in self._keyed_columns if c not in ("unit_ref", "derivation_key")] if carry else []
         version = self.version if self.config.retain_versions else None
         return settled_sql(keyed, rest, self._output, self.unit_columns, version)
 
@@ -223,7 +224,7 @@ class Selection:
         if self.empty:
             return SelectionCounts(0, 0, 0)
         [(eligible, derived)] = self.con.execute(
-            f"SELECT count(*), count(*) FILTER (WHERE settled) FROM ({self._joined_sql()})").fetchall()
+            f"SELECT count(*), count(*) FILTER (WHERE settled) FROM ({self._joined_sql(carry=False)})").fetchall()
         return SelectionCounts(int(eligible), int(derived), int(eligible) - int(derived))
 
     def outstanding(self) -> Iterator[pa.RecordBatch]:
