@@ -222,6 +222,15 @@ def host_marker_schema(unit_type: pa.DataType) -> pa.Schema:
     ])
 
 
+def host_content_schema(rows: Sequence[Mapping[str, Any]], unit_type: pa.DataType) -> pa.Schema:
+    """A host content table's schema for ``rows``: every row's columns, in order of first appearance
+    (a unit's empty-marker row, first, holds none of the task's own), their types inferred."""
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    inferred = pa.table({name: [row.get(name) for row in rows] for name in names}).schema
+    fixed = {"unit_ref": unit_type, "cue_seq": pa.int64()}
+    return pa.schema([pa.field(f.name, fixed.get(f.name, f.type)) for f in inferred])
+
+
 def host_rows(unit_ref: Any, key: str, version: str, answer: Answer, attempts: int, max_attempts: int,
               marker_table: str, content_tables: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
     """A host unit's rows per table: content rows (and, for a content table the unit leaves empty, one

@@ -46,6 +46,7 @@ from contextful.engine.derive.emit import (
     builtin_schema,
     failed,
     host_answer,
+    host_content_schema,
     host_marker_schema,
     host_rows,
     parse_engine_output,
@@ -446,9 +447,7 @@ class _Runner:
             return builtin_schema(unit_type, tier.config.columns)
         if table == tier.task.marker_table:
             return host_marker_schema(unit_type)
-        inferred = pa.Table.from_pylist(rows).schema
-        fixed = {"unit_ref": unit_type, "cue_seq": pa.int64()}
-        return pa.schema([pa.field(f.name, fixed.get(f.name, f.type)) for f in inferred])
+        return host_content_schema(rows, unit_type)
 
 
 def _label(unit: dict[str, Any]) -> str:

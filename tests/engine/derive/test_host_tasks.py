@@ -292,3 +292,22 @@ def test_a_canceled_derive_run_lands_nothing_more_and_the_rerun_derives_what_is_
     results = project.run()
     assert results[-1].derive is not None and results[-1].derive["outstanding"] == 3
     assert project.rows("SELECT count(*) FROM chunks_done WHERE unit_status IN ('ok', 'empty')") == [(3,)]
+
+
+def test_content_columns_come_from_every_row_whichever_unit_lands_first(tmp_path: Path,
+                                                                       task: tuple[str, Calls]) -> None:
+    """A unit with no content rows lands a marker row in each content table; the table's columns are
+    still the union of every row's (a first row without `text` drops no column)."""
+    name, _calls = task
+    project = _project(tmp_path, name)
+    project.parents([{"id": "a", "body": ""}])  # lands first, alone: markers only
+    project.run()
+    project.parents([{"id": "b", "body": ""}, {"id": "c", "body": "x|y"}])
+    project.run()
+    assert project.rows("SELECT unit_ref, text FROM chunks WHERE kind = 'passage' ORDER BY 1, 2") == [
+        ("c", "x"), ("c", "y")]
+    from contextful.engine.derive.emit import host_content_schema
+
+    marker_first = [{"unit_ref": "b", "cue_seq": -1, "kind": "marker"},
+                    {"unit_ref": "c", "cue_seq": 0, "kind": "passage", "text": "x"}]
+    assert host_content_schema(marker_first, pa.string()).names == ["unit_ref", "cue_seq", "kind", "text"]
