@@ -28,8 +28,8 @@ import os
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 from contextful.engine.project import open_store
 from contextful.storage import Store
@@ -42,8 +42,14 @@ from contextful.storage.errors import (
     TableUnreadable,
     first_line,
 )
+from contextful.storage.lazy import lazy_module
 from contextful.storage.reserved import ITEMS_TABLE, RUNS_TABLE
 from contextful.storage.snapshot import Snapshot, quote, snapshot_sql, sql_literal
+
+if TYPE_CHECKING:
+    import duckdb
+else:
+    duckdb = lazy_module("duckdb")
 
 _RUNS_CACHE = "__contextful_runs_history"
 _NAME = r"'(?P<table>[A-Za-z_][A-Za-z0-9_]*)'"

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from contextful.storage.errors import SchemaIrreconcilable
+from contextful.storage.lazy import lazy_module
 from contextful.storage.parts import dictionary_columns
 from contextful.storage.reconcile import conform
 from pyiceberg.io import FileIO
@@ -35,6 +35,11 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 from pyiceberg.utils.properties import property_as_bool
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
+else:
+    pq = lazy_module("pyarrow.parquet")
 
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 

@@ -7,8 +7,15 @@ and endpoint (DuckDB's own extensions are not needed and not downloaded).
 
 from __future__ import annotations
 
-import duckdb
+from typing import TYPE_CHECKING
+
+from contextful.storage.lazy import lazy_module
 from contextful.storage.objects import ObjectStore
+
+if TYPE_CHECKING:
+    import duckdb
+else:
+    duckdb = lazy_module("duckdb")
 
 
 def connect(objects: ObjectStore, database: str = ":memory:") -> duckdb.DuckDBPyConnection:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from itertools import count
 from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 from contextful.storage.catalog import PartRow
 from contextful.storage.commits import (
@@ -42,6 +41,7 @@ from contextful.storage.commits import (
     RemoveParts,
 )
 from contextful.storage.errors import CommitOutcomeUnknown
+from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import RunManifest, manifest_key, schema_to_text
 from contextful.storage.parts import part_key, write_part
 from contextful.storage.reconcile import conform
@@ -49,6 +49,11 @@ from contextful.storage.snapshot import Snapshot, quote, snapshot_sql, stored_ro
 from contextful.storage.staging import StagingLease
 from contextful.storage.supersede import Supersede
 from contextful.storage.transaction import new_run_id
+
+if TYPE_CHECKING:
+    import duckdb
+else:
+    duckdb = lazy_module("duckdb")
 
 if TYPE_CHECKING:
     from contextful.storage.store import Store

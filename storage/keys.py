@@ -18,9 +18,16 @@ path calls it earlier with the input's name and the row's position in that input
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.storage.errors import PrimaryKeyColumnMissing, PrimaryKeyNull
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 
 def check_keys(table: str, primary_key: tuple[str, ...], data: pa.Table, *, input: str | None = None,

@@ -1,6 +1,8 @@
-"""Object access over fsspec: the one place the store touches bytes at rest.
+"""Object access: the one place the store touches bytes at rest.
 
-A store root is a local path or an fsspec URL (``s3://bucket/prefix`` through s3fs). Keys are
+A store root is a local path or an fsspec URL (``s3://bucket/prefix`` through s3fs). A local root
+is read and written through ``os`` (fsspec, 50-150 ms of imports, is loaded only for a remote root
+or a caller asking for :attr:`ObjectStore.fs`). Keys are
 ``/``-separated and relative to the root. Writes that must never be seen half-done (manifests,
 parts) go through :meth:`ObjectStore.atomic_writer`: on a local filesystem a temporary sibling is
 fsynced and renamed into place; an object store's PUT (and a closed multipart upload) is atomic
@@ -11,17 +13,19 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
+if TYPE_CHECKING:
+    import fsspec
 
 TMP_MARK = ".tmp-"
+LOCAL_PROTOCOLS = ("file", "local")
 
 
 @dataclass(frozen=True)
@@ -45,18 +49,24 @@ class ObjectStore:
 
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None, *, create: bool = True) -> None:
         """Bind ``root``; a local root's directory is made unless ``create`` is False (a reader's)."""
-        protocol, path = fsspec.core.split_protocol(str(root))
+        protocol, path = split_protocol(str(root))
         protocol = protocol or "file"
-        options = storage_options if storage_options is not None else _storage_options_from_env(protocol)
-        self.fs: fsspec.AbstractFileSystem = fsspec.filesystem(protocol, **options)
+        self._options = storage_options if storage_options is not None else _storage_options_from_env(protocol)
         self.protocol = protocol
-        self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.is_local = protocol in LOCAL_PROTOCOLS
         if self.is_local:
             path = os.path.abspath(path)
             if create:
                 os.makedirs(path, exist_ok=True)
         self.root = path.rstrip("/")
         self.url = self.root if self.is_local else f"{protocol}://{self.root}"
+
+    @functools.cached_property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The fsspec filesystem of the root (built on first use)."""
+        import fsspec
+
+        return fsspec.filesystem(self.protocol, **self._options)
 
     # --- naming -------------------------------------------------------------------------------
 
@@ -69,7 +79,7 @@ class ObjectStore:
         return self.path(key) if self.is_local else f"{self.protocol}://{self.path(key)}"
 
     def key_of(self, path: str) -> str:
-        _, bare = fsspec.core.split_protocol(path)
+        _, bare = split_protocol(path)
         return bare[len(self.root) + 1 :]
 
     # --- writing ------------------------------------------------------------------------------
@@ -154,15 +164,22 @@ class ObjectStore:
     # --- reading ------------------------------------------------------------------------------
 
     def get_bytes(self, key: str) -> bytes:
+        if self.is_local:
+            with open(self.path(key), "rb") as fh:
+                return fh.read()
         with self.fs.open(self.path(key), "rb") as fh:
             return fh.read()
 
     def exists(self, key: str) -> bool:
+        if self.is_local:
+            return os.path.exists(self.path(key))
         return self.fs.exists(self.path(key))
 
     def list(self, prefix: str) -> builtins.list[ObjectInfo]:
         """Every object under ``prefix`` (recursively), temporaries included."""
         base = self.path(prefix)
+        if self.is_local:
+            return _local_files(base, len(self.root) + 1)
         if not self.fs.exists(base):
             return []
         found = self.fs.find(base, detail=True)
@@ -176,6 +193,8 @@ class ObjectStore:
     def children(self, prefix: str) -> builtins.list[str]:
         """The names directly under ``prefix`` (its directories, or common prefixes on an object store)."""
         base = self.path(prefix)
+        if self.is_local:
+            return sorted(os.listdir(base)) if os.path.isdir(base) else []
         if not self.fs.exists(base):
             return []
         return sorted(self.key_of(p).rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False))
@@ -183,7 +202,11 @@ class ObjectStore:
     def delete(self, keys: builtins.list[str]) -> None:
         """Delete ``keys``; one already gone (a temporary renamed or removed since it was listed)
         counts as deleted, so collection racing a writer never fails on it."""
-        if keys:
+        if keys and self.is_local:
+            for key in keys:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path(key))
+        elif keys:
             try:
                 self.fs.rm([self.path(k) for k in keys])
             except FileNotFoundError:
@@ -192,8 +215,30 @@ class ObjectStore:
                         self.fs.rm(self.path(key))
                     except FileNotFoundError:
                         continue
-            if not self.is_local:
-                self.fs.invalidate_cache()
+            self.fs.invalidate_cache()
+
+
+def split_protocol(url: str) -> tuple[str | None, str]:
+    """``("s3", "bucket/key")`` for ``s3://bucket/key``; ``(None, path)`` for a plain path."""
+    protocol, sep, rest = url.partition("://")
+    return (protocol, rest) if sep and protocol.isidentifier() else (None, url)
+
+
+def _local_files(base: str, strip: int) -> builtins.list[ObjectInfo]:
+    """The files under the local directory ``base`` (recursively), keyed by path after ``strip`` characters."""
+    if os.path.isfile(base):
+        st = os.stat(base)
+        return [ObjectInfo(base[strip:], st.st_size, datetime.fromtimestamp(st.st_mtime, tz=UTC))]
+    out = []
+    for directory, _dirs, files in os.walk(base):
+        for name in files:
+            path = os.path.join(directory, name)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:  # renamed or removed since the walk saw it
+                continue
+            out.append(ObjectInfo(path[strip:], st.st_size, datetime.fromtimestamp(st.st_mtime, tz=UTC)))
+    return out
 
 
 def _discard(fh: Any) -> None:

@@ -14,13 +14,18 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from contextful.storage.commits import PartFile
+from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import table_prefix
 from contextful.storage.objects import ObjectStore
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
+else:
+    pq = lazy_module("pyarrow.parquet")
 
 PART_ROWS = 4_000_000
 ROW_GROUP_ROWS = 256 * 1024

@@ -42,11 +42,16 @@ Example::
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.storage.errors import PrimaryKeyWideningLossy, SchemaIrreconcilable
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 _TIME_UNITS = ("s", "ms", "us", "ns")
 

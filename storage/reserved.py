@@ -10,10 +10,16 @@ validation before a byte is staged.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.storage.errors import ModalityInvalid, TableNameInvalid
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 RUNS_TABLE = "_runs"
 ITEMS_TABLE = "_items"

@@ -33,13 +33,19 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 from contextful.storage.catalog import PartRow
 from contextful.storage.errors import TableUnreadable
+from contextful.storage.lazy import lazy_module
 from contextful.storage.supersede import NAMES as RULE_NAMES
 from contextful.storage.supersede import SEQ, Supersede, ruled_sql
+
+if TYPE_CHECKING:
+    import duckdb
+else:
+    duckdb = lazy_module("duckdb")
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
-import duckdb
 from contextful.storage.awakeables import AwakeableStore, awakeable_store_beside
 from contextful.storage.blobs import BlobStore, open_blob_store
 from contextful.storage.blobs.files import FileBlobStore
@@ -46,6 +45,7 @@ from contextful.storage.errors import (
 )
 from contextful.storage.fold import FoldResult, fold_table
 from contextful.storage.journal import JournalStore, open_journal_store
+from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import table_prefix
 from contextful.storage.objects import ObjectStore
 from contextful.storage.outbox import OutboxStore, open_outbox_store
@@ -55,6 +55,11 @@ from contextful.storage.snapshot import Snapshot
 from contextful.storage.supersede import Supersede
 from contextful.storage.table import Table
 from contextful.storage.transaction import CommitResult
+
+if TYPE_CHECKING:
+    import duckdb
+else:
+    duckdb = lazy_module("duckdb")
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,8 @@ import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 from contextful.engine.export.sql_vocabulary import (
     AGGREGATES,
     FUNCTIONS,
@@ -45,6 +44,12 @@ from contextful.engine.export.sql_vocabulary import (
     WINDOW_FUNCTIONS,
 )
 from contextful.storage.errors import first_line
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import duckdb
+else:
+    duckdb = lazy_module("duckdb")
 
 TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 """The only spelling of a table a gateway request or its SQL may use."""

@@ -45,14 +45,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.engine.guard.catalogue import replace_spans, scan_text
 from contextful.engine.guard.escapes import Piece, decode, decoded_text, findings, mask_all
 from contextful.engine.guard.names import disambiguate, mask_metadata, mask_name, mask_names
 from contextful.engine.guard.prefilter import PREFILTER_PATTERN, Candidates, candidate_cells, candidates
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 __all__ = ["PREFILTER_PATTERN", "GuardResult", "guard_table"]
 

@@ -21,9 +21,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 DIGEST_BYTES = 16
 

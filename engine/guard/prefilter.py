@@ -25,13 +25,18 @@ import logging
 import os
 import string
 import threading
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.engine.guard.catalogue import PREFIXES
 from contextful.engine.guard.escapes import MARKER_PATTERN, MARKERS
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 log = logging.getLogger(__name__)
 

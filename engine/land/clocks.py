@@ -31,12 +31,17 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.engine.land.typed import apply_types
 from contextful.storage.errors import CursorPositionUnorderable, TypedLandingFailed, first_line
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 CLOCK_KINDS = ("numeric", "timestamp", "text")
 _STAMP = r"^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}(?::?\d{2})?)?)?$"

@@ -56,6 +56,7 @@ reading the input again up to the record (only a failing input pays).
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import io
 import json
@@ -75,17 +76,24 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import fsspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
-import pyarrow.parquet as pq
 from contextful.storage.errors import first_line
+from contextful.storage.lazy import lazy_module, preload
 from pyarrow import ipc
+
+if TYPE_CHECKING:  # the landing process imports this module for its constants; the server preloads these
+    import fsspec
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+else:
+    fsspec = lazy_module("fsspec")
+    pc = lazy_module("pyarrow.compute")
+    pq = lazy_module("pyarrow.parquet")
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2"}
 READ_BYTES = 4 << 20
@@ -834,11 +842,15 @@ class _CsvBlocks:
             at = table.schema.get_field_index(name)
             if at >= 0:
                 column = table.column(at)
-                table = table.set_column(at, name, pc.if_else(pc.is_in(column, value_set=_CSV_NULLS), None, column))
+                table = table.set_column(at, name, pc.if_else(pc.is_in(column, value_set=_csv_nulls()), None, column))
         return table
 
 
-_CSV_NULLS = pa.array(pcsv.ConvertOptions().null_values)
+@functools.cache
+def _csv_nulls() -> pa.Array:
+    """The texts pyarrow's CSV reader reads as null (built on first use: ``pa.array`` of a list
+    imports pandas, 0.3 s of every start otherwise)."""
+    return pa.array(pcsv.ConvertOptions().null_values)
 
 
 def _row_offset(block: bytes, text: str) -> int | None:
@@ -983,6 +995,9 @@ def _as_text(value: Any, t: pa.DataType) -> Any:
 
 if __name__ == "__main__":
     import contextful.engine.land.http_fetch  # noqa: F401  (preloaded: a connector child pays no urllib import)
+
+    preload(fsspec, pc, pq)  # imported once here: no child pays for them
+    _csv_nulls()
 
     gc.freeze()  # the preloaded objects: a child's collections skip them, so their pages stay shared
     serve(int(sys.argv[1]))

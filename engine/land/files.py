@@ -34,14 +34,14 @@ for local regular files; entries written before it are hashed once and take it).
 
 from __future__ import annotations
 
+import glob
 import os
 import stat
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fsspec
 import xxhash
 from contextful.engine.land.decode import detect_format
 from contextful.engine.land.decode_child import local_path, split_compression
@@ -53,6 +53,12 @@ from contextful.storage.errors import (
     ManifestKeyUnknown,
     ManifestValueInvalid,
 )
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import fsspec
+else:
+    fsspec = lazy_module("fsspec")
 
 CONFIG_KEYS = ("paths", "format")
 FORMATS = ("ndjson", "json", "csv", "parquet")
@@ -141,13 +147,12 @@ def unmatched_warnings(pipeline: str, config: dict[str, Any], root: Path) -> lis
     written = config.get("paths")
     written = [written] if isinstance(written, str) else list(written or [])
     warnings = []
-    fs = fsspec.filesystem("file")
     for entry, pattern in zip(written, _patterns(config, root)):
         local = local_path(pattern)
         if local is None:
             continue
         glob = any(ch in local for ch in "*?[")
-        if glob and not any(info.get("type") != "directory" for info in fs.glob(local, detail=True).values()):
+        if glob and not any(info.get("type") != "directory" for info in _local_glob(local).values()):
             warnings.append(f"pipeline {pipeline!r}: paths entry {entry!r} matches no file under {root}; a run "
                             "lands nothing from it")
         elif not glob and not os.path.exists(local):
@@ -160,20 +165,56 @@ def list_inputs(config: dict[str, Any], root: Path) -> list[InputFile]:
     """Every file the config names, in path order, fingerprinted; a literal path that is missing raises."""
     found: dict[str, InputFile] = {}
     for pattern in _patterns(config, root):
-        fs, _, _ = fsspec.get_fs_token_paths(pattern)
         protocol = pattern.split("://", 1)[0] if "://" in pattern else None
-        if not any(ch in pattern for ch in "*?["):
-            if not fs.exists(pattern):
-                raise InputNotFound(pattern)
-            matches = {pattern: fs.info(pattern)}
+        local = local_path(pattern)
+        if local is not None:
+            matches = _local_glob(local) if _is_glob(local) else _local_file(local, pattern)
         else:
-            matches = fs.glob(pattern, detail=True)
+            fs, _, _ = fsspec.get_fs_token_paths(pattern)
+            if not _is_glob(pattern):
+                if not fs.exists(pattern):
+                    raise InputNotFound(pattern)
+                matches = {pattern: fs.info(pattern)}
+            else:
+                matches = fs.glob(pattern, detail=True)
         for path, info in matches.items():
             if info.get("type") == "directory":
                 continue
             address = f"{protocol}://{path}" if protocol and "://" not in path else path
             found[address] = _input(address, info, root)
     return [found[k] for k in sorted(found)]
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
+
+
+def _local_info(path: str) -> dict[str, Any]:
+    """What fsspec's local ``info`` says of ``path`` that an input reads: size, mtime and type
+    (symbolic links followed)."""
+    status = os.stat(path)
+    kind = "directory" if stat.S_ISDIR(status.st_mode) else "file" if stat.S_ISREG(status.st_mode) else "other"
+    return {"name": path, "size": status.st_size, "mtime": status.st_mtime, "type": kind}
+
+
+def _local_file(path: str, pattern: str) -> dict[str, dict[str, Any]]:
+    try:
+        return {path: _local_info(path)}
+    except FileNotFoundError:
+        raise InputNotFound(pattern) from None
+
+
+def _local_glob(pattern: str) -> dict[str, dict[str, Any]]:
+    """The local paths ``pattern`` matches, as fsspec's local glob matches them (hidden names
+    included, ``**`` any number of directories), without importing fsspec (a no-op run's
+    fixed cost)."""
+    found = {}
+    for path in glob.iglob(pattern, recursive=True, include_hidden=True):
+        try:
+            found[path.rstrip("/") or path] = _local_info(path)
+        except FileNotFoundError:  # removed since the listing saw it
+            continue
+    return dict(sorted(found.items()))
 
 
 def _input(address: str, info: dict[str, Any], root: Path) -> InputFile:

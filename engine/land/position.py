@@ -39,13 +39,18 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.engine.land.clocks import instant_us
 from contextful.storage.errors import CursorFieldMismatch
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 POSITION_KINDS = ("watermark", "walk")
 

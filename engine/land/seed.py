@@ -47,10 +47,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.engine.config.manifest import PipelineSpec, SourceSpec
 from contextful.engine.guard import masked_failure
 from contextful.engine.land.chunks import coalesce
@@ -69,7 +68,13 @@ from contextful.storage.errors import (
     PipelineSeedDeclarationMissing,
     PipelineSeedSourceChanged,
 )
+from contextful.storage.lazy import lazy_module
 from contextful.storage.transaction import CommitResult
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,16 @@ Example::
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.storage.errors import TypedLandingFailed, TypeSpellingUnreadable, first_line
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 _SIMPLE: dict[str, pa.DataType] = {
     "bool": pa.bool_(), "boolean": pa.bool_(),

@@ -25,7 +25,6 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 from contextful.engine.guard import masked_failure
 from contextful.engine.model.conform import conform
@@ -39,7 +38,13 @@ from contextful.storage.errors import (
     QueryInvalid,
     first_line,
 )
+from contextful.storage.lazy import lazy_module
 from contextful.storage.snapshot import quote
+
+if TYPE_CHECKING:
+    import duckdb
+else:
+    duckdb = lazy_module("duckdb")
 
 if TYPE_CHECKING:
     from contextful.engine.config.manifest import Manifest

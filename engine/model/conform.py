@@ -22,13 +22,21 @@ checked, fails the same way.
 
 from __future__ import annotations
 
-import duckdb
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.engine.land.typed import parse_type
 from contextful.engine.model.spec import Contract
 from contextful.storage.errors import ContractMismatch, first_line
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import duckdb
+    import pyarrow.compute as pc
+else:
+    duckdb = lazy_module("duckdb")
+    pc = lazy_module("pyarrow.compute")
 
 _CHECKED = "__contextful_contract_check"
 

@@ -16,8 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import duckdb
 from contextful.storage.errors import ContextfulError, ManifestValueInvalid
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import duckdb
+else:
+    duckdb = lazy_module("duckdb")
 
 if TYPE_CHECKING:
     from contextful.engine.config.parse import _Problems

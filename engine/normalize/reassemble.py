@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.engine.normalize.relational import (
     ELEMENT_NULL,
     ID,
@@ -37,6 +37,12 @@ from contextful.engine.normalize.relational import (
     child_table_name,
     split_column,
 )
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 
 @dataclass

@@ -47,14 +47,19 @@ import hashlib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.storage.errors import PipelineListIndexMissing, SchemaIrreconcilable
 from contextful.storage.keys import check_keys
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 ID = "_cf_id"
 PARENT_ID = "_cf_parent_id"

@@ -28,10 +28,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
+from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import pyarrow.compute as pc
     from contextful.storage import Store
+else:
+    pc = lazy_module("pyarrow.compute")
 
 SETTLED = ("committed", "failed")
 """The statuses a health observation reads; ``canceled`` and ``planned`` are skipped."""

@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from contextful.storage.errors import (
     ContextfulError,
     ManifestKeyUnknown,
@@ -44,6 +43,12 @@ from contextful.storage.errors import (
     PipelineUndeclaredControlFlow,
     SchemaIrreconcilable,
 )
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    pc = lazy_module("pyarrow.compute")
 
 CONTROL_FLOW_KEYS = frozenset({"if", "elif", "unless", "when", "while", "until", "for", "for_each", "foreach",
                                "each", "loop", "repeat", "switch", "case", "match", "goto", "do"})

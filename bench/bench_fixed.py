@@ -1,0 +1,216 @@
+"""A command's fixed cost: what `contextful` pays before and around its work, against the interpreter's.
+
+A data engineer's everyday run is small and frequent (a few new files every few minutes, a cron
+``--cycle``), so the start-up of a command weighs more than its throughput. Each command below is
+timed as a user runs it — a child process from spawn to exit — interleaved with the yardstick
+``python -c "import pyarrow"`` (A B A B …), and its ratio taken pair by pair, medians over reps.
+
+Commands, on a project with one ``files`` pipeline over GitHub-archive-like events that has landed
+once (so the store, its catalog and one table exist):
+
+- ``python -c pass``: the interpreter alone (the floor);
+- ``contextful --help``, ``contextful pipeline validate``, ``contextful sql "SELECT count(*) …"``;
+- ``contextful pipeline run`` with nothing new (target: within 2x the yardstick);
+- ``contextful pipeline run`` landing one new 1 MB file (target: under 0.5 s more than the no-op run).
+
+The package's bytecode is compiled first (``compileall``), as an installed wheel has it: a
+checkout run with ``PYTHONDONTWRITEBYTECODE`` set would otherwise recompile every module per
+command and time the compiler. Where the time goes: one more run of each command under
+``python -X importtime``, its import time summed per top-level package (``pyarrow`` counts numpy
+with it), and the rest of the wall time (less the interpreter's start) called work.
+
+    python bench/bench_fixed.py            # 15 reps of each
+    python bench/bench_fixed.py --quick    # 5 reps
+    python bench/bench_fixed.py --json /tmp/fixed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE = "python -c 'import pyarrow'"
+MANIFEST = """\
+[project]
+name = "bench-fixed"
+
+[[pipeline]]
+id = "events"
+table = "events"
+
+[pipeline.source]
+kind = "files"
+
+[pipeline.source.config]
+paths = ["in/*.ndjson"]
+"""
+ONE_MB_EVENTS = 850  # GitHub-archive-like events: about 1.0 MB of NDJSON
+GROUPS = {"numpy": "pyarrow", "pyarrow": "pyarrow", "duckdb": "duckdb", "_duckdb": "duckdb", "polars": "polars",
+          "pandas": "pandas", "fsspec": "fsspec", "contextful": "contextful", "click": "click"}
+
+
+def contextful_argv(*args: str) -> list[str]:
+    """The ``contextful`` console script beside this interpreter (as a user runs it), else ``-m``."""
+    script = Path(sys.executable).with_name("contextful")
+    head = [str(script)] if script.exists() else [sys.executable, "-m", "contextful.engine.cli"]
+    return [*head, *args]
+
+
+def timed(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, float, int]:
+    """Wall seconds spawn to exit, CPU seconds and peak RSS (bytes) of one run of ``argv``."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}): {err[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+
+
+def import_breakdown(argv: list[str], cwd: Path) -> dict[str, float]:
+    """Seconds of import per package group in one run of ``argv`` under ``-X importtime``."""
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=True)
+    groups: dict[str, float] = defaultdict(float)
+    for line in proc.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        head, _cumulative, name = line.split("|", 2)
+        try:
+            self_us = int(head.split(":")[1])
+        except ValueError:  # the header line
+            continue
+        top = name.strip().split(".")[0]
+        groups[GROUPS.get(top, "other")] += self_us / 1e6
+    return dict(groups)
+
+
+def make_project(work: Path, events: int) -> Path:
+    from contextful.datasets import gharchive
+
+    project = work / "project"
+    (project / "in").mkdir(parents=True)
+    (project / "contextful.toml").write_text(MANIFEST)
+    gharchive.write_shards(events, project / "in", shards=1, seed=7)
+    return project
+
+
+def new_input(project: Path, serial: int) -> None:
+    """One more ~1 MB input for the next run to land."""
+    from contextful.datasets import gharchive
+
+    staging = project / f"staging-{serial}"
+    gharchive.write_shards(ONE_MB_EVENTS, staging, shards=1, seed=1000 + serial)
+    for path in staging.iterdir():
+        path.rename(project / "in" / f"new-{serial:04d}-{path.name}")
+    staging.rmdir()
+
+
+def measure(reps: int) -> list[dict[str, object]]:
+    compileall.compile_dir(REPO / "engine", quiet=1)
+    for package in ("storage", "iceberg", "datasets", "contextful"):
+        compileall.compile_dir(REPO / package, quiet=1)
+    work = Path(tempfile.mkdtemp(prefix="bench-fixed-"))
+    try:
+        project = make_project(work, ONE_MB_EVENTS)
+        subprocess.run(contextful_argv("pipeline", "run"), cwd=project, check=True, capture_output=True)
+        baseline = [sys.executable, "-c", "import pyarrow"]
+        commands: dict[str, list[str]] = {
+            "python -c pass": [sys.executable, "-c", "pass"],
+            "contextful --help": contextful_argv("--help"),
+            "contextful pipeline validate": contextful_argv("pipeline", "validate"),
+            "contextful sql": contextful_argv("sql", "SELECT count(*) FROM events"),
+            "contextful pipeline run (nothing new)": contextful_argv("pipeline", "run"),
+            "contextful pipeline run (one 1 MB file)": contextful_argv("pipeline", "run"),
+        }
+        samples: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+        ratios: dict[str, list[float]] = defaultdict(list)
+        serial = 0
+        for argv in [baseline, *commands.values()]:  # warm the page cache (a no-op run: nothing is new yet)
+            timed(argv, project)
+        for _ in range(reps):
+            for name, argv in commands.items():
+                if name.endswith("1 MB file)"):
+                    serial += 1
+                    new_input(project, serial)
+                base = timed(baseline, project)
+                ours = timed(argv, project)
+                samples[BASELINE].append(base)
+                samples[name].append(ours)
+                ratios[name].append(ours[0] / base[0])
+        floor = statistics.median(s[0] for s in samples["python -c pass"])
+        records: list[dict[str, object]] = []
+        for name in [BASELINE, *commands]:
+            runs = samples[name]
+            wall = statistics.median(r[0] for r in runs)
+            record: dict[str, object] = {
+                "series": name, "seconds": round(wall, 4), "cpu_seconds": round(statistics.median(r[1] for r in runs), 4),
+                "peak_rss_bytes": max(r[2] for r in runs), "reps": len(runs)}
+            if name in ratios:
+                record.update(ratio_to="python -c 'import pyarrow'", ratio=round(statistics.median(ratios[name]), 3))
+            if name.startswith("contextful"):
+                if name.endswith("1 MB file)"):  # a fresh input for the breakdown's own run
+                    serial += 1
+                    new_input(project, serial)
+                imports = import_breakdown(commands[name], project)
+                record["imports_seconds"] = {k: round(v, 4) for k, v in sorted(imports.items())}
+                record["work_seconds"] = round(max(0.0, wall - floor - sum(imports.values())), 4)
+            records.append(record)
+        return records
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def summary(records: list[dict[str, object]]) -> str:
+    by = {r["series"]: r for r in records}
+    lines = ["| command | median wall s | cpu s | ratio to `import pyarrow` | peak RSS MiB | imports s (by package) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in records:
+        imports = r.get("imports_seconds") or {}
+        spelled = ", ".join(f"{k} {v:.3f}" for k, v in sorted(imports.items(), key=lambda kv: -kv[1])) \
+            if isinstance(imports, dict) else ""
+        lines.append(f"| `{r['series']}` | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} | {r.get('ratio', '—')} | "
+                     f"{int(r['peak_rss_bytes']) / 2**20:.0f} | {spelled} |")
+    noop = by["contextful pipeline run (nothing new)"]
+    one = by["contextful pipeline run (one 1 MB file)"]
+    extra = float(one["seconds"]) - float(noop["seconds"])  # type: ignore[arg-type]
+    lines += ["", f"no-op run / import pyarrow: {noop['ratio']} (target <= 2: {'met' if float(noop['ratio']) <= 2 else 'MISSED'})",  # type: ignore[arg-type]
+              f"one 1 MB file run - no-op run: {extra:.3f} s (target < 0.5 s: {'met' if extra < 0.5 else 'MISSED'})"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="5 reps instead of 15")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="write the records here")
+    args = parser.parse_args()
+    reps = args.reps or (5 if args.quick else 15)
+    records = measure(reps)
+    print(summary(records))
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "bench": "fixed", "date": date.today().isoformat(),
+            "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
+            "records": records}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Heavy libraries imported on first use, so a command pays only for what it touches.
+
+A no-op ``contextful pipeline run`` must cost about what ``import pyarrow`` costs (issue 17's
+fixed-cost target); DuckDB, pyarrow.compute, fsspec, numpy and cryptography each add 50-350 ms to a
+start, and most commands never call them. A module on a command's startup path binds such a library
+with :func:`lazy_module` instead of ``import``::
+
+    if TYPE_CHECKING:
+        import duckdb
+    else:
+        duckdb = lazy_module("duckdb")
+
+and reads ``duckdb.connect`` as before: the first attribute read imports the library and copies its
+namespace into the stand-in, so later reads are plain attribute lookups (no hook, no import
+machinery). Module-level code that reads an attribute imports the library right there, as ``import``
+would, so use it only where the module's top level does not touch the library.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
+
+class _LazyModule(types.ModuleType):
+    """A stand-in for a module not imported yet: the first attribute read imports it."""
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):  # introspection (copy, pickle, doctest) must not import
+            raise AttributeError(attr)
+        module = importlib.import_module(self.__name__)
+        self.__dict__.update(module.__dict__)  # later reads find the names without this hook
+        return getattr(module, attr)
+
+
+def lazy_module(name: str) -> types.ModuleType:
+    """``name`` itself when imported already, else a stand-in that imports it on first use."""
+    loaded = sys.modules.get(name)
+    return loaded if loaded is not None else _LazyModule(name)
+
+
+def preload(*modules: types.ModuleType) -> None:
+    """Import the modules behind stand-ins now (a fork server preloads what its children use)."""
+    for module in modules:
+        if isinstance(module, _LazyModule):
+            module.__dict__.update(importlib.import_module(module.__name__).__dict__)
