@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 SUFFIX = ".csv"
-BLOCK = 50_000
+BLOCK = 20_000
 
 
 @lru_cache(maxsize=1)

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 SUFFIX = ".ndjson"
-BLOCK = 20_000
+BLOCK = 5_000
 COLUMNS = 200
 KINDS = ("int", "float", "str", "bool", "time")
 KIND_WEIGHTS = (0.32, 0.24, 0.26, 0.09, 0.09)
