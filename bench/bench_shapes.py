@@ -118,17 +118,17 @@ def bench_shape(shape: str, shards: list[str], rows: int, reps: int, work: str) 
     records = []
     for side in SIDES:
         ratio = med["pyarrow"] / med[side]
-        target = TARGETS.get(side)
-        record = {"series": side, "shape": shape, "rows": rows, "input_bytes": size, "seconds": round(med[side], 3),
+        goal = TARGETS.get(side)
+        record: dict[str, Any] = {"series": side, "shape": shape, "rows": rows, "input_bytes": size, "seconds": round(med[side], 3),
                   "reps": [round(r["seconds"], 3) for r in runs[side]],
                   "peak_rss_bytes": max(r["tree_peak_bytes"] for r in runs[side]),
                   "largest_process_bytes": max(r["max_process_bytes"] for r in runs[side]),
                   "ratio_to": "pyarrow", "ratio": round(ratio, 3)}
-        if target is not None:
-            record["target"] = target
-            record["target_met"] = ratio >= target
+        if goal is not None:
+            record["target"] = goal
+            record["target_met"] = ratio >= goal
         records.append(record)
-        verdict = "" if target is None else f"  target >= {target}: {'met' if ratio >= target else 'MISSED'}"
+        verdict = "" if goal is None else f"  target >= {goal}: {'met' if ratio >= goal else 'MISSED'}"
         print(f"  {side:>21}: median {med[side]:.2f} s, ratio {ratio:.2f}, peak {mib(record['peak_rss_bytes'])}"
               f"{verdict}", flush=True)
     return records

@@ -11,9 +11,10 @@ it has seen. Row ``i``'s block seeds a ``random.Random`` with ``"deep:<seed>:<bl
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
+
+from .shards import ndjson_block
 
 SUFFIX = ".ndjson"
 BLOCK = 2000
@@ -79,7 +80,4 @@ def document(rng: random.Random, row: int) -> dict[str, Any]:
 
 
 def block(seed: int, index: int, rows: int) -> bytes:
-    rng = random.Random(f"deep:{seed}:{index}")
-    first = index * BLOCK
-    return "".join(json.dumps(document(rng, first + i), ensure_ascii=False, separators=(",", ":")) + "\n"
-                   for i in range(rows)).encode()
+    return ndjson_block(document, random.Random(f"deep:{seed}:{index}"), index * BLOCK, rows)

@@ -13,9 +13,10 @@ a few are long. Row ``i``'s block seeds a ``random.Random`` with ``"hub:<seed>:<
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
+
+from .shards import ndjson_block
 
 SUFFIX = ".ndjson"
 BLOCK = 2000
@@ -140,7 +141,4 @@ def event(rng: random.Random, row: int) -> dict[str, Any]:
 
 
 def block(seed: int, index: int, rows: int) -> bytes:
-    rng = random.Random(f"hub:{seed}:{index}")
-    first = index * BLOCK
-    return "".join(json.dumps(event(rng, first + i), ensure_ascii=False, separators=(",", ":")) + "\n"
-                   for i in range(rows)).encode()
+    return ndjson_block(event, random.Random(f"hub:{seed}:{index}"), index * BLOCK, rows)

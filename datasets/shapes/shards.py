@@ -12,10 +12,14 @@ name and renamed, so a reader never sees half a shard and memory holds one block
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import random
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 SHAPES = ("events", "wide", "deep", "flights")
 
@@ -24,6 +28,12 @@ def shape_module(shape: str) -> ModuleType:
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}: one of {', '.join(SHAPES)}")
     return importlib.import_module(f"{__package__}.{shape}")
+
+
+def ndjson_block(make: Callable[[random.Random, int], Any], rng: random.Random, first: int, rows: int) -> bytes:
+    """Rows ``first`` .. ``first + rows`` from ``make(rng, row)`` as compact UTF-8 NDJSON."""
+    return "".join(json.dumps(make(rng, first + i), ensure_ascii=False, separators=(",", ":")) + "\n"
+                   for i in range(rows)).encode()
 
 
 def shard_blocks(n: int, shards: int, block: int) -> list[range]:
