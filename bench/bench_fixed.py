@@ -36,7 +36,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from datetime import date
 from pathlib import Path
@@ -69,25 +68,57 @@ def contextful_argv(*args: str) -> list[str]:
     return [*head, *args]
 
 
-def timed(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, float, int]:
-    """Wall seconds spawn to exit, CPU seconds and peak RSS (bytes) of one run of ``argv``."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}): {err[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+LAUNCHER = r"""
+import json, os, sys, time
+for line in sys.stdin:
+    job = json.loads(line)
+    os.chdir(job["cwd"])
+    with open(job["stderr"], "wb") as err:
+        started = time.perf_counter()
+        pid = os.posix_spawn(job["argv"][0], job["argv"], dict(os.environ), file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_DUP2, err.fileno(), 2)])
+        _, status, usage = os.wait4(pid, 0)
+    print(json.dumps({"wall": time.perf_counter() - started, "exit": os.waitstatus_to_exitcode(status),
+                      "cpu": usage.ru_utime + usage.ru_stime, "maxrss_kib": usage.ru_maxrss}), flush=True)
+"""
 
 
-def import_breakdown(argv: list[str], cwd: Path) -> dict[str, float]:
+class Launcher:
+    """Runs each timed command from a small process of its own. A child's peak RSS as the kernel
+    reports it starts at its parent's (the exec records the old image's high-water mark), and this
+    process holds pyarrow and the data generator: spawned from here, every command would read
+    ~190 MiB. The launcher is a bare interpreter (~10 MiB), started before anything heavy loads."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        fd, self.stderr = tempfile.mkstemp(prefix="bench-fixed-stderr-")
+        os.close(fd)
+
+    def timed(self, argv: list[str]) -> tuple[float, float, int]:
+        """Wall seconds spawn to exit, CPU seconds and peak RSS (bytes) of one run of ``argv``, in
+        the current directory."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"argv": argv, "cwd": os.getcwd(), "stderr": self.stderr}) + "\n")
+        self.proc.stdin.flush()
+        done = json.loads(self.proc.stdout.readline())
+        if done["exit"] != 0:
+            raise SystemExit(f"{' '.join(argv)} failed ({done['exit']}): {Path(self.stderr).read_text()[-2000:]}")
+        return done["wall"], done["cpu"], done["maxrss_kib"] * 1024
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait()
+        os.unlink(self.stderr)
+
+
+def import_breakdown(argv: list[str]) -> dict[str, float]:
     """Seconds of import per package group in one run of ``argv`` under ``-X importtime``."""
     env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
-    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=True)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     groups: dict[str, float] = defaultdict(float)
     for line in proc.stderr.splitlines():
         if not line.startswith("import time:") or "|" not in line:
@@ -123,14 +154,15 @@ def new_input(project: Path, serial: int) -> None:
     staging.rmdir()
 
 
-def measure(reps: int) -> list[dict[str, object]]:
+def measure(reps: int, launcher: Launcher) -> list[dict[str, object]]:
     compileall.compile_dir(REPO / "engine", quiet=1)
     for package in ("storage", "iceberg", "datasets", "contextful"):
         compileall.compile_dir(REPO / package, quiet=1)
     work = Path(tempfile.mkdtemp(prefix="bench-fixed-"))
     try:
         project = make_project(work, ONE_MB_EVENTS)
-        subprocess.run(contextful_argv("pipeline", "run"), cwd=project, check=True, capture_output=True)
+        os.chdir(project)  # every command runs in the project (posix_spawn takes no working directory)
+        subprocess.run(contextful_argv("pipeline", "run"), check=True, capture_output=True)
         baseline = [sys.executable, "-c", "import pyarrow"]
         commands: dict[str, list[str]] = {
             "python -c pass": [sys.executable, "-c", "pass"],
@@ -144,14 +176,14 @@ def measure(reps: int) -> list[dict[str, object]]:
         ratios: dict[str, list[float]] = defaultdict(list)
         serial = 0
         for argv in [baseline, *commands.values()]:  # warm the page cache (a no-op run: nothing is new yet)
-            timed(argv, project)
+            launcher.timed(argv)
         for _ in range(reps):
             for name, argv in commands.items():
                 if name.endswith("1 MB file)"):
                     serial += 1
                     new_input(project, serial)
-                base = timed(baseline, project)
-                ours = timed(argv, project)
+                base = launcher.timed(baseline)
+                ours = launcher.timed(argv)
                 samples[BASELINE].append(base)
                 samples[name].append(ours)
                 ratios[name].append(ours[0] / base[0])
@@ -169,12 +201,13 @@ def measure(reps: int) -> list[dict[str, object]]:
                 if name.endswith("1 MB file)"):  # a fresh input for the breakdown's own run
                     serial += 1
                     new_input(project, serial)
-                imports = import_breakdown(commands[name], project)
+                imports = import_breakdown(commands[name])
                 record["imports_seconds"] = {k: round(v, 4) for k, v in sorted(imports.items())}
                 record["work_seconds"] = round(max(0.0, wall - floor - sum(imports.values())), 4)
             records.append(record)
         return records
     finally:
+        os.chdir(REPO)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -203,7 +236,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     args = parser.parse_args()
     reps = args.reps or (5 if args.quick else 15)
-    records = measure(reps)
+    launcher = Launcher()  # before anything heavy is imported here
+    try:
+        records = measure(reps, launcher)
+    finally:
+        launcher.close()
     print(summary(records))
     if args.json is not None:
         args.json.write_text(json.dumps({

@@ -46,3 +46,34 @@ def preload(*modules: types.ModuleType) -> None:
     for module in modules:
         if isinstance(module, _LazyModule):
             module.__dict__.update(importlib.import_module(module.__name__).__dict__)
+
+
+class _PandasHeldBack:
+    """A finder that refuses ``pandas`` while pyarrow probes for it (:func:`spare_pandas`)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is held back while pyarrow probes for it", name=name)
+
+
+def spare_pandas() -> None:
+    """Let pyarrow build arrays without importing pandas, in a process that has not imported it.
+
+    pyarrow probes for pandas at its first array built from Python or NumPy values and remembers
+    the answer; with pandas installed that probe imports it (0.3 s, more than a small run's whole
+    landing). Here the probe runs once with pandas held back, so array building never imports it.
+    Whatever needs pandas still gets it: pyarrow imports it again for a call that requires it
+    (``to_pandas``, ``from_pandas``), and from then on treats pandas objects as its own. Until then
+    a pandas object handed to ``pa.array`` converts as a plain sequence. For the command line's
+    process only (it decides what runs in it); a library caller's process keeps pyarrow's behaviour.
+    """
+    if "pandas" in sys.modules:
+        return
+    import pyarrow as pa
+
+    finder = _PandasHeldBack()
+    sys.meta_path.insert(0, finder)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(finder)

@@ -193,8 +193,10 @@ def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float, dry_run
     reads, on their run)."""
     from contextful.engine.land.pipeline import Progress, run_pipelines
     from contextful.engine.run.script_runtime import refuse_script_runtime
+    from contextful.storage.lazy import spare_pandas
 
     refuse_script_runtime()  # before the store opens: a refused environment writes nothing
+    spare_pandas()
     manifest = _manifest(ctx)
     selected = _check_ids(manifest, ids)
     if dry_run:

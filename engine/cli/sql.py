@@ -44,7 +44,9 @@ def sql(ctx: click.Context, query: str, as_of: str | None, limit: int | None, fm
     fmt = _format(_json(ctx), fmt, output)
     from contextful.engine.query import run_query
     from contextful.engine.read import connect, parse_instant
+    from contextful.storage.lazy import spare_pandas
 
+    spare_pandas()  # results print through DuckDB and Arrow: no pandas
     instant = parse_instant(as_of, "--as-of")  # before the store opens: a mistyped instant touches nothing
     with _store(ctx) as store:
         con = connect(store, as_of=instant)

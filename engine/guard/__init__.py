@@ -33,18 +33,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from contextful.engine.guard.arrow import (
-    BatchGuardResult,
-    GuardResult,
-    guard_batch,
-    guard_table,
-    mask_message,
-)
 from contextful.engine.guard.catalogue import FAMILIES, Family, Finding, mask_text, scan_text
-from contextful.engine.guard.escapes import mask_all
+from contextful.engine.guard.escapes import mask_all, mask_message
 from contextful.engine.guard.names import mask_name
-from contextful.storage.run_record import RunFailure
+
+if TYPE_CHECKING:
+    from contextful.engine.guard.arrow import BatchGuardResult, GuardResult, guard_batch, guard_table
+    from contextful.storage.run_record import RunFailure
+
+_ARROW = ("BatchGuardResult", "GuardResult", "guard_batch", "guard_table")
+"""The Arrow half, loaded on first use: masking a message (validate, an error line) needs no Arrow."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _ARROW:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module("contextful.engine.guard.arrow"), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "FAMILIES",
@@ -73,6 +82,7 @@ def masked_failure(exc: BaseException) -> RunFailure | None:
     (an outcome that cannot be classified is not a failure).
     """
     from contextful.storage.errors import CommitOutcomeUnknown
+    from contextful.storage.run_record import RunFailure
 
     return None if isinstance(exc, CommitOutcomeUnknown) else RunFailure.of(exc, mask_message)
 

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 from contextful.engine.guard.catalogue import replace_spans, scan_text
-from contextful.engine.guard.escapes import Piece, decode, decoded_text, findings, mask_all
+from contextful.engine.guard.escapes import Piece, decode, decoded_text, findings
 from contextful.engine.guard.names import disambiguate, mask_metadata, mask_name, mask_names
 from contextful.engine.guard.prefilter import PREFILTER_PATTERN, Candidates, candidate_cells, candidates
 from contextful.storage.lazy import lazy_module
@@ -124,11 +124,6 @@ def guard_batch(batch: pa.RecordBatch) -> BatchGuardResult:
     schema = _with_types(schema, [c.type for c in columns])
     return BatchGuardResult(pa.RecordBatch.from_arrays(columns, schema=schema), counts.masked,
                             tuple(counts.renamed))
-
-
-def mask_message(text: str) -> str:
-    """``text`` (an error message, a log line) with every credential span masked, escaped ones too."""
-    return mask_all(text)[0]
 
 
 def _guard_schema(schema: pa.Schema, counts: _Counts) -> pa.Schema:

@@ -167,3 +167,8 @@ def mask_all(text: str, pieces: list[Piece] | None = None) -> tuple[str, int]:
     """``text`` with every credential masked, written plainly or behind escapes, and the count masked."""
     found = findings(text, pieces)
     return replace_spans(text, found), len(found)
+
+
+def mask_message(text: str) -> str:
+    """``text`` (an error message, a log line) with every credential span masked, escaped ones too."""
+    return mask_all(text)[0]

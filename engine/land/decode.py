@@ -163,6 +163,13 @@ class Decoder:
                    "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows, "block_bytes": self.block_bytes}
         return PageFetch(self, request)
 
+    def start(self) -> None:
+        """Start the fork server now, so its imports overlap what the caller does before its first
+        input (it starts with the first input otherwise; a run with nothing to decode starts none)."""
+        with self._lock:
+            if not self._closed and self._server is None:
+                self._start()
+
     def close(self) -> None:
         """Stop the fork server; it kills any child still running."""
         with self._lock:

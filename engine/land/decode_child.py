@@ -183,6 +183,7 @@ def _spawn(control: socket.socket, children: dict[int, _Child]) -> bool:
         status.close()
         os.close(data_fd)
         return True
+    _preload_for(request)
     inherited = [control.fileno(), status_fd]
     inherited += [fd for c in children.values() for fd in (c.pidfd, c.status.fileno())]
     server = os.getpid()
@@ -200,6 +201,16 @@ def _spawn(control: socket.socket, children: dict[int, _Child]) -> bool:
     children[pid] = _Child(pid, os.pidfd_open(pid), status, spawned + request["deadline_s"], request["memory_bytes"])
     _tell(status, {"pid": pid})
     return True
+
+
+def _preload_for(request: dict[str, Any]) -> None:
+    """Import, before forking, what this request's child needs beyond the server's start-up set: the
+    HTTP client for a page, fsspec for a remote input. Once imported here every later child shares
+    it, and a run of local files never pays for either (their imports start a small run's clock)."""
+    if request.get("kind") == "http":
+        import contextful.engine.land.http_fetch  # noqa: F401
+    elif local_path(request["path"]) is None:
+        preload(fsspec)
 
 
 def _reap(child: _Child) -> None:
@@ -994,10 +1005,9 @@ def _as_text(value: Any, t: pa.DataType) -> Any:
 
 
 if __name__ == "__main__":
-    import contextful.engine.land.http_fetch  # noqa: F401  (preloaded: a connector child pays no urllib import)
-
-    preload(fsspec, pc, pq)  # imported once here: no child pays for them
-    _csv_nulls()
+    preload(pc, pq)  # imported once here: no child pays for them (the rest: _preload_for)
 
     gc.freeze()  # the preloaded objects: a child's collections skip them, so their pages stay shared
     serve(int(sys.argv[1]))
+    sys.stderr.flush()
+    os._exit(0)  # nothing left to finalize: the parent waits on this exit, not on an interpreter teardown

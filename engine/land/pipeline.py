@@ -30,17 +30,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from contextful.engine.config.manifest import Manifest, PipelineSpec
-from contextful.engine.guard import mask_message, masked_failure
 from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs
-from contextful.engine.land.http import HttpConfig
 from contextful.engine.land.journal import PullJournal
-from contextful.engine.land.position import open_position, since_text
 from contextful.engine.land.results import InputFailure, PipelineResult, Progress, TableLanding
-from contextful.engine.land.seed import land_seed
-from contextful.engine.land.sink import LandingSink
-from contextful.engine.land.walk import run_http_pipeline
+from contextful.engine.land.sink import LandingSink, load_staging
 from contextful.storage import Store
 from contextful.storage.errors import ContextfulError, Incompatible, NotFound
 from contextful.storage.run_record import RunFailure
@@ -111,6 +106,9 @@ def plan_pipeline(store: Store | None, manifest: Manifest, spec: PipelineSpec) -
 
 
 def _plan_http(store: Store | None, spec: PipelineSpec) -> PipelinePlan:
+    from contextful.engine.land.http import HttpConfig
+    from contextful.engine.land.position import open_position, since_text
+
     scope = cursor_scope(spec)
     stored = (store.table(spec.table).cursor(scope)
               if store is not None and spec.table in store.table_names() else None)
@@ -142,11 +140,15 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
         return run_derive(store, manifest, spec, machine, progress=progress)
     seeded = None
     if spec.seed is not None:
+        from contextful.engine.land.seed import land_seed
+
         seeded = land_seed(store, manifest.root, spec.id, spec.table, spec.primary_key, spec.order_by, spec.seed,
                            decoder, types=spec.types, normalize=spec.normalize)
     journal = PullJournal.open(store, spec, cursor_scope(spec)) if spec.source.kind in ("files", "http") else None
     try:
         if spec.source.kind == "http":
+            from contextful.engine.land.walk import run_http_pipeline
+
             if cancel is None and journal is not None:
                 cancel = journal.execution.cancel_token  # a retry wait ends once the run is canceled
             result = run_http_pipeline(store, spec, decoder, scope=cursor_scope(spec),
@@ -188,6 +190,9 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     landed = dict(plan.cursor)
     fmt = spec.source.config.get("format")
     pending = int(landed != stored)  # renames and old entries carried forward commit too
+    if plan.pull:
+        decoder.start()  # its imports and the ones below run side by side
+        load_staging(spec)
     bytes_read = 0
     since_commit: list[str] = []  # the inputs the next commit lands: its runs' manifests name them
     try:
@@ -226,6 +231,8 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                 journal.before_commit()
             sink.commit(cursor_scope(spec), {"kind": "files", "inputs": dict(landed)}, {"inputs": since_commit})
     except BaseException as exc:
+        from contextful.engine.guard import masked_failure
+
         sink.abort(masked_failure(exc))  # what is still staged did not commit, and why
         raise
     first = result.failures[0] if result.failures else None  # an input failed: the run records it
@@ -237,6 +244,8 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
 
 def _failure(item: InputFile, exc: ContextfulError) -> InputFailure:
     """One input's failure; its detail names the input (a schema clash names only the table and column)."""
+    from contextful.engine.guard import mask_message
+
     detail = exc.detail if item.path in exc.detail else f"input {item.path}: {exc.detail}"
     return InputFailure(item.path, exc.name, mask_message(detail), exc.exit_code)
 
@@ -308,6 +317,8 @@ def run_pipelines(store: Store, manifest: Manifest, ids: list[str] | None = None
                 result = run_pipeline(store, manifest, spec, decoder, checkpoint_bytes=checkpoint_bytes,
                                       progress=progress, cancel=cancel, machine=machine)
             except ContextfulError as exc:  # this pipeline fails by name; the others still run
+                from contextful.engine.guard import mask_message
+
                 unlaunched.add(spec.id)
                 result = PipelineResult(spec.id, [TableLanding(spec.table)], failures=[
                     InputFailure(spec.id, exc.name, mask_message(exc.detail), exc.exit_code)])

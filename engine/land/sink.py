@@ -69,6 +69,21 @@ def table_merge(spec: PipelineSpec, name: str) -> tuple[tuple[str, ...], str | N
     return child_primary_key(spec.primary_key), child_order_by(spec.primary_key, spec.order_by)
 
 
+def load_staging(spec: PipelineSpec) -> None:
+    """Import what staging ``spec``'s first batch needs, now: called while the decoder's server
+    starts (``Decoder.start``), these imports overlap the server's own on another core instead of
+    adding to a small run's latency. pyarrow imports pandas at its first array built from Python
+    or NumPy values (its pandas shim): the guard's first batch would pay that 0.3 s otherwise."""
+    import contextful.engine.guard.arrow
+    import contextful.engine.guard.key_cells
+    import pyarrow.compute
+    import pyarrow.parquet  # noqa: F401
+
+    if spec.normalize == "relational":
+        import contextful.engine.normalize  # noqa: F401
+    pa.array([0])
+
+
 def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types: dict[str, pa.DataType] | None,
                   guard: bool = True, pull: str = "", first_row: int = 0) -> tuple[dict[str, pa.Table], dict[str, int]]:
     """One decoded batch as the tables it lands in, and the cells the guard masked per column.

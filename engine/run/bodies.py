@@ -28,7 +28,6 @@ values have no field in provider semantics: a provider key naming one is refused
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import inspect
 import json
 import sys
@@ -56,6 +55,8 @@ def _digest(value: Any) -> str:
 
 @cache
 def _distributions() -> Mapping[str, list[str]]:
+    import importlib.metadata  # 20 ms of imports: only when a body's identity is asked
+
     return importlib.metadata.packages_distributions()  # scans every installed distribution: once
 
 
@@ -63,6 +64,8 @@ def package_version(top_level: str) -> str:
     """The version of the installed distribution providing import package ``top_level``
     (``unpackaged`` for code no distribution provides, such as a script's own module)."""
     dists = _distributions().get(top_level)
+    import importlib.metadata
+
     return importlib.metadata.version(dists[0]) if dists else "unpackaged"
 
 
