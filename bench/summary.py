@@ -1,0 +1,117 @@
+"""The report's Markdown page (``bench/report/README.md``) from every benchmark's ``--json`` document.
+
+A reader of the repository sees, without running anything: when and on what the figures were
+measured (and that the machine was shared, with its load average), the charts, every target with
+its measured value and whether it was met, and each benchmark's records as a table of ratios. A
+benchmark that wrote no document (no ``--json`` option yet) shows the last lines it printed; one
+that was skipped or failed says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# record fields shown in the tables, in this order, with how each value is written
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("shape", "shape"), ("input", "input"), ("rows", "rows"), ("steps", "steps"), ("input_bytes", "MB in"),
+    ("seconds", "seconds"), ("ms", "ms"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("mb_per_s", "MB/s"),
+    ("steps_per_s", "steps/s"), ("peak_rss_bytes", "peak RSS MiB"), ("ratio_to", "ratio to"), ("ratio", "ratio"),
+    ("ratio_to_dlt", "x dlt"),
+)
+TAIL_LINES = 12
+
+
+@dataclass
+class Outcome:
+    """How one benchmark's run went: its command, wall time, and what it left."""
+
+    name: str
+    command: str
+    seconds: float = 0.0
+    status: str = "ok"  # ok, failed, skipped
+    why: str = ""
+    printed: list[str] = field(default_factory=list)  # its last printed lines, when it wrote no document
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if key == "input_bytes":
+        return f"{value / 1e6:,.1f}"
+    if key == "peak_rss_bytes":
+        return f"{value / 2**20:,.0f}"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:#.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def records_table(found: list[dict[str, Any]]) -> list[str]:
+    """A Markdown table of the records: the series, then each known field some record has."""
+    keys = [(k, title) for k, title in COLUMNS if any(r.get(k) is not None for r in found)]
+    lines = ["| series | " + " | ".join(title for _, title in keys) + " |",
+             "| --- |" + " --- |" * len(keys)]
+    for r in found:
+        lines.append(f"| {r.get('series', '')} | " + " | ".join(_cell(k, r.get(k)) for k, _ in keys) + " |")
+    return lines
+
+
+def targets(name: str, doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """``(benchmark, target, measured, met)`` rows: the document's ``targets`` and records carrying one."""
+    rows = [(name, t["target"], _cell("value", t.get("value")), "met" if t["met"] else "**missed**")
+            for t in doc.get("targets", [])]
+    for r in doc.get("records", []):
+        if "target" in r and "met" in r:
+            what = f"{r['series']}, ratio to {r.get('ratio_to', '?')} {r['target']}"
+            rows.append((name, what, _cell("ratio", r.get("ratio")), "met" if r["met"] else "**missed**"))
+    return rows
+
+
+def render(date: str, machine: str, load: tuple[float, float], quick: bool, outcomes: list[Outcome],
+           docs: dict[str, dict[str, Any]], charts: dict[str, str]) -> str:
+    """The whole page as Markdown text."""
+    form = "quick forms (`--quick` or the small arguments in bench/report.py)" if quick else "full forms"
+    out = [
+        "# Benchmark report", "",
+        (f"Written by `python -m bench report` from the {form} of every benchmark in `bench/`, each a child"
+        " process writing its `--json` document. Regenerate it from the repository root with"
+        " `python -m bench report` (`--full`, `--only a,b`, `--skip a,b`, `--out DIR`)."), "",
+        f"- Date: {date}",
+        f"- Machine: {machine}",
+        (f"- Load: this machine is **shared** with other engineers running benchmarks at the same time"
+        f" (load average {load[0]:.2f} when the report started, {load[1]:.2f} when it ended). Absolute"
+        " times are noise; read the ratios, each measured between sides interleaved in one run."),
+        "", "## Charts", "",
+    ]
+    for name, where in charts.items():
+        out.append(f"![{name}]({where})" if where.endswith(".png") else f"- {name}: {where}")
+        out.append("")
+    rows = [row for name, doc in docs.items() for row in targets(name, doc)]
+    out += ["## Targets", ""]
+    if rows:
+        out += ["| benchmark | target | measured | verdict |", "| --- | --- | --- | --- |"]
+        out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    else:
+        out.append("No benchmark in this run stated a target.")
+    out += ["", "## Benchmarks", ""]
+    for o in outcomes:
+        if o.status == "ok":
+            ran = f"{o.seconds:.0f} s."
+        elif o.status == "failed":
+            ran = f"**failed** after {o.seconds:.0f} s: {o.why}."
+        else:
+            ran = f"{o.status}: {o.why}." if o.why else f"{o.status}."
+        out += [f"### {o.name}", "", f"`{o.command}`: {ran}", ""]
+        doc = docs.get(o.name)
+        if doc and doc.get("records"):
+            out += records_table(doc["records"]) + [""]
+        for note in (doc or {}).get("skipped", []):
+            out += [f"Skipped: {note}.", ""]
+        if o.printed:
+            out += ["Its last printed lines (it writes no `--json` document):", "", "```",
+                    *o.printed[-TAIL_LINES:], "```", ""]
+    return "\n".join(out).rstrip() + "\n"
