@@ -3,8 +3,8 @@ Polars and dlt on the same shards (issue 17, "small loads").
 
 Run ``python bench/bench_sizes.py [--quick] [--sizes 20000,100000] [--reps R] [--dlt-max N] [--json PATH]``.
 
-For each size, GitHub-archive-like events (``datasets.gharchive.write_shards``, seed 1 as in
-bench_pipeline: with some seeds pyarrow's own ``read_json`` fails on its type inference; plain NDJSON; 4
+For each size, GitHub-archive-like events (``datasets.gharchive.write_shards``, plain NDJSON, seed 1
+as in bench_pipeline: with some seeds pyarrow's own ``read_json`` fails on its type inference; 4
 shards, or one per 100,000 events above 400,000) are generated once, then five sides land them,
 interleaved (the order rotates each rep), each a child process timed from spawn to exit:
 
@@ -12,12 +12,12 @@ interleaved (the order rotates each rep), each a child process timed from spawn 
   pipeline over the shards (``normalize = "nested"``), as bench_pipeline runs it;
 - ``contextful-relational``: the same with ``normalize = "relational"``, as bench_relational runs it;
 - ``pyarrow``: per shard ``pyarrow.json.read_json`` + ``pyarrow.parquet.write_table(zstd)``;
-- ``polars``: per shard ``polars.read_ndjson(path, infer_schema_length=None)`` +
-  ``write_parquet(zstd)`` (the default inference over the first 100 lines panics on these events: a
-  field null early and a string later; a lazy ``scan_ndjson`` over all shards fails on the
-  int -> float drift across shards);
+- ``polars``: per shard, as the pyarrow side, ``polars.read_ndjson(path, infer_schema_length=None)``
+  + ``write_parquet(zstd)`` (Polars' default inference over the first 100 lines panics on these
+  events: a field null in those lines and a string later);
 - ``dlt``: bench_relational's dlt side (a resource of dicts, dlt's normalizer, filesystem Parquet);
-  skipped above ``--dlt-max`` events (default 300,000: a million takes dlt about two minutes a rep).
+  skipped above ``--dlt-max`` events (default 300,000: a million takes dlt about two minutes a rep;
+  ``--quick``: 20,000, since 100,000 events take it 25 s to over a minute a rep on a loaded machine).
 
 Small runs are where a run's fixed cost (interpreter, imports, the decoder's fork server, the
 store's commit) shows, so the figures at 20,000 and 100,000 events are the issue's two small-load
@@ -151,7 +151,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="5,000 / 20,000 / 100,000 events")
     parser.add_argument("--sizes", help="comma-separated event counts (overrides the defaults)")
     parser.add_argument("--reps", type=int, help="timed reps per side and size (default 3)")
-    parser.add_argument("--dlt-max", type=int, default=300_000, help="skip dlt above this many events")
+    parser.add_argument("--dlt-max", type=int, help="skip dlt above this many events (default 300,000; --quick 20,000)")
     parser.add_argument("--only", help="comma-separated sides (default: all five)")
     parser.add_argument("--json", help="also write the records to this file")
     parser.add_argument("--workdir", default=None, help="where shards and stores go (default: the temp dir)")
@@ -162,6 +162,7 @@ def main() -> int:
         return 0
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else QUICK if args.quick else FULL
     reps = args.reps or 3
+    dlt_max = args.dlt_max or (20_000 if args.quick else 300_000)
     chosen = [s for s in SIDES if not args.only or s in args.only.split(",")]
     if "pyarrow" not in chosen:
         chosen.append("pyarrow")  # every ratio is to the raw side of the same run
@@ -171,9 +172,9 @@ def main() -> int:
     t0 = time.perf_counter()
     try:
         for events in sizes:
-            sides = [s for s in chosen if s != "dlt" or events <= args.dlt_max]
+            sides = [s for s in chosen if s != "dlt" or events <= dlt_max]
             if len(sides) < len(chosen):
-                skipped.append(f"dlt at {events:,} events (above --dlt-max {args.dlt_max:,})")
+                skipped.append(f"dlt at {events:,} events (above --dlt-max {dlt_max:,})")
             found.extend(bench_size(work, events, reps, sides))
     finally:
         shutil.rmtree(work, ignore_errors=True)
