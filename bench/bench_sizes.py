@@ -107,17 +107,36 @@ def bench_size(work: str, events: int, reps: int, sides: list[str]) -> list[dict
                   f" tree peak RSS {mib(run['tree_peak_bytes'])}", flush=True)
             shutil.rmtree(target, ignore_errors=True)
     shutil.rmtree(shard_dir, ignore_errors=True)
-    seconds = {side: statistics.median(r["seconds"] for r in rs) for side, rs in runs.items()}
+    return size_records(events, size, len(shards), {side: [r["seconds"] for r in rs] for side, rs in runs.items()},
+                        {side: max(r["tree_peak_bytes"] for r in rs) for side, rs in runs.items()})
+
+
+def size_records(events: int, size: int, shards: int, reps: dict[str, list[float]],
+                 peaks: dict[str, int]) -> list[dict[str, Any]]:
+    """One record per side: median seconds and throughput, and its throughput ratios to pyarrow and
+    dlt both as the ratio of medians and as the median of each rep's ratio (the sides of one rep ran
+    within one pass, so on a machine whose load changes between reps the pairwise figure is the
+    steadier one).
+
+    >>> found = size_records(10, 1000, 1, {"pyarrow": [1.0, 3.0, 2.0], "dlt": [4.0, 6.0, 6.0]}, {"pyarrow": 1, "dlt": 2})
+    >>> [(r["series"], r["ratio"], r["ratio_pairwise"]) for r in found]
+    [('pyarrow', 1.0, 1.0), ('dlt', 0.333, 0.333)]
+    """
+    seconds = {side: statistics.median(ts) for side, ts in reps.items()}
+
+    def pairwise(peer: str, side: str) -> float:
+        return statistics.median(p / s for p, s in zip(reps[peer], reps[side]))
+
     out = []
-    for side, rs in runs.items():
-        rate = mb(size) / seconds[side]
+    for side, ts in reps.items():
         record: dict[str, Any] = {
-            "series": side, "shape": "events", "rows": events, "input_bytes": size, "shards": len(shards),
-            "seconds": round(seconds[side], 3), "mb_per_s": round(rate, 2),
-            "peak_rss_bytes": max(r["tree_peak_bytes"] for r in rs), "reps": [round(r["seconds"], 3) for r in rs],
-            "ratio_to": "pyarrow", "ratio": round(seconds["pyarrow"] / seconds[side], 3)}
+            "series": side, "shape": "events", "rows": events, "input_bytes": size, "shards": shards,
+            "seconds": round(seconds[side], 3), "mb_per_s": round(mb(size) / seconds[side], 2),
+            "peak_rss_bytes": peaks[side], "reps": [round(t, 3) for t in ts], "ratio_to": "pyarrow",
+            "ratio": round(seconds["pyarrow"] / seconds[side], 3), "ratio_pairwise": round(pairwise("pyarrow", side), 3)}
         if "dlt" in seconds and side != "dlt":
             record["ratio_to_dlt"] = round(seconds["dlt"] / seconds[side], 2)
+            record["ratio_to_dlt_pairwise"] = round(pairwise("dlt", side), 2)
         out.append(record)
     return out
 
@@ -130,12 +149,12 @@ def targets(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     record = by.get(("contextful-relational", events))
     if record and "ratio_to_dlt" in record:
         out.append({"target": f"{events:,} events relational >= {least:g}x dlt", "value": record["ratio_to_dlt"],
-                    "met": record["ratio_to_dlt"] >= least})
+                    "pairwise": record["ratio_to_dlt_pairwise"], "met": record["ratio_to_dlt"] >= least})
     events, least = SMALL_NESTED
     record = by.get(("contextful-nested", events))
     if record:
         out.append({"target": f"{events:,} events nested >= {least:g}x raw pyarrow", "value": record["ratio"],
-                    "met": record["ratio"] >= least})
+                    "pairwise": record["ratio_pairwise"], "met": record["ratio"] >= least})
     return out
 
 
@@ -182,7 +201,7 @@ def main() -> int:
     print_table(found)
     met = targets(found)
     for t in met:
-        print(f"target {t['target']}: {t['value']} ({'met' if t['met'] else 'MISSED'})")
+        print(f"target {t['target']}: {t['value']} (pairwise {t['pairwise']}; {'met' if t['met'] else 'MISSED'})")
     for note in skipped:
         print(f"skipped: {note}")
     if args.json:

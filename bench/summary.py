@@ -17,7 +17,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("shape", "shape"), ("input", "input"), ("rows", "rows"), ("steps", "steps"), ("input_bytes", "MB in"),
     ("seconds", "seconds"), ("ms", "ms"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("mb_per_s", "MB/s"),
     ("steps_per_s", "steps/s"), ("peak_rss_bytes", "peak RSS MiB"), ("ratio_to", "ratio to"), ("ratio", "ratio"),
-    ("ratio_to_dlt", "x dlt"),
+    ("ratio_pairwise", "pairwise"), ("ratio_to_dlt", "x dlt"), ("ratio_to_dlt_pairwise", "x dlt pairwise"),
 )
 TAIL_LINES = 12
 
@@ -62,8 +62,9 @@ def records_table(found: list[dict[str, Any]]) -> list[str]:
 
 def targets(name: str, doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """``(benchmark, target, measured, met)`` rows: the document's ``targets`` and records carrying one."""
-    rows = [(name, t["target"], _cell("value", t.get("value")), "met" if t["met"] else "**missed**")
-            for t in doc.get("targets", [])]
+    rows = [(name, t["target"], _cell("value", t.get("value"))
+             + (f" (pairwise {_cell('value', t['pairwise'])})" if t.get("pairwise") is not None else ""),
+             "met" if t["met"] else "**missed**") for t in doc.get("targets", [])]
     for r in doc.get("records", []):
         if "target" in r and "met" in r:
             what = f"{r['series']}, ratio to {r.get('ratio_to', '?')} {r['target']}"
