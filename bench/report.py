@@ -11,11 +11,15 @@ skipped with a line saying why; without matplotlib the charts are skipped the sa
     python -m bench report                      # every benchmark, quick forms, into bench/report/
     python -m bench report --only sizes,fixed   # just those two
     python -m bench report --no-run             # redraw from the documents already in OUT/json/
+
+A run of some benchmarks (``--only``) replaces their pages and keeps the others' from their latest
+run (``OUT/json/outcomes.json`` records how each went; each page says its own date).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import glob
 import importlib.util
@@ -42,6 +46,7 @@ NEEDS_MODULES = {"relational": ("dlt",), "sizes": ("dlt", "polars"), "iceberg": 
                  "gateway": ("pyiceberg",)}
 NEEDS_POSTGRES = ("store", "journal")  # each starts its own server from Debian's binaries
 QUICK_TIMEOUT_S = 900
+OUTCOMES = "outcomes.json"  # in OUT/json: how each benchmark's latest run went
 
 
 def discover() -> list[str]:
@@ -78,25 +83,40 @@ def run_one(name: str, full: bool, json_path: str) -> summary.Outcome:
         proc = subprocess.run(argv, check=False, cwd=REPO, capture_output=True, text=True,
                               timeout=None if full else QUICK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return summary.Outcome(name, shown, time.perf_counter() - t0, "failed", f"timed out after {QUICK_TIMEOUT_S} s")
+        return summary.Outcome(name, shown, time.perf_counter() - t0, status="failed",
+                               why=f"timed out after {QUICK_TIMEOUT_S} s")
     seconds = time.perf_counter() - t0
     print(f"report: {name} exited {proc.returncode} after {seconds:.0f} s", flush=True)
-    printed = [] if writes_json else proc.stdout.rstrip().splitlines()
+    printed = [] if writes_json else summary.summary_lines(proc.stdout)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
-        return summary.Outcome(name, shown, seconds, "failed", f"exit {proc.returncode}: {last}", printed)
+        return summary.Outcome(name, shown, seconds, status="failed", why=f"exit {proc.returncode}: {last}",
+                               printed=printed)
     return summary.Outcome(name, shown, seconds, printed=printed)
 
 
-def load(json_dir: str, names: list[str]) -> dict[str, dict[str, Any]]:
-    """The documents present in ``json_dir`` for ``names``."""
+def load(json_dir: str) -> tuple[list[summary.Outcome], dict[str, dict[str, Any]]]:
+    """The outcomes of the latest run of each benchmark and the documents they left in ``json_dir``."""
+    outcomes: list[summary.Outcome] = []
+    path = os.path.join(json_dir, OUTCOMES)
+    if os.path.exists(path):
+        with open(path) as fh:
+            outcomes = [summary.Outcome(**o) for o in json.load(fh)]
     docs = {}
-    for name in names:
-        path = os.path.join(json_dir, f"{name}.json")
+    for o in outcomes:
+        path = os.path.join(json_dir, f"{o.name}.json")
         if os.path.exists(path):
             with open(path) as fh:
-                docs[name] = json.load(fh)
-    return docs
+                docs[o.name] = json.load(fh)
+    return outcomes, docs
+
+
+def save(json_dir: str, ran: list[summary.Outcome]) -> None:
+    """Record ``ran`` over the outcomes already kept: a run of some benchmarks leaves the others' pages."""
+    kept = {o.name: o for o in load(json_dir)[0]}
+    kept.update((o.name, o) for o in ran)
+    with open(os.path.join(json_dir, OUTCOMES), "w") as fh:
+        json.dump([dataclasses.asdict(kept[name]) for name in sorted(kept)], fh, indent=1)
 
 
 def write(out_dir: str, outcomes: list[summary.Outcome], docs: dict[str, dict[str, Any]], quick: bool,
@@ -135,10 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     json_dir = os.path.join(args.out, "json")
     os.makedirs(json_dir, exist_ok=True)
     start_load = os.getloadavg()[0]
-    if args.no_run:
-        outcomes = [summary.Outcome(n, f"python bench/bench_{n}.py", status="not rerun", why="redrawn from its last document (--no-run)") for n in names]
-    else:
-        outcomes = [run_one(n, args.full, os.path.join(json_dir, f"{n}.json")) for n in names]
-    path = write(args.out, outcomes, load(json_dir, names), not args.full, (start_load, os.getloadavg()[0]))
+    ran = [] if args.no_run else [run_one(n, args.full, os.path.join(json_dir, f"{n}.json")) for n in names]
+    save(json_dir, ran)
+    outcomes, docs = load(json_dir)
+    path = write(args.out, outcomes, docs, not args.full, (start_load, os.getloadavg()[0]))
     print(f"report: wrote {path}")
-    return 1 if any(o.status == "failed" for o in outcomes) else 0
+    return 1 if any(o.status == "failed" for o in ran) else 0

@@ -9,6 +9,8 @@ that was skipped or failed says why.
 
 from __future__ import annotations
 
+import datetime
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("ratio_pairwise", "pairwise"), ("ratio_to_dlt", "x dlt"), ("ratio_to_dlt_pairwise", "x dlt pairwise"),
 )
 TAIL_LINES = 12
+BOX = re.compile("[\u2500-\u257f]")  # box-drawing characters
 
 
 @dataclass
@@ -29,9 +32,16 @@ class Outcome:
     name: str
     command: str
     seconds: float = 0.0
+    date: str = field(default_factory=lambda: datetime.date.today().isoformat())
     status: str = "ok"  # ok, failed, skipped
     why: str = ""
     printed: list[str] = field(default_factory=list)  # its last printed lines, when it wrote no document
+
+
+def summary_lines(stdout: str) -> list[str]:
+    """The last lines a benchmark printed, leaving out drawings (a query plan's boxes) and very long lines."""
+    lines = [line.rstrip() for line in stdout.splitlines()]
+    return [line for line in lines if line and len(line) <= 200 and not BOX.search(line)][-TAIL_LINES:]
 
 
 def _cell(key: str, value: Any) -> str:
@@ -101,7 +111,7 @@ def render(date: str, machine: str, load: tuple[float, float], quick: bool, outc
     out += ["", "## Benchmarks", ""]
     for o in outcomes:
         if o.status == "ok":
-            ran = f"{o.seconds:.0f} s."
+            ran = f"{o.seconds:.0f} s, {o.date}."
         elif o.status == "failed":
             ran = f"**failed** after {o.seconds:.0f} s: {o.why}."
         else:
@@ -114,5 +124,5 @@ def render(date: str, machine: str, load: tuple[float, float], quick: bool, outc
             out += [f"Skipped: {note}.", ""]
         if o.printed:
             out += ["Its last printed lines (it writes no `--json` document):", "", "```",
-                    *o.printed[-TAIL_LINES:], "```", ""]
+                    *o.printed, "```", ""]
     return "\n".join(out).rstrip() + "\n"

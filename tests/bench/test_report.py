@@ -63,6 +63,10 @@ def test_documents_become_a_page_and_charts(tmp_path: Path) -> None:
         assert png.startswith(PNG_MAGIC) and len(png) < 100_000
 
 
+def test_a_printed_summary_leaves_out_drawings() -> None:
+    assert summary.summary_lines("ratio 1.20\n\u2502 Projection \u2502\n" + "x" * 300 + "\n") == ["ratio 1.20"]
+
+
 def test_a_chart_without_records_is_named_as_not_drawn(tmp_path: Path) -> None:
     report.write(str(tmp_path), [], {}, True, (0.0, 0.0), "2026-12-02", "m")
 
