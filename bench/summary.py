@@ -82,7 +82,7 @@ def targets(name: str, doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def render(date: str, machine: str, load: tuple[float, float], quick: bool, outcomes: list[Outcome],
+def render(date: str, machine: str, load: tuple[float, float] | None, quick: bool, outcomes: list[Outcome],
            docs: dict[str, dict[str, Any]], charts: dict[str, str]) -> str:
     """The whole page as Markdown text."""
     form = "quick forms (`--quick` or the small arguments in bench/report.py)" if quick else "full forms"
@@ -93,9 +93,10 @@ def render(date: str, machine: str, load: tuple[float, float], quick: bool, outc
         " `python -m bench report` (`--full`, `--only a,b`, `--skip a,b`, `--out DIR`)."), "",
         f"- Date: {date}",
         f"- Machine: {machine}",
-        (f"- Load: this machine is **shared** with other engineers running benchmarks at the same time"
-        f" (load average {load[0]:.2f} when the report started, {load[1]:.2f} when it ended). Absolute"
-        " times are noise; read the ratios, each measured between sides interleaved in one run."),
+        ("- Load: this machine is **shared** with other engineers running benchmarks at the same time"
+         + (f" (load average {load[0]:.2f} when the latest `python -m bench report` started, {load[1]:.2f}"
+            " when it ended; each benchmark below says its own date)." if load else ".")
+         + " Absolute times are noise; read the ratios, each measured between sides interleaved in one run."),
         "", "## Charts", "",
     ]
     for name, where in charts.items():
