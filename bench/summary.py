@@ -77,7 +77,8 @@ def targets(name: str, doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
              "met" if t["met"] else "**missed**") for t in doc.get("targets", [])]
     for r in doc.get("records", []):
         if "target" in r and "met" in r:
-            what = f"{r['series']}, ratio to {r.get('ratio_to', '?')} {r['target']}"
+            size = f" at {r['rows']:,} rows" if r.get("rows") else ""  # a target is often set for one size
+            what = f"{r['series']}{size}, ratio to {r.get('ratio_to', '?')} {r['target']}"
             rows.append((name, what, _cell("ratio", r.get("ratio")), "met" if r["met"] else "**missed**"))
     return rows
 

@@ -54,7 +54,7 @@ def test_documents_become_a_page_and_charts(tmp_path: Path) -> None:
     text = page.read_text()
     assert "2026-12-02" in text and "2 cores (test)" in text and "shared" in text
     assert "| sizes | 20,000 events relational >= 15x dlt | 4.20 (pairwise 3.00) | **missed** |" in text
-    assert "| pipeline | contextful-nested, ratio to pyarrow >= 0.6 | 0.660 | met |" in text
+    assert "| pipeline | contextful-nested at 100,000 rows, ratio to pyarrow >= 0.6 | 0.660 | met |" in text
     assert "http / direct: p50 1.90" in text and "`python bench/bench_relational.py --quick`: skipped: dlt not installed." in text
     assert "Skipped: dlt at 1,000,000 events (above --dlt-max 300,000)." in text
     for chart in ("throughput", "memory", "fixed-cost"):
