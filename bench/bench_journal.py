@@ -38,6 +38,8 @@ if REPO not in sys.path:
 from contextful.engine.run.execution import Execution, open_execution, plan_reference
 from contextful.storage.journal import JournalStore, open_journal_store
 
+from bench import records
+
 ADAPTERS = ("files", "sqlite", "postgres")
 FULL = {"steps": 10_000, "chunk": 500, "resumes": 5}
 QUICK = {"steps": 1_000, "chunk": 100, "resumes": 3}
@@ -232,8 +234,10 @@ def main() -> int:
         for name in names:
             results[name] = run(name, work, QUICK if args.quick else FULL)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"quick": args.quick, "results": results}, fh, indent=1)
+        found = [{"series": f"journal {name}", "steps": r["steps"], "steps_per_s": r["append_steps_per_s"]["ours"],
+                  "ratio_to": "raw append (throughput)", "ratio": r["append_ratio"],
+                  "resume_open_ratio": r["resume_open_ratio"]} for name, r in results.items()]
+        records.write(args.json, "journal", found, quick=args.quick, results=results)
     return 0
 
 

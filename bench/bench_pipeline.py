@@ -50,6 +50,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from bench import records
+
 FULL = {"events": 1_000_000, "shards": 10, "reps": 3, "decode_reps": 3}
 QUICK = {"events": 100_000, "shards": 10, "reps": 3, "decode_reps": 3}
 TABLE = "events"
@@ -244,7 +246,7 @@ def bench_landing(work: str, shard_dir: str, shards: list[str], events: int, rep
           f" target >= 0.6: {'met' if ratio >= 0.6 else 'MISSED'})")
     print(f"  ours peak RSS {mib(peak['ours'])} (target < 2 GiB:"
           f" {'met' if peak['ours'] < 2 * 2**30 else 'MISSED'})")
-    return {"events": events, "shards": len(shards), "input_mb": round(mb(size), 1),
+    return {"events": events, "shards": len(shards), "input_mb": round(mb(size), 1), "input_bytes": size,
             "median_s": {k: round(v, 3) for k, v in med.items()},
             "mb_per_s": {k: round(v, 1) for k, v in thr.items()},
             "ratio": round(ratio, 3), "ratio_pairwise": round(statistics.median(pairs), 3),
@@ -285,6 +287,26 @@ def bench_decode(shard: str, reps: int) -> dict[str, Any]:
     print(f"  ratio decoder/read_json throughput = {ratio:.2f}")
     return {"shard_mb": round(mb(size), 1), "rows": counts["raw"], "median_s": {k: round(v, 3) for k, v in med.items()},
             "mb_per_s": {k: round(v, 1) for k, v in thr.items()}, "ratio": round(ratio, 3)}
+
+
+def pipeline_records(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results as bench/records.py records: the landing's two sides, the decoder's two sides."""
+    out: list[dict[str, Any]] = []
+    if "landing" in results:
+        r = results["landing"]
+        for side, series in (("ours", "contextful-nested"), ("raw", "pyarrow")):
+            out.append({"series": series, "shape": "events", "rows": r["events"], "input_bytes": r["input_bytes"],
+                        "seconds": r["median_s"][side], "mb_per_s": r["mb_per_s"][side],
+                        "peak_rss_bytes": r["peak_rss_tree_mib"][side] * 2**20, "ratio_to": "pyarrow",
+                        "ratio": r["ratio"] if side == "ours" else 1.0}
+                       | ({"target": ">= 0.6", "met": r["target_ratio_met"]} if side == "ours" else {}))
+    if "decode" in results:
+        r = results["decode"]
+        for side, series in (("ours", "decoder"), ("raw", "read_json in-process")):
+            out.append({"series": series, "rows": r["rows"], "seconds": r["median_s"][side],
+                        "mb_per_s": r["mb_per_s"][side], "ratio_to": "read_json in-process",
+                        "ratio": r["ratio"] if side == "ours" else 1.0})
+    return out
 
 
 # --- driver -------------------------------------------------------------------------------------
@@ -331,8 +353,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     print("RESULT " + json.dumps(results), flush=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1)
+        records.write(args.json, "pipeline", pipeline_records(results), **results)
     return 0
 
 

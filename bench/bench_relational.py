@@ -1,6 +1,6 @@
 """Relational landing: ``contextful pipeline run`` (normalize = "relational") vs dlt vs the raw path.
 
-Run ``python bench/bench_relational.py [--events N] [--shards K] [--reps R] [--dlt-reps R] [--json PATH]``
+Run ``python bench/bench_relational.py [--quick] [--events N] [--shards K] [--reps R] [--dlt-reps R] [--json PATH]``
 (needs the ``bench`` extra: ``pip install -e '.[bench]'`` installs dlt).
 
 The same GitHub-archive-like NDJSON shards (``datasets.gharchive.write_shards``, default 1,000,000
@@ -38,7 +38,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from bench import bench_pipeline
+from bench import bench_pipeline, records
 from bench.bench_pipeline import mb, mib, ours_argv, raw_argv, timed_tree
 
 TABLE = "events"
@@ -100,7 +100,7 @@ def bench_landing(work: str, shard_dir: str, shards: list[str], events: int, rep
             shutil.rmtree(target, ignore_errors=True)
     med = {side: statistics.median(r["seconds"] for r in rs) for side, rs in runs.items() if rs}
     thr = {side: mb(size) / s for side, s in med.items()}
-    out: dict[str, Any] = {"events": events, "input_mb": round(mb(size), 1),
+    out: dict[str, Any] = {"events": events, "input_mb": round(mb(size), 1), "input_bytes": size,
                            "median_s": {k: round(v, 2) for k, v in med.items()},
                            "mb_per_s": {k: round(v, 2) for k, v in thr.items()},
                            "peak_rss_tree_mib": {k: round(max(r["tree_peak_bytes"] for r in rs) / 2**20)
@@ -178,10 +178,37 @@ def _string_bytes(table: Any, pa: Any) -> int:
     return total
 
 
+def relational_records(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results as bench/records.py records: one per landing side, one for the guard's share."""
+    out: list[dict[str, Any]] = []
+    if "landing" in results:
+        r = results["landing"]
+        for side, series in (("ours", "contextful-relational"), ("raw", "pyarrow"), ("dlt", "dlt")):
+            if side not in r["median_s"]:
+                continue
+            record = {"series": series, "shape": "events", "rows": r["events"], "input_bytes": r["input_bytes"],
+                      "seconds": r["median_s"][side], "mb_per_s": r["mb_per_s"][side],
+                      "peak_rss_bytes": r["peak_rss_tree_mib"][side] * 2**20, "ratio_to": "pyarrow",
+                      "ratio": round(r["mb_per_s"][side] / r["mb_per_s"]["raw"], 3)}
+            if side == "ours":
+                record |= {"target": ">= 0.4", "met": r["ours_over_raw"] >= 0.4}
+            out.append(record)
+        if "ours_over_dlt" in r:
+            out.append({"series": "contextful-relational / dlt", "rows": r["events"], "ratio_to": "dlt",
+                        "ratio": r["ours_over_dlt"], "target": ">= 10", "met": r["ours_over_dlt"] >= 10})
+    if "guard" in results:
+        g = results["guard"]
+        out.append({"series": "guard share of landing", "seconds": g["landing_on_s"], "mb_per_s": g["mb_per_s"],
+                    "ratio_to": "landing time", "ratio": g["share_of_landing"], "target": "<= 0.15",
+                    "met": g["share_of_landing"] <= 0.15})
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--shards", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="100,000 events in 4 shards")
+    parser.add_argument("--events", type=int, help="events (default 1,000,000; --quick 100,000)")
+    parser.add_argument("--shards", type=int, help="shards (default 10; --quick 4)")
     parser.add_argument("--reps", type=int, default=3, help="reps of ours and raw")
     parser.add_argument("--dlt-reps", type=int, default=1, help="reps of dlt (slow)")
     parser.add_argument("--json", help="also write the results to this file")
@@ -189,6 +216,8 @@ def main() -> int:
     parser.add_argument("--only", default="landing,guard", help="comma-separated: landing, guard")
     parser.add_argument("--dlt-side", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.events = args.events or (100_000 if args.quick else 1_000_000)
+    args.shards = args.shards or (4 if args.quick else 10)
     if args.dlt_side:
         dlt_side(args.dlt_side[0], args.dlt_side[1:])
         return 0
@@ -205,8 +234,7 @@ def main() -> int:
         if "guard" in args.only:
             results["guard"] = bench_guard(work, shard_dir, shards)
         if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(results, fh, indent=2)
+            records.write(args.json, "relational", relational_records(results), **results)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -48,6 +48,8 @@ from contextful.storage import Store
 from contextful.storage.parts import dictionary_columns
 from contextful.storage.snapshot import snapshot_sql
 
+from bench import records
+
 BENCHMARKS = ("append", "commit-sqlite", "commit-postgres", "query")
 TS_BASE_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
 CATEGORIES = np.array([f"cat-{i:03d}" for i in range(100)])
@@ -422,6 +424,25 @@ def run_child(name: str, quick: bool, workdir: str) -> None:
     print("RESULT " + json.dumps({"benchmark": name, **result}), flush=True)
 
 
+def store_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results as bench/records.py records: one per benchmark (per query for ``query``)."""
+    out: list[dict[str, Any]] = []
+    for r in results:
+        name, rss = r["benchmark"], r.get("peak_rss_mib", 0) * 2**20
+        if name == "append":
+            out.append({"series": name, "rows": r["rows"], "seconds": r["median_s"]["ours"], "peak_rss_bytes": rss,
+                        "ratio_to": "write_table", "ratio": r["ratio"], "target": ">= 0.8", "met": r["target_met"]})
+        elif name.startswith("commit-"):
+            out.append({"series": name, "p50_ms": r["ours"]["p50_ms"], "p99_ms": r["ours"]["p99_ms"],
+                        "peak_rss_bytes": rss, "ratio_to": "raw INSERT + Parquet write (p50)",
+                        "ratio": r["ratio_p50_vs_raw"]})
+        else:
+            out.extend({"series": f"{name} {q}", "ms": v["ours_ms"], "peak_rss_bytes": rss,
+                        "ratio_to": "DuckDB read_parquet (time)", "ratio": v["ratio"], "target": "<= 1.2",
+                        "met": v["target_met"]} for q, v in r.items() if isinstance(v, dict))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
@@ -454,8 +475,7 @@ def main() -> int:
         if proc.wait() != 0:
             failed.append(name)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"quick": args.quick, "results": results}, fh, indent=1)
+        records.write(args.json, "store", store_records(results), quick=args.quick, results=results)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
