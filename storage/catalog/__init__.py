@@ -220,6 +220,11 @@ class Catalog(ABC):
         """How many cached run records await a flush, and the oldest one's recorded_us."""
 
     @abstractmethod
+    def pending_run_texts(self) -> list[tuple[str, str, str, str]]:
+        """Every cached run record awaiting a flush as ``(run_id, phase, table, payload JSON text)``,
+        oldest first (the read path turns them into rows in one columnar pass)."""
+
+    @abstractmethod
     def run_records(self) -> list[RunRecordRow]:
         """Every cached run record, flushed or not."""
 

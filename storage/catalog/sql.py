@@ -374,6 +374,10 @@ class SqlCatalog(SqlDialect, Catalog):
                     (update.run_id, update.phase, update.table, json.dumps(payload),
                      int(update.payload.get("recorded_us", 0))),
                 )
+            elif isinstance(update, MarkRecordsFlushed) and update.payloads:
+                cur.executemany("UPDATE cf_run_records SET flushed_seq = ? WHERE run_id = ? AND phase = ?"
+                                " AND payload = ?",
+                                [(seq, run_id, phase, text) for (run_id, phase), text in zip(update.keys, update.payloads)])
             elif isinstance(update, MarkRecordsFlushed):
                 cur.executemany("UPDATE cf_run_records SET flushed_seq = ? WHERE run_id = ? AND phase = ?",
                                 [(seq, run_id, phase) for run_id, phase in update.keys])
@@ -472,6 +476,11 @@ class SqlCatalog(SqlDialect, Catalog):
     def pending_run_summary(self) -> tuple[int, int | None]:
         count, oldest = self._read("SELECT COUNT(*), MIN(recorded_us) FROM cf_run_records WHERE flushed_seq IS NULL")[0]
         return int(count), oldest
+
+    def pending_run_texts(self) -> list[tuple[str, str, str, str]]:
+        rows = self._read("SELECT run_id, phase, table_name, payload FROM cf_run_records WHERE flushed_seq IS NULL"
+                          " ORDER BY recorded_us, run_id, phase")
+        return [tuple(r) for r in rows]  # type: ignore[misc]
 
     def run_records(self) -> list[RunRecordRow]:
         rows = self._read(
