@@ -122,6 +122,14 @@ class Catalog(ABC):
         table whole or not at all; its objects are the caller's to delete."""
 
     @abstractmethod
+    def settings(self, keys: Sequence[str]) -> dict[str, str]:
+        """The store settings among ``keys`` that are set (``storage.compaction`` keeps its policies here)."""
+
+    @abstractmethod
+    def put_setting(self, key: str, value: str | None) -> None:
+        """Set the store setting ``key`` (None: remove it), for every process using the catalog."""
+
+    @abstractmethod
     def load_head(self, name: str) -> TableHead | None: ...
 
     @abstractmethod

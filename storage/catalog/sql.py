@@ -191,6 +191,22 @@ class SqlCatalog(SqlDialect, Catalog):
 
         return self._write(drop, rerun_unheard=True)
 
+    def settings(self, keys: Sequence[str]) -> dict[str, str]:
+        if not keys:
+            return {}
+        marks = ", ".join("?" for _ in keys)
+        rows = self._read(f"SELECT key, value FROM cf_meta WHERE key IN ({marks})", [f"setting:{k}" for k in keys])
+        return {str(k).removeprefix("setting:"): str(v) for k, v in rows}
+
+    def put_setting(self, key: str, value: str | None) -> None:
+        if value is None:
+            self._write(lambda cur: cur.execute("DELETE FROM cf_meta WHERE key = ?", (f"setting:{key}",)),
+                        rerun_unheard=True)
+            return
+        self._write(lambda cur: cur.execute(
+            "INSERT INTO cf_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (f"setting:{key}", value)), rerun_unheard=True)
+
     def load_head(self, name: str) -> TableHead | None:
         pinned = self.pin_heads([name]).get(name)
         return pinned.head if pinned is not None else None
