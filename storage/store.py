@@ -373,10 +373,6 @@ class Store:
         """The snapshots of :meth:`pin`: every table pinned at one point."""
         return {name: table.snapshot_at(seq) for name, (table, seq) in self.pin(names, as_of).items()}
 
-    def duckdb(self, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection able to read this store's parts."""
-        return connect(self.objects, database)
-
     def maintenance_duckdb(self) -> duckdb.DuckDBPyConnection:
         """A connection (a cursor, closed by the caller) to this handle's own in-memory DuckDB
         database, for folds: opening a database costs tens of milliseconds, a cursor next to
@@ -386,6 +382,10 @@ class Store:
             if self._duck is None:
                 self._duck = connect(self.objects)
             return self._duck.cursor()
+
+    def duckdb(self, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection able to read this store's parts."""
+        return connect(self.objects, database)
 
 
 def _check_supersede(name: str, primary_key: tuple[str, ...], order_by: str | None, rule: Supersede) -> None:
