@@ -235,8 +235,8 @@ def history_sql(con: duckdb.DuckDBPyConnection, cached: list[tuple[str, str, str
     def cast(read: dict[str, str]) -> str:
         return ", ".join(f"CAST({read.get(n, 'NULL')} AS {types[n]}) AS {quote(n)}" for n in RUNS_SCHEMA.names)
 
-    sql = durable and snapshot_sql(durable, con)
     sources = []
+    sql = snapshot_sql(durable, con) if durable is not None else None
     if sql is not None and durable is not None and durable.schema is not None:
         stored = {n: f"{_RUNS}.{quote(n)}" for n in RUNS_SCHEMA.names if n in durable.schema.names}
         sources.append(f"SELECT {cast(stored)}, 0 AS {_SOURCE} FROM ({sql}) AS {_RUNS}")
