@@ -41,7 +41,7 @@ def live(store: Store, name: str) -> int:
 
 def test_parts_stay_logarithmic_and_rows_are_rewritten_logarithmically(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "s", clock=ManualClock(), durable=False)
-    fanout, commits = 3, 250
+    fanout, commits = 3, 150
     set_policy(store, CompactionPolicy(fanout=fanout))
     try:
         tiers = math.floor(math.log(commits, fanout)) + 1

@@ -83,7 +83,7 @@ operation = st.one_of(
 )
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(operation, min_size=1, max_size=12))
 def test_history_answers_what_the_row_by_row_merge_answered(ops: list[tuple[str, Any]]) -> None:
     with tempfile.TemporaryDirectory() as root:
