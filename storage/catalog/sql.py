@@ -426,10 +426,13 @@ class SqlCatalog(SqlDialect, Catalog):
         return rows[0][0] if rows else 0
 
     def live_parts(self, name: str, commit_seq: int) -> list[PartRow]:
+        # Two index ranges of (table_name, removed_seq), not one scan of every part the table ever
+        # had: folds leave a removed row per part they absorb, so that scan grew with the commits.
         rows = self._read(
-            f"{_SELECT_PARTS} WHERE table_name = ? AND added_seq <= ?"
-            " AND (removed_seq IS NULL OR removed_seq > ?) ORDER BY ord_seq, ord_idx",
-            (name, commit_seq, commit_seq),
+            f"SELECT * FROM ({_SELECT_PARTS} WHERE table_name = ? AND removed_seq IS NULL AND added_seq <= ?"
+            f" UNION ALL {_SELECT_PARTS} WHERE table_name = ? AND removed_seq > ? AND added_seq <= ?) AS live"
+            " ORDER BY ord_seq, ord_idx",
+            (name, commit_seq, name, commit_seq, commit_seq),
         )
         return [PartRow(*r) for r in rows]
 
