@@ -160,6 +160,7 @@ def bench_query(work: str, cfg: dict[str, Any]) -> list[dict[str, Any]]:
         off_small = off.table("t").to_arrow()
         store.append("one_part_small", off_small)
         con = store.duckdb()
+        con.execute("SET enable_progress_bar = false")
         views = {}
         for view, (s, name) in {"ours": (store, "t"), "one_part": (store, "one_part"),
                                 "off": (off, "t"), "one_part_small": (store, "one_part_small")}.items():
