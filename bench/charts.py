@@ -70,28 +70,43 @@ def memory(path: str, found: list[dict[str, Any]]) -> str | None:
 
 
 def fixed_cost(path: str, found: list[dict[str, Any]]) -> str | None:
-    """One horizontal bar per command (seconds, spawn to exit), the imports' part shaded inside."""
+    """One horizontal bar per command (seconds, spawn to exit, median), broken down by where the time
+    goes when a record says so: ``imports_seconds`` as ``{package group: seconds}`` (stacked, one
+    colour per group) or one number, the rest drawn as start-up and work."""
     bars = [r for r in found if r.get("seconds") is not None]
     if not bars:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(bars) + 1.4), dpi=DPI)
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(bars) + 1.6), dpi=DPI)
     names = [str(r["series"]) for r in bars]
-    ax.barh(names, [r["seconds"] for r in bars], color="#5b8fd9", label="total")
-    imports = [r.get("imports_seconds") for r in bars]
-    if any(v is not None for v in imports):
-        ax.barh(names, [v or 0.0 for v in imports], color="#1f4e9c", label="of which imports")
-        ax.legend(fontsize=8)
+    parts = [_import_parts(r) for r in bars]
+    groups = sorted({g for p in parts for g in p}, key=lambda g: -sum(p.get(g, 0.0) for p in parts))
+    left = [0.0] * len(bars)
+    colours = plt.get_cmap("tab10")
+    for at, group in enumerate(groups):
+        widths = [p.get(group, 0.0) for p in parts]
+        ax.barh(names, widths, left=left, color=colours(at % 10), label=f"imports: {group}")
+        left = [a + b for a, b in zip(left, widths)]
+    ax.barh(names, [max(0.0, r["seconds"] - done) for r, done in zip(bars, left)], left=left, color="#c9d6ea",
+            label="interpreter start and work")
+    ax.legend(fontsize=7, loc="lower right")
     for y, r in enumerate(bars):
         ax.text(r["seconds"], y, f" {r['seconds']:.2f} s", va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds, spawn to exit (median)")
-    ax.set_title("Fixed cost of a command", fontsize=11)
+    ax.set_title("Fixed cost of a command, and where it goes", fontsize=11)
     ax.margins(x=0.15)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _import_parts(record: dict[str, Any]) -> dict[str, float]:
+    imports = record.get("imports_seconds")
+    if isinstance(imports, dict):
+        return {str(k): float(v) for k, v in imports.items()}
+    return {"all": float(imports)} if imports is not None else {}
 
 
 def draw_all(out_dir: str, docs: dict[str, dict[str, Any]]) -> dict[str, str]:

@@ -34,6 +34,7 @@ import pyarrow as pa
 from contextful.engine.project import open_store
 from contextful.storage import Store
 from contextful.storage.clock import from_us
+from contextful.storage.duck_types import empty_select
 from contextful.storage.errors import (
     ArgumentInvalid,
     ContextfulError,
@@ -44,6 +45,7 @@ from contextful.storage.errors import (
 )
 from contextful.storage.lazy import lazy_module
 from contextful.storage.reserved import ITEMS_TABLE, RUNS_TABLE
+from contextful.storage.run_record import history_sql
 from contextful.storage.snapshot import Snapshot, quote, snapshot_sql, sql_literal
 
 if TYPE_CHECKING:
@@ -51,7 +53,6 @@ if TYPE_CHECKING:
 else:
     duckdb = lazy_module("duckdb")
 
-_RUNS_CACHE = "__contextful_runs_history"
 _NAME = r"'(?P<table>[A-Za-z_][A-Za-z0-9_]*)'"
 _DEFERRED: dict[str, tuple[Callable[..., ContextfulError], re.Pattern[str]]] = {  # each error a view may defer, by name
     "TableUnreadable": (TableUnreadable, re.compile(rf"table {_NAME} cannot be read: (?P<reason>.*)", re.DOTALL)),
@@ -102,16 +103,13 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
     At the head, ``_runs`` answers the durable record merged with rows still in the catalog's
     cache (``contextful.storage.run_record``); as of a past instant it answers what ``_runs`` held then.
     """
-    names = []
-    if as_of is None:
-        con.register(_RUNS_CACHE, store.runs.history())
-        con.execute(f"CREATE OR REPLACE VIEW {quote(RUNS_TABLE)} AS SELECT * FROM {quote(_RUNS_CACHE)}")
-        names.append(RUNS_TABLE)
+    names: list[str] = []
+    cached = store.catalog.pending_run_texts() if as_of is None else None  # before the pin (history_sql)
     pinned, unborn = store.pin_with_unborn(as_of=as_of)  # every table pinned at one point
     spelled: dict[str, str] = {}  # DuckDB compares view names case-insensitively
     for name, (table, seq) in pinned.items():
-        if name in names:
-            continue
+        if cached is not None and name == RUNS_TABLE:
+            continue  # attached below, merged with the cache
         twin = spelled.setdefault(name.lower(), name)
         if twin != name:  # a store written before case twins were refused: neither view is answered
             attach_error(con, name, TableUnreadable(name, f"its name differs only in case from the table {twin!r}, "
@@ -132,6 +130,16 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
         except duckdb.Error as exc:  # one table's view does not bind: it alone answers an error
             attach_error(con, name, TableUnreadable(name, first_line(exc)))
         names.append(name)
+    if cached is not None:  # at the head: the durable record merged with the catalog's cache
+        runs = pinned.get(RUNS_TABLE)
+        try:
+            durable = runs[0].snapshot_at(runs[1]) if runs is not None else None
+            con.execute(f"CREATE OR REPLACE VIEW {quote(RUNS_TABLE)} AS {history_sql(con, cached, durable)}")
+        except (SnapshotCollected, TableUnreadable) as exc:
+            attach_error(con, RUNS_TABLE, exc)
+        except duckdb.Error as exc:
+            attach_error(con, RUNS_TABLE, TableUnreadable(RUNS_TABLE, first_line(exc)))
+        names.insert(0, RUNS_TABLE)
     for name in unborn:  # as of an instant before its first commit: reading it is SnapshotNotFound
         if as_of is None or name.lower() in spelled or name in names:
             continue
@@ -143,8 +151,7 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
     if as_of is None and ITEMS_TABLE not in names:  # no item ended yet: the reserved table reads empty
         from contextful.engine.run.items import ITEMS_SCHEMA
 
-        con.register(f"__contextful_empty_{ITEMS_TABLE}", ITEMS_SCHEMA.empty_table())
-        con.execute(f"CREATE OR REPLACE VIEW {quote(ITEMS_TABLE)} AS SELECT * FROM {quote(f'__contextful_empty_{ITEMS_TABLE}')}")
+        con.execute(f"CREATE OR REPLACE VIEW {quote(ITEMS_TABLE)} AS {empty_select(ITEMS_SCHEMA)}")
         names.append(ITEMS_TABLE)
     return names
 
@@ -174,9 +181,7 @@ def attach_snapshot(con: duckdb.DuckDBPyConnection, snap: Snapshot, view: str) -
     """Create (or replace) the view ``view`` answering exactly ``snap``."""
     sql = snapshot_sql(snap, con)
     if sql is None:
-        empty = f"__contextful_empty_{view}"
-        con.register(empty, (snap.schema or pa.schema([])).empty_table())
-        sql = f"SELECT * FROM {quote(empty)}"
+        sql = empty_select(snap.schema or pa.schema([]))
     con.execute(f"CREATE OR REPLACE VIEW {quote(view)} AS {sql}")
 
 

@@ -115,6 +115,10 @@ class RecordRun:
 @dataclass(frozen=True)
 class MarkRecordsFlushed:
     keys: tuple[tuple[str, str], ...]
+    payloads: tuple[str, ...] = ()
+    """The payload text each row was flushed with, in ``keys`` order (empty: mark whatever is
+    cached): a row re-recorded since the flush read it stays pending, so a later flush lands its
+    newer payload and a flushed cache row always equals what ``_runs`` answers for its key."""
 
 
 @dataclass(frozen=True)

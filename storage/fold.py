@@ -57,6 +57,7 @@ else:
 
 if TYPE_CHECKING:
     from contextful.storage.store import Store
+    from contextful.storage.table import Table
 
 SMALL_PART_BYTES = 64 * 1024 * 1024
 READ_BATCH_ROWS = 256 * 1024
@@ -99,15 +100,27 @@ def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, 
     snap = table.snapshot()
     if snap.schema is None:
         return None
-    boundary = snap.order_by_seq if snap.order_by is not None else 0
-    groups = fold_groups(list(snap.parts), small_bytes, min_parts, boundary, snap.supersede is not None)
-    if not groups:
+    groups = fold_groups(list(snap.parts), small_bytes, min_parts, fold_boundary(snap), snap.supersede is not None)
+    return fold_snapshot(store, table, snap, groups)
+
+
+def fold_boundary(snap: Snapshot) -> int:
+    """The commit no fold run may span: the ``order_by`` declaration's (0: none)."""
+    return snap.order_by_seq if snap.order_by is not None else 0
+
+
+def fold_snapshot(store: Store, table: Table, snap: Snapshot, groups: list[list[PartRow]]) -> FoldResult | None:
+    """Fold each of ``groups`` (runs of consecutive parts of ``snap``, the table's head, as
+    :func:`fold_groups` picks them) into one part, in one ``fold`` commit requiring them still live;
+    None when there is no group."""
+    name = table.name
+    if not groups or snap.schema is None:
         return None
     run_id = "fold-" + new_run_id()
     added: list[PartFile] = []
     removed: list[str] = []
     lease = StagingLease(store, name, run_id)
-    con = store.duckdb()
+    con = store.maintenance_duckdb()
     keys = (part_key(name, run_id, index) for index in count())
     try:
         for group in groups:

@@ -19,11 +19,12 @@ Implements the decision "run-record-folds":
   appended, the run succeeds, and the next append's trigger retries the pass. Parts of
   ``FOLD_SMALL_BYTES`` or more are left as they are, so a pass never rewrites the whole history.
 
-Readers of run history get ``_runs`` merged with rows still only in the cache.
+Readers of run history get ``_runs`` merged with rows still only in the cache (:func:`history_sql`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,12 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from contextful.storage.commits import AssertRecordsPending, MarkRecordsFlushed, RecordRun
+from contextful.storage.duck_types import duckdb_types
 from contextful.storage.errors import CommitConflict, ContextfulError, first_line
 from contextful.storage.fold import fold_table
 from contextful.storage.manifest import RunManifest
 from contextful.storage.reserved import RUNS_TABLE
+from contextful.storage.snapshot import Snapshot, quote, snapshot_sql, sql_literal
+from contextful.storage.table import Table
 
 if TYPE_CHECKING:
+    import duckdb
     from contextful.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -164,13 +169,14 @@ class RunRecord:
         if not pending:
             return 0
         table = self.store.reserved_table(RUNS_TABLE, PRIMARY_KEY)
-        rows = [_row(r.run_id, r.phase, r.table, r.payload) for r in pending]
+        rows = [_row(r.run_id, r.phase, r.table, r.payload) for r in pending]  # bounded: FLUSH_LIMIT
         keys = tuple((r.run_id, r.phase) for r in pending)
+        texts = tuple(json.dumps(r.payload) for r in pending)  # the text the catalog stored
         txn = table.transaction("append")
         try:
             txn.stage(pa.Table.from_pylist(rows, schema=RUNS_SCHEMA))
             txn.commit(extra_requirements=(AssertRecordsPending(keys),),
-                       extra_updates=(MarkRecordsFlushed(keys),))
+                       extra_updates=(MarkRecordsFlushed(keys, texts),))
         except CommitConflict:
             txn.abort()  # another process flushed these rows first
             return 0
@@ -195,20 +201,73 @@ class RunRecord:
     # --- reading --------------------------------------------------------------------------------
 
     def history(self) -> pa.Table:
-        """Every run's plan, commit and fail rows: ``_runs`` merged with the cache, latest row winning."""
-        cached = pa.Table.from_pylist(
-            [_row(r.run_id, r.phase, r.table, r.payload) for r in self.store.catalog.run_records()],
-            schema=RUNS_SCHEMA,
-        )
-        names = self.store.table_names(include_reserved=True)
-        durable = self.store.table(RUNS_TABLE).to_arrow() if RUNS_TABLE in names else RUNS_SCHEMA.empty_table()
-        merged: dict[tuple[str, str], dict[str, Any]] = {}
-        for row in durable.to_pylist() + cached.to_pylist():  # bounded by the run count, not data
-            key = (row["run_id"], row["phase"])
-            if key not in merged or row["recorded_at"] >= merged[key]["recorded_at"]:
-                merged[key] = row
-        ordered = sorted(merged.values(), key=lambda r: (r["recorded_at"], r["run_id"], r["phase"] != "plan"))
-        return pa.Table.from_pylist(ordered, schema=RUNS_SCHEMA)
+        """Every run's plan, commit and fail rows: ``_runs`` merged with the cache, latest row winning
+        (:func:`history_sql`), ordered by time."""
+        cached = self.store.catalog.pending_run_texts()  # before the pin: a flush between is in _runs
+        pinned = self.store.catalog.pin_heads([RUNS_TABLE]).get(RUNS_TABLE)
+        con = self.store.duckdb()
+        try:
+            durable = None
+            if pinned is not None and pinned.commit_seq:
+                durable = Table(self.store, pinned.head).snapshot_at(pinned.commit_seq)
+            return con.sql(history_sql(con, cached, durable)).to_arrow_table().cast(RUNS_SCHEMA)
+        finally:
+            con.close()
+
+
+def history_sql(con: duckdb.DuckDBPyConnection, cached: list[tuple[str, str, str, str]],
+                durable: Snapshot | None) -> str:
+    """One DuckDB SELECT answering run history: the rows of ``durable`` (``_runs`` at a snapshot;
+    None: none yet) merged with the ``cached`` rows still awaiting a flush
+    (:meth:`Catalog.pending_run_texts`, read before ``durable`` was pinned, so a flush landing in
+    between is in one or the other), one row per ``(run_id, phase)``: the latest ``recorded_at``,
+    a cached row winning a tie; ordered by ``recorded_at``, ``run_id``, plan rows first, phase.
+
+    A flushed cache row equals what ``_runs`` answers for its key (``MarkRecordsFlushed`` marks
+    only the payload it flushed), so only the pending rows need reading: the cost is the size of
+    ``_runs`` and the pending rows, never a walk over every record. Nothing here hands DuckDB a
+    Python object: the cached rows reach it as JSON text literals (``from_json``), so the read path
+    never imports pandas.
+    """
+    types = dict(zip(RUNS_SCHEMA.names, duckdb_types(RUNS_SCHEMA)))
+    columns = ", ".join(quote(n) for n in RUNS_SCHEMA.names)
+
+    def cast(read: dict[str, str]) -> str:
+        return ", ".join(f"CAST({read.get(n, 'NULL')} AS {types[n]}) AS {quote(n)}" for n in RUNS_SCHEMA.names)
+
+    sources = []
+    sql = snapshot_sql(durable, con) if durable is not None else None
+    if sql is not None and durable is not None and durable.schema is not None:
+        stored = {n: f"{_RUNS}.{quote(n)}" for n in RUNS_SCHEMA.names if n in durable.schema.names}
+        sources.append(f"SELECT {cast(stored)}, 0 AS {_SOURCE} FROM ({sql}) AS {_RUNS}")
+    if cached:
+        ids, phases, tables, payloads = (list(column) for column in zip(*cached))
+        fields = {"run_id": ids, "phase": phases, "table_name": tables}
+        unnested = ", ".join(f"unnest(from_json({sql_literal(json.dumps(v))}, '[\"VARCHAR\"]')) AS {quote(n)}"
+                             for n, v in fields.items())
+        payload = sql_literal("[" + ",".join(payloads) + "]")
+        scanned = (f"SELECT {unnested}, unnest(from_json({payload}, {sql_literal(json.dumps([_PAYLOAD_JSON]))}))"
+                   f" AS {_PAYLOAD}")
+        read = {n: f"{_PAYLOAD}.{quote(n)}" for n in RUNS_SCHEMA.names} | {n: quote(n) for n in fields}
+        read |= {"recorded_at": f"make_timestamptz(coalesce({_PAYLOAD}.recorded_us, 0))",
+                 "bound_hits": f"coalesce({_PAYLOAD}.bound_hits, [])"}
+        sources.append(f"SELECT {cast(read)}, 1 AS {_SOURCE} FROM ({scanned}) AS {_CACHED}")
+    if not sources:
+        return f"SELECT {cast({})} WHERE false"
+    merged = " UNION ALL ".join(sources)
+    return (f"SELECT {columns} FROM ({merged}) AS {_RUNS}"
+            f" QUALIFY row_number() OVER (PARTITION BY run_id, phase ORDER BY recorded_at DESC, {_SOURCE} DESC) = 1"
+            " ORDER BY recorded_at, run_id, phase <> 'plan', phase")
+
+
+_RUNS, _CACHED, _PAYLOAD, _SOURCE = "__cf_runs", "__cf_cached", "__cf_payload", "__cf_source"
+_PAYLOAD_JSON = {
+    "kind": "VARCHAR", "status": "VARCHAR", "recorded_us": "BIGINT", "commit_seq": "BIGINT", "rows": "BIGINT",
+    "parts": "BIGINT", "bytes": "BIGINT", "manifest": "VARCHAR", "downgrade_events": "BIGINT",
+    "bound_hits": [{"step": "VARCHAR", "attempt": "BIGINT", "bound": "VARCHAR"}], "error": "VARCHAR",
+    "detail": "VARCHAR",
+}
+"""The JSON structure of a cached row's payload, as ``from_json`` reads it (see :func:`_row`)."""
 
 
 def _row(run_id: str, phase: str, table: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -30,13 +30,13 @@ column, the scan renames every column by position first.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from contextful.storage.catalog import PartRow
+from contextful.storage.duck_types import duckdb_types
 from contextful.storage.errors import TableUnreadable
 from contextful.storage.lazy import lazy_module
 from contextful.storage.supersede import NAMES as RULE_NAMES
@@ -95,21 +95,6 @@ def sql_literal(text: str) -> str:
 
 def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-@functools.lru_cache(maxsize=256)
-def _duckdb_types(schema_bytes: bytes) -> tuple[str, ...]:
-    schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
-    con = duckdb.connect()
-    try:
-        return tuple(str(t) for t in con.from_arrow(schema.empty_table()).types)
-    finally:
-        con.close()
-
-
-def duckdb_types(schema: pa.Schema) -> tuple[str, ...]:
-    """DuckDB's spelling of each column type of ``schema``."""
-    return _duckdb_types(schema.serialize().to_pybytes())
 
 
 def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | None:

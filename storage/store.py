@@ -112,6 +112,7 @@ class Store:
         """Parts one run writes behind its caller at once (``CONTEXTFUL_WRITE_THREADS``; 0: write inline)."""
         self._writers: ThreadPoolExecutor | None = None
         self._writers_lock = threading.Lock()
+        self._duck: duckdb.DuckDBPyConnection | None = None
 
     def writer_pool(self) -> ThreadPoolExecutor | None:
         """The threads runs write their parts on (a local store only; None: write inline)."""
@@ -234,6 +235,8 @@ class Store:
         self.catalog.close()
         if self._writers is not None:  # after the record's flush, which writes a part too
             self._writers.shutdown(wait=True)
+        if self._duck is not None:
+            self._duck.close()
 
     def __enter__(self) -> Self:
         return self
@@ -374,6 +377,16 @@ class Store:
     def snapshots(self, names: Sequence[str] | None = None, as_of: datetime | int | None = None) -> dict[str, Snapshot]:
         """The snapshots of :meth:`pin`: every table pinned at one point."""
         return {name: table.snapshot_at(seq) for name, (table, seq) in self.pin(names, as_of).items()}
+
+    def maintenance_duckdb(self) -> duckdb.DuckDBPyConnection:
+        """A connection (a cursor, closed by the caller) to this handle's own in-memory DuckDB
+        database, for folds: opening a database costs tens of milliseconds, a cursor next to
+        nothing, and a fold after every few commits (``storage.compaction``) must stay cheap.
+        Cursors are separate connections: each fold's temporary tables are its own."""
+        with self._writers_lock:
+            if self._duck is None:
+                self._duck = connect(self.objects)
+            return self._duck.cursor()
 
     def duckdb(self, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
         """A DuckDB connection able to read this store's parts."""

@@ -445,4 +445,8 @@ def commit_together(transactions: Sequence[RunTransaction]) -> list[CommitResult
                                     manifest.bytes, tuple(events)))
     if any(txn._recorded for txn in transactions):
         store.runs.after_commit()
+    # compaction folds, and storage.fold imports this module: imported here
+    from contextful.storage.compaction import compact_after_commit
+
+    compact_after_commit(store, [txn.table for txn in transactions])
     return results

@@ -122,6 +122,14 @@ class Catalog(ABC):
         table whole or not at all; its objects are the caller's to delete."""
 
     @abstractmethod
+    def settings(self, keys: Sequence[str]) -> dict[str, str]:
+        """The store settings among ``keys`` that are set (``storage.compaction`` keeps its policies here)."""
+
+    @abstractmethod
+    def put_setting(self, key: str, value: str | None) -> None:
+        """Set the store setting ``key`` (None: remove it), for every process using the catalog."""
+
+    @abstractmethod
     def load_head(self, name: str) -> TableHead | None: ...
 
     @abstractmethod
@@ -218,6 +226,11 @@ class Catalog(ABC):
     @abstractmethod
     def pending_run_summary(self) -> tuple[int, int | None]:
         """How many cached run records await a flush, and the oldest one's recorded_us."""
+
+    @abstractmethod
+    def pending_run_texts(self) -> list[tuple[str, str, str, str]]:
+        """Every cached run record awaiting a flush as ``(run_id, phase, table, payload JSON text)``,
+        oldest first (the read path turns them into rows in one columnar pass)."""
 
     @abstractmethod
     def run_records(self) -> list[RunRecordRow]:

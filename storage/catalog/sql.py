@@ -191,6 +191,22 @@ class SqlCatalog(SqlDialect, Catalog):
 
         return self._write(drop, rerun_unheard=True)
 
+    def settings(self, keys: Sequence[str]) -> dict[str, str]:
+        if not keys:
+            return {}
+        marks = ", ".join("?" for _ in keys)
+        rows = self._read(f"SELECT key, value FROM cf_meta WHERE key IN ({marks})", [f"setting:{k}" for k in keys])
+        return {str(k).removeprefix("setting:"): str(v) for k, v in rows}
+
+    def put_setting(self, key: str, value: str | None) -> None:
+        if value is None:
+            self._write(lambda cur: cur.execute("DELETE FROM cf_meta WHERE key = ?", (f"setting:{key}",)),
+                        rerun_unheard=True)
+            return
+        self._write(lambda cur: cur.execute(
+            "INSERT INTO cf_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (f"setting:{key}", value)), rerun_unheard=True)
+
     def load_head(self, name: str) -> TableHead | None:
         pinned = self.pin_heads([name]).get(name)
         return pinned.head if pinned is not None else None
@@ -374,6 +390,10 @@ class SqlCatalog(SqlDialect, Catalog):
                     (update.run_id, update.phase, update.table, json.dumps(payload),
                      int(update.payload.get("recorded_us", 0))),
                 )
+            elif isinstance(update, MarkRecordsFlushed) and update.payloads:
+                cur.executemany("UPDATE cf_run_records SET flushed_seq = ? WHERE run_id = ? AND phase = ?"
+                                " AND payload = ?",
+                                [(seq, run_id, phase, text) for (run_id, phase), text in zip(update.keys, update.payloads)])
             elif isinstance(update, MarkRecordsFlushed):
                 cur.executemany("UPDATE cf_run_records SET flushed_seq = ? WHERE run_id = ? AND phase = ?",
                                 [(seq, run_id, phase) for run_id, phase in update.keys])
@@ -406,10 +426,13 @@ class SqlCatalog(SqlDialect, Catalog):
         return rows[0][0] if rows else 0
 
     def live_parts(self, name: str, commit_seq: int) -> list[PartRow]:
+        # Two index ranges of (table_name, removed_seq), not one scan of every part the table ever
+        # had: folds leave a removed row per part they absorb, so that scan grew with the commits.
         rows = self._read(
-            f"{_SELECT_PARTS} WHERE table_name = ? AND added_seq <= ?"
-            " AND (removed_seq IS NULL OR removed_seq > ?) ORDER BY ord_seq, ord_idx",
-            (name, commit_seq, commit_seq),
+            f"SELECT * FROM ({_SELECT_PARTS} WHERE table_name = ? AND removed_seq IS NULL AND added_seq <= ?"
+            f" UNION ALL {_SELECT_PARTS} WHERE table_name = ? AND removed_seq > ? AND added_seq <= ?) AS live"
+            " ORDER BY ord_seq, ord_idx",
+            (name, commit_seq, name, commit_seq, commit_seq),
         )
         return [PartRow(*r) for r in rows]
 
@@ -472,6 +495,11 @@ class SqlCatalog(SqlDialect, Catalog):
     def pending_run_summary(self) -> tuple[int, int | None]:
         count, oldest = self._read("SELECT COUNT(*), MIN(recorded_us) FROM cf_run_records WHERE flushed_seq IS NULL")[0]
         return int(count), oldest
+
+    def pending_run_texts(self) -> list[tuple[str, str, str, str]]:
+        rows = self._read("SELECT run_id, phase, table_name, payload FROM cf_run_records WHERE flushed_seq IS NULL"
+                          " ORDER BY recorded_us, run_id, phase")
+        return [tuple(r) for r in rows]  # type: ignore[misc]
 
     def run_records(self) -> list[RunRecordRow]:
         rows = self._read(

@@ -570,6 +570,22 @@ def test_run_record_cache(open_catalog: CatalogFactory) -> None:
     assert len(catalog.run_records()) == 3
 
 
+# --- store settings ----------------------------------------------------------------------------
+
+
+def test_store_settings_are_shared_by_every_connection(open_catalog: CatalogFactory) -> None:
+    catalog, other = open_catalog(), open_catalog()
+    assert catalog.settings(["compaction", "compaction:t"]) == {}
+    catalog.put_setting("compaction", '{"fanout": 4}')
+    other.put_setting("compaction:t", '{"enabled": false}')
+    assert other.settings(["compaction", "compaction:t", "x"]) == {
+        "compaction": '{"fanout": 4}', "compaction:t": '{"enabled": false}'}
+    catalog.put_setting("compaction", '{"fanout": 16}')
+    other.put_setting("compaction:t", None)
+    assert catalog.settings(["compaction", "compaction:t"]) == {"compaction": '{"fanout": 16}'}
+    assert catalog.settings([]) == {}
+
+
 # --- the store binding -------------------------------------------------------------------------
 
 
