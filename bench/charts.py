@@ -89,7 +89,7 @@ def fixed_cost(path: str, found: list[dict[str, Any]]) -> str | None:
         left = [a + b for a, b in zip(left, widths)]
     ax.barh(names, [max(0.0, r["seconds"] - done) for r, done in zip(bars, left)], left=left, color="#c9d6ea",
             label="interpreter start and work")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper right")
     for y, r in enumerate(bars):
         ax.text(r["seconds"], y, f" {r['seconds']:.2f} s", va="center", fontsize=8)
     ax.invert_yaxis()
