@@ -37,9 +37,10 @@ the memory bound; the input's last block takes everything left, a last line with
 included). Each block is parsed by pyarrow, ``PARSING`` blocks at a time on worker threads while
 the next is read, and a writer thread sends the tables on. No text is read as a guessed type
 (decision "values land as they arrived"): JSON strings pyarrow types as timestamps are read again
-as strings (:class:`_JsonBlocks`); a CSV input is read twice, the first time to decide each
-column's type over the whole input (:func:`_csv_types`, temporal guesses as text), the second with
-those types and the declared ones (:class:`_CsvBlocks`). JSON blocks otherwise type their values
+as strings (:class:`_JsonBlocks`); a CSV input's columns take the types of the whole input (each
+block's guess, temporal guesses as text, merged), decided in one reading whose tables are held to
+its end (:class:`_CsvOnePass`) or, past ``HOLD_BLOCKS`` blocks, in a first reading of their own
+(:func:`_csv_types`) before the second (:class:`_CsvBlocks`). JSON blocks otherwise type their values
 on their own: the first non-empty block fixes the
 stream's schema; a later block that fits it (missing columns, a null or narrower type) is cast to
 it, and a block that does not (a new column, int meeting float or string) starts a new IPC segment
@@ -73,10 +74,10 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -100,6 +101,10 @@ READ_BYTES = 4 << 20
 """Bytes read per block (measured: 2-8 MiB parse fastest; larger blocks fall out of cache)."""
 PARSING = min(4, max(2, os.cpu_count() or 2))
 """Blocks parsing at once, one thread each: a decode uses up to 4 cores and a bounded memory."""
+HOLD_BLOCKS = 16
+"""A CSV input of up to this many blocks is read once, its tables held until its end shows the types."""
+SAMPLE_BYTES = 64 << 10
+"""The head of a CSV input whose guessed types its first block reads with (:class:`_CsvOnePass`)."""
 WATCH_S = 0.01
 """How often the server checks its children's deadlines and resident memory."""
 SEGMENT = b"S"
@@ -365,15 +370,56 @@ def _tables(request: dict[str, Any]) -> Iterator[pa.Table]:
     elif fmt == "json":
         yield from _records(_DocumentRows(_reader(request)).readinto, _LastNewline(), _JsonBlocks(), block=block)
     elif fmt == "csv":
-        delimiter = "\t" if split_compression(path)[0].endswith(".tsv") else ","
-        declared = request.get("declared") or {}
-        # The column types of the whole input, from a first reading; an input read only once (a
-        # FIFO) lands every column as text rather than guess a type per block.
-        types = _csv_types(request, delimiter, declared, block) if _rereadable(path) else None
-        yield from _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, types, declared), header=True,
-                            block=block)
+        yield from _csv_tables(request, block)
     else:
         raise ValueError(f"format {fmt!r}")
+
+
+def _csv_tables(request: dict[str, Any], block: int) -> Iterator[pa.Table]:
+    """A CSV input's tables, each column of one type for the whole input: the merge of every block's
+    guess, temporal guesses as text (an input read only once, a FIFO, lands every undeclared column
+    as text rather than guess a type per block).
+
+    An input of up to ``csv_hold_bytes`` (default ``HOLD_BLOCKS`` blocks) is read once
+    (:class:`_CsvOnePass`: its tables are held until its end shows the types); a larger one is read
+    twice, the first time for the types (:func:`_csv_types`), so memory stays bounded.
+    """
+    path = request["path"]
+    delimiter = "\t" if split_compression(path)[0].endswith(".tsv") else ","
+    declared = request.get("declared") or {}
+    if not _rereadable(path):
+        yield from _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, None, declared), header=True,
+                            block=block)
+        return
+    hold = request.get("csv_hold_bytes", HOLD_BLOCKS * block)
+    local, window = local_path(path), request.get("window")
+    size = (window[1] - window[0] if window else os.path.getsize(local)) if local is not None else None
+    if size is None or split_compression(path)[1] is not None or size <= hold:
+        tables = _csv_one_pass(request, delimiter, declared, block, hold)
+        if tables is not None:
+            yield from tables
+            return
+    types = _csv_types(request, delimiter, declared, block)
+    yield from _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, types, declared), header=True,
+                        block=block)
+
+
+def _csv_one_pass(request: dict[str, Any], delimiter: str, declared: dict[str, pa.DataType], block: int,
+                  hold: int) -> Iterator[pa.Table] | None:
+    """The input's tables from one reading, or None once it holds more than ``hold`` bytes."""
+    parse = _CsvOnePass(delimiter, declared)
+    held: list[tuple[pa.Table, bytes]] = []
+    size = 0
+    blocks = _records(_reader(request), _CsvCut(), parse, header=True, block=block)
+    try:
+        for table, text in blocks:
+            size += len(text)
+            if size > hold:
+                return None
+            held.append((table, text))
+    finally:
+        blocks.close()
+    return (parse.conformed(table, text, first=i == 0) for i, (table, text) in enumerate(held))
 
 
 def _csv_declared(declared: dict[str, pa.DataType]) -> dict[str, pa.DataType]:
@@ -501,9 +547,12 @@ class _CsvCut:
         return -1
 
 
+_Parsed = TypeVar("_Parsed")
+
+
 def _records(readinto: Callable[[memoryview], int], cut: Callable[[bytearray, int, int], int],
-             parse: Callable[[memoryview], pa.Table], *, header: bool = False,
-             block: int = READ_BYTES) -> Iterator[pa.Table]:
+             parse: Callable[[memoryview], _Parsed], *, header: bool = False,
+             block: int = READ_BYTES) -> Generator[_Parsed, None, None]:
     """Parse the stream in blocks of whole records, read into a ring of reused buffers of ``block`` bytes.
 
     ``PARSING`` blocks parse at once, each on a worker thread of its own, while the next is read
@@ -517,7 +566,7 @@ def _records(readinto: Callable[[memoryview], int], cut: Callable[[bytearray, in
     buffers = [bytearray(block)]  # grows to PARSING + 1 buffers as blocks come
     current, held, consumed = 0, 0, 0  # held: bytes at the front of the current buffer
     yielded = not header
-    pending: deque[tuple[Future[pa.Table], int]] = deque()
+    pending: deque[tuple[Future[_Parsed], int]] = deque()
     with ThreadPoolExecutor(PARSING, thread_name_prefix="decode-parse") as parser:
         while True:
             buffer = buffers[current]
@@ -551,7 +600,7 @@ def _records(readinto: Callable[[memoryview], int], cut: Callable[[bytearray, in
             yield _parsed(*pending.popleft())
 
 
-def _parsed(block: Future[pa.Table], consumed: int) -> pa.Table:
+def _parsed(block: Future[_Parsed], consumed: int) -> _Parsed:
     try:
         return block.result()
     except _Malformed as exc:
@@ -818,18 +867,22 @@ class _CsvBlocks:
                  declared: dict[str, pa.DataType] | None = None, *, guess: bool = False) -> None:
         self._delimiter = delimiter
         self._names: list[str] | None = None
-        read = _csv_declared(declared or {})
+        self._read = _csv_declared(declared or {})
         # zoned timestamps, read as text for typed landing: their null fields are null, not text
         self._zoned = [name for name, t in (declared or {}).items() if pa.types.is_timestamp(t) and t.tz is not None]
-        if guess:
-            self._convert = pcsv.ConvertOptions(column_types=read)
-        elif types is None:
-            self._convert = pcsv.ConvertOptions(default_column_type=pa.string(), column_types=read)
+        if types is None and not guess:
+            self._convert = pcsv.ConvertOptions(default_column_type=pa.string(), column_types=self._read)
         else:
-            self._convert = pcsv.ConvertOptions(column_types={**types, **read})
+            self._convert = self.typed({} if guess else types or {})
+
+    def typed(self, types: dict[str, pa.DataType]) -> pcsv.ConvertOptions:
+        """Options reading ``types`` and the declared columns as such, guessing the others."""
+        return pcsv.ConvertOptions(column_types={**types, **self._read})
 
     def __call__(self, view: memoryview) -> pa.Table:
-        block = bytes(view)  # parsing CSV costs far more than this copy
+        return self.parse(bytes(view), self._convert)  # parsing CSV costs far more than this copy
+
+    def parse(self, block: bytes, convert: pcsv.ConvertOptions) -> pa.Table:
         refused: list[str] = []
 
         def refuse(row: Any) -> str:
@@ -843,7 +896,7 @@ class _CsvBlocks:
                                               block_size=min(len(block) + 1, _MAX_BLOCK)),
                 parse_options=pcsv.ParseOptions(delimiter=self._delimiter, newlines_in_values=b'"' in block,
                                                 invalid_row_handler=refuse),
-                convert_options=self._convert)
+                convert_options=convert)
         except pa.ArrowInvalid as exc:
             raise _Malformed(first_line(exc).removeprefix("CSV parse error: "),
                              offset=_row_offset(block, refused[0]) if refused else None) from exc
@@ -855,6 +908,87 @@ class _CsvBlocks:
                 column = table.column(at)
                 table = table.set_column(at, name, pc.if_else(pc.is_in(column, value_set=_csv_nulls()), None, column))
         return table
+
+
+class _CsvOnePass:
+    """Parses CSV blocks for a reading that decides the types as it goes: each block with the types
+    the blocks before it showed, ``schema`` the merge of every block's own guess so far (temporal
+    guesses as text), which at the input's end is what :func:`_csv_types` decides.
+
+    A column so far int64, float64 or text is read as that: a block that reads so would have guessed
+    a type the merge keeps (a block's guess is the first of pyarrow's kinds that reads all its
+    values, so int64 reads only values guessed null or int64, float64 only null, int64 or float64),
+    and a block that does not (text in a number column) is parsed again, guessing. A column so far
+    null or boolean is guessed per block: "0" and "1" read as booleans but guess int64, and int64
+    meeting boolean is text. The first block reads with the types guessed on its head
+    (``SAMPLE_BYTES``), so a timestamp column is text from the start rather than parsed twice: the
+    head's rows are the block's, so the block guesses the head's kind or a later one.
+    :meth:`conformed` gives a held table the final types: a column of nulls is cast, and a block a
+    later one widened (int64 meeting float64 or text) is parsed again with the input's types.
+    """
+
+    def __init__(self, delimiter: str, declared: dict[str, pa.DataType]) -> None:
+        self._delimiter = delimiter
+        self._declared = declared
+        self._blocks = _CsvBlocks(delimiter, None, declared, guess=True)
+        self._fixed = set(_csv_declared(declared))
+        self._lock = threading.Lock()
+        self.schema: pa.Schema | None = None
+
+    def __call__(self, view: memoryview) -> tuple[pa.Table, bytes]:
+        block = bytes(view)
+        with self._lock:
+            schema = self.schema
+        known = self._known(self._head_schema(block) if schema is None else schema)
+        try:
+            table = self._blocks.parse(block, self._blocks.typed(known))
+        except _Malformed:
+            table = self._blocks.parse(block, self._blocks.typed({}))  # malformed indeed, or a type it widens
+            known = {}
+        guessed = pa.schema([f if f.name in known or f.name in self._fixed
+                             else f.with_type(_temporal_as_text(f.type) or f.type) for f in table.schema])
+        with self._lock:
+            self.schema = guessed if self.schema is None else merged_schema(self.schema, guessed)
+        return table, block
+
+    def conformed(self, table: pa.Table, block: bytes, *, first: bool) -> pa.Table:
+        """``table`` (of ``block``, the ``first`` holding the header) as the input's types read it."""
+        schema = self.schema
+        assert schema is not None
+        if table.schema.equals(schema):
+            return table
+        columns = []
+        for f in schema:
+            column = table.column(f.name)
+            if column.type.equals(f.type):
+                columns.append(column)
+            elif pa.types.is_null(column.type) and not _is_text(f.type):  # text reads "" and "NA" as text
+                columns.append(pa.chunked_array([pa.nulls(table.num_rows, f.type)], type=f.type))
+            else:
+                types = {f.name: f.type for f in schema if not pa.types.is_null(f.type)}
+                blocks = _CsvBlocks(self._delimiter, None, self._declared) if first else self._blocks
+                return blocks.parse(block, blocks.typed(types))
+        return pa.Table.from_arrays(columns, schema=schema)
+
+    def _head_schema(self, block: bytes) -> pa.Schema:
+        """The types guessed on the block's first records (its header's columns, null without records)."""
+        end = _CsvCut()(bytearray(block[:SAMPLE_BYTES]), 0, min(len(block), SAMPLE_BYTES))
+        if end < 0:
+            return pa.schema([])
+        try:
+            head = _CsvBlocks(self._delimiter, None, self._declared, guess=True).parse(block[:end], self._blocks.typed({}))
+        except _Malformed:
+            return pa.schema([])  # the block's own parse names it
+        return pa.schema([f.with_type(_temporal_as_text(f.type) or f.type) for f in head.schema])
+
+    def _known(self, schema: pa.Schema) -> dict[str, pa.DataType]:
+        return {f.name: f.type for f in schema
+                if f.name not in self._fixed and (pa.types.is_int64(f.type) or pa.types.is_float64(f.type)
+                                                  or pa.types.is_string(f.type))}
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
 @functools.cache
