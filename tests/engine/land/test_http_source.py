@@ -249,7 +249,7 @@ def test_checkpoints_commit_staged_parts_with_the_position_and_keep_pulling(tmp_
     two_pages = 300  # bytes: a 5-row page holds ~170 bytes of Arrow data while it waits to be staged
     result = run(store, manifest, decoder, checkpoint_bytes=two_pages)
     table = store.table("events")
-    commits = table.commits()
+    commits = [c for c in table.commits() if c.kind != "fold"]  # automatic compaction's folds aside
     assert 2 < len(commits) < 8 and result.pulls == 8 and ids_of(store) == list(range(40))
     for commit in commits[:-1]:  # each checkpoint: the position after its last staged pull
         m = table.manifest(commit.run_id)
