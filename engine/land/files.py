@@ -189,12 +189,14 @@ def _is_glob(pattern: str) -> bool:
     return any(ch in pattern for ch in "*?[")
 
 
-def _local_info(path: str) -> dict[str, Any]:
-    """What fsspec's local ``info`` says of ``path`` that an input reads: size, mtime and type
-    (symbolic links followed)."""
+def _local_info(path: str, listed: bool = False) -> dict[str, Any]:
+    """What fsspec's local filesystem says of ``path`` that an input reads: size, mtime and type
+    (symbolic links followed; a link a glob ``listed`` carries its own mtime, as fsspec's listing
+    reports it, so a fingerprint read from it stays the same)."""
     status = os.stat(path)
     kind = "directory" if stat.S_ISDIR(status.st_mode) else "file" if stat.S_ISREG(status.st_mode) else "other"
-    return {"name": path, "size": status.st_size, "mtime": status.st_mtime, "type": kind}
+    mtime = os.lstat(path).st_mtime if listed and os.path.islink(path) else status.st_mtime
+    return {"name": path, "size": status.st_size, "mtime": mtime, "type": kind}
 
 
 def _local_file(path: str, pattern: str) -> dict[str, dict[str, Any]]:
@@ -211,7 +213,7 @@ def _local_glob(pattern: str) -> dict[str, dict[str, Any]]:
     found = {}
     for path in glob.iglob(pattern, recursive=True, include_hidden=True):
         try:
-            found[path.rstrip("/") or path] = _local_info(path)
+            found[path.rstrip("/") or path] = _local_info(path, listed=True)
         except FileNotFoundError:  # removed since the listing saw it
             continue
     return dict(sorted(found.items()))
