@@ -45,20 +45,6 @@ if str(REPO) not in sys.path:
 from bench import records as documents
 
 BASELINE = "python -c 'import pyarrow'"
-MANIFEST = """\
-[project]
-name = "bench-fixed"
-
-[[pipeline]]
-id = "events"
-table = "events"
-
-[pipeline.source]
-kind = "files"
-
-[pipeline.source.config]
-paths = ["in/*.ndjson"]
-"""
 ONE_MB_EVENTS = 850  # GitHub-archive-like events: about 1.0 MB of NDJSON
 GROUPS = {"numpy": "pyarrow", "pyarrow": "pyarrow", "duckdb": "duckdb", "_duckdb": "duckdb", "polars": "polars",
           "pandas": "pandas", "fsspec": "fsspec", "contextful": "contextful", "click": "click"}
@@ -137,23 +123,23 @@ def import_breakdown(argv: list[str]) -> dict[str, float]:
 
 
 def make_project(work: Path, events: int) -> Path:
+    """bench_pipeline's project (one nested ``files`` pipeline over ``work/in/events-*.ndjson``)."""
     from contextful.datasets import gharchive
 
-    project = work / "project"
-    (project / "in").mkdir(parents=True)
-    (project / "contextful.toml").write_text(MANIFEST)
-    gharchive.write_shards(events, project / "in", shards=1, seed=7)
-    return project
+    from bench.bench_pipeline import make_project as landing_project
+
+    gharchive.write_shards(events, work / "in", shards=1, seed=7)
+    return Path(landing_project(str(work / "project"), str(work / "in")))
 
 
 def new_input(project: Path, serial: int) -> None:
-    """One more ~1 MB input for the next run to land."""
+    """One more ~1 MB input (``events-new-NNNN.ndjson`` beside the others) for the next run to land."""
     from contextful.datasets import gharchive
 
-    staging = project / f"staging-{serial}"
+    staging = project.parent / f"staging-{serial}"
     gharchive.write_shards(ONE_MB_EVENTS, staging, shards=1, seed=1000 + serial)
     for path in staging.iterdir():
-        path.rename(project / "in" / f"new-{serial:04d}-{path.name}")
+        path.rename(project.parent / "in" / f"events-new-{serial:04d}-{path.name}")
     staging.rmdir()
 
 

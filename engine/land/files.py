@@ -216,7 +216,7 @@ def _local_glob(pattern: str) -> dict[str, dict[str, Any]]:
             found[path.rstrip("/") or path] = _local_info(path, listed=True)
         except FileNotFoundError:  # removed since the listing saw it
             continue
-    return dict(sorted(found.items()))
+    return found
 
 
 def _input(address: str, info: dict[str, Any], root: Path) -> InputFile:
