@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, TYPE_CHECKING
 
 import pyarrow as pa
@@ -37,17 +37,24 @@ def part_key(table: str, run_id: str, index: int) -> str:
 
 
 def write_part(objects: ObjectStore, key: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
-               durable: bool = True) -> PartFile:
-    """Stream ``batches`` into one Parquet part at ``key``; return its row and byte counts."""
+               durable: bool = True, encoded: Callable[[PartFile], None] | None = None) -> PartFile:
+    """Stream ``batches`` into one Parquet part at ``key``; return its row and byte counts.
+
+    ``encoded`` hears the part's counts as soon as its bytes are written, before they are made
+    durable and put in place: a commit writes its manifest meanwhile (nothing reads a part before
+    a commit references it, and the commit waits for this call to return).
+    """
     if objects.is_local:
         with objects.atomic_local_path(key, durable=durable) as tmp:
-            rows = _write(tmp, batches, schema)
-            size = os.path.getsize(tmp)
+            part = PartFile(key, _write(tmp, batches, schema), os.path.getsize(tmp))
+            if encoded is not None:
+                encoded(part)
     else:
         with objects.atomic_writer(key, durable=durable) as fh:
-            rows = _write(fh, batches, schema)
-            size = fh.tell()
-    return PartFile(key, rows, size)
+            part = PartFile(key, _write(fh, batches, schema), fh.tell())
+        if encoded is not None:
+            encoded(part)
+    return part
 
 
 def _write(sink: str | IO[bytes], batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> int:

@@ -134,6 +134,7 @@ class RunTransaction:
         self._parts: list[PartFile] = []
         self._writing: list[Future[PartFile]] = []  # parts in flight, in part order after _parts
         self._writing_bound: list[int] = []  # per part in flight: bytes its file cannot exceed
+        self._writing_encoded: list[Future[PartFile]] = []  # per part in flight: its counts, once written
         self._rows = 0  # rows staged (settled or in flight)
         self._orphans: list[str] = []
         self._part_schemas: list[pa.Schema] = []
@@ -171,7 +172,8 @@ class RunTransaction:
             if piece.num_rows == 0:
                 continue
             key = part_key(name, self.run_id, len(self._parts) + len(self._writing))
-            write = self._writer(key, piece, rec.schema)
+            encoded: Future[PartFile] = Future()
+            write = self._writer(key, piece, rec.schema, encoded)
             pool = self.store.writer_pool()
             if pool is None:
                 self._parts.append(write())
@@ -180,19 +182,41 @@ class RunTransaction:
                     self._settle(self._writing[0])
                 self._writing.append(pool.submit(write))
                 self._writing_bound.append(piece.nbytes + PART_OVERHEAD_BOUND)
+                self._writing_encoded.append(encoded)
             self._part_schemas.append(rec.schema)
             self._rows += piece.num_rows
 
-    def _writer(self, key: str, piece: pa.Table, schema: pa.Schema) -> Callable[[], PartFile]:
+    def _writer(self, key: str, piece: pa.Table, schema: pa.Schema,
+                encoded: Future[PartFile]) -> Callable[[], PartFile]:
+        """The write of one part; ``encoded`` is resolved with its counts before its fsyncs (the
+        manifest is written meanwhile), or with the write's failure."""
         name, objects, durable = self.table.name, self.store.objects, self.store.durable
 
         def write() -> PartFile:
             try:
-                return write_part(objects, key, piece.to_batches(), schema, durable=durable)
+                return write_part(objects, key, piece.to_batches(), schema, durable=durable,
+                                  encoded=encoded.set_result)
             except OSError as exc:  # disk full, permissions, a lost connection: nothing of it is visible
-                raise StagingFailed(name, self.run_id, key, exc.strerror or str(exc)) from exc
+                failure = StagingFailed(name, self.run_id, key, exc.strerror or str(exc))
+                if not encoded.done():
+                    encoded.set_exception(failure)
+                raise failure from exc
+            except BaseException as exc:
+                if not encoded.done():
+                    encoded.set_exception(exc)
+                raise
 
         return write
+
+    def _counted_parts(self) -> list[PartFile]:
+        """Every staged part's counts, waiting only until each part in flight is written (its
+        fsyncs may still run); a failed write surfaces as :meth:`_settle` raises it."""
+        counted = list(self._parts)
+        for encoded in self._writing_encoded:
+            if encoded.exception() is not None:
+                self._settle()  # raises the first failure, every other write settled
+            counted.append(encoded.result())
+        return counted
 
     def _settle(self, until: Future[PartFile] | None = None) -> None:
         """Wait for the parts in flight (up to and including ``until``); raise the first failure.
@@ -213,10 +237,12 @@ class RunTransaction:
                 self._orphans = [p.path for p in done]
                 self._writing.clear()
                 self._writing_bound.clear()
+                self._writing_encoded.clear()
                 break
             self._parts.append(part)
             self._writing.pop(0)
             self._writing_bound.pop(0)
+            self._writing_encoded.pop(0)
             if future is until:
                 break
         if failure is not None:
@@ -306,9 +332,10 @@ class RunTransaction:
         if head.uuid != self._uuid:
             raise CommitConflict(name, f"table uuid is {head.uuid}, not {self._uuid}")
         landed, events = self._landed_against(head.schema_id, head.schema)
+        parts = self._counted_parts()
         manifest = RunManifest(
             table=name, table_uuid=self._uuid, run_id=self.run_id, kind=self.kind,
-            parts=tuple(self._parts), landed_schema=schema_to_text(landed),
+            parts=tuple(parts), landed_schema=schema_to_text(landed),
             arrived_schemas=tuple(self._arrived), cursor=self._cursor,
             downgrade_events=tuple(events), created_us=self.store.clock.now_us(), meta=self.meta,
         )
@@ -319,10 +346,10 @@ class RunTransaction:
             updates.append(RemoveAllParts())
         if len(landed) and schema_to_text(landed) != head.schema:
             updates.append(SetSchema(schema_to_text(landed)))
-        if self._parts:
+        if parts:
             updates.append(AddParts(tuple(
                 PartFile(p.path, p.rows, p.bytes, ord_idx=i, exact_schema=written.equals(landed))
-                for i, (p, written) in enumerate(zip(self._parts, self._part_schemas)))))
+                for i, (p, written) in enumerate(zip(parts, self._part_schemas)))))
         if self._cursor is not None:
             updates.append(SetCursor(self._cursor["scope"], self._cursor["value"]))
         if self._recorded:
@@ -417,10 +444,12 @@ def commit_together(transactions: Sequence[RunTransaction]) -> list[CommitResult
         raise ValueError("runs committed together must be on one store")
     for txn in transactions:
         txn._check_open()
-    for txn in transactions:
-        txn._settle()
     for _attempt in range(MAX_COMMIT_ATTEMPTS):
+        # Each manifest is written while its parts' fsyncs may still run; all of them finish
+        # before the commit that makes the parts reachable.
         built = [txn._request() for txn in transactions]
+        for txn in transactions:
+            txn._settle()
         try:
             seqs = store.catalog.commit_many([request for request, _, _ in built], store.clock)
         except CommitOutcomeUnknown:
