@@ -13,13 +13,16 @@ LSM so a row is rewritten O(log n) times over n commits, never once per commit:
   makes a part of tier at least k (and k + 1 once they hold ``fanout`` times the rows), so a row
   climbs a tier each time it is rewritten, and at most ``log_fanout(rows)`` times in all;
 - after a commit the table's live parts are read (one indexed catalog read), and for the smallest
-  tier k where a stretch of consecutive parts of tier k or below holds ``fanout`` parts of tier k,
-  the newest such stretch is folded (lower-tier parts inside it go along), in one ``fold`` commit (:func:`storage.fold.fold_snapshot`: the runs
+  tier k where a stretch of consecutive parts of tier k or below holds parts of tier k from
+  ``fanout`` different commits, the newest such stretch is folded (lower-tier parts inside it go
+  along), in one ``fold`` commit (:func:`storage.fold.fold_snapshot`: the runs
   :func:`storage.fold.fold_groups` allows, so an ``order_by`` declaration, a supersede rule's
-  commits and every answer are kept). A fold at tier k absorbs at least ``fanout`` parts of tier k,
-  so its part is of tier k + 1 or more (unless a key merge dropped rows): each row is rewritten at
-  most once per tier. Once nothing is due, a stream of small commits leaves fewer than ``fanout``
-  parts per tier: about ``fanout · log_fanout(rows)`` small parts (a few dozen), whatever the number
+  commits and every answer are kept). Counting commits, not parts, leaves the parts of one commit
+  (a bulk load's part per input) as their writer sized them. A fold at tier k absorbs at least
+  ``fanout`` parts of tier k, so its part is of tier k + 1 or more (unless a key merge dropped
+  rows): each row is rewritten at most once per tier. Once nothing is due, a stream of small
+  commits leaves fewer than ``fanout`` parts per tier: about ``fanout · log_fanout(rows)`` small
+  parts (a few dozen), whatever the number
   of commits (a binary counter in base ``fanout``).
 
 The work per commit is one stretch, and amortized over commits O(fanout · log n) rows. The pass runs
@@ -113,13 +116,18 @@ def tier(part: PartRow, fanout: int) -> int:
 def due_group(parts: list[PartRow], policy: CompactionPolicy, boundary: int = 0,
               whole_commits: bool = False) -> list[PartRow] | None:
     """The stretch of ``parts`` (live, in merge order) a pass folds, or None when nothing is due: the
-    newest maximal stretch of consecutive small parts of tier k or below holding ``fanout`` parts of
-    tier k, for the smallest such k.
+    newest maximal stretch of consecutive small parts of tier k or below holding parts of tier k
+    from ``fanout`` commits, for the smallest such k.
+
+    Counted by commit, not by part: the parts one commit adds were sized by its writer (a landing
+    of ten inputs adds ten parts), and folding them straight after would rewrite a bulk load for
+    nothing; what the policy bounds is the parts that many commits accumulate.
 
     Loops over the live parts' metadata: the policy keeps them to a few dozen.
     """
     for run in fold_groups(parts, policy.small_bytes, policy.fanout, boundary, whole_commits):
         levels = [tier(p, policy.fanout) for p in run]
+        commits = [p.added_seq for p in run]
         due: tuple[int, int, int] | None = None  # (tier, -end, start) of the best stretch so far
         for level in sorted(set(levels)):
             end = len(run)
@@ -127,7 +135,7 @@ def due_group(parts: list[PartRow], policy: CompactionPolicy, boundary: int = 0,
                 start = end
                 while start > 0 and levels[start - 1] <= level:
                     start -= 1
-                if sum(1 for x in levels[start:end] if x == level) >= policy.fanout:
+                if len({commits[i] for i in range(start, end) if levels[i] == level}) >= policy.fanout:
                     due = (level, -end, start)
                     break
                 end = start - 1

@@ -91,6 +91,34 @@ def test_due_group_folds_the_lowest_tier_first_and_leaves_large_parts() -> None:
     assert due_group(big, policy) is None  # a large part splits the runs
 
 
+def test_the_parts_of_one_commit_are_left_as_their_writer_sized_them(tmp_path: Path) -> None:
+    from contextful.storage.catalog import PartRow
+
+    def part(i: int, seq: int) -> PartRow:
+        return PartRow(f"p{i}", 100, 100, seq, None, seq, i, None, 1)
+
+    policy = CompactionPolicy(fanout=4, small_bytes=1_000)
+    assert due_group([part(i, 1) for i in range(10)], policy) is None  # one bulk commit, ten parts
+    three_commits = [part(i, 1) for i in range(10)] + [part(10, 2), part(11, 3)]
+    assert due_group(three_commits, policy) is None
+    four_commits = [*three_commits, part(12, 4)]
+    assert [p.path for p in due_group(four_commits, policy) or []] == [f"p{i}" for i in range(13)]
+
+    # through the store: a landing of ten small parts in one commit is not folded after it lands
+    with Store.open(tmp_path / "s", durable=False) as store:
+        set_policy(store, CompactionPolicy(fanout=4))
+        table = store.create_table("bulk")
+        with table.transaction() as txn:
+            for i in range(10):
+                txn.stage(pa.table({"id": [i]}))
+        assert live(store, "bulk") == 10
+        assert [c.kind for c in store.table("bulk").commits()] == ["append"]
+        for i in range(3):
+            store.append("bulk", pa.table({"id": [10 + i]}))
+        assert live(store, "bulk") == 1  # four commits of tier-0 parts: one fold of all thirteen
+        assert sorted(store.table("bulk").to_arrow().column("id").to_pylist()) == list(range(13))
+
+
 KEY = ("k",)
 RULE = Supersede(("unit_ref",))
 RULED_KEY = ("unit_ref", "derivation_key", "cue_seq")
