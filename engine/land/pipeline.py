@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from contextful.engine.config.manifest import Manifest, PipelineSpec
+from contextful.engine.land.ahead import DecodeAhead
 from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs
@@ -195,12 +196,20 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
         load_staging(spec)
     bytes_read = 0
     since_commit: list[str] = []  # the inputs the next commit lands: its runs' manifests name them
+
+    def decode_ahead(item: InputFile) -> DecodeAhead:
+        return DecodeAhead(lambda: decoder.decode(item.path, fmt, declared=sink.types, window=item.window()))
+
+    ahead = decode_ahead(plan.pull[0]) if plan.pull else None
     try:
         for done, item in enumerate(plan.pull):
+            current = ahead
+            assert current is not None
+            # the next input decodes while this one is guarded and staged (engine.land.ahead)
+            ahead = decode_ahead(plan.pull[done + 1]) if done + 1 < len(plan.pull) else None
             point = sink.savepoint()
             try:
-                for chunk in coalesce(decoder.decode(item.path, fmt, declared=sink.types, window=item.window()),
-                                      STAGE_ROWS):
+                for chunk in coalesce(current.batches(), STAGE_ROWS):
                     sink.stage(chunk, f"input {item.path}")
                 sink.flush()  # its rows meet the table's schema now, while a clash is still this input's
             except (Incompatible, NotFound) as exc:  # this input alone fails, by name
@@ -235,6 +244,9 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
 
         sink.abort(masked_failure(exc))  # what is still staged did not commit, and why
         raise
+    finally:
+        if ahead is not None:
+            ahead.close()
     first = result.failures[0] if result.failures else None  # an input failed: the run records it
     sink.abort(RunFailure(first.error, first.detail) if first is not None else None)
     result.tables = sink.results()
