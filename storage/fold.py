@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from itertools import count
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from contextful.storage.catalog import PartRow
 from contextful.storage.commits import (
     AddParts,
@@ -52,7 +51,9 @@ from contextful.storage.transaction import new_run_id
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
 else:
+    pa = lazy_module("pyarrow")
     duckdb = lazy_module("duckdb")
 
 if TYPE_CHECKING:

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from contextful.storage.errors import PrimaryKeyColumnMissing, PrimaryKeyNull
 from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import pyarrow.compute as pc
 else:
+    pa = lazy_module("pyarrow")
     pc = lazy_module("pyarrow.compute")
 
 

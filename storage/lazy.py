@@ -19,8 +19,10 @@ would, so use it only where the module's top level does not touch the library.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
+from importlib.machinery import ModuleSpec
 from typing import Any
 
 
@@ -66,14 +68,44 @@ def spare_pandas() -> None:
     (``to_pandas``, ``from_pandas``), and from then on treats pandas objects as its own. Until then
     a pandas object handed to ``pa.array`` converts as a plain sequence. For the command line's
     process only (it decides what runs in it); a library caller's process keeps pyarrow's behaviour.
+
+    When pyarrow is not imported yet the probe waits for its import (a run with nothing to do never
+    imports it), riding on pyarrow's own loader.
     """
     if "pandas" in sys.modules:
         return
-    import pyarrow as pa
+    if "pyarrow" in sys.modules:
+        _probe_without_pandas(sys.modules["pyarrow"])
+    elif not any(isinstance(finder, _ProbeAfterPyarrow) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _ProbeAfterPyarrow())
 
+
+def _probe_without_pandas(pa: types.ModuleType) -> None:
     finder = _PandasHeldBack()
     sys.meta_path.insert(0, finder)
     try:
         pa.array([0])
     finally:
         sys.meta_path.remove(finder)
+
+
+class _ProbeAfterPyarrow:
+    """A finder that lets pyarrow load as usual, then runs :func:`spare_pandas`' probe on it."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if name != "pyarrow":
+            return None
+        sys.meta_path.remove(self)  # once: the real finders answer from here on
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        load = loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            load(module)
+            if "pandas" not in sys.modules:
+                _probe_without_pandas(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec

@@ -14,11 +14,16 @@ import base64
 import builtins
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from contextful.storage.commits import PartFile
+from contextful.storage.lazy import lazy_module
 from contextful.storage.reconcile import DowngradeEvent
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = lazy_module("pyarrow")
 
 FORMAT_VERSION = 1
 

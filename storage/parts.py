@@ -16,15 +16,16 @@ import os
 from collections.abc import Callable, Iterable
 from typing import IO, TYPE_CHECKING
 
-import pyarrow as pa
 from contextful.storage.commits import PartFile
 from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import table_prefix
 from contextful.storage.objects import ObjectStore
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 else:
+    pa = lazy_module("pyarrow")
     pq = lazy_module("pyarrow.parquet")
 
 PART_ROWS = 4_000_000

@@ -44,13 +44,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from contextful.storage.errors import PrimaryKeyWideningLossy, SchemaIrreconcilable
 from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import pyarrow.compute as pc
 else:
+    pa = lazy_module("pyarrow")
     pc = lazy_module("pyarrow.compute")
 
 _TIME_UNITS = ("s", "ms", "us", "ns")

@@ -12,13 +12,14 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from contextful.storage.errors import ModalityInvalid, TableNameInvalid
 from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import pyarrow.compute as pc
 else:
+    pa = lazy_module("pyarrow")
     pc = lazy_module("pyarrow.compute")
 
 RUNS_TABLE = "_runs"

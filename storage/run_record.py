@@ -24,17 +24,18 @@ Readers of run history get ``_runs`` merged with rows still only in the cache (:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from contextful.storage.commits import AssertRecordsPending, MarkRecordsFlushed, RecordRun
 from contextful.storage.duck_types import duckdb_types
 from contextful.storage.errors import CommitConflict, ContextfulError, first_line
 from contextful.storage.fold import fold_table
+from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import RunManifest
 from contextful.storage.reserved import RUNS_TABLE
 from contextful.storage.snapshot import Snapshot, quote, snapshot_sql, sql_literal
@@ -42,7 +43,10 @@ from contextful.storage.table import Table
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
     from contextful.storage.store import Store
+else:
+    pa = lazy_module("pyarrow")
 
 log = logging.getLogger(__name__)
 
@@ -53,28 +57,42 @@ FLUSH_ROWS = 256
 FLUSH_AGE_SECONDS = 30.0
 PRIMARY_KEY = ("run_id", "phase")
 
-RUNS_SCHEMA = pa.schema([
-    ("run_id", pa.string()),
-    ("phase", pa.string()),
-    ("table_name", pa.string()),
-    ("kind", pa.string()),
-    ("status", pa.string()),
-    ("recorded_at", pa.timestamp("us", tz="UTC")),
-    ("commit_seq", pa.int64()),
-    ("rows", pa.int64()),
-    ("parts", pa.int64()),
-    ("bytes", pa.int64()),
-    ("manifest", pa.string()),
-    ("downgrade_events", pa.int64()),
-    ("bound_hits", pa.list_(pa.struct([("step", pa.string()), ("attempt", pa.int64()), ("bound", pa.string())]))),
-    ("error", pa.string()),
-    ("detail", pa.string()),
-])
-"""``error`` and ``detail`` (fail rows): the name of the error the run was given up on and one line
-of its message, masked.
-``bound_hits`` (``run.retry.bound-hit-recorded``): every connector bound the run's pulls struck,
-with the pull's step label and attempt, a hit a later attempt recovered from included; a run
-records them in its manifest's ``meta["bound_hits"]``."""
+
+@functools.cache
+def runs_schema() -> pa.Schema:
+    """The ``_runs`` table's schema (built on first use: the module loads without pyarrow).
+
+    Also importable as ``RUNS_SCHEMA``. ``error`` and ``detail`` (fail rows): the name of the error
+    the run was given up on and one line of its message, masked.
+    ``bound_hits`` (``run.retry.bound-hit-recorded``): every connector bound the run's pulls struck,
+    with the pull's step label and attempt, a hit a later attempt recovered from included; a run
+    records them in its manifest's ``meta["bound_hits"]``.
+    """
+    return pa.schema([
+        ("run_id", pa.string()),
+        ("phase", pa.string()),
+        ("table_name", pa.string()),
+        ("kind", pa.string()),
+        ("status", pa.string()),
+        ("recorded_at", pa.timestamp("us", tz="UTC")),
+        ("commit_seq", pa.int64()),
+        ("rows", pa.int64()),
+        ("parts", pa.int64()),
+        ("bytes", pa.int64()),
+        ("manifest", pa.string()),
+        ("downgrade_events", pa.int64()),
+        ("bound_hits", pa.list_(pa.struct([("step", pa.string()), ("attempt", pa.int64()), ("bound", pa.string())]))),
+        ("error", pa.string()),
+        ("detail", pa.string()),
+    ])
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RUNS_SCHEMA":
+        return runs_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 
 
 FAILED, CANCELED = "failed", "canceled"
@@ -174,7 +192,7 @@ class RunRecord:
         texts = tuple(json.dumps(r.payload) for r in pending)  # the text the catalog stored
         txn = table.transaction("append")
         try:
-            txn.stage(pa.Table.from_pylist(rows, schema=RUNS_SCHEMA))
+            txn.stage(pa.Table.from_pylist(rows, schema=runs_schema()))
             txn.commit(extra_requirements=(AssertRecordsPending(keys),),
                        extra_updates=(MarkRecordsFlushed(keys, texts),))
         except CommitConflict:
@@ -210,7 +228,7 @@ class RunRecord:
             durable = None
             if pinned is not None and pinned.commit_seq:
                 durable = Table(self.store, pinned.head).snapshot_at(pinned.commit_seq)
-            return con.sql(history_sql(con, cached, durable)).to_arrow_table().cast(RUNS_SCHEMA)
+            return con.sql(history_sql(con, cached, durable)).to_arrow_table().cast(runs_schema())
         finally:
             con.close()
 
@@ -229,16 +247,16 @@ def history_sql(con: duckdb.DuckDBPyConnection, cached: list[tuple[str, str, str
     Python object: the cached rows reach it as JSON text literals (``from_json``), so the read path
     never imports pandas.
     """
-    types = dict(zip(RUNS_SCHEMA.names, duckdb_types(RUNS_SCHEMA)))
-    columns = ", ".join(quote(n) for n in RUNS_SCHEMA.names)
+    types = dict(zip(runs_schema().names, duckdb_types(runs_schema())))
+    columns = ", ".join(quote(n) for n in runs_schema().names)
 
     def cast(read: dict[str, str]) -> str:
-        return ", ".join(f"CAST({read.get(n, 'NULL')} AS {types[n]}) AS {quote(n)}" for n in RUNS_SCHEMA.names)
+        return ", ".join(f"CAST({read.get(n, 'NULL')} AS {types[n]}) AS {quote(n)}" for n in runs_schema().names)
 
     sources = []
     sql = snapshot_sql(durable, con) if durable is not None else None
     if sql is not None and durable is not None and durable.schema is not None:
-        stored = {n: f"{_RUNS}.{quote(n)}" for n in RUNS_SCHEMA.names if n in durable.schema.names}
+        stored = {n: f"{_RUNS}.{quote(n)}" for n in runs_schema().names if n in durable.schema.names}
         sources.append(f"SELECT {cast(stored)}, 0 AS {_SOURCE} FROM ({sql}) AS {_RUNS}")
     if cached:
         ids, phases, tables, payloads = (list(column) for column in zip(*cached))
@@ -248,7 +266,7 @@ def history_sql(con: duckdb.DuckDBPyConnection, cached: list[tuple[str, str, str
         payload = sql_literal("[" + ",".join(payloads) + "]")
         scanned = (f"SELECT {unnested}, unnest(from_json({payload}, {sql_literal(json.dumps([_PAYLOAD_JSON]))}))"
                    f" AS {_PAYLOAD}")
-        read = {n: f"{_PAYLOAD}.{quote(n)}" for n in RUNS_SCHEMA.names} | {n: quote(n) for n in fields}
+        read = {n: f"{_PAYLOAD}.{quote(n)}" for n in runs_schema().names} | {n: quote(n) for n in fields}
         read |= {"recorded_at": f"make_timestamptz(coalesce({_PAYLOAD}.recorded_us, 0))",
                  "bound_hits": f"coalesce({_PAYLOAD}.bound_hits, [])"}
         sources.append(f"SELECT {cast(read)}, 1 AS {_SOURCE} FROM ({scanned}) AS {_CACHED}")

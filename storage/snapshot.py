@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from contextful.storage.catalog import PartRow
 from contextful.storage.duck_types import duckdb_types
 from contextful.storage.errors import TableUnreadable
@@ -44,7 +43,9 @@ from contextful.storage.supersede import SEQ, Supersede, ruled_sql
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
 else:
+    pa = lazy_module("pyarrow")
     duckdb = lazy_module("duckdb")
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from contextful.storage.catalog import CommitRow, TableHead
 from contextful.storage.clock import to_us
 from contextful.storage.commits import AssertTableUUID, CommitRequest, DeclareOrderBy
@@ -24,13 +23,17 @@ from contextful.storage.errors import (
     TableNameInvalid,
     TableNotFound,
 )
+from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text
 from contextful.storage.reconcile import conform
 from contextful.storage.snapshot import Snapshot, snapshot_sql
 from contextful.storage.transaction import CommitResult, RunTransaction, new_run_id
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from contextful.storage.store import Store
+else:
+    pa = lazy_module("pyarrow")
 
 
 class Table:

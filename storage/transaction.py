@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
 
-import pyarrow as pa
 from contextful.storage.commits import (
     AddParts,
     AssertSchemaId,
@@ -48,6 +47,7 @@ from contextful.storage.commits import (
 from contextful.storage.cursors import check_cursor
 from contextful.storage.errors import CommitConflict, CommitOutcomeUnknown, ContextfulError, StagingFailed
 from contextful.storage.keys import check_keys
+from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
 from contextful.storage.parts import part_key, split_table, write_part
 from contextful.storage.reconcile import DowngradeEvent, conform, reconcile
@@ -55,8 +55,11 @@ from contextful.storage.reserved import RESERVED_TABLES, check_modality
 from contextful.storage.staging import StagingLease
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from contextful.storage.run_record import RunFailure
     from contextful.storage.table import Table
+else:
+    pa = lazy_module("pyarrow")
 
 log = logging.getLogger(__name__)
 

@@ -242,16 +242,15 @@ def _primary_key_problems(pipeline_id: str, primary_key: tuple[str, ...], normal
                           types: dict[str, Any]) -> list[ContextfulError]:
     """Key columns the manifest shows its table can never have (a key naming a missing column lands
     nothing: ``PrimaryKeyColumnMissing`` at the first landing, docs/store.md)."""
+    found: list[ContextfulError] = [PipelinePrimaryKeyInvalid(pipeline_id, column, "is named twice")
+                                    for index, column in enumerate(primary_key) if column in primary_key[:index]]
+    if normalize != "relational" or not primary_key:
+        return found
     import pyarrow as pa
     from contextful.engine.land.typed import parse_type
     from contextful.engine.normalize.relational import RESERVED_PREFIX
 
-    found: list[ContextfulError] = []
-    for index, column in enumerate(primary_key):
-        if column in primary_key[:index]:
-            found.append(PipelinePrimaryKeyInvalid(pipeline_id, column, "is named twice"))
-        if normalize != "relational":
-            continue
+    for column in primary_key:
         if column.startswith(RESERVED_PREFIX):
             found.append(PipelinePrimaryKeyInvalid(
                 pipeline_id, column, f"starts with {RESERVED_PREFIX!r}: under normalize = \"relational\" those columns "

@@ -15,8 +15,15 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = lazy_module("pyarrow")
+
 
 PART_TARGET_ROWS = 1_000_000
 

@@ -33,14 +33,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from contextful.engine.land.typed import apply_types
 from contextful.storage.errors import CursorPositionUnorderable, TypedLandingFailed, first_line
 from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import pyarrow.compute as pc
 else:
+    pa = lazy_module("pyarrow")
     pc = lazy_module("pyarrow.compute")
 
 CLOCK_KINDS = ("numeric", "timestamp", "text")

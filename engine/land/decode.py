@@ -52,10 +52,9 @@ import threading
 from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
-import pyarrow as pa
-from contextful.engine.land.decode_child import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
+from contextful.engine.land.decode_wire import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
 from contextful.storage.errors import (
     ConnectorBoundHit,
     InputMalformed,
@@ -67,7 +66,14 @@ from contextful.storage.errors import (
     SourceResponseMalformed,
     SourceUnavailable,
 )
-from pyarrow import ipc
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyarrow import ipc
+else:
+    pa = lazy_module("pyarrow")
+    ipc = lazy_module("pyarrow.ipc")
 
 DEFAULT_DEADLINE_S = 60.0
 DEFAULT_MEMORY_BYTES = 512 * 1024 * 1024

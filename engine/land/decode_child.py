@@ -83,6 +83,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
+from contextful.engine.land.decode_wire import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
 from contextful.storage.errors import first_line
 from contextful.storage.lazy import lazy_module, preload
 from pyarrow import ipc
@@ -96,9 +97,6 @@ else:
     pc = lazy_module("pyarrow.compute")
     pq = lazy_module("pyarrow.parquet")
 
-COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2"}
-READ_BYTES = 4 << 20
-"""Bytes read per block (measured: 2-8 MiB parse fastest; larger blocks fall out of cache)."""
 PARSING = min(4, max(2, os.cpu_count() or 2))
 """Blocks parsing at once, one thread each: a decode uses up to 4 cores and a bounded memory."""
 HOLD_BLOCKS = 16
@@ -107,28 +105,10 @@ SAMPLE_BYTES = 64 << 10
 """The head of a CSV input whose guessed types its first block reads with (:class:`_CsvOnePass`)."""
 WATCH_S = 0.01
 """How often the server checks its children's deadlines and resident memory."""
-SEGMENT = b"S"
-TRAILER = b"E"
 
 _MAX_BLOCK = (1 << 31) - 1  # pyarrow's block sizes are 32-bit
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
-
-
-def split_compression(path: str) -> tuple[str, str | None]:
-    """The input's name without its compression suffix, lower-cased, and the codec that suffix names."""
-    name = path.lower().rstrip("/")
-    for suffix, codec in COMPRESSIONS.items():
-        if name.endswith(suffix):
-            return name[: -len(suffix)], codec
-    return name, None
-
-
-def local_path(path: str) -> str | None:
-    """The filesystem path of a local input, None for a URL fsspec opens."""
-    if path.startswith("file://"):
-        return path[len("file://"):]
-    return None if "://" in path else path
 
 
 # --- the server --------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 from contextful.engine.land.decode import detect_format
-from contextful.engine.land.decode_child import local_path, split_compression
+from contextful.engine.land.decode_wire import local_path, split_compression
 from contextful.storage.errors import (
     ContextfulError,
     InputChanged,

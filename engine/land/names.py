@@ -23,9 +23,15 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from contextful.storage.errors import ColumnNamesCollide
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = lazy_module("pyarrow")
 
 _Level = dict[str, tuple[str, "_Level"]]  # case-folded name -> (the name, the names beneath it)
 

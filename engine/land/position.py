@@ -42,14 +42,15 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 from contextful.engine.land.clocks import instant_us
 from contextful.storage.errors import CursorFieldMismatch
 from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import pyarrow.compute as pc
 else:
+    pa = lazy_module("pyarrow")
     pc = lazy_module("pyarrow.compute")
 
 POSITION_KINDS = ("watermark", "walk")

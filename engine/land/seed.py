@@ -49,7 +49,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from contextful.engine.config.manifest import PipelineSpec, SourceSpec
 from contextful.engine.guard import masked_failure
 from contextful.engine.land.chunks import coalesce
@@ -72,8 +71,10 @@ from contextful.storage.lazy import lazy_module
 from contextful.storage.transaction import CommitResult
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import pyarrow.compute as pc
 else:
+    pa = lazy_module("pyarrow")
     pc = lazy_module("pyarrow.compute")
 
 log = logging.getLogger(__name__)

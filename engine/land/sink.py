@@ -33,9 +33,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from contextful.engine.config.manifest import PipelineSpec
 from contextful.engine.land.names import LandedNames
 from contextful.engine.land.results import TableLanding
@@ -43,6 +42,7 @@ from contextful.engine.land.typed import apply_types, read_types
 from contextful.storage import Store
 from contextful.storage.commits import Requirement
 from contextful.storage.keys import check_keys
+from contextful.storage.lazy import lazy_module
 from contextful.storage.run_record import RunFailure
 from contextful.storage.transaction import (
     CommitResult,
@@ -51,6 +51,11 @@ from contextful.storage.transaction import (
     commit_together,
     new_run_id,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = lazy_module("pyarrow")
 
 log = logging.getLogger(__name__)
 

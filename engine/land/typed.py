@@ -24,35 +24,43 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from contextful.storage.errors import TypedLandingFailed, TypeSpellingUnreadable, first_line
 from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import pyarrow.compute as pc
 else:
+    pa = lazy_module("pyarrow")
     pc = lazy_module("pyarrow.compute")
 
-_SIMPLE: dict[str, pa.DataType] = {
-    "bool": pa.bool_(), "boolean": pa.bool_(),
-    "int8": pa.int8(), "tinyint": pa.int8(), "int16": pa.int16(), "smallint": pa.int16(),
-    "int32": pa.int32(), "int": pa.int32(), "integer": pa.int32(), "int64": pa.int64(), "bigint": pa.int64(),
-    "uint8": pa.uint8(), "utinyint": pa.uint8(), "uint16": pa.uint16(), "usmallint": pa.uint16(),
-    "uint32": pa.uint32(), "uinteger": pa.uint32(), "uint64": pa.uint64(), "ubigint": pa.uint64(),
-    "float16": pa.float16(), "halffloat": pa.float16(),
-    "float32": pa.float32(), "float": pa.float32(), "real": pa.float32(), "float4": pa.float32(),
-    "float64": pa.float64(), "double": pa.float64(), "float8": pa.float64(),
-    "string": pa.string(), "utf8": pa.string(), "varchar": pa.string(), "text": pa.string(),
-    "large_string": pa.large_string(), "large_utf8": pa.large_string(),
-    "binary": pa.binary(), "blob": pa.binary(), "bytea": pa.binary(), "large_binary": pa.large_binary(),
-    "date": pa.date32(), "date32": pa.date32(), "date64": pa.date64(),
-    "time": pa.time64("us"), "timestamp": pa.timestamp("us"), "datetime": pa.timestamp("us"),
-    "timestamptz": pa.timestamp("us", tz="UTC"), "timestamp with time zone": pa.timestamp("us", tz="UTC"),
-    "null": pa.null(),
-}
+
+@functools.cache
+def _simple_types() -> dict[str, pa.DataType]:
+    """The type names a spelling may use alone (built on first use: no pyarrow at import)."""
+    return {
+        "bool": pa.bool_(), "boolean": pa.bool_(),
+        "int8": pa.int8(), "tinyint": pa.int8(), "int16": pa.int16(), "smallint": pa.int16(),
+        "int32": pa.int32(), "int": pa.int32(), "integer": pa.int32(), "int64": pa.int64(), "bigint": pa.int64(),
+        "uint8": pa.uint8(), "utinyint": pa.uint8(), "uint16": pa.uint16(), "usmallint": pa.uint16(),
+        "uint32": pa.uint32(), "uinteger": pa.uint32(), "uint64": pa.uint64(), "ubigint": pa.uint64(),
+        "float16": pa.float16(), "halffloat": pa.float16(),
+        "float32": pa.float32(), "float": pa.float32(), "real": pa.float32(), "float4": pa.float32(),
+        "float64": pa.float64(), "double": pa.float64(), "float8": pa.float64(),
+        "string": pa.string(), "utf8": pa.string(), "varchar": pa.string(), "text": pa.string(),
+        "large_string": pa.large_string(), "large_utf8": pa.large_string(),
+        "binary": pa.binary(), "blob": pa.binary(), "bytea": pa.binary(), "large_binary": pa.large_binary(),
+        "date": pa.date32(), "date32": pa.date32(), "date64": pa.date64(),
+        "time": pa.time64("us"), "timestamp": pa.timestamp("us"), "datetime": pa.timestamp("us"),
+        "timestamptz": pa.timestamp("us", tz="UTC"), "timestamp with time zone": pa.timestamp("us", tz="UTC"),
+        "null": pa.null(),
+    }
+
+
 _TOKEN = re.compile(r"\s*(<|>|\[\]|\[|\]|\(|\)|,|:|=|[A-Za-z_][A-Za-z0-9_/+\-]*|\d+)")
 
 
@@ -150,8 +158,9 @@ class _Parser:
                 break
             self.take(">")
             return pa.struct(fields)
-        if name in _SIMPLE:
-            return _SIMPLE[name]
+        simple = _simple_types()
+        if name in simple:
+            return simple[name]
         raise ValueError(f"unknown type {name!r}")
 
 

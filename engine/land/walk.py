@@ -32,9 +32,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from contextful.engine.config.manifest import PipelineSpec
 from contextful.engine.guard import masked_failure
 from contextful.engine.land.clocks import ClockReader, span
@@ -50,6 +49,12 @@ from contextful.engine.land.typed import read_types
 from contextful.engine.run.retry import RetrySchedule
 from contextful.storage import Store
 from contextful.storage.errors import ContextfulError, PageCapExceeded, SourceResponseMalformed
+from contextful.storage.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = lazy_module("pyarrow")
 
 
 @dataclass

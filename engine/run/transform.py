@@ -31,8 +31,6 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
 from contextful.storage.errors import (
     ContextfulError,
     ManifestKeyUnknown,
@@ -46,8 +44,12 @@ from contextful.storage.errors import (
 from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
 else:
+    np = lazy_module("numpy")
+    pa = lazy_module("pyarrow")
     pc = lazy_module("pyarrow.compute")
 
 CONTROL_FLOW_KEYS = frozenset({"if", "elif", "unless", "when", "while", "until", "for", "for_each", "foreach",
@@ -264,7 +266,7 @@ def _needs(table_name: str, op: dict[str, Any], column: str, data: pa.Table) -> 
 _KINDS: tuple[Callable[[pa.DataType], bool], ...] = (
     lambda t: pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t),
     lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
-    pa.types.is_boolean, pa.types.is_temporal)
+    lambda t: pa.types.is_boolean(t), lambda t: pa.types.is_temporal(t))
 
 
 def _matches(table_name: str, op: dict[str, Any], values: pa.ChunkedArray, wanted: list[Any]) -> pa.ChunkedArray:

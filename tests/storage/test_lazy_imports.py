@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from contextful.datasets import gharchive
 
 HEAVY = ("pandas", "duckdb", "fsspec", "polars", "pyarrow.compute", "cryptography", "hyperscan")
@@ -38,13 +39,15 @@ def test_a_stand_in_imports_its_module_on_the_first_attribute_read_only() -> Non
     assert seen == {"before": False, "after": True, "value": [0.0, 1.0, 1.0], "same": True}
 
 
-def test_spare_pandas_builds_arrays_without_pandas_and_pandas_still_works_when_asked() -> None:
+@pytest.mark.parametrize("pyarrow_first", [True, False], ids=["pyarrow-imported-before", "pyarrow-imported-after"])
+def test_spare_pandas_builds_arrays_without_pandas_and_pandas_still_works_when_asked(pyarrow_first: bool) -> None:
+    # spare_pandas before pyarrow's import waits for it: the probe runs as pyarrow finishes loading
+    order = ("import pyarrow as pa; from contextful.storage.lazy import spare_pandas; spare_pandas()" if pyarrow_first
+             else "from contextful.storage.lazy import spare_pandas; spare_pandas(); import pyarrow as pa")
     seen = _fresh("""
         import json, sys
         import numpy as np
-        import pyarrow as pa
-        from contextful.storage.lazy import spare_pandas
-        spare_pandas()
+        """ + order + """
         pa.array([1, 2]); pa.array(np.arange(3)); pa.Table.from_pylist([{"a": 1}])
         without = "pandas" not in sys.modules
         frame = pa.table({"a": [1, 2]}).to_pandas()     # pyarrow imports pandas when a call needs it
@@ -84,5 +87,6 @@ def test_a_no_op_pipeline_run_and_help_import_no_heavy_library(tmp_path: Path) -
     """
     first = _fresh(probe % (["pipeline", "run"], HEAVY), cwd=tmp_path)  # lands the input
     assert "pandas" not in first and "fsspec" not in first and "duckdb" not in first
-    assert _fresh(probe % (["pipeline", "run"], HEAVY), cwd=tmp_path) == []  # nothing new
+    # nothing new: nothing to decode or stage, so not even pyarrow or numpy
+    assert _fresh(probe % (["pipeline", "run"], (*HEAVY, "pyarrow", "numpy")), cwd=tmp_path) == []
     assert _fresh(probe % (["--help"], (*HEAVY, "pyarrow")), cwd=tmp_path) == []
