@@ -1,6 +1,6 @@
 """The resume route: resolving an awakeable over HTTP vs resolving it on the store directly.
 
-Run ``python bench/bench_awake.py [--resumes N] [--quick]``.
+Run ``python bench/bench_awake.py [--resumes N] [--quick] [--json PATH]``.
 
 A project pins an issuer key; ``contextful pipeline serve --awake-http 127.0.0.1:0`` runs in a
 child process over its SQLite store; this process mints ``2 N`` pending awakeables there and issues
@@ -28,10 +28,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from bench import records
 
 PAYLOAD = b'{"approved": true, "by": "bench"}'
 
@@ -55,10 +58,25 @@ def quantiles(samples: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[int(0.9 * (len(ordered) - 1))]
 
 
+def awake_records(figures: dict[str, tuple[float, float]], resumes: int) -> list[dict[str, Any]]:
+    """One record per side (latencies in ms); http's carries its ratio to direct (p50's, p90's beside)."""
+    found: list[dict[str, Any]] = []
+    for side, (p50, p90) in figures.items():
+        record: dict[str, Any] = {"series": side, "resumes": resumes, "p50_ms": round(p50 * 1000, 3),
+                                  "p90_ms": round(p90 * 1000, 3)}
+        if side == "http":
+            direct = figures["direct"]
+            record.update(ratio_to="direct", ratio=round(p50 / direct[0], 3),
+                          ratio_p90=round(p90 / direct[1], 3))
+        found.append(record)
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--resumes", type=int, default=2000, help="resumes per side")
     parser.add_argument("--quick", action="store_true", help="200 resumes per side")
+    parser.add_argument("--json", help="also write the records to this file")
     args = parser.parse_args()
     resumes = 200 if args.quick else args.resumes
 
@@ -109,6 +127,8 @@ def main() -> int:
         print(f"{side:>7}: p50 {p50 * 1000:.2f} ms, p90 {p90 * 1000:.2f} ms")
     print(f"http / direct: p50 {figures['http'][0] / figures['direct'][0]:.2f}, "
           f"p90 {figures['http'][1] / figures['direct'][1]:.2f}")
+    if args.json:
+        records.write(args.json, "awake", awake_records(figures, resumes - 1), quick=args.quick)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Derive selection (``contextful pipeline run --dry-run``) against the same anti-join in DuckDB.
 
-Run ``python bench/bench_derive_select.py [--quick] [--parents N] [--reps R] [--work DIR]``.
+Run ``python bench/bench_derive_select.py [--quick] [--parents N] [--reps R] [--work DIR] [--json PATH]``.
 
 Input, built through the real code path in a scratch project under ``--work`` (default: the
 system temp dir; deleted at the end unless ``--keep``):
@@ -49,6 +49,8 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from bench import records
 
 BATCH = 1_000_000
 PIPELINE = "previews"
@@ -201,6 +203,36 @@ def spawn(side: str, root: Path) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def side_record(series: str, runs: list[dict[str, Any]], rows: int) -> dict[str, Any]:
+    """A side's median seconds and its peak RSS over ``runs``."""
+    return {"series": series, "rows": rows, "seconds": round(statistics.median(r["seconds"] for r in runs), 4),
+            "peak_rss_bytes": round(max(r["rss_mib"] for r in runs) * 2**20), "reps": len(runs)}
+
+
+def select_records(parents: int, timed: dict[str, list[dict[str, Any]]], ratio: float,
+                   small_ours: dict[str, Any], stream: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Records: raw and ours over the big parent (ours with its time ratio to raw), ours over the
+    small parent, and the streaming read when it ran."""
+    raw = side_record("duckdb anti-join", timed["raw"], parents)
+    ours = side_record("contextful dry_run", timed["ours"], parents)
+    ours.update(ratio_to=raw["series"], ratio=round(ratio, 3))
+    found = [raw, ours, side_record("contextful dry_run", [small_ours], small_ours["eligible"])]
+    if stream is not None:
+        found.append(side_record("contextful outstanding() streamed", [stream], parents)
+                     | {"outstanding": stream["outstanding"], "batches": stream["batches"]})
+    return found
+
+
+def select_targets(ratio: float, peak_mib: float, small_mib: float) -> list[dict[str, Any]]:
+    """Issue 16's targets, as measured."""
+    return [{"target": "time ratio ours (dry_run) / raw (duckdb) <= 1.5", "value": round(ratio, 3),
+             "met": ratio <= 1.5},
+            {"target": "ours' peak RSS in MiB < 1536 (1.5 GiB)", "value": round(peak_mib),
+             "met": peak_mib < 1536},
+            {"target": "ours' peak RSS / the small parent's < 2", "value": round(peak_mib / small_mib, 3),
+             "met": peak_mib < 2 * small_mib}]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200,000 parents (160,000 settled), 3 reps")
@@ -209,6 +241,7 @@ def main() -> int:
     parser.add_argument("--work", default=None, help="where the scratch projects go (default: the temp dir)")
     parser.add_argument("--reuse", default=None, help="a directory of projects a --keep run left (built there if absent)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch projects")
+    parser.add_argument("--json", help="also write the records to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -248,15 +281,22 @@ def main() -> int:
         rss_ok = peak["ours"] < 1536 and peak["ours"] < 2 * small_ours["rss_mib"]
         print(f"  ours' peak / small parent's: {peak['ours'] / small_ours['rss_mib']:.2f} "
               f"(target < 1.5 GiB and < 2x: {'met' if rss_ok else 'MISSED'})")
+        stream: dict[str, Any] | None = None
+        skipped: list[str] = []
         try:
             stream = spawn("stream", big)
         except RuntimeError as exc:  # reported, so the figures above stand
             print(f"  streaming outstanding(): FAILED: {exc}")
+            skipped.append(f"streaming outstanding(): failed: {exc}")
         else:
             assert stream["outstanding"] == expected["outstanding"], stream
             print(f"  streaming outstanding(): {stream['outstanding']:,} rows in {stream['batches']} batches "
                   f"(largest {stream['largest_batch']:,}, streams={stream['streams']}), {stream['seconds']:.3f} s, "
                   f"peak RSS {stream['rss_mib']:.0f} MiB")
+        if args.json:
+            found = select_records(parents, timed, ratio, small_ours, stream)
+            records.write(args.json, "derive_select", found, quick=args.quick, skipped=skipped,
+                          targets=select_targets(ratio, peak["ours"], small_ours["rss_mib"]))
     finally:
         if args.keep or args.reuse:
             print(f"kept {scratch}")

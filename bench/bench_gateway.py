@@ -1,6 +1,6 @@
 """The Iceberg query gateway: a template over HTTP vs DuckDB reading the same data files directly.
 
-Run ``python bench/bench_gateway.py [--rows N] [--reps R]``.
+Run ``python bench/bench_gateway.py [--rows N] [--reps R] [--json PATH]``.
 
 A project exports 1,000,000 rows x 10 columns (bench_iceberg's data) to the default SQLite
 catalog; ``contextful pipeline serve`` runs in a child process; a reader key is issued. Sides,
@@ -34,6 +34,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from bench import records
+
 GROUPED = "SELECT s0, count(*) AS n, sum(f0) AS total FROM wide GROUP BY s0 ORDER BY s0"
 POINT = "SELECT i0, i1, s0, f0 FROM wide WHERE i0 = $v ORDER BY i1"
 
@@ -66,10 +68,20 @@ def post(url: str, token: str, body: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def case_records(case: str, rows: int, answer_rows: int, med: dict[str, float]) -> list[dict[str, Any]]:
+    """The raw side's median and the gateway's with its ratio to it, in ms."""
+    raw = {"series": "duckdb read_parquet", "shape": case, "rows": rows, "answer_rows": answer_rows,
+           "ms": round(med["raw"] * 1000, 3)}
+    gateway = {**raw, "series": "gateway", "ms": round(med["gateway"] * 1000, 3), "ratio_to": raw["series"],
+               "ratio": round(med["gateway"] / med["raw"], 3)}
+    return [raw, gateway]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--json", help="also write the records to this file")
     args = parser.parse_args()
 
     import duckdb
@@ -118,6 +130,7 @@ def main() -> int:
             "point": ({"table": "wide", "template": "point", "params": {"v": point_value}}, POINT,
                       {"v": point_value}),
         }
+        found: list[dict[str, Any]] = []
         print(f"gateway: {args.rows:,} rows x {data.num_columns} columns exported, {len(files)} data file(s); "
               f"{args.reps} reps after a warm-up, sides interleaved")
         for name, (request, sql, params) in cases.items():
@@ -137,9 +150,12 @@ def main() -> int:
             med = {side: statistics.median(ts) for side, ts in times.items()}
             print(f"  {name:<8} ({len(expected):,} rows): gateway {med['gateway'] * 1000:.1f} ms, "
                   f"raw {med['raw'] * 1000:.1f} ms, ratio {med['gateway'] / med['raw']:.2f}")
+            found += case_records(name, args.rows, len(expected), med)
     finally:
         child.terminate()
         child.wait(timeout=30)
+    if args.json:
+        records.write(args.json, "gateway", found, reps=args.reps)
     return 0
 
 

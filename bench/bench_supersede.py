@@ -10,20 +10,31 @@ DuckDB's EXPLAIN ANALYZE of the ruled read.
 
     python bench/bench_supersede.py                  # 250,000 units: 1,000,000 rows + 100,000
     python bench/bench_supersede.py --units 25000    # a smoke run
+    python bench/bench_supersede.py --json /tmp/supersede.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
+import sys
 import tempfile
 import time
+from typing import Any
 
 import pyarrow as pa
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
 from contextful.storage import Store
 from contextful.storage.snapshot import snapshot_sql
 from contextful.storage.supersede import Supersede
+
+from bench import records
 
 CUES = 4
 
@@ -36,12 +47,25 @@ def landing(units: range, key: str, status: str, kind: str, cues: int) -> pa.Tab
                      "text": [f"passage {i} of {r}" for i, r in enumerate(refs)]})
 
 
+def read_records(rows_stored: int, medians: dict[str, float], answered: int, narrow: bool
+                 ) -> list[dict[str, Any]]:
+    """The plain keyed read's median and the ruled read's with its ratio to it."""
+    shape = "count(*), sum(cue_seq)" if narrow else "every column"
+    plain = {"series": "plain keyed read", "shape": shape, "rows": rows_stored,
+             "seconds": round(medians["plain"], 4)}
+    ruled = {"series": "with the rule", "shape": shape, "rows": rows_stored,
+             "seconds": round(medians["ruled"], 4), "answered_rows": answered, "ratio_to": plain["series"],
+             "ratio": round(medians["ruled"] / medians["plain"], 3)}
+    return [plain, ruled]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--units", type=int, default=250_000)
     parser.add_argument("--changed", type=int, default=25_000)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--narrow", action="store_true")
+    parser.add_argument("--json", help="also write the records to this file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root, Store.open(root, durable=False) as store:
         table = store.create_table("passages", ("unit_ref", "derivation_key", "cue_seq"),
@@ -72,6 +96,9 @@ def main() -> None:
         plan = con.execute("EXPLAIN ANALYZE " + queries["ruled"]).fetchall()
         print(plan[0][1])
         con.close()
+        found = read_records(ruled.rows_stored, medians, answers["ruled"][0][0], args.narrow)
+    if args.json:
+        records.write(args.json, "supersede", found, units=args.units, changed=args.changed, reps=args.reps)
 
 
 if __name__ == "__main__":

@@ -64,17 +64,22 @@ def missing(name: str) -> str:
     return ""
 
 
+def writes_json(name: str) -> bool:
+    """Whether ``bench_NAME.py`` has a ``--json`` option (its source declares one)."""
+    with open(os.path.join(BENCH_DIR, f"bench_{name}.py")) as fh:
+        return '"--json"' in fh.read()
+
+
 def run_one(name: str, full: bool, json_path: str) -> summary.Outcome:
     """Run one benchmark as a child process; its outcome (and its document at ``json_path``, if any)."""
     path = os.path.join(BENCH_DIR, f"bench_{name}.py")
-    with open(path) as fh:
-        writes_json = '"--json"' in fh.read()
+    documented = writes_json(name)
     args = [] if full else QUICK_ARGS.get(name, ["--quick"])
     shown = " ".join(["python", f"bench/bench_{name}.py", *args])
     why = missing(name)
     if why:
         return summary.Outcome(name, shown, status="skipped", why=why)
-    argv = [sys.executable, path, *args] + (["--json", json_path] if writes_json else [])
+    argv = [sys.executable, path, *args] + (["--json", json_path] if documented else [])
     if os.path.exists(json_path):
         os.remove(json_path)
     print(f"report: {shown}", flush=True)
@@ -87,7 +92,7 @@ def run_one(name: str, full: bool, json_path: str) -> summary.Outcome:
                                why=f"timed out after {QUICK_TIMEOUT_S} s")
     seconds = time.perf_counter() - t0
     print(f"report: {name} exited {proc.returncode} after {seconds:.0f} s", flush=True)
-    printed = [] if writes_json else summary.summary_lines(proc.stdout)
+    printed = [] if documented else summary.summary_lines(proc.stdout)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
         return summary.Outcome(name, shown, seconds, status="failed", why=f"exit {proc.returncode}: {last}",

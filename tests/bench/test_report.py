@@ -74,3 +74,15 @@ def test_a_chart_without_records_is_named_as_not_drawn(tmp_path: Path) -> None:
     assert "- fixed-cost: not drawn: no records from bench_fixed in this run" in text
     assert "- throughput: not drawn: no records from bench_sizes in this run" in text
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_latency_records_show_their_p90() -> None:
+    table = summary.records_table([{"series": "http", "p50_ms": 1.9, "p90_ms": 2.5, "ratio_to": "direct",
+                                    "ratio": 1.9}])
+
+    assert table[0] == "| series | p50 ms | p90 ms | ratio to | ratio |"
+    assert table[2] == "| http | 1.90 | 2.50 | direct | 1.90 |"
+
+
+def test_every_benchmark_takes_json_so_the_report_reads_its_document() -> None:
+    assert [name for name in report.discover() if not report.writes_json(name)] == []
