@@ -45,6 +45,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from contextful.storage import Store
+from contextful.storage.compaction import CompactionPolicy, set_policy
 from contextful.storage.parts import dictionary_columns
 from contextful.storage.snapshot import snapshot_sql
 
@@ -348,7 +349,10 @@ def bench_query(work: str, size: dict[str, int]) -> dict[str, Any]:
     parts, per, reps = size["query_parts"], size["query_part_rows"], size["query_reps"]
     store = Store.open(fresh(os.path.join(work, "query")))
     t0 = time.perf_counter()
-    for i in range(parts):  # one append per part: the table a long-running pipeline leaves behind
+    # one append per part: the table a long-running pipeline leaves behind without compaction
+    # (bench_history measures the policy; here the parts are what is queried)
+    set_policy(store, CompactionPolicy(enabled=False))
+    for i in range(parts):
         store.append("t", make_batch(seed=100_000 + i, rows=per, start_id=i * per))
     build_s = time.perf_counter() - t0
     table = store.table("t")

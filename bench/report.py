@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -40,6 +41,8 @@ QUICK_ARGS = {
     "iceberg": ["--rows", "100000", "--reps", "3"],
     "models": ["--rows", "1000000", "--parts", "4", "--reps", "2"],
     "supersede": ["--units", "25000", "--changed", "2500", "--reps", "3"],
+    # its shards and stores go under the temp dir and are deleted after the run
+    "scale": ["--quick", "--data", os.path.join(tempfile.gettempdir(), "contextful-bench-scale")],
 }
 # what a benchmark imports that the base install does not bring
 NEEDS_MODULES = {"relational": ("dlt",), "sizes": ("dlt", "polars"), "iceberg": ("pyiceberg",),
