@@ -83,6 +83,19 @@ def targets(name: str, doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def load_line(load: tuple[float, float] | None) -> str:
+    """What the load average said while the report ran; on a shared machine, that absolute times are noise."""
+    if load is None:
+        return ("- Load: not known. The machine may be shared with other work; read the ratios, each"
+                " measured between sides interleaved in one run.")
+    when = (f"load average {load[0]:.2f} when the latest `python -m bench report` started, {load[1]:.2f}"
+            " when it ended; each benchmark below says its own date")
+    if max(load) < 1.5:
+        return f"- Load: quiet ({when}). The ratios, each measured between sides interleaved in one run, are the figures to quote."
+    return (f"- Load: this machine is **shared** with other work running at the same time ({when})."
+            " Absolute times are noise; read the ratios, each measured between sides interleaved in one run.")
+
+
 def render(date: str, machine: str, load: tuple[float, float] | None, quick: bool, outcomes: list[Outcome],
            docs: dict[str, dict[str, Any]], charts: dict[str, str]) -> str:
     """The whole page as Markdown text."""
@@ -94,10 +107,7 @@ def render(date: str, machine: str, load: tuple[float, float] | None, quick: boo
         " `python -m bench report` (`--full`, `--only a,b`, `--skip a,b`, `--out DIR`)."), "",
         f"- Date: {date}",
         f"- Machine: {machine}",
-        ("- Load: this machine is **shared** with other engineers running benchmarks at the same time"
-         + (f" (load average {load[0]:.2f} when the latest `python -m bench report` started, {load[1]:.2f}"
-            " when it ended; each benchmark below says its own date)." if load else ".")
-         + " Absolute times are noise; read the ratios, each measured between sides interleaved in one run."),
+        load_line(load),
         "", "## Charts", "",
     ]
     for name, where in charts.items():
