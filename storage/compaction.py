@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 STORE_KEY = "compaction"
 """The store setting holding the store's policy; ``compaction:<table>`` holds a table's own."""
+FIELDS = ("enabled", "fanout", "small_bytes")
+"""The fields of a policy a setting may name (a setting naming some keeps the others' values)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class CompactionPolicy:
     def updated(self, text: str) -> CompactionPolicy:
         """This policy with the fields a stored setting names replaced."""
         doc = json.loads(text)
-        return replace(self, **{k: doc[k] for k in ("enabled", "fanout", "small_bytes") if k in doc})
+        return replace(self, **{k: doc[k] for k in FIELDS if k in doc})
 
 
 def table_key(table: str) -> str:
@@ -102,6 +104,26 @@ def set_policy(store: Store, policy: CompactionPolicy | None, table: str | None 
     """Set the store's policy (``table`` None) or one table's (None: remove it, falling back)."""
     store.catalog.put_setting(STORE_KEY if table is None else table_key(table),
                               None if policy is None else policy.to_json())
+
+
+def own_settings(store: Store, table: str | None = None) -> dict[str, object]:
+    """The fields the store's own setting (``table`` None) or ``table``'s own names: {} when it has none."""
+    key = STORE_KEY if table is None else table_key(table)
+    text = store.catalog.settings([key]).get(key)
+    return {k: v for k, v in json.loads(text).items() if k in FIELDS} if text else {}
+
+
+def update_policy(store: Store, fields: dict[str, object], table: str | None = None) -> CompactionPolicy:
+    """Name ``fields`` in the store's own setting (``table`` None) or ``table``'s, keeping the fields it
+    already names, and return the policy then in force (for ``table``, or the store's); a field the
+    policy refuses (``fanout`` under 2, ``small_bytes`` under 1) raises ValueError and changes nothing."""
+    unknown = set(fields) - set(FIELDS)
+    if unknown:
+        raise ValueError(f"a compaction policy has no field {', '.join(sorted(unknown))}")
+    named = {**own_settings(store, table), **fields}
+    CompactionPolicy().updated(json.dumps(named))  # refuses an impossible value before anything is written
+    store.catalog.put_setting(STORE_KEY if table is None else table_key(table), json.dumps(named, sort_keys=True))
+    return policy_for(store, table) if table is not None else CompactionPolicy().updated(json.dumps(named))
 
 
 def tier(part: PartRow, fanout: int) -> int:

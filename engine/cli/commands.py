@@ -1,4 +1,4 @@
-"""``contextful store collect`` and ``store provision``, the shared ``_store``/``_json`` of the store commands, and ``register()``,
+"""``contextful store collect``, ``store compaction`` and ``store provision``, the shared ``_store``/``_json`` of the store commands, and ``register()``,
 which adds every command group (``table``, ``sql``, ``run``, ``pipeline``, ... each in its own module)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import click
-from contextful.engine.cli.output import emit_json
+from contextful.engine.cli.output import emit_json, emit_rows
 from contextful.engine.cli.values import at_least
 
 if TYPE_CHECKING:
@@ -44,6 +44,72 @@ def store_collect(ctx: click.Context, retain_seconds: float, grace_seconds: floa
         emit_json(result.to_json())
     else:
         click.echo(f"collected {len(result.removed_parts)} removed part(s) and {len(result.orphans)} orphan(s)")
+
+
+@store_group.command("compaction")
+@click.argument("tables", nargs=-1)
+@click.option("--on/--off", "enabled", default=None, help="Turn the automatic compaction on or off.")
+@click.option("--fanout", type=int, default=None, callback=at_least(2, "parts"),
+              help="How many parts of a tier fold into one (default 8).")
+@click.option("--small-mib", type=float, default=None, callback=at_least(0.001, "MiB"),
+              help="Parts of this size or larger are never rewritten (default 16).")
+@click.option("--reset", is_flag=True, help="Remove the store's (or the named tables') own setting.")
+@click.pass_context
+def store_compaction(ctx: click.Context, tables: tuple[str, ...], enabled: bool | None, fanout: int | None,
+                     small_mib: float | None, reset: bool) -> None:
+    """Show or set the automatic compaction policy: the store's, or TABLES' own (docs/store.md).
+
+    Without --on/--off, --fanout, --small-mib or --reset it shows the policy in force for every table
+    (or TABLES) and where each field comes from; with them it sets the store's setting, or each of
+    TABLES' own, naming only the fields given."""
+    from contextful.storage.compaction import FIELDS, own_settings, policy_for, update_policy
+    from contextful.storage.errors import ArgumentInvalid, TableNotFound
+    from contextful.storage.reserved import RESERVED_TABLES
+
+    fields: dict[str, object] = {}
+    if enabled is not None:
+        fields["enabled"] = enabled
+    if fanout is not None:
+        fields["fanout"] = fanout
+    if small_mib is not None:
+        fields["small_bytes"] = max(1, round(small_mib * 2**20))
+    if reset and fields:
+        raise ArgumentInvalid("--reset", "with --on/--off, --fanout or --small-mib",
+                              "give --reset alone: it removes a setting, the other options set one")
+    with _store(ctx) as store:
+        known = [name for name in store.table_names() if name not in RESERVED_TABLES]
+        for name in tables:
+            if name not in known:
+                raise TableNotFound(name)
+        targets: list[str | None] = list(tables) or [None]
+        if reset:
+            for target in targets:
+                store.catalog.put_setting(_compaction_key(target), None)
+        elif fields:
+            for target in targets:
+                update_policy(store, fields, target)
+        store_own = own_settings(store)
+        rows = []
+        for name in tables or tuple(known):
+            policy, own = policy_for(store, name), own_settings(store, name)
+            rows.append({"table": name, "enabled": policy.enabled, "fanout": policy.fanout,
+                         "small_bytes": policy.small_bytes, "live_parts": len(store.table(name).snapshot().parts),
+                         "from": {f: "table" if f in own else "store" if f in store_own else "default"
+                                  for f in FIELDS}})
+    if _json(ctx):
+        emit_json({"store": store_own, "tables": rows})
+        return
+    click.echo("store setting: " + (", ".join(f"{k} = {v}" for k, v in sorted(store_own.items())) or "none (defaults)"))
+    emit_rows(["table", "compaction", "fanout", "small_mib", "live_parts", "set_by"],
+              [(r["table"], "on" if r["enabled"] else "off", r["fanout"], f"{r['small_bytes'] / 2**20:g}",
+                r["live_parts"], ", ".join(f"{f}: {src}" for f, src in r["from"].items() if src != "default")
+                or "defaults") for r in rows])
+
+
+def _compaction_key(table: str | None) -> str:
+    from contextful.storage.compaction import STORE_KEY, table_key
+
+    return STORE_KEY if table is None else table_key(table)
 
 
 @store_group.command("provision")

@@ -14,10 +14,11 @@ import click
 
 
 def at_least(minimum: float, unit: str) -> Callable[[click.Context, click.Parameter, float], float]:
-    """A click callback refusing a value below ``minimum`` (or NaN) with ArgumentInvalid naming the option."""
+    """A click callback refusing a value below ``minimum`` (or NaN) with ArgumentInvalid naming the
+    option; an option not given (None) passes."""
 
     def check(ctx: click.Context, param: click.Parameter, value: float) -> float:
-        if not value >= minimum:
+        if value is not None and not value >= minimum:
             from contextful.storage.errors import ArgumentInvalid
 
             raise ArgumentInvalid(param.opts[0], value, f"give {minimum:g} or more {unit}")
