@@ -116,7 +116,7 @@ class Selection:
             if snap.schema is None or not snap.parts:  # created, nothing landed yet: no rows to read
                 continue
             attached.add(name)
-            if name == output_table:  # read through state_sql, not a view
+            if name == output_table:  # read through settled_sql, not a view
                 self._output = snap
                 continue
             attach_snapshot(self.con, snap, f"__derive_{name}")
@@ -208,7 +208,7 @@ class Selection:
         rows of their units and aggregated per unit in one pass. A unit is settled under its current
         key K when its newest settling row under K is no older than the newest ``ok``/``empty``
         landing under another key (of its task version, when versions are retained): exactly what a
-        reader under the supersede rule finds (:func:`state_sql` says why). ``carry``: the units' other
+        reader under the supersede rule finds (:func:`settled_sql` says why). ``carry``: the units' other
         columns ride along (counting needs none of them, so its join state holds only ids and keys)."""
         keyed = self._keyed_sql()
         if self._output is None:
@@ -265,13 +265,13 @@ class Selection:
         snap = self.store.table(self.output_table).snapshot()
         if snap.schema is None or not snap.parts:
             return set()
+        version = self.version if self.config.retain_versions else None
         con = self.store.duckdb()
         try:
             con.register("__derive_pairs", pairs)
-            state = state_sql(snap, self.unit_columns, "SELECT unit_ref FROM __derive_pairs")
-            rows = con.sql(f"SELECT s.unit_ref, s.derivation_key FROM ({state}) AS s SEMI JOIN __derive_pairs AS p "
-                           f"ON p.unit_ref = s.unit_ref AND p.derivation_key = s.derivation_key "
-                           f"WHERE s.settled").fetchall()
+            state = settled_sql("SELECT unit_ref, derivation_key FROM __derive_pairs", [], snap, self.unit_columns,
+                                version, restrict="SELECT unit_ref FROM __derive_pairs")
+            rows = con.sql(f"SELECT unit_ref, derivation_key FROM ({state}) WHERE settled").fetchall()
         finally:
             con.close()
         return {(r[0], r[1]) for r in rows}
@@ -318,11 +318,20 @@ def stored_keys(output: Snapshot, unit: tuple[str, ...], restrict: str | None = 
             f"FROM ({rows}) GROUP BY {keys}")
 
 
-def settled_sql(keyed: str, rest: list[str], output: Snapshot, unit: tuple[str, ...], version: str | None) -> str:
+def settled_sql(keyed: str, rest: list[str], output: Snapshot, unit: tuple[str, ...], version: str | None,
+                restrict: str | None = None) -> str:
     """``keyed`` (a SELECT of unit_ref, derivation_key and the ``rest`` columns) with ``settled`` and
-    ``attempts`` per unit: its output rows (:func:`stored_keys`) joined and aggregated in one pass.
-    Settled under its key K: its newest settling key-merge winner under K is no older than the newest
-    ``ok``/``empty`` landing under another key (of task version ``version``, when versions are kept)."""
+    ``attempts`` per unit: its output rows (:func:`stored_keys`) joined and aggregated in one pass,
+    exactly as a reader under the table's supersede rule (``storage.supersede``) would find them.
+
+    The rule's full rewrite of every row is not needed for that, only each primary key's latest row:
+    a row under key K that settles its unit is answered unless a LATER commit settled the unit (ok or
+    empty) under another key. So the unit is settled under K exactly when its newest settling
+    key-merge winner under K is no older than the newest ``ok``/``empty`` landing under another key
+    (of task version ``version``, when versions are kept); a marker that stopped retrying is withheld
+    by a later settling landing under K too, but then K's own landing answers. Each row's commit is
+    its part's ``ord_seq``. ``restrict``: a SELECT of the unit_refs whose stored rows are read (the
+    units of ``keyed``, when it is small)."""
     carried = "".join(f", any_value(k.{quote(c)}) AS {quote(c)}" for c in rest)
     same = "o.derivation_key = k.derivation_key"
     of_version = f" AND o.task_version = {sql_literal(version)}" if version is not None else ""
@@ -330,36 +339,5 @@ def settled_sql(keyed: str, rest: list[str], output: Snapshot, unit: tuple[str, 
     other = f"max(o.settle_seq) FILTER (WHERE o.derivation_key <> k.derivation_key{of_version})"
     return (f"SELECT k.unit_ref, k.derivation_key{carried}, coalesce({done} >= coalesce({other}, -1), false) "
             f"AS settled, coalesce(max(o.attempts) FILTER (WHERE {same}), 0) AS attempts "
-            f"FROM ({keyed}) AS k LEFT JOIN ({stored_keys(output, unit)}) AS o "
+            f"FROM ({keyed}) AS k LEFT JOIN ({stored_keys(output, unit, restrict)}) AS o "
             f"ON o.unit_ref = k.unit_ref GROUP BY k.unit_ref, k.derivation_key")
-
-
-def state_sql(output: Snapshot, unit: tuple[str, ...], restrict: str | None = None) -> str:
-    """Per (unit_ref, derivation_key) of the output table: whether the table answers a row settling
-    it (``settled``) and the attempts recorded under it, exactly as a reader under the table's
-    supersede rule (``storage.supersede``) would find them, read from the stored rows in one scan.
-
-    The rule's full rewrite of every row is not needed for that, only each primary key's latest row
-    (:func:`stored_keys`): a row under key K that settles its unit is answered unless a LATER commit
-    settled the unit (ok or empty) under another key, so the unit is settled under K exactly when the newest such row under
-    K is no older than the newest settling landing under any other key (a marker that stopped retrying
-    is withheld by a later settling landing under K too, but then K's own landing answers). Each
-    row's commit is its part's ``ord_seq``. ``restrict``: a SELECT of unit_ref values; only their
-    units are read.
-    """
-    units = ", ".join(unit)
-    keyed = f"{units}, derivation_key"
-    rows = stored_keys(output, unit, restrict)
-    per_key = (f"SELECT {keyed}, max(seq) FILTER (WHERE done) AS done_seq, max(settle_seq) AS settle_seq, "
-               f"max(attempts) AS attempts FROM ({rows}) GROUP BY {keyed}")
-    top = (f"SELECT {units}, max(settle_seq) AS s1, arg_max(derivation_key, settle_seq) AS k1 "
-           f"FROM __per_key GROUP BY {units}")
-    on = " AND ".join(f"t.{u} IS NOT DISTINCT FROM k.{u}" for u in unit)
-    second = (f"SELECT {', '.join('k.' + u for u in unit)}, max(k.settle_seq) AS s2 FROM __per_key AS k "
-              f"JOIN __top AS t ON {on} WHERE k.derivation_key IS DISTINCT FROM t.k1 GROUP BY {', '.join('k.' + u for u in unit)}")
-    on_top = " AND ".join(f"t.{u} IS NOT DISTINCT FROM k.{u}" for u in unit)
-    on_second = " AND ".join(f"o.{u} IS NOT DISTINCT FROM k.{u}" for u in unit)
-    return (f"WITH __per_key AS ({per_key}), __top AS ({top}), __second AS ({second}) "
-            f"SELECT k.unit_ref, k.derivation_key, k.attempts, k.done_seq IS NOT NULL AND k.done_seq >= coalesce("
-            f"CASE WHEN k.derivation_key IS NOT DISTINCT FROM t.k1 THEN o.s2 ELSE t.s1 END, -1) AS settled "
-            f"FROM __per_key AS k LEFT JOIN __top AS t ON {on_top} LEFT JOIN __second AS o ON {on_second}")

@@ -1,6 +1,7 @@
-"""Property: the selection's one-scan read of the output table (``engine.derive.select.state_sql``)
+"""Property: the selection's one-scan read of the output table (``engine.derive.select.settled_sql``)
 settles exactly the (unit, key) pairs a reader under the supersede rule finds settled, at every
-snapshot and across folds (``run.select.anti-join``, ``run.select.key-change``)."""
+snapshot and across folds (``run.select.anti-join``, ``run.select.key-change``), read whole or
+restricted to some units (the revival check of ``run.emit.settled-revived``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import tempfile
 from typing import Any
 
 import pyarrow as pa
-from contextful.engine.derive.select import DONE, settled_sql, state_sql
+from contextful.engine.derive.select import DONE, settled_sql
 from contextful.storage import ManualClock, Store
 from contextful.storage.snapshot import snapshot_sql
 from contextful.storage.supersede import Supersede
@@ -58,18 +59,20 @@ def test_the_one_scan_state_settles_what_a_reader_under_the_rule_finds_settled(o
                     expected = {(u, k) for u, k, settled in con.sql(
                         f"SELECT unit_ref, derivation_key, bool_or({DONE}) FROM ({read}) GROUP BY ALL").fetchall()
                         if settled}
-                    got = {(u, k) for u, k, settled in con.sql(
-                        f"SELECT unit_ref, derivation_key, settled FROM ({state_sql(snap, ('unit_ref',))})"
-                    ).fetchall() if settled}
                     # the selection's own join: every (unit, key) a parent could hold as its current key
                     every = "SELECT u AS unit_ref, k AS derivation_key FROM (VALUES ('u0'), ('u1'), ('u2')) AS a(u), " \
                             "(VALUES ('A'), ('B'), ('C')) AS b(k)"
                     joined = {(u, k) for u, k, settled in con.sql(
                         f"SELECT unit_ref, derivation_key, settled FROM ({settled_sql(every, [], snap, ('unit_ref',), None)})"
                     ).fetchall() if settled}
+                    # the revival check reads only the units it asks about
+                    some = f"SELECT * FROM ({every}) WHERE unit_ref <> 'u1'"
+                    asked = settled_sql(some, [], snap, ("unit_ref",), None, restrict="SELECT 'u0' UNION ALL SELECT 'u2'")
+                    restricted = {(u, k) for u, k, settled in con.sql(
+                        f"SELECT unit_ref, derivation_key, settled FROM ({asked})").fetchall() if settled}
                 finally:
                     con.close()
-                assert got == expected, (ops, got, expected)
                 assert joined == expected, (ops, joined, expected)
+                assert restricted == {(u, k) for u, k in expected if u != "u1"}, (ops, restricted, expected)
         finally:
             store.close()
