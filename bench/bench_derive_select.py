@@ -166,7 +166,9 @@ def child(side: str, root: Path) -> dict[str, Any]:
             start = time.perf_counter()
             counts = dry_run(store, manifest, spec, machine).to_json()
             seconds = time.perf_counter() - start
-    elif side == "stream":
+    elif side in ("stream", "run", "two-pass"):
+        # stream: the outstanding units alone; run: counted and then streamed as a run reads them (one
+        # join, Selection.units); two-pass: counted by one join and streamed by another (before)
         from contextful.engine.derive.run import _selection, build_tier
 
         store, manifest, spec, machine = _open(root)
@@ -174,6 +176,10 @@ def child(side: str, root: Path) -> dict[str, Any]:
             start = time.perf_counter()
             rows = batches = biggest = 0
             with _selection(store, build_tier(spec, machine), root) as selection:
+                if side == "run":
+                    selection.units()
+                elif side == "two-pass":
+                    selection.counts()
                 for batch in selection.outstanding():
                     rows += batch.num_rows
                     batches += 1
@@ -293,6 +299,15 @@ def main() -> int:
             print(f"  streaming outstanding(): {stream['outstanding']:,} rows in {stream['batches']} batches "
                   f"(largest {stream['largest_batch']:,}, streams={stream['streams']}), {stream['seconds']:.3f} s, "
                   f"peak RSS {stream['rss_mib']:.0f} MiB")
+            passes = {side: [] for side in ("run", "two-pass")}
+            for rep in range(reps):
+                for side in ("run", "two-pass") if rep % 2 == 0 else ("two-pass", "run"):
+                    got = spawn(side, big)
+                    assert got["outstanding"] == expected["outstanding"], (side, got)
+                    passes[side].append(got["seconds"])
+            run_s, two_s = (statistics.median(passes[side]) for side in ("run", "two-pass"))
+            print(f"  a run's selection, counted then streamed: one join {run_s:.3f} s, two joins {two_s:.3f} s "
+                  f"(ratio {run_s / two_s:.2f}; medians of {reps})")
         if args.json:
             found = select_records(parents, timed, ratio, small_ours, stream)
             records.write(args.json, "derive_select", found, quick=args.quick, skipped=skipped,

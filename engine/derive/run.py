@@ -255,7 +255,7 @@ class _Runner:
     def run(self) -> None:
         with _selection(self.store, self.tier, self.root) as selection:
             self.selection = selection
-            counts = selection.counts()
+            counts = selection.units()  # joined once: the outstanding units below read the same table
             self.stats.eligible, self.stats.derived, self.stats.outstanding = (
                 counts.eligible, counts.derived, counts.outstanding)
             with ThreadPoolExecutor(self.tier.parallelism, thread_name_prefix=f"derive-{self.tier.spec.id}") as pool:

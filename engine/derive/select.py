@@ -92,6 +92,7 @@ class Selection:
         self.version = version
         """The build's task version (what ``retain_versions`` keeps rows apart by)."""
         self._keyed_columns: list[str] | None = None
+        self._units: str | None = None  # the temporary table of every unit, once a run joined them (units())
         self.digests: MediaDigests | None = None
         self._spill = tempfile.TemporaryDirectory(prefix="contextful-select-")
         self.con = store.duckdb()
@@ -220,19 +221,34 @@ class Selection:
         return settled_sql(keyed, rest, self._output, self.unit_columns, version)
 
     def counts(self) -> SelectionCounts:
-        """Eligible, already-derived and outstanding units, from one query (``run.select.dry-run``)."""
+        """Eligible, already-derived and outstanding units, from one query (``run.select.dry-run``):
+        an aggregate of the join with no unit columns carried, or the joined units once a run holds
+        them (:meth:`units`)."""
         if self.empty:
             return SelectionCounts(0, 0, 0)
+        source = self._units or f"({self._joined_sql(carry=False)})"
         [(eligible, derived)] = self.con.execute(
-            f"SELECT count(*), count(*) FILTER (WHERE settled) FROM ({self._joined_sql(carry=False)})").fetchall()
+            f"SELECT count(*), count(*) FILTER (WHERE settled) FROM {source}").fetchall()
         return SelectionCounts(int(eligible), int(derived), int(eligible) - int(derived))
+
+    def units(self) -> SelectionCounts:
+        """Join every unit once, into a temporary table of the selection's connection (DuckDB spills
+        it past the memory limit), and count them: a run's :meth:`counts` and :meth:`outstanding` then
+        read that table instead of joining the parents to the output's stored rows twice."""
+        if self.empty:
+            return SelectionCounts(0, 0, 0)
+        if self._units is None:
+            self.con.execute(f"CREATE TEMP TABLE __derive_units AS {self._joined_sql()}")
+            self._units = "__derive_units"
+        return self.counts()
 
     def outstanding(self) -> Iterator[pa.RecordBatch]:
         """The outstanding units (unit_ref, media or p_<column>..., derivation_key, attempts): in one
         piece from a parent of at most ``in_memory_rows`` rows, else streamed ``batch_rows`` at a time."""
         if self.empty:
             return
-        sql = f"SELECT * EXCLUDE (settled) FROM ({self._joined_sql()}) WHERE NOT settled"
+        source = self._units or f"({self._joined_sql()})"
+        sql = f"SELECT * EXCLUDE (settled) FROM {source} WHERE NOT settled"
         if not self.streams:
             yield from self.con.sql(sql).to_arrow_table().to_batches()
             return
