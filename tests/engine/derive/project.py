@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,18 +52,35 @@ def files_pipeline(pipeline_id: str, paths: str = "parents/*.ndjson") -> str:
             f'[pipeline.source.config]\npaths = ["{paths}"]\n')
 
 
-MANIFEST = HEADER + files_pipeline("docs") + '''
-[[pipeline]]
-id = "passages"
-[pipeline.source]
-kind = "derive"
-[pipeline.source.config]
-source_table = "docs"
-parent_id_column = "id"
-engine = "lines"
-media_column = "path"
-{extra}
-'''
+def derive_pipeline(pipeline_id: str, source_table: str, *, parent_id_column: str = "id",
+                    engine: str | None = None, media_column: str | None = None, task: str | None = None,
+                    table: str | None = None, after: Sequence[str] = (), config: str = "") -> str:
+    """A manifest block: a derive pipeline over the rows of ``source_table`` (keyed by
+    ``parent_id_column``), running ``engine`` on each row's ``media_column`` or the host ``task``.
+
+    Only the keys given are written, so a test states just what its pipeline declares: ``table``
+    names its output (a host task's marker), ``after`` the pipelines it follows, and ``config``
+    holds further lines of its source config, written as they are.
+    """
+    lines = [f'id = "{pipeline_id}"']
+    if table is not None:
+        lines.append(f'table = "{table}"')
+    if after:
+        lines.append(f"after = {json.dumps(list(after))}")
+    lines += ["[pipeline.source]", 'kind = "derive"', "[pipeline.source.config]",
+              f'source_table = "{source_table}"', f'parent_id_column = "{parent_id_column}"']
+    lines += [f'{key} = "{value}"' for key, value in (("task", task), ("engine", engine),
+                                                     ("media_column", media_column)) if value is not None]
+    if config:
+        lines.append(config)
+    return "\n[[pipeline]]\n" + "\n".join(lines) + "\n"
+
+
+def passages_manifest(extra: str = "") -> str:
+    """The project's default manifest: parent rows landed into ``docs``, and ``passages`` derived
+    from each one's ``path`` by the ``lines`` engine; ``extra`` adds lines to its source config."""
+    return HEADER + files_pipeline("docs") + derive_pipeline("passages", "docs", engine="lines",
+                                                             media_column="path", config=extra)
 
 
 class DeriveProject:
@@ -73,7 +90,7 @@ class DeriveProject:
         (root / "media").mkdir(exist_ok=True)
         (root / "engine.py").write_text(ENGINE)
         self.calls = root / "calls.log"
-        (root / "contextful.toml").write_text(manifest if manifest is not None else MANIFEST.format(extra=extra))
+        (root / "contextful.toml").write_text(manifest if manifest is not None else passages_manifest(extra))
         self.write_machine(parallelism=parallelism)
         self._batches = 0
 

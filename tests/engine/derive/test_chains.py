@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,37 +10,22 @@ import pytest
 from contextful.engine.derive.tasks import TaskJoin, TaskUnit, register_task, unregister_task
 from contextful.storage.errors import ManifestInvalid
 
-from tests.engine.derive.project import HEADER, DeriveProject, files_pipeline
-
-LANDING = HEADER + files_pipeline("docs")
-
-# The grandchild is declared first: declaration order gives no landing order.
-CHAIN = LANDING + '''
-[[pipeline]]
-id = "words"
-{after}
-[pipeline.source]
-kind = "derive"
-[pipeline.source.config]
-source_table = "lines"
-parent_id_column = "{child_id}"
-engine = "lines"
-media_column = "text"
-
-[[pipeline]]
-id = "lines"
-[pipeline.source]
-kind = "derive"
-[pipeline.source.config]
-source_table = "docs"
-parent_id_column = "id"
-engine = "lines"
-media_column = "path"
-'''
+from tests.engine.derive.project import HEADER, DeriveProject, derive_pipeline, files_pipeline
 
 
-def _chain(tmp_path: Path, after: str = "", child_id: str = "passage_id") -> DeriveProject:
-    return DeriveProject(tmp_path, manifest=CHAIN.format(after=after, child_id=child_id))
+def _chain_manifest(after: Sequence[str] = ()) -> str:
+    """``docs`` landed, ``lines`` derived from each doc's ``path``, ``words`` from each line's ``text``.
+
+    The grandchild is declared first: declaration order gives no landing order.
+    """
+    return (HEADER + files_pipeline("docs")
+            + derive_pipeline("words", "lines", parent_id_column="passage_id", engine="lines",
+                              media_column="text", after=after)
+            + derive_pipeline("lines", "docs", engine="lines", media_column="path"))
+
+
+def _chain(tmp_path: Path, after: Sequence[str] = ()) -> DeriveProject:
+    return DeriveProject(tmp_path, manifest=_chain_manifest(after))
 
 
 @pytest.mark.clause("run.select.derive-order")
@@ -77,7 +62,7 @@ def test_a_child_runs_after_a_failed_parent_outcome_but_not_after_a_launch_failu
 
 @pytest.mark.clause("run.select.derive-cycle")
 def test_derive_pipelines_reading_each_other_are_a_cycle_naming_every_pipeline(tmp_path: Path) -> None:
-    text = CHAIN.format(after="", child_id="passage_id").replace('source_table = "docs"', 'source_table = "words"')
+    text = _chain_manifest().replace('source_table = "docs"', 'source_table = "words"')
     project = DeriveProject(tmp_path, manifest=text)
     with pytest.raises(ManifestInvalid) as caught:
         project.manifest()
@@ -88,8 +73,8 @@ def test_derive_pipelines_reading_each_other_are_a_cycle_naming_every_pipeline(t
 
 @pytest.mark.clause("run.select.derive-after-conflict")
 def test_a_child_whose_after_names_another_pipeline_is_refused(tmp_path: Path) -> None:
-    assert _chain(tmp_path / "ok", after='after = ["lines"]').manifest().pipeline("words").follows == ("lines",)
-    project = _chain(tmp_path / "bad", after='after = ["docs"]')
+    assert _chain(tmp_path / "ok", after=["lines"]).manifest().pipeline("words").follows == ("lines",)
+    project = _chain(tmp_path / "bad", after=["docs"])
     with pytest.raises(ManifestInvalid) as caught:
         project.manifest()
     conflict = [p for p in caught.value.problems if p.name == "DeriveAfterConflict"]
@@ -98,8 +83,7 @@ def test_a_child_whose_after_names_another_pipeline_is_refused(tmp_path: Path) -
 
 @pytest.mark.clause("run.select.foreign-output-table")
 def test_a_config_key_naming_another_pipelines_output_is_refused(tmp_path: Path) -> None:
-    text = CHAIN.format(after="", child_id="passage_id").replace(
-        'media_column = "text"', 'media_column = "text"\noutput_table = "lines"')
+    text = _chain_manifest().replace('media_column = "text"', 'media_column = "text"\noutput_table = "lines"')
     with pytest.raises(ManifestInvalid) as caught:
         DeriveProject(tmp_path, manifest=text).manifest()
     foreign = [p for p in caught.value.problems if p.name == "DeriveForeignOutputTable"]
@@ -123,18 +107,8 @@ def joining() -> Iterator[str]:
 
 @pytest.mark.clause("run.select.join-order")
 def test_a_host_task_joining_derive_outputs_runs_after_the_last_of_them(tmp_path: Path, joining: str) -> None:
-    text = CHAIN.format(after="", child_id="passage_id") + f'''
-[[pipeline]]
-id = "summary"
-table = "summary_done"
-[pipeline.source]
-kind = "derive"
-[pipeline.source.config]
-source_table = "docs"
-parent_id_column = "id"
-task = "{joining}"
-tables = ["summary_done", "summaries"]
-'''
+    text = _chain_manifest() + derive_pipeline("summary", "docs", task=joining, table="summary_done",
+                                               config='tables = ["summary_done", "summaries"]')
     project = DeriveProject(tmp_path, manifest=text.replace(
         '[[pipeline]]\nid = "words"', '[[pipeline]]\nid = "words"\npriority = -5'))
     manifest = project.manifest()

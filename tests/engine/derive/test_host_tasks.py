@@ -11,21 +11,7 @@ import pytest
 from contextful.engine.derive.tasks import TaskJoin, TaskUnit, register_task, unregister_task
 from contextful.storage.errors import DeriveTaskNameTaken, DeriveUnknownTask, ManifestInvalid
 
-from tests.engine.derive.project import HEADER, DeriveProject, files_pipeline
-
-MANIFEST = HEADER + files_pipeline("docs") + files_pipeline("notes", "notes/*.ndjson") + '''
-[[pipeline]]
-id = "chunking"
-table = "{marker}"
-[pipeline.source]
-kind = "derive"
-[pipeline.source.config]
-source_table = "docs"
-parent_id_column = "id"
-task = "{task}"
-tables = {tables}
-{extra}
-'''
+from tests.engine.derive.project import HEADER, DeriveProject, derive_pipeline, files_pipeline
 
 
 class Calls:
@@ -64,7 +50,9 @@ def task(request: pytest.FixtureRequest) -> Iterator[tuple[str, Calls]]:
 
 def _project(tmp_path: Path, task: str, *, tables: str = '["chunks_done", "chunks", "tags"]', extra: str = "",
              marker: str = "chunks_done") -> DeriveProject:
-    project = DeriveProject(tmp_path, manifest=MANIFEST.format(task=task, tables=tables, extra=extra, marker=marker))
+    manifest = (HEADER + files_pipeline("docs") + files_pipeline("notes", "notes/*.ndjson")
+                + derive_pipeline("chunking", "docs", task=task, table=marker, config=f"tables = {tables}\n{extra}"))
+    project = DeriveProject(tmp_path, manifest=manifest)
     (tmp_path / "notes").mkdir(exist_ok=True)
     return project
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.derive.project import HEADER, DeriveProject, files_pipeline
+from tests.engine.derive.project import HEADER, DeriveProject, derive_pipeline, files_pipeline
 
 PAGES = {
     "/a.html": b"""<!doctype html><html><head><title>Tide &amp; Time</title>
@@ -20,18 +20,8 @@ PAGES = {
     "/b.html": b"<html><body><p>no title, no links</p></body></html>",
 }
 
-MANIFEST = HEADER + files_pipeline("links") + '''
-[[pipeline]]
-id = "previews"
-[pipeline.source]
-kind = "derive"
-[pipeline.source.config]
-source_table = "links"
-parent_id_column = "id"
-task = "link_preview"
-engine = "preview"
-media_column = "url"
-'''
+MANIFEST = HEADER + files_pipeline("links") + derive_pipeline(
+    "previews", "links", task="link_preview", engine="preview", media_column="url")
 
 
 class _Pages(http.server.BaseHTTPRequestHandler):

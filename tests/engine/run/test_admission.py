@@ -5,8 +5,7 @@ row held through the admitted callback (``run.journal.current-owner``,
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -19,24 +18,10 @@ from contextful.storage.errors import ExecutionWriterFenced
 from contextful.storage.journal import JournalStore, open_journal_store
 from contextful.storage.outbox import OutboxEvent, open_outbox_store
 
-from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
-
 PLAN = "a" * 64
 SCOPE = Scope.host("export:orders")
 PARENT = Scope.host("job:orders")
 """An ancestor of the export's items: admission holds its owner row too."""
-
-
-@pytest.fixture(params=KINDS)
-def site(request: pytest.FixtureRequest, tmp_path: Path) -> JournalSite:
-    return journal_site(request.param, request, tmp_path)
-
-
-@pytest.fixture
-def journal(site: JournalSite) -> Iterator[JournalStore]:
-    store = site.open()
-    yield store
-    store.close_store()
 
 
 def _open(journal: JournalStore, clock: ManualClock, holder: str) -> Execution:

@@ -15,7 +15,6 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,24 +37,11 @@ from contextful.storage.journal import (
 )
 from contextful.storage.run_record import RunFailure
 
-from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
 from tests.support.cli import contextful
 from tests.support.http_api import JsonApi, Reply, Request, next_url_pages
 
 T0 = 1_700_000_000_000_000
 PLAN = plan_reference({"pipeline": "orders", "v": 1})
-
-
-@pytest.fixture(params=KINDS)
-def site(request: pytest.FixtureRequest, tmp_path: Path) -> JournalSite:
-    return journal_site(request.param, request, tmp_path)
-
-
-@pytest.fixture
-def journal(site: JournalSite) -> Iterator[JournalStore]:
-    store = site.open()
-    yield store
-    store.close_store()
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ import sqlite3
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +33,11 @@ from contextful.storage.errors import ExecutionSuspended, JournalConflict, Owner
 from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING, JournalStore
 from contextful.storage.journal.files import FileJournalStore
 
-from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
+from tests.storage.test_journal_conformance import JournalSite
 
 T0 = 1_700_000_000_000_000
 PLAN = plan_reference({"pipeline": "orders", "source": {"kind": "http", "url": "http://127.0.0.1/orders"}})
 OTHER_PLAN = plan_reference({"pipeline": "orders", "source": {"kind": "http", "url": "http://127.0.0.1/v2"}})
-
-
-@pytest.fixture(params=KINDS)
-def site(request: pytest.FixtureRequest, tmp_path: Path) -> JournalSite:
-    return journal_site(request.param, request, tmp_path)
-
-
-@pytest.fixture
-def journal(site: JournalSite) -> Iterator[JournalStore]:
-    store = site.open()
-    yield store
-    store.close_store()
 
 
 def _never() -> bytes:

@@ -41,11 +41,6 @@ FIELDS = ["job", "logical_key", "entity_namespace", "entity_key", "attempts", "o
 SECRET = "AKIA" + "Z7QX" * 4  # an AWS access key id the guard's catalogue masks
 
 
-@pytest.fixture(params=["local", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_kind(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
 def items(store: Store) -> list[dict]:
     con = connect(store)
     try:

@@ -10,7 +10,6 @@ token from a mark another handle wrote.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,23 +19,11 @@ from contextful.engine.run.keeper import Keeper, engine_keeper
 from contextful.storage.clock import ManualClock
 from contextful.storage.journal import PENDING, JournalStore
 
-from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
+from tests.storage.test_journal_conformance import JournalSite
 
 T0 = 1_700_000_000_000_000
 S = 1_000_000
 PLAN = plan_reference({"pipeline": "orders", "v": 1})
-
-
-@pytest.fixture(params=KINDS)
-def site(request: pytest.FixtureRequest, tmp_path: Path) -> JournalSite:
-    return journal_site(request.param, request, tmp_path)
-
-
-@pytest.fixture
-def journal(site: JournalSite) -> Iterator[JournalStore]:
-    store = site.open()
-    yield store
-    store.close_store()
 
 
 def _lease(journal: JournalStore, scope: str) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,22 +19,10 @@ from contextful.storage.errors import ArgumentInvalid, OwnerPinsMismatch, OwnerP
 from contextful.storage.journal import PENDING, RETIRED, JournalStore, open_journal_store
 
 from tests.engine.run.test_rewind import MANIFEST
-from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
+from tests.storage.test_journal_conformance import JournalSite
 from tests.support.cli import contextful
 
 PLAN, OTHER_PLAN, THIRD_PLAN = "a" * 64, "b" * 64, "c" * 64
-
-
-@pytest.fixture(params=KINDS)
-def site(request: pytest.FixtureRequest, tmp_path: Path) -> JournalSite:
-    return journal_site(request.param, request, tmp_path)
-
-
-@pytest.fixture
-def journal(site: JournalSite) -> Iterator[JournalStore]:
-    store = site.open()
-    yield store
-    store.close_store()
 
 
 @pytest.mark.clause("run.own.host-scope")

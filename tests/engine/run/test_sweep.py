@@ -30,11 +30,6 @@ from contextful.storage.transaction import CommitResult
 PLAN = plan_reference({"job": "score", "sweep": "origins"})
 
 
-@pytest.fixture(params=["local", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_kind(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
 @pytest.fixture
 def clock(store: Store) -> ManualClock:
     assert isinstance(store.clock, ManualClock)
