@@ -3,7 +3,7 @@ which adds every command group (``table``, ``sql``, ``run``, ``pipeline``, ... e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from contextful.engine.cli.output import emit_json, emit_rows
@@ -89,7 +89,7 @@ def store_compaction(ctx: click.Context, tables: tuple[str, ...], enabled: bool 
             for target in targets:
                 update_policy(store, fields, target)
         store_own = own_settings(store)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name in tables or tuple(known):
             policy, own = policy_for(store, name), own_settings(store, name)
             rows.append({"table": name, "enabled": policy.enabled, "fanout": policy.fanout,
