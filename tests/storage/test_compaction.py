@@ -206,3 +206,28 @@ def test_a_fold_losing_a_race_is_dropped_and_no_writer_fails(place: CatalogPlace
     finally:
         a.close()
         b.close()
+
+
+def test_folded_parts_hold_row_groups_of_many_rows_not_one_per_commit(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+    from contextful.storage.parts import ROW_GROUP_ROWS, write_part
+
+    with Store.open(tmp_path / "s", durable=False) as store:
+        set_policy(store, CompactionPolicy(fanout=4))
+        for i in range(100):
+            store.append("t", pa.table({"id": [i], "s": [f"v{i}"]}))
+        table = store.table("t")
+        live_parts = store.catalog.live_parts("t", table.head.commit_seq)
+        assert any(p.rows > 1 for p in live_parts)  # the policy folded
+        for part in live_parts:  # a DuckDB scan of one-row parts hands over one-row batches
+            assert pq.ParquetFile(store.objects.path(part.path)).metadata.num_row_groups == 1, part
+        assert sorted(table.to_arrow().column("id").to_pylist()) == list(range(100))
+
+        rows = ROW_GROUP_ROWS * 2 + 5
+        batches = (pa.record_batch({"id": list(range(start, min(start + 1000, rows)))})
+                   for start in range(0, rows, 1000))
+        part = write_part(store.objects, "tables/x/parts/r-00000.parquet", batches, pa.schema({"id": pa.int64()}),
+                          durable=False)
+        meta = pq.ParquetFile(store.objects.path(part.path)).metadata
+        assert (part.rows, meta.num_row_groups) == (rows, 3)
+        assert [meta.row_group(i).num_rows for i in range(3)] == [ROW_GROUP_ROWS, ROW_GROUP_ROWS, 5]
