@@ -22,15 +22,33 @@ if TYPE_CHECKING:
 PHASE_ORDER = {"plan": 0, "fail": 1, "commit": 2}
 """A later phase wins: a run that committed or failed is no longer planned."""
 
+_RANK = "CASE phase " + " ".join(f"WHEN '{p}' THEN {n}" for p, n in PHASE_ORDER.items()) + " ELSE 0 END"
 
-def _latest(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The latest row of each run (by phase), in the order the runs were recorded."""
-    latest: dict[str, dict[str, Any]] = {}
-    for row in rows:  # one row per run phase: bounded by the run count
-        held = latest.get(row["run_id"])
-        if held is None or PHASE_ORDER.get(row["phase"], 0) >= PHASE_ORDER.get(held["phase"], 0):
-            latest[row["run_id"]] = row
-    return latest
+
+def _select(store: Store, where: str, params: list[Any], limit: int | None = None) -> list[dict[str, Any]]:
+    """The rows of ``_runs`` matching ``where`` (``?`` placeholders bound to ``params``), selected in
+    DuckDB: the history can hold a row per run phase for every run ever made, and only the newest
+    ``limit`` runs (each its latest row by phase; None: every matching row) reach Python, oldest first
+    (runs recorded at the same instant by run id)."""
+    history = store.runs.history()
+    con = store.duckdb()
+    try:
+        con.register("__cf_history", history)
+        rows = f"SELECT * FROM __cf_history WHERE {where}"
+        if limit is None:
+            sql, bind = f"{rows} ORDER BY recorded_at, run_id, phase", params
+        else:
+            latest = f"SELECT * FROM ({rows}) QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY {_RANK} DESC) = 1"
+            newest = f"SELECT * FROM ({latest}) ORDER BY recorded_at DESC, run_id DESC LIMIT ?"
+            sql, bind = f"SELECT * FROM ({newest}) ORDER BY recorded_at, run_id", [*params, limit]
+        return con.sql(sql, params=bind).to_arrow_table().to_pylist()
+    finally:
+        con.close()
+
+
+def _latest_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The latest of one run's rows, by phase (a run has one row per phase)."""
+    return max(rows, key=lambda r: PHASE_ORDER.get(r["phase"], 0))
 
 
 def _failure(row: dict[str, Any]) -> dict[str, str] | None:
@@ -39,8 +57,8 @@ def _failure(row: dict[str, Any]) -> dict[str, str] | None:
 
 def run_history(store: Store, table: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     """The newest ``limit`` runs (of ``table``), oldest first: state, rows, downgrade events, failure."""
-    rows = [r for r in store.runs.history().to_pylist() if table is None or r["table_name"] == table]
-    runs = sorted(_latest(rows).values(), key=lambda r: r["recorded_at"])[-limit:]
+    runs = _select(store, "table_name = ?" if table is not None else "true", [table] if table is not None else [],
+                   limit)
     out = []
     tables = set(store.table_names(include_reserved=True))  # a dropped table's runs keep no manifest
     for row in runs:
@@ -67,11 +85,10 @@ def _origin(meta: dict[str, Any]) -> str | None:
 
 def run_detail(store: Store, run_id: str) -> dict[str, Any]:
     """One run whole; :class:`RunNotFound` when no record holds ``run_id``."""
-    history = store.runs.history().to_pylist()
-    mine = [r for r in history if r["run_id"] == run_id]
+    mine = _select(store, "run_id = ?", [run_id])
     if not mine:
         raise RunNotFound(run_id)
-    row = _latest(mine)[run_id]
+    row = _latest_row(mine)
     planned = next((r["recorded_at"] for r in mine if r["phase"] == "plan"), None)
     detail: dict[str, Any] = {
         "run_id": run_id, "table": row["table_name"], "kind": row["kind"], "status": row["status"],
@@ -84,8 +101,10 @@ def run_detail(store: Store, run_id: str) -> dict[str, Any]:
         return detail  # a dropped table's runs keep their record, not their manifest
     manifest = store.table(row["table_name"]).manifest(run_id)
     meta = manifest.meta
-    committed = {r["run_id"]: r for r in history if r["phase"] == "commit"}
     together = meta.get("tables") or {row["table_name"]: run_id}
+    ids = sorted(set(together.values()))
+    committed = {r["run_id"]: r for r in _select(
+        store, f"phase = 'commit' AND run_id IN ({', '.join('?' for _ in ids)})", ids)}
     detail.update(
         origin=_origin(meta),
         inputs=list(meta.get("inputs") or ([meta["source"]] if "source" in meta else [])),
