@@ -89,6 +89,11 @@ def table_key(table: str) -> str:
     return f"{STORE_KEY}:{table}"
 
 
+def setting_key(table: str | None) -> str:
+    """The setting holding the store's policy (``table`` None) or ``table``'s own."""
+    return STORE_KEY if table is None else table_key(table)
+
+
 def policy_for(store: Store, table: str) -> CompactionPolicy:
     """The policy in force for ``table``: the built-in default, updated by the store's setting, then
     by the table's own."""
@@ -102,28 +107,26 @@ def policy_for(store: Store, table: str) -> CompactionPolicy:
 
 def set_policy(store: Store, policy: CompactionPolicy | None, table: str | None = None) -> None:
     """Set the store's policy (``table`` None) or one table's (None: remove it, falling back)."""
-    store.catalog.put_setting(STORE_KEY if table is None else table_key(table),
-                              None if policy is None else policy.to_json())
+    store.catalog.put_setting(setting_key(table), None if policy is None else policy.to_json())
 
 
 def own_settings(store: Store, table: str | None = None) -> dict[str, object]:
     """The fields the store's own setting (``table`` None) or ``table``'s own names: {} when it has none."""
-    key = STORE_KEY if table is None else table_key(table)
+    key = setting_key(table)
     text = store.catalog.settings([key]).get(key)
     return {k: v for k, v in json.loads(text).items() if k in FIELDS} if text else {}
 
 
-def update_policy(store: Store, fields: dict[str, object], table: str | None = None) -> CompactionPolicy:
+def update_policy(store: Store, fields: dict[str, object], table: str | None = None) -> None:
     """Name ``fields`` in the store's own setting (``table`` None) or ``table``'s, keeping the fields it
-    already names, and return the policy then in force (for ``table``, or the store's); a field the
-    policy refuses (``fanout`` under 2, ``small_bytes`` under 1) raises ValueError and changes nothing."""
+    already names; a field the policy refuses (``fanout`` under 2, ``small_bytes`` under 1) raises
+    ValueError and changes nothing."""
     unknown = set(fields) - set(FIELDS)
     if unknown:
         raise ValueError(f"a compaction policy has no field {', '.join(sorted(unknown))}")
-    named = {**own_settings(store, table), **fields}
-    CompactionPolicy().updated(json.dumps(named))  # refuses an impossible value before anything is written
-    store.catalog.put_setting(STORE_KEY if table is None else table_key(table), json.dumps(named, sort_keys=True))
-    return policy_for(store, table) if table is not None else CompactionPolicy().updated(json.dumps(named))
+    named = json.dumps({**own_settings(store, table), **fields}, sort_keys=True)
+    CompactionPolicy().updated(named)  # refuses an impossible value before anything is written
+    store.catalog.put_setting(setting_key(table), named)
 
 
 def tier(part: PartRow, fanout: int) -> int:

@@ -62,7 +62,7 @@ def store_compaction(ctx: click.Context, tables: tuple[str, ...], enabled: bool 
     Without --on/--off, --fanout, --small-mib or --reset it shows the policy in force for every table
     (or TABLES) and where each field comes from; with them it sets the store's setting, or each of
     TABLES' own, naming only the fields given."""
-    from contextful.storage.compaction import FIELDS, own_settings, policy_for, update_policy
+    from contextful.storage.compaction import FIELDS, own_settings, policy_for, set_policy, update_policy
     from contextful.storage.errors import ArgumentInvalid, TableNotFound
     from contextful.storage.reserved import RESERVED_TABLES
 
@@ -84,7 +84,7 @@ def store_compaction(ctx: click.Context, tables: tuple[str, ...], enabled: bool 
         targets: list[str | None] = list(tables) or [None]
         if reset:
             for target in targets:
-                store.catalog.put_setting(_compaction_key(target), None)
+                set_policy(store, None, target)
         elif fields:
             for target in targets:
                 update_policy(store, fields, target)
@@ -92,8 +92,9 @@ def store_compaction(ctx: click.Context, tables: tuple[str, ...], enabled: bool 
         rows: list[dict[str, Any]] = []
         for name in tables or tuple(known):
             policy, own = policy_for(store, name), own_settings(store, name)
+            live = store.catalog.live_parts(name, store.table(name).head.commit_seq)
             rows.append({"table": name, "enabled": policy.enabled, "fanout": policy.fanout,
-                         "small_bytes": policy.small_bytes, "live_parts": len(store.table(name).snapshot().parts),
+                         "small_bytes": policy.small_bytes, "live_parts": len(live),
                          "from": {f: "table" if f in own else "store" if f in store_own else "default"
                                   for f in FIELDS}})
     if _json(ctx):
@@ -104,12 +105,6 @@ def store_compaction(ctx: click.Context, tables: tuple[str, ...], enabled: bool 
               [(r["table"], "on" if r["enabled"] else "off", r["fanout"], f"{r['small_bytes'] / 2**20:g}",
                 r["live_parts"], ", ".join(f"{f}: {src}" for f, src in r["from"].items() if src != "default")
                 or "defaults") for r in rows])
-
-
-def _compaction_key(table: str | None) -> str:
-    from contextful.storage.compaction import STORE_KEY, table_key
-
-    return STORE_KEY if table is None else table_key(table)
 
 
 @store_group.command("provision")

@@ -1,33 +1,16 @@
 """Fixtures the run tests share: a journal on every journal adapter, and the store kinds the
 store-backed run tests cover.
 
-The journal fixtures take their adapters (``KINDS``) and sites from the journal conformance suite
-(``tests.storage.test_journal_conformance``), so the run tests hold on every adapter it admits.
+The journal fixtures (``site`` over every adapter, ``journal`` on it) are the journal conformance
+suite's own (``tests.storage.test_journal_conformance``), so the run tests hold on every adapter it
+admits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from contextful.storage.journal import JournalStore
 
-from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
-
-
-@pytest.fixture(params=KINDS)
-def site(request: pytest.FixtureRequest, tmp_path: Path) -> JournalSite:
-    """Where one adapter keeps its journal: the file tree, SQLite and PostgreSQL in turn."""
-    return journal_site(request.param, request, tmp_path)
-
-
-@pytest.fixture
-def journal(site: JournalSite) -> Iterator[JournalStore]:
-    """A handle on the site's journal, closed after the test."""
-    store = site.open()
-    yield store
-    store.close_store()
+from tests.storage.test_journal_conformance import journal, site  # noqa: F401 - the fixtures, shared
 
 
 @pytest.fixture(params=["local", pytest.param("postgres", marks=pytest.mark.postgres)])
