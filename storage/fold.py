@@ -52,13 +52,11 @@ from contextful.storage.transaction import new_run_id
 if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
+    from contextful.storage.store import Store
+    from contextful.storage.table import Table
 else:
     pa = lazy_module("pyarrow")
     duckdb = lazy_module("duckdb")
-
-if TYPE_CHECKING:
-    from contextful.storage.store import Store
-    from contextful.storage.table import Table
 
 SMALL_PART_BYTES = 64 * 1024 * 1024
 READ_BATCH_ROWS = 256 * 1024
