@@ -114,11 +114,13 @@ class RecordRun:
 
 @dataclass(frozen=True)
 class MarkRecordsFlushed:
+    """The cached run records ``keys``, appended to ``_runs`` by this commit, leave the cache."""
+
     keys: tuple[tuple[str, str], ...]
     payloads: tuple[str, ...] = ()
-    """The payload text each row was flushed with, in ``keys`` order (empty: mark whatever is
-    cached): a row re-recorded since the flush read it stays pending, so a later flush lands its
-    newer payload and a flushed cache row always equals what ``_runs`` answers for its key."""
+    """The payload text each row was flushed with, in ``keys`` order (empty: whatever is cached): a
+    row re-recorded since the flush read it stays in the cache, pending, so a later flush lands its
+    newer payload and ``_runs`` always answers the latest payload of every key the cache lacks."""
 
 
 @dataclass(frozen=True)

@@ -241,8 +241,8 @@ def history_sql(con: duckdb.DuckDBPyConnection, cached: list[tuple[str, str, str
     between is in one or the other), one row per ``(run_id, phase)``: the latest ``recorded_at``,
     a cached row winning a tie; ordered by ``recorded_at``, ``run_id``, plan rows first, phase.
 
-    A flushed cache row equals what ``_runs`` answers for its key (``MarkRecordsFlushed`` marks
-    only the payload it flushed), so only the pending rows need reading: the cost is the size of
+    A flush removes from the cache only the payloads it appended (``MarkRecordsFlushed``), so the
+    cache holds just the pending rows and they alone need reading: the cost is the size of
     ``_runs`` and the pending rows, never a walk over every record. Nothing here hands DuckDB a
     Python object: the cached rows reach it as JSON text literals (``from_json``), so the read path
     never imports pandas.

@@ -83,7 +83,6 @@ class RunRecordRow:
     table: str
     payload: dict[str, Any]
     recorded_us: int
-    flushed_seq: int | None
 
 
 @dataclass(frozen=True)
@@ -234,7 +233,8 @@ class Catalog(ABC):
 
     @abstractmethod
     def run_records(self) -> list[RunRecordRow]:
-        """Every cached run record, flushed or not."""
+        """Every cached run record, oldest first: the rows awaiting a flush (a flush removes the rows
+        it appended to ``_runs`` from the cache, so the cache holds only what ``_runs`` does not)."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -390,13 +390,15 @@ class SqlCatalog(SqlDialect, Catalog):
                     (update.run_id, update.phase, update.table, json.dumps(payload),
                      int(update.payload.get("recorded_us", 0))),
                 )
-            elif isinstance(update, MarkRecordsFlushed) and update.payloads:
-                cur.executemany("UPDATE cf_run_records SET flushed_seq = ? WHERE run_id = ? AND phase = ?"
-                                " AND payload = ?",
-                                [(seq, run_id, phase, text) for (run_id, phase), text in zip(update.keys, update.payloads)])
             elif isinstance(update, MarkRecordsFlushed):
-                cur.executemany("UPDATE cf_run_records SET flushed_seq = ? WHERE run_id = ? AND phase = ?",
-                                [(seq, run_id, phase) for run_id, phase in update.keys])
+                # a flushed row leaves the cache: ``_runs`` holds it from this commit on
+                if update.payloads:
+                    cur.executemany("DELETE FROM cf_run_records WHERE run_id = ? AND phase = ? AND payload = ?",
+                                    [(run_id, phase, text) for (run_id, phase), text in zip(update.keys, update.payloads)])
+                else:
+                    cur.executemany("DELETE FROM cf_run_records WHERE run_id = ? AND phase = ?", list(update.keys))
+                # rows an older version kept once flushed (an empty range of the pending index after once)
+                cur.execute("DELETE FROM cf_run_records WHERE flushed_seq IS NOT NULL")
             elif isinstance(update, DeclareOrderBy):
                 cur.execute("UPDATE cf_tables SET primary_key = ? WHERE name = ? AND primary_key = ?",
                             (_merge_text(update.primary_key, update.order_by, seq), table,
@@ -486,7 +488,7 @@ class SqlCatalog(SqlDialect, Catalog):
 
     def pending_run_records(self, limit: int) -> list[RunRecordRow]:
         rows = self._read(
-            "SELECT run_id, phase, table_name, payload, recorded_us, flushed_seq FROM cf_run_records"
+            "SELECT run_id, phase, table_name, payload, recorded_us FROM cf_run_records"
             " WHERE flushed_seq IS NULL ORDER BY recorded_us, run_id, phase LIMIT ?",
             (limit,),
         )
@@ -503,8 +505,8 @@ class SqlCatalog(SqlDialect, Catalog):
 
     def run_records(self) -> list[RunRecordRow]:
         rows = self._read(
-            "SELECT run_id, phase, table_name, payload, recorded_us, flushed_seq FROM cf_run_records"
-            " ORDER BY recorded_us, run_id, phase"
+            "SELECT run_id, phase, table_name, payload, recorded_us FROM cf_run_records"
+            " WHERE flushed_seq IS NULL ORDER BY recorded_us, run_id, phase"
         )
         return [_record(r) for r in rows]
 
@@ -566,8 +568,8 @@ def _merge_declaration(text: str) -> tuple[tuple[str, ...], str | None, int, Sup
 
 
 def _record(row: tuple[Any, ...]) -> RunRecordRow:
-    run_id, phase, table, payload, recorded_us, flushed = row
-    return RunRecordRow(run_id, phase, table, json.loads(payload), recorded_us, flushed)
+    run_id, phase, table, payload, recorded_us = row
+    return RunRecordRow(run_id, phase, table, json.loads(payload), recorded_us)
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:

@@ -11,6 +11,7 @@ module.
 from __future__ import annotations
 
 import itertools
+import json
 import sqlite3
 import threading
 import uuid
@@ -252,8 +253,7 @@ def test_failed_requirement_raises_commit_conflict_and_applies_nothing(catalog: 
     assert live(catalog, 3) == ["p3"]
     assert catalog.cursor("t", "scope") == ({"offset": 2}, 3)
     records = {(r.run_id, r.phase): r for r in catalog.run_records()}
-    assert records[("r-p", "plan")].flushed_seq == 3
-    assert records[("r-c", "commit")].flushed_seq is None
+    assert set(records) == {("r-c", "commit")}  # ("r-p", "plan") flushed: it left the cache
     assert records[("r-c", "commit")].payload["commit_seq"] == 3
 
 
@@ -532,8 +532,8 @@ def test_run_record_cache(open_catalog: CatalogFactory) -> None:
     catalog.record_run("r1", "plan", "t", {"status": "planned", "kind": "append"}, 20)
     catalog.record_run("r2", "plan", "t", {"status": "planned"}, 10)
     pending = catalog.pending_run_records(10)
-    assert [(r.run_id, r.phase, r.table, r.recorded_us, r.flushed_seq) for r in pending] == [
-        ("r2", "plan", "t", 10, None), ("r1", "plan", "t", 20, None),
+    assert [(r.run_id, r.phase, r.table, r.recorded_us) for r in pending] == [
+        ("r2", "plan", "t", 10), ("r1", "plan", "t", 20),
     ]
     assert [r.run_id for r in catalog.pending_run_records(1)] == ["r2"]
 
@@ -551,10 +551,8 @@ def test_run_record_cache(open_catalog: CatalogFactory) -> None:
     assert catalog.commit(request(MarkRecordsFlushed(keys), requirements=(AssertRecordsPending(keys),),
                                   run_id="flush"), at(40)) == 2
     assert [(r.run_id, r.phase) for r in catalog.pending_run_records(10)] == [("r1", "commit")]
-    assert {(r.run_id, r.phase): r.flushed_seq for r in catalog.run_records()} == {
-        ("r2", "plan"): 2, ("r1", "plan"): 2, ("r1", "commit"): None,
-    }
-    assert catalog.run_records()[0].payload == {"status": "planned"}
+    # flushed rows leave the cache in the flushing commit: it never grows with the runs it has seen
+    assert [(r.run_id, r.phase) for r in catalog.run_records()] == [("r1", "commit")]
 
     # Flushing the same rows twice is the conflict a racing flusher meets.
     with pytest.raises(CommitConflict) as info:
@@ -567,8 +565,39 @@ def test_run_record_cache(open_catalog: CatalogFactory) -> None:
     assert set(by_key) == {("r2", "plan"), ("r1", "commit")}
     replanned = by_key[("r2", "plan")]
     assert (replanned.payload, replanned.recorded_us) == ({"status": "replanned"}, 60)
-    assert len(catalog.run_records()) == 3
+    assert len(catalog.run_records()) == 2
 
+    # A flush names the payload it appended: a row recorded again since stays, pending.
+    catalog.record_run("r3", "plan", "t", {"status": "planned"}, 70)
+    flushed = (("r2", "plan"), ("r3", "plan"))
+    texts = (json.dumps({"status": "stale"}), json.dumps({"status": "planned"}))
+    assert catalog.commit(request(MarkRecordsFlushed(flushed, texts), requirements=(AssertRecordsPending(flushed),),
+                                  run_id="flush-2"), at(80)) == 3
+    assert {(r.run_id, r.phase): r.payload for r in catalog.run_records()} == {
+        ("r2", "plan"): {"status": "replanned"}, ("r1", "commit"): {"status": "committed", "recorded_us": 30,
+                                                                    "commit_seq": 1},
+    }
+
+
+
+def test_rows_an_older_version_kept_flushed_leave_at_the_next_flush(tmp_path: Path) -> None:
+    """Catalogs written before flushes removed their rows kept them with ``flushed_seq`` set; the
+    next flush drops them, so an old store's cache shrinks to its pending rows too."""
+    path = str(tmp_path / "catalog.sqlite")
+    catalog = SqliteCatalog(path)
+    try:
+        catalog.create_table("t", UUID, (), 1)
+        catalog.record_run("old", "plan", "t", {"status": "planned"}, 5)
+        catalog.record_run("new", "plan", "t", {"status": "planned"}, 6)
+        with sqlite3.connect(path) as raw:  # as an older version left a flushed row
+            raw.execute("UPDATE cf_run_records SET flushed_seq = 1 WHERE run_id = 'old'")
+        assert [r.run_id for r in catalog.run_records()] == ["new"]
+        keys = (("new", "plan"),)
+        catalog.commit(request(MarkRecordsFlushed(keys), requirements=(AssertRecordsPending(keys),)), at(10))
+        with sqlite3.connect(path) as raw:
+            assert raw.execute("SELECT COUNT(*) FROM cf_run_records").fetchone() == (0,)
+    finally:
+        catalog.close()
 
 # --- store settings ----------------------------------------------------------------------------
 
