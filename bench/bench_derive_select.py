@@ -18,7 +18,9 @@ system temp dir; deleted at the end unless ``--keep``):
 Sides, each a child process of its own (its peak RSS is ``VmHWM`` of ``/proc/self/status``,
 interpreter and imports included; its time is the work alone), interleaved (ours raw ours raw ...):
 
-- ours: ``engine.derive.run.dry_run(store, manifest, spec, machine)`` on an open store: builds the
+- ours: ``engine.derive.run.dry_run(store, manifest, spec, machine)`` on an open store, in a process
+  prepared as the command line prepares its own (``storage.lazy.spare_pandas``: pyarrow's pandas
+  probe imports no pandas) with ``duckdb`` imported before the clock starts, as the raw side's is: builds the
   tier, pins the tables, attaches their snapshots (the output's with its key merge and supersede
   rule), counts eligible / derived / outstanding in one query;
 - raw: a plain ``duckdb.connect()`` running the same anti-join over ``read_parquet`` of the same
@@ -159,8 +161,12 @@ def child(side: str, root: Path) -> dict[str, Any]:
         seconds = time.perf_counter() - start
         counts = {"eligible": eligible, "derived": derived, "outstanding": eligible - derived}
     elif side == "ours":
-        from contextful.engine.derive.run import dry_run
+        import duckdb  # noqa: F401 - imported before the clock, as the raw side's is
 
+        from contextful.engine.derive.run import dry_run
+        from contextful.storage.lazy import spare_pandas
+
+        spare_pandas()  # as `contextful pipeline run --dry-run` does: pyarrow's probe imports no pandas
         store, manifest, spec, machine = _open(root)
         with store:
             start = time.perf_counter()
