@@ -161,8 +161,7 @@ def child(side: str, root: Path) -> dict[str, Any]:
         seconds = time.perf_counter() - start
         counts = {"eligible": eligible, "derived": derived, "outstanding": eligible - derived}
     elif side == "ours":
-        import duckdb  # noqa: F401 - imported before the clock, as the raw side's is
-
+        import duckdb  # imported before the clock, as the raw side's is
         from contextful.engine.derive.run import dry_run
         from contextful.storage.lazy import spare_pandas
 
