@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pytest
 from contextful.storage import ManualClock, Store
@@ -118,6 +119,35 @@ def test_the_parts_of_one_commit_are_left_as_their_writer_sized_them(tmp_path: P
         assert live(store, "bulk") == 1  # four commits of tier-0 parts: one fold of all thirteen
         assert sorted(store.table("bulk").to_arrow().column("id").to_pylist()) == list(range(13))
 
+
+
+def test_parts_a_writer_made_a_mebibyte_or_larger_are_never_rewritten(tmp_path: Path) -> None:
+    """The default policy leaves mid-size appends as they landed (no row written twice), and still
+    folds the small commits between them."""
+    rng = np.random.default_rng(7)
+    rows = 20_000
+
+    def mid_size(i: int) -> pa.Table:  # incompressible bytes: the part encodes to over 1 MiB
+        data = [rng.bytes(64) for _ in range(rows)]
+        return pa.table({"i": [i] * rows, "s": data})
+
+    with Store.open(tmp_path / "s", durable=False) as store:
+        assert policy_for(store, "t").small_bytes == 1 << 20
+        for i in range(12):
+            store.append("t", mid_size(i))
+        assert [c.kind for c in store.table("t").commits()] == ["append"] * 12
+        head = store.catalog.load_head("t")
+        assert head is not None
+        parts = store.catalog.live_parts("t", head.commit_seq)
+        assert len(parts) == 12 and min(p.bytes for p in parts) >= 1 << 20
+        for i in range(8):  # eight one-row commits after them: one tier, folded once due
+            store.append("t", pa.table({"i": [100 + i], "s": [b"x"]}))
+        kinds = [c.kind for c in store.table("t").commits()]
+        assert kinds.count("fold") == 1
+        head = store.catalog.load_head("t")
+        assert head is not None
+        assert len(store.catalog.live_parts("t", head.commit_seq)) == 13  # the twelve, and the fold of eight
+        assert store.table("t").to_arrow().num_rows == 12 * rows + 8
 
 KEY = ("k",)
 RULE = Supersede(("unit_ref",))

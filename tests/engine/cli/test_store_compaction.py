@@ -32,20 +32,20 @@ def test_the_policy_in_force_and_where_each_field_comes_from(project: Path) -> N
     before = shown(project)
     assert before["store"] == {}
     assert {t["table"]: (t["enabled"], t["fanout"], t["small_bytes"]) for t in before["tables"]} == {
-        "quiet": (True, 8, 16 * 2**20), "busy": (True, 8, 16 * 2**20)}
+        "quiet": (True, 8, 2**20), "busy": (True, 8, 2**20)}
 
-    contextful(project, "store", "compaction", "--fanout", "3", "--small-mib", "1")
+    contextful(project, "store", "compaction", "--fanout", "3", "--small-mib", "4")
     contextful(project, "store", "compaction", "quiet", "--off")
     contextful(project, "store", "compaction", "quiet", "--fanout", "5")  # names fanout, keeps --off
     after = shown(project)
-    assert after["store"] == {"fanout": 3, "small_bytes": 2**20}
+    assert after["store"] == {"fanout": 3, "small_bytes": 4 * 2**20}
     rows = {t["table"]: t for t in after["tables"]}
-    assert (rows["quiet"]["enabled"], rows["quiet"]["fanout"], rows["quiet"]["small_bytes"]) == (False, 5, 2**20)
+    assert (rows["quiet"]["enabled"], rows["quiet"]["fanout"], rows["quiet"]["small_bytes"]) == (False, 5, 4 * 2**20)
     assert rows["quiet"]["from"] == {"enabled": "table", "fanout": "table", "small_bytes": "store"}
     assert (rows["busy"]["enabled"], rows["busy"]["fanout"]) == (True, 3)
     assert rows["busy"]["from"] == {"enabled": "default", "fanout": "store", "small_bytes": "store"}
     text = contextful(project, "store", "compaction", "quiet").stdout
-    assert "store setting: fanout = 3, small_bytes = 1048576" in text
+    assert "store setting: fanout = 3, small_bytes = 4194304" in text
     assert "quiet" in text and "off" in text and "enabled: table, fanout: table" in text
 
     contextful(project, "store", "compaction", "quiet", "--reset")
