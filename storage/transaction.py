@@ -99,6 +99,18 @@ class Savepoint:
     arrived: int
 
 
+@dataclass(frozen=True)
+class _InFlight:
+    """A part being written on the writer pool."""
+
+    written: Future[PartFile]
+    """The write: the part once durable and in place, or the write's failure."""
+    bound: int
+    """Bytes its file cannot exceed (its Arrow size and a fixed file overhead)."""
+    encoded: Future[PartFile]
+    """Its counts, once its bytes are written (before its fsyncs), or the write's failure."""
+
+
 def new_run_id() -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     return f"r{stamp}-{uuid.uuid4().hex[:12]}"
@@ -135,9 +147,7 @@ class RunTransaction:
         # own_schema: a replacing run (a model build) lands in its result's schema, not merged with the table's
         self._schema: pa.Schema | None = schema_from_text(head.schema) if head.schema and not own_schema else None
         self._parts: list[PartFile] = []
-        self._writing: list[Future[PartFile]] = []  # parts in flight, in part order after _parts
-        self._writing_bound: list[int] = []  # per part in flight: bytes its file cannot exceed
-        self._writing_encoded: list[Future[PartFile]] = []  # per part in flight: its counts, once written
+        self._writing: list[_InFlight] = []  # parts in flight, in part order after _parts
         self._rows = 0  # rows staged (settled or in flight)
         self._orphans: list[str] = []
         self._part_schemas: list[pa.Schema] = []
@@ -182,10 +192,8 @@ class RunTransaction:
                 self._parts.append(write())
             else:
                 if len(self._writing) >= self.store.write_threads:
-                    self._settle(self._writing[0])
-                self._writing.append(pool.submit(write))
-                self._writing_bound.append(piece.nbytes + PART_OVERHEAD_BOUND)
-                self._writing_encoded.append(encoded)
+                    self._settle(self._writing[0].written)
+                self._writing.append(_InFlight(pool.submit(write), piece.nbytes + PART_OVERHEAD_BOUND, encoded))
             self._part_schemas.append(rec.schema)
             self._rows += piece.num_rows
 
@@ -215,10 +223,10 @@ class RunTransaction:
         """Every staged part's counts, waiting only until each part in flight is written (its
         fsyncs may still run); a failed write surfaces as :meth:`_settle` raises it."""
         counted = list(self._parts)
-        for encoded in self._writing_encoded:
-            if encoded.exception() is not None:
+        for flight in self._writing:
+            if flight.encoded.exception() is not None:
                 self._settle()  # raises the first failure, every other write settled
-            counted.append(encoded.result())
+            counted.append(flight.encoded.result())
         return counted
 
     def _settle(self, until: Future[PartFile] | None = None) -> None:
@@ -229,23 +237,19 @@ class RunTransaction:
         """
         failure: BaseException | None = None
         while self._writing:
-            future = self._writing[0]
+            future = self._writing[0].written
             try:
                 part = future.result()
             except BaseException as exc:  # noqa: BLE001 - re-raised below, after the rest settle
                 failure = failure or exc
-                for rest in self._writing[1:]:
-                    rest.exception()  # wait; their parts are deleted by the caller's abort
-                done = [f.result() for f in self._writing[1:] if f.exception() is None]
-                self._orphans = [p.path for p in done]
+                rest = [f.written for f in self._writing[1:]]
+                for other in rest:
+                    other.exception()  # wait; their parts are deleted by the caller's abort
+                self._orphans = [f.result().path for f in rest if f.exception() is None]
                 self._writing.clear()
-                self._writing_bound.clear()
-                self._writing_encoded.clear()
                 break
             self._parts.append(part)
             self._writing.pop(0)
-            self._writing_bound.pop(0)
-            self._writing_encoded.pop(0)
             if future is until:
                 break
         if failure is not None:
@@ -269,14 +273,14 @@ class RunTransaction:
         the same rows is smaller)."""
         written = sum(p.bytes for p in self._parts)
         pending = 0
-        for future, bound in zip(self._writing, self._writing_bound):
-            done = future.done() and future.exception() is None
-            pending += future.result().bytes if done else bound
+        for flight in self._writing:
+            done = flight.written.done() and flight.written.exception() is None
+            pending += flight.written.result().bytes if done else flight.bound
         return written + pending
 
     def staged_bytes_written(self) -> int:
         """Bytes of the parts whose files are written so far (waits for nothing; for progress)."""
-        done = [f.result().bytes for f in self._writing if f.done() and f.exception() is None]
+        done = [f.written.result().bytes for f in self._writing if f.written.done() and f.written.exception() is None]
         return sum(p.bytes for p in self._parts) + sum(done)
 
     @property
