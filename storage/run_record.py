@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +56,8 @@ FLUSH_LIMIT = 10_000
 FLUSH_ROWS = 256
 FLUSH_AGE_SECONDS = 30.0
 PRIMARY_KEY = ("run_id", "phase")
+HISTORY = "__cf_history"
+"""What :meth:`RunRecord.select`'s query calls the run history."""
 
 
 @functools.cache
@@ -221,6 +223,12 @@ class RunRecord:
     def history(self) -> pa.Table:
         """Every run's plan, commit and fail rows: ``_runs`` merged with the cache, latest row winning
         (:func:`history_sql`), ordered by time."""
+        return self.select(f"SELECT * FROM {HISTORY}").cast(runs_schema())
+
+    def select(self, query: str, params: Sequence[Any] = ()) -> pa.Table:
+        """The answer of ``query``, a DuckDB SELECT reading the history as ``__cf_history`` (``?``
+        placeholders bound to ``params``), run where the history is built: only what it selects
+        leaves DuckDB."""
         cached = self.store.catalog.pending_run_texts()  # before the pin: a flush between is in _runs
         pinned = self.store.catalog.pin_heads([RUNS_TABLE]).get(RUNS_TABLE)
         con = self.store.duckdb()
@@ -228,7 +236,8 @@ class RunRecord:
             durable = None
             if pinned is not None and pinned.commit_seq:
                 durable = Table(self.store, pinned.head).snapshot_at(pinned.commit_seq)
-            return con.sql(history_sql(con, cached, durable)).to_arrow_table().cast(runs_schema())
+            sql = f"WITH {HISTORY} AS ({history_sql(con, cached, durable)}) {query}"
+            return con.sql(sql, params=list(params)).to_arrow_table()
         finally:
             con.close()
 

@@ -27,14 +27,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-from contextful.storage.lazy import lazy_module
+from contextful.storage.run_record import HISTORY
 
 if TYPE_CHECKING:
-    import pyarrow.compute as pc
     from contextful.storage import Store
-else:
-    pc = lazy_module("pyarrow.compute")
 
 SETTLED = ("committed", "failed")
 """The statuses a health observation reads; ``canceled`` and ``planned`` are skipped."""
@@ -60,13 +56,17 @@ class Observation:
 def upstream_health(store: Store, tables: Iterable[str]) -> dict[str, Observation | None]:
     """Per table of ``tables``: its newest settled run (None when no run of it settled)."""
     wanted = list(dict.fromkeys(tables))
-    history = store.runs.history()
-    keep = pc.and_(pc.is_in(history["status"], pa.array(SETTLED)),
-                   pc.is_in(history["table_name"], pa.array(wanted, pa.string())))
-    # history is ordered by recorded_at: the last settled row of a table is its observation
-    settled = history.filter(keep).select(["table_name", "run_id", "status", "recorded_at", "error"]).to_pylist()
     latest: dict[str, Observation | None] = dict.fromkeys(wanted)
-    for row in settled:  # one row per settled run of the wanted tables, not per landed row
+    if not wanted:
+        return latest
+    marks = ", ".join("?" for _ in wanted)
+    # a table's observation is its last settled row in the history's order (time, run id, phase)
+    settled = store.runs.select(
+        f"SELECT table_name, run_id, status, recorded_at, error FROM {HISTORY}"
+        f" WHERE status IN ({', '.join(repr(s) for s in SETTLED)}) AND table_name IN ({marks})"
+        " QUALIFY row_number() OVER (PARTITION BY table_name"
+        " ORDER BY recorded_at DESC, run_id DESC, phase <> 'plan' DESC, phase DESC) = 1", wanted).to_pylist()
+    for row in settled:  # one row per wanted table
         latest[row["table_name"]] = Observation(row["table_name"], row["run_id"], row["status"],
                                                 row["recorded_at"], row["error"])
     return latest

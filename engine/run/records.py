@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from contextful.storage.errors import RunNotFound
+from contextful.storage.run_record import HISTORY
 
 if TYPE_CHECKING:
     from contextful.storage import Store
@@ -30,20 +31,14 @@ def _select(store: Store, where: str, params: list[Any], limit: int | None = Non
     DuckDB: the history can hold a row per run phase for every run ever made, and only the newest
     ``limit`` runs (each its latest row by phase; None: every matching row) reach Python, oldest first
     (runs recorded at the same instant by run id)."""
-    history = store.runs.history()
-    con = store.duckdb()
-    try:
-        con.register("__cf_history", history)
-        rows = f"SELECT * FROM __cf_history WHERE {where}"
-        if limit is None:
-            sql, bind = f"{rows} ORDER BY recorded_at, run_id, phase", params
-        else:
-            latest = f"SELECT * FROM ({rows}) QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY {_RANK} DESC) = 1"
-            newest = f"SELECT * FROM ({latest}) ORDER BY recorded_at DESC, run_id DESC LIMIT ?"
-            sql, bind = f"SELECT * FROM ({newest}) ORDER BY recorded_at, run_id", [*params, limit]
-        return con.sql(sql, params=bind).to_arrow_table().to_pylist()
-    finally:
-        con.close()
+    rows = f"SELECT * FROM {HISTORY} WHERE {where}"
+    if limit is None:
+        sql, bind = f"{rows} ORDER BY recorded_at, run_id, phase", params
+    else:
+        latest = f"SELECT * FROM ({rows}) QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY {_RANK} DESC) = 1"
+        newest = f"SELECT * FROM ({latest}) ORDER BY recorded_at DESC, run_id DESC LIMIT ?"
+        sql, bind = f"SELECT * FROM ({newest}) ORDER BY recorded_at, run_id", [*params, limit]
+    return store.runs.select(sql, bind).to_pylist()
 
 
 def _latest_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
