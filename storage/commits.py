@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from contextful.storage.fence import WriterFence
+
 # --- requirements ------------------------------------------------------------------------------
 
 
@@ -49,7 +51,17 @@ class AssertRecordsPending:
     keys: tuple[tuple[str, str], ...]
 
 
-Requirement = AssertTableUUID | AssertHeadSeq | AssertSchemaId | AssertPartsLive | AssertRecordsPending
+@dataclass(frozen=True)
+class AssertWriter:
+    """The execution attempt the commit is made for still owns its execution (``storage.fence``):
+    its owner row is pending, held by the fence's holder at the fence's attempt. Checked in the
+    commit transaction; a failure is ExecutionWriterFenced and nothing of the commit is visible."""
+
+    fence: WriterFence
+
+
+Requirement = (AssertTableUUID | AssertHeadSeq | AssertSchemaId | AssertPartsLive | AssertRecordsPending
+               | AssertWriter)
 
 # --- updates -----------------------------------------------------------------------------------
 

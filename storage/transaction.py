@@ -36,6 +36,7 @@ from contextful.storage.commits import (
     AddParts,
     AssertSchemaId,
     AssertTableUUID,
+    AssertWriter,
     CommitRequest,
     PartFile,
     RemoveAllParts,
@@ -46,6 +47,7 @@ from contextful.storage.commits import (
 )
 from contextful.storage.cursors import check_cursor
 from contextful.storage.errors import CommitConflict, CommitOutcomeUnknown, ContextfulError, StagingFailed
+from contextful.storage.fence import current_fence
 from contextful.storage.keys import check_keys
 from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
@@ -155,6 +157,7 @@ class RunTransaction:
         self._arrived: list[str] = []
         self._cursor: dict[str, Any] | None = None
         self._extra_requirements: tuple[Requirement, ...] = ()
+        self._fence = current_fence()  # the execution attempt this run writes for (storage.fence)
         self._extra_updates: tuple[Update, ...] = ()
         self._done = False
         self._outcome_unknown = False
@@ -364,10 +367,17 @@ class RunTransaction:
         updates.extend(self._extra_updates)
         request = CommitRequest(
             table=name, run_id=self.run_id, kind=self.kind, manifest=key,
-            requirements=(AssertTableUUID(self._uuid), AssertSchemaId(head.schema_id), *self._extra_requirements),
+            requirements=(AssertTableUUID(self._uuid), AssertSchemaId(head.schema_id), *self._writers(),
+                          *self._extra_requirements),
             updates=tuple(updates), rows=manifest.rows,
         )
         return request, manifest, events
+
+    def _writers(self) -> tuple[AssertWriter, ...]:
+        """The fences this run's commit carries: the one it was begun under and the one in force
+        where it commits (``storage.fence``; usually one and the same)."""
+        fences = dict.fromkeys(f for f in (self._fence, current_fence()) if f is not None)
+        return tuple(AssertWriter(fence) for fence in fences)
 
     def _landed_against(self, head_schema_id: int, head_schema: str | None) -> tuple[pa.Schema, list[DowngradeEvent]]:
         """The schema the run lands in and its events, given where the head is now."""

@@ -21,6 +21,7 @@ class PostgresCatalog(SqlCatalog):
     backend = "postgres"
     placeholder = "%s"
     row_lock = " FOR UPDATE"
+    share_lock = " FOR SHARE"
 
     def __init__(self, dsn: str, schema: str) -> None:
         self.dsn = dsn

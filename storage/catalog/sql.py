@@ -38,6 +38,7 @@ from contextful.storage.commits import (
     AssertRecordsPending,
     AssertSchemaId,
     AssertTableUUID,
+    AssertWriter,
     CommitRequest,
     DeclareOrderBy,
     MarkRecordsFlushed,
@@ -140,6 +141,11 @@ class SqlCatalog(SqlDialect, Catalog):
     row_lock = ""
     """What a ``SELECT`` appends to lock the rows it reads until the transaction ends (PostgreSQL's
     ``FOR UPDATE``; SQLite's writer lock already excludes every other writer)."""
+
+    share_lock = ""
+    """What the owner read of an :class:`AssertWriter` appends (PostgreSQL's ``FOR SHARE``: a
+    takeover's ``FOR UPDATE`` of the owner row waits for the commit, and commits of one attempt on
+    several tables do not wait for each other)."""
 
     def _lock_ddl(self, cur: Any) -> None:
         """Serialize schema creation between processes opening the catalog at once."""
@@ -333,6 +339,8 @@ class SqlCatalog(SqlDialect, Catalog):
                 if live != len(set(req.paths)):
                     raise CommitConflict(table, f"{len(set(req.paths)) - live} part(s) are no longer live",
                                          failed="AssertPartsLive")
+            if isinstance(req, AssertWriter):
+                req.fence.check_sql(cur, lambda statement: statement, self.share_lock)
             if isinstance(req, AssertRecordsPending) and req.keys:
                 pending = 0
                 for run_id, phase in req.keys:
