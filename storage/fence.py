@@ -22,7 +22,7 @@ A run names its fence once, for a block, with :func:`writing_as`; every commit a
 stage added later (a build, an export the control plane dispatches under an execution) is fenced
 without knowing about executions::
 
-    >>> fence = WriterFence("e1", "host:1:ab", 2)
+    >>> fence = WriterFence("e1", "host:1:ab", 2, "sqlite:/srv/store/catalog.sqlite")
     >>> with writing_as(fence):
     ...     current_fence() == fence
     True
@@ -30,12 +30,18 @@ without knowing about executions::
     True
     >>> fence.refusal(None)
     'no owner holds execution e1 any more'
+
+A fence names the journal its owner row lives in (:attr:`WriterFence.journal`). A commit to a
+store whose catalog is that journal's database checks it in the commit transaction. An execution
+over another journal (the file-tree adapter, a journal of another store) cannot be checked in that
+transaction: its commits are checked against the journal immediately before (``verify``, given to
+:func:`writing_as`), check-then-act, which is what the file-tree journal offers everywhere.
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -60,6 +66,8 @@ class WriterFence:
     execution_id: str
     holder: str
     attempt: int
+    journal: str
+    """The location of the journal holding the owner row (``JournalStore.location``)."""
 
     def refusal(self, row: OwnerRow | None) -> str | None:
         """Why the owner ``row`` no longer admits this attempt's writes (None: it does)."""
@@ -96,19 +104,34 @@ class WriterFence:
             raise self.refuse(reason, boundary)
 
 
-_current: contextvars.ContextVar[WriterFence | None] = contextvars.ContextVar("contextful_writer_fence",
-                                                                            default=None)
+@dataclass(frozen=True)
+class _Writing:
+    fence: WriterFence
+    verify: Callable[[], None] | None
+
+
+_current: contextvars.ContextVar[_Writing | None] = contextvars.ContextVar("contextful_writer_fence", default=None)
 
 
 def current_fence() -> WriterFence | None:
     """The fence the writes of this thread (or task) carry now, if any."""
-    return _current.get()
+    writing = _current.get()
+    return None if writing is None else writing.fence
+
+
+def verify_current() -> None:
+    """Check the current fence against its own journal now (ExecutionWriterFenced if it refuses):
+    what a write that cannot carry the fence in its own transaction does immediately before it."""
+    writing = _current.get()
+    if writing is not None and writing.verify is not None:
+        writing.verify()
 
 
 @contextmanager
-def writing_as(fence: WriterFence | None) -> Iterator[WriterFence | None]:
-    """Carry ``fence`` on every store commit and outbox staging made inside the block (None: none)."""
-    token = _current.set(fence)
+def writing_as(fence: WriterFence | None, verify: Callable[[], None] | None = None) -> Iterator[WriterFence | None]:
+    """Carry ``fence`` on every store commit and outbox staging made inside the block (None: none).
+    ``verify`` checks it against its journal, for a write that cannot check it atomically."""
+    token = _current.set(None if fence is None else _Writing(fence, verify))
     try:
         yield fence
     finally:

@@ -47,7 +47,7 @@ from contextful.storage.commits import (
 )
 from contextful.storage.cursors import check_cursor
 from contextful.storage.errors import CommitConflict, CommitOutcomeUnknown, ContextfulError, StagingFailed
-from contextful.storage.fence import current_fence
+from contextful.storage.fence import current_fence, verify_current
 from contextful.storage.keys import check_keys
 from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
@@ -375,9 +375,14 @@ class RunTransaction:
 
     def _writers(self) -> tuple[AssertWriter, ...]:
         """The fences this run's commit carries: the one it was begun under and the one in force
-        where it commits (``storage.fence``; usually one and the same)."""
+        where it commits (``storage.fence``; usually one and the same). A fence over a journal
+        outside this store's catalog cannot ride in the commit: it is verified against its journal
+        now, immediately before the commit (check-then-act)."""
         fences = dict.fromkeys(f for f in (self._fence, current_fence()) if f is not None)
-        return tuple(AssertWriter(fence) for fence in fences)
+        local = self.store.catalog.journal_location
+        if any(fence.journal != local for fence in fences):
+            verify_current()
+        return tuple(AssertWriter(fence) for fence in fences if fence.journal == local)
 
     def _landed_against(self, head_schema_id: int, head_schema: str | None) -> tuple[pa.Schema, list[DowngradeEvent]]:
         """The schema the run lands in and its events, given where the head is now."""

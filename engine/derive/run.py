@@ -221,8 +221,9 @@ def run_derive(store: Store, manifest: Manifest, spec: PipelineSpec, machine: Ma
     ensure_tables(store, tier)
     journal = PullJournal.open(store, spec, cursor_scope(spec), replay=True)
     try:
-        runner = _Runner(store, manifest.root, tier, journal.execution, result, progress)
-        runner.run()
+        with journal.writing():  # every content and marker commit carries this attempt (storage.fence)
+            runner = _Runner(store, manifest.root, tier, journal.execution, result, progress)
+            runner.run()
     except ContextfulError as exc:
         journal.settle(exc)
         raise
@@ -297,7 +298,9 @@ class _Runner:
             self._complete(unit, future.result(), journaled=False)
 
     def _derive(self, unit: dict[str, Any]) -> Answer:
-        """Run one unit (in a pool thread); every failure of the unit is its answer."""
+        """Run one unit (in a pool thread); every failure of the unit is its answer. An attempt known
+        to be fenced (its lease renewal found another holder) starts no unit's engine or task."""
+        self.execution.raise_if_fenced("effect dispatch")
         if self.tier.task is not None:
             return self._host(unit)
         return self._builtin(unit)

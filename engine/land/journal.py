@@ -18,10 +18,19 @@ owner's cancel mark, so a run marked canceled never publishes: it raises :class:
 through the ordinary failure path (its staged rows dropped, its run records closed canceled, its
 position left at its last commit) and :meth:`PullJournal.settle` closes the owner
 ``closed-canceled``.
+
+Fencing (``run.journal.current-owner``, decision "run-substrate-storage"): the run lands inside
+:meth:`PullJournal.writing`, so every commit it makes (checkpoints, the final commit, each table of
+a relational landing) carries its attempt, and every pull it journals and cursor it caches is
+conditional on that attempt too. An attempt whose lease another holder took over (a stalled
+process, a partitioned host) commits nothing, caches nothing and records nothing: each of those
+refuses with :class:`ExecutionWriterFenced`, and the run stops without settling the execution,
+which is the new attempt's.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 from contextful.engine.config.manifest import PipelineSpec
@@ -29,7 +38,8 @@ from contextful.engine.run.execution import Execution, open_execution
 from contextful.engine.run.owners import Scope
 from contextful.engine.run.plan import pipeline_reference
 from contextful.storage import Store
-from contextful.storage.errors import RunCanceled
+from contextful.storage.errors import ExecutionWriterFenced, RunCanceled
+from contextful.storage.fence import WriterFence
 from contextful.storage.transaction import CommitResult
 
 LEASE_S = 300.0
@@ -66,8 +76,14 @@ class PullJournal:
         self.execution.raise_if_canceled()
 
     def before_commit(self) -> None:
-        """A commit boundary: read the cancel mark, so a canceled run publishes nothing."""
+        """A commit boundary: read the cancel mark, so a canceled run publishes nothing. (Whether
+        this attempt still owns the execution is checked by the commit itself: ``writing``.)"""
         self.execution.raise_if_canceled(durable=True)
+
+    def writing(self) -> AbstractContextManager[WriterFence | None]:
+        """The block the run lands in: each of its commits carries this attempt's fence, checked
+        in the catalog's commit transaction (``storage.fence``)."""
+        return self.execution.writing()
 
     def checkpoint(self, position: Any, result: CommitResult) -> None:
         self.execution.cache_cursor({"position": position, "run_id": result.run_id,
@@ -82,6 +98,8 @@ class PullJournal:
         """Close after the run failed by name: ``closed-canceled`` for the Canceled tag, else failed."""
         if self.execution.closed:
             return
+        if isinstance(exc, ExecutionWriterFenced) or self.execution.fenced is not None:
+            return  # another attempt owns the execution now: it is that attempt's to settle
         if isinstance(exc, RunCanceled):
             self.execution.close_canceled()
         else:

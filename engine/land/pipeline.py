@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -147,21 +148,9 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
                            decoder, types=spec.types, normalize=spec.normalize)
     journal = PullJournal.open(store, spec, cursor_scope(spec)) if spec.source.kind in ("files", "http") else None
     try:
-        if spec.source.kind == "http":
-            from contextful.engine.land.walk import run_http_pipeline
-
-            if cancel is None and journal is not None:
-                cancel = journal.execution.cancel_token  # a retry wait ends once the run is canceled
-            result = run_http_pipeline(store, spec, decoder, scope=cursor_scope(spec),
-                                       checkpoint_bytes=checkpoint_bytes, progress=progress, cancel=cancel,
-                                       sleep=sleep, journal=journal)
-        elif spec.source.kind == "receive":
-            from contextful.engine.land.receive.group import drain_queue
-
-            result = drain_queue(store, manifest, spec, decoder)
-        else:
-            result = _run_files(store, manifest, spec, decoder, checkpoint_bytes=checkpoint_bytes,
-                                progress=progress, journal=journal)
+        with journal.writing() if journal is not None else nullcontext():
+            result = _land_source(store, manifest, spec, decoder, journal, checkpoint_bytes=checkpoint_bytes,
+                                  progress=progress, cancel=cancel, sleep=sleep)
     except ContextfulError as exc:
         if journal is not None:
             journal.settle(exc)  # failed or canceled by name: settled; a killed run stays pending instead
@@ -176,6 +165,25 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
         if seeded.warning:
             result.warnings.append(seeded.warning)
     return result
+
+
+def _land_source(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: Decoder,
+                 journal: PullJournal | None, *, checkpoint_bytes: int, progress: Callable[[Progress], None] | None,
+                 cancel: threading.Event | None, sleep: Callable[[float], None] | None) -> PipelineResult:
+    """Land what ``spec``'s source has that the store lacks (an http walk, a receive queue, files)."""
+    if spec.source.kind == "http":
+        from contextful.engine.land.walk import run_http_pipeline
+
+        if cancel is None and journal is not None:
+            cancel = journal.execution.cancel_token  # a retry wait ends once the run is canceled
+        return run_http_pipeline(store, spec, decoder, scope=cursor_scope(spec), checkpoint_bytes=checkpoint_bytes,
+                                 progress=progress, cancel=cancel, sleep=sleep, journal=journal)
+    if spec.source.kind == "receive":
+        from contextful.engine.land.receive.group import drain_queue
+
+        return drain_queue(store, manifest, spec, decoder)
+    return _run_files(store, manifest, spec, decoder, checkpoint_bytes=checkpoint_bytes, progress=progress,
+                      journal=journal)
 
 
 def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: Decoder, *,

@@ -31,6 +31,8 @@ and the stop takes effect at the next boundary, as landing's path does.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -48,12 +50,16 @@ PUBLICATION = "state publication"
 BOUNDARIES = (DISPATCH, PUBLICATION)
 
 
-def fenced_reason(held: HeldOwners, execution: Execution, fences: Sequence[str], now_us: int) -> str | None:
+def fenced_reason(held: HeldOwners, execution: Execution, fences: Sequence[str], now_us: int,
+                  until_us: int | None = None) -> str | None:
     """Why ``execution`` is not its scope's current writer at ``now_us``, or a scope of ``fences``
-    has no pending owner with an unexpired lease (None: admitted)."""
+    has no pending owner with an unexpired lease (None: admitted). ``until_us``: the lease must run
+    past it too (an admitted callback's deadline)."""
     row = held.own
     if execution.closed:
         return "the execution is closed"
+    if execution.fenced is not None:
+        return execution.fenced
     if row is None or row.execution_id != execution.execution_id:
         return f"no owner of scope {execution.scope} holds this execution any more"
     if row.status != PENDING:
@@ -67,6 +73,9 @@ def fenced_reason(held: HeldOwners, execution: Execution, fences: Sequence[str],
                 f"{execution.attempt} of {execution.holder}")
     if row.lease_expires_us <= now_us:
         return f"its owner lease lapsed at {from_us(row.lease_expires_us).isoformat()}"
+    if until_us is not None and row.lease_expires_us <= until_us:
+        return (f"its owner lease runs until {from_us(row.lease_expires_us).isoformat()}, not past the callback's "
+                f"deadline {from_us(until_us).isoformat()}")
     for scope in fences:
         fence = held.others.get(scope)
         if fence is None or fence.status != PENDING:
@@ -76,25 +85,61 @@ def fenced_reason(held: HeldOwners, execution: Execution, fences: Sequence[str],
     return None
 
 
+_holds: Counter[str] = Counter()
+_holds_lock = threading.Lock()
+
+
+def holds_at(location: str) -> int:
+    """Admitted blocks of this process holding owners of the journal at ``location`` now, through
+    any of its handles (the keeper defers renewals a hold there would block: SQLite)."""
+    with _holds_lock:
+        return _holds[location]
+
+
 @contextmanager
-def admit(execution: Execution, boundary: str = DISPATCH, fences: Sequence[str] = ()) -> Iterator[OwnerRow]:
+def _counted_hold(execution: Execution) -> Iterator[None]:
+    location = execution.journal.location
+    with _holds_lock:
+        _holds[location] += 1
+    execution.admissions += 1  # the keeper defers renewing it: a renewal would wait behind the hold
+    try:
+        yield
+    finally:
+        execution.admissions -= 1
+        with _holds_lock:
+            _holds[location] -= 1
+            if not _holds[location]:
+                del _holds[location]
+
+
+@contextmanager
+def admit(execution: Execution, boundary: str = DISPATCH, fences: Sequence[str] = (), *,
+          deadline_s: float | None = None) -> Iterator[OwnerRow]:
     """Hold ``execution``'s owner row, and the owner rows of ``fences`` (the scopes of an item's
     ancestors and its entity fences), through the block if it is the current writer and every
     fence is pending under an unexpired lease; otherwise raise :class:`ExecutionWriterFenced`
-    naming the boundary and why, before the block runs."""
+    naming the boundary and why, before the block runs.
+
+    ``deadline_s`` bounds the admitted callback: the lease is renewed first (outside the hold,
+    where a renewal cannot wait behind it) to run past the deadline with half a lease to spare,
+    and the hold admits only a lease that outlives it. Inside the block,
+    ``execution._held_record`` records a step in the hold (:meth:`Execution.dispatch`)."""
     if boundary not in BOUNDARIES:
         raise ValueError(f"admission boundary {boundary!r} is not one of {BOUNDARIES}")
-    execution.admissions += 1  # the keeper defers renewing it: a renewal would wait behind the hold
-    execution.journal.held_blocks += 1
-    try:
-        with execution.journal.hold_owners(execution.execution_id, fences) as held:
-            reason = fenced_reason(held, execution, fences, execution.clock.now_us())
-            if reason is not None or held.own is None:
-                raise ExecutionWriterFenced(execution.execution_id, execution.attempt, boundary, reason or "")
+    execution.raise_if_fenced(boundary)
+    deadline_us = None if deadline_s is None else int(deadline_s * 1_000_000)
+    if deadline_us is not None:
+        execution.renew(min_lease_us=deadline_us + execution.lease_us // 2)
+    with _counted_hold(execution), execution.journal.hold_owners(execution.execution_id, fences) as held:
+        now = execution.clock.now_us()
+        reason = fenced_reason(held, execution, fences, now, None if deadline_us is None else now + deadline_us)
+        if reason is not None or held.own is None:
+            raise ExecutionWriterFenced(execution.execution_id, execution.attempt, boundary, reason or "")
+        execution._held_record = held.record
+        try:
             yield held.own
-    finally:
-        execution.admissions -= 1
-        execution.journal.held_blocks -= 1
+        finally:
+            execution._held_record = None
 
 
 def drain_admitted(execution: Execution, outbox: OutboxStore, stream: str,

@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 from contextful.engine.run.awakeable import POLL_S, await_resolution, decode_suspension
 from contextful.storage.awakeables import AwakeableStore, awakeable_store_beside
 from contextful.storage.clock import Clock, SystemClock
-from contextful.storage.errors import JournalConflict, RunCanceled
+from contextful.storage.errors import ExecutionWriterFenced, JournalConflict, RunCanceled
+from contextful.storage.fence import DISPATCH, PUBLICATION, WriterFence, writing_as
 from contextful.storage.holders import default_holder, holder_is_dead
 from contextful.storage.journal import (
     CLOSED_CANCELED,
@@ -126,6 +127,9 @@ class Execution:
         self.admissions = 0
         """Admitted blocks in progress (:meth:`admit`): while one holds the owner row, the keeper
         defers this execution's renewal, which would wait behind the hold (and stall every other)."""
+        self.fenced: str | None = None
+        """Why this attempt no longer owns its execution, once it learned so (a renewal the keeper
+        lost, an effect refused): every later effect refuses at once, before any I/O."""
         row = journal.claim(scope, plan_ref, holder, max(clock.now_us(), claim_at_us or 0), lease_us, pins)
         self.execution_id = row.execution_id
         self._observe_mark(row)  # a resumption of an execution marked canceled stops at its first boundary
@@ -146,6 +150,48 @@ class Execution:
     def _check_open(self, seq: int) -> None:
         if self.closed:
             raise JournalConflict(self.execution_id, seq, "the execution is closed")
+        self.raise_if_fenced()
+
+    # --- fencing (run.journal.current-owner, storage.fence) ---------------------------------------
+
+    @property
+    def fence(self) -> WriterFence:
+        """This attempt as a writer: every journal write and store commit it makes carries it."""
+        return WriterFence(self.execution_id, self.holder, self.attempt, self.journal.location)
+
+    def writing(self) -> AbstractContextManager[WriterFence | None]:
+        """A block whose store commits (landing, checkpoints, derive rows, item rows, a build or an
+        export run under this execution) and outbox stagings carry this attempt's fence, checked in
+        the commit's own transaction: once another attempt holds the execution they refuse with
+        ExecutionWriterFenced and nothing of them is visible."""
+        return writing_as(self.fence, self.verify_owner)
+
+    def verify_owner(self, boundary: str = PUBLICATION) -> None:
+        """Read the owner row now and raise ExecutionWriterFenced unless it still admits this
+        attempt (marking it fenced): the check a write that cannot carry the fence makes first."""
+        self.raise_if_fenced(boundary)
+        reason = self.fence.refusal(self.journal.owner(self.scope))
+        if reason is not None:
+            self.mark_fenced(reason)
+            raise ExecutionWriterFenced(self.execution_id, self.attempt, boundary, reason)
+
+    def mark_fenced(self, reason: str) -> None:
+        """Record that this attempt lost its execution (the keeper calls it when a renewal fails)."""
+        if self.fenced is None:
+            self.fenced = reason
+
+    def raise_if_fenced(self, boundary: str = PUBLICATION) -> None:
+        """ExecutionWriterFenced at once if this attempt is known to have lost its execution."""
+        if self.fenced is not None:
+            raise ExecutionWriterFenced(self.execution_id, self.attempt, boundary, self.fenced)
+
+    def _fenced_write(self, write: Callable[[], Any]) -> Any:
+        """Run a fenced journal write; a refusal marks this attempt fenced and propagates."""
+        try:
+            return write()
+        except ExecutionWriterFenced as exc:
+            self.mark_fenced(str(exc.fields.get("reason") or exc.detail))
+            raise
 
     # --- steps ------------------------------------------------------------------------------------
 
@@ -160,7 +206,36 @@ class Execution:
         seq = self._next_seq
         stored = self._replayed(seq, label)
         if stored is None:
-            stored = self.journal.record(self.execution_id, seq, label, _encode(compute()), self.clock.now_us())
+            value = _encode(compute())
+            stored = self._fenced_write(lambda: self.journal.record(self.execution_id, seq, label, value,
+                                                                    self.clock.now_us(), fence=self.fence))
+        self._next_seq = seq + 1
+        return _decode(stored)
+
+    def dispatch(self, label: str, call: Callable[[], StepValue], *, deadline_s: float,
+                 fences: Sequence[str | Scope] = ()) -> StepValue:
+        """Record-or-replay the next step as an admitted callback (``run.journal.durable-dispatch``):
+        a paid provider call or a destination delivery, made at most once per recorded step.
+
+        A step recorded before returns its value and ``call`` is not made. Otherwise the owner lease
+        is renewed first to outlive ``deadline_s`` (the callback's bound), the attempt is admitted
+        to effect dispatch (:meth:`admit`: still the current writer, its lease running past the
+        deadline, each of ``fences`` pending under a lease), ``call`` runs under the hold, and its
+        value is recorded before the hold is released: a takeover waits for the hold (PostgreSQL,
+        SQLite) and then reads the recorded value instead of calling again.
+        """
+        seq = self._next_seq
+        stored = self._replayed(seq, label)
+        if stored is None:
+            with self.admit(DISPATCH, fences=fences, deadline_s=deadline_s) as _owner:
+                value = _encode(call())
+                held = self._held_record
+                assert held is not None
+                stored_row = held(StepRow(self.execution_id, seq, label, value, self.clock.now_us()))
+            if stored_row.label != label:
+                raise JournalConflict(self.execution_id, seq, f"step {seq} was recorded as {stored_row.label!r}; "
+                                      f"this attempt offers {label!r}")
+            stored = stored_row.value
         self._next_seq = seq + 1
         return _decode(stored)
 
@@ -198,8 +273,8 @@ class Execution:
         before it are the pulls the checkpoint committed, which :meth:`collect_steps` removes.
         """
         self._check_open(self._next_seq)
-        self.journal.cache_cursor(self.execution_id, self.holder, _canonical_json(value),
-                                  replay_from=self._next_seq)
+        self._fenced_write(lambda: self.journal.cache_cursor(self.execution_id, self.holder, _canonical_json(value),
+                                                             replay_from=self._next_seq, fence=self.fence))
         self.cached_cursor = value
         self._replay_from = self._next_seq
 
@@ -207,18 +282,24 @@ class Execution:
         """Delete every step still recorded: a resumption that pulls afresh from its cached
         position replays none of the pulls made after it."""
         self._recorded = {}
-        return self.journal.collect(self.execution_id)
+        collected: int = self._fenced_write(lambda: self.journal.collect(self.execution_id, fence=self.fence))
+        return collected
 
     def collect_steps(self) -> int:
         """Delete the recorded steps the last cached cursor covers; return how many."""
-        return self.journal.collect(self.execution_id, below=self._replay_from)
+        collected: int = self._fenced_write(
+            lambda: self.journal.collect(self.execution_id, below=self._replay_from, fence=self.fence))
+        return collected
 
     # --- lease, retry, capabilities -----------------------------------------------------------------
 
-    def renew(self) -> None:
-        """Extend the owner lease by ``lease_s`` from now; JournalConflict if it was lost."""
+    def renew(self, min_lease_us: int = 0) -> None:
+        """Extend the owner lease by ``lease_s`` (or ``min_lease_us``, when longer) from now. A lost
+        owner raises ExecutionWriterFenced (or JournalConflict once closed) and marks this attempt
+        fenced, so its next effect refuses at once."""
         self._check_open(self._next_seq)
-        row = self.journal.renew(self.execution_id, self.holder, self.clock.now_us(), self.lease_us)
+        row = self._fenced_write(lambda: self.journal.renew(self.execution_id, self.holder, self.clock.now_us(),
+                                                            max(self.lease_us, min_lease_us), fence=self.fence))
         self.lease_expires_us = row.lease_expires_us
         self._observe_mark(row)
 
@@ -276,7 +357,8 @@ class Execution:
 
     def _settle(self, status: str) -> None:
         self._check_open(self._next_seq)
-        self.journal.close(self.execution_id, self.holder, status, self.clock.now_us())
+        self._fenced_write(lambda: self.journal.close(self.execution_id, self.holder, status, self.clock.now_us(),
+                                                      fence=self.fence))
         self.closed = True
         if self.keeper is not None:
             self.keeper.deregister(self)
@@ -296,7 +378,9 @@ class Execution:
 
     def raise_if_canceled(self, *, durable: bool = False) -> None:
         """Raise :class:`RunCanceled` (the Canceled tag) once the token is set. ``durable``: read the
-        mark first, so a boundary that publishes (a commit) sees a cancel the keeper has not yet fed."""
+        mark first, so a boundary that publishes (a commit) sees a cancel the keeper has not yet fed.
+        A boundary also stops an attempt known to be fenced (ExecutionWriterFenced)."""
+        self.raise_if_fenced()
         if durable and not self.cancel_token.is_set():
             self.poll_cancel()
         if self.cancel_token.is_set():
@@ -308,13 +392,18 @@ class Execution:
 
     # --- admission (run.journal.current-owner, run.journal.durable-dispatch) ------------------------
 
-    def admit(self, boundary: str = "effect dispatch", *,
-              fences: Sequence[str | Scope] = ()) -> AbstractContextManager[OwnerRow]:
+    _held_record: Callable[[StepRow], StepRow] | None = None
+    """While :meth:`admit` holds the owner row: records a step inside the hold (``HeldOwners.record``)."""
+
+    def admit(self, boundary: str = "effect dispatch", *, fences: Sequence[str | Scope] = (),
+              deadline_s: float | None = None) -> AbstractContextManager[OwnerRow]:
         """Admit this attempt to ``boundary`` (``"effect dispatch"`` or ``"state publication"``)
         for the block: immediately before it, the durable owner row must still be this execution's,
         pending, under this plan and pins, leased to this holder's active attempt, and each scope of
         ``fences`` (an item's ancestors, its entity fences) pending under an unexpired lease, or
-        ExecutionWriterFenced is raised and the block never runs. The rows stay held through the
+        ExecutionWriterFenced is raised and the block never runs. With ``deadline_s`` (the bound of
+        the admitted callback) the lease is renewed first and must run past that deadline, so no
+        takeover can come due while the callback runs. The rows stay held through the
         block (:func:`contextful.engine.run.dispatch.admit` says what each adapter holds)::
 
             with execution.admit():
@@ -323,7 +412,8 @@ class Execution:
         """
         from contextful.engine.run.dispatch import admit
 
-        return admit(self, boundary, [fence if isinstance(fence, str) else fence.key for fence in fences])
+        return admit(self, boundary, [fence if isinstance(fence, str) else fence.key for fence in fences],
+                     deadline_s=deadline_s)
 
 
 def open_execution(journal: JournalStore, scope: str | Scope, plan_ref: str, *, holder: str | None = None,

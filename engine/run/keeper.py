@@ -7,6 +7,13 @@ the handle (garbage collection, the process ending), deregisters it. The keeper 
 execution by weak reference only, and a drop writes nothing: the owner stays pending and its lease
 lapses, as after a crash (``run.own.unclosed-execution``).
 
+A renewal that fails because another attempt holds the owner now marks the execution fenced
+(:meth:`Execution.mark_fenced`): its next effect refuses with ExecutionWriterFenced at once
+(``run.journal.current-owner``). On its own thread the keeper hands each due renewal or poll to a
+small pool, so one renewal waiting on a slow or locked catalog never lets the other leases lapse;
+renewals that an admitted callback's hold would block (SQLite's write lock, counted per journal
+location whichever handle holds it) are deferred until the hold ends.
+
 For each registered execution the keeper keeps two deadlines on its own clock: the renewal, half
 a lease after the last one, and the cancel poll, :data:`CANCEL_POLL_S` after the last read. Both
 sit in one heap, and the keeper's thread sleeps on a condition variable until the earliest of
@@ -28,11 +35,12 @@ import logging
 import os
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from contextful.storage.clock import Clock, SystemClock
-from contextful.storage.errors import JournalConflict, TransientError
+from contextful.storage.errors import ExecutionWriterFenced, JournalConflict, TransientError
 
 if TYPE_CHECKING:
     from contextful.engine.run.execution import Execution
@@ -41,6 +49,10 @@ log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 1.0
 """How often the keeper reads a registered execution's cancel mark between renewals."""
+
+RENEWAL_THREADS = 8
+"""Renewals and polls the keeper's thread has in flight at once, each on a thread of its own: a
+renewal that waits (a catalog's busy timeout, a slow network) holds up only its own execution."""
 
 
 @dataclass(eq=False)
@@ -68,7 +80,10 @@ class Keeper:
         self._entries: dict[int, _Entry] = {}  # id(execution) -> its entry, while registered
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        self._renewers: ThreadPoolExecutor | None = None
+        """Where the thread's renewals run (None: :meth:`tick` renews inline, as tests drive it)."""
         if start:
+            self._renewers = ThreadPoolExecutor(RENEWAL_THREADS, thread_name_prefix="contextful-keeper-renewal")
             self._thread = threading.Thread(target=self._run, name="contextful-keeper", daemon=True)
             self._thread.start()
 
@@ -124,13 +139,24 @@ class Keeper:
                 if not entry.gone:
                     due.append(entry)
         for entry in due:  # journal I/O outside the lock: registering never waits on a catalog
-            if self._keep(entry, now):
-                with self._cond:
-                    if not entry.gone:
-                        self._push(entry)
-            else:
-                self._forget_entry(entry)
+            if self._renewers is None:
+                self._finish(entry, self._keep(entry, now))
+            else:  # each on a thread of its own: one slow or blocked renewal never delays the others
+                self._renewers.submit(self._keep_then_finish, entry, now)
         return self.next_due_us()
+
+    def _keep_then_finish(self, entry: _Entry, now: int) -> None:
+        self._finish(entry, self._keep(entry, now))
+
+    def _finish(self, entry: _Entry, kept: bool) -> None:
+        """Put ``entry`` back on the heap for its next deadline, or forget it; wake the thread."""
+        if not kept:
+            self._forget_entry(entry)
+            return
+        with self._cond:
+            if not entry.gone:
+                self._push(entry)
+            self._cond.notify_all()
 
     def _keep(self, entry: _Entry, now: int) -> bool:
         """One renewal or poll of ``entry``; False once its execution is gone, closed or lost."""
@@ -147,9 +173,11 @@ class Keeper:
             else:
                 execution.poll_cancel()
             entry.poll_due_us = now + self.poll_us
-        except JournalConflict as exc:  # the lease was lost, or the execution closed meanwhile
+        except (JournalConflict, ExecutionWriterFenced) as exc:  # the lease was lost, or it closed meanwhile
             if not execution.closed:
-                log.warning("keeper: execution %s lost its owner: %s", entry.execution_id, exc.detail)
+                # its next effect refuses at once (run.journal.current-owner), not at the next commit
+                execution.mark_fenced(f"the keeper's renewal found the owner lost: {exc.detail}")
+                log.warning("keeper: execution %s lost its owner; it is fenced: %s", entry.execution_id, exc.detail)
             return False
         except TransientError as exc:  # a catalog hiccup: tried again after a poll interval
             if entry.renew_due_us <= now:
@@ -196,9 +224,12 @@ class Keeper:
 
 def _held(execution: Execution) -> bool:
     """Whether renewing ``execution`` now would wait behind an admitted callback's hold: its own, or
-    any on its journal where a hold blocks every owner write (SQLite)."""
+    any on its journal (whichever handle of this process opened it) where a hold blocks every owner
+    write (SQLite)."""
+    from contextful.engine.run.dispatch import holds_at
+
     journal = execution.journal
-    return bool(execution.admissions or (journal.hold_blocks_every_owner_write and journal.held_blocks))
+    return bool(execution.admissions or (journal.hold_blocks_every_owner_write and holds_at(journal.location)))
 
 
 _engine_keeper: Keeper | None = None

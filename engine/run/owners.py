@@ -36,6 +36,7 @@ from contextful.engine.run.bodies import IMPLEMENTATION_PIN, INPUT_PIN
 from contextful.engine.run.rewind import ensure_rewind_safe
 from contextful.storage.clock import Clock, SystemClock
 from contextful.storage.errors import ArgumentInvalid, ExecutionRewindUnsafe, JournalConflict
+from contextful.storage.holders import holder_is_dead
 from contextful.storage.journal import PENDING, JournalStore, OwnerRow
 
 TABLE, CHUNK, HOST = "table", "backfill-chunk", "host"
@@ -138,7 +139,8 @@ def retire_superseded(journal: JournalStore, owners: Iterable[OwnerRow], declare
             continue
         try:
             ensure_rewind_safe(journal, owner, now)
-            retired.append(journal.retire(owner.execution_id, now))
+            # conditional on the row the check read: a claim since then refuses instead of retiring
+            retired.append(journal.retire(owner.execution_id, now, expect=owner, holder_dead=holder_is_dead))
         except ExecutionRewindUnsafe as exc:
             refused.append(exc)
             print(f"apply: execution {owner.execution_id} on {owner.scope} is superseded but stays pending: "

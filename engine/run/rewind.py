@@ -40,7 +40,8 @@ def rewind(journal: JournalStore, execution_id: str, reason: str, *, clock: Cloc
     if owner.status != PENDING:
         raise ExecutionNotFound(execution_id, f"its owner on {owner.scope} is {owner.status}, not pending")
     ensure_rewind_safe(journal, owner, now, awakeables)
-    return Rewound(journal.retire(execution_id, now), reason)
+    # conditional on the row the check read: a claim or renewal since then refuses, never retires
+    return Rewound(journal.retire(execution_id, now, expect=owner, holder_dead=holder_is_dead), reason)
 
 
 def ensure_rewind_safe(journal: JournalStore, owner: OwnerRow, now_us: int,

@@ -233,7 +233,8 @@ class Sweep:
         def compute() -> dict[str, Any]:
             con = self.connect(origin)
             try:
-                results = list(body(origin, con))
+                with self.execution.writing():  # the origin's commits carry this attempt (storage.fence)
+                    results = list(body(origin, con))
             finally:
                 con.close()
             return {"commits": {r.table: r.commit_seq for r in results if r.table in self.outputs}}

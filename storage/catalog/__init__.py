@@ -102,6 +102,12 @@ class Catalog(ABC):
 
     backend: str
 
+    @property
+    def journal_location(self) -> str | None:
+        """The location of the journal store that lives in this catalog's database (its owner rows
+        are what a commit's :class:`~contextful.storage.commits.AssertWriter` reads); None: none."""
+        return None
+
     @abstractmethod
     def bind_store(self, store_uuid: str, root: str) -> None:
         """Record the store this catalog serves; refuse a catalog that serves another store."""

@@ -28,6 +28,11 @@ class PostgresCatalog(SqlCatalog):
         self.schema = schema
         super().__init__()
 
+    @property
+    def journal_location(self) -> str | None:
+        # the journal store beside this catalog shares its schema (storage.journal.postgres)
+        return f"postgres:{self.dsn}:{self.schema}"
+
     def _connect(self) -> Any:
         # The schema is created in _lock_ddl, after the probe: a read-only server must refuse
         # with ConditionalWriteUnsupported, not fail on the first DDL statement.

@@ -48,6 +48,11 @@ class SqliteCatalog(SqlCatalog):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         super().__init__()
 
+    @property
+    def journal_location(self) -> str | None:
+        # the journal store beside this catalog opens the same file (storage.journal.sqlite)
+        return None if self.path.startswith("file:") else f"sqlite:{os.path.realpath(self.path)}"
+
     def _open(self, timeout: float) -> sqlite3.Connection:
         uri = self.path if self.path.startswith("file:") else f"file:{os.path.abspath(self.path)}"
         conn = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None, check_same_thread=False)

@@ -32,10 +32,12 @@ from dataclasses import dataclass, replace
 from contextful.storage.clock import SystemClock, from_us
 from contextful.storage.errors import (
     CancelTargetNotInFlight,
+    ExecutionRewindUnsafe,
     JournalConflict,
     OwnerPinsMismatch,
     OwnerPlanMismatch,
 )
+from contextful.storage.fence import WriterFence
 
 PENDING = "pending"
 CLOSED_OK = "closed-ok"
@@ -84,6 +86,15 @@ class OwnerRow:
 
 
 @dataclass(frozen=True)
+class StepRow:
+    execution_id: str
+    seq: int
+    label: str
+    value: bytes
+    recorded_us: int
+
+
+@dataclass(frozen=True)
 class HeldOwners:
     """What :meth:`JournalStore.hold_owners` read and holds."""
 
@@ -91,15 +102,11 @@ class HeldOwners:
     """The row holding the execution; None when a claim replaced its execution or none holds it."""
     others: dict[str, OwnerRow]
     """The rows of the other scopes asked for, by scope (a scope with no owner row is absent)."""
-
-
-@dataclass(frozen=True)
-class StepRow:
-    execution_id: str
-    seq: int
-    label: str
-    value: bytes
-    recorded_us: int
+    record: Callable[[StepRow], StepRow]
+    """Record a step inside the hold (``run.journal.durable-dispatch``: an admitted callback's value
+    is durable before the hold is released): first writer wins, as :meth:`JournalStore.record`.
+    The SQL adapters write it in the held transaction, so it lands with the hold's end; the file
+    tree writes it under its owner lock, conditional on the row the hold read."""
 
 
 def canonical_pins(pins: Mapping[str, str] | None) -> str:
@@ -111,8 +118,14 @@ def _held_reason(row: OwnerRow) -> str:
     return f"held by {row.holder} until {from_us(row.lease_expires_us).isoformat()}"
 
 
-def _require_held(row: OwnerRow | None, execution_id: str, holder: str | None) -> OwnerRow:
-    """The row, if ``execution_id`` is its pending execution and (unless None) ``holder`` holds it."""
+def _require_held(row: OwnerRow | None, execution_id: str, holder: str | None,
+                  fence: WriterFence | None = None) -> OwnerRow:
+    """The row, if ``execution_id`` is its pending execution and (unless None) ``holder`` holds it;
+    with ``fence``, the row must still admit that attempt (ExecutionWriterFenced otherwise)."""
+    if fence is not None:
+        reason = fence.refusal(row)
+        if reason is not None:
+            raise fence.refuse(reason)
     if row is None or row.execution_id != execution_id:
         raise JournalConflict(execution_id, 0, "no owner holds this execution any more")
     if row.status != PENDING:
@@ -128,8 +141,11 @@ class JournalStore(ABC):
     hold_blocks_every_owner_write = False
     """Whether :meth:`hold_owners` holds every owner write of the store, other scopes' too (SQLite's
     database write lock), not only the rows it names (PostgreSQL's row locks)."""
-    held_blocks = 0
-    """Admitted blocks of this process holding owners of this store now (``engine.run.dispatch``)."""
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the journal lives (a SQLite file's absolute path, a PostgreSQL DSN and schema, a
+        file tree's root): two handles on one journal answer the same location."""
 
     # --- adapter primitives ---------------------------------------------------------------------
 
@@ -142,8 +158,9 @@ class JournalStore(ABC):
         propagates."""
 
     @abstractmethod
-    def _insert_step(self, row: StepRow) -> StepRow:
-        """Insert ``row`` unless its ``(execution_id, seq)`` is present; return the stored row."""
+    def _insert_step(self, row: StepRow, fence: WriterFence | None = None) -> StepRow:
+        """Insert ``row`` unless its ``(execution_id, seq)`` is present; return the stored row. With
+        ``fence``, check it in the same atomic step and raise ExecutionWriterFenced if it refuses."""
 
     @abstractmethod
     def owner(self, scope: str) -> OwnerRow | None: ...
@@ -157,8 +174,9 @@ class JournalStore(ABC):
         """The execution's recorded steps, ordered by sequence number."""
 
     @abstractmethod
-    def collect(self, execution_id: str, below: int | None = None) -> int:
-        """Delete the execution's steps (those with ``seq < below`` when given); return how many."""
+    def collect(self, execution_id: str, below: int | None = None, fence: WriterFence | None = None) -> int:
+        """Delete the execution's steps (those with ``seq < below`` when given); return how many.
+        With ``fence``, only while that attempt owns the execution (ExecutionWriterFenced otherwise)."""
 
     @abstractmethod
     def hold_owners(self, execution_id: str, scopes: Sequence[str] = ()) -> AbstractContextManager[HeldOwners]:
@@ -210,38 +228,63 @@ class JournalStore(ABC):
 
         return self._swap_owner(change, scope=scope)
 
-    def renew(self, execution_id: str, holder: str, now_us: int, lease_us: int) -> OwnerRow:
-        """Extend ``holder``'s lease to ``now_us + lease_us``; JournalConflict if it lost the owner."""
-        return self._swap_owner(
-            lambda row: replace(_require_held(row, execution_id, holder), lease_expires_us=now_us + lease_us),
-            execution_id=execution_id)
+    def renew(self, execution_id: str, holder: str, now_us: int, lease_us: int,
+              fence: WriterFence | None = None) -> OwnerRow:
+        """Extend ``holder``'s lease to ``now_us + lease_us``; JournalConflict if it lost the owner
+        (ExecutionWriterFenced when ``fence``, its attempt, no longer holds it)."""
+
+        def change(row: OwnerRow | None) -> OwnerRow:
+            return replace(_require_held(row, execution_id, holder, fence), lease_expires_us=now_us + lease_us)
+
+        return self._swap_owner(change, execution_id=execution_id)
 
     def cache_cursor(self, execution_id: str, holder: str, value: str | None,
-                     replay_from: int | None = None) -> OwnerRow:
+                     replay_from: int | None = None, fence: WriterFence | None = None) -> OwnerRow:
         """Cache a checkpoint's cursor (JSON text) on the pending owner, and with it, atomically,
         the step a resumption replays from (unchanged when None)."""
 
         def change(row: OwnerRow | None) -> OwnerRow:
-            held = _require_held(row, execution_id, holder)
+            held = _require_held(row, execution_id, holder, fence)
             return replace(held, cursor=value,
                            replay_from=held.replay_from if replay_from is None else replay_from)
 
         return self._swap_owner(change, execution_id=execution_id)
 
-    def close(self, execution_id: str, holder: str, status: str, now_us: int) -> OwnerRow:
+    def close(self, execution_id: str, holder: str, status: str, now_us: int,
+              fence: WriterFence | None = None) -> OwnerRow:
         """Settle ``holder``'s pending owner as ``closed-ok``, ``closed-failed`` or ``closed-canceled``."""
         if status not in (CLOSED_OK, CLOSED_FAILED, CLOSED_CANCELED):
             raise ValueError(f"close takes {CLOSED_OK!r}, {CLOSED_FAILED!r} or {CLOSED_CANCELED!r}, not {status!r}")
         return self._swap_owner(
-            lambda row: replace(_require_held(row, execution_id, holder), status=status, closed_us=now_us),
+            lambda row: replace(_require_held(row, execution_id, holder, fence), status=status, closed_us=now_us),
             execution_id=execution_id)
 
-    def retire(self, execution_id: str, now_us: int) -> OwnerRow:
+    def retire(self, execution_id: str, now_us: int, *, expect: OwnerRow | None = None,
+               holder_dead: Callable[[str | None], bool] | None = None) -> OwnerRow:
         """Retire a pending owner whoever holds it (an operator's rewind or an applied declaration);
-        the scope's next claim opens a fresh execution."""
-        return self._swap_owner(
-            lambda row: replace(_require_held(row, execution_id, None), status=RETIRED, closed_us=now_us),
-            execution_id=execution_id)
+        the scope's next claim opens a fresh execution.
+
+        ``expect`` is the row the caller's safety check read (``run.own.rewind-unsafe``): the retiring
+        write is conditional on it, in the same atomic step — the same holder at the same attempt
+        under the same lease, and that lease lapsed at ``now_us`` unless ``holder_dead`` proves its
+        holder dead — so a claim or renewal landing between the check and the write makes the
+        retirement refuse with ExecutionRewindUnsafe instead of retiring a running attempt."""
+
+        def change(row: OwnerRow | None) -> OwnerRow:
+            held = _require_held(row, execution_id, None)
+            if expect is not None:
+                if (held.holder, held.attempts, held.lease_expires_us) != (
+                        expect.holder, expect.attempts, expect.lease_expires_us):
+                    raise ExecutionRewindUnsafe(execution_id, f"attempt {held.attempts} of {held.holder} claimed or "
+                                                f"renewed it after the check, leased until "
+                                                f"{from_us(held.lease_expires_us).isoformat()}")
+                if held.lease_expires_us > now_us and not (holder_dead is not None and holder_dead(held.holder)):
+                    raise ExecutionRewindUnsafe(execution_id, f"attempt {held.attempts} of {held.holder} holds the "
+                                                f"owner lease on {held.scope} until "
+                                                f"{from_us(held.lease_expires_us).isoformat()}")
+            return replace(held, status=RETIRED, closed_us=now_us)
+
+        return self._swap_owner(change, execution_id=execution_id)
 
     def request_cancel(self, execution_id: str, now_us: int) -> OwnerRow:
         """Mark ``execution_id``'s pending owner canceled (``run.cancel.not-in-flight``, decision
@@ -259,15 +302,20 @@ class JournalStore(ABC):
 
     # --- steps ------------------------------------------------------------------------------------
 
-    def record(self, execution_id: str, seq: int, label: str, value: bytes, now_us: int | None = None) -> bytes:
+    def record(self, execution_id: str, seq: int, label: str, value: bytes, now_us: int | None = None,
+               fence: WriterFence | None = None) -> bytes:
         """Record ``value`` as step ``seq`` unless a value is there; return the stored value.
 
         A second writer of the step (a retry, a resumed attempt, a racing process) gets the first
         recorded value back and no error: replay reads what the first attempt saw. A step recorded
         under another label means the replay diverged from the recording: JournalConflict.
+
+        With ``fence`` the insert is conditional on that attempt still owning the execution, checked
+        in the same atomic step (ExecutionWriterFenced otherwise, nothing recorded): an attempt
+        whose lease another holder took over records nothing into the execution it lost.
         """
         recorded_us = SystemClock().now_us() if now_us is None else now_us
-        stored = self._insert_step(StepRow(execution_id, seq, label, bytes(value), recorded_us))
+        stored = self._insert_step(StepRow(execution_id, seq, label, bytes(value), recorded_us), fence)
         if stored.label != label:
             raise JournalConflict(execution_id, seq,
                                   f"step {seq} was recorded as {stored.label!r}; this attempt offers {label!r}")

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 
 from contextful.storage.errors import ConditionalWriteUnsupported
+from contextful.storage.fence import WriterFence
 from contextful.storage.journal import HeldOwners, JournalStore, OwnerRow, StepRow
 from contextful.storage.objects import TMP_MARK, ObjectStore
 
@@ -44,6 +45,10 @@ class FileJournalStore(JournalStore):
             raise ConditionalWriteUnsupported(
                 f"files:{objects.url}", "the file-tree journal takes its owner lock with flock on a local root")
         self.objects = objects
+
+    @property
+    def location(self) -> str:
+        return f"files:{os.path.realpath(self.objects.root)}"
 
     # --- keys ---------------------------------------------------------------------------------
 
@@ -106,7 +111,15 @@ class FileJournalStore(JournalStore):
             row = None if scope is None else self._read_owner(self.owner_key(scope))
             others = {other.scope: other for other in map(self._read_owner, map(self.owner_key, scopes))
                       if other is not None}
-        yield HeldOwners(row if row is not None and row.execution_id == execution_id else None, others)
+        own = row if row is not None and row.execution_id == execution_id else None
+
+        def record(step: StepRow) -> StepRow:
+            # nothing was held: the step lands only while the row the hold read is still the owner's
+            if own is None:
+                return self._insert_step(step)
+            return self._insert_step(step, WriterFence(execution_id, own.holder or "", own.attempts, self.location))
+
+        yield HeldOwners(own, others, record)
 
     def owner(self, scope: str) -> OwnerRow | None:
         return self._read_owner(self.owner_key(scope))
@@ -118,11 +131,27 @@ class FileJournalStore(JournalStore):
 
     # --- steps --------------------------------------------------------------------------------
 
-    def _insert_step(self, row: StepRow) -> StepRow:
+    def _insert_step(self, row: StepRow, fence: WriterFence | None = None) -> StepRow:
         key = self.step_key(row.execution_id, row.seq)
         payload = {"label": row.label, "value": base64.b64encode(row.value).decode(), "recorded_us": row.recorded_us}
-        self.objects.put_if_absent(key, json.dumps(payload).encode())
+        with self._fenced(fence):
+            self.objects.put_if_absent(key, json.dumps(payload).encode())
         return self._read_step(row.execution_id, row.seq, key)
+
+    @contextlib.contextmanager
+    def _fenced(self, fence: WriterFence | None) -> Iterator[None]:
+        """Hold the owner lock through the block if ``fence`` still owns its execution (every owner
+        write takes that lock, so no takeover lands before the block's write); ExecutionWriterFenced
+        otherwise. No fence: no lock."""
+        if fence is None:
+            yield
+            return
+        with self._owner_lock():
+            scope = self._scope_of(fence.execution_id)
+            reason = fence.refusal(None if scope is None else self._read_owner(self.owner_key(scope)))
+            if reason is not None:
+                raise fence.refuse(reason)
+            yield
 
     def _read_step(self, execution_id: str, seq: int, key: str) -> StepRow:
         doc = json.loads(self.objects.get_bytes(key))
@@ -139,7 +168,8 @@ class FileJournalStore(JournalStore):
     def steps(self, execution_id: str) -> list[StepRow]:
         return [self._read_step(execution_id, seq, key) for seq, key in self._step_keys(execution_id)]
 
-    def collect(self, execution_id: str, below: int | None = None) -> int:
-        doomed = [key for seq, key in self._step_keys(execution_id) if below is None or seq < below]
-        self.objects.delete(doomed)
+    def collect(self, execution_id: str, below: int | None = None, fence: WriterFence | None = None) -> int:
+        with self._fenced(fence):
+            doomed = [key for seq, key in self._step_keys(execution_id) if below is None or seq < below]
+            self.objects.delete(doomed)
         return len(doomed)

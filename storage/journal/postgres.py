@@ -28,6 +28,10 @@ class PostgresJournalStore(PostgresSchemaPort, SqlJournalStore):
     row_lock = " FOR UPDATE"
     row_share = " FOR SHARE"
 
+    @property
+    def location(self) -> str:
+        return f"postgres:{self.dsn}:{self.schema}"
+
     def _lock_scope(self, cur: Any, scope: str) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     (f"contextful-journal-owner:{self.schema}:{scope}",))

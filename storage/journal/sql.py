@@ -16,6 +16,7 @@ from typing import Any
 
 from contextful.storage.dbapi import CommitUnheard, SqlDialect
 from contextful.storage.errors import CommitOutcomeUnknown, ContextfulError
+from contextful.storage.fence import WriterFence
 from contextful.storage.journal import HeldOwners, JournalStore, OwnerRow, StepRow
 
 OWNER_COLUMNS = ("scope", "execution_id", "plan_ref", "status", "holder", "lease_expires_us", "opened_us",
@@ -144,7 +145,17 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
                     cur.execute(self._sql(f"{_SELECT_OWNER} WHERE scope IN ({marks}) ORDER BY scope{self.row_share}"),
                                 tuple(scopes))
                     others = {row.scope: row for row in (OwnerRow(*found) for found in cur.fetchall())}
-            yield HeldOwners(own, others)
+
+            def record(step: StepRow) -> StepRow:
+                # in the held transaction: the value is durable exactly when the hold ends
+                with self._mapped_errors():
+                    if self._try_insert(cur, step):
+                        return step
+                    cur.execute(self._sql(f"{_SELECT_STEP} WHERE execution_id = ? AND seq = ?"),
+                                (step.execution_id, step.seq))
+                    return _step(cur.fetchone())
+
+            yield HeldOwners(own, others, record)
             with self._mapped_errors():
                 cur.execute("COMMIT")
         finally:
@@ -159,16 +170,21 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
 
     # --- steps ----------------------------------------------------------------------------------
 
-    def _insert_step(self, row: StepRow) -> StepRow:
+    def _try_insert(self, cur: Any, row: StepRow) -> bool:
+        cur.execute(self._sql("INSERT INTO cf_journal_steps (execution_id, seq, label, value, recorded_us)"
+                              " VALUES (?, ?, ?, ?, ?) ON CONFLICT (execution_id, seq) DO NOTHING"
+                              " RETURNING seq"),
+                    (row.execution_id, row.seq, row.label, row.value, row.recorded_us))
+        return cur.fetchone() is not None
+
+    def _insert_step(self, row: StepRow, fence: WriterFence | None = None) -> StepRow:
         def insert(cur: Any) -> bool:
-            cur.execute(self._sql("INSERT INTO cf_journal_steps (execution_id, seq, label, value, recorded_us)"
-                                  " VALUES (?, ?, ?, ?, ?) ON CONFLICT (execution_id, seq) DO NOTHING"
-                                  " RETURNING seq"),
-                        (row.execution_id, row.seq, row.label, row.value, row.recorded_us))
-            return cur.fetchone() is not None
+            if fence is not None:  # in the insert's transaction: a takeover serializes before or after it
+                fence.check_sql(cur, self._sql, self.row_share)
+            return self._try_insert(cur, row)
 
         while True:  # bounded in practice: it loops only if a collect removes the step in between
-            if self._write(insert, rerun_unheard=True, one_statement=True):
+            if self._write(insert, rerun_unheard=True, one_statement=fence is None):
                 return row  # this write stored it: one round trip in the common case
             stored = self._query(f"{_SELECT_STEP} WHERE execution_id = ? AND seq = ?", (row.execution_id, row.seq))
             if stored:
@@ -178,8 +194,10 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
         return [_step(row) for row in self._query(f"{_SELECT_STEP} WHERE execution_id = ? ORDER BY seq",
                                                   (execution_id,))]
 
-    def collect(self, execution_id: str, below: int | None = None) -> int:
+    def collect(self, execution_id: str, below: int | None = None, fence: WriterFence | None = None) -> int:
         def delete(cur: Any) -> int:
+            if fence is not None:
+                fence.check_sql(cur, self._sql, self.row_share)
             if below is None:
                 cur.execute(self._sql("DELETE FROM cf_journal_steps WHERE execution_id = ?"), (execution_id,))
             else:

@@ -13,9 +13,15 @@ coarser than PostgreSQL's row lock but as strict. Journal the callback's value a
 
 from __future__ import annotations
 
+import os
+
 from contextful.storage.journal.sql import SqlJournalStore
 from contextful.storage.port_dialects import SqliteFilePort
 
 
 class SqliteJournalStore(SqliteFilePort, SqlJournalStore):
     hold_blocks_every_owner_write = True
+
+    @property
+    def location(self) -> str:
+        return f"sqlite:{os.path.realpath(self.path)}"

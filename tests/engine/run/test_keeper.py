@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from contextful.engine.run.cancel import request_cancel
+from contextful.engine.run.dispatch import holds_at
 from contextful.engine.run.execution import Execution, open_execution, plan_reference
 from contextful.engine.run.keeper import Keeper, engine_keeper
 from contextful.storage.clock import ManualClock
@@ -72,7 +73,7 @@ def test_an_admitted_execution_is_renewed_after_its_callback_and_the_others_mean
         # lock, which every owner write waits behind, so idle's renewal is deferred too.
         idle_lease = T0 + 10 * S if journal.hold_blocks_every_owner_write else T0 + 15 * S
         assert (_lease(journal, "s:busy"), _lease(journal, "s:idle")) == (T0 + 10 * S, idle_lease)
-    assert busy.admissions == 0 and journal.held_blocks == 0
+    assert busy.admissions == 0 and holds_at(journal.location) == 0
     clock.advance(1)
     keeper.tick()  # the callback returned: the deferred renewals go through at the next pass
     assert _lease(journal, "s:busy") == T0 + 16 * S
