@@ -34,6 +34,7 @@ from typing import TextIO
 
 from contextful.engine.run.bodies import IMPLEMENTATION_PIN, INPUT_PIN
 from contextful.engine.run.rewind import ensure_rewind_safe
+from contextful.storage.awakeables import AwakeableStore
 from contextful.storage.clock import Clock, SystemClock
 from contextful.storage.errors import ArgumentInvalid, ExecutionRewindUnsafe, JournalConflict
 from contextful.storage.holders import holder_is_dead
@@ -127,9 +128,11 @@ class Retirements:
 
 
 def retire_superseded(journal: JournalStore, owners: Iterable[OwnerRow], declared: AppliedDeclarations, *,
-                      clock: Clock | None = None, stderr: TextIO | None = None) -> Retirements:
+                      clock: Clock | None = None, stderr: TextIO | None = None,
+                      awakeables: AwakeableStore | None = None) -> Retirements:
     """Retire each pending owner of ``owners`` that ``declared`` supersedes; leave one whose
-    retirement is rewind-unsafe pending and name it, and ``contextful run rewind``, on ``stderr``."""
+    retirement is rewind-unsafe pending and name it, and ``contextful run rewind``, on ``stderr``.
+    ``awakeables`` (default: the store beside ``journal``) answers which tokens are pending."""
     now = (clock or SystemClock()).now_us()
     out = sys.stderr if stderr is None else stderr
     retired: list[OwnerRow] = []
@@ -138,7 +141,7 @@ def retire_superseded(journal: JournalStore, owners: Iterable[OwnerRow], declare
         if owner.status != PENDING or not superseded(owner, declared):
             continue
         try:
-            ensure_rewind_safe(journal, owner, now)
+            ensure_rewind_safe(journal, owner, now, awakeables)
             # conditional on the row the check read: a claim since then refuses instead of retiring
             retired.append(journal.retire(owner.execution_id, now, expect=owner, holder_dead=holder_is_dead))
         except ExecutionRewindUnsafe as exc:

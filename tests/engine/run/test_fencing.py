@@ -148,3 +148,117 @@ def test_a_stalled_landing_commits_nothing_after_the_takeover_and_leaves_the_new
     owner = store.journal.owner(cursor_scope(spec))
     assert owner is not None and (owner.status, owner.holder, owner.attempts) == (PENDING, "host-b:1:new", 2)
     new.close(ok=True)
+
+
+# --- each paid call once (run.journal.durable-dispatch) ---------------------------------------------
+
+
+@pytest.mark.clause("run.journal.durable-dispatch")
+def test_a_callback_is_admitted_only_under_a_lease_that_outlives_its_deadline(journal: JournalStore) -> None:
+    clock = ManualClock()
+    execution = open_execution(journal, SCOPE, PLAN, holder="a", lease_s=30, clock=clock,
+                               keeper=Keeper(clock, start=False))
+    clock.advance(30 - 1e-6)  # one microsecond of lease left
+    seen: list[int] = []
+
+    def call() -> dict[str, int]:
+        owner = journal.owner(SCOPE.key)  # read beside the hold
+        assert owner is not None
+        seen.append(owner.lease_expires_us)
+        return {"answer": 42}
+
+    assert execution.dispatch("provider call", call, deadline_s=120) == {"answer": 42}
+    assert seen and seen[0] > clock.now_us() + 120 * S  # renewed first: the lease runs past the deadline
+    assert execution.dispatch("provider call", lambda: {"answer": 0}, deadline_s=120) == {"answer": 0}  # next step
+    again = open_execution(journal, SCOPE, PLAN, holder="a", lease_s=30, clock=clock, keeper=Keeper(clock, start=False))
+    replayed = again.dispatch("provider call", lambda: pytest.fail("a recorded call is never made again"),
+                              deadline_s=120)
+    assert replayed == {"answer": 42}
+
+
+@pytest.mark.postgres
+@pytest.mark.clause("run.journal.durable-dispatch")
+def test_a_takeover_during_the_callback_reads_its_value_and_never_calls_again(pg_dsn: str, pg_schema: str) -> None:
+    """The takeover waits for the hold, and the hold ends with the callback's value recorded: the
+    new attempt replays it (one provider call for one step)."""
+    import psycopg
+    from contextful.storage.journal import open_journal_store
+
+    mine = open_journal_store("postgres", dsn=pg_dsn, schema=pg_schema)
+    theirs = open_journal_store("postgres", dsn=pg_dsn, schema=pg_schema)  # another process's connection
+    clock = ManualClock()
+    first = open_execution(mine, SCOPE, PLAN, holder="a", lease_s=30, clock=clock, keeper=Keeper(clock, start=False))
+    calls: list[str] = []
+    claimed = threading.Event()
+    taken: list[Execution] = []
+
+    def take_over() -> None:
+        later = ManualClock(clock.now_us() + 3600 * S)  # a host that sees the lease lapsed
+        taken.append(open_execution(theirs, SCOPE, PLAN, holder="b", lease_s=30, clock=later,
+                                    keeper=Keeper(later, start=False)))
+        claimed.set()
+
+    def blocked() -> bool:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                               (theirs._conn.info.backend_pid,)).fetchone()  # type: ignore[attr-defined]
+        return row is not None and row[0] == "Lock"
+
+    def call() -> dict[str, str]:
+        calls.append("paid")
+        threading.Thread(target=take_over).start()
+        while not blocked():  # the takeover is waiting on the held owner row
+            assert not claimed.wait(0.05), "the takeover claimed while the callback was admitted"
+        return {"answer": "first"}
+
+    assert first.dispatch("provider call", call, deadline_s=60) == {"answer": "first"}
+    assert claimed.wait(60)
+    [second] = taken
+    again = second.dispatch("provider call", lambda: calls.append("again") or {"answer": "second"}, deadline_s=60)
+    assert again == {"answer": "first"} and calls == ["paid"]
+    _fenced(first.step, "after", dict)
+
+
+# --- retirement conditioned on what its check read (run.own.rewind-unsafe) -------------------------
+
+
+@pytest.mark.clause("run.own.rewind-unsafe", "run.own.apply-retires-superseded")
+@pytest.mark.parametrize("verb", ["rewind", "apply"])
+def test_a_claim_landing_between_the_safety_check_and_the_retirement_is_never_retired(
+        journal: JournalStore, verb: str) -> None:
+    import io
+
+    from contextful.engine.run.owners import AppliedDeclarations, retire_superseded
+    from contextful.engine.run.rewind import rewind
+    from contextful.storage.awakeables import awakeable_store_beside
+    from contextful.storage.errors import ExecutionRewindUnsafe
+
+    clock = ManualClock()
+    keeper = Keeper(clock, start=False)
+    gone = open_execution(journal, SCOPE, PLAN, holder="host-a:1:gone", lease_s=30, clock=clock, keeper=keeper)
+    clock.advance(31)  # its lease lapsed: retiring it is safe, as the check reads it
+    real = awakeable_store_beside(journal)
+    claimed: list[Execution] = []
+
+    class ClaimDuringCheck:  # the check's last read (pending awakeables) lets a claim land after it
+        def pending_for(self, execution_id: str, now_us: int) -> list[object]:
+            claimed.append(open_execution(journal, SCOPE, PLAN, holder="host-b:1:live", lease_s=30, clock=clock,
+                                          keeper=keeper))
+            return list(real.pending_for(execution_id, now_us))
+
+        def close_store(self) -> None:
+            real.close_store()
+
+    hook = ClaimDuringCheck()
+    if verb == "rewind":
+        with pytest.raises(ExecutionRewindUnsafe) as info:
+            rewind(journal, gone.execution_id, "operator", clock=clock, awakeables=hook)  # type: ignore[arg-type]
+        assert "host-b:1:live" in info.value.detail
+    else:
+        err = io.StringIO()
+        out = retire_superseded(journal, journal.owners(), AppliedDeclarations(frozenset({"0" * 64})), clock=clock,
+                                stderr=err, awakeables=hook)  # type: ignore[arg-type]
+        assert out.retired == () and out.claimed and gone.execution_id in err.getvalue()
+    owner = journal.owner(SCOPE.key)
+    assert owner is not None and (owner.status, owner.holder) == (PENDING, "host-b:1:live")
+    claimed[0].step("still mine", lambda: {"ok": True})  # the live claim goes on unharmed
