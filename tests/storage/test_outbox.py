@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from contextful.engine.run.execution import Execution, open_execution
+from contextful.engine.run.keeper import Keeper
 from contextful.storage.clock import ManualClock
 from contextful.storage.dbapi import CommitUnheard
 from contextful.storage.errors import ExecutionWriterFenced, OutboxFrontierGap
@@ -179,7 +180,8 @@ def _fence(execution: Execution) -> WriterFence:
 
 
 def _open_exporter(journal: JournalStore, clock: ManualClock, holder: str) -> Execution:
-    return open_execution(journal, "export:orders", "a" * 64, holder=holder, lease_s=30, clock=clock)
+    return open_execution(journal, "export:orders", "a" * 64, holder=holder, lease_s=30, clock=clock,
+                          keeper=Keeper(clock, start=False))  # nothing renews behind the test's back
 
 
 @pytest.mark.clause("run.export.writer-fenced")
