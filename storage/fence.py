@@ -10,7 +10,8 @@ write, as pyiceberg checks a commit's requirements in the transaction that moves
   and the catalog reads the owner row in the commit transaction (``storage.catalog.sql``);
 * a journal step, a cached cursor and a close carry the attempt, and the journal store checks it
   in the transaction (or under the owner lock) that writes the row (``storage.journal``);
-* an outbox staging carries it too (``storage.outbox``).
+* an outbox staging and an outbox acknowledgement carry it too, and the outbox checks it in the
+  staging or acknowledging transaction (``storage.outbox``).
 
 Every one of them refuses with :class:`~contextful.storage.errors.ExecutionWriterFenced` and
 leaves nothing visible. The owner rows live in the catalog's own database (the SQLite file or the
@@ -129,7 +130,8 @@ def verify_current() -> None:
 
 @contextmanager
 def writing_as(fence: WriterFence | None, verify: Callable[[], None] | None = None) -> Iterator[WriterFence | None]:
-    """Carry ``fence`` on every store commit and outbox staging made inside the block (None: none).
+    """Carry ``fence`` on every store commit, outbox staging and acknowledgement made inside the
+    block (None: none).
     ``verify`` checks it against its journal, for a write that cannot check it atomically."""
     token = _current.set(None if fence is None else _Writing(fence, verify))
     try:

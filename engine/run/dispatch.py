@@ -148,4 +148,4 @@ def drain_admitted(execution: Execution, outbox: OutboxStore, stream: str,
     dispatch and each acknowledgement to state publication, so a writer whose lease transferred is
     fenced before it sends or publishes anything (``run.export.writer-fenced``)."""
     return outbox.drain(stream, send, dispatch=lambda: admit(execution, DISPATCH),
-                        publish=lambda: admit(execution, PUBLICATION))
+                        publish=lambda: admit(execution, PUBLICATION), fence=execution.fence)

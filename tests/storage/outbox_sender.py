@@ -2,7 +2,7 @@
 
     python -m tests.storage.outbox_sender DSN SCHEMA STREAM SINK LOG_END [--die-after-staging]
 
-Event ``p`` of the log is ``(f"{STREAM}:{p}", "row-upsert", b"payload p")`` and sets key
+Event ``p`` of the log is ``(p, f"{STREAM}:{p}", "row-upsert", b"payload p")`` and sets key
 ``k{p % 2}``. The sender first drains what its stream still owes (``OutboxStore.drain``: delivery
 appends the event id to the file ``SINK``), printing ``reoffered`` and the ids; then stages the log
 from the stream's checkpoint up to ``LOG_END`` with the checkpoint, printing ``staged`` and the
@@ -32,14 +32,13 @@ def main() -> None:
     def send(event: OutboxEvent) -> dict[str, bytes]:
         with open(args.sink, "a") as fh:
             fh.write(f"{event.event_id} {event.payload.decode()}\n")
-        position = int(event.event_id.rsplit(":", 1)[1])
-        return {f"k{position % 2}": event.payload}
+        return {f"k{event.position % 2}": event.payload}
 
     reoffered = outbox.drain(args.stream, send)
     print("reoffered " + json.dumps([e.event_id for e in reoffered]), flush=True)
-    start = int(outbox.stream_state(args.stream).checkpoint or 0) + 1
-    events = [(f"{args.stream}:{p}", "row-upsert", f"payload {p}".encode()) for p in range(start, args.log_end + 1)]
-    staged = outbox.stage(args.stream, events, str(args.log_end), now_us=start)
+    start = (outbox.stream_state(args.stream).checkpoint or 0) + 1
+    events = [(p, f"{args.stream}:{p}", "row-upsert", f"payload {p}".encode()) for p in range(start, args.log_end + 1)]
+    staged = outbox.stage(args.stream, events, args.log_end, now_us=start)
     print("staged " + json.dumps([e.event_id for e in staged]), flush=True)
     if args.die_after_staging:
         first = staged[0]

@@ -207,7 +207,7 @@ def test_an_exporter_whose_lease_transferred_sends_and_publishes_nothing_and_its
     outbox = open_outbox_store("postgres", dsn=pg_dsn, schema=pg_schema)
     clock = ManualClock()
     writer = _open(mine, clock, "exporter-1")
-    outbox.stage("orders", [("orders/1", "upsert", b"one"), ("orders/2", "upsert", b"two")], "log@2",
+    outbox.stage("orders", [(1, "orders/1", "upsert", b"one"), (2, "orders/2", "upsert", b"two")], 2,
                  clock.now_us())
     sent: list[str] = []
 
