@@ -33,6 +33,7 @@ from contextful.iceberg.files import batches_of, delete_files, delete_old_metada
 from contextful.iceberg.outcome import send_commit
 from contextful.iceberg.schema import arrow_to_iceberg
 from contextful.storage.errors import ExportCommitConflict, SchemaIrreconcilable
+from contextful.storage.fence import verify_current
 from pyiceberg.avro.codecs import AvroCompressionCodec
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
@@ -118,6 +119,9 @@ def export_table(
     try:
         for attempt in range(1, MAX_ATTEMPTS + 1):
             requirements, updates, snapshot, written = _stage(table, io, data_files)
+            # An Iceberg catalog's commit cannot carry a run's writer fence (storage.fence): an
+            # export run under an execution reads its owner row immediately before sending.
+            verify_current()
             sent = True
             answer = send_commit(catalog, identifier, table, requirements, updates, _holds(snapshot.snapshot_id),
                                  str(snapshot.snapshot_id))
