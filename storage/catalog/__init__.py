@@ -91,7 +91,7 @@ class StagingRow:
 
     run_id: str
     holder: str
-    """``host:pid:suffix`` of the staging process (``storage.holders``)."""
+    """The staging process's holder id (``storage.holders``: host, pid, boot, PID namespace, start)."""
     started_us: int
     expires_us: int
     """The lease: past it (or once its holder is provably dead) the run counts as abandoned."""
