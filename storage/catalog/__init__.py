@@ -166,6 +166,15 @@ class Catalog(ABC):
         """
 
     @abstractmethod
+    def reserve_instant(self, clock: Clock) -> int:
+        """An instant of the catalog's transaction time, reserved: no earlier than every commit
+        already landed anywhere in the catalog, and every later commit is stamped strictly after
+        it. Read from ``clock`` under the catalog's commit clock (as a commit's time is), so a
+        reader on a host whose clock runs behind the committers' still reads what landed before it
+        asked, and a reader whose clock runs ahead does not read what lands after. A sweep freezes
+        its ``as_of`` here (``engine.run.sweep``, ``run.sweep.frozen-as-of``)."""
+
+    @abstractmethod
     def schema_at(self, name: str, schema_id: int) -> str: ...
 
     @abstractmethod
