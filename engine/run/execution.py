@@ -428,8 +428,9 @@ def open_execution(journal: JournalStore, scope: str | Scope, plan_ref: str, *, 
     Resumes when the pending owner is pinned to ``plan_ref`` and its lease lapsed (or ``holder``
     holds it). Raises OwnerPlanMismatch when the pending owner is pinned to another plan, and
     JournalConflict naming the holder and expiry while another holder's lease runs. With
-    ``take_over_dead``, a lease held by a process of this host that died (SIGKILL, a crash) is
-    taken over at once instead of after it lapses.
+    ``take_over_dead``, a lease whose holder is provably dead (a process of this boot and PID
+    namespace that died, SIGKILL or a crash: ``storage.holders``) is taken over at once instead of
+    after it lapses; any other holder's lease is waited out.
 
     The opened execution is registered with ``keeper`` (default: the engine's,
     :func:`~engine.run.keeper.engine_keeper`), which renews its lease and feeds its cancellation

@@ -7,6 +7,9 @@ fixes the corpus.
 - ``run.sweep.frozen-as-of``: every origin of one sweep reads at one ``as_of`` — the job's
   declared ``as_of``, else the instant the sweep opens — recorded once, as a journal step of the
   sweep's execution when it opens (:data:`AS_OF_STEP`), so a resumed execution reads the same instant.
+  The instant the sweep opens is read from the catalog's transaction time, not the host's clock
+  (``Catalog.reserve_instant``): no earlier than any commit that landed before it, and every commit
+  landing after it is stamped after it, however far apart the hosts' clocks are.
 - ``run.sweep.fresh-state`` (the default): every table an origin reads, its output tables
   included, resolves at the sweep's ``as_of``: no origin reads a row another origin wrote.
 - ``run.sweep.carried-state``: origins run in ascending order one at a time; each reads the job's
@@ -159,8 +162,11 @@ class Sweep:
         self.outputs = tuple(outputs)
         self.origins = tuple(sorted(set(origins)))
         declared = spec.as_of_us
+        # The instant the sweep opens is the catalog's (commit times are), reserved so that what
+        # lands after it is stamped after it: a host whose clock runs behind a committer's still
+        # reads what landed before it opened, and nothing landing later joins the frozen corpus.
         recorded = execution.step(AS_OF_STEP, lambda: {"as_of_us": declared if declared is not None
-                                                       else execution.clock.now_us()})
+                                                       else store.catalog.reserve_instant(store.clock)})
         assert isinstance(recorded, dict)
         self.as_of_us: int = recorded["as_of_us"]
         self.landed: dict[Origin, dict[str, int]] = {}

@@ -91,7 +91,7 @@ class StagingRow:
 
     run_id: str
     holder: str
-    """``host:pid:suffix`` of the staging process (``storage.holders``)."""
+    """The staging process's holder id (``storage.holders``: host, pid, boot, PID namespace, start)."""
     started_us: int
     expires_us: int
     """The lease: past it (or once its holder is provably dead) the run counts as abandoned."""
@@ -170,6 +170,15 @@ class Catalog(ABC):
         held and never earlier than the previous commit's time anywhere in the catalog, so a
         commit that waited for the lock is never timed before an instant already read.
         """
+
+    @abstractmethod
+    def reserve_instant(self, clock: Clock) -> int:
+        """An instant of the catalog's transaction time, reserved: no earlier than every commit
+        already landed anywhere in the catalog, and every later commit is stamped strictly after
+        it. Read from ``clock`` under the catalog's commit clock (as a commit's time is), so a
+        reader on a host whose clock runs behind the committers' still reads what landed before it
+        asked, and a reader whose clock runs ahead does not read what lands after. A sweep freezes
+        its ``as_of`` here (``engine.run.sweep``, ``run.sweep.frozen-as-of``)."""
 
     @abstractmethod
     def schema_at(self, name: str, schema_id: int) -> str: ...

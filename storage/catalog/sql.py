@@ -11,7 +11,8 @@ SQLite, ``SELECT … FOR UPDATE`` row locks on PostgreSQL) and the placeholder s
 The commit clock is one row every commit locks and advances, so commit times follow commit order
 across the whole catalog: the time is read after the locks are held, and never earlier than the
 previous commit's. On SQLite the writer lock already serializes commits; on PostgreSQL the row lock
-serializes their last statements (the part-index updates before it run concurrently).
+serializes their last statements (the part-index updates before it run concurrently). A reserved
+instant (``reserve_instant``, a sweep's ``as_of``) takes the same lock and moves the clock past it.
 """
 
 from __future__ import annotations
@@ -517,6 +518,21 @@ class SqlCatalog(SqlDialect, Catalog):
             " WHERE flushed_seq IS NULL ORDER BY recorded_us, run_id, phase"
         )
         return [_record(r) for r in rows]
+
+    # --- reserved instants ----------------------------------------------------------------------
+
+    def reserve_instant(self, clock: Clock) -> int:
+        """Under the commit clock's lock (the lock a commit takes to stamp its time, so a commit in
+        flight has landed or waits): the clock, or the newest commit's time when the clock runs
+        behind it; then ``last_commit_us`` moves one past it, so a commit stamped later (its time is
+        never earlier than ``last_commit_us``) lands after the instant, whatever its clock says."""
+        def reserve(cur: _Cursor) -> int:
+            cur.execute(f"SELECT last_commit_us FROM cf_clock WHERE id = 1{self.row_lock}")
+            instant = max(clock.now_us(), int(cur.fetchone()[0]))
+            cur.execute("UPDATE cf_clock SET last_commit_us = ? WHERE id = 1", (instant + 1,))
+            return instant
+
+        return self._write(reserve, rerun_unheard=True)  # run again, it reserves a later instant: as good
 
 
 class _Cursor:

@@ -4,7 +4,9 @@ than any commit before it in the catalog, so an instant once answered keeps its 
 On SQLite and on the real PostgreSQL, with an injected clock and a real lock wait: a raw
 connection holds what a commit must wait for, the commit begins and waits (the test learns it
 from the catalog's own write path, not from a sleep), the clock moves on and a reader is answered
-``as_of`` an instant; only then is the lock released.
+``as_of`` an instant; only then is the lock released. A reserved instant
+(``Catalog.reserve_instant``) is no earlier than any commit landed before it, whatever the
+reserving host's clock says, and every later commit is stamped after it.
 """
 
 from __future__ import annotations
@@ -88,3 +90,19 @@ def test_commit_time_never_runs_behind_another_tables_commit(stores: tuple[Store
     assert reader.table("a").count(as_of=a_at) == 1
     with pytest.raises(SnapshotNotFound):
         reader.table("b").snapshot(as_of=a_at - 1)
+
+
+def test_a_reserved_instant_follows_every_landed_commit_and_precedes_every_later_one(
+        stores: tuple[Store, Store, ManualClock, Hooks]) -> None:
+    writer, reader, clock, _ = stores
+    clock.advance(2)  # the writer's clock runs 2 s ahead of the reader's
+    writer.create_table("t").append(pa.table({"id": [1]}))
+    landed_us = writer.table("t").commits()[-1].committed_us
+    reserved = reader.catalog.reserve_instant(reader.clock)
+    assert reserved >= landed_us > reader.clock.now_us()
+    assert ids(reader, reserved) == [1]  # what landed before the reservation, on the reader's clock too
+    reader.table("t").append(pa.table({"id": [2]}))  # a committer whose clock is behind the instant
+    writer.table("t").append(pa.table({"id": [3]}))  # and one whose clock stands at it
+    assert all(c.committed_us > reserved for c in writer.table("t").commits()[1:])
+    assert ids(reader, reserved) == [1]  # the instant keeps its answer
+    assert reader.catalog.reserve_instant(reader.clock) > reserved

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
-import socket
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,9 @@ from contextful.engine.run.rewind import rewind
 from contextful.storage import Store
 from contextful.storage.clock import ManualClock, SystemClock
 from contextful.storage.errors import ExecutionSuspended
+from contextful.storage.holders import default_holder
 
+from tests.storage.test_holders import gone_pid, here
 from tests.support.cli import contextful
 
 MANIFEST = """
@@ -32,10 +32,9 @@ paths = ["raw/*.ndjson"]
 """
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
+def _dead_holder() -> str:
+    """A holder of this machine's PID namespace whose process is gone: provably dead."""
+    return str(dataclasses.replace(here(), pid=gone_pid()))
 
 
 @pytest.fixture
@@ -57,7 +56,7 @@ def _pending(project: Path, holder: str, plan: str | None = None) -> str:
 
 @pytest.mark.clause("run.own.rewind")
 def test_rewind_retires_the_pending_owner_and_keeps_the_committed_position(project: Path) -> None:
-    execution = _pending(project, f"{socket.gethostname()}:{_dead_pid()}:gone", plan="0" * 64)
+    execution = _pending(project, _dead_holder(), plan="0" * 64)
     blocked = contextful(project, "pipeline", "run", check=False)  # pinned to a plan no declaration produces
     assert blocked.returncode == 5 and "OwnerPlanMismatch" in blocked.stderr and execution in blocked.stderr
     done = json.loads(contextful(project, "--json", "run", "rewind", execution, "--reason", "plan changed").stdout)
@@ -72,7 +71,7 @@ def test_rewind_retires_the_pending_owner_and_keeps_the_committed_position(proje
 
 @pytest.mark.clause("run.own.rewind-unsafe")
 def test_rewind_refuses_an_owner_whose_attempt_holds_its_lease_and_nothing_overrides_it(project: Path) -> None:
-    execution = _pending(project, f"{socket.gethostname()}:{os.getpid()}:alive")
+    execution = _pending(project, default_holder())
     out = contextful(project, "run", "rewind", execution, "--reason", "stuck?", check=False)
     assert out.returncode == 5 and "ExecutionRewindUnsafe" in out.stderr and execution in out.stderr
     assert "once that attempt has ended or its lease has lapsed" in out.stderr
@@ -90,7 +89,7 @@ def test_rewind_refuses_an_execution_with_an_awakeable_pending_before_its_deadli
     with Store.open(project / ".contextful" / "store") as store:
         # The holder is dead, so its lease does not refuse: the pending awakeable does.
         execution = open_execution(store.journal, "pipeline:events", pipeline_reference(spec),
-                                   holder=f"{socket.gethostname()}:{_dead_pid()}:gone", lease_s=600)
+                                   holder=_dead_holder(), lease_s=600)
         with pytest.raises(ExecutionSuspended) as suspended:
             execution.suspend("await approval", timeout_s=3600, wait_s=0)
         token = suspended.value.token
@@ -107,7 +106,7 @@ def test_rewind_refuses_an_execution_with_an_awakeable_pending_before_its_deadli
         assert done.owner.status == "retired"
         # A resolved awakeable holds nothing back either.
         again = open_execution(store.journal, "pipeline:events", pipeline_reference(spec),
-                               holder=f"{socket.gethostname()}:{_dead_pid()}:gone", lease_s=600)
+                               holder=_dead_holder(), lease_s=600)
         with pytest.raises(ExecutionSuspended) as suspended:
             again.suspend("await approval", timeout_s=3600, wait_s=0)
         store.awakeables.resolve(suspended.value.token, b"ok", None, SystemClock().now_us())

@@ -1,7 +1,9 @@
 """Sweeps over real stores (SQLite and PostgreSQL catalogs) and their journals.
 
 ``run.sweep.frozen-as-of``: one as_of for every origin, recorded once as a journal step, read again
-by a resumed execution after its lease lapsed. ``run.sweep.fresh-state``: every table, outputs
+by a resumed execution after its lease lapsed; the instant a sweep opens is the catalog's, so a
+host whose clock runs behind reads what another host committed before it opened, and nothing
+committed after. ``run.sweep.fresh-state``: every table, outputs
 included, at the sweep's as_of — no origin reads another's rows. ``run.sweep.carried-state``:
 origins ascending one at a time, each reading the outputs at the preceding origin's commit and
 every other table at the as_of, a later landing into an input or an output never seen.
@@ -27,7 +29,11 @@ from contextful.storage.errors import (
 )
 from contextful.storage.transaction import CommitResult
 
+from tests.conftest import StoreFactory
+
 PLAN = plan_reference({"job": "score", "sweep": "origins"})
+T0 = 1_700_000_000_000_000
+SECOND = 1_000_000
 
 
 @pytest.fixture
@@ -139,6 +145,28 @@ def test_carried_origins_read_outputs_at_the_preceding_origins_commit_and_inputs
     origins = sorted(r[0] for r in con.execute("SELECT origin FROM scores").fetchall())
     con.close()
     assert origins == [0, 1, 2, 99]  # exactly origin 2's commit: 98, landing after it, is not read
+
+@pytest.mark.clause("run.sweep.frozen-as-of")
+def test_a_sweep_opens_at_the_catalogs_time_whatever_the_executing_hosts_clock_says(
+        make_store: StoreFactory, store_kind: str) -> None:
+    # Two hosts on one catalog, the fast one's clock 2 s ahead of the slow one's.
+    fast_clock, slow_clock = ManualClock(T0 + 2 * SECOND), ManualClock(T0)
+    fast, slow = make_store(clock=fast_clock), make_store(clock=slow_clock)
+    fast.append("docs", pa.table({"doc": ["a", "b"]}))
+    fast.append("scores", pa.table({"origin": [0], "scores_seen": [0], "docs_seen": [0]}))
+    landed_us = fast.table("docs").commits()[-1].committed_us
+    slow_clock.advance(1)  # the sweep opens after those commits, at 1 s before their time by its clock
+    ex = execution(slow, "slow-host")
+    sweep = open_sweep(ex, slow, SweepSpec(), outputs=["scores"], origins=[1, 2])
+    slow.append("docs", pa.table({"doc": ["late, slow host"]}))  # landing after the sweep opened,
+    fast.append("docs", pa.table({"doc": ["late, fast host"]}))  # from either host
+    seen: dict[int, tuple[int, int]] = {}
+    sweep.run(scoring(slow, seen))
+    assert seen == {1: (1, 2), 2: (1, 2)}  # the fast host's earlier commits, and neither late one
+    assert sweep.as_of_us >= landed_us > slow_clock.now_us()
+    assert all(c.committed_us > sweep.as_of_us for c in slow.table("docs").commits()[1:])
+    ex.close(ok=True)
+
 
 def test_sweep_spec_validation_names_the_block_and_each_problem() -> None:
     with pytest.raises(ManifestInvalid) as unknown:
