@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,6 @@ from contextful.engine.derive.bind import (
     Binding,
     Step,
     binding_for,
-    check_driver,
     command_in_manifest,
     machine_path,
     read_machine,
@@ -19,7 +19,6 @@ from contextful.engine.derive.bind import (
 from contextful.storage.errors import (
     ContextfulError,
     DeriveCommandInManifest,
-    DeriveDriverMismatch,
     DeriveEndpointHostNotBare,
     DeriveEngineUnbound,
     DeriveEnvNameInvalid,
@@ -28,6 +27,8 @@ from contextful.storage.errors import (
     ManifestValueInvalid,
     ProjectInvalid,
 )
+
+from tests.engine.derive.project import HEADER, DeriveProject, derive_pipeline, files_pipeline
 
 FULL = """
 [derive.whisper]
@@ -135,20 +136,67 @@ def test_binding_keys_in_the_pipeline_config_are_refused_wherever_they_sit() -> 
     assert command_in_manifest("talks", {"source_table": "t", "engine": "whisper", "media_column": "m"}) == []
 
 
-@pytest.mark.clause("run.bind.driver-mismatch")
-def test_each_task_runs_behind_its_drivers_only() -> None:
-    def bound(driver: str) -> Binding:
-        return Binding("e", driver)
+MACHINE_DRIVERS = """
+[derive.copy]
+driver = "none"
+[[derive.copy.preprocess]]
+command = ["/bin/cp", "{input}", "{output}"]
+output = "out.ndjson"
 
-    for task, driver in (("transcribe", "exec"), ("transcribe", "none"), ("link_preview", "fetch")):
-        assert check_driver("p", task, bound(driver), host_task=False) == []
-    assert check_driver("p", "ocr_pages", None, host_task=True) == []
-    for task, driver in (("transcribe", "fetch"), ("link_preview", "exec"), ("link_preview", "none")):
-        [error] = check_driver("p", task, bound(driver), host_task=False)
-        assert isinstance(error, DeriveDriverMismatch)
-        assert (error.pipeline, error.task, error.driver) == ("p", task, driver)
-    [error] = check_driver("p", "ocr_pages", bound("exec"), host_task=True)  # a host task names no engine
-    assert isinstance(error, DeriveDriverMismatch) and error.task == "ocr_pages" and "names no engine" in str(error)
+[derive.preview]
+driver = "fetch"
+endpoint_host = "127.0.0.1"
+allow_hosts = ["127.0.0.1"]
+"""
+
+
+def _host(pipeline_id: str, task: str, engine: str | None = None) -> str:
+    """A pipeline running the embedding program's host task ``task`` (tables ``<task>_done``, ``<task>``)."""
+    return derive_pipeline(pipeline_id, "docs", task=task, engine=engine, table=f"{task}_done",
+                           config=f'tables = ["{task}_done", "{task}"]')
+
+
+@pytest.mark.clause("run.bind.driver-mismatch")
+def test_validate_and_run_refuse_a_task_behind_another_driver_and_a_host_task_naming_an_engine(
+        tmp_path: Path) -> None:
+    good = (HEADER + files_pipeline("docs")
+            + derive_pipeline("talks_exec", "docs", engine="lines", media_column="path")
+            + derive_pipeline("talks_none", "docs", engine="copy", media_column="path")
+            + derive_pipeline("links_fetch", "docs", task="link_preview", engine="preview", media_column="path")
+            + _host("pages_plain", "pages"))
+    project = DeriveProject(tmp_path / "good", manifest=good)
+    project.write_machine(extra=MACHINE_DRIVERS)
+    checked = project.embedded(["pages"], "--json", "pipeline", "validate")
+    assert json.loads(checked.stdout)["ok"] is True
+
+    bad = (HEADER + files_pipeline("docs")
+           + derive_pipeline("talks_fetch", "docs", engine="preview", media_column="path")
+           + derive_pipeline("links_exec", "docs", task="link_preview", engine="lines", media_column="path")
+           + derive_pipeline("links_none", "docs", task="link_preview", engine="copy", media_column="path")
+           + _host("pages_bound", "pages", engine="lines")         # a host task naming a bound engine
+           + _host("notes_unbound", "notes", engine="nowhere"))    # ... or one this machine does not bind
+    project = DeriveProject(tmp_path / "bad", manifest=bad)
+    project.write_machine(extra=MACHINE_DRIVERS)
+    project.parents([{"id": "a", "path": project.media("a.txt", "x"), "body": "x|y"}])
+    checked = project.embedded(["pages", "notes"], "--json", "pipeline", "validate", check=False)
+    assert checked.returncode == 3, checked.stderr
+    problems = json.loads(checked.stdout)["problems"]
+    assert [p["error"] for p in problems] == ["DeriveDriverMismatch"] * 5
+    details = [p["detail"] for p in problems]
+    for (pipeline, task, driver), detail in zip([("talks_fetch", "transcribe", "fetch"),
+                                                 ("links_exec", "link_preview", "exec"),
+                                                 ("links_none", "link_preview", "none"),
+                                                 ("pages_bound", "pages", "exec"),
+                                                 ("notes_unbound", "notes", "an unbound engine")], details,
+                                                strict=True):
+        assert f"pipeline {pipeline!r}: task {task!r} cannot run behind {driver};" in detail
+    assert "names no engine: remove engine = 'lines'" in details[3]
+    assert "names no engine: remove engine = 'nowhere'" in details[4]
+    for ids in (["pages_bound"], ["notes_unbound"], []):  # the run refuses before anything lands
+        ran = project.embedded(["pages", "notes"], "pipeline", "run", *ids, check=False)
+        assert ran.returncode == 3 and "error: DeriveDriverMismatch:" in ran.stderr, ran.stderr
+        assert not (project.root / ".contextful" / "store").exists()
+    assert project.engine_calls() == []
 
 
 @pytest.mark.clause("run.bind.endpoint-host-bare")
