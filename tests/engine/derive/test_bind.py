@@ -12,13 +12,11 @@ from contextful.engine.derive.bind import (
     Binding,
     Step,
     binding_for,
-    command_in_manifest,
     machine_path,
     read_machine,
 )
 from contextful.storage.errors import (
     ContextfulError,
-    DeriveCommandInManifest,
     DeriveEndpointHostNotBare,
     DeriveEngineUnbound,
     DeriveEnvNameInvalid,
@@ -107,33 +105,75 @@ def test_lookup_order_flag_then_environment_then_beside_the_project(tmp_path: Pa
     assert [type(p) for p in problems] == [ProjectInvalid] and "env.toml" in str(problems[0])
 
 
-@pytest.mark.clause("run.bind.unbound-engine")
-def test_an_unbound_engine_names_pipeline_engine_file_and_every_bound_engine(tmp_path: Path) -> None:
+def test_binding_for_names_the_default_file_when_none_was_found(tmp_path: Path) -> None:
     path = tmp_path / "machine.toml"
     path.write_text(FULL)
     machine, _ = read_machine(path)
     assert binding_for(machine, "talks", "whisper").engine == "whisper"
     with pytest.raises(DeriveEngineUnbound) as caught:
         binding_for(machine, "talks", "vosk")
-    error = caught.value
-    assert (error.pipeline, error.engine, error.file, error.bound) == ("talks", "vosk", str(path),
-                                                                       ("preview", "whisper"))
-    for text in ("'talks'", "'vosk'", "[derive.vosk]", str(path), "preview, whisper"):
-        assert text in str(error)
+    assert (caught.value.pipeline, caught.value.engine, caught.value.file, caught.value.bound) == (
+        "talks", "vosk", str(path), ("preview", "whisper"))
     with pytest.raises(DeriveEngineUnbound) as caught:  # no file found: the default one beside the project
         binding_for(read_machine(None)[0], "talks", "vosk")
     assert MACHINE_FILE in caught.value.file and caught.value.bound == ()
 
 
+@pytest.mark.clause("run.bind.unbound-engine")
+def test_validate_and_run_name_the_pipeline_engine_file_and_every_bound_engine(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    project = DeriveProject(tmp_path)
+    machine = tmp_path / MACHINE_FILE
+    machine.write_text('[derive.zeta]\ncommand = ["/bin/true"]\n[derive.other]\ncommand = ["/bin/true"]\n')
+    project.parents([{"id": "a", "path": project.media("a.txt", "x")}])
+    checked = contextful(tmp_path, "--json", "pipeline", "validate", check=False)
+    assert checked.returncode == 3
+    [problem] = json.loads(checked.stdout)["problems"]
+    assert problem["error"] == "DeriveEngineUnbound"
+    for named in ("pipeline 'passages'", "engine 'lines'", "[derive.lines]", f"add one to {machine}",
+                  "bound engines: other, zeta;"):
+        assert named in problem["detail"], problem["detail"]
+    machine.unlink()  # none found: the file to create, beside the manifest, and no bound engine
+    for args in (("pipeline", "validate"), ("pipeline", "run")):
+        ran = contextful(tmp_path, *args, check=False)
+        assert ran.returncode == 3 and "error: DeriveEngineUnbound:" in ran.stderr, ran.stderr
+        assert f"add one to {MACHINE_FILE} beside contextful.toml" in ran.stderr
+        assert "bound engines: none;" in ran.stderr and "'passages'" in ran.stderr
+    assert not (tmp_path / ".contextful" / "store").exists()  # nothing ran, not even the parents' landing
+    assert project.engine_calls() == []
+
+
+CARRYING = """
+preprocess = [{ command = ["/bin/cp", "{input}", "{output}"], output = "x" }]
+env = { PATH = "/usr/bin" }
+allow_hosts = ["example.org"]
+command = ["/bin/true", "{input}"]
+options = { steps = [{ command = "sh -c x" }] }
+"""
+"""Binding keys a pipeline's source config must not carry, one nested inside another key."""
+
+
 @pytest.mark.clause("run.bind.command-in-manifest")
-def test_binding_keys_in_the_pipeline_config_are_refused_wherever_they_sit() -> None:
-    config = {"source_table": "talks", "engine": "whisper", "media_column": "audio",
-              "preprocess": [{"command": ["x"]}], "env": {"A": "b"}, "allow_hosts": ["h"],
-              "command": ["python3", "e.py"], "options": {"steps": [{"command": "sh -c x"}]}}
-    found = command_in_manifest("talks", config)
-    assert all(isinstance(e, DeriveCommandInManifest) and e.pipeline == "talks" for e in found)
-    assert [e.key for e in found] == ["preprocess", "env", "allow_hosts", "command", "options.steps[0].command"]
-    assert command_in_manifest("talks", {"source_table": "t", "engine": "whisper", "media_column": "m"}) == []
+def test_validate_and_run_refuse_binding_keys_in_the_pipeline_config_wherever_they_sit(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    clean = DeriveProject(tmp_path / "clean")
+    assert json.loads(contextful(clean.root, "--json", "pipeline", "validate").stdout)["ok"] is True
+    project = DeriveProject(tmp_path / "carrying", extra=CARRYING)
+    project.parents([{"id": "a", "path": project.media("a.txt", "x")}])
+    checked = contextful(project.root, "--json", "pipeline", "validate", check=False)
+    assert checked.returncode == 3
+    problems = json.loads(checked.stdout)["problems"]
+    carried = [p["detail"] for p in problems if p["error"] == "DeriveCommandInManifest"]
+    assert len(carried) == 5, problems
+    for detail, key in zip(carried, ("preprocess", "env", "allow_hosts", "command", "options.steps[0].command"),
+                           strict=True):
+        assert detail.startswith(f"pipeline 'passages': [pipeline.source.config] holds {key!r}"), detail
+        assert "machine configuration" in detail
+    ran = contextful(project.root, "pipeline", "run", check=False)
+    assert ran.returncode == 3 and "DeriveCommandInManifest" in ran.stderr
+    assert not (project.root / ".contextful" / "store").exists() and project.engine_calls() == []
 
 
 MACHINE_DRIVERS = """
@@ -209,6 +249,26 @@ def test_an_endpoint_host_must_be_bare(tmp_path: Path, value: str, part: str) ->
     assert isinstance(error, DeriveEndpointHostNotBare)
     assert (error.engine, error.value, error.part) == ("preview", value, part)
     assert bindings == {}
+
+
+@pytest.mark.clause("run.bind.endpoint-host-bare")
+def test_validate_and_run_name_every_endpoint_host_that_is_not_bare(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    project = DeriveProject(tmp_path)
+    project.write_machine(extra='[derive.a]\ndriver = "fetch"\nendpoint_host = "https://example.org"\n'
+                                '[derive.b]\ndriver = "fetch"\nendpoint_host = "example.org:8080"\n'
+                                '[derive.c]\ndriver = "fetch"\nendpoint_host = "example.org/api?x=1"\n')
+    checked = contextful(tmp_path, "--json", "pipeline", "validate", check=False)
+    assert checked.returncode == 3
+    problems = json.loads(checked.stdout)["problems"]
+    assert [(p["error"], p["detail"].split(" endpoint_host")[0]) for p in problems] == [
+        ("DeriveEndpointHostNotBare", "[derive.a]"), ("DeriveEndpointHostNotBare", "[derive.b]"),
+        ("DeriveEndpointHostNotBare", "[derive.c]")]
+    assert [p["detail"].split("carries a ")[1].split(";")[0] for p in problems] == ["scheme", "port", "path"]
+    ran = contextful(tmp_path, "pipeline", "run", check=False)
+    assert ran.returncode == 3 and "DeriveEndpointHostNotBare" in ran.stderr
+    assert not (tmp_path / ".contextful" / "store").exists()
 
 
 def test_bare_hosts_pass(tmp_path: Path) -> None:

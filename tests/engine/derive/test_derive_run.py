@@ -284,20 +284,6 @@ def test_a_key_changed_and_changed_back_derives_the_unit_again(tmp_path: Path) -
     assert len(project.engine_calls()) == 3
 
 
-def test_an_unbound_engine_refuses_validate_and_the_whole_run_before_anything_runs(tmp_path: Path) -> None:
-    from tests.support.cli import contextful
-
-    project = DeriveProject(tmp_path)
-    (tmp_path / "contextful.machine.toml").write_text("[derive.other]\ncommand = [\"/bin/true\"]\n")
-    project.parents([{"id": "a", "path": project.media("a.txt", "x")}])
-    checked = contextful(tmp_path, "pipeline", "validate", check=False)
-    assert checked.returncode == 3 and "DeriveEngineUnbound" in checked.stderr
-    assert "'lines'" in checked.stderr and "contextful.machine.toml" in checked.stderr and "other" in checked.stderr
-    ran = contextful(tmp_path, "pipeline", "run", check=False)
-    assert ran.returncode == 3 and "DeriveEngineUnbound" in ran.stderr
-    assert not (tmp_path / ".contextful" / "store").exists()  # nothing ran, not even the parents' landing
-
-
 def test_passages_pass_through_the_secret_guard(tmp_path: Path) -> None:
     token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
     project = DeriveProject(tmp_path)
