@@ -37,6 +37,9 @@ elif first.startswith("FAIL"):
     sys.exit(3)
 elif first.startswith("CONF "):
     print(json.dumps({"text": "c", "confidence": float(first[5:])}))
+elif first.startswith("ZONE "):
+    print(json.dumps({"text": "zoned", "zone": first[5:]}))
+    print(json.dumps({"text": "unzoned"}))
 elif first.startswith("VIDEO"):
     print(json.dumps({"text": "a spoken line", "start_s": 0.0, "end_s": 1.5, "modality": "text"}))
     print(json.dumps({"text": "a frame", "uri": "frame-1.png", "modality": "image"}))

@@ -144,7 +144,8 @@ def test_the_derivation_key_follows_engine_columns_parent_key_and_bytes_never_bo
     assert project.engine_calls()[calls:] == [str(tmp_path / "media" / "a.txt"), str(tmp_path / "media" / "w.txt")]
 
 
-@pytest.mark.clause("run.emit.unit-status", "run.emit.marker-row", "run.exec.non-zero-exit")
+@pytest.mark.clause("run.emit.unit-status", "run.emit.marker-row", "run.exec.non-zero-exit",
+                    "run.emit.failure-off-table")
 def test_units_without_passages_land_one_marker_row_with_their_status(tmp_path: Path) -> None:
     project = DeriveProject(tmp_path, extra="max_attempts = 2")
     project.parents([
@@ -167,12 +168,38 @@ def test_units_without_passages_land_one_marker_row_with_their_status(tmp_path: 
     assert error.startswith("DeriveStepExit") and "exited 3" in error and "engine refused" in error
     assert markers["odd"][2] == "failed" and markers["odd"][4].startswith("DeriveUnitStatusUnknown")
     assert markers["odd"][5] is False  # an unknown status never passes on retry
+    with project.store() as store:  # the output table is the one record of each unit's state: no other table
+        assert sorted(store.table_names()) == ["docs", "passages"]
     # a failure retries until max_attempts, then settles
     project.run()
     after = dict(project.rows("SELECT unit_ref, attempts FROM passages WHERE unit_status = 'failed'"))
     assert after == {"fails": 2, "odd": 1}
     third = project.run()
     assert third[1].derive is not None and third[1].derive["outstanding"] == 0
+
+
+@pytest.mark.clause("run.bind.remote-url-unsupported", "run.bind.media-unreadable")
+def test_a_url_for_a_local_engine_and_unreadable_media_fail_their_units_alone(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    project = DeriveProject(tmp_path)  # the lines engine declines remote media and has no media_is_url step
+    url = "https://media.example/talk.wav"
+    project.parents([{"id": "url", "path": url}, {"id": "missing", "path": "media/missing.txt"},
+                     {"id": "folder", "path": "media"}, {"id": "null", "path": None},
+                     {"id": "good", "path": project.media("good.txt", "fine")}])
+    ran = contextful(tmp_path, "--json", "pipeline", "run")
+    derive = json.loads(ran.stdout)[-1]["derive"]
+    assert (derive["ok"], derive["failed"]) == (1, 4)
+    assert project.rows("SELECT unit_ref, text FROM passages WHERE kind = 'passage'") == [("good", "fine")]
+    failed = {u: (status, error) for u, status, error in project.rows(
+        "SELECT unit_ref, unit_status, last_error FROM passages WHERE kind = 'marker'")}
+    assert {u: status for u, (status, _) in failed.items()} == dict.fromkeys(["url", "missing", "folder", "null"],
+                                                                             "failed")
+    assert failed["url"][1].startswith("DeriveRemoteUrlUnsupported") and url in failed["url"][1]
+    assert 'when = "media_is_url"' in failed["url"][1]
+    for unit in ("missing", "folder", "null"):
+        assert failed[unit][1].startswith(f"DeriveMediaUnreadable: unit {unit!r}"), failed[unit]
+    assert project.engine_calls() == [str(tmp_path / "media" / "good.txt")]  # no step ran for the others
 
 
 @pytest.mark.clause("run.bind.confidence-range", "run.emit.output-modality")
@@ -263,8 +290,7 @@ def test_parents_past_the_in_memory_bound_stream_in_batches_with_the_same_work_s
     assert got == expected
 
 
-@pytest.mark.clause("run.select.required-key", "run.emit.reserved-discriminator", "run.emit.failure-off-table",
-                    "run.bind.advisory-zone")
+@pytest.mark.clause("run.select.required-key", "run.emit.reserved-discriminator", "run.emit.failure-off-table")
 @pytest.mark.parametrize(("extra", "drop", "error", "names"), [
     ("", "source_table", "DeriveConfigKeyMissing", ["source_table", "passages"]),
     ("", "parent_id_column", "DeriveConfigKeyMissing", ["parent_id_column", "passages"]),
@@ -272,7 +298,6 @@ def test_parents_past_the_in_memory_bound_stream_in_batches_with_the_same_work_s
     ("", "media_column", "DeriveConfigKeyMissing", ["media_column", "passages"]),
     ('columns = ["speaker", "kind"]', None, "DeriveReservedDiscriminator", ["kind", "passages"]),
     ('failure_table = "passage_errors"', None, "DeriveFailureOffTable", ["passage_errors"]),
-    ('zone_from = "binding"', None, "DeriveAdvisoryZone", ["zone", "binding"]),
 ])
 def test_a_derive_config_the_spec_refuses_names_its_problem(tmp_path: Path, extra: str, drop: str | None,
                                                             error: str, names: list[str]) -> None:
@@ -289,6 +314,34 @@ def test_a_derive_config_the_spec_refuses_names_its_problem(tmp_path: Path, extr
     assert found, [p.name for p in caught.value.problems]
     for name in names:
         assert name in found[0].detail
+
+
+@pytest.mark.clause("run.bind.advisory-zone")
+def test_the_bindings_advisory_zone_never_becomes_a_rows_zone(tmp_path: Path) -> None:
+    """A run under a binding with ``zone = "eu-west"``: each passage lands the zone its engine
+    reported or none, markers none, and no row the binding's; asking for the binding's zone as the
+    rows' (``zone_from = "binding"``) is refused before anything runs."""
+    from tests.support.cli import contextful
+
+    project = DeriveProject(tmp_path)
+    project.write_machine(extra='zone = "eu-west"\n')
+    project.parents([{"id": "z", "path": project.media("z.txt", "ZONE us-east")},
+                     {"id": "p", "path": project.media("p.txt", "plain")},
+                     {"id": "e", "path": project.media("e.txt", "EMPTY")},
+                     {"id": "f", "path": project.media("f.txt", "FAIL")}])
+    contextful(tmp_path, "pipeline", "run", check=False)  # f fails alone, as a marker
+    assert project.rows("SELECT unit_ref, kind, text, zone FROM passages ORDER BY unit_ref, cue_seq") == [
+        ("e", "marker", None, None), ("f", "marker", None, None), ("p", "passage", "plain", None),
+        ("z", "passage", "zoned", "us-east"), ("z", "passage", "unzoned", None)]
+
+    asking = DeriveProject(tmp_path / "asking", extra='zone_from = "binding"')
+    asking.write_machine(extra='zone = "eu-west"\n')
+    asking.parents([{"id": "p", "path": asking.media("p.txt", "plain")}])
+    for args in (("pipeline", "validate"), ("pipeline", "run")):
+        refused = contextful(asking.root, *args, check=False)
+        assert refused.returncode == 3, refused.stderr
+        assert "DeriveAdvisoryZone: pipeline 'passages', engine 'lines':" in refused.stderr
+    assert not (asking.root / ".contextful" / "store").exists() and asking.engine_calls() == []
 
 
 @pytest.mark.clause("run.emit.stale-supersedes")

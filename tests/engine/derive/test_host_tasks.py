@@ -29,9 +29,8 @@ def task(request: pytest.FixtureRequest) -> Iterator[tuple[str, Calls]]:
     """A host task splitting a doc's body into chunks, joining the doc's notes."""
     name = f"chunks_{request.node.name[:40].replace('[', '_').replace(']', '_').replace('-', '_')}"
     calls = Calls()
-    version = getattr(request, "param", "1")
 
-    @register_task(name, task_version=version, marker_table="chunks_done", content_tables=["chunks", "tags"],
+    @register_task(name, task_version="1", marker_table="chunks_done", content_tables=["chunks", "tags"],
                    columns=["body"], joins=[TaskJoin("notes", "doc", ("text",))])
     def chunk(unit: TaskUnit) -> dict[str, list[dict[str, Any]]]:
         calls.units.append(unit.unit_ref)
