@@ -103,7 +103,8 @@ class Binding:
     parallelism: int | None = None
     """Units in flight (a bound; None: the machine's cores)."""
     zone: str | None = None
-    """Advisory zone passed to the engine; never a row's zone, left out of derivation keys."""
+    """Advisory zone of the machine's engine (nothing passes it to the engine's steps); never a row's zone,
+    left out of derivation keys (``run.bind.advisory-zone``)."""
 
     def identity(self) -> dict[str, Any]:
         """The binding as JSON-able values, less its bounds (``deadline_s``, ``output_cap_bytes``,
