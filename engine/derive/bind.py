@@ -103,7 +103,8 @@ class Binding:
     parallelism: int | None = None
     """Units in flight (a bound; None: the machine's cores)."""
     zone: str | None = None
-    """Advisory zone passed to the engine; never a row's zone, left out of derivation keys."""
+    """Advisory zone of the machine's engine (nothing passes it to the engine's steps); never a row's zone,
+    left out of derivation keys (``run.bind.advisory-zone``)."""
 
     def identity(self) -> dict[str, Any]:
         """The binding as JSON-able values, less its bounds (``deadline_s``, ``output_cap_bytes``,
@@ -202,19 +203,23 @@ def command_in_manifest(pipeline: str, config: Mapping[str, Any]) -> list[Derive
     return found
 
 
-def check_driver(pipeline: str, task: str, binding: Binding | None, host_task: bool) -> list[ContextfulError]:
+def check_driver(pipeline: str, task: str, engine: str | None, machine: MachineConfig,
+                 host_task: bool) -> list[ContextfulError]:
     """``run.bind.driver-mismatch``: ``exec`` or ``none`` behind transcribe, ``fetch`` behind
-    link_preview, and no engine (``binding`` None) behind a host task.
+    link_preview, and no engine behind a host task.
 
-    A built-in task without a binding is not this check's to report (its ``engine`` key is
-    missing, or unbound: other errors name that); nor is a task that is neither built in nor a
-    host task (``DeriveUnknownTask``)."""
+    ``engine`` is what the pipeline's ``engine`` key names (None: the key is absent). A host task
+    naming any engine is refused, bound on this machine or not: the pairing is wrong in the manifest
+    itself. A built-in task whose engine is unbound is not this check's to report (its ``engine``
+    key is missing, or unbound: other errors name that); nor is a task that is neither built in nor
+    a host task (``DeriveUnknownTask``)."""
+    binding = machine.bindings.get(engine) if engine is not None else None
     if host_task:
-        if binding is None:
+        if engine is None:
             return []
-        return [DeriveDriverMismatch(pipeline, task, binding.driver,
+        return [DeriveDriverMismatch(pipeline, task, binding.driver if binding is not None else "an unbound engine",
                                      f"host task {task!r} runs its registered code and names no engine: remove "
-                                     f"engine = {binding.engine!r} from [pipeline.source.config]")]
+                                     f"engine = {engine!r} from [pipeline.source.config]")]
     allowed = TASK_DRIVERS.get(task)
     if binding is None or allowed is None or binding.driver in allowed:
         return []

@@ -152,7 +152,7 @@ def build_tier(spec: PipelineSpec, machine: MachineConfig) -> Tier:
     columns = sorted(set(config.columns))
     if config.builtin:
         binding = binding_for(machine, spec.id, str(config.engine))
-        problems = check_driver(spec.id, config.task, binding, False)
+        problems = check_driver(spec.id, config.task, config.engine, machine, False)
         if problems:
             raise problems[0]
         static = static_digest({"task": config.task, "engine": config.engine, "binding": binding.identity(),
@@ -161,7 +161,7 @@ def build_tier(spec: PipelineSpec, machine: MachineConfig) -> Tier:
     task = host_task(config.task)
     if task is None:
         raise DeriveUnknownTask(spec.id, config.task, BUILTIN_TASKS, registered_names())
-    problems = check_driver(spec.id, config.task, None, True) if config.engine else []
+    problems = check_driver(spec.id, config.task, config.engine, machine, True)
     if problems:
         raise problems[0]
     static = static_digest({"task": task.name, "task_version": task.task_version, "columns": list(task.columns)})

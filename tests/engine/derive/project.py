@@ -4,6 +4,8 @@ and a machine configuration binding it."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,6 +37,9 @@ elif first.startswith("FAIL"):
     sys.exit(3)
 elif first.startswith("CONF "):
     print(json.dumps({"text": "c", "confidence": float(first[5:])}))
+elif first.startswith("ZONE "):
+    print(json.dumps({"text": "zoned", "zone": first[5:]}))
+    print(json.dumps({"text": "unzoned"}))
 elif first.startswith("VIDEO"):
     print(json.dumps({"text": "a spoken line", "start_s": 0.0, "end_s": 1.5, "modality": "text"}))
     print(json.dumps({"text": "a frame", "uri": "frame-1.png", "modality": "image"}))
@@ -44,6 +49,20 @@ else:
 '''
 
 HEADER = '[project]\nname = "derive-test"\n'
+
+EMBEDDING = '''
+"""An embedding program: registers its host tasks, then runs the contextful command line."""
+import sys
+import contextful
+from contextful.engine.cli import main
+
+for name in sys.argv.pop(1).split(","):
+    @contextful.register_task(name, task_version="1", marker_table=f"{name}_done", content_tables=[name],
+                              columns=["body"])
+    def split(unit, name=name):
+        return {name: [{"text": part} for part in unit.parent["body"].split("|") if part]}
+main()
+'''
 
 
 def files_pipeline(pipeline_id: str, paths: str = "parents/*.ndjson") -> str:
@@ -110,6 +129,20 @@ class DeriveProject:
         self._batches += 1
         path = self.root / "parents" / f"batch-{self._batches:04d}.ndjson"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def embedded(self, tasks: Sequence[str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``contextful --project ROOT ARGS...`` run by an embedding program that first registers the
+        host tasks ``tasks``: each ``<name>`` splits its parent's ``body`` on ``|`` into the content
+        table ``<name>``, its marker table ``<name>_done`` (a real child process, no ``CONTEXTFUL_*``
+        variable inherited)."""
+        script = self.root / "embedding.py"
+        script.write_text(EMBEDDING)
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
+        proc = subprocess.run([sys.executable, str(script), ",".join(tasks), "--project", str(self.root), *args],
+                              capture_output=True, text=True, env=clean, timeout=300, check=False)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"contextful {' '.join(args)}: exit {proc.returncode}: {proc.stderr}")
+        return proc
 
     def manifest(self) -> Manifest:
         return load_manifest(self.root)

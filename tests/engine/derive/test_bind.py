@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,15 +12,11 @@ from contextful.engine.derive.bind import (
     Binding,
     Step,
     binding_for,
-    check_driver,
-    command_in_manifest,
     machine_path,
     read_machine,
 )
 from contextful.storage.errors import (
     ContextfulError,
-    DeriveCommandInManifest,
-    DeriveDriverMismatch,
     DeriveEndpointHostNotBare,
     DeriveEngineUnbound,
     DeriveEnvNameInvalid,
@@ -28,6 +25,8 @@ from contextful.storage.errors import (
     ManifestValueInvalid,
     ProjectInvalid,
 )
+
+from tests.engine.derive.project import HEADER, DeriveProject, derive_pipeline, files_pipeline
 
 FULL = """
 [derive.whisper]
@@ -106,49 +105,138 @@ def test_lookup_order_flag_then_environment_then_beside_the_project(tmp_path: Pa
     assert [type(p) for p in problems] == [ProjectInvalid] and "env.toml" in str(problems[0])
 
 
-@pytest.mark.clause("run.bind.unbound-engine")
-def test_an_unbound_engine_names_pipeline_engine_file_and_every_bound_engine(tmp_path: Path) -> None:
+def test_binding_for_names_the_default_file_when_none_was_found(tmp_path: Path) -> None:
     path = tmp_path / "machine.toml"
     path.write_text(FULL)
     machine, _ = read_machine(path)
     assert binding_for(machine, "talks", "whisper").engine == "whisper"
     with pytest.raises(DeriveEngineUnbound) as caught:
         binding_for(machine, "talks", "vosk")
-    error = caught.value
-    assert (error.pipeline, error.engine, error.file, error.bound) == ("talks", "vosk", str(path),
-                                                                       ("preview", "whisper"))
-    for text in ("'talks'", "'vosk'", "[derive.vosk]", str(path), "preview, whisper"):
-        assert text in str(error)
+    assert (caught.value.pipeline, caught.value.engine, caught.value.file, caught.value.bound) == (
+        "talks", "vosk", str(path), ("preview", "whisper"))
     with pytest.raises(DeriveEngineUnbound) as caught:  # no file found: the default one beside the project
         binding_for(read_machine(None)[0], "talks", "vosk")
     assert MACHINE_FILE in caught.value.file and caught.value.bound == ()
 
 
+@pytest.mark.clause("run.bind.unbound-engine")
+def test_validate_and_run_name_the_pipeline_engine_file_and_every_bound_engine(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    project = DeriveProject(tmp_path)
+    machine = tmp_path / MACHINE_FILE
+    machine.write_text('[derive.zeta]\ncommand = ["/bin/true"]\n[derive.other]\ncommand = ["/bin/true"]\n')
+    project.parents([{"id": "a", "path": project.media("a.txt", "x")}])
+    checked = contextful(tmp_path, "--json", "pipeline", "validate", check=False)
+    assert checked.returncode == 3
+    [problem] = json.loads(checked.stdout)["problems"]
+    assert problem["error"] == "DeriveEngineUnbound"
+    for named in ("pipeline 'passages'", "engine 'lines'", "[derive.lines]", f"add one to {machine}",
+                  "bound engines: other, zeta;"):
+        assert named in problem["detail"], problem["detail"]
+    machine.unlink()  # none found: the file to create, beside the manifest, and no bound engine
+    for args in (("pipeline", "validate"), ("pipeline", "run")):
+        ran = contextful(tmp_path, *args, check=False)
+        assert ran.returncode == 3 and "error: DeriveEngineUnbound:" in ran.stderr, ran.stderr
+        assert f"add one to {MACHINE_FILE} beside contextful.toml" in ran.stderr
+        assert "bound engines: none;" in ran.stderr and "'passages'" in ran.stderr
+    assert not (tmp_path / ".contextful" / "store").exists()  # nothing ran, not even the parents' landing
+    assert project.engine_calls() == []
+
+
+CARRYING = """
+preprocess = [{ command = ["/bin/cp", "{input}", "{output}"], output = "x" }]
+env = { PATH = "/usr/bin" }
+allow_hosts = ["example.org"]
+command = ["/bin/true", "{input}"]
+options = { steps = [{ command = "sh -c x" }] }
+"""
+"""Binding keys a pipeline's source config must not carry, one nested inside another key."""
+
+
 @pytest.mark.clause("run.bind.command-in-manifest")
-def test_binding_keys_in_the_pipeline_config_are_refused_wherever_they_sit() -> None:
-    config = {"source_table": "talks", "engine": "whisper", "media_column": "audio",
-              "preprocess": [{"command": ["x"]}], "env": {"A": "b"}, "allow_hosts": ["h"],
-              "command": ["python3", "e.py"], "options": {"steps": [{"command": "sh -c x"}]}}
-    found = command_in_manifest("talks", config)
-    assert all(isinstance(e, DeriveCommandInManifest) and e.pipeline == "talks" for e in found)
-    assert [e.key for e in found] == ["preprocess", "env", "allow_hosts", "command", "options.steps[0].command"]
-    assert command_in_manifest("talks", {"source_table": "t", "engine": "whisper", "media_column": "m"}) == []
+def test_validate_and_run_refuse_binding_keys_in_the_pipeline_config_wherever_they_sit(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    clean = DeriveProject(tmp_path / "clean")
+    assert json.loads(contextful(clean.root, "--json", "pipeline", "validate").stdout)["ok"] is True
+    project = DeriveProject(tmp_path / "carrying", extra=CARRYING)
+    project.parents([{"id": "a", "path": project.media("a.txt", "x")}])
+    checked = contextful(project.root, "--json", "pipeline", "validate", check=False)
+    assert checked.returncode == 3
+    problems = json.loads(checked.stdout)["problems"]
+    carried = [p["detail"] for p in problems if p["error"] == "DeriveCommandInManifest"]
+    assert len(carried) == 5, problems
+    for detail, key in zip(carried, ("preprocess", "env", "allow_hosts", "command", "options.steps[0].command"),
+                           strict=True):
+        assert detail.startswith(f"pipeline 'passages': [pipeline.source.config] holds {key!r}"), detail
+        assert "machine configuration" in detail
+    ran = contextful(project.root, "pipeline", "run", check=False)
+    assert ran.returncode == 3 and "DeriveCommandInManifest" in ran.stderr
+    assert not (project.root / ".contextful" / "store").exists() and project.engine_calls() == []
+
+
+MACHINE_DRIVERS = """
+[derive.copy]
+driver = "none"
+[[derive.copy.preprocess]]
+command = ["/bin/cp", "{input}", "{output}"]
+output = "out.ndjson"
+
+[derive.preview]
+driver = "fetch"
+endpoint_host = "127.0.0.1"
+allow_hosts = ["127.0.0.1"]
+"""
+
+
+def _host(pipeline_id: str, task: str, engine: str | None = None) -> str:
+    """A pipeline running the embedding program's host task ``task`` (tables ``<task>_done``, ``<task>``)."""
+    return derive_pipeline(pipeline_id, "docs", task=task, engine=engine, table=f"{task}_done",
+                           config=f'tables = ["{task}_done", "{task}"]')
 
 
 @pytest.mark.clause("run.bind.driver-mismatch")
-def test_each_task_runs_behind_its_drivers_only() -> None:
-    def bound(driver: str) -> Binding:
-        return Binding("e", driver)
+def test_validate_and_run_refuse_a_task_behind_another_driver_and_a_host_task_naming_an_engine(
+        tmp_path: Path) -> None:
+    good = (HEADER + files_pipeline("docs")
+            + derive_pipeline("talks_exec", "docs", engine="lines", media_column="path")
+            + derive_pipeline("talks_none", "docs", engine="copy", media_column="path")
+            + derive_pipeline("links_fetch", "docs", task="link_preview", engine="preview", media_column="path")
+            + _host("pages_plain", "pages"))
+    project = DeriveProject(tmp_path / "good", manifest=good)
+    project.write_machine(extra=MACHINE_DRIVERS)
+    checked = project.embedded(["pages"], "--json", "pipeline", "validate")
+    assert json.loads(checked.stdout)["ok"] is True
 
-    for task, driver in (("transcribe", "exec"), ("transcribe", "none"), ("link_preview", "fetch")):
-        assert check_driver("p", task, bound(driver), host_task=False) == []
-    assert check_driver("p", "ocr_pages", None, host_task=True) == []
-    for task, driver in (("transcribe", "fetch"), ("link_preview", "exec"), ("link_preview", "none")):
-        [error] = check_driver("p", task, bound(driver), host_task=False)
-        assert isinstance(error, DeriveDriverMismatch)
-        assert (error.pipeline, error.task, error.driver) == ("p", task, driver)
-    [error] = check_driver("p", "ocr_pages", bound("exec"), host_task=True)  # a host task names no engine
-    assert isinstance(error, DeriveDriverMismatch) and error.task == "ocr_pages" and "names no engine" in str(error)
+    bad = (HEADER + files_pipeline("docs")
+           + derive_pipeline("talks_fetch", "docs", engine="preview", media_column="path")
+           + derive_pipeline("links_exec", "docs", task="link_preview", engine="lines", media_column="path")
+           + derive_pipeline("links_none", "docs", task="link_preview", engine="copy", media_column="path")
+           + _host("pages_bound", "pages", engine="lines")         # a host task naming a bound engine
+           + _host("notes_unbound", "notes", engine="nowhere"))    # ... or one this machine does not bind
+    project = DeriveProject(tmp_path / "bad", manifest=bad)
+    project.write_machine(extra=MACHINE_DRIVERS)
+    project.parents([{"id": "a", "path": project.media("a.txt", "x"), "body": "x|y"}])
+    checked = project.embedded(["pages", "notes"], "--json", "pipeline", "validate", check=False)
+    assert checked.returncode == 3, checked.stderr
+    problems = json.loads(checked.stdout)["problems"]
+    assert [p["error"] for p in problems] == ["DeriveDriverMismatch"] * 5
+    details = [p["detail"] for p in problems]
+    for (pipeline, task, driver), detail in zip([("talks_fetch", "transcribe", "fetch"),
+                                                 ("links_exec", "link_preview", "exec"),
+                                                 ("links_none", "link_preview", "none"),
+                                                 ("pages_bound", "pages", "exec"),
+                                                 ("notes_unbound", "notes", "an unbound engine")], details,
+                                                strict=True):
+        assert f"pipeline {pipeline!r}: task {task!r} cannot run behind {driver};" in detail
+    assert "names no engine: remove engine = 'lines'" in details[3]
+    assert "names no engine: remove engine = 'nowhere'" in details[4]
+    for ids in (["pages_bound"], ["notes_unbound"], []):  # the run refuses before anything lands
+        ran = project.embedded(["pages", "notes"], "pipeline", "run", *ids, check=False)
+        assert ran.returncode == 3 and "error: DeriveDriverMismatch:" in ran.stderr, ran.stderr
+        assert not (project.root / ".contextful" / "store").exists()
+    assert project.engine_calls() == []
 
 
 @pytest.mark.clause("run.bind.endpoint-host-bare")
@@ -161,6 +249,26 @@ def test_an_endpoint_host_must_be_bare(tmp_path: Path, value: str, part: str) ->
     assert isinstance(error, DeriveEndpointHostNotBare)
     assert (error.engine, error.value, error.part) == ("preview", value, part)
     assert bindings == {}
+
+
+@pytest.mark.clause("run.bind.endpoint-host-bare")
+def test_validate_and_run_name_every_endpoint_host_that_is_not_bare(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    project = DeriveProject(tmp_path)
+    project.write_machine(extra='[derive.a]\ndriver = "fetch"\nendpoint_host = "https://example.org"\n'
+                                '[derive.b]\ndriver = "fetch"\nendpoint_host = "example.org:8080"\n'
+                                '[derive.c]\ndriver = "fetch"\nendpoint_host = "example.org/api?x=1"\n')
+    checked = contextful(tmp_path, "--json", "pipeline", "validate", check=False)
+    assert checked.returncode == 3
+    problems = json.loads(checked.stdout)["problems"]
+    assert [(p["error"], p["detail"].split(" endpoint_host")[0]) for p in problems] == [
+        ("DeriveEndpointHostNotBare", "[derive.a]"), ("DeriveEndpointHostNotBare", "[derive.b]"),
+        ("DeriveEndpointHostNotBare", "[derive.c]")]
+    assert [p["detail"].split("carries a ")[1].split(";")[0] for p in problems] == ["scheme", "port", "path"]
+    ran = contextful(tmp_path, "pipeline", "run", check=False)
+    assert ran.returncode == 3 and "DeriveEndpointHostNotBare" in ran.stderr
+    assert not (tmp_path / ".contextful" / "store").exists()
 
 
 def test_bare_hosts_pass(tmp_path: Path) -> None:

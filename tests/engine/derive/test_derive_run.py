@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -39,43 +40,112 @@ def test_each_run_derives_only_the_units_without_a_settled_row_under_their_curre
     assert project.engine_calls()[-1].endswith("d3.txt") and len(project.engine_calls()) == 4
 
 
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _builtin_key(project: DeriveProject, *, engine: str, columns: list[str], unit: str, media: str,
+                 parent_key: str | None, media_bytes: bytes | None) -> str:
+    """The clause's recipe, computed here from what the test wrote (docs/derive.md, engine.derive.keys):
+    SHA-256 over the build's part (task, engine id, binding less bounds and zone, declared columns)
+    then the unit's id, media value, parent's derivation_key and the local media file's bytes."""
+    binding = {"engine": engine, "driver": "exec", "command": [sys.executable, str(project.root / "engine.py"),
+                                                                 "{input}"],
+               "preprocess": [], "env": {"DERIVE_LOG": str(project.calls)}, "allow_hosts": [],
+               "endpoint_host": None, "remote": False}
+    build = json.dumps({"task": "transcribe", "engine": engine, "binding": binding, "columns": sorted(columns)},
+                       sort_keys=True, separators=(",", ":"))
+    parts = [_sha(build.encode()), json.dumps(unit), json.dumps(media), parent_key or "",
+             _sha(media_bytes) if media_bytes is not None else "", ""]
+    return _sha(SEPARATOR.join(parts).encode())
+
+
+def _chained_machine(project: DeriveProject, lines: str = "lines", bounds: str = "") -> None:
+    """``lines`` (the parent tier's engine) and ``words`` (the child's): one script, two bindings."""
+    block = (f'command = [{json.dumps(sys.executable)}, {json.dumps(str(project.root / "engine.py"))}, "{{input}}"]\n'
+             f'env = {{ DERIVE_LOG = {json.dumps(str(project.calls))} }}\n')
+    (project.root / "contextful.machine.toml").write_text(
+        f"[derive.{lines}]\n{block}{bounds}[derive.words]\n{block}{bounds}")
+
+
 @pytest.mark.clause("run.emit.derivation-key", "run.emit.local-content-key")
-def test_every_row_carries_the_documented_derivation_key(tmp_path: Path) -> None:
-    from contextful.engine.derive.bind import machine_path, read_machine
-    from contextful.engine.derive.run import build_tier
+def test_the_derivation_key_follows_engine_columns_parent_key_and_bytes_never_bounds_or_zone(tmp_path: Path) -> None:
+    """Every passage and marker row carries the key the clause's recipe gives, computed here; one
+    input changed at a time: the engine id, the declared columns, a chained parent's key and the
+    media bytes change it (and re-derive), the binding's bounds and advisory zone do not."""
+    from tests.engine.derive.project import HEADER, derive_pipeline, files_pipeline
 
-    project = DeriveProject(tmp_path)
-    media = project.media("a.txt", "hello")
-    project.parents([{"id": "a", "path": media}, {"id": "b", "path": project.media("b.txt", "EMPTY")}])
-    project.run()
-    machine, _ = read_machine(machine_path(tmp_path))
-    tier = build_tier(project.manifest().pipeline("passages"), machine)
-    content = hashlib.sha256(b"hello").hexdigest()
-    text = SEPARATOR.join([tier.static, json.dumps("a"), json.dumps(media), "", content, ""])
-    expected = hashlib.sha256(text.encode()).hexdigest()
-    keys = dict(project.rows("SELECT unit_ref, any_value(derivation_key) FROM passages GROUP BY unit_ref"))
-    assert keys["a"] == expected and len(keys["b"]) == 64 and keys["b"] == keys["b"].lower()
-    # the static part: engine id, binding less bounds and zone, declared columns
-    static = tier.static
-    project.write_machine(parallelism=7, extra="deadline_s = 11\noutput_cap_bytes = 4096\nzone = \"eu\"\n")
-    machine, _ = read_machine(machine_path(tmp_path))
-    assert build_tier(project.manifest().pipeline("passages"), machine).static == static  # bounds and zone: out
-    (tmp_path / "contextful.machine.toml").write_text(
-        (tmp_path / "contextful.machine.toml").read_text().replace('parallelism = 7', 'parallelism = 7\nremote = true'))
-    machine, _ = read_machine(machine_path(tmp_path))
-    assert build_tier(project.manifest().pipeline("passages"), machine).static != static  # the binding: in
-    # a changed byte under the same path re-selects that unit alone
+    manifest = (HEADER + files_pipeline("docs")
+                + derive_pipeline("passages", "docs", engine="lines", media_column="path")
+                + derive_pipeline("words", "passages", parent_id_column="passage_id", engine="words",
+                                  media_column="text"))
+    project = DeriveProject(tmp_path, manifest=manifest)
+    _chained_machine(project)
+    project.media("w.txt", "a word")  # a's passage names this file: the child's media
+    project.parents([{"id": "a", "path": project.media("a.txt", "media/w.txt")},
+                     {"id": "b", "path": project.media("b.txt", "EMPTY")}])
+
+    def keys() -> dict[tuple[str, str], str]:
+        rows = project.rows("SELECT 'passages', unit_ref, kind, derivation_key FROM passages UNION ALL "
+                            "SELECT 'words', unit_ref, kind, derivation_key FROM words")
+        assert all(len(k) == 64 and k == k.lower() and int(k, 16) >= 0 for *_, k in rows)
+        found = {(table, f"{unit} {kind}"): key for table, unit, kind, key in rows}
+        assert len(found) == len(rows) == 3  # one row per unit: a's passage, b's marker, a:0's passage
+        return found
+
+    def expected(engine: str = "lines", columns: list[str] | None = None,
+                 a_bytes: bytes = b"media/w.txt") -> dict[tuple[str, str], str]:
+        key_a = _builtin_key(project, engine=engine, columns=columns or [], unit="a", media="media/a.txt",
+                             parent_key=None, media_bytes=a_bytes)
+        key_b = _builtin_key(project, engine=engine, columns=columns or [], unit="b", media="media/b.txt",
+                             parent_key=None, media_bytes=b"EMPTY")
+        word = _builtin_key(project, engine="words", columns=[], unit="a:0", media="media/w.txt",
+                            parent_key=key_a, media_bytes=b"a word")
+        return {("passages", "a passage"): key_a, ("passages", "b marker"): key_b, ("words", "a:0 passage"): word}
+
+    def run(outstanding: tuple[int, int]) -> dict[tuple[str, str], str]:
+        results = {r.pipeline: r.derive for r in project.run()}
+        assert (results["passages"]["outstanding"], results["words"]["outstanding"]) == outstanding, results
+        return keys()
+
+    first = run((2, 1))
+    assert first == expected()
     calls = len(project.engine_calls())
-    project.media("a.txt", "hellp")
-    (tmp_path / "contextful.machine.toml").write_text(
-        (tmp_path / "contextful.machine.toml").read_text().replace('\nremote = true', ''))
-    results = project.run()
-    assert results[1].derive is not None and results[1].derive["outstanding"] == 1
-    assert project.engine_calls()[calls:] == [str(tmp_path / "media" / "a.txt")]
-    assert project.rows("SELECT text FROM passages WHERE unit_ref = 'a'") == [("hellp",)]
+
+    # the bounds and the advisory zone: no key changes, nothing re-derives
+    _chained_machine(project, bounds='deadline_s = 11\noutput_cap_bytes = 4096\nparallelism = 7\nzone = "eu"\n')
+    assert run((0, 0)) == first and len(project.engine_calls()) == calls
+
+    # the declared columns: every parent unit's key changes, and so does the child's through its parent's key
+    (tmp_path / "contextful.toml").write_text(manifest.replace('media_column = "path"',
+                                                               'media_column = "path"\ncolumns = ["speaker"]'))
+    columns = run((2, 1))
+    assert columns == expected(columns=["speaker"])
+    assert all(columns[k] != first[k] for k in first)
+    # ... the child's own build is unchanged: only the parent row's derivation_key moved its key
+    assert _builtin_key(project, engine="words", columns=[], unit="a:0", media="media/w.txt",
+                        parent_key=first["passages", "a passage"], media_bytes=b"a word") == first["words", "a:0 passage"]
+
+    # the engine id: the same program bound under another name
+    _chained_machine(project, lines="lines2")
+    (tmp_path / "contextful.toml").write_text(
+        manifest.replace('media_column = "path"', 'media_column = "path"\ncolumns = ["speaker"]')
+        .replace('engine = "lines"', 'engine = "lines2"'))
+    renamed = run((2, 1))
+    assert renamed == expected(engine="lines2", columns=["speaker"])
+    assert all(renamed[k] != columns[k] for k in first)
+
+    # a changed byte under the same path re-selects that unit alone (and its child, through its key)
+    calls = len(project.engine_calls())
+    project.media("a.txt", "media/w.txt\n")
+    changed = run((1, 1))
+    assert changed == expected(engine="lines2", columns=["speaker"], a_bytes=b"media/w.txt\n")
+    assert changed["passages", "b marker"] == renamed["passages", "b marker"]
+    assert project.engine_calls()[calls:] == [str(tmp_path / "media" / "a.txt"), str(tmp_path / "media" / "w.txt")]
 
 
-@pytest.mark.clause("run.emit.unit-status", "run.emit.marker-row", "run.exec.non-zero-exit")
+@pytest.mark.clause("run.emit.unit-status", "run.emit.marker-row", "run.exec.non-zero-exit",
+                    "run.emit.failure-off-table")
 def test_units_without_passages_land_one_marker_row_with_their_status(tmp_path: Path) -> None:
     project = DeriveProject(tmp_path, extra="max_attempts = 2")
     project.parents([
@@ -98,12 +168,38 @@ def test_units_without_passages_land_one_marker_row_with_their_status(tmp_path: 
     assert error.startswith("DeriveStepExit") and "exited 3" in error and "engine refused" in error
     assert markers["odd"][2] == "failed" and markers["odd"][4].startswith("DeriveUnitStatusUnknown")
     assert markers["odd"][5] is False  # an unknown status never passes on retry
+    with project.store() as store:  # the output table is the one record of each unit's state: no other table
+        assert sorted(store.table_names()) == ["docs", "passages"]
     # a failure retries until max_attempts, then settles
     project.run()
     after = dict(project.rows("SELECT unit_ref, attempts FROM passages WHERE unit_status = 'failed'"))
     assert after == {"fails": 2, "odd": 1}
     third = project.run()
     assert third[1].derive is not None and third[1].derive["outstanding"] == 0
+
+
+@pytest.mark.clause("run.bind.remote-url-unsupported", "run.bind.media-unreadable")
+def test_a_url_for_a_local_engine_and_unreadable_media_fail_their_units_alone(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    project = DeriveProject(tmp_path)  # the lines engine declines remote media and has no media_is_url step
+    url = "https://media.example/talk.wav"
+    project.parents([{"id": "url", "path": url}, {"id": "missing", "path": "media/missing.txt"},
+                     {"id": "folder", "path": "media"}, {"id": "null", "path": None},
+                     {"id": "good", "path": project.media("good.txt", "fine")}])
+    ran = contextful(tmp_path, "--json", "pipeline", "run")
+    derive = json.loads(ran.stdout)[-1]["derive"]
+    assert (derive["ok"], derive["failed"]) == (1, 4)
+    assert project.rows("SELECT unit_ref, text FROM passages WHERE kind = 'passage'") == [("good", "fine")]
+    failed = {u: (status, error) for u, status, error in project.rows(
+        "SELECT unit_ref, unit_status, last_error FROM passages WHERE kind = 'marker'")}
+    assert {u: status for u, (status, _) in failed.items()} == dict.fromkeys(["url", "missing", "folder", "null"],
+                                                                             "failed")
+    assert failed["url"][1].startswith("DeriveRemoteUrlUnsupported") and url in failed["url"][1]
+    assert 'when = "media_is_url"' in failed["url"][1]
+    for unit in ("missing", "folder", "null"):
+        assert failed[unit][1].startswith(f"DeriveMediaUnreadable: unit {unit!r}"), failed[unit]
+    assert project.engine_calls() == [str(tmp_path / "media" / "good.txt")]  # no step ran for the others
 
 
 @pytest.mark.clause("run.bind.confidence-range", "run.emit.output-modality")
@@ -194,8 +290,7 @@ def test_parents_past_the_in_memory_bound_stream_in_batches_with_the_same_work_s
     assert got == expected
 
 
-@pytest.mark.clause("run.select.required-key", "run.emit.reserved-discriminator", "run.emit.failure-off-table",
-                    "run.bind.advisory-zone")
+@pytest.mark.clause("run.select.required-key", "run.emit.reserved-discriminator", "run.emit.failure-off-table")
 @pytest.mark.parametrize(("extra", "drop", "error", "names"), [
     ("", "source_table", "DeriveConfigKeyMissing", ["source_table", "passages"]),
     ("", "parent_id_column", "DeriveConfigKeyMissing", ["parent_id_column", "passages"]),
@@ -203,7 +298,6 @@ def test_parents_past_the_in_memory_bound_stream_in_batches_with_the_same_work_s
     ("", "media_column", "DeriveConfigKeyMissing", ["media_column", "passages"]),
     ('columns = ["speaker", "kind"]', None, "DeriveReservedDiscriminator", ["kind", "passages"]),
     ('failure_table = "passage_errors"', None, "DeriveFailureOffTable", ["passage_errors"]),
-    ('zone_from = "binding"', None, "DeriveAdvisoryZone", ["zone", "binding"]),
 ])
 def test_a_derive_config_the_spec_refuses_names_its_problem(tmp_path: Path, extra: str, drop: str | None,
                                                             error: str, names: list[str]) -> None:
@@ -220,6 +314,34 @@ def test_a_derive_config_the_spec_refuses_names_its_problem(tmp_path: Path, extr
     assert found, [p.name for p in caught.value.problems]
     for name in names:
         assert name in found[0].detail
+
+
+@pytest.mark.clause("run.bind.advisory-zone")
+def test_the_bindings_advisory_zone_never_becomes_a_rows_zone(tmp_path: Path) -> None:
+    """A run under a binding with ``zone = "eu-west"``: each passage lands the zone its engine
+    reported or none, markers none, and no row the binding's; asking for the binding's zone as the
+    rows' (``zone_from = "binding"``) is refused before anything runs."""
+    from tests.support.cli import contextful
+
+    project = DeriveProject(tmp_path)
+    project.write_machine(extra='zone = "eu-west"\n')
+    project.parents([{"id": "z", "path": project.media("z.txt", "ZONE us-east")},
+                     {"id": "p", "path": project.media("p.txt", "plain")},
+                     {"id": "e", "path": project.media("e.txt", "EMPTY")},
+                     {"id": "f", "path": project.media("f.txt", "FAIL")}])
+    contextful(tmp_path, "pipeline", "run", check=False)  # f fails alone, as a marker
+    assert project.rows("SELECT unit_ref, kind, text, zone FROM passages ORDER BY unit_ref, cue_seq") == [
+        ("e", "marker", None, None), ("f", "marker", None, None), ("p", "passage", "plain", None),
+        ("z", "passage", "zoned", "us-east"), ("z", "passage", "unzoned", None)]
+
+    asking = DeriveProject(tmp_path / "asking", extra='zone_from = "binding"')
+    asking.write_machine(extra='zone = "eu-west"\n')
+    asking.parents([{"id": "p", "path": asking.media("p.txt", "plain")}])
+    for args in (("pipeline", "validate"), ("pipeline", "run")):
+        refused = contextful(asking.root, *args, check=False)
+        assert refused.returncode == 3, refused.stderr
+        assert "DeriveAdvisoryZone: pipeline 'passages', engine 'lines':" in refused.stderr
+    assert not (asking.root / ".contextful" / "store").exists() and asking.engine_calls() == []
 
 
 @pytest.mark.clause("run.emit.stale-supersedes")
@@ -282,20 +404,6 @@ def test_a_key_changed_and_changed_back_derives_the_unit_again(tmp_path: Path) -
         assert project.rows("SELECT text FROM passages") == [(text,)]
     assert outstanding == [1, 1, 1]  # the first A rows count for nothing once B landed
     assert len(project.engine_calls()) == 3
-
-
-def test_an_unbound_engine_refuses_validate_and_the_whole_run_before_anything_runs(tmp_path: Path) -> None:
-    from tests.support.cli import contextful
-
-    project = DeriveProject(tmp_path)
-    (tmp_path / "contextful.machine.toml").write_text("[derive.other]\ncommand = [\"/bin/true\"]\n")
-    project.parents([{"id": "a", "path": project.media("a.txt", "x")}])
-    checked = contextful(tmp_path, "pipeline", "validate", check=False)
-    assert checked.returncode == 3 and "DeriveEngineUnbound" in checked.stderr
-    assert "'lines'" in checked.stderr and "contextful.machine.toml" in checked.stderr and "other" in checked.stderr
-    ran = contextful(tmp_path, "pipeline", "run", check=False)
-    assert ran.returncode == 3 and "DeriveEngineUnbound" in ran.stderr
-    assert not (tmp_path / ".contextful" / "store").exists()  # nothing ran, not even the parents' landing
 
 
 def test_passages_pass_through_the_secret_guard(tmp_path: Path) -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from contextful.engine.derive.keys import SEPARATOR
 from contextful.engine.derive.tasks import TaskJoin, TaskUnit, register_task, unregister_task
 from contextful.storage.errors import DeriveTaskNameTaken, DeriveUnknownTask, ManifestInvalid
 
@@ -25,9 +29,8 @@ def task(request: pytest.FixtureRequest) -> Iterator[tuple[str, Calls]]:
     """A host task splitting a doc's body into chunks, joining the doc's notes."""
     name = f"chunks_{request.node.name[:40].replace('[', '_').replace(']', '_').replace('-', '_')}"
     calls = Calls()
-    version = getattr(request, "param", "1")
 
-    @register_task(name, task_version=version, marker_table="chunks_done", content_tables=["chunks", "tags"],
+    @register_task(name, task_version="1", marker_table="chunks_done", content_tables=["chunks", "tags"],
                    columns=["body"], joins=[TaskJoin("notes", "doc", ("text",))])
     def chunk(unit: TaskUnit) -> dict[str, list[dict[str, Any]]]:
         calls.units.append(unit.unit_ref)
@@ -58,8 +61,6 @@ def _project(tmp_path: Path, task: str, *, tables: str = '["chunks_done", "chunk
 
 
 def _notes(project: DeriveProject, name: str, rows: list[dict[str, Any]]) -> None:
-    import json
-
     (project.root / "notes" / f"{name}.ndjson").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -164,27 +165,76 @@ def test_a_joined_row_landing_changing_or_leaving_rederives_that_unit_alone(tmp_
     assert calls.units == ["b"]
 
 
-@pytest.mark.clause("run.emit.task-version")
-@pytest.mark.parametrize("task", ["1"], indirect=True)
-def test_raising_the_task_version_reselects_every_settled_unit(tmp_path: Path, task: tuple[str, Calls]) -> None:
-    from contextful.engine.derive import tasks
+def _host_key(name: str, version: str, columns: list[str], unit: str, parent: dict[str, Any],
+              parent_key: str) -> str:
+    """The clause's recipe, computed here (docs/derive.md, engine.derive.keys): SHA-256 over the build's
+    part (registered name, task_version, declared columns) then the parent row's id, its declared
+    columns and its derivation_key."""
+    build = json.dumps({"task": name, "task_version": version, "columns": columns}, sort_keys=True,
+                       separators=(",", ":"))
+    parts = [hashlib.sha256(build.encode()).hexdigest(), json.dumps(unit),
+             json.dumps({c: parent[c] for c in columns}, separators=(",", ":")), parent_key, "", ""]
+    return hashlib.sha256(SEPARATOR.join(parts).encode()).hexdigest()
 
-    name, calls = task
-    project = _project(tmp_path, name)
-    project.parents([{"id": d, "body": d} for d in ("a", "b")])
-    project.run()
-    assert project.run()[-1].derive["outstanding"] == 0  # type: ignore[index]
-    registered = tasks.host_task(name)
-    assert registered is not None
-    unregister_task(name)
-    register_task(name, task_version="2", marker_table=registered.marker_table,
-                  content_tables=registered.content_tables, columns=registered.columns,
-                  joins=registered.joins)(registered.fn)
-    calls.units.clear()
-    results = project.run()
-    assert results[-1].derive is not None and results[-1].derive["outstanding"] == 2
-    assert sorted(calls.units) == ["a", "b"]
-    assert project.rows("SELECT DISTINCT task_version FROM chunks_done") == [("2",)]
+
+@pytest.mark.clause("run.emit.task-version")
+def test_the_host_key_follows_name_version_columns_and_parent_key_and_a_raised_version_reselects_all(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A host task chained on a derive tier's passages: its rows carry the key the clause's recipe
+    gives, computed here; one input changed at a time (task_version, registered name, declared
+    columns, the parent's derivation_key) changes every unit's key and re-derives every unit."""
+    names = ("tv_lines", "tv_lines_renamed")
+    ran: list[str] = []
+
+    def register(name: str, version: str, columns: list[str]) -> None:
+        unregister_task(name)
+
+        @register_task(name, task_version=version, marker_table="lines_done", content_tables=["lines"],
+                       columns=columns)
+        def copy(unit: TaskUnit) -> dict[str, list[dict[str, Any]]]:
+            ran.append(unit.unit_ref)
+            return {"lines": [{"text": unit.parent["text"].upper()}]}
+
+    request.addfinalizer(lambda: [unregister_task(n) for n in names])
+    manifest = (HEADER + files_pipeline("docs")
+                + derive_pipeline("passages", "docs", engine="lines", media_column="path")
+                + derive_pipeline("lining", "passages", parent_id_column="passage_id", task=names[0],
+                                  table="lines_done", config='tables = ["lines_done", "lines"]'))
+    register(names[0], "1", ["text"])
+    project = DeriveProject(tmp_path, manifest=manifest)
+    project.parents([{"id": "a", "path": project.media("a.txt", "one\ntwo")},
+                     {"id": "b", "path": project.media("b.txt", "three")}])
+
+    def run(name: str, version: str, columns: list[str]) -> dict[str, str]:
+        ran.clear()
+        results = {r.pipeline: r.derive for r in project.run()}
+        assert results["lining"] is not None and results["lining"]["outstanding"] == 3, results
+        assert sorted(ran) == ["a:0", "a:1", "b:0"]
+        parents = {u: (dict(zip(("text", "cue_seq"), rest, strict=True)), key) for u, *rest, key in project.rows(
+            "SELECT passage_id, text, cue_seq, derivation_key FROM passages")}
+        landed = project.rows("SELECT unit_ref, derivation_key FROM lines_done UNION ALL "
+                              "SELECT unit_ref, derivation_key FROM lines")
+        keys = dict(landed)
+        assert len(landed) == 6 and len(keys) == 3  # the marker and the content row carry one key
+        assert keys == {u: _host_key(name, version, columns, u, parent, parent_key)
+                        for u, (parent, parent_key) in parents.items()}
+        assert project.rows("SELECT DISTINCT task_version FROM lines_done") == [(version,)]
+        return keys
+
+    first = run(names[0], "1", ["text"])
+    assert project.run()[-1].derive["outstanding"] == 0  # type: ignore[index]  # settled under its key
+    register(names[0], "2", ["text"])                      # the task_version
+    raised = run(names[0], "2", ["text"])
+    register(names[1], "2", ["text"])                      # the registered name
+    (tmp_path / "contextful.toml").write_text(manifest.replace(f'task = "{names[0]}"', f'task = "{names[1]}"'))
+    renamed = run(names[1], "2", ["text"])
+    register(names[1], "2", ["text", "cue_seq"])           # the declared columns
+    widened = run(names[1], "2", ["text", "cue_seq"])
+    project.write_machine(extra='allow_hosts = ["127.0.0.1"]\n')  # the parent tier's binding: its keys move,
+    reparented = run(names[1], "2", ["text", "cue_seq"])          # its passages (the units' values) do not
+    steps = [first, raised, renamed, widened, reparented]
+    for before, after in itertools.pairwise(steps):
+        assert all(before[u] != after[u] for u in before)
 
 
 @pytest.mark.clause("run.emit.version-retained")
