@@ -151,3 +151,75 @@ def test_the_keeper_lets_go_of_an_execution_whose_journal_was_closed(tmp_path: P
     journal.close_store()  # the handle outlives its store (a test's traceback, a leak): retrying cannot help
     clock.advance(1)
     assert keeper.tick() is None and keeper.registered() == [] and not ex.closed
+
+
+@pytest.mark.clause("run.cancel.engine-keeper", "run.journal.durable-dispatch")
+def test_a_hold_through_one_handle_defers_renewals_through_another_handle_of_the_same_file(tmp_path: Path) -> None:
+    """Holds are counted per journal location: a callback admitted through one handle of a SQLite
+    journal holds its write lock, so the keeper defers the renewals of an execution opened through a
+    second handle of the same file instead of waiting behind the lock for the busy timeout."""
+    import threading
+
+    from contextful.storage.journal import open_journal_store
+
+    path = str(tmp_path / "journal.sqlite")
+    first, second = open_journal_store("sqlite", path=path), open_journal_store("sqlite", path=path)
+    clock = ManualClock(T0)
+    keeper = Keeper(clock, poll_s=1, start=False)
+    busy = open_execution(first, "s:busy", PLAN, holder="h", lease_s=10, clock=clock, keeper=keeper)
+    other = open_execution(second, "s:other", PLAN, holder="h", lease_s=10, clock=clock, keeper=keeper)
+    clock.advance(5)
+    ticked = threading.Event()
+
+    def tick() -> None:
+        keeper.tick()
+        ticked.set()
+
+    with busy.admit():
+        threading.Thread(target=tick, daemon=True).start()
+        assert ticked.wait(60), "the keeper waited behind the hold another handle of its file keeps"
+        assert _lease(second, "s:other") == T0 + 10 * S  # deferred, not attempted
+    clock.advance(1)
+    keeper.tick()  # the hold ended: the deferred renewal goes through
+    assert _lease(second, "s:other") == T0 + 16 * S and other.fenced is None
+    first.close_store()
+    second.close_store()
+
+
+@pytest.mark.clause("run.cancel.engine-keeper")
+def test_a_renewal_waiting_on_a_locked_catalog_never_lets_the_other_leases_lapse(tmp_path: Path) -> None:
+    """The keeper's thread hands each renewal to a thread of its own: one journal whose write lock
+    another process holds keeps its renewal waiting, and every other execution is renewed meanwhile."""
+    import sqlite3
+    import time
+
+    from contextful.storage.clock import SystemClock
+    from contextful.storage.journal import open_journal_store
+
+    locked_path = str(tmp_path / "locked.sqlite")
+    locked, free = open_journal_store("sqlite", path=locked_path), open_journal_store("sqlite",
+                                                                                     path=str(tmp_path / "free.sqlite"))
+    keeper = Keeper(SystemClock(), poll_s=1000)
+    try:
+        stuck = open_execution(locked, "s:stuck", PLAN, holder="h", lease_s=0.4, keeper=keeper)
+        kept = open_execution(free, "s:kept", PLAN, holder="h", lease_s=0.4, keeper=keeper)
+        stuck_lease = _lease(locked, "s:stuck")
+        blocker = sqlite3.connect(locked_path, isolation_level=None)  # another process's write transaction
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            renewals, last = 0, kept.lease_expires_us
+            deadline = time.monotonic() + 60  # a bound for the failure case only: renewals come every 0.2 s
+            while renewals < 5:
+                assert time.monotonic() < deadline, "the other lease was not renewed while one renewal waited"
+                time.sleep(0.05)
+                if kept.lease_expires_us != last:
+                    renewals, last = renewals + 1, kept.lease_expires_us
+            assert stuck.lease_expires_us == stuck_lease  # its renewal is the one still waiting
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        stuck.close(ok=True)
+        kept.close(ok=True)
+    finally:
+        locked.close_store()
+        free.close_store()
