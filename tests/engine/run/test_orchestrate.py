@@ -10,6 +10,10 @@ from the ``orchestrator`` fixture: parametrize it over another adapter to hold t
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,7 +43,8 @@ from contextful.storage.errors import (
 )
 from contextful.storage.journal import CLOSED_CANCELED, CLOSED_OK, PENDING, JournalStore
 
-from tests.storage.test_journal_conformance import KINDS, journal_site
+from tests.engine.run import provider_step_child as child_run
+from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
 
 T0 = 1_700_000_000_000_000
 WORKFLOW = Scope.host("workflow:nightly")
@@ -137,6 +142,71 @@ def test_a_provider_step_per_table_pull_or_chunk_records_only_its_commit_pointer
     assert ran == Counter({"orders": 2, "users": 1})
     assert store.table("orders").count() == 5 and store.table("users").count() == 4
     again.close(ok=True)
+
+
+KILL_POINTS = ["unit-committed", "unit-closed", "pointer-recorded"]
+
+
+@pytest.mark.slow
+@pytest.mark.clause("run.orchestrate.provider-step")
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_workflow_killed_around_its_provider_steps_writes_runs_the_unit_once(
+        site: JournalSite, tmp_path: Path, point: str) -> None:
+    """A real process runs one provider step and is SIGKILLed at ``point``; the resumed workflow
+    (another holder, once both leases lapsed) runs the step again. Past the unit's commit and before
+    the workflow records anything (``unit-committed``) the unit runs again in its own resumed
+    execution, and its table's cursor makes it land nothing new. Once the pointer is recorded or the
+    unit closed, the unit never runs again: the replay returns the pointer and settles the unit's
+    execution if it is still pending."""
+    calls, store_dir = tmp_path / "calls", tmp_path / "store"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.engine.run.provider_step_child", site.kind, site.location, site.schema,
+         str(store_dir), str(calls), point],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=Path(__file__).parents[3])
+    assert child.stdout is not None
+    try:
+        line = child.stdout.readline()  # blocks until the child stalls at its point (or finishes)
+        assert line.strip() == f"stall {point}", (line, child.communicate(timeout=120))
+        child.send_signal(signal.SIGKILL)
+        child.wait(120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGKILL
+
+    journal, store = site.open(), Store.open(store_dir)
+    try:
+        crashed = journal.owner(child_run.UNIT.key)
+        assert crashed is not None
+        clock = ManualClock(child_run.T0)
+        clock.advance(2 * child_run.LEASE_S)  # the child's leases, the workflow's and the unit's, lapsed
+        orchestrator = EngineOrchestrator(journal, clock=clock, keeper=Keeper(clock, start=False))
+        workflow = orchestrator.open(child_run.WORKFLOW, child_run.WORKFLOW_PLAN, holder="w2",
+                                     lease_s=child_run.LEASE_S)
+        assert workflow.resumed
+        unit = child_run.land_orders(store, calls)
+        assert orchestrator.provider_step(workflow, child_run.UNIT, child_run.UNIT_PLAN, unit, holder="w2",
+                                          lease_s=child_run.LEASE_S) == 1
+
+        # The table holds the source's rows once, from one commit, whatever the kill interrupted.
+        assert sorted(store.table(child_run.TABLE).to_arrow().column("id").to_pylist()) == list(
+            range(child_run.SOURCE_ROWS))
+        assert len(store.table(child_run.TABLE).commits()) == 1
+        # The unit's body: once, or (killed before anything of the workflow's was written) once more
+        # in the same execution resumed, landing nothing.
+        assert calls.read_text().split() == (["1", "2"] if point == "unit-committed" else ["1"])
+        owner = journal.owner(child_run.UNIT.key)
+        assert owner is not None and (owner.execution_id, owner.status) == (crashed.execution_id, CLOSED_OK)
+        [recorded] = journal.steps(workflow.execution_id)
+        assert recorded.label == f"provider step {child_run.UNIT.key}"
+        assert json.loads(recorded.value[1:]) == {"scope": child_run.UNIT.key, "execution": crashed.execution_id,
+                                                 "commit_pointer": 1}
+        workflow.close(ok=True)
+    finally:
+        store.close()
+        journal.close_store()
 
 
 @pytest.mark.clause("run.orchestrate.semantics", "run.own.unclosed-execution")
