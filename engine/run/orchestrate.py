@@ -16,9 +16,14 @@ A provider's workflow engine (a hosted step-function service, a durable-workflow
 the role at the unit grain: :meth:`Orchestrator.provider_step` is one provider step per table pull
 or backfill chunk. The unit's own execution, under the unit's scope, holds the engine's journal
 entries (its pulls, suspensions, cursors) inside the step; the workflow records only what the unit
-committed — the table's or chunk's commit pointer. A workflow replayed after a crash gets the
-recorded pointer back and never runs a committed unit twice; a unit that failed before committing
-left its own execution pending, and the next provider step resumes it from its recorded entries.
+committed — the table's or chunk's commit pointer, beside the unit's execution id. The workflow
+records the pointer before the unit's execution closes ``closed-ok``, so a unit is settled by one
+durable write however the process dies around it: a crash before the record leaves the unit pending
+and the next provider step resumes it (its own journal and its table's cursor make the rerun land
+nothing new), a crash after it leaves a recorded pointer, which a replayed workflow returns without
+running the unit again, settling the unit's execution if it is still pending. A unit that failed
+before committing left its own execution pending, and the next provider step resumes it from its
+recorded entries.
 
 Every ``run.journal``, ``run.retry``, ``run.suspend`` and ``run.cancel`` clause holds inside a
 provider step; ``tests/engine/run/test_orchestrate.py`` is the conformance suite that shows it for
@@ -33,6 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from contextful.storage.errors import RunCanceled, StorageCapabilityMissing, TransientError
+from contextful.storage.journal import PENDING
 
 if TYPE_CHECKING:
     from contextful.engine.run.execution import StepValue
@@ -47,8 +53,8 @@ SUBSTRATE_OPERATIONS = ("open", "step", "cache_cursor", "suspend", "attach_retry
                         "close")
 """What ``run.journal.substrate-port`` names, plus the stop and the close every caller needs."""
 
-HANDLE_OPERATIONS = ("step", "cache_cursor", "suspend", "attach_retry", "capabilities", "raise_if_canceled",
-                     "close", "close_canceled")
+HANDLE_OPERATIONS = ("step", "cache_cursor", "discard_recorded", "suspend", "attach_retry", "capabilities",
+                     "raise_if_canceled", "close", "close_canceled")
 """What an opened execution offers its unit (the handle's side of :data:`SUBSTRATE_OPERATIONS`)."""
 
 
@@ -64,6 +70,8 @@ class ExecutionHandle(Protocol):
     def step(self, label: str, compute: Callable[[], StepValue]) -> StepValue: ...
 
     def cache_cursor(self, value: dict[str, Any]) -> None: ...
+
+    def discard_recorded(self) -> int: ...
 
     def suspend(self, label: str, timeout_s: float, *, on_token: Callable[[str], None] | None = None,
                 wait_s: float | None = None) -> bytes: ...
@@ -97,24 +105,31 @@ class Orchestrator(ABC):
     def capabilities(self) -> dict[str, bool]:
         """What executions opened here can do."""
 
+    @abstractmethod
+    def owner(self, scope: str | Scope) -> OwnerRow | None:
+        """The owner row of ``scope`` as it stands (its execution and status); None before any open."""
+
     def provider_step(self, workflow: ExecutionHandle, scope: str | Scope, plan_ref: str,
                       unit: Callable[[ExecutionHandle], int], *, holder: str | None = None,
-                      lease_s: float = 60.0) -> int:
+                      lease_s: float = 60.0, pins: Mapping[str, str] | None = None) -> int:
         """Run one provider step of ``workflow``: the unit under ``scope`` (one table pull or one
         backfill chunk), which returns the commit pointer it committed (its table's or chunk's
         ``commit_seq``); ``workflow`` records that pointer as its step, and only that.
 
-        The unit runs in an execution of its own under ``scope``, so its journal entries stay
-        inside the step. A replayed workflow returns the recorded pointer without running the unit.
-        A unit that fails settles by the ordinary failure path: a cancel (``RunCanceled``) closes its
-        execution canceled, a transient failure leaves it pending for the next attempt to resume
-        from its recorded entries, any other failure closes it failed; the error propagates and the
-        workflow records nothing.
+        The unit runs in an execution of its own under ``scope`` (pinned to ``plan_ref`` and
+        ``pins``), so its journal entries stay inside the step. The workflow records the pointer
+        first and the unit's execution closes ok after it: a replayed workflow returns the recorded
+        pointer without running the unit, and settles the unit's execution if a crash left it
+        pending between the two writes. A unit that fails settles by the ordinary failure path: a
+        cancel (``RunCanceled``) closes its execution canceled, a transient failure leaves it pending
+        for the next attempt to resume from its recorded entries, any other failure closes it failed;
+        the error propagates and the workflow records nothing.
         """
         key = scope if isinstance(scope, str) else scope.key
+        ran: list[ExecutionHandle] = []
 
         def run_unit() -> dict[str, Any]:
-            execution = self.open(scope, plan_ref, holder=holder, lease_s=lease_s)
+            execution = self.open(scope, plan_ref, holder=holder, lease_s=lease_s, pins=pins)
             try:
                 execution.raise_if_canceled(durable=True)
                 pointer = unit(execution)
@@ -127,12 +142,31 @@ class Orchestrator(ABC):
             except Exception:  # a crash (a signal, an interpreter exit) writes no status: it resumes
                 execution.close(ok=False)
                 raise
-            execution.close(ok=True)
+            ran.append(execution)
             return {"scope": key, "execution": execution.execution_id, "commit_pointer": int(pointer)}
 
+        # Recorded before the unit closes: were it closed first, a crash between the two writes would
+        # leave the scope's next open a new execution, and the replay would run the committed unit again.
         recorded = workflow.step(f"provider step {key}", run_unit)
         assert isinstance(recorded, dict)
+        if ran and ran[0].execution_id == recorded["execution"]:
+            ran[0].close(ok=True)
+        else:
+            self._settle_recorded(scope, plan_ref, str(recorded["execution"]), holder, lease_s, pins)
         return int(recorded["commit_pointer"])
+
+    def _settle_recorded(self, scope: str | Scope, plan_ref: str, execution_id: str, holder: str | None,
+                         lease_s: float, pins: Mapping[str, str] | None) -> None:
+        """Close ok the unit execution a replayed step recorded, if a crash left it pending: claimed
+        through the ordinary open path (once its lease lapsed), the unit itself not run."""
+        owner = self.owner(scope)
+        if owner is None or owner.execution_id != execution_id or owner.status != PENDING:
+            return  # settled already, or the scope has moved on to another execution: nothing of ours
+        settling = self.open(scope, plan_ref, holder=holder, lease_s=lease_s, pins=pins)
+        if settling.execution_id == execution_id:
+            settling.close(ok=True)
+        # Otherwise another writer settled it between the read and the claim, and the open claimed the
+        # scope's next execution: left pending, as a dropped handle leaves it, for its own run to resume.
 
 
 class EngineOrchestrator(Orchestrator):
@@ -162,6 +196,9 @@ class EngineOrchestrator(Orchestrator):
         from contextful.engine.run.cancel import request_cancel
 
         return request_cancel(self.journal, target, clock=self.clock)
+
+    def owner(self, scope: str | Scope) -> OwnerRow | None:
+        return self.journal.owner(scope if isinstance(scope, str) else scope.key)
 
     def capabilities(self) -> dict[str, bool]:
         return {**self.journal.capabilities(), "cancel": True, "provider_step": True}

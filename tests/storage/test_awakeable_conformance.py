@@ -20,13 +20,13 @@ import sqlite3
 import string
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from contextful.engine.run.execution import open_execution, plan_reference
+from contextful.engine.run.execution import Execution, open_execution, plan_reference
 from contextful.storage.awakeables import (
     PENDING,
     RESOLVED,
@@ -52,6 +52,10 @@ from contextful.storage.journal import JournalStore
 from contextful.storage.objects import ObjectStore
 
 from tests.storage.test_journal_conformance import KINDS, JournalSite, journal_site
+
+Opener = Callable[..., Execution]
+"""How a scenario opens its executions: ``open_execution`` here; the orchestrator's conformance suite
+(``tests/engine/run/test_orchestrate.py``) passes one that opens each as the unit of a provider step."""
 
 T0 = 1_700_000_000_000_000
 DEADLINE = T0 + 60_000_000
@@ -334,7 +338,8 @@ def test_concurrent_resolvers_of_one_token_converge_on_one_payload(site: Journal
 
 @pytest.mark.clause("run.suspend.awakeable", "run.journal.substrate-port")
 def test_a_suspended_execution_blocks_until_the_token_is_posted_back(journal: JournalStore,
-                                                                    other: AwakeableStore) -> None:
+                                                                    other: AwakeableStore,
+        open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     ex = open_execution(journal, "host:approvals", PLAN, holder="h1", lease_s=LEASE_S, clock=clock)
     ex.step("prepare", lambda: b"draft")
@@ -365,7 +370,7 @@ def test_a_suspended_execution_blocks_until_the_token_is_posted_back(journal: Jo
 
 @pytest.mark.clause("run.suspend.awakeable", "run.own.unclosed-execution")
 def test_a_suspended_execution_dropped_without_close_resumes_under_another_holder(
-        journal: JournalStore, other: AwakeableStore) -> None:
+        journal: JournalStore, other: AwakeableStore, open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     first = open_execution(journal, "host:approvals", PLAN, holder="h1", lease_s=LEASE_S, clock=clock)
     first.step("prepare", lambda: b"draft")
@@ -414,7 +419,8 @@ class _Unreachable(AwakeableStore):
 
 @pytest.mark.clause("run.suspend.awakeable")
 def test_a_resumption_of_a_pending_suspension_waits_on_the_same_token(journal: JournalStore,
-                                                                     other: AwakeableStore) -> None:
+                                                                     other: AwakeableStore,
+        open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     first = open_execution(journal, "host:approvals", PLAN, holder="h1", lease_s=LEASE_S, clock=clock)
     with pytest.raises(ExecutionSuspended) as info:
@@ -431,7 +437,8 @@ def test_a_resumption_of_a_pending_suspension_waits_on_the_same_token(journal: J
 
 @pytest.mark.clause("run.suspend.expired-token")
 def test_a_suspension_past_its_deadline_times_out_and_replays_the_timeout(journal: JournalStore,
-                                                                         other: AwakeableStore) -> None:
+                                                                         other: AwakeableStore,
+        open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     first = open_execution(journal, "host:approvals", PLAN, holder="h1", lease_s=LEASE_S, clock=clock)
     with pytest.raises(ExecutionSuspended) as info:

@@ -15,13 +15,14 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from contextful.engine.run.cancel import request_cancel
-from contextful.engine.run.execution import open_execution, plan_reference
+from contextful.engine.run.execution import Execution, open_execution, plan_reference
 from contextful.engine.run.health import upstream_health
 from contextful.engine.run.keeper import Keeper
 from contextful.storage import Store
@@ -39,6 +40,10 @@ from contextful.storage.run_record import RunFailure
 
 from tests.support.cli import contextful
 from tests.support.http_api import JsonApi, Reply, Request, next_url_pages
+
+Opener = Callable[..., Execution]
+"""How a scenario opens its executions: ``open_execution`` here; the orchestrator's conformance suite
+(``tests/engine/run/test_orchestrate.py``) passes one that opens each as the unit of a provider step."""
 
 T0 = 1_700_000_000_000_000
 PLAN = plan_reference({"pipeline": "orders", "v": 1})
@@ -64,7 +69,7 @@ def _cli(project: Path, *args: str, code: int = 0) -> str:
 
 @pytest.mark.clause("run.cancel.not-in-flight")
 def test_only_a_pending_owner_takes_the_mark_and_a_second_mark_keeps_the_first(
-        journal: JournalStore, keeper: Keeper) -> None:
+        journal: JournalStore, keeper: Keeper, open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     ex = open_execution(journal, "host:crawl", PLAN, holder="h", lease_s=30, clock=clock, keeper=keeper)
     marked = request_cancel(journal, ex.execution_id, clock=clock)
@@ -116,7 +121,8 @@ def test_run_cancel_at_the_terminal_marks_once_and_refuses_what_is_not_in_flight
 
 
 @pytest.mark.clause("run.cancel.not-in-flight")
-def test_a_stop_matching_nothing_in_flight_answers_409_over_the_served_face(tmp_path: Path) -> None:
+def test_a_stop_matching_nothing_in_flight_answers_409_over_the_served_face(tmp_path: Path,
+        open_execution: Opener = open_execution) -> None:
     """The control plane's stop route arrives with it; any route of the served face calling the same
     verb answers CancelTargetNotInFlight with 409 and the error's name."""
     import re

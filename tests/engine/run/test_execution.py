@@ -20,6 +20,7 @@ import sqlite3
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,10 @@ from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING, Journa
 from contextful.storage.journal.files import FileJournalStore
 
 from tests.storage.test_journal_conformance import JournalSite
+
+Opener = Callable[..., Execution]
+"""How a scenario opens its executions: ``open_execution`` here; the orchestrator's conformance suite
+(``tests/engine/run/test_orchestrate.py``) passes one that opens each as the unit of a provider step."""
 
 T0 = 1_700_000_000_000_000
 PLAN = plan_reference({"pipeline": "orders", "source": {"kind": "http", "url": "http://127.0.0.1/orders"}})
@@ -67,7 +72,7 @@ def test_plan_reference_is_the_sha256_of_the_canonical_json() -> None:
 
 @pytest.mark.clause("run.journal.substrate-port")
 def test_one_handle_opens_records_caches_a_cursor_takes_a_retry_schedule_and_closes(
-        journal: JournalStore) -> None:
+        journal: JournalStore, open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     ex = open_execution(journal, "host:nightly-report", PLAN, holder="h1", lease_s=30, clock=clock)
     assert (ex.scope, ex.plan_ref, ex.resumed, ex.attempt, ex.cached_cursor) == (
@@ -130,7 +135,8 @@ def test_one_handle_opens_records_caches_a_cursor_takes_a_retry_schedule_and_clo
 
 
 @pytest.mark.clause("run.journal.substrate-port")
-def test_open_resumes_under_the_same_plan_and_refuses_another(journal: JournalStore) -> None:
+def test_open_resumes_under_the_same_plan_and_refuses_another(journal: JournalStore,
+        open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     first = open_execution(journal, "table:orders", PLAN, holder="h1", lease_s=30, clock=clock)
     first.step("pull", lambda: {"page": 1})
@@ -144,7 +150,8 @@ def test_open_resumes_under_the_same_plan_and_refuses_another(journal: JournalSt
 
 
 @pytest.mark.clause("run.journal.substrate-port")
-def test_a_resumed_step_under_another_label_is_a_journal_conflict(journal: JournalStore) -> None:
+def test_a_resumed_step_under_another_label_is_a_journal_conflict(journal: JournalStore,
+        open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     first = open_execution(journal, "table:orders", PLAN, holder="h1", clock=clock)
     first.step("pull page 1", lambda: b"1")
@@ -156,7 +163,8 @@ def test_a_resumed_step_under_another_label_is_a_journal_conflict(journal: Journ
 
 
 @pytest.mark.clause("run.journal.substrate-port")
-def test_a_checkpoint_cursor_makes_a_resumption_replay_from_after_it(journal: JournalStore) -> None:
+def test_a_checkpoint_cursor_makes_a_resumption_replay_from_after_it(journal: JournalStore,
+        open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     ex = open_execution(journal, "table:events", PLAN, holder="h1", lease_s=30, clock=clock)
     ex.step("pull 1", lambda: b"p1")
@@ -198,7 +206,8 @@ def _stored_steps(site: JournalSite, execution: str) -> dict[int, tuple[str, byt
 
 
 @pytest.mark.clause("run.journal.storage-ports")
-def test_each_adapter_holds_the_journal_an_execution_records(site: JournalSite, journal: JournalStore) -> None:
+def test_each_adapter_holds_the_journal_an_execution_records(site: JournalSite, journal: JournalStore,
+        open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     ex = open_execution(journal, "table:orders", PLAN, holder="h1", lease_s=30, clock=clock)
     assert ex.step("pull page 1", lambda: b"page one") == b"page one"
@@ -292,7 +301,8 @@ def test_a_killed_execution_stays_pending_and_resumes_once_its_lease_lapses(
 
 
 @pytest.mark.clause("run.own.unclosed-execution")
-def test_dropping_a_handle_without_close_records_no_status(journal: JournalStore) -> None:
+def test_dropping_a_handle_without_close_records_no_status(journal: JournalStore,
+        open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     ex: Execution | None = open_execution(journal, "host:crawl", PLAN, holder="h1", lease_s=LEASE_S, clock=clock)
     assert ex is not None

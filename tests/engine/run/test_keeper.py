@@ -10,6 +10,7 @@ token from a mark another handle wrote.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,10 @@ from contextful.storage.clock import ManualClock
 from contextful.storage.journal import PENDING, JournalStore
 
 from tests.storage.test_journal_conformance import JournalSite
+
+Opener = Callable[..., Execution]
+"""How a scenario opens its executions: ``open_execution`` here; the orchestrator's conformance suite
+(``tests/engine/run/test_orchestrate.py``) passes one that opens each as the unit of a provider step."""
 
 T0 = 1_700_000_000_000_000
 S = 1_000_000
@@ -35,7 +40,7 @@ def _lease(journal: JournalStore, scope: str) -> int:
 
 @pytest.mark.clause("run.cancel.engine-keeper")
 def test_the_keeper_renews_each_lease_at_its_own_deadline_and_sleeps_until_the_earliest(
-        journal: JournalStore) -> None:
+        journal: JournalStore, open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     keeper = Keeper(clock, poll_s=1000, start=False)  # renewals only: polls are far off
     long = open_execution(journal, "s:long", PLAN, holder="h", lease_s=30, clock=clock, keeper=keeper)
@@ -58,7 +63,8 @@ def test_the_keeper_renews_each_lease_at_its_own_deadline_and_sleeps_until_the_e
 
 
 @pytest.mark.clause("run.cancel.engine-keeper", "run.journal.durable-dispatch")
-def test_an_admitted_execution_is_renewed_after_its_callback_and_the_others_meanwhile(journal: JournalStore) -> None:
+def test_an_admitted_execution_is_renewed_after_its_callback_and_the_others_meanwhile(journal: JournalStore,
+        open_execution: Opener = open_execution) -> None:
     """A renewal waits behind an admitted callback's hold on the owner row (PostgreSQL, SQLite), so
     the keeper defers that one execution's renewal instead of stalling every other's."""
     clock = ManualClock(T0)
@@ -82,7 +88,8 @@ def test_an_admitted_execution_is_renewed_after_its_callback_and_the_others_mean
 
 
 @pytest.mark.clause("run.cancel.engine-keeper")
-def test_the_keeper_feeds_the_token_of_the_marked_execution_only(journal: JournalStore) -> None:
+def test_the_keeper_feeds_the_token_of_the_marked_execution_only(journal: JournalStore,
+        open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     keeper = Keeper(clock, poll_s=1, start=False)
     marked = open_execution(journal, "s:marked", PLAN, holder="h", lease_s=30, clock=clock, keeper=keeper)
@@ -100,7 +107,8 @@ def test_the_keeper_feeds_the_token_of_the_marked_execution_only(journal: Journa
 
 
 @pytest.mark.clause("run.cancel.engine-keeper", "run.own.unclosed-execution")
-def test_close_and_drop_deregister_and_a_drop_records_no_status(journal: JournalStore) -> None:
+def test_close_and_drop_deregister_and_a_drop_records_no_status(journal: JournalStore,
+        open_execution: Opener = open_execution) -> None:
     clock = ManualClock(T0)
     keeper = Keeper(clock, poll_s=1, start=False)
     closed = open_execution(journal, "s:closed", PLAN, holder="h", lease_s=30, clock=clock, keeper=keeper)
@@ -123,7 +131,7 @@ def test_close_and_drop_deregister_and_a_drop_records_no_status(journal: Journal
 
 @pytest.mark.clause("run.cancel.engine-keeper")
 def test_one_keeper_per_engine_registers_every_open_and_its_thread_feeds_the_token(
-        site: JournalSite, journal: JournalStore) -> None:
+        site: JournalSite, journal: JournalStore, open_execution: Opener = open_execution) -> None:
     first = open_execution(journal, "s:a", PLAN, lease_s=600)
     second = open_execution(journal, "s:b", PLAN, lease_s=600)
     keeper = engine_keeper()
@@ -141,7 +149,8 @@ def test_one_keeper_per_engine_registers_every_open_and_its_thread_feeds_the_tok
     assert not {first.execution_id, second.execution_id} & set(keeper.registered())
 
 
-def test_the_keeper_lets_go_of_an_execution_whose_journal_was_closed(tmp_path: Path) -> None:
+def test_the_keeper_lets_go_of_an_execution_whose_journal_was_closed(tmp_path: Path,
+        open_execution: Opener = open_execution) -> None:
     from contextful.storage.journal import open_journal_store
 
     clock = ManualClock(T0)
