@@ -35,9 +35,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
-from contextful.storage.errors import RunCanceled, StorageCapabilityMissing, TransientError
+from contextful.storage.errors import (
+    ExecutionWriterFenced,
+    RunCanceled,
+    StorageCapabilityMissing,
+    TransientError,
+)
 from contextful.storage.journal import PENDING
 
 if TYPE_CHECKING:
@@ -54,7 +60,7 @@ SUBSTRATE_OPERATIONS = ("open", "step", "cache_cursor", "suspend", "attach_retry
 """What ``run.journal.substrate-port`` names, plus the stop and the close every caller needs."""
 
 HANDLE_OPERATIONS = ("step", "cache_cursor", "discard_recorded", "suspend", "attach_retry", "capabilities",
-                     "raise_if_canceled", "close", "close_canceled")
+                     "raise_if_canceled", "close", "close_canceled", "writing")
 """What an opened execution offers its unit (the handle's side of :data:`SUBSTRATE_OPERATIONS`)."""
 
 
@@ -85,6 +91,10 @@ class ExecutionHandle(Protocol):
     def close(self, ok: bool) -> None: ...
 
     def close_canceled(self) -> None: ...
+
+    def writing(self) -> AbstractContextManager[object]:
+        """A block whose store commits carry this attempt's fence (``storage.fence``)."""
+        ...
 
 
 class Orchestrator(ABC):
@@ -132,13 +142,14 @@ class Orchestrator(ABC):
             execution = self.open(scope, plan_ref, holder=holder, lease_s=lease_s, pins=pins)
             try:
                 execution.raise_if_canceled(durable=True)
-                pointer = unit(execution)
+                with execution.writing():  # the unit's commits carry its attempt (run.journal.current-owner)
+                    pointer = unit(execution)
                 execution.raise_if_canceled(durable=True)
             except RunCanceled:
                 execution.close_canceled()
                 raise
-            except TransientError:
-                raise  # left pending: the next attempt resumes it
+            except (TransientError, ExecutionWriterFenced):
+                raise  # left pending: the next attempt resumes it (a fenced one's is another attempt's)
             except Exception:  # a crash (a signal, an interpreter exit) writes no status: it resumes
                 execution.close(ok=False)
                 raise
