@@ -190,8 +190,8 @@ def generate_key(path: Path | None = None) -> tuple[IssuerKey, Path]:
     """Write a new Ed25519 private key (PKCS#8 PEM, mode 0600, never over an existing file) at
     ``path`` (default: ``issuer-<key id>.pem`` under :func:`default_key_path`); its pin and path.
 
-    A path inside a project (a directory at or above it holds contextful.toml) is refused: a
-    private key never sits in the project.
+    A path inside a project (a directory at or above it holds contextful.toml) is refused, whether
+    or not its folders exist yet, through symlinks too: a private key never sits in the project.
     """
     from contextful.engine.project import find_project
 
@@ -199,7 +199,11 @@ def generate_key(path: Path | None = None) -> tuple[IssuerKey, Path]:
     pin = issuer_key(private.public_key())
     target = path if path is not None else default_key_path() / f"issuer-{pin.key_id}.pem"
     target = target.expanduser().absolute()
-    project = find_project(target.parent) if target.parent.is_dir() else None
+    # Decide on where the key would land, not on the folders that exist now: the parent is created
+    # below, so a missing folder inside the project is still the project. A non-strict resolve
+    # follows every symlink of the nearest existing ancestor (a dangling one too, as mkdir and open
+    # would) and keeps the missing tail, so find_project walks up from the real location.
+    project = find_project(target.resolve(strict=False).parent)
     if project is not None:
         raise IssuerKeyInvalid(str(target), f"it is inside the project at {project}; a private key never sits in "
                                             "a project: write it elsewhere (--out) and pin only its public key")

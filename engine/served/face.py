@@ -16,6 +16,11 @@ connection, so no body is ever parsed as the next request.
 flight a grace period to answer. An address that cannot be bound is a catalogue error naming the
 option it came from: ``ArgumentInvalid`` when it is malformed or not this machine's to listen on,
 ``AddressInUse`` (transient) when another socket holds it.
+
+Every log line the face writes (request lines at DEBUG, refused request lines, a failed route's
+trace, a client that left) passes through :func:`mask_log`: credentials masked by the secret guard,
+and a secret carried in a path (the resume route's ``/awake/<token>``) cut to its first characters,
+so a log never holds a bearer secret whole.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import logging
 import re
 import socket
 import threading
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from email.message import Message
@@ -53,6 +59,14 @@ _MAX_LINE = 4096
 _MAX_TRAILERS = 64
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() admits '²', which int() refuses
+SECRET_PATH_PREFIXES = ("/awake/",)
+"""Path literals a bearer secret follows: the resume route's ``/awake/<token>`` (engine.served.awake).
+Masked in the log of every face, whatever it serves (a token sent to the wrong address is no less
+secret), and found case-blind."""
+SECRET_SHOWN = 6
+"""Characters of a path secret a log line keeps: as the awakeable errors' token hints
+(storage.errors), enough to tell tokens apart, too few to resolve one."""
+_SECRET_SEGMENT = re.compile(f"({'|'.join(map(re.escape, SECRET_PATH_PREFIXES))})([^\\s/?#\"']+)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,30 @@ class Route:
     handle: Callable[[Exchange, re.Match[str]], None]
     describe: str
     """How the route is spelled in a "no resource" answer, e.g. ``POST /pipelines/<id>/batches``."""
+
+
+def mask_log(text: str, request_line: str = "") -> str:
+    """A log line of the face as it may be written: credentials masked by the secret guard, and the
+    path segment after each of :data:`SECRET_PATH_PREFIXES` cut to its first :data:`SECRET_SHOWN`
+    characters wherever the line holds it (a request line, a refused request line's repr, a trace);
+    a secret of ``request_line`` (the request being served) is cut wherever it appears, with or
+    without its prefix (an exception's message naming the token).
+
+    >>> mask_log('"GET /awake/Tvlyu7oPWzkPJOPsDpl4ZYID?x=1 HTTP/1.1" 200 -')
+    '"GET /awake/Tvlyu7…?x=1 HTTP/1.1" 200 -'
+    >>> mask_log("no awakeable Tvlyu7oPWzkPJOPsDpl4ZYID", "POST /awake/Tvlyu7oPWzkPJOPsDpl4ZYID HTTP/1.1")
+    'no awakeable Tvlyu7…'
+    """
+    text = mask_message(text)
+    for found in _SECRET_SEGMENT.finditer(request_line):
+        secret = found.group(2)
+        if len(secret) > SECRET_SHOWN:
+            text = text.replace(secret, _hint(secret))
+    return _SECRET_SEGMENT.sub(lambda found: found.group(1) + _hint(found.group(2)), text)
+
+
+def _hint(secret: str) -> str:
+    return secret if len(secret) <= SECRET_SHOWN else f"{secret[:SECRET_SHOWN]}…"
 
 
 def parse_address(address: str | tuple[str, int], argument: str = "address") -> tuple[str, int]:
@@ -249,7 +287,7 @@ class Exchange:
             handler.wfile.write(payload)
         except (BrokenPipeError, ConnectionResetError):
             handler.close_connection = True
-            log.info("served: %s left before its %d answer", handler.address_string(), status)
+            handler.log_masked(logging.INFO, f"served: {handler.address_string()} left before its {status} answer")
 
     def send_stream(self, status: int, chunks: Iterable[bytes], content_type: str) -> None:
         """A chunked answer (``Transfer-Encoding: chunked``), written as ``chunks`` yields."""
@@ -268,7 +306,7 @@ class Exchange:
             handler.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             handler.close_connection = True
-            log.info("served: %s left during its %d answer", handler.address_string(), status)
+            handler.log_masked(logging.INFO, f"served: {handler.address_string()} left during its {status} answer")
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -309,7 +347,16 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+        # http.server's request lines (log_request) and refusals of malformed ones (log_error): the
+        # raw request line holds the path, and the path may hold a bearer secret.
+        self.log_masked(logging.DEBUG, f"{self.address_string()} {format % args}")
+
+    def log_masked(self, level: int, message: str, *, trace: bool = False) -> None:
+        """Log ``message`` (and the trace of the exception being handled, when ``trace``) through
+        :func:`mask_log`: the one way the face writes a log line."""
+        if trace:  # the trace is masked too: an exception's message or a frame's line may hold the path
+            message = f"{message}\n{traceback.format_exc().rstrip()}"
+        log.log(level, "%s", mask_log(message, getattr(self, "requestline", "")))
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -334,8 +381,8 @@ class _Handler(BaseHTTPRequestHandler):
                 route.handle(exchange, match)
             except ContextfulError as exc:
                 exchange.send_error(exc)
-            except Exception:
-                log.exception("served: %s %s failed", method, mask_message(exchange.path))
+            except Exception:  # noqa: BLE001 - answered 500 and logged with its trace (masked)
+                self.log_masked(logging.ERROR, f"served: {method} {exchange.path} failed", trace=True)
                 exchange.send_json(500, {"error": "InternalError", "detail": "the server failed; see its log"},
                                    close=True)
             return

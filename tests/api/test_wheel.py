@@ -3,15 +3,21 @@ virtual environment outside it, used from another directory. It installs one imp
 ``contextful``; ``engine`` and its siblings are not importable; an unrelated package named
 ``storage`` installed beside it shadows nothing.
 
-The environment sees the machine's site-packages for the dependencies (pyarrow, duckdb, ...: no
-network here); the wheel itself is installed into the environment, and the test checks the
-``contextful`` it imports is that one.
+The environment imports the dependencies (pyarrow, duckdb, ...: no network here) from exactly the
+site directories of the interpreter running the tests, named in a ``.pth`` file: a virtual
+environment's own site-packages when the suite runs in one, the machine's when it runs on the
+system interpreter (a ``--system-site-packages`` environment would see the base interpreter's,
+which lacks them when they live in the user's environment). A ``.pth`` line that names a directory
+adds it and nothing more: the ``.pth`` files inside it (the repository's editable install among
+them) do not run, so the wheel itself, installed into the environment, is the ``contextful`` it
+imports, and the test checks that.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -35,6 +41,13 @@ def build_wheel(source: Path, out: Path, env: dict[str, str]) -> Path:
               cwd=out, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return next(out.glob("*.whl"))
+
+
+def dependency_dirs() -> list[str]:
+    """The site directories the interpreter running the tests imports from, in its order."""
+    sites = {*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])}
+    real = {os.path.realpath(d) for d in sites}
+    return [entry for entry in sys.path if entry and os.path.realpath(entry) in real and os.path.isdir(entry)]
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +75,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
                                                '"setuptools.build_meta"\n[project]\nname = "storage"\nversion = "1.0"\n')
     theirs = build_wheel(unrelated, wheels, env)
     venv = work / "venv"
-    proc = sh(sys.executable, "-m", "venv", "--system-site-packages", venv, cwd=work, env=env)
+    proc = sh(sys.executable, "-m", "venv", venv, cwd=work, env=env)
     assert proc.returncode == 0, proc.stderr
     bin_dir = venv / "bin"
+    purelib = sh(bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=work, env=env)
+    assert purelib.returncode == 0, purelib.stderr
+    dependencies = dependency_dirs()
+    assert dependencies, sys.path
+    (Path(purelib.stdout.strip()) / "dependencies.pth").write_text("".join(f"{d}\n" for d in dependencies))
     proc = sh(bin_dir / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", ours, theirs, cwd=work, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     elsewhere = work / "elsewhere"

@@ -192,6 +192,43 @@ def test_a_private_key_is_written_owner_only_outside_any_project_and_never_over_
         load_signing_key(tmp_path / "not-a-key.pem")
 
 
+def _tree_of(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_a_key_path_inside_a_project_is_refused_before_its_folders_exist_and_through_symlinks(tmp_path: Path) -> None:
+    """Where the key would land decides, not which folders exist now: a missing folder (or chain of
+    them) inside the project, and a path whose existing ancestor is a symlink into the project (a
+    dangling one too), are refused with the error an existing folder gets, and nothing is written."""
+    project = tmp_path / "project"
+    (project / "secrets").mkdir(parents=True)
+    (project / "contextful.toml").write_text("[project]\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "into-project").symlink_to(project, target_is_directory=True)
+    (outside / "dangling").symlink_to(project / "not-yet", target_is_directory=True)
+    before = _tree_of(project)
+    refused = f"issuer key from {{}}: it is inside the project at {project.resolve()}; a private key never sits"
+    for path in (project / "secrets" / "issuer.pem", project / "keys" / "issuer.pem",
+                 project / "keys" / "deeper" / "issuer.pem", outside / "into-project" / "keys" / "issuer.pem",
+                 outside / "dangling" / "issuer.pem"):
+        with pytest.raises(IssuerKeyInvalid) as caught:
+            generate_key(path)
+        assert f"IssuerKeyInvalid: {refused.format(path)}" in str(caught.value), path
+        assert _tree_of(project) == before, path
+
+    # The command a user runs, from inside the project, with a relative --out.
+    cli = contextful_in(project, "key", "generate", "--out", "keys/issuer.pem", check=False)
+    assert cli.returncode != 0 and cli.stdout == ""
+    assert f"error: IssuerKeyInvalid: {refused.format(project / 'keys' / 'issuer.pem')}" in cli.stderr
+    cli = contextful_in(outside, "key", "generate", "--out", "into-project/keys/issuer.pem", check=False)
+    assert cli.returncode != 0 and "IssuerKeyInvalid" in cli.stderr and "inside the project" in cli.stderr
+    assert _tree_of(project) == before
+    # Outside any project a missing folder is created as before.
+    _, written = generate_key(outside / "keys" / "deeper" / "issuer.pem")
+    assert written.is_file() and stat.S_IMODE(written.stat().st_mode) == 0o600
+
+
 def test_the_key_commands_generate_show_and_issue(tmp_path: Path) -> None:
     env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
     generated = contextful_in(tmp_path, "key", "generate", env=env)

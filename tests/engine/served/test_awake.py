@@ -11,10 +11,12 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import logging
 import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -34,6 +36,7 @@ from contextful.engine.control.credentials import (
 )
 from contextful.engine.run.execution import open_execution
 from contextful.engine.served.awake import MAX_PAYLOAD_BYTES
+from contextful.engine.served.face import serve_face
 from contextful.engine.served.project import Served, serve_project
 from contextful.storage import Store
 from contextful.storage.awakeables import PENDING, RESOLVED, AwakeableStore
@@ -283,6 +286,56 @@ def test_a_post_wakes_the_suspended_execution_with_the_payload(face: Face) -> No
         assert waiting.result(timeout=60) == b"approved by dana"
     row = face.store.awakeables.get(token)
     assert row is not None and (row.state, row.subject) == (RESOLVED, "dana")
+
+
+class _Broken:
+    """An awakeable store that fails in a way no route expects, naming the token it was asked for."""
+
+    def resolve(self, token: str, *_: object) -> None:
+        raise RuntimeError(f"the registry broke while resolving {token}")
+
+
+def test_no_log_line_of_the_face_holds_a_token_whole(face: Face, caplog: pytest.LogCaptureFixture) -> None:
+    """Request lines (DEBUG), a request line http.server refuses, a failed route's trace, and a face
+    that does not serve the route: every log record shows a token's first characters only."""
+    caplog.set_level(logging.DEBUG)
+    token, unknown = face.mint(1), "Z" * 43
+    auth = bearer(face.credential())
+    assert request(face.url, "POST", f"/awake/{token}", b"go", auth)[0] == 200
+    assert request(face.url, "GET", f"/awake/{token}?why=audit", headers=auth)[0] == 200
+    assert request(face.url, "POST", f"/awake/{token}", b"go")[0] == 401
+    assert request(face.url, "GET", f"/awake/{unknown}", headers=auth)[0] == 404
+    assert request(face.url, "GET", f"/AWAKE/{token}", headers=auth)[0] == 404  # no route, still a token
+    host, port = face.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as raw:  # a request line http.server refuses
+        raw.sendall(f"POST /awake/{token} junk HTTP/1.1\r\n\r\n".encode())
+        assert raw.makefile("rb").readline().startswith(b"HTTP/1.1 400")
+    kept, face.store._awakeables = face.store.awakeables, _Broken()  # type: ignore[assignment]
+    try:
+        assert request(face.url, "POST", f"/awake/{token}", b"go", auth)[0] == 500
+    finally:
+        face.store._awakeables = kept
+    other = serve_face(("127.0.0.1", 0), [])  # a face without the route: a token sent there is no less secret
+    try:
+        assert request(other.url, "POST", f"/awake/{token}", b"go", auth)[0] == 404
+    finally:
+        other.shutdown(5)
+
+    served = [r for r in caplog.records if r.name.startswith("contextful.engine.served")]
+    lines = [r.getMessage() for r in served]
+    hint = f"/awake/{token[:6]}…"
+    assert sum(f'"POST {hint} HTTP/1.1" 200' in line for line in lines) == 1, lines  # DEBUG request lines seen
+    assert any(f'"GET {hint}?why=audit HTTP/1.1" 200' in line for line in lines), lines
+    assert any(f'"POST {hint} HTTP/1.1" 401' in line for line in lines), lines
+    assert any(f"/awake/{unknown[:6]}…" in line for line in lines), lines
+    assert any(f"/AWAKE/{token[:6]}…" in line for line in lines), lines
+    assert any("code 400" in line and f"{hint} junk HTTP/1.1" in line for line in lines), lines
+    [failed] = [line for line in lines if "failed" in line]
+    assert f"served: POST {hint} failed" in failed and f"resolving {token[:6]}…" in failed, failed
+    assert sum(f'"POST {hint} HTTP/1.1" 404' in line for line in lines) == 1, lines  # the other face's
+    assert all(r.exc_info is None for r in served)  # a trace is written masked, never left to a formatter
+    assert token not in caplog.text and unknown not in caplog.text
+    assert all(token not in line and unknown not in line for line in lines)
 
 
 def _serve(project: Path, *args: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
