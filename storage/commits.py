@@ -52,6 +52,15 @@ class AssertRecordsPending:
 
 
 @dataclass(frozen=True)
+class AssertStaging:
+    """The run still holds its staging lease (``storage.staging``): collection has not taken it for
+    abandoned, so every part and the manifest it staged are still there. A run that stalled past its
+    lease (a stopped process, a paused host) would otherwise publish parts collection deleted."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
 class AssertWriter:
     """The execution attempt the commit is made for still owns its execution (``storage.fence``):
     its owner row is pending, held by the fence's holder at the fence's attempt. Checked in the
@@ -61,7 +70,7 @@ class AssertWriter:
 
 
 Requirement = (AssertTableUUID | AssertHeadSeq | AssertSchemaId | AssertPartsLive | AssertRecordsPending
-               | AssertWriter)
+               | AssertStaging | AssertWriter)
 
 # --- updates -----------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from contextful.storage.commits import (
     AddParts,
     AssertPartsLive,
     AssertSchemaId,
+    AssertStaging,
     AssertTableUUID,
     CommitRequest,
     PartFile,
@@ -136,7 +137,8 @@ def fold_snapshot(store: Store, table: Table, snap: Snapshot, groups: list[list[
     store.objects.put_bytes(key, manifest.dumps(), durable=store.durable)
     request = CommitRequest(
         table=name, run_id=run_id, kind="fold", manifest=key,
-        requirements=(AssertTableUUID(head.uuid), AssertSchemaId(head.schema_id), AssertPartsLive(tuple(removed))),
+        requirements=(AssertTableUUID(head.uuid), AssertSchemaId(head.schema_id), AssertPartsLive(tuple(removed)),
+                      AssertStaging(run_id)),
         updates=(RemoveParts(tuple(removed)), AddParts(tuple(added))),
         rows=sum(p.rows for p in added),
     )

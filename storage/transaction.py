@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Self
 from contextful.storage.commits import (
     AddParts,
     AssertSchemaId,
+    AssertStaging,
     AssertTableUUID,
     AssertWriter,
     CommitRequest,
@@ -367,8 +368,8 @@ class RunTransaction:
         updates.extend(self._extra_updates)
         request = CommitRequest(
             table=name, run_id=self.run_id, kind=self.kind, manifest=key,
-            requirements=(AssertTableUUID(self._uuid), AssertSchemaId(head.schema_id), *self._writers(),
-                          *self._extra_requirements),
+            requirements=(AssertTableUUID(self._uuid), AssertSchemaId(head.schema_id), AssertStaging(self.run_id),
+                          *self._writers(), *self._extra_requirements),
             updates=tuple(updates), rows=manifest.rows,
         )
         return request, manifest, events

@@ -38,6 +38,7 @@ from contextful.storage.commits import (
     AssertPartsLive,
     AssertRecordsPending,
     AssertSchemaId,
+    AssertStaging,
     AssertTableUUID,
     AssertWriter,
     CommitRequest,
@@ -340,6 +341,13 @@ class SqlCatalog(SqlDialect, Catalog):
                 if live != len(set(req.paths)):
                     raise CommitConflict(table, f"{len(set(req.paths)) - live} part(s) are no longer live",
                                          failed="AssertPartsLive")
+            if isinstance(req, AssertStaging):
+                cur.execute(f"SELECT 1 FROM cf_staging WHERE table_name = ? AND run_id = ?{self.row_lock}",
+                            (table, req.run_id))
+                if cur.fetchone() is None:
+                    raise CommitConflict(table, f"run {req.run_id} no longer holds its staging lease: collection took "
+                                         "it for abandoned and may have deleted what it staged; nothing landed",
+                                         failed="AssertStaging")
             if isinstance(req, AssertWriter):
                 req.fence.check_sql(cur, lambda statement: statement, self.share_lock)
             if isinstance(req, AssertRecordsPending) and req.keys:
