@@ -401,8 +401,10 @@ class Queue:
     def sweep(self) -> int:
         """Delete what killed writers left: temporary files, Arrow files without a sidecar and
         request bodies, each only when the writer its name carries is provably dead (see the module
-        docstring). Returns how many. Leftovers whose writer no name identifies are kept and logged."""
+        docstring). Returns how many. What a writer elsewhere (another boot or PID namespace) or
+        an unidentified writer left is kept and logged, for an operator (docs/receive.md)."""
         members = {p.name.removesuffix(".json") for p in self._sidecars()}
+        here = Holder.parse(_writer()[0])
         removed = 0
         unproven = []
         for path in [*self.dir.iterdir(), *self.incoming.iterdir()]:  # bounded by the queue's files
@@ -416,12 +418,15 @@ class Queue:
             if writer is not None and writer.provably_dead():
                 path.unlink(missing_ok=True)
                 removed += 1
-            elif writer is None or not writer.identified:
-                unproven.append(str(path.relative_to(self.dir)))
+            elif (writer is None or not writer.identified or here is None
+                  or (writer.boot_id, writer.pid_ns) != (here.boot_id, here.pid_ns)):
+                unproven.append(str(path.relative_to(self.dir)))  # a live writer here is no news
         if unproven:
-            log.warning("queue %s: %d leftover file(s) kept, their names carry no writer that can be proven"
-                        " dead (an older version's, or not a receiver's); delete them once no receiver of"
-                        " this queue runs on any host: %s", self.dir, len(unproven), ", ".join(sorted(unproven)))
+            log.warning("queue %s: %d leftover file(s) kept whose writer cannot be proven dead here (of another"
+                        " boot or PID namespace, or named by an older version): a sweeper in the writer's"
+                        " container takes them, else delete them once no receiver of this queue runs on any"
+                        " host that shares it (docs/receive.md, Files): %s",
+                        self.dir, len(unproven), ", ".join(sorted(unproven)))
         return removed
 
     # --- the land lock --------------------------------------------------------------------------

@@ -108,13 +108,16 @@ class Writer:
 @pytest.mark.parametrize("elsewhere", [{"pid_ns": 1}, {"boot_id": "00000000-0000-0000-0000-000000000000"}],
                          ids=["another PID namespace", "another boot"])
 def test_leftovers_of_a_writer_of_another_namespace_or_boot_on_this_hostname_are_kept(
-        queue: Queue, elsewhere: dict[str, object]) -> None:
+        queue: Queue, elsewhere: dict[str, object], caplog: pytest.LogCaptureFixture) -> None:
     # Another container sharing the volume: its live receiver's pid does not exist here.
     forged = dataclasses.replace(here(), pid=gone_pid(), **elsewhere)  # type: ignore[arg-type]
     assert forged.host == socket.gethostname()
     files = leave(queue, forged)
-    assert queue.sweep() == 0
+    with caplog.at_level(logging.WARNING, logger="contextful.engine.land.receive.spool"):
+        assert queue.sweep() == 0
     assert all(path.exists() for path in files)
+    [record] = caplog.records  # kept, and told: an operator learns what the sweep could not decide
+    assert "3 leftover file(s) kept" in record.getMessage()
 
 
 def test_leftovers_in_the_older_pid_only_form_are_kept_and_logged(queue: Queue,
@@ -129,11 +132,13 @@ def test_leftovers_in_the_older_pid_only_form_are_kept_and_logged(queue: Queue,
     assert all(str(path.relative_to(queue.dir)) in record.getMessage() for path in files)
 
 
-def test_a_live_writers_files_are_kept_and_swept_once_it_exited(queue: Queue) -> None:
+def test_a_live_writers_files_are_kept_and_swept_once_it_exited(queue: Queue, caplog: pytest.LogCaptureFixture) -> None:
     writer = Writer(queue)
     try:
         own = leave(queue, here())  # the sweeper's own files, mid-batch, are a live writer's too
-        assert queue.sweep() == 0
+        with caplog.at_level(logging.WARNING, logger="contextful.engine.land.receive.spool"):
+            assert queue.sweep() == 0
+        assert caplog.records == []  # live writers of this namespace are no news
         assert all(path.exists() for path in [*writer.files, *own])
     finally:
         writer.exit()
