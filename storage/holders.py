@@ -3,7 +3,8 @@
 Journal owners (``engine.run.execution``) and staging runs (``storage.staging``) name their holder
 with :func:`default_holder`, so a takeover (``open_execution(..., take_over_dead=True)``), a rewind
 and collection can recognise a holder that died (SIGKILL, a crash) at once instead of after its
-lease lapses.
+lease lapses. A receive queue's files name their writer with the same identity
+(``engine.land.receive.spool``), so its sweep deletes only what a provably dead writer left.
 
 A hostname and a pid do not identify a process: two containers with one hostname and separate PID
 namespaces, sharing a catalog, each see the other's pid as missing. A holder id therefore names the
@@ -59,6 +60,23 @@ class Holder:
             text += f";boot={self.boot_id};pidns={self.pid_ns};start={self.start_ticks}"
         return text
 
+    def provably_dead(self) -> bool:
+        """Whether this process is provably dead: of this boot and PID namespace, and its pid is gone
+        or was reused by a process started at another time. A holder of another host, namespace or
+        boot, one without that identity, or ``/proc`` unreadable: not dead."""
+        if not self.identified or _namespace() != (self.boot_id, self.pid_ns):
+            return False
+        started = _start_ticks(self.pid)
+        if started is not None:
+            return started != self.start_ticks
+        try:  # no stat entry: the pid is gone, or hidden from us (``hidepid``)
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
     @classmethod
     def parse(cls, text: str) -> Holder | None:
         """The parts of ``text`` (either form), or None when it is no holder id of ours (a name a
@@ -95,25 +113,10 @@ def default_holder() -> str:
 
 
 def holder_is_dead(holder: str | None) -> bool:
-    """Whether ``holder`` is provably dead: a process of this boot and PID namespace whose pid is
-    gone or was reused by a process started at another time. No holder, a holder of another host,
-    namespace or boot, an id without that identity, or ``/proc`` unreadable: not dead (wait for the
-    lease)."""
+    """Whether ``holder`` (a holder id) is provably dead; see :meth:`Holder.provably_dead`. No
+    holder, or a text that is no holder id of ours: not dead (wait for the lease)."""
     parsed = Holder.parse(holder) if holder is not None else None
-    if parsed is None or not parsed.identified:
-        return False
-    if _namespace() != (parsed.boot_id, parsed.pid_ns):
-        return False
-    started = _start_ticks(parsed.pid)
-    if started is not None:
-        return started != parsed.start_ticks
-    try:  # no stat entry: the pid is gone, or hidden from us (``hidepid``)
-        os.kill(parsed.pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return parsed is not None and parsed.provably_dead()
 
 
 def _namespace() -> tuple[str, int] | None:

@@ -8,19 +8,31 @@ One directory per pipeline, ``<queue root>/<pipeline id>/`` (the project's
 ``.contextful/queue/<pipeline id>/``)::
 
     <member id>.<table>.arrow     the decoded, typed batch for one touched table (Arrow IPC file)
-    <member id>.json              the sidecar: key, digest, received time, bytes, rows, holder
+    <member id>.json              the sidecar: key, digest, received time, bytes, rows, holder id
     keys.sqlite                   the key index (WAL): first attempts, landed answers, attempts
     land.lock                     the land lock (an exclusive ``flock``)
-    incoming/<pid>-<uuid>.body    request bodies being decoded (``.gzip``/``.zstd`` as sent, then decoded)
+    incoming/<writer>-<uuid>.body request bodies being decoded (``.gzip``/``.zstd`` as sent, then decoded)
 
-A member id is ``<ns since the epoch, 20 digits>-<pid>-<hex>``, so names sort first-in first-out
-and name the process that wrote them. Each file is written to a ``.tmp-`` name, fsync'ed and
-renamed; the Arrow files before the sidecar, then the directory is fsync'ed. The sidecar is the
-member: a member exists once its sidecar is renamed. The directory and ``incoming/`` are ``0700``
-and every file in them ``0600``: a batch's data is its sender's, readable by the owner only. Removal goes the other way (Arrow files,
-then the sidecar), so a sidecar never outlives a member that is not landed or failed.
-:meth:`Queue.sweep` deletes what a killed writer left half-written (files of a dead pid with no
-sidecar).
+A member id is ``<ns since the epoch, 20 digits>-<writer>-<hex>``, so names sort first-in
+first-out and name the process that wrote them. ``<writer>`` is the writer's identity as
+``storage.holders`` defines it, ``<pid>_<start ticks>_<PID-namespace inode>_<boot id>``; the
+sidecar's ``holder`` is the writer's full holder id (its host too). Each file is written to a
+``.tmp-`` name, fsync'ed and renamed; the Arrow files before the sidecar, then the directory is
+fsync'ed. The sidecar is the member: a member exists once its sidecar is renamed. The directory and
+``incoming/`` are ``0700`` and every file in them ``0600``: a batch's data is its sender's, readable
+by the owner only. Removal goes the other way (Arrow files, then the sidecar), so a sidecar never
+outlives a member that is not landed or failed.
+
+:meth:`Queue.sweep` deletes what a killed writer left half-written (``.tmp-`` files, Arrow files
+with no sidecar, bodies), and only when the writer its name carries is provably dead
+(:meth:`Holder.provably_dead <contextful.storage.holders.Holder.provably_dead>`): of the sweeper's
+boot and PID namespace, its pid gone or reused by a process started at another time. A pid alone
+proves nothing when the queue is on a volume shared by containers with separate PID namespaces
+(the other container's live writer has a pid missing here) or when the pid was reused (an
+unrelated process keeps the dead writer's files). A name whose writer is another namespace's or
+another boot's is kept for a sweeper there; a name in the older ``<pid>`` form (written before
+names carried the identity, or by a writer that could not read ``/proc``) is never proven dead and
+is kept, logged, for an operator to delete once no receiver of the queue is running.
 
 Digests: a batch key's digest is the first 32 hex digits (128 bits) of the SHA-256 of
 ``<pipeline id> NUL <key>``. The pipeline id is part of it because two pipelines may land in one
@@ -40,7 +52,7 @@ import hashlib
 import json
 import logging
 import os
-import socket
+import re
 import sqlite3
 import threading
 import time
@@ -56,6 +68,7 @@ import pyarrow as pa
 from contextful.engine.guard import mask_message
 from contextful.storage.catalog.sqlite import BUSY_TIMEOUT_S, enable_wal
 from contextful.storage.errors import ContextfulError
+from contextful.storage.holders import Holder, default_holder
 from pyarrow import ipc
 
 log = logging.getLogger(__name__)
@@ -106,8 +119,9 @@ class Member:
     """Bytes of its Arrow files: what the group's 64 MiB bound counts."""
     rows: dict[str, int]
     """Touched table -> rows the member lands there."""
-    holder: dict[str, Any] = field(default_factory=dict)
-    """The receiver that spooled it: host and pid."""
+    holder: str = ""
+    """The holder id (``storage.holders``) of the receiver that spooled it: host, pid, boot,
+    PID namespace and start time (``host:pid:`` in a sidecar an older version wrote)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "pipeline": self.pipeline, "key": self.key, "digest": self.digest,
@@ -118,11 +132,14 @@ class Member:
     def from_json(cls, doc: dict[str, Any]) -> Member:
         return cls(doc["id"], doc["pipeline"], doc["key"], doc["digest"], int(doc["received_us"]),
                    int(doc["body_bytes"]), doc["body_sha256"], int(doc["bytes"]),
-                   {str(k): int(v) for k, v in doc["rows"].items()}, dict(doc.get("holder", {})))
+                   {str(k): int(v) for k, v in doc["rows"].items()}, _holder_text(doc.get("holder")))
 
-    @property
-    def pid(self) -> int:
-        return int(self.holder.get("pid", 0))
+
+def _holder_text(holder: Any) -> str:
+    """A sidecar's holder as a holder id; an older sidecar's ``{"host", "pid"}`` as ``host:pid:``."""
+    if isinstance(holder, dict):
+        return f"{holder.get('host', '')}:{holder.get('pid', 0)}:"
+    return str(holder or "")
 
 
 @dataclass(frozen=True)
@@ -150,26 +167,56 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+_WRITER = re.compile(r"(\d+)(?:_(\d+)_(\d+)_([0-9a-f-]+))?")
+_MEMBER_NAME = re.compile(r"\d{20}-(.+)-[0-9a-f]+")
+_BODY_NAME = re.compile(r"(.+)-[0-9a-f]+")
+_this_writer: tuple[int, str, str] | None = None  # (pid, holder id, token): read from /proc once a process
 
 
-def _writer_pid(name: str) -> int:
-    """The pid a queue file's name carries (member ids and bodies name their writer), else 0."""
-    stem = name.removeprefix(".tmp-")
-    parts = stem.split("-")
-    for candidate in (parts[1] if len(parts) > 2 else "", parts[0]):
-        if candidate.isdigit() and len(candidate) < 20:
-            return int(candidate)
-    return 0
+def writer_token(holder: Holder) -> str:
+    """The part of a queue file's name naming its writer: ``<pid>_<start>_<pidns>_<boot id>``, or
+    ``<pid>`` alone for a holder without that identity (such a name is never provably dead).
+
+    >>> writer_token(Holder("db-1", 4242, "0a1b2c3d", "8591c925-af75-48ba-b443-808ac9b6e891", 4026531836, 41055))
+    '4242_41055_4026531836_8591c925-af75-48ba-b443-808ac9b6e891'
+    >>> writer_token(Holder("db-1", 4242, "0a1b2c3d"))
+    '4242'
+    """
+    if holder.boot_id is None or not holder.identified or not re.fullmatch(r"[0-9a-f-]+", holder.boot_id):
+        return str(holder.pid)  # a boot id that is no lower-case UUID cannot be told apart in a name
+    return f"{holder.pid}_{holder.start_ticks}_{holder.pid_ns}_{holder.boot_id}"
+
+
+def file_writer(name: str, body: bool = False) -> Holder | None:
+    """The writer a queue file's name carries (a member's file, or a body when ``body``), or None
+    when the name is none a writer of ours chose. The name carries no host: a boot id names one
+    machine's boot, which is all a proof of death needs.
+
+    >>> file_writer(".tmp-00000001700000000000-4242_41055_4026531836_8591c925-af75-48ba-b443-808ac9b6e891-0a1b2c3d.json")
+    Holder(host='', pid=4242, suffix='', boot_id='8591c925-af75-48ba-b443-808ac9b6e891', pid_ns=4026531836, start_ticks=41055)
+    >>> file_writer("4242-0123abcd.body.gzip", body=True).identified, file_writer("notes.txt", body=True)
+    (False, None)
+    """
+    stem = name.removeprefix(".tmp-").split(".", 1)[0]
+    named = (_BODY_NAME if body else _MEMBER_NAME).fullmatch(stem)
+    writer = _WRITER.fullmatch(named.group(1)) if named else None
+    if writer is None or int(writer.group(1)) <= 0:
+        return None
+    pid, start, namespace, boot = writer.groups()
+    if start is None:
+        return Holder("", int(pid), "")
+    return Holder("", int(pid), "", boot, int(namespace), int(start))
+
+
+def _writer() -> tuple[str, str]:
+    """This process's holder id and the token its queue files' names carry."""
+    global _this_writer
+    if _this_writer is None or _this_writer[0] != os.getpid():  # a forked child is another writer
+        holder = default_holder()
+        parsed = Holder.parse(holder)
+        assert parsed is not None
+        _this_writer = (os.getpid(), holder, writer_token(parsed))
+    return _this_writer[1], _this_writer[2]
 
 
 class KeyIndex:
@@ -272,18 +319,23 @@ class Queue:
         for folder in (self.dir, self.incoming):  # owner-only, a queue made before this rule included
             folder.chmod(0o700)
         self.index = KeyIndex(self.dir / "keys.sqlite")
-        self._holder = {"host": socket.gethostname(), "pid": os.getpid()}
 
     # --- members --------------------------------------------------------------------------------
 
     def body_path(self, suffix: str = "") -> Path:
-        """A fresh path under ``incoming/`` for a request body (``suffix`` names its compression)."""
-        return self.incoming / f"{os.getpid()}-{uuid.uuid4().hex}.body{suffix}"
+        """A fresh path under ``incoming/`` for a request body (``suffix`` names its compression),
+        named by this process as its writer."""
+        return self.incoming / f"{_writer()[1]}-{uuid.uuid4().hex}.body{suffix}"
+
+    @staticmethod
+    def member_id() -> str:
+        """A fresh member id, sorting after every id taken before it here and naming this process."""
+        return f"{time.time_ns():020d}-{_writer()[1]}-{uuid.uuid4().hex[:8]}"
 
     def spool(self, key: str, digest: str, tables: dict[str, pa.Table], *, received_us: int, body_bytes: int,
               body_sha256: str) -> Member:
         """Write a member synced: each table's Arrow file, then the sidecar, then the directory."""
-        member_id = f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        member_id = self.member_id()
         written: list[Path] = []
         try:
             size = 0
@@ -292,7 +344,7 @@ class Queue:
                 written.append(path)
                 size += self._write_synced(path, partial(_write_ipc, data=data))
             member = Member(member_id, self.pipeline, key, digest, received_us, body_bytes, body_sha256, size,
-                            {t: d.num_rows for t, d in tables.items()}, dict(self._holder))
+                            {t: d.num_rows for t, d in tables.items()}, _writer()[0])
             sidecar = self.dir / f"{member_id}.json"
             written.append(sidecar)
             payload = json.dumps(member.to_json()).encode()
@@ -348,16 +400,33 @@ class Queue:
 
     def sweep(self) -> int:
         """Delete what killed writers left: temporary files, Arrow files without a sidecar and
-        request bodies, each only when the pid its name carries is dead. Returns how many."""
+        request bodies, each only when the writer its name carries is provably dead (see the module
+        docstring). Returns how many. What a writer elsewhere (another boot or PID namespace) or
+        an unidentified writer left is kept and logged, for an operator (docs/receive.md)."""
         members = {p.name.removesuffix(".json") for p in self._sidecars()}
+        here = Holder.parse(_writer()[0])
         removed = 0
-        for path in [*self.dir.iterdir(), *self.incoming.iterdir()]:
+        unproven = []
+        for path in [*self.dir.iterdir(), *self.incoming.iterdir()]:  # bounded by the queue's files
             name = path.name
-            orphan = (name.startswith(".tmp-") or path.parent == self.incoming
+            body = path.parent == self.incoming
+            orphan = (name.startswith(".tmp-") or body
                       or (name.endswith(".arrow") and name.split(".", 1)[0] not in members))
-            if orphan and path.is_file() and not _pid_alive(_writer_pid(name)):
+            if not orphan or not path.is_file():
+                continue
+            writer = file_writer(name, body)
+            if writer is not None and writer.provably_dead():
                 path.unlink(missing_ok=True)
                 removed += 1
+            elif (writer is None or not writer.identified or here is None
+                  or (writer.boot_id, writer.pid_ns) != (here.boot_id, here.pid_ns)):
+                unproven.append(str(path.relative_to(self.dir)))  # a live writer here is no news
+        if unproven:
+            log.warning("queue %s: %d leftover file(s) kept whose writer cannot be proven dead here (of another"
+                        " boot or PID namespace, or named by an older version): a sweeper in the writer's"
+                        " container takes them, else delete them once no receiver of this queue runs on any"
+                        " host that shares it (docs/receive.md, Files): %s",
+                        self.dir, len(unproven), ", ".join(sorted(unproven)))
         return removed
 
     # --- the land lock --------------------------------------------------------------------------

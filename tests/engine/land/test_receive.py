@@ -77,11 +77,11 @@ digest = key_digest("clicks", key)
 queue.index.touch(digest, key, now)
 data = pa.table({"batch": [key] * 3, "i": [0, 1, 2]})
 queue.spool(key, digest, {"clicks": data}, received_us=now, body_bytes=0, body_sha256="")
-pid = os.getpid()
-(queue.dir / f"{time.time_ns():020d}-{pid}-deadbeef.clicks.arrow").write_bytes(b"half")
-(queue.dir / f".tmp-{time.time_ns():020d}-{pid}-deadbeef.json").write_bytes(b"{")
-(queue.incoming / f"{pid}-0123abcd.body").write_bytes(b"{}")
-os.kill(pid, signal.SIGKILL)
+# members this writer never finished, named as the queue names its own (their writer: this process)
+(queue.dir / f"{queue.member_id()[:-8]}deadbeef.clicks.arrow").write_bytes(b"half")
+(queue.dir / f".tmp-{queue.member_id()[:-8]}deadbeef.json").write_bytes(b"{")
+queue.body_path().write_bytes(b"{}")
+os.kill(os.getpid(), signal.SIGKILL)
 """
 
 # A leader that dies between planning its run (the plan row recorded) and committing it.
