@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
+from contextful.storage.errors import ConditionalWriteUnsupported
+
 if TYPE_CHECKING:
     import fsspec
 
@@ -197,8 +199,6 @@ class ObjectStore:
         probe object is created twice under the root, the second create must be refused, and the
         probe is deleted. Only a writer about to create probes: a reader never writes.
         """
-        from contextful.storage.errors import ConditionalWriteUnsupported
-
         backend = (self.protocol, str(self._options.get("client_kwargs", {}).get("endpoint_url", "")),
                    self.root.split("/", 1)[0])
         with _conditional_create_lock:
