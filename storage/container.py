@@ -111,7 +111,11 @@ def _catalog(store: Store) -> PostgresCatalog:
 
 def require_corpus_state(corpus: ObjectStore, catalog: Catalog) -> None:
     """Refuse to open a corpus that lost its ``store.json`` while the catalog serves a store: a new
-    one minted there would bind the corpus to another store for good."""
+    one minted there would bind the corpus to another store for good.
+
+    A catalog is bound only after its ``store.json`` is in the bucket, so when the catalog turns out
+    bound the bucket is asked again: a machine that opened the new store between the first look and
+    the catalog's answer is joined, not taken for a lost corpus."""
     from contextful.storage.catalog.postgres import PostgresCatalog
 
     if corpus.exists("store.json") or not isinstance(catalog, PostgresCatalog):
@@ -122,7 +126,7 @@ def require_corpus_state(corpus: ObjectStore, catalog: Catalog) -> None:
         bound = present and conn.execute("SELECT value FROM cf_meta WHERE key = 'store_uuid'").fetchone()
     finally:
         conn.close()
-    if bound:
+    if bound and not corpus.exists("store.json"):
         raise StorageCapabilityMissing(PROFILE, ((f"the corpus state: {corpus.url} holds no store.json, and the "
                                                  f"catalog serves store {bound[0]}"),))
 

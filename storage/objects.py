@@ -7,6 +7,15 @@ or a caller asking for :attr:`ObjectStore.fs`). Keys are
 parts) go through :meth:`ObjectStore.atomic_writer`: on a local filesystem a temporary sibling is
 fsynced and renamed into place; an object store's PUT (and a closed multipart upload) is atomic
 already. Readers therefore see a whole object or none — the substrate of "no torn publication".
+
+:meth:`ObjectStore.put_if_absent` is first-writer-wins on every root kind (``store.json``, the
+container profile's recovery identity, journal steps and blobs rely on it): locally a whole temporary
+is hard-linked into place, which fails when the name is taken; on an object store the PUT carries
+``If-None-Match: *`` and the server refuses every writer but the first. A remote backend that cannot
+refuse the second writer is refused with ``ConditionalWriteUnsupported`` (:meth:`ObjectStore.
+require_conditional_create`) before it is asked to write. A local write makes every directory it
+creates durable in its parent, so a file whose own directory is fsynced cannot vanish with a
+directory entry that never reached the disk.
 """
 
 from __future__ import annotations
@@ -15,17 +24,29 @@ import builtins
 import contextlib
 import functools
 import os
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
+
+from contextful.storage.errors import ConditionalWriteUnsupported
 
 if TYPE_CHECKING:
     import fsspec
 
 TMP_MARK = ".tmp-"
 LOCAL_PROTOCOLS = ("file", "local")
+CONDITIONAL_CREATE_PROTOCOLS = ("s3", "s3a")
+"""Filesystems whose ``pipe_file(..., mode="create")`` is a conditional PUT decided by the server
+(s3fs sends ``If-None-Match: *``). fsspec's default for the others checks existence and then
+writes, which two racing writers pass together: those roots get no first-writer-wins write."""
+
+_conditional_create: dict[tuple[str, str, str], str | None] = {}
+"""Per backend (protocol, endpoint, bucket): None when the server refused a second create in this
+process's probe, else why it cannot be trusted to."""
+_conditional_create_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -47,17 +68,20 @@ def _storage_options_from_env(protocol: str) -> dict[str, Any]:
 class ObjectStore:
     """Bytes under one root, local or remote."""
 
-    def __init__(self, root: str, storage_options: dict[str, Any] | None = None, *, create: bool = True) -> None:
-        """Bind ``root``; a local root's directory is made unless ``create`` is False (a reader's)."""
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None, *, create: bool = True,
+                 fsync: Callable[[int], None] = os.fsync) -> None:
+        """Bind ``root``; a local root's directory is made (durably) unless ``create`` is False (a
+        reader's). ``fsync`` flushes a descriptor (a seam: tests record what is made durable)."""
         protocol, path = split_protocol(str(root))
         protocol = protocol or "file"
         self._options = storage_options if storage_options is not None else _storage_options_from_env(protocol)
         self.protocol = protocol
         self.is_local = protocol in LOCAL_PROTOCOLS
+        self._fsync = fsync
         if self.is_local:
             path = os.path.abspath(path)
             if create:
-                os.makedirs(path, exist_ok=True)
+                self._make_dirs(path, durable=True)
         self.root = path.rstrip("/")
         self.url = self.root if self.is_local else f"{protocol}://{self.root}"
 
@@ -111,19 +135,15 @@ class ObjectStore:
             raise ValueError("atomic_local_path needs a local store root")
         target = self.path(key)
         directory = os.path.dirname(target)
-        os.makedirs(directory, exist_ok=True)
+        self._make_dirs(directory, durable)
         tmp = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex}-{os.path.basename(target)}")
         try:
             yield tmp
             if durable:
-                fd = os.open(tmp, os.O_RDONLY)  # fsync through any descriptor flushes the file
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                self._fsync_path(tmp)  # fsync through any descriptor flushes the file
             os.replace(tmp, target)
             if durable:
-                _fsync_dir(directory)
+                self._fsync_path(directory)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -135,31 +155,95 @@ class ObjectStore:
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Write ``data`` at ``key`` unless an object is there; True when this call wrote it.
 
-        Content-addressed callers rely on every writer of one key holding the same bytes, so a
-        lost race is harmless: the object is whole either way.
+        The first writer wins on every root kind, whatever bytes the others hold: a caller that lost
+        reads the winner's object. Locally a whole, fsynced temporary is hard-linked into place (the
+        link fails when the name is taken); remotely the PUT is conditional (``If-None-Match: *``) and
+        the server refuses all but the first. A remote backend that cannot refuse raises
+        ``ConditionalWriteUnsupported`` (:meth:`require_conditional_create`).
         """
         target = self.path(key)
         if not self.is_local:
-            if self.fs.exists(target):
+            if self.fs.exists(target):  # an open of an existing store (a reader's too) writes nothing
                 return False
-            self.put_bytes(key, data)
+            self.require_conditional_create()
+            try:
+                self.fs.pipe_file(target, data, mode="create")
+            except FileExistsError:  # the server refused: another writer's object is there
+                return False
             return True
         directory = os.path.dirname(target)
-        os.makedirs(directory, exist_ok=True)
+        self._make_dirs(directory, durable=True)
         tmp = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex}")
         try:
             with open(tmp, "wb") as fh:
                 fh.write(data)
                 fh.flush()
-                os.fsync(fh.fileno())
+                self._fsync(fh.fileno())
             try:
                 os.link(tmp, target)  # fails if present: first whole writer wins
             except FileExistsError:
                 return False
-            _fsync_dir(directory)
+            self._fsync_path(directory)
             return True
         finally:
             os.unlink(tmp)
+
+    def require_conditional_create(self) -> None:
+        """Raise ``ConditionalWriteUnsupported`` unless a create at this remote root refuses every
+        writer but the first.
+
+        Two things must hold, and both are checked once per process for each backend (protocol,
+        endpoint, bucket): the client sends the condition to the server (the filesystem is one of
+        :data:`CONDITIONAL_CREATE_PROTOCOLS`; fsspec's fallback is check-then-put), and the server
+        honours it (an S3-compatible server that ignores ``If-None-Match`` accepts both writers): a
+        probe object is created twice under the root, the second create must be refused, and the
+        probe is deleted. Only a writer about to create probes: a reader never writes.
+        """
+        backend = (self.protocol, str(self._options.get("client_kwargs", {}).get("endpoint_url", "")),
+                   self.root.split("/", 1)[0])
+        with _conditional_create_lock:
+            if backend not in _conditional_create:
+                _conditional_create[backend] = self._probe_conditional_create()
+            reason = _conditional_create[backend]
+        if reason is not None:
+            raise ConditionalWriteUnsupported(self.url, reason)
+
+    def _probe_conditional_create(self) -> str | None:
+        """None when this root's server refused a second create of one key; else why not."""
+        if self.protocol not in CONDITIONAL_CREATE_PROTOCOLS:
+            return f"{self.protocol}:// has no create-if-absent its server decides"
+        probe = self.path(f"{TMP_MARK}{uuid.uuid4().hex}-conditional-create-probe")
+        self.fs.pipe_file(probe, b"first", mode="create")
+        try:
+            try:
+                self.fs.pipe_file(probe, b"second", mode="create")
+            except FileExistsError:
+                return None
+            return "the server accepted a second create of one key (it ignores If-None-Match)"
+        finally:
+            self.fs.rm(probe)
+
+    def _make_dirs(self, directory: str, durable: bool) -> None:
+        """Make ``directory`` and its missing ancestors; when ``durable``, fsync the parent of every
+        level that was missing, so the new directories survive a power loss with what is put in
+        them. A level a concurrent writer made counts too: its entry may not be durable yet."""
+        missing = []
+        while not os.path.isdir(directory):
+            missing.append(directory)
+            directory = os.path.dirname(directory)
+        for level in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(level)
+        if durable:
+            for level in missing:
+                self._fsync_path(os.path.dirname(level))
+
+    def _fsync_path(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            self._fsync(fd)
+        finally:
+            os.close(fd)
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -167,8 +251,10 @@ class ObjectStore:
         if self.is_local:
             with open(self.path(key), "rb") as fh:
                 return fh.read()
-        with self.fs.open(self.path(key), "rb") as fh:
-            return fh.read()
+        # One GET answers one whole version of the object. fsspec's file reads instead range the
+        # object under the ETag its (possibly cached) metadata holds, and fail FileExpired when
+        # another writer replaced the object meanwhile: the reader must see the newer version.
+        return bytes(self.fs.cat_file(self.path(key), max_concurrency=1))
 
     def exists(self, key: str) -> bool:
         if self.is_local:
@@ -261,10 +347,3 @@ def _modified(info: dict[str, Any]) -> datetime | None:
         return datetime.fromtimestamp(float(value), tz=UTC)
     return None
 
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

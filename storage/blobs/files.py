@@ -1,8 +1,9 @@
 """Blob store adapter: a file tree ``blobs/<aa>/<sha256>`` under a store root.
 
 A write lands in a temporary sibling and is hard-linked into place, which fails if a whole blob is
-already there (local); on an object store a PUT is atomic. Either way a reader sees a whole blob
-or none, and a second writer of the same hash simply finds it present.
+already there (local); on an object store the PUT is atomic and conditional (``If-None-Match``,
+:meth:`ObjectStore.put_if_absent`). Either way a reader sees a whole blob or none, and a second
+writer of the same hash simply finds it present.
 """
 
 from __future__ import annotations

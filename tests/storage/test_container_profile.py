@@ -147,6 +147,30 @@ def test_weak_guards_and_a_missing_corpus_refuse_before_admission(site: Containe
     assert not bucket(site).exists("store.json")  # no new store was minted over the corpus
 
 
+def test_a_machine_that_found_no_store_json_joins_the_store_another_opened_meanwhile(
+        site: ContainerSite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The corpus-state check looked at the bucket, then at the catalog: a machine that opened the
+    new store between the two made the other look like a lost corpus (``StorageCapabilityMissing``).
+    Forced: the other machine opens right after this one found the bucket without ``store.json``."""
+    looked = ObjectStore.exists
+    meanwhile: list[Store] = []
+    fired = False
+
+    def exists(objects: ObjectStore, key: str) -> bool:
+        nonlocal fired
+        found = looked(objects, key)
+        if key == "store.json" and not found and not fired:
+            fired = True
+            meanwhile.append(open_in(tmp_path / "machine-a"))  # its own look finds none either, then it binds
+        return found
+
+    monkeypatch.setattr(ObjectStore, "exists", exists)
+    with open_in(tmp_path / "machine-b") as joined:
+        assert meanwhile, "the other machine never opened in between"
+        assert joined.uuid == meanwhile[0].uuid
+    meanwhile[0].close()
+
+
 @pytest.mark.clause("run.journal.storage-incomplete")
 def test_a_profile_without_an_outbox_refuses_it(tmp_path: Path) -> None:
     with Store.open(tmp_path / "local") as store, pytest.raises(StorageCapabilityMissing) as info:

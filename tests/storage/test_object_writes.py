@@ -1,8 +1,11 @@
-"""A part write that fails leaves nothing at its final key, on a local root and on S3.
+"""Object writes on a local root and on S3: nothing torn, the first writer wins, a replaced object reads whole.
 
 fsspec's ``with fs.open(key, "wb")`` closes the file when its body raises, and closing an S3 file
 completes its upload: a half-written part appeared at the key a commit would reference. The
 store aborts the upload instead (and a local write renames a temporary only once it is whole).
+
+``put_if_absent`` on S3 was check-then-put; it is a conditional PUT now, and a backend that cannot
+refuse a second writer is refused (the N-machine race is ``test_bucket_store_race``).
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from contextful.storage.errors import ConditionalWriteUnsupported
 from contextful.storage.objects import ObjectStore
 from contextful.storage.parts import write_part
 
+from tests.support.s3_proxy import IgnoringConditionsProxy
 from tests.support.s3_server import S3Server
 
 SCHEMA = pa.schema({"id": pa.int64(), "text": pa.string()})
@@ -77,3 +82,47 @@ def test_deleting_an_object_already_gone_deletes_the_rest(objects: ObjectStore) 
             fh.write(b"x")
     objects.delete(["t/parts/a.parquet", "t/parts/.tmp-gone.parquet", "t/parts/b.parquet"])
     assert not objects.exists("t/parts/a.parquet") and not objects.exists("t/parts/b.parquet")
+
+
+# --- first writer wins, and a replaced object reads whole ------------------------------------------
+
+
+def test_the_first_writer_of_a_key_wins_whatever_bytes_the_others_hold(objects: ObjectStore) -> None:
+    other = ObjectStore(objects.url, None if objects.is_local else objects._options)
+    assert objects.put_if_absent("store.json", b'{"store_uuid": "first"}')
+    assert not other.put_if_absent("store.json", b'{"store_uuid": "second"}')
+    assert other.get_bytes("store.json") == objects.get_bytes("store.json") == b'{"store_uuid": "first"}'
+
+
+def test_a_reader_whose_cached_listing_predates_a_replacement_reads_the_new_object(s3_server: S3Server) -> None:
+    """s3fs ranges a file read under the ETag its cached listing holds: an object replaced by another
+    writer since that listing failed the read with ``FileExpired`` (an unnamed error)."""
+    root = f"s3://{s3_server.new_bucket()}/root"
+    reader, writer = ObjectStore(root, s3_server.storage_options), ObjectStore(root, s3_server.storage_options)
+    writer.put_bytes("tables/t/holds/b1.json", b'{"held": 1}')
+    assert [o.key for o in reader.list("tables/t")] == ["tables/t/holds/b1.json"]  # cached, with its ETag
+    writer.put_bytes("tables/t/holds/b1.json", b'{"held": 2, "by": "another build"}')
+    assert reader.get_bytes("tables/t/holds/b1.json") == b'{"held": 2, "by": "another build"}'
+
+
+def test_a_root_whose_filesystem_cannot_refuse_a_second_writer_is_refused(tmp_path: Path) -> None:
+    """fsspec's create-if-absent outside S3 checks existence, then writes: two writers pass together."""
+    objects = ObjectStore(f"memory://{tmp_path.name}/root")
+    with pytest.raises(ConditionalWriteUnsupported) as info:
+        objects.put_if_absent("store.json", b"{}")
+    assert info.value.backend == objects.url and "memory://" in info.value.reason
+    assert not objects.exists("store.json")
+
+
+def test_an_s3_compatible_server_that_ignores_if_none_match_is_refused(s3_server: S3Server) -> None:
+    """The probe: a server that accepts a second create of one key cannot decide a first writer."""
+    bucket = s3_server.new_bucket()
+    with IgnoringConditionsProxy(s3_server.endpoint) as proxy:
+        options = s3_server.storage_options | {"client_kwargs": {"endpoint_url": proxy.endpoint}}
+        objects = ObjectStore(f"s3://{bucket}/root", options)
+        with pytest.raises(ConditionalWriteUnsupported) as info:
+            objects.put_if_absent("store.json", b"{}")
+        assert "If-None-Match" in info.value.reason
+        assert objects.list("") == []  # neither the object nor the probe is left
+    honouring = ObjectStore(f"s3://{bucket}/root", s3_server.storage_options)
+    assert honouring.put_if_absent("store.json", b"{}")  # the same bucket behind the real server
