@@ -288,10 +288,10 @@ class Execution:
     # --- cancel (run.cancel.*, engine.run.cancel) ---------------------------------------------------
 
     def _observe_mark(self, row: OwnerRow) -> None:
-        if row.execution_id == self.execution_id and row.cancel_requested_us is not None:
-            if not self.cancel_token.is_set():
-                self.cancel_token.set()
-                wake_waiters()  # a suspension waiting on an awakeable ends at once (engine.run.awakeable)
+        if (row.execution_id == self.execution_id and row.cancel_requested_us is not None
+                and not self.cancel_token.is_set()):
+            self.cancel_token.set()
+            wake_waiters()  # a suspension waiting on an awakeable ends at once (engine.run.awakeable)
 
     def poll_cancel(self) -> bool:
         """Read the owner's cancel mark (one catalog read); set :attr:`cancel_token` when it is set."""

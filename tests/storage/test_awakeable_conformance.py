@@ -550,7 +550,7 @@ def test_a_suspension_past_its_deadline_times_out_and_replays_the_timeout(journa
         first.suspend("approve", timeout_s=60)  # the same handle looks again: lazily timed out
     assert (timed_out.value.token, timed_out.value.deadline_us) == (info.value.token, T0 + 60_000_000)
     assert first.next_seq == 1  # the timeout is the step's recorded outcome
-    assert other.get(info.value.token).state == TIMED_OUT  # type: ignore[union-attr] - and the row's
+    assert other.get(info.value.token).state == TIMED_OUT  # type: ignore[union-attr]  # and the row's
     with pytest.raises(AwakeableTimedOut):
         other.resolve(info.value.token, b"late", "alice", clock.now_us())
     clock.advance(LEASE_S)

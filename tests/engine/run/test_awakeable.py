@@ -22,7 +22,8 @@ from contextful.engine.run.orchestrate import EngineOrchestrator
 from contextful.storage.awakeables import PENDING, awakeable_store_beside
 from contextful.storage.clock import ManualClock
 from contextful.storage.errors import ExecutionSuspended, RunCanceled
-from contextful.storage.journal import CLOSED_CANCELED, PENDING as OWNER_PENDING, JournalStore
+from contextful.storage.journal import CLOSED_CANCELED, JournalStore
+from contextful.storage.journal import PENDING as OWNER_PENDING
 
 T0 = 1_700_000_000_000_000
 HOUR_S = 3600
