@@ -42,7 +42,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from contextful.engine.run.awakeable import POLL_S, await_resolution, decode_suspension
-from contextful.storage.awakeables import AwakeableStore, awakeable_store_beside
+from contextful.storage.awakeables import AwakeableStore, awakeable_store_beside, wake_waiters
 from contextful.storage.clock import Clock, SystemClock
 from contextful.storage.errors import ExecutionWriterFenced, JournalConflict, RunCanceled
 from contextful.storage.fence import DISPATCH, PUBLICATION, WriterFence, writing_as
@@ -334,6 +334,10 @@ class Execution:
         whoever opens the execution next (this holder at once, another once the lease lapses)
         replays to this step and resumes waiting on the same token. A process that dies while
         waiting leaves the same state behind.
+
+        Once the execution is canceled (its cancellation token, fed by the keeper; the mark is read
+        durably before an outcome is recorded) the wait ends at once with RunCanceled and nothing
+        is recorded as the step; the caller closes it canceled (:meth:`close_canceled`).
         """
         seq = self._next_seq
         stored = self._replayed(seq, label)
@@ -366,8 +370,10 @@ class Execution:
     # --- cancel (run.cancel.*, engine.run.cancel) ---------------------------------------------------
 
     def _observe_mark(self, row: OwnerRow) -> None:
-        if row.execution_id == self.execution_id and row.cancel_requested_us is not None:
+        if (row.execution_id == self.execution_id and row.cancel_requested_us is not None
+                and not self.cancel_token.is_set()):
             self.cancel_token.set()
+            wake_waiters()  # a suspension waiting on an awakeable ends at once (engine.run.awakeable)
 
     def poll_cancel(self) -> bool:
         """Read the owner's cancel mark (one catalog read); set :attr:`cancel_token` when it is set."""

@@ -15,10 +15,15 @@ token and a live one answer alike. Then, on the store's awakeable store (``Store
   recorded payload's bytes (``application/octet-stream``; posting the same payload again answers
   the same); 404 ``AwakeableUnknown`` (no awakeable holds the token), 409
   ``AwakeableAlreadyResolved`` (resolved with another payload, which stays recorded), 410
-  ``AwakeableTimedOut`` (its deadline passed while pending).
-- ``GET``: 200 with the awakeable's state (``pending``, ``resolved`` or ``expired``), label,
-  execution, deadline, and once resolved when, by whom and the payload (base64), resolving nothing;
-  404 for an unknown token.
+  ``AwakeableTimedOut`` (its deadline passed while pending). The answer is the awakeable's one
+  outcome, decided by one conditional write on its row (``storage.awakeables``): a POST past the
+  deadline settles the row timed-out, and a POST in time that loses to the waiting execution
+  settling it timed-out answers 410 too, so what the caller is told is what the execution records
+  and every replay reads.
+- ``GET``: 200 with the awakeable's state (``pending``, ``resolved`` or ``expired``: settled
+  timed-out, or pending past its deadline, which the next POST or the execution's next look
+  settles so), label, execution, deadline, and once resolved when, by whom and the payload
+  (base64), resolving nothing and writing nothing; 404 for an unknown token.
 
 The store opens at the first admitted request and never creates one: with no store yet, no
 awakeable exists, and every token is unknown.

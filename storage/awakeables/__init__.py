@@ -16,12 +16,20 @@ writes:
 * :meth:`AwakeableStore._insert_pending` inserts a pending row unless the step already has one, and
   returns the stored row: minting is idempotent per step, so a replaying execution gets its token
   back instead of a second one.
-* :meth:`AwakeableStore._settle` turns a pending row resolved unless it already is: the first
-  resolution's payload, subject and instant are the ones every later reader sees.
+* :meth:`AwakeableStore._settle` turns a pending row ``resolved`` or ``timed-out`` unless it is
+  settled already: the first settlement (a resolution's payload, subject and instant, or the
+  timeout) is the one every later reader sees.
 
-Timed out is not a stored state: a row is ``pending`` until resolved, and a pending row whose
-``deadline_us`` is at or before the reader's now has timed out. :meth:`AwakeableStore.resolve`
-checks the deadline against its caller's instant before it writes.
+A row has one outcome, decided by that one write. A resolution settles it only while it is pending
+and the resolver's instant is before the deadline; a timeout only while it is pending and the
+instant is at or past it. The deadline is written once at mint and never changes, so comparing the
+caller's instant with it needs no read the write could race; what races is the two settlements,
+and the conditional write lets exactly one land. Deadlines still evaluate lazily (decision
+"external-signals-single": no target owes a durable timer): nothing settles a row when its deadline
+passes, the first party to look past it does — the waiting execution (:meth:`AwakeableStore.expire`)
+or a late resolver (:meth:`AwakeableStore.resolve`, answered AwakeableTimedOut). Whoever lost reads
+the winner's outcome: a resolver answered 200 is never beside a waiter that recorded a timeout, and
+a resolver answered AwakeableTimedOut is never beside a waiter that recorded its payload.
 
     >>> import tempfile
     >>> store = open_awakeable_store("sqlite", path=tempfile.mkdtemp() + "/catalog.sqlite")
@@ -34,6 +42,13 @@ checks the deadline against its caller's instant before it writes.
     Traceback (most recent call last):
     ...
     contextful.storage.errors.AwakeableAlreadyResolved: ...
+    >>> late = store.mint("e1", 4, "countersign", deadline_us=2_000, now_us=1_000)
+    >>> store.expire(late.token, now_us=2_000).state   # the waiter looks at the deadline: settled
+    'timed-out'
+    >>> store.resolve(late.token, b"yes", "alice", now_us=1_999)
+    Traceback (most recent call last):
+    ...
+    contextful.storage.errors.AwakeableTimedOut: ...
 """
 
 from __future__ import annotations
@@ -54,27 +69,30 @@ from contextful.storage.errors import (
 if TYPE_CHECKING:
     from contextful.storage.journal import JournalStore
 
-PENDING, RESOLVED = "pending", "resolved"
+PENDING, RESOLVED, TIMED_OUT = "pending", "resolved", "timed-out"
 
 PROFILES = ("files", "sqlite", "postgres")
 
 RESOLUTIONS = threading.Condition()
-"""Notified (under its lock) each time this process resolves an awakeable, so a waiter in the same
-process wakes at once instead of at its next poll; :func:`resolutions_seen` reads the count."""
-_resolved_count = 0
+"""Notified (under its lock) each time :func:`wake_waiters` runs — this process settled an
+awakeable, or set an execution's cancellation token — so a waiter in the same process looks again
+at once instead of at its next poll; :func:`resolutions_seen` reads the count."""
+_wake_count = 0
 
 
 def resolutions_seen() -> int:
-    """How many resolutions this process has made: a waiter reads it before looking at a row and
-    waits on :data:`RESOLUTIONS` only while it is unchanged, so no resolution slips between."""
+    """How many wakes this process has made: a waiter reads it before looking at its row and its
+    cancellation token and waits on :data:`RESOLUTIONS` only while it is unchanged, so no
+    resolution or cancel slips between the look and the wait."""
     with RESOLUTIONS:
-        return _resolved_count
+        return _wake_count
 
 
-def _announce_resolution() -> None:
-    global _resolved_count
+def wake_waiters() -> None:
+    """Wake every waiter of this process to look again (at its row and its cancellation token)."""
+    global _wake_count
     with RESOLUTIONS:
-        _resolved_count += 1
+        _wake_count += 1
         RESOLUTIONS.notify_all()
 
 
@@ -87,17 +105,20 @@ class AwakeableRow:
     """The journal step the suspension sits at."""
     label: str
     state: str
-    """``pending`` or ``resolved``; timed out is ``pending`` with ``deadline_us <= now`` (lazy)."""
+    """``pending``, ``resolved`` or ``timed-out`` (settled by whoever looked first at or past the
+    deadline while it was pending)."""
     created_us: int
     deadline_us: int
     payload: bytes | None
     resolved_us: int | None
+    """When it was resolved (None while pending and once timed out)."""
     subject: str | None
     """The verified caller subject that resolved it."""
 
     def timed_out(self, now_us: int) -> bool:
-        """Pending past its deadline at ``now_us``."""
-        return self.state == PENDING and self.deadline_us <= now_us
+        """Settled timed-out, or pending with its deadline at or before ``now_us`` (the next look
+        settles it so)."""
+        return self.state == TIMED_OUT or (self.state == PENDING and self.deadline_us <= now_us)
 
 
 class AwakeableStore(ABC):
@@ -111,9 +132,12 @@ class AwakeableStore(ABC):
         """Insert ``row`` unless its ``(execution_id, seq)`` holds one; return the stored row."""
 
     @abstractmethod
-    def _settle(self, token: str, payload: bytes, subject: str | None, resolved_us: int) -> None:
-        """Resolve the row of ``token`` with these values unless it is resolved already (the first
-        resolution stays); a racing settle of one token leaves exactly one resolution."""
+    def _settle(self, token: str, state: str, payload: bytes | None, subject: str | None,
+                resolved_us: int | None) -> None:
+        """Settle the row of ``token`` as ``state`` (``resolved`` with these values, or
+        ``timed-out`` with none) unless it is settled already: the first settlement stays, and
+        racing settlements of one token leave exactly one. The caller has checked its instant
+        against the row's deadline, which never changes."""
 
     @abstractmethod
     def get(self, token: str) -> AwakeableRow | None:
@@ -144,26 +168,49 @@ class AwakeableStore(ABC):
     def resolve(self, token: str, payload: bytes, subject: str | None, now_us: int) -> AwakeableRow:
         """Resolve ``token`` with ``payload`` on behalf of ``subject``; return the resolved row.
 
-        Unknown token: AwakeableUnknown. Pending with its deadline at or before ``now_us``:
-        AwakeableTimedOut. Already resolved with the same payload: the row as first resolved (no
-        error, nothing written). Resolved with another payload, first or in a race:
+        Unknown token: AwakeableUnknown. Pending with its deadline at or before ``now_us``: the row
+        is settled timed-out (unless a settlement landed first) and AwakeableTimedOut raised, so
+        what this caller is told is what the waiter and every replay read. Pending in time: one
+        conditional write resolves it, unless the waiter settled it timed-out first
+        (AwakeableTimedOut) or another resolver resolved it first (its row, or
+        AwakeableAlreadyResolved for another payload). Already resolved with the same payload: the
+        row as first resolved (no error, nothing written). Resolved with another payload:
         AwakeableAlreadyResolved, the recorded value untouched.
         """
         payload = bytes(payload)
         row = self.get(token)
         if row is None:
             raise AwakeableUnknown(token)
-        if row.timed_out(now_us):
-            raise AwakeableTimedOut(token, row.execution_id, row.label, row.deadline_us)
         if row.state == PENDING:
-            self._settle(token, payload, subject, now_us)
-            _announce_resolution()
-            settled = self.get(token)
-            assert settled is not None and settled.state == RESOLVED, "a settled awakeable reads resolved"
-            row = settled
+            if now_us < row.deadline_us:
+                self._settle(token, RESOLVED, payload, subject, now_us)
+            else:
+                self._settle(token, TIMED_OUT, None, None, None)
+            row = self._settled(token)
+        if row.state == TIMED_OUT:
+            raise AwakeableTimedOut(token, row.execution_id, row.label, row.deadline_us)
         if row.payload != payload:
             raise AwakeableAlreadyResolved(token, row.execution_id, row.label)
         return row
+
+    def expire(self, token: str, now_us: int) -> AwakeableRow:
+        """The waiter's look past the deadline: settle ``token`` timed-out if it is pending and its
+        deadline is at or before ``now_us``; return the row as stored — ``timed-out``, or
+        ``resolved`` if a resolution landed first (or still ``pending`` before the deadline)."""
+        row = self.get(token)
+        if row is None:
+            raise AwakeableUnknown(token)
+        if row.state != PENDING or now_us < row.deadline_us:
+            return row
+        self._settle(token, TIMED_OUT, None, None, None)
+        return self._settled(token)
+
+    def _settled(self, token: str) -> AwakeableRow:
+        """The row of ``token`` after this process attempted a settlement: whichever landed."""
+        wake_waiters()
+        settled = self.get(token)
+        assert settled is not None and settled.state != PENDING, "a settled awakeable reads settled"
+        return settled
 
     def pending_for(self, execution_id: str, now_us: int) -> list[AwakeableRow]:
         """The execution's awakeables still pending with their deadline after ``now_us``."""

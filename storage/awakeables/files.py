@@ -4,11 +4,13 @@ Layout::
 
     awakeables/minted/<execution_id>/<seq:08d>.json   the pending row of one step, written once
     awakeables/tokens/<sha256(token)>.json            which step a token was minted for, written once
-    awakeables/resolved/<sha256(token)>.json          the resolution (payload, subject, instant), written once
+    awakeables/settled/<sha256(token)>.json           its one outcome, written once: resolved (payload,
+                                                      subject, instant) or timed-out
 
 Every write is :meth:`ObjectStore.put_if_absent` (a whole temporary file hard-linked into place,
 which fails when the name is taken), so each file's first whole writer wins: two minters of one
-step read one token, and two resolvers of one token read one resolution. The token file lands
+step read one token, and a resolver and the waiter settling the token timed-out (or two
+resolvers) read one outcome. The token file lands
 after the step's row and before the token is handed out, so a token that reads as known always has
 its row. Tokens are hashed into names, so a token posted by anyone never addresses a path. A link
 is conditional only on a local filesystem: on an fsspec root the adapter refuses to open with
@@ -47,8 +49,8 @@ class FileAwakeableStore(AwakeableStore):
     def token_key(self, token: str) -> str:
         return f"awakeables/tokens/{self._token_name(token)}.json"
 
-    def resolved_key(self, token: str) -> str:
-        return f"awakeables/resolved/{self._token_name(token)}.json"
+    def settled_key(self, token: str) -> str:
+        return f"awakeables/settled/{self._token_name(token)}.json"
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -60,11 +62,13 @@ class FileAwakeableStore(AwakeableStore):
         return doc
 
     def _row(self, minted: dict[str, Any]) -> AwakeableRow:
-        resolution = self._read(self.resolved_key(minted["token"]))
-        if resolution is None:
+        outcome = self._read(self.settled_key(minted["token"]))
+        if outcome is None:
             return AwakeableRow(**minted, state=PENDING, payload=None, resolved_us=None, subject=None)
-        return AwakeableRow(**minted, state=RESOLVED, payload=base64.b64decode(resolution["payload"]),
-                            resolved_us=int(resolution["resolved_us"]), subject=resolution["subject"])
+        if outcome["state"] != RESOLVED:
+            return AwakeableRow(**minted, state=outcome["state"], payload=None, resolved_us=None, subject=None)
+        return AwakeableRow(**minted, state=RESOLVED, payload=base64.b64decode(outcome["payload"]),
+                            resolved_us=int(outcome["resolved_us"]), subject=outcome["subject"])
 
     # --- primitives ---------------------------------------------------------------------------
 
@@ -79,9 +83,11 @@ class FileAwakeableStore(AwakeableStore):
                                    json.dumps({"execution_id": row.execution_id, "seq": row.seq}).encode())
         return self._row(stored)
 
-    def _settle(self, token: str, payload: bytes, subject: str | None, resolved_us: int) -> None:
-        resolution = {"payload": base64.b64encode(payload).decode(), "subject": subject, "resolved_us": resolved_us}
-        self.objects.put_if_absent(self.resolved_key(token), json.dumps(resolution).encode())
+    def _settle(self, token: str, state: str, payload: bytes | None, subject: str | None,
+                resolved_us: int | None) -> None:
+        outcome = {"state": state, "payload": None if payload is None else base64.b64encode(payload).decode(),
+                   "subject": subject, "resolved_us": resolved_us}
+        self.objects.put_if_absent(self.settled_key(token), json.dumps(outcome).encode())
 
     def get(self, token: str) -> AwakeableRow | None:
         at = self._read(self.token_key(token))

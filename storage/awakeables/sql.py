@@ -2,10 +2,11 @@
 ``cf_awakeables`` beside the journal's tables, keyed on the token and unique on the step.
 
 A mint is ``INSERT … ON CONFLICT DO NOTHING`` followed by a read of the step's row, so a second
-minter of one step waits for the first insert to commit and reads its token. A resolution is one
-conditional ``UPDATE … WHERE state = 'pending'``: on PostgreSQL a racing update of the same row
-waits for the first to commit, re-evaluates its condition and changes nothing; on SQLite the
-single writer lock serializes them the same way.
+minter of one step waits for the first insert to commit and reads its token. A settlement — a
+resolution or a timeout — is one conditional ``UPDATE … WHERE state = 'pending'``: on PostgreSQL a
+racing update of the same row (another resolver, or the waiter settling it timed-out) waits for the
+first to commit, re-evaluates its condition and changes nothing; on SQLite the single writer lock
+serializes them the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from contextful.storage.awakeables import PENDING, RESOLVED, AwakeableRow, AwakeableStore
+from contextful.storage.awakeables import PENDING, AwakeableRow, AwakeableStore
 from contextful.storage.dbapi import SqlDialect
 from contextful.storage.errors import ContextfulError
 
@@ -74,12 +75,13 @@ class SqlAwakeableStore(SqlDialect, AwakeableStore, ABC):
         stored = self._query_rows(f"{_SELECT} WHERE execution_id = ? AND seq = ?", (row.execution_id, row.seq))
         return _row(stored[0])
 
-    def _settle(self, token: str, payload: bytes, subject: str | None, resolved_us: int) -> None:
+    def _settle(self, token: str, state: str, payload: bytes | None, subject: str | None,
+                resolved_us: int | None) -> None:
         # Conditional on the row still pending, so sending it again after a lost answer is harmless.
         self._write(lambda cur: cur.execute(
             self._sql("UPDATE cf_awakeables SET state = ?, payload = ?, resolved_us = ?, subject = ?"
                       " WHERE token = ? AND state = ?"),
-            (RESOLVED, payload, resolved_us, subject, token, PENDING)), rerun_unheard=True)
+            (state, payload, resolved_us, subject, token, PENDING)), rerun_unheard=True)
 
     def get(self, token: str) -> AwakeableRow | None:
         rows = self._query_rows(f"{_SELECT} WHERE token = ?", (token,))

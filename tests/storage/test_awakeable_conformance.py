@@ -13,6 +13,9 @@ deadline passed while suspended, and a resolution made by another process.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import json
 import multiprocessing
 import queue
 import shutil
@@ -27,9 +30,11 @@ from typing import Any
 import psycopg
 import pytest
 from contextful.engine.run.execution import Execution, open_execution, plan_reference
+from contextful.engine.run.keeper import Keeper
 from contextful.storage.awakeables import (
     PENDING,
     RESOLVED,
+    TIMED_OUT,
     AwakeableRow,
     AwakeableStore,
     awakeable_store_beside,
@@ -103,9 +108,12 @@ def _stored(site: JournalSite, token: str) -> tuple[str, bytes | None]:
     """The row's state and payload read behind the adapter's back, in its own format."""
     if site.kind == "files":
         store = FileAwakeableStore(ObjectStore(site.location))
-        resolved = Path(site.location) / store.resolved_key(token)
+        settled = Path(site.location) / store.settled_key(token)
         assert (Path(site.location) / store.token_key(token)).is_file()
-        return (RESOLVED, resolved.read_bytes()) if resolved.is_file() else (PENDING, None)
+        if not settled.is_file():
+            return PENDING, None
+        outcome = json.loads(settled.read_bytes())
+        return outcome["state"], None if outcome["payload"] is None else base64.b64decode(outcome["payload"])
     if site.kind == "sqlite":
         with sqlite3.connect(site.location) as conn:
             row = conn.execute("SELECT state, payload FROM cf_awakeables WHERE token = ?", (token,)).fetchone()
@@ -246,13 +254,113 @@ def test_resolving_past_the_deadline_raises_awakeable_timed_out(site: JournalSit
         assert (info.value.token, info.value.execution, info.value.label, info.value.deadline_us) == (
             row.token, "e1", "approve", DEADLINE)
         assert info.value.http_status == 410 and info.value.category == "expired"
-    # Lazy: nothing was written; the row reads pending, and timed out at any instant past the deadline.
-    assert awakeables.get(row.token) == row and row.timed_out(DEADLINE) and not row.timed_out(DEADLINE - 1)
-    assert _stored(site, row.token) == (PENDING, None)
-    assert awakeables.pending_for("e1", DEADLINE - 1) == [row] and awakeables.pending_for("e1", DEADLINE) == []
+        # What the late resolver was told is the row's outcome: settled timed-out, for every reader.
+        settled = awakeables.get(row.token)
+        assert settled == dataclasses.replace(row, state=TIMED_OUT) and settled.timed_out(T0)
+        assert _stored(site, row.token) == (TIMED_OUT, None)
+    assert awakeables.pending_for("e1", T0) == []
+    # A resolver whose clock lags now is told the same, instead of resolving what was refused.
+    with pytest.raises(AwakeableTimedOut):
+        other.resolve(row.token, b"late", "alice", T0 + 1)
+    # Lazy: a deadline passing writes nothing; a pending row past it reads timed out until someone looks.
+    lazy = awakeables.mint("e1", 1, "approve", DEADLINE, T0)
+    assert lazy.timed_out(DEADLINE) and not lazy.timed_out(DEADLINE - 1)
+    assert awakeables.pending_for("e1", DEADLINE - 1) == [lazy] and awakeables.pending_for("e1", DEADLINE) == []
+    assert _stored(site, lazy.token) == (PENDING, None)
     # One microsecond before the deadline still resolves.
-    fresh = awakeables.mint("e1", 1, "approve", DEADLINE, T0)
-    assert other.resolve(fresh.token, b"in time", None, DEADLINE - 1).payload == b"in time"
+    assert other.resolve(lazy.token, b"in time", None, DEADLINE - 1).payload == b"in time"
+
+
+def after_first_read(store: AwakeableStore, hook: Callable[[], None]) -> None:
+    """Run ``hook`` once, right after ``store``'s next read of a row returns (the real adapter's
+    read and writes otherwise untouched): the moment between a settler's look and its write."""
+    read = store.get
+    fired: list[bool] = []
+
+    def get(token: str) -> AwakeableRow | None:
+        row = read(token)
+        if not fired:
+            fired.append(True)
+            hook()
+        return row
+
+    setattr(store, "get", get)  # noqa: B010 - an instance hook over the adapter's own method
+
+
+@pytest.mark.clause("run.suspend.expired-token")
+def test_expire_settles_a_pending_row_past_its_deadline_and_never_a_resolved_one(
+        site: JournalSite, awakeables: AwakeableStore, other: AwakeableStore) -> None:
+    row = awakeables.mint("e1", 0, "approve", DEADLINE, T0)
+    assert other.expire(row.token, DEADLINE - 1) == row  # before the deadline: nothing to settle
+    assert _stored(site, row.token) == (PENDING, None)
+    timed_out = other.expire(row.token, DEADLINE)
+    assert timed_out == dataclasses.replace(row, state=TIMED_OUT) == awakeables.get(row.token)
+    assert _stored(site, row.token) == (TIMED_OUT, None)
+    assert awakeables.expire(row.token, DEADLINE + 1) == timed_out  # settled once
+    resolved = awakeables.mint("e1", 1, "approve", DEADLINE, T0)
+    awakeables.resolve(resolved.token, b"yes", "alice", T0 + 1)
+    assert other.expire(resolved.token, DEADLINE).state == RESOLVED  # the first settlement stays
+    with pytest.raises(AwakeableUnknown):
+        other.expire("nope", DEADLINE)
+
+
+@pytest.mark.clause("run.suspend.expired-token")
+def test_a_resolver_that_read_in_time_loses_to_the_waiters_timeout_and_is_told_so(
+        site: JournalSite, journal: JournalStore, other: AwakeableStore) -> None:
+    """The resolver reads the row pending before the deadline; before it writes, the waiting
+    execution looks past the deadline and records the timeout; then the resolver writes. It is
+    told AwakeableTimedOut, and the row, the step and every replay say timed out."""
+    clock = ManualClock(T0)
+    ex = open_execution(journal, "host:approvals", PLAN, holder="h1", lease_s=3600, clock=clock,
+                        keeper=Keeper(clock, start=False))
+    with pytest.raises(ExecutionSuspended) as info:
+        ex.suspend("approve", timeout_s=60, wait_s=0)
+    token = info.value.token
+    waiter: dict[str, BaseException] = {}
+
+    def waiter_times_out() -> None:
+        clock.advance(60)
+        with pytest.raises(AwakeableTimedOut) as timed_out:
+            ex.suspend("approve", timeout_s=60)
+        waiter["error"] = timed_out.value
+
+    after_first_read(other, waiter_times_out)
+    with pytest.raises(AwakeableTimedOut) as told:
+        other.resolve(token, b"approved", "alice", T0 + 1)  # its instant is before the deadline
+    assert "error" in waiter and (told.value.token, told.value.deadline_us) == (token, DEADLINE)
+    row = other.get(token)
+    assert row is not None and (row.state, row.payload, row.subject) == (TIMED_OUT, None, None)
+    assert _stored(site, token) == (TIMED_OUT, None)
+    [step] = journal.steps(ex.execution_id)
+    assert step.value.startswith(b"t")  # the timeout, as the resolver was told
+    clock.advance(3600)
+    resumed = open_execution(journal, "host:approvals", PLAN, holder="h2", lease_s=60, clock=clock,
+                             keeper=Keeper(clock, start=False))
+    with pytest.raises(AwakeableTimedOut):
+        resumed.suspend("approve", timeout_s=60)
+
+
+@pytest.mark.clause("run.suspend.awakeable", "run.suspend.expired-token")
+def test_a_waiter_that_read_pending_past_the_deadline_loses_to_a_resolution_in_time(
+        site: JournalSite, journal: JournalStore, awakeables: AwakeableStore, other: AwakeableStore) -> None:
+    """The waiter reads the row pending past the deadline; before it settles the timeout, a resolver
+    whose instant is before the deadline resolves it (answered 200). The waiter records the payload
+    the resolver was told, not a timeout."""
+    clock = ManualClock(T0)
+    ex = open_execution(journal, "host:approvals", PLAN, holder="h1", lease_s=3600, clock=clock,
+                        keeper=Keeper(clock, start=False))
+    with pytest.raises(ExecutionSuspended) as info:
+        ex.suspend("approve", timeout_s=60, wait_s=0)
+    token = info.value.token
+    answered: list[bytes | None] = []
+    after_first_read(awakeables, lambda: answered.append(other.resolve(token, b"approved", "alice", T0 + 1).payload))
+    ex.awakeables = awakeables
+    clock.advance(60)
+    assert ex.suspend("approve", timeout_s=60) == b"approved"
+    assert answered == [b"approved"]
+    row = other.get(token)
+    assert row is not None and (row.state, row.payload) == (RESOLVED, b"approved")
+    assert [s.value for s in journal.steps(ex.execution_id)] == [b"rapproved"]
 
 
 @pytest.mark.clause("run.journal.storage-ports")
@@ -407,8 +515,9 @@ class _Unreachable(AwakeableStore):
     def _insert_pending(self, row: AwakeableRow) -> AwakeableRow:
         raise AssertionError("a replayed suspension minted")
 
-    def _settle(self, token: str, payload: bytes, subject: str | None, resolved_us: int) -> None:
-        raise AssertionError("a replayed suspension resolved")
+    def _settle(self, token: str, state: str, payload: bytes | None, subject: str | None,
+                resolved_us: int | None) -> None:
+        raise AssertionError("a replayed suspension settled an awakeable")
 
     def get(self, token: str) -> AwakeableRow | None:
         raise AssertionError("a replayed suspension read the awakeable store")
@@ -448,6 +557,7 @@ def test_a_suspension_past_its_deadline_times_out_and_replays_the_timeout(journa
         first.suspend("approve", timeout_s=60)  # the same handle looks again: lazily timed out
     assert (timed_out.value.token, timed_out.value.deadline_us) == (info.value.token, T0 + 60_000_000)
     assert first.next_seq == 1  # the timeout is the step's recorded outcome
+    assert other.get(info.value.token).state == TIMED_OUT  # type: ignore[union-attr]  # and the row's
     with pytest.raises(AwakeableTimedOut):
         other.resolve(info.value.token, b"late", "alice", clock.now_us())
     clock.advance(LEASE_S)

@@ -35,12 +35,14 @@ from contextful.engine.control.credentials import (
     load_signing_key,
 )
 from contextful.engine.run.execution import open_execution
+from contextful.engine.run.keeper import Keeper
 from contextful.engine.served.awake import MAX_PAYLOAD_BYTES
 from contextful.engine.served.face import serve_face
 from contextful.engine.served.project import Served, serve_project
 from contextful.storage import Store
-from contextful.storage.awakeables import PENDING, RESOLVED, AwakeableStore
+from contextful.storage.awakeables import PENDING, RESOLVED, TIMED_OUT, AwakeableRow, AwakeableStore
 from contextful.storage.clock import ManualClock
+from contextful.storage.errors import AwakeableTimedOut, ExecutionSuspended
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 T0_US = 1_800_000_000_000_000
@@ -163,7 +165,7 @@ def test_post_answers_200_with_the_recorded_payload_404_409_and_410(face: Face) 
 
     face.clock.advance(60)  # the deadline instant: pending past it is expired (lazily)
     assert error_of(request(face.url, "POST", f"/awake/{soon}", b"late", auth)) == (410, "AwakeableTimedOut")
-    assert face.store.awakeables.get(soon).state == PENDING  # type: ignore[union-attr]
+    assert face.store.awakeables.get(soon).state == TIMED_OUT  # type: ignore[union-attr]  # as told
 
     # a payload declared past the bound is refused before a byte of it is read; the awakeable stays pending
     fresh = face.mint(3, deadline_us=T0_US + HOUR_US)
@@ -336,6 +338,45 @@ def test_no_log_line_of_the_face_holds_a_token_whole(face: Face, caplog: pytest.
     assert all(r.exc_info is None for r in served)  # a trace is written masked, never left to a formatter
     assert token not in caplog.text and unknown not in caplog.text
     assert all(token not in line and unknown not in line for line in lines)
+
+
+@pytest.mark.clause("run.suspend.resume-route", "run.suspend.expired-token")
+def test_a_post_read_in_time_that_loses_to_the_waiters_timeout_answers_410_as_the_run_records(face: Face) -> None:
+    """The route reads the awakeable pending before its deadline; before it writes, the suspended
+    execution looks past the deadline and records the timeout; then the route's write comes. The
+    caller is answered 410, and the row, the execution's step and its replays all say timed out."""
+    execution = open_execution(face.store.journal, "job:approve", "plan-1", holder="h1", lease_s=7200,
+                               clock=face.clock, keeper=Keeper(face.clock, start=False))
+    with pytest.raises(ExecutionSuspended) as suspended:
+        execution.suspend("approve", 3600, wait_s=0)
+    token = suspended.value.token
+    waiter: list[AwakeableTimedOut] = []
+    route_store = face.store.awakeables  # the real adapter the route resolves through
+    read = route_store.get
+
+    def get_then_the_waiter_times_out(asked: str) -> AwakeableRow | None:
+        row = read(asked)
+        if not waiter:  # the route's look: the deadline is still ahead of its instant
+            assert row is not None and row.state == PENDING and face.clock.now_us() < row.deadline_us
+            face.clock.advance(3600)
+            with pytest.raises(AwakeableTimedOut) as timed_out:
+                execution.suspend("approve", 3600)
+            waiter.append(timed_out.value)
+        return row
+
+    setattr(route_store, "get", get_then_the_waiter_times_out)  # noqa: B010 - a hook over the real adapter
+    auth = bearer(face.credential(on_behalf_of="dana"))
+    assert error_of(request(face.url, "POST", f"/awake/{token}", b"approved", auth)) == (410, "AwakeableTimedOut")
+    assert [w.token for w in waiter] == [token]
+    row = read(token)
+    assert row is not None and (row.state, row.payload, row.subject) == (TIMED_OUT, None, None)
+    auth = bearer(face.credential(on_behalf_of="dana"))  # the clock moved past the first one's expiry
+    assert json.loads(request(face.url, "GET", f"/awake/{token}", headers=auth)[2])["state"] == "expired"
+    assert [s.value[:1] for s in face.store.journal.steps(execution.execution_id)] == [b"t"]  # the timeout
+    resumed = open_execution(face.store.journal, "job:approve", "plan-1", holder="h1", lease_s=60, clock=face.clock,
+                             keeper=Keeper(face.clock, start=False))
+    with pytest.raises(AwakeableTimedOut):
+        resumed.suspend("approve", 3600)  # replay reads what the caller was told
 
 
 def _serve(project: Path, *args: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
