@@ -91,9 +91,8 @@ def await_resolution(execution: Execution, awakeables: AwakeableStore, seq: int,
     step value (:func:`decode_suspension` reads it). Raises ExecutionSuspended, recording nothing,
     when ``wait_s`` runs out first, and RunCanceled, recording nothing, once the execution is
     canceled. Replaying a recorded step is the caller's, :meth:`Execution.suspend`."""
-    clock, journal = execution.clock, execution.journal
-    execution.raise_if_fenced()
-    execution.raise_if_canceled(durable=True)
+    clock = execution.clock
+    execution.raise_if_canceled(durable=True)  # a fenced attempt stops here too
     now = clock.now_us()
     row = awakeables.mint(execution.execution_id, seq, label, now + int(timeout_s * 1_000_000), now)
     give_up_at = None if wait_s is None else time.monotonic() + wait_s
@@ -108,10 +107,7 @@ def await_resolution(execution: Execution, awakeables: AwakeableStore, seq: int,
             execution.raise_if_canceled(durable=True)  # a cancel the keeper has not fed yet comes first
             if current.state == PENDING:
                 current = awakeables.expire(current.token, now)
-            outcome = _outcome(current)  # recorded only while this attempt owns the execution
-            stored: bytes = execution._fenced_write(lambda: journal.record(
-                execution.execution_id, seq, label, outcome, now, fence=execution.fence))
-            return stored
+            return execution.record_at(seq, label, _outcome(current))  # only while this attempt owns it
         if on_token is not None and not told:
             on_token(current.token)
             told = True

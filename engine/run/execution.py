@@ -206,11 +206,16 @@ class Execution:
         seq = self._next_seq
         stored = self._replayed(seq, label)
         if stored is None:
-            value = _encode(compute())
-            stored = self._fenced_write(lambda: self.journal.record(self.execution_id, seq, label, value,
-                                                                    self.clock.now_us(), fence=self.fence))
+            stored = self.record_at(seq, label, _encode(compute()))
         self._next_seq = seq + 1
         return _decode(stored)
+
+    def record_at(self, seq: int, label: str, value: bytes) -> bytes:
+        """Record the encoded ``value`` as step ``seq`` under this attempt's fence (first writer
+        wins; ExecutionWriterFenced, nothing recorded, once another attempt holds the execution)."""
+        stored: bytes = self._fenced_write(lambda: self.journal.record(self.execution_id, seq, label, value,
+                                                                      self.clock.now_us(), fence=self.fence))
+        return stored
 
     def dispatch(self, label: str, call: Callable[[], StepValue], *, deadline_s: float,
                  fences: Sequence[str | Scope] = ()) -> StepValue:
