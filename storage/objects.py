@@ -69,15 +69,16 @@ class ObjectStore:
     """Bytes under one root, local or remote."""
 
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None, *, create: bool = True,
-                 fsync: Callable[[int], None] = os.fsync) -> None:
+                 fsync: Callable[[int], None] | None = None) -> None:
         """Bind ``root``; a local root's directory is made (durably) unless ``create`` is False (a
-        reader's). ``fsync`` flushes a descriptor (a seam: tests record what is made durable)."""
+        reader's). ``fsync`` flushes a descriptor (a seam: tests record what is made durable; None:
+        ``os.fsync``, looked up at each call)."""
         protocol, path = split_protocol(str(root))
         protocol = protocol or "file"
         self._options = storage_options if storage_options is not None else _storage_options_from_env(protocol)
         self.protocol = protocol
         self.is_local = protocol in LOCAL_PROTOCOLS
-        self._fsync = fsync
+        self._fsync_seam = fsync
         if self.is_local:
             path = os.path.abspath(path)
             if create:
@@ -237,6 +238,9 @@ class ObjectStore:
         if durable:
             for level in missing:
                 self._fsync_path(os.path.dirname(level))
+
+    def _fsync(self, fd: int) -> None:
+        (self._fsync_seam or os.fsync)(fd)
 
     def _fsync_path(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY)
