@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from contextful.engine.run.dispatch import DISPATCH, PUBLICATION, drain_admitted
 from contextful.engine.run.execution import Execution, open_execution
+from contextful.engine.run.keeper import Keeper
 from contextful.engine.run.owners import Scope
 from contextful.storage.clock import ManualClock
 from contextful.storage.errors import ExecutionWriterFenced
@@ -25,7 +26,9 @@ PARENT = Scope.host("job:orders")
 
 
 def _open(journal: JournalStore, clock: ManualClock, holder: str) -> Execution:
-    return open_execution(journal, SCOPE, PLAN, holder=holder, lease_s=30, clock=clock, pins={"input": "orders@1"})
+    # a keeper of the test's clock that never runs: no renewal behind the test's back on a slow machine
+    return open_execution(journal, SCOPE, PLAN, holder=holder, lease_s=30, clock=clock, pins={"input": "orders@1"},
+                          keeper=Keeper(clock, start=False))
 
 
 def _refused(execution: Execution, boundary: str) -> ExecutionWriterFenced:
