@@ -304,6 +304,15 @@ def test_expire_settles_a_pending_row_past_its_deadline_and_never_a_resolved_one
         other.expire("nope", DEADLINE)
 
 
+def _suspended(journal: JournalStore, clock: ManualClock) -> tuple[Execution, str]:
+    """An execution suspended on "approve" (60 s), returned without waiting: it and its token."""
+    ex = open_execution(journal, "host:approvals", PLAN, holder="h1", lease_s=3600, clock=clock,
+                        keeper=Keeper(clock, start=False))
+    with pytest.raises(ExecutionSuspended) as info:
+        ex.suspend("approve", timeout_s=60, wait_s=0)
+    return ex, info.value.token
+
+
 @pytest.mark.clause("run.suspend.expired-token")
 def test_a_resolver_that_read_in_time_loses_to_the_waiters_timeout_and_is_told_so(
         site: JournalSite, journal: JournalStore, other: AwakeableStore) -> None:
@@ -311,11 +320,7 @@ def test_a_resolver_that_read_in_time_loses_to_the_waiters_timeout_and_is_told_s
     execution looks past the deadline and records the timeout; then the resolver writes. It is
     told AwakeableTimedOut, and the row, the step and every replay say timed out."""
     clock = ManualClock(T0)
-    ex = open_execution(journal, "host:approvals", PLAN, holder="h1", lease_s=3600, clock=clock,
-                        keeper=Keeper(clock, start=False))
-    with pytest.raises(ExecutionSuspended) as info:
-        ex.suspend("approve", timeout_s=60, wait_s=0)
-    token = info.value.token
+    ex, token = _suspended(journal, clock)
     waiter: dict[str, BaseException] = {}
 
     def waiter_times_out() -> None:
@@ -347,11 +352,7 @@ def test_a_waiter_that_read_pending_past_the_deadline_loses_to_a_resolution_in_t
     whose instant is before the deadline resolves it (answered 200). The waiter records the payload
     the resolver was told, not a timeout."""
     clock = ManualClock(T0)
-    ex = open_execution(journal, "host:approvals", PLAN, holder="h1", lease_s=3600, clock=clock,
-                        keeper=Keeper(clock, start=False))
-    with pytest.raises(ExecutionSuspended) as info:
-        ex.suspend("approve", timeout_s=60, wait_s=0)
-    token = info.value.token
+    ex, token = _suspended(journal, clock)
     answered: list[bytes | None] = []
     after_first_read(awakeables, lambda: answered.append(other.resolve(token, b"approved", "alice", T0 + 1).payload))
     ex.awakeables = awakeables

@@ -16,21 +16,9 @@ import subprocess
 import sys
 
 import pytest
-from contextful.storage.holders import Holder, default_holder, holder_is_dead
+from contextful.storage.holders import Holder, holder_is_dead
 
-
-def here() -> Holder:
-    holder = Holder.parse(default_holder())
-    assert holder is not None and holder.identified, "this machine's /proc names this process"
-    return holder
-
-
-def gone_pid() -> int:
-    """The pid of a child that ran, exited and was reaped."""
-    child = subprocess.Popen(["true"])
-    child.wait()
-    assert not os.path.exists(f"/proc/{child.pid}")
-    return child.pid
+from tests.support.holders import gone_pid, here
 
 
 def start_ticks(pid: int) -> int:

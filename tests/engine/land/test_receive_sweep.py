@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -25,9 +24,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from contextful.engine.land.receive.spool import Member, Queue, key_digest
-from contextful.storage.holders import Holder, default_holder
+from contextful.storage.holders import Holder
 
 from tests.engine.land.test_receive import PIPELINE, _env
+from tests.support.holders import gone_pid, here
 
 # A writer that leaves one unfinished member (its Arrow file, no sidecar), a half-renamed sidecar and
 # a request body, prints its holder id and the names, then waits until its stdin closes.
@@ -44,20 +44,6 @@ for path in (arrow, tmp, body):
 print(json.dumps({"holder": default_holder(), "files": [str(arrow), str(tmp), str(body)]}), flush=True)
 sys.stdin.read()
 """
-
-
-def here() -> Holder:
-    holder = Holder.parse(default_holder())
-    assert holder is not None and holder.identified, "this machine's /proc names this process"
-    return holder
-
-
-def gone_pid() -> int:
-    """The pid of a child that ran, exited and was reaped."""
-    child = subprocess.Popen(["true"])
-    child.wait()
-    assert not os.path.exists(f"/proc/{child.pid}")
-    return child.pid
 
 
 def token(writer: Holder) -> str:

@@ -16,8 +16,8 @@ from contextful.storage.clock import ManualClock, SystemClock
 from contextful.storage.errors import ExecutionSuspended
 from contextful.storage.holders import default_holder
 
-from tests.storage.test_holders import gone_pid, here
 from tests.support.cli import contextful
+from tests.support.holders import gone_pid, here
 
 MANIFEST = """
 [project]

@@ -17,7 +17,7 @@ from contextful.storage.clock import ManualClock, from_us
 from contextful.storage.errors import JournalConflict
 from contextful.storage.journal import PENDING, JournalStore
 
-from tests.storage.test_holders import gone_pid, here
+from tests.support.holders import gone_pid, here
 
 T0 = 1_700_000_000_000_000
 LEASE_S = 600.0
