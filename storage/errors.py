@@ -89,6 +89,7 @@ Hierarchy::
         │   ├── TableStillRead           table drop of a table a model or an [[export]] reads (without --force)
         │   ├── SweepOriginOutOfOrder    a carried sweep's origin read before the origin preceding it landed
         │   ├── OutboxFrontierGap        an acknowledgement skipping a pending outbox event
+        │   ├── StagingLeaseLost         a run's staging lease was ended by collection before it committed
         │   └── DeriveSettledUnitRevived  a unit settled under its key by another run while this one derived it
         ├── Expired                      a window closed (expired; HTTP 410)
         │   ├── ReceiveBatchKeyExpired
@@ -1219,6 +1220,20 @@ class ExecutionWriterFenced(Conflict):
                          "writer is fenced and must stop (the current owner's attempt carries the work on)",
                          execution=execution, attempt=attempt, boundary=boundary, reason=reason)
 
+class StagingLeaseLost(Conflict):
+    """A staging run found its lease gone when it renewed it: collection took the run for abandoned
+    (it made no progress for a whole lease) and may have deleted what it staged, so the run stops
+    here and lands nothing; run it again and it lands what is missing."""
+
+    table: str
+    run_id: str
+
+    def __init__(self, table: str, run_id: str) -> None:
+        super().__init__(f"table {table!r}, run {run_id}: its staging lease is gone (collection took the run for "
+                         "abandoned after a lease without progress) and what it staged may be deleted; it lands "
+                         "nothing: run it again", table=table, run_id=run_id)
+
+
 class SweepOriginOutOfOrder(Conflict):
     """``run.sweep.carried-state``: under ``state = "carried"`` origins run in ascending order one
     at a time, each reading the job's outputs at the preceding origin's commit; an origin read
@@ -1906,6 +1921,7 @@ __all__ = [
     "SourceUnavailable",
     "SpecInvalid",
     "StagingFailed",
+    "StagingLeaseLost",
     "StorageCapabilityMissing",
     "StorageProfileUnknown",
     "StoreCatalogMismatch",

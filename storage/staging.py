@@ -3,7 +3,9 @@
 Collection (``storage.collect``) keeps the objects of a run holding a lease, however long it
 stages: only a commit (which ends the lease in its own transaction), an abort, a lapsed lease or a
 provably dead holder lets them become orphans. The lease renews as the run stages, so it lapses
-only for a run that stopped making progress.
+only for a run that stopped making progress. A run that resumes after collection ended its lease
+learns it at its next renewal (StagingLeaseLost) or at its commit (``AssertStaging``, checked in
+the commit transaction), and lands nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from contextful.storage.errors import StagingLeaseLost
 from contextful.storage.holders import default_holder
 
 if TYPE_CHECKING:
@@ -36,10 +39,13 @@ class StagingLease:
         self.expires_us = now + self._lease_us
 
     def renew(self) -> None:
-        """Extend the lease once half of it has run (one catalog write per half lease)."""
+        """Extend the lease once half of it has run (one catalog write per half lease). A lease
+        collection ended meanwhile raises StagingLeaseLost: the run stops before it stages or commits
+        more (its commit would be refused anyway, ``AssertStaging``)."""
         now = self.store.clock.now_us()
         if now >= self.expires_us - self._lease_us // 2:
-            self.store.catalog.renew_staging(self.table, self.run_id, now + self._lease_us)
+            if not self.store.catalog.renew_staging(self.table, self.run_id, now + self._lease_us):
+                raise StagingLeaseLost(self.table, self.run_id)
             self.expires_us = now + self._lease_us
 
     def end(self) -> None:

@@ -219,8 +219,8 @@ class Catalog(ABC):
         """Register ``run_id`` as staging parts of table ``name`` (before its first part is written)."""
 
     @abstractmethod
-    def renew_staging(self, name: str, run_id: str, expires_us: int) -> None:
-        """Extend a staging run's lease."""
+    def renew_staging(self, name: str, run_id: str, expires_us: int) -> bool:
+        """Extend a staging run's lease; False when it is gone (collection ended it)."""
 
     @abstractmethod
     def end_staging(self, name: str, run_id: str) -> None:

@@ -478,10 +478,13 @@ class SqlCatalog(SqlDialect, Catalog):
             " expires_us = excluded.expires_us",
             (name, run_id, holder, now_us, now_us + lease_us)), durable=False, rerun_unheard=True)
 
-    def renew_staging(self, name: str, run_id: str, expires_us: int) -> None:
-        self._write(lambda cur: cur.execute(
-            "UPDATE cf_staging SET expires_us = ? WHERE table_name = ? AND run_id = ?",
-            (expires_us, name, run_id)), durable=False, rerun_unheard=True)
+    def renew_staging(self, name: str, run_id: str, expires_us: int) -> bool:
+        def renew(cur: _Cursor) -> bool:
+            cur.execute("UPDATE cf_staging SET expires_us = ? WHERE table_name = ? AND run_id = ?",
+                        (expires_us, name, run_id))
+            return cur.rowcount == 1
+
+        return self._write(renew, durable=False, rerun_unheard=True)
 
     def end_staging(self, name: str, run_id: str) -> None:
         self._write(lambda cur: cur.execute(
