@@ -1220,6 +1220,7 @@ class ExecutionWriterFenced(Conflict):
                          "writer is fenced and must stop (the current owner's attempt carries the work on)",
                          execution=execution, attempt=attempt, boundary=boundary, reason=reason)
 
+
 class StagingLeaseLost(Conflict):
     """A staging run found its lease gone when it renewed it: collection took the run for abandoned
     (it made no progress for a whole lease) and may have deleted what it staged, so the run stops

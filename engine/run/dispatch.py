@@ -58,8 +58,6 @@ def fenced_reason(held: HeldOwners, execution: Execution, fences: Sequence[str],
     row = held.own
     if execution.closed:
         return "the execution is closed"
-    if execution.fenced is not None:
-        return execution.fenced
     if row is None or row.execution_id != execution.execution_id:
         return f"no owner of scope {execution.scope} holds this execution any more"
     if row.status != PENDING:
@@ -122,8 +120,17 @@ def admit(execution: Execution, boundary: str = DISPATCH, fences: Sequence[str] 
 
     ``deadline_s`` bounds the admitted callback: the lease is renewed first (outside the hold,
     where a renewal cannot wait behind it) to run past the deadline with half a lease to spare,
-    and the hold admits only a lease that outlives it. Inside the block,
-    ``execution._held_record`` records a step in the hold (:meth:`Execution.dispatch`)."""
+    and the hold admits only a lease that outlives it."""
+    with admitted(execution, boundary, fences, deadline_s=deadline_s) as held:
+        assert held.own is not None
+        yield held.own
+
+
+@contextmanager
+def admitted(execution: Execution, boundary: str = DISPATCH, fences: Sequence[str] = (), *,
+             deadline_s: float | None = None) -> Iterator[HeldOwners]:
+    """:func:`admit`, yielding what the hold read and holds: ``HeldOwners.record`` records a step
+    inside the hold (:meth:`Execution.dispatch`)."""
     if boundary not in BOUNDARIES:
         raise ValueError(f"admission boundary {boundary!r} is not one of {BOUNDARIES}")
     execution.raise_if_fenced(boundary)
@@ -135,11 +142,7 @@ def admit(execution: Execution, boundary: str = DISPATCH, fences: Sequence[str] 
         reason = fenced_reason(held, execution, fences, now, None if deadline_us is None else now + deadline_us)
         if reason is not None or held.own is None:
             raise ExecutionWriterFenced(execution.execution_id, execution.attempt, boundary, reason or "")
-        execution._held_record = held.record
-        try:
-            yield held.own
-        finally:
-            execution._held_record = None
+        yield held
 
 
 def drain_admitted(execution: Execution, outbox: OutboxStore, stream: str,

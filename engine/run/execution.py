@@ -232,11 +232,11 @@ class Execution:
         seq = self._next_seq
         stored = self._replayed(seq, label)
         if stored is None:
-            with self.admit(DISPATCH, fences=fences, deadline_s=deadline_s) as _owner:
-                value = _encode(call())
-                held = self._held_record
-                assert held is not None
-                stored_row = held(StepRow(self.execution_id, seq, label, value, self.clock.now_us()))
+            from contextful.engine.run.dispatch import admitted
+
+            with admitted(self, DISPATCH, [f if isinstance(f, str) else f.key for f in fences],
+                          deadline_s=deadline_s) as held:
+                stored_row = held.record(StepRow(self.execution_id, seq, label, _encode(call()), self.clock.now_us()))
             if stored_row.label != label:
                 raise JournalConflict(self.execution_id, seq, f"step {seq} was recorded as {stored_row.label!r}; "
                                       f"this attempt offers {label!r}")
@@ -402,9 +402,6 @@ class Execution:
         self._settle(CLOSED_CANCELED)
 
     # --- admission (run.journal.current-owner, run.journal.durable-dispatch) ------------------------
-
-    _held_record: Callable[[StepRow], StepRow] | None = None
-    """While :meth:`admit` holds the owner row: records a step inside the hold (``HeldOwners.record``)."""
 
     def admit(self, boundary: str = "effect dispatch", *, fences: Sequence[str | Scope] = (),
               deadline_s: float | None = None) -> AbstractContextManager[OwnerRow]:
