@@ -39,14 +39,13 @@ from typing import TYPE_CHECKING
 
 from contextful.storage.clock import from_us
 from contextful.storage.errors import ExecutionWriterFenced
+from contextful.storage.fence import DISPATCH, PUBLICATION
 from contextful.storage.journal import PENDING, HeldOwners, OwnerRow
 
 if TYPE_CHECKING:
     from contextful.engine.run.execution import Execution
     from contextful.storage.outbox import OutboxEvent, OutboxStore
 
-DISPATCH = "effect dispatch"
-PUBLICATION = "state publication"
 BOUNDARIES = (DISPATCH, PUBLICATION)
 
 
