@@ -15,8 +15,8 @@ unit's step (``engine.derive.run``), so a resumed run lands the same rows withou
 A built-in task's unit lands its passages (``kind = 'passage'``, ``cue_seq`` 0, 1, ...,
 ``unit_status = 'ok'``) or, yielding none, exactly one marker row (``cue_seq = -1``,
 ``kind = 'marker'``) carrying its status, attempts, last error and whether it retries. Each row's
-``passage_id`` (``<unit_ref>:<cue_seq>``) is unique in its table: a chained derive pipeline names it
-as its ``parent_id_column`` and derives the parent's passages (never its markers). A host
+``passage_id`` (:func:`passage_id`) is unique in its table: a chained derive pipeline names it as its
+``parent_id_column`` and derives the parent's passages (never its markers). A host
 task's unit lands its content rows (``kind = 'passage'``, ``unit_status = 'ok'``, its unit_ref,
 derivation_key and task_version) and one marker row in the marker table, ``ok`` over content rows,
 ``empty`` over none. Every row carries the unit's ``derivation_key``.
@@ -29,6 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow as pa
 from contextful.engine.derive.config import PASSAGE_FIELDS, RESERVED_COLUMNS
@@ -185,27 +186,39 @@ def builtin_schema(unit_type: pa.DataType, columns: Sequence[str]) -> pa.Schema:
 
 
 def builtin_rows(unit_ref: Any, key: str, version: str, media: str | None, answer: Answer, attempts: int,
-                 max_attempts: int, columns: Sequence[str]) -> list[dict[str, Any]]:
-    """A built-in unit's rows: its passages, or one marker row."""
+                 max_attempts: int, columns: Sequence[str], *, retained: bool = False) -> list[dict[str, Any]]:
+    """A built-in unit's rows: its passages, or one marker row (``retained``: the table keeps each
+    task version's rows, so the ids name the version)."""
+    id_version = version if retained else None
     base = {"unit_ref": unit_ref, "derivation_key": key, "task_version": version, "media": media}
     if answer.status == "ok" and answer.passages:
         rows = []
         for seq, passage in enumerate(answer.passages):
-            row = {**base, "cue_seq": seq, "passage_id": passage_id(unit_ref, seq), "kind": PASSAGE, "unit_status": "ok",
-                   MODALITY_COLUMN: passage.get("modality", "text")}
+            row = {**base, "cue_seq": seq, "passage_id": passage_id(unit_ref, seq, id_version), "kind": PASSAGE,
+                   "unit_status": "ok", MODALITY_COLUMN: passage.get("modality", "text")}
             for name in (*PASSAGE_FIELDS, *columns):
                 if name in passage:
                     value = passage[name]
                     row[name] = value if name in PASSAGE_FIELDS else _text(value)
             rows.append(row)
         return rows
-    return [{**base, "cue_seq": MARKER_SEQ, "passage_id": passage_id(unit_ref, MARKER_SEQ), "kind": MARKER,
-             MODALITY_COLUMN: MARKER_MODALITY, **marker_fields(answer, attempts, max_attempts)}]
+    return [{**base, "cue_seq": MARKER_SEQ, "passage_id": passage_id(unit_ref, MARKER_SEQ, id_version),
+             "kind": MARKER, MODALITY_COLUMN: MARKER_MODALITY, **marker_fields(answer, attempts, max_attempts)}]
 
 
-def passage_id(unit_ref: Any, cue_seq: int) -> str:
-    """A passage's id, unique in its table: what a chained derive pipeline names as its parent id."""
-    return f"{unit_ref}:{cue_seq}"
+def passage_id(unit_ref: Any, cue_seq: int, version: str | None = None) -> str:
+    """A passage's id, unique in its table: what a chained derive pipeline names as its parent id.
+
+    ``<unit_ref>:<cue_seq>``, and under ``retain_versions`` (``version`` given, the rows of several
+    task versions answering beside each other) ``<unit_ref>:<cue_seq>@<version>`` with the version
+    percent-encoded, so it holds no ``:`` or ``@``: an id reads back to one (unit, cue, version) from
+    its right end, and an id of one form never equals one of the other.
+
+    >>> passage_id("a", 0), passage_id("a:b", 1, "2"), passage_id("a", -1, "v:1@x")
+    ('a:0', 'a:b:1@2', 'a:-1@v%3A1%40x')
+    """
+    plain = f"{unit_ref}:{cue_seq}"
+    return plain if version is None else f"{plain}@{quote(version, safe='')}"
 
 
 def _text(value: Any) -> str | None:
@@ -232,18 +245,21 @@ def host_content_schema(rows: Sequence[Mapping[str, Any]], unit_type: pa.DataTyp
 
 
 def host_rows(unit_ref: Any, key: str, version: str, answer: Answer, attempts: int, max_attempts: int,
-              marker_table: str, content_tables: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+              marker_table: str, content_tables: Sequence[str], *,
+              retained: bool = False) -> dict[str, list[dict[str, Any]]]:
     """A host unit's rows per table: content rows (and, for a content table the unit leaves empty, one
-    ``empty`` marker row there, so the unit's older rows in it are superseded too), then its marker."""
+    ``empty`` marker row there, so the unit's older rows in it are superseded too), then its marker
+    (``retained``: as :func:`builtin_rows`)."""
+    id_version = version if retained else None
     base = {"unit_ref": unit_ref, "derivation_key": key, "task_version": version}
     out: dict[str, list[dict[str, Any]]] = {}
     if answer.status in ("ok", "empty"):
         for table in content_tables:
             rows = answer.tables.get(table, [])
-            out[table] = ([{**base, "cue_seq": seq, "passage_id": passage_id(unit_ref, seq), "kind": PASSAGE,
-                            "unit_status": "ok", **row}
+            out[table] = ([{**base, "cue_seq": seq, "passage_id": passage_id(unit_ref, seq, id_version),
+                            "kind": PASSAGE, "unit_status": "ok", **row}
                            for seq, row in enumerate(rows)]
-                          or [{**base, "cue_seq": MARKER_SEQ, "passage_id": passage_id(unit_ref, MARKER_SEQ),
+                          or [{**base, "cue_seq": MARKER_SEQ, "passage_id": passage_id(unit_ref, MARKER_SEQ, id_version),
                                "kind": MARKER, "unit_status": "empty"}])
     marker = {**base, "cue_seq": MARKER_SEQ, "kind": MARKER, "rows": sum(len(r) for r in answer.tables.values()),
               **marker_fields(answer, attempts, max_attempts)}

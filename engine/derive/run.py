@@ -370,10 +370,11 @@ class _Runner:
                 self.result.warnings.append(warning)
         if tier.task is None:
             rows = {tier.spec.table: builtin_rows(ref, key, tier.version, unit.get("media"), answer, attempts,
-                                                  tier.config.max_attempts, tier.config.columns)}
+                                                  tier.config.max_attempts, tier.config.columns,
+                                                  retained=tier.config.retain_versions)}
         else:
             rows = host_rows(ref, key, tier.version, answer, attempts, tier.config.max_attempts,
-                             tier.task.marker_table, tier.task.content_tables)
+                             tier.task.marker_table, tier.task.content_tables, retained=tier.config.retain_versions)
         for table, table_rows in rows.items():
             self.pending[table].extend(table_rows)
         self.pending_units.append((ref, key))
