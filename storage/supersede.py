@@ -11,11 +11,17 @@ Every reader applies it inside ``storage.snapshot.snapshot_sql``, after the prim
 A *landing* is one commit (a part's ``ord_seq``). The rule's facts are the landings themselves, read
 from every stored row of the snapshot (before the key merge: a landing happened, whatever later rows
 override): a unit *settled* under a derivation key at a commit when that commit landed a row of the
-unit with ``status`` ``ok`` or ``empty``. A row the key merge answers is then withheld when
+unit with ``status`` ``ok``, ``empty`` or ``retired``. A row the key merge answers is then withheld when
 
 (a) a later commit settled its unit under another derivation key, or
 (b) it is a marker (``kind = 'marker'``) whose status is not settling, and a later commit settled its
-    unit under any key.
+    unit under any key, or
+(c) its status is ``retired`` (:data:`RETIRED`).
+
+A *retirement* (a row with status ``retired``, landed under a key no derivation yields) settles its
+unit like ``ok``/``empty`` and is itself never answered: from its commit on the unit answers nothing
+until a later landing (decision "derived-unit-follows": a derived unit whose parent left takes its
+rows with it; ``engine.derive.retire``).
 
 So a unit's old rows answer until its new ok/empty landing commits (no reader sees the unit empty),
 and after key A, then B, then A again, only the last A landing's rows answer. A row with a null in a
@@ -39,7 +45,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-SETTLING = ("ok", "empty")
+RETIRED = "retired"
+"""The status of a retirement: it settles its unit and is never answered (rule (c))."""
+SETTLING = ("ok", "empty", RETIRED)
 """Statuses whose landing settles a unit under its derivation key."""
 MARKER = "marker"
 """The ``kind`` of a unit's marker row (passages carry ``passage``)."""
@@ -69,7 +77,7 @@ class Supersede:
     key: str = "derivation_key"
     """The derivation key a row was landed under."""
     status: str = "unit_status"
-    """The unit's status on the row: ``ok``/``empty`` settle (:data:`SETTLING`)."""
+    """The unit's status on the row: ``ok``/``empty``/``retired`` settle (:data:`SETTLING`)."""
     kind: str = "kind"
     """``passage`` or ``marker``."""
 
@@ -131,8 +139,9 @@ def ruled_sql(rule: Supersede, scanned: str, rows: str, inner: Callable[[str], s
     open_marker = (f"({rows}.{inner(rule.kind)} IS NOT DISTINCT FROM {MARKER!r}"
                    f" AND NOT coalesce({_settling(f'{rows}.{inner(rule.status)}')}, false)"
                    f" AND {UNITS}.{TOP_SEQ} > {rows}.{SEQ})")
+    retired = f"{rows}.{inner(rule.status)} IS NOT DISTINCT FROM {RETIRED!r}"
     # The scan is written out twice, not shared: the settling landings read three columns of it,
     # and a shared scan would be materialized whole.
     return (f"WITH {LANDED} AS ({landed}), {UNITS} AS ({facts})"
             f" SELECT {columns} FROM (SELECT * FROM ({scanned}) AS {rows} QUALIFY {winner}) AS {rows}"
-            f" LEFT JOIN {UNITS} ON {joined} WHERE NOT coalesce({other_key} OR {open_marker}, false)")
+            f" LEFT JOIN {UNITS} ON {joined} WHERE NOT coalesce({other_key} OR {open_marker} OR {retired}, false)")

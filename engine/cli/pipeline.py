@@ -257,7 +257,8 @@ def _dry_run(ctx: click.Context, manifest: Manifest, selected: list[str] | None)
                 out.append({"pipeline": spec.id, "table": spec.table, "source": "derive", **counts.to_json()})
                 if not ctx.obj["json"]:
                     click.echo(f"{spec.id} -> {spec.table} (derive): {counts.eligible:,} eligible, "
-                               f"{counts.derived:,} already derived, {counts.outstanding:,} outstanding")
+                               f"{counts.derived:,} already derived, {counts.outstanding:,} outstanding, "
+                               f"{counts.retiring:,} to retire (parent gone)")
             else:
                 planned = plan_pipeline(store, manifest, spec)
                 out.append(planned.to_json())
@@ -287,7 +288,8 @@ def _print_results(results: list[Any]) -> None:
             d = r.derive
             click.echo(f"  units: {d['outstanding']:,} outstanding of {d['eligible']:,}; {d['ok']:,} ok, "
                        f"{d['empty']:,} empty, {d['unavailable']:,} unavailable, {d['failed']:,} failed"
-                       + (f", {d['replayed']:,} answered before a restart" if d['replayed'] else ""))
+                       + (f", {d['replayed']:,} answered before a restart" if d['replayed'] else "")
+                       + (f"; {d['retired']:,} retired (parent gone)" if d['retired'] else ""))
         for hit in r.bound_hits:
             click.echo(f"  bound hit: {hit['step']}, attempt {hit['attempt']}: {hit['bound']}")
         for warning in r.warnings:

@@ -12,7 +12,9 @@ One run of a derive pipeline (``contextful pipeline run``; decisions "derive-wor
 3. select the outstanding units (``engine.derive.select``) and run them, up to the binding's
    ``parallelism`` at once (default: the machine's cores): a built-in unit through its engine
    chain (``engine.derive.exec``) or fetch driver, a host unit through its callable;
-4. land each unit's rows (``engine.derive.emit``) through the landing sink (the secret guard
+4. retire the units whose parent left (``engine.derive.retire``: decision "derived-unit-follows"),
+   so their rows leave before anything is derived;
+5. land each unit's rows (``engine.derive.emit``) through the landing sink (the secret guard
    masks passages like every landing), committing every :data:`FLUSH_UNITS` units or
    :data:`FLUSH_SECONDS`. Before each commit the output table's head is read again: a unit another
    run settled under the same key meanwhile lands nothing from this run
@@ -52,6 +54,7 @@ from contextful.engine.derive.emit import (
     parse_engine_output,
 )
 from contextful.engine.derive.keys import canonical, is_address, local_path, static_digest
+from contextful.engine.derive.retire import retire
 from contextful.engine.derive.select import Selection, SelectionCounts
 from contextful.engine.derive.tasks import HostTask, TaskUnit
 from contextful.engine.land.results import InputFailure, PipelineResult, Progress, TableLanding
@@ -93,6 +96,8 @@ class DeriveStats:
     failed: int = 0
     replayed: int = 0
     """Units whose answer an earlier, killed attempt had journaled (not run again)."""
+    retired: int = 0
+    """Units whose parent left, retired before deriving (``engine.derive.retire``)."""
     revived: int = 0
     errors: list[str] = field(default_factory=list)
     """The first failures' text (masked)."""
@@ -110,7 +115,7 @@ class DeriveStats:
         return {"eligible": self.eligible, "derived": self.derived, "outstanding": self.outstanding, "done": self.done,
                 "ok": self.ok,
                 "empty": self.empty, "unavailable": self.unavailable, "failed": self.failed,
-                "replayed": self.replayed, "revived": self.revived, "errors": self.errors}
+                "replayed": self.replayed, "revived": self.revived, "retired": self.retired, "errors": self.errors}
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,11 @@ class Tier:
         """The output tables' primary key (with ``task_version`` when versions are retained: the
         supersede rule's unit columns are key columns)."""
         return KEY_COLUMNS + (("task_version",) if self.config.retain_versions else ())
+
+    def landing_spec(self, table: str) -> PipelineSpec:
+        """The pipeline spec its rows of ``table`` land under: keyed, nested, typed as built."""
+        return replace(self.spec, table=table, primary_key=self.key_columns, normalize="nested", types={},
+                       transform=(), order_by=None)
 
     @property
     def parallelism(self) -> int:
@@ -259,6 +269,9 @@ class _Runner:
             counts = selection.units()  # joined once: the outstanding units below read the same table
             self.stats.eligible, self.stats.derived, self.stats.outstanding = (
                 counts.eligible, counts.derived, counts.outstanding)
+            self.stats.retired, waits = retire(self.store, self.tier, selection, self.landings)
+            if waits is not None:
+                self.result.warnings.append(waits)
             with ThreadPoolExecutor(self.tier.parallelism, thread_name_prefix=f"derive-{self.tier.spec.id}") as pool:
                 inflight: dict[Future[Answer], dict[str, Any]] = {}
                 for unit in self._units(selection):
@@ -434,9 +447,7 @@ class _Runner:
         rows = self.pending[table]
         if not rows:
             return
-        spec = replace(self.tier.spec, table=table, primary_key=self.tier.key_columns, normalize="nested", types={},
-                       transform=(), order_by=None)
-        sink = LandingSink(self.store, spec, meta={"pipeline": self.tier.spec.id, "derive": {
+        sink = LandingSink(self.store, self.tier.landing_spec(table), meta={"pipeline": self.tier.spec.id, "derive": {
             "units": len(self.pending_units), "failed": self.stats.failed, "errors": self.stats.errors}})
         sink.stage(pa.Table.from_pylist(rows, schema=self._schema(table, rows)), f"derive {self.tier.spec.id}",
                    typed=True)

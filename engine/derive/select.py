@@ -16,6 +16,12 @@ another key count for nothing, so a key changed and changed back derives the uni
 that is itself a derive output (it has ``derivation_key`` and ``kind``) gives its passages as units,
 never its markers, and its ``derivation_key`` enters each unit's key.
 
+A derived unit follows its parent's lifetime (decision "derived-unit-follows"): a unit the output
+answers whose parent id is no longer a live parent unit (the row was deleted or re-landed without
+it, or a parent passage is gone after its unit re-derived to fewer passages) is *retiring*
+(:meth:`Selection.retiring`, a set-shaped anti-join of the output's live units against the parent
+ids); a run lands a retirement for each (``engine.derive.retire``) before it derives anything.
+
 Every table the selection reads is pinned at one catalog point (``Store.pin``), so the parents,
 the output and a host task's joined tables are one consistent state. A host task's joined tables
 are copied once, before the anti-join, into the selection's DuckDB (rows landed after that read are
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -42,6 +48,7 @@ import pyarrow as pa
 from contextful.engine.derive.keys import MediaDigests, join_digest_sql, key_sql
 from contextful.storage.errors import DeriveNoStoreRoot, TableNotFound
 from contextful.storage.snapshot import Snapshot, quote, sql_literal
+from contextful.storage.supersede import RETIRED, SETTLING
 
 if TYPE_CHECKING:
     from contextful.engine.derive.config import DeriveConfig
@@ -51,7 +58,6 @@ if TYPE_CHECKING:
 IN_MEMORY_ROWS = 1_000_000
 BATCH_ROWS = 1_000_000
 MEMORY_LIMIT = "1250MB"
-SETTLING = ("ok", "empty")
 
 
 @dataclass(frozen=True)
@@ -62,9 +68,12 @@ class SelectionCounts:
     """Units settled under their current key."""
     outstanding: int
     """Units a run derives (eligible - derived)."""
+    retiring: int = 0
+    """Units the output answers whose parent left: a run retires them (their rows leave)."""
 
     def to_json(self) -> dict[str, int]:
-        return {"eligible": self.eligible, "derived": self.derived, "outstanding": self.outstanding}
+        return {"eligible": self.eligible, "derived": self.derived, "outstanding": self.outstanding,
+                "retiring": self.retiring}
 
 
 class Selection:
@@ -106,23 +115,27 @@ class Selection:
         self.joins = [j for j in task.joins if j.table in existing] if task is not None else []
         """The joins whose table exists (a table nothing landed yet joins no row to any unit)."""
         names = [config.source_table, *[j.table for j in self.joins]]
-        pinned = store.pin(names + ([output_table] if output_table in existing else []))
+        landed = [t for t in (*(task.content_tables if task is not None else ()), output_table) if t in existing]
+        pinned = store.pin(names + landed)
         from contextful.engine.read import attach_snapshot
 
         parent_rows = 0
         attached: set[str] = set()
-        self._output: Snapshot | None = None
+        self.landed: dict[str, Snapshot] = {}
+        """The tables the pipeline lands (a host task's content tables, then its output) holding rows,
+        read through :func:`settled_sql` and :func:`live_units_sql`, never a view."""
         for name, (table, seq) in pinned.items():
             snap = table.snapshot_at(seq)
             if snap.schema is None or not snap.parts:  # created, nothing landed yet: no rows to read
                 continue
             attached.add(name)
-            if name == output_table:  # read through settled_sql, not a view
-                self._output = snap
+            if name in landed:
+                self.landed[name] = snap
                 continue
             attach_snapshot(self.con, snap, f"__derive_{name}")
             if name == config.source_table:
                 parent_rows = snap.rows_stored
+        self._output = self.landed.get(output_table)
         self.pinned = {name: seq for name, (_table, seq) in pinned.items()}
         self.joins = [j for j in self.joins if j.table in attached]
         self.empty = config.source_table not in attached
@@ -195,9 +208,13 @@ class Selection:
                 join_parts.append(f"coalesce({alias}.join_digest, '')")
         join_key = " || chr(31) || ".join(join_parts) if join_parts else None
         key = key_sql(self.static, pid, value, parent_key, content, join_key)
-        passages_only = " AND p.kind = 'passage'" if parent_key and "kind" in self._parent_columns else ""
-        return (f"SELECT {select}, {key} AS derivation_key FROM {parent} AS p{joins} "
-                f"WHERE {pid} IS NOT NULL{passages_only}")
+        return f"SELECT {select}, {key} AS derivation_key FROM {parent} AS p{joins} WHERE {self._unit_filter()}"
+
+    def _unit_filter(self) -> str:
+        """Which parent rows (``p``) are units: those with an id, and of a derive parent its passages."""
+        derive_parent = {"derivation_key", "kind"} <= set(self._parent_columns)
+        return (f"p.{quote(self.config.parent_id_column)} IS NOT NULL"
+                + (" AND p.kind = 'passage'" if derive_parent else ""))
 
     @property
     def unit_columns(self) -> tuple[str, ...]:
@@ -221,9 +238,16 @@ class Selection:
         return settled_sql(keyed, rest, self._output, self.unit_columns, version)
 
     def counts(self) -> SelectionCounts:
-        """Eligible, already-derived and outstanding units, from one query (``run.select.dry-run``):
-        an aggregate of the join with no unit columns carried, or the joined units once a run holds
-        them (:meth:`units`)."""
+        """Eligible, already-derived, outstanding and retiring units (``run.select.dry-run``): an
+        aggregate of the join with no unit columns carried, and a count of the output's units whose
+        parent left (:meth:`retiring_sql`)."""
+        retiring = self.retiring_sql(self.output_table)
+        [(count,)] = self.con.execute(f"SELECT count(*) FROM ({retiring})").fetchall() if retiring else [(0,)]
+        return replace(self._unit_counts(), retiring=int(count))
+
+    def _unit_counts(self) -> SelectionCounts:
+        """Eligible, already-derived and outstanding units, from one query over the join (or the
+        joined units once a run holds them, :meth:`units`)."""
         if self.empty:
             return SelectionCounts(0, 0, 0)
         source = self._units or f"({self._joined_sql(carry=False)})"
@@ -235,12 +259,10 @@ class Selection:
         """Join every unit once, into a temporary table of the selection's connection (DuckDB spills
         it past the memory limit), and count them: a run's :meth:`counts` and :meth:`outstanding` then
         read that table instead of joining the parents to the output's stored rows twice."""
-        if self.empty:
-            return SelectionCounts(0, 0, 0)
-        if self._units is None:
+        if self._units is None and not self.empty:
             self.con.execute(f"CREATE TEMP TABLE __derive_units AS {self._joined_sql()}")
             self._units = "__derive_units"
-        return self.counts()
+        return self._unit_counts()
 
     def outstanding(self) -> Iterator[pa.RecordBatch]:
         """The outstanding units (unit_ref, media or p_<column>..., derivation_key, attempts): in one
@@ -254,6 +276,29 @@ class Selection:
             return
         reader = self.con.sql(sql).to_arrow_reader(self.batch_rows)
         yield from reader
+
+    def retiring_sql(self, table: str) -> str | None:
+        """A SELECT of the units (:attr:`unit_columns`) that ``table`` (one the pipeline lands) answers
+        and whose parent id is not a live parent unit: the parent row was deleted, re-landed without
+        it or without that id, or, for a derive parent, the passage is gone (the parent is read as its
+        readers read it). None: the table holds no rows. A hash anti-join of the table's live units
+        (:func:`live_units_sql`, one scan) against the parent ids, nothing else of either carried."""
+        snap = self.landed.get(table)
+        if snap is None:
+            return None
+        live = live_units_sql(snap, self.unit_columns)
+        if self.empty:  # a parent with no commit yet (a derive parent that derived nothing): no unit is live
+            return live
+        parent = quote("__derive_" + self.config.source_table)
+        ids = f"SELECT p.{quote(self.config.parent_id_column)} AS unit_ref FROM {parent} AS p WHERE {self._unit_filter()}"
+        return f"SELECT o.* FROM ({live}) AS o ANTI JOIN ({ids}) AS i ON i.unit_ref = o.unit_ref"
+
+    def retiring(self, table: str) -> Iterator[pa.RecordBatch]:
+        """The units of :meth:`retiring_sql`, streamed ``batch_rows`` at a time."""
+        sql = self.retiring_sql(table)
+        if sql is None:
+            return
+        yield from self.con.sql(sql).to_arrow_reader(self.batch_rows)
 
     def joined_rows(self, join_table: str, column: str, values: list[Any]) -> dict[Any, list[dict[str, Any]]]:
         """Rows of the copied joined table whose ``column`` is one of ``values``, grouped by it (on a
@@ -311,8 +356,30 @@ DONE = "(kind = 'passage' OR unit_status IN ('ok', 'empty') OR NOT coalesce(retr
 marker that no longer retries."""
 
 
-SETTLES = "unit_status IN ('ok', 'empty')"
-"""A row of a settling landing: it supersedes the unit's rows under other keys (storage.supersede)."""
+SETTLES = f"unit_status IN ({', '.join(sql_literal(status) for status in SETTLING)})"
+"""A row of a settling landing (a retirement too): it supersedes the unit's rows under other keys
+(storage.supersede)."""
+
+
+def stored_rows_sql(output: Snapshot, columns: str, where: str) -> str:
+    """The output's stored rows (``columns``, ``seq``: the part's ``ord_seq``, ``pos``: the row's
+    commit-order position) in one ``read_parquet`` scan, no reader's view."""
+    order = sorted(range(len(output.parts)), key=lambda i: (output.parts[i].ord_seq, output.parts[i].ord_idx))
+    files = "[" + ", ".join(sql_literal(output.uris[i]) for i in order) + "]"
+    seqs = "[" + ", ".join(str(output.parts[i].ord_seq) for i in order) + "]"
+    return (f"SELECT {columns}, {seqs}[CAST(file_index AS BIGINT) + 1] AS seq, "
+            f"CAST(file_index AS BIGINT) * 4294967296 + file_row_number AS pos "
+            f"FROM read_parquet({files}, hive_partitioning = false, union_by_name = true) WHERE {where}")
+
+
+def live_units_sql(output: Snapshot, unit: tuple[str, ...]) -> str:
+    """The units (``unit`` columns) ``output`` answers some row of, from one scan of its stored rows: a
+    unit answers nothing exactly when its latest landing is a retirement (``storage.supersede`` rule
+    (c): a retirement withholds every row landed before it, and itself) or it has no row."""
+    units = ", ".join(unit)
+    rows = stored_rows_sql(output, f"{units}, unit_status", "unit_ref IS NOT NULL")
+    return (f"SELECT {units} FROM ({rows}) GROUP BY {units} "
+            f"HAVING max(seq) > coalesce(max(seq) FILTER (WHERE unit_status = {sql_literal(RETIRED)}), -1)")
 
 
 def stored_keys(output: Snapshot, unit: tuple[str, ...], restrict: str | None = None) -> str:
@@ -321,14 +388,9 @@ def stored_keys(output: Snapshot, unit: tuple[str, ...], restrict: str | None = 
     unit for selection (``done``) and its commit (``seq``: the part's ``ord_seq``), the newest commit
     that landed a settling row under the key (``settle_seq``: a landing, whatever overrode its row)
     and the latest attempts. ``restrict``: a SELECT of the unit_refs to read."""
-    order = sorted(range(len(output.parts)), key=lambda i: (output.parts[i].ord_seq, output.parts[i].ord_idx))
-    files = "[" + ", ".join(sql_literal(output.uris[i]) for i in order) + "]"
-    seqs = "[" + ", ".join(str(output.parts[i].ord_seq) for i in order) + "]"
     where = "unit_ref IS NOT NULL" + (f" AND unit_ref IN ({restrict})" if restrict else "")
     keys = f"{', '.join(unit)}, derivation_key, cue_seq"
-    rows = (f"SELECT {keys}, kind, unit_status, retry, attempts, {seqs}[CAST(file_index AS BIGINT) + 1] AS seq, "
-            f"CAST(file_index AS BIGINT) * 4294967296 + file_row_number AS pos "
-            f"FROM read_parquet({files}, hive_partitioning = false, union_by_name = true) WHERE {where}")
+    rows = stored_rows_sql(output, f"{keys}, kind, unit_status, retry, attempts", where)
     return (f"SELECT {keys}, arg_max({DONE}, pos) AS done, max(seq) AS seq, "
             f"max(seq) FILTER (WHERE {SETTLES}) AS settle_seq, arg_max(attempts, pos) AS attempts "
             f"FROM ({rows}) GROUP BY {keys}")

@@ -2,15 +2,17 @@
 every snapshot, before and after every fold (issue 16, ``run.emit.stale-supersedes``).
 
 Hypothesis draws histories of landings — runs of one or two parts of rows of a few units under a few
-derivation keys, passages and markers, statuses ok, empty, failed and unavailable, primary keys
+derivation keys, passages and markers, statuses ok, empty, failed, unavailable and retired, primary keys
 repeating within and across commits — and folds of varying reach (so some runs fold with larger
 parts before them, whose units the fold must keep exact). After every operation each snapshot
 1..head is read and compared with a tiny model of the rule in plain Python, from the history alone:
 
 - the key merge answers, per (unit_ref, derivation_key, cue_seq), the latest row by commit order;
-- a commit *settles* a unit under a key when it stored a row of the unit with status ok or empty;
-- an answered row is withheld when a later commit settled its unit under another key, or when it is
-  a marker whose status is not settling and a later commit settled its unit under any key.
+- a commit *settles* a unit under a key when it stored a row of the unit with status ok, empty or
+  retired;
+- an answered row is withheld when a later commit settled its unit under another key, when it is
+  a marker whose status is not settling and a later commit settled its unit under any key, or when
+  its status is retired (a retirement is never answered).
 
 Folds are commits that change nothing in the model, and the head answers the same rows across each.
 """
@@ -26,7 +28,7 @@ import pyarrow as pa
 from contextful.storage import ManualClock, Store
 from contextful.storage.compaction import CompactionPolicy, set_policy
 from contextful.storage.snapshot import Snapshot, snapshot_sql
-from contextful.storage.supersede import SETTLING, Supersede
+from contextful.storage.supersede import RETIRED, SETTLING, Supersede
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +39,7 @@ SCHEMA = pa.schema({"unit_ref": pa.string(), "derivation_key": pa.string(), "cue
                     "unit_status": pa.string(), "kind": pa.string(), "id": pa.int64()})
 
 row = st.tuples(st.sampled_from(["u0", "u1", "u2"]), st.sampled_from(["A", "B", "C"]), st.integers(0, 2),
-                st.sampled_from(["ok", "empty", "failed", "unavailable"]), st.sampled_from(["passage", "marker"]))
+                st.sampled_from(["ok", "empty", "failed", "unavailable", RETIRED]), st.sampled_from(["passage", "marker"]))
 landing = st.lists(st.lists(row, min_size=1, max_size=4), min_size=1, max_size=2)
 PADDING = [("w", "A", cue, "ok", "passage") for cue in range(40)]
 """Rows of another unit making a landing's first part larger than the rest, so folds of some reach
@@ -76,7 +78,7 @@ class Model:
             later = [key for s, unit, key in settled if unit == row["unit_ref"] and s > at]
             by_other_key = any(key != row["derivation_key"] for key in later)
             open_marker = row["kind"] == "marker" and row["unit_status"] not in SETTLING and bool(later)
-            if not (by_other_key or open_marker):
+            if not (by_other_key or open_marker or row["unit_status"] == RETIRED):
                 answered.append(row)
         return rows_of(answered)
 

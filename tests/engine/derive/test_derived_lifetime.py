@@ -68,3 +68,94 @@ def test_a_chained_tier_over_retained_versions_derives_each_passage_once_and_ans
         assert results["words"] is not None and results["words"]["outstanding"] == 0, results
         assert len(_calls(project, "words")) == calls
         assert project.rows("SELECT unit_ref, text FROM words WHERE kind = 'passage' ORDER BY 1") == derived
+
+
+def _live_parent_ids(project: DeriveProject) -> set[str]:
+    """The oracle for a landed parent: plain DuckDB over the ``docs`` table's live part files."""
+    import duckdb
+
+    with project.store() as store:
+        uris = list(store.table("docs").snapshot().uris)
+    if not uris:
+        return set()
+    return {r[0] for r in duckdb.sql(f"SELECT DISTINCT id FROM read_parquet({uris!r})").fetchall()}
+
+
+def _units(project: DeriveProject, table: str) -> set[str]:
+    """The units ``table`` answers any row of (passages and markers alike)."""
+    return {r[0] for r in project.rows(f"SELECT DISTINCT unit_ref FROM {table}")}
+
+
+def _dry_run(project: DeriveProject) -> dict[str, dict[str, int]]:
+    from tests.support.cli import contextful
+
+    shown = json.loads(contextful(project.root, "--json", "pipeline", "run", "--dry-run").stdout)
+    return {p["pipeline"]: p for p in shown if p["source"] == "derive"}
+
+
+def _run(project: DeriveProject) -> dict[str, dict[str, int]]:
+    results = {r.pipeline: r.derive for r in project.run()}
+    return {k: v for k, v in results.items() if v is not None}
+
+
+@pytest.mark.clause("run.select.anti-join", "run.emit.stale-supersedes", "run.select.dry-run")
+def test_a_parent_that_leaves_takes_its_derived_rows_and_its_chained_rows_at_the_next_run(tmp_path: Path) -> None:
+    from tests.support.cli import contextful
+
+    project = _chain(tmp_path)
+    for word in ("w1", "w2", "w3"):
+        project.media(f"{word}.txt", f"{word} text")
+    project.parents([{"id": "d1", "path": project.media("d1.txt", "media/w1.txt\nmedia/w2.txt")},
+                     {"id": "d2", "path": project.media("d2.txt", "media/w3.txt\nmedia/w1.txt")},
+                     {"id": "d3", "path": project.media("d3.txt", "FAIL")}])  # a failed marker: a derived row too
+    _run(project)
+
+    def agrees() -> None:  # the derived tables answer exactly the live parents' units
+        assert _units(project, "lines") == _live_parent_ids(project)
+        live_passages = {r[0] for r in project.rows("SELECT passage_id FROM lines WHERE kind = 'passage'")}
+        assert _units(project, "words") == live_passages
+        assert not project.rows("SELECT w.unit_ref FROM words AS w ANTI JOIN lines AS l "
+                                "ON l.passage_id = w.unit_ref AND l.kind = 'passage'")  # no orphaned citation
+
+    agrees()
+    assert _units(project, "words") == {"d1:0", "d1:1", "d2:0", "d2:1"}
+
+    # d1 and d3 deleted: the parent table re-landed without them
+    remaining = tmp_path / "remaining.ndjson"
+    remaining.write_text(json.dumps({"id": "d2", "path": "media/d2.txt"}) + "\n")
+    contextful(tmp_path, "table", "load", "docs", str(remaining), "--replace")
+    assert _live_parent_ids(project) == {"d2"}
+    dry = _dry_run(project)
+    assert (dry["lines"]["outstanding"], dry["lines"]["retiring"]) == (0, 2), dry
+    assert dry["words"]["retiring"] == 0  # d1's passages still answer until `lines` runs
+    shown = contextful(tmp_path, "pipeline", "run", "--dry-run", "lines").stdout
+    assert "0 outstanding, 2 to retire (parent gone)" in shown
+    calls = (len(_calls(project, "lines")), len(_calls(project, "words")))
+    results = _run(project)
+    assert (results["lines"]["retired"], results["words"]["retired"]) == (2, 2), results
+    assert (len(_calls(project, "lines")), len(_calls(project, "words"))) == calls  # retiring calls no engine
+    agrees()
+    assert _units(project, "lines") == {"d2"} and _units(project, "words") == {"d2:0", "d2:1"}
+    assert _dry_run(project)["lines"]["retiring"] == 0
+    assert _run(project)["lines"]["retired"] == 0  # retired once
+    for table in ("lines", "words"):  # a fold drops what the retirements withhold, and answers the same
+        contextful(tmp_path, "table", "fold", table)
+    agrees()
+    assert _units(project, "lines") == {"d2"} and _units(project, "words") == {"d2:0", "d2:1"}
+
+    # d2 re-derived to fewer passages: its child of the passage gone leaves on the same run
+    project.media("d2.txt", "media/w3.txt")
+    results = _run(project)
+    assert (results["lines"]["outstanding"], results["words"]["retired"]) == (1, 1), results
+    agrees()
+    assert _units(project, "words") == {"d2:0"}
+    assert project.rows("SELECT text FROM words WHERE kind = 'passage'") == [("w3 text",)]
+
+    # d1 comes back: derived again, and answers again
+    project.parents([{"id": "d1", "path": "media/d1.txt"}])
+    results = _run(project)
+    assert (results["lines"]["outstanding"], results["lines"]["retired"]) == (1, 0), results
+    agrees()
+    assert _units(project, "words") == {"d1:0", "d1:1", "d2:0"}
+    assert project.rows("SELECT unit_ref, text FROM words WHERE unit_ref LIKE 'd1:%' ORDER BY 1") == [
+        ("d1:0", "w1 text"), ("d1:1", "w2 text")]
