@@ -111,6 +111,12 @@ def check(store: Store, con: duckdb.DuckDBPyConnection, model: Model) -> None:
           ("land", [[("u0", "A", 0, "empty", "marker")], [("u1", "A", 0, "ok", "passage")]]),
           ("land", [[("u0", "C", 0, "unavailable", "marker"), ("u1", "B", 1, "ok", "passage")]]),
           ("fold", (2, 1))])
+@example([("land", [[("u0", "A", 0, "ok", "passage"), ("u0", "A", 1, "ok", "passage")] + PADDING]),
+          ("land", [[("u0", "B", 0, "failed", "marker")]]),
+          ("land", [[("u0", "C", 0, RETIRED, "marker")]]),  # the parent left: nothing of u0 answers
+          ("fold", (1, 1)),  # the retirement folds after a larger part holding u0's rows: held
+          ("land", [[("u0", "A", 0, "ok", "passage")]]),  # the parent came back
+          ("fold", (7, 1))])
 def test_every_snapshot_answers_the_supersede_rule_before_and_after_every_fold(ops: list) -> None:
     run_history(ops)
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from contextful.storage import Store
 
 from tests.engine.derive.project import HEADER, DeriveProject, derive_pipeline, files_pipeline
 
@@ -159,3 +160,79 @@ def test_a_parent_that_leaves_takes_its_derived_rows_and_its_chained_rows_at_the
     assert _units(project, "words") == {"d1:0", "d1:1", "d2:0"}
     assert project.rows("SELECT unit_ref, text FROM words WHERE unit_ref LIKE 'd1:%' ORDER BY 1") == [
         ("d1:0", "w1 text"), ("d1:1", "w2 text")]
+
+
+def _register(name: str, version: str) -> None:
+    from contextful.engine.derive.tasks import TaskUnit, register_task, unregister_task
+
+    unregister_task(name)
+
+    @register_task(name, task_version=version, marker_table="chunks_done", content_tables=["chunks"], columns=["body"])
+    def split(unit: TaskUnit) -> dict[str, list[dict[str, str]]]:
+        return {"chunks": [{"text": f"v{version} {part}"} for part in unit.parent["body"].split("|")]}
+
+
+@pytest.mark.clause("run.emit.version-retained", "run.emit.stale-supersedes", "run.select.dry-run")
+def test_a_deleted_parent_takes_every_versions_content_and_marker_rows_on_every_store(
+        tmp_path: Path, store: Store, request: pytest.FixtureRequest) -> None:
+    """A host task under ``retain_versions`` on each store adapter, through the library: the parent
+    table is loaded and re-loaded without a row (``load_file(replace=True)``), the pipeline run and
+    dry-run as the command line runs them."""
+    from contextful.engine.config import load_manifest
+    from contextful.engine.derive.bind import machine_path, read_machine
+    from contextful.engine.derive.run import dry_run, run_derive
+    from contextful.engine.derive.tasks import unregister_task
+    from contextful.engine.load import load_file
+
+    name = f"chunks_{request.node.callspec.id.replace('-', '_')}"
+    (tmp_path / "contextful.toml").write_text(HEADER + derive_pipeline(
+        "chunking", "docs", task=name, table="chunks_done",
+        config='tables = ["chunks_done", "chunks"]\nretain_versions = true'))
+    _register(name, "1")
+    manifest = load_manifest(tmp_path)
+    spec = manifest.pipeline("chunking")
+    machine, _ = read_machine(machine_path(tmp_path))
+
+    def docs(rows: list[dict[str, str]], *, replace: bool = False) -> set[str]:
+        path = tmp_path / "docs.ndjson"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        load_file(store, "docs", path, primary_key=("id",), replace=replace)
+        uris = list(store.table("docs").snapshot().uris)  # the oracle: plain DuckDB over the live parts
+        con = store.duckdb()  # (the store's filesystem registered: an s3:// part reads through it)
+        try:
+            return {r[0] for r in con.sql(f"SELECT DISTINCT id FROM read_parquet({uris!r})").fetchall()}
+        finally:
+            con.close()
+
+    def answered(table: str) -> list[tuple[str, str]]:
+        rows = store.table(table).to_arrow().to_pylist()
+        return sorted((r["unit_ref"], r["task_version"]) for r in rows)
+
+    try:
+        docs([{"id": "d1", "body": "a|b"}, {"id": "d2", "body": "c"}])
+        run_derive(store, manifest, spec, machine)
+        _register(name, "2")
+        run_derive(store, manifest, spec, machine)
+        ids = [r["passage_id"] for r in store.table("chunks").to_arrow().to_pylist()]
+        assert len(ids) == len(set(ids)) == 6  # two versions of three chunks, each id its own
+        assert answered("chunks_done") == [("d1", "1"), ("d1", "2"), ("d2", "1"), ("d2", "2")]
+
+        live = docs([{"id": "d2", "body": "c"}], replace=True)  # d1 deleted
+        assert live == {"d2"}
+        counts = dry_run(store, manifest, spec, machine)
+        assert (counts.outstanding, counts.retiring) == (0, 2)  # d1's two versions
+        assert answered("chunks_done") == [("d1", "1"), ("d1", "2"), ("d2", "1"), ("d2", "2")]  # a dry run lands nothing
+        result = run_derive(store, manifest, spec, machine)
+        assert result.derive is not None and result.derive["retired"] == 2
+        for table in ("chunks", "chunks_done"):
+            assert {u for u, _ in answered(table)} == live, table
+        assert answered("chunks") == [("d2", "1"), ("d2", "2")]
+        assert dry_run(store, manifest, spec, machine).retiring == 0
+
+        docs([{"id": "d1", "body": "a|b"}])  # d1 back: derived again under the current version
+        result = run_derive(store, manifest, spec, machine)
+        assert result.derive is not None and (result.derive["outstanding"], result.derive["retired"]) == (1, 0)
+        assert sorted(r["text"] for r in store.table("chunks").to_arrow().to_pylist() if r["unit_ref"] == "d1") == [
+            "v2 a", "v2 b"]
+    finally:
+        unregister_task(name)
