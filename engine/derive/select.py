@@ -281,17 +281,17 @@ class Selection:
         """A SELECT of the units (:attr:`unit_columns`) that ``table`` (one the pipeline lands) answers
         and whose parent id is not a live parent unit: the parent row was deleted, re-landed without
         it or without that id, or, for a derive parent, the passage is gone (the parent is read as its
-        readers read it). None: the table holds no rows. A hash anti-join of the table's live units
-        (:func:`live_units_sql`, one scan) against the parent ids, nothing else of either carried."""
+        readers read it). None: the table holds no rows. One scan of the table's stored rows,
+        hash anti-joined to the parent ids, then grouped per unit (:func:`live_units_sql`); nothing
+        else of either is carried."""
         snap = self.landed.get(table)
         if snap is None:
             return None
-        live = live_units_sql(snap, self.unit_columns)
         if self.empty:  # a parent with no commit yet (a derive parent that derived nothing): no unit is live
-            return live
+            return live_units_sql(snap, self.unit_columns)
         parent = quote("__derive_" + self.config.source_table)
-        ids = f"SELECT p.{quote(self.config.parent_id_column)} AS unit_ref FROM {parent} AS p WHERE {self._unit_filter()}"
-        return f"SELECT o.* FROM ({live}) AS o ANTI JOIN ({ids}) AS i ON i.unit_ref = o.unit_ref"
+        ids = f"SELECT p.{quote(self.config.parent_id_column)} FROM {parent} AS p WHERE {self._unit_filter()}"
+        return live_units_sql(snap, self.unit_columns, orphans=ids)
 
     def retiring(self, table: str) -> Iterator[pa.RecordBatch]:
         """The units of :meth:`retiring_sql`, streamed ``batch_rows`` at a time."""
@@ -372,12 +372,15 @@ def stored_rows_sql(output: Snapshot, columns: str, where: str) -> str:
             f"FROM read_parquet({files}, hive_partitioning = false, union_by_name = true) WHERE {where}")
 
 
-def live_units_sql(output: Snapshot, unit: tuple[str, ...]) -> str:
+def live_units_sql(output: Snapshot, unit: tuple[str, ...], orphans: str | None = None) -> str:
     """The units (``unit`` columns) ``output`` answers some row of, from one scan of its stored rows: a
     unit answers nothing exactly when its latest landing is a retirement (``storage.supersede`` rule
-    (c): a retirement withholds every row landed before it, and itself) or it has no row."""
+    (c): a retirement withholds every row landed before it, and itself) or it has no row.
+    ``orphans``: a SELECT of the live parent ids; only units none of them names (the rows are
+    anti-joined before they are grouped, so the grouping holds the few orphans, not every unit)."""
     units = ", ".join(unit)
-    rows = stored_rows_sql(output, f"{units}, unit_status", "unit_ref IS NOT NULL")
+    where = "unit_ref IS NOT NULL" + (f" AND unit_ref NOT IN ({orphans})" if orphans else "")
+    rows = stored_rows_sql(output, f"{units}, unit_status", where)
     return (f"SELECT {units} FROM ({rows}) GROUP BY {units} "
             f"HAVING max(seq) > coalesce(max(seq) FILTER (WHERE unit_status = {sql_literal(RETIRED)}), -1)")
 
