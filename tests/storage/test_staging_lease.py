@@ -12,6 +12,8 @@ from __future__ import annotations
 import gc
 import time
 import weakref
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -20,6 +22,8 @@ from contextful.storage.errors import CommitConflict, StagingLeaseLost
 from contextful.storage.staging import STAGING_LEASE_S, StagingLease, staging_keeper
 
 from tests.conftest import StoreFactory
+from tests.storage.catalog_place import CatalogPlace
+from tests.storage.hooked_catalog import Hooks
 
 
 def test_a_run_stalled_past_its_staging_lease_commits_nothing_collection_took(
@@ -114,3 +118,36 @@ def test_a_lease_dropped_without_commit_or_abort_is_no_longer_renewed(make_store
     store.clock.advance(STAGING_LEASE_S / 2)  # type: ignore[attr-defined]
     staging_keeper().tick()
     assert store.catalog.staging_runs("events") == [before]
+
+
+def test_a_renewal_landing_after_collection_read_the_lapsed_lease_keeps_the_run(place: CatalogPlace) -> None:
+    """Collection reads a lease as lapsed, then the run's keeper renews it before collection ends
+    it: the renewal wins (collection's delete is conditional on the lease still lapsed), so a live
+    run is neither stopped nor robbed of its parts."""
+    clock = ManualClock()
+    hooks = Hooks()
+    collector = place.store(clock, hooks)
+    runner = place.store(clock)
+    try:
+        table = runner.create_table("events")
+        live = table.transaction()
+        live.stage(pa.table({"id": [1, 2]}))
+        clock.advance(STAGING_LEASE_S + 1)  # the keeper was held up past the lease (a frozen host)
+        fired: list[str] = []
+
+        def renew_after_collection_read_it(statement: str, params: Sequence[Any]) -> None:
+            if not fired and "cf_staging" in statement:
+                fired.append(statement)
+                assert staging_keeper().tick() >= 1  # the keeper's renewal lands now
+
+        hooks.after_read = renew_after_collection_read_it
+        taken = collector.collect(grace_seconds=0)
+        hooks.after_read = None
+        assert fired, "the interleaving was never injected"
+        assert not [o for o in taken.orphans if live.run_id in o]
+        assert [r.run_id for r in runner.catalog.staging_runs("events")] == [live.run_id]
+        live.commit()
+        assert sorted(table.to_arrow().column("id").to_pylist()) == [1, 2]
+    finally:
+        collector.close()
+        runner.close()
