@@ -17,9 +17,14 @@ One run of a derive pipeline (``contextful pipeline run``; decisions "derive-wor
    :data:`FLUSH_SECONDS`. Before each commit the output table's head is read again: a unit another
    run settled under the same key meanwhile lands nothing from this run
    (``run.emit.settled-revived``), and the commit requires that head, so the check and the commit
-   are one step. A host task commits each content table under its own commit, then the marker
-   table (``run.emit.marker-last``): a content table failing stops the run before its marker
-   lands, so the units run again and their rows collapse by key.
+   are one step. A host task's content tables and its marker table land in that one catalog
+   commit (``storage.transaction.commit_together``; each table its own run, ``run.emit.marker-last``):
+   a unit's content never shows without its marker, and a run losing the race to another run or
+   a content table failing publishes none of the flush's rows, so the units run again.
+
+A transient failure of the run (a flush's ``StagingFailed``, ``CatalogUnavailable``,
+``CommitOutcomeUnknown``) leaves its execution pending, as a kill does (``engine.land.journal``):
+the next run resumes it and replays the journaled answers instead of calling the engines again.
 
 Per-unit failures are marker rows, not run failures: the run completes, reports them (counts,
 the first errors, masked) and a later run retries a failed unit until ``max_attempts``.

@@ -109,3 +109,30 @@ def test_a_run_losing_the_marker_race_publishes_none_of_its_content(
         ("a", "ok", 2), ("b", "ok", 1)]
     assert _committed_by(other, "chunks") == ["chunking_b"]
     assert _committed_by(other, "chunks_done") == ["chunking_b"]
+
+
+@CATALOGS
+def test_a_flush_failing_transiently_leaves_the_execution_to_resume_without_asking_the_engine_again(
+        tmp_path: Path, make_store: StoreFactory, store_kind: str) -> None:
+    project = DeriveProject(tmp_path)
+    project.parents([{"id": f"u{n}", "path": project.media(f"u{n}.txt", f"line {n}")} for n in range(4)])
+    store = make_store()
+    root = Path(store.objects.uri("tables/passages"))
+    root.mkdir(parents=True)
+    (root / "parts").write_text("a file where the part directory goes")  # the part write fails: StagingFailed
+    failing = run_pipelines(store, project.manifest())
+    assert [f.error for f in failing[-1].failures] == ["StagingFailed"]
+    assert len(project.engine_calls()) == 4
+    owner = store.journal.owner("pipeline:passages")
+    (root / "parts").unlink()  # the disk is writable again
+    again = run_pipelines(store, project.manifest())
+    assert len(project.engine_calls()) == 4  # one engine call per unit across both runs
+    derive = again[-1].derive
+    assert again[-1].ok and derive is not None
+    assert (derive["replayed"], derive["ok"]) == (4, 4)
+    assert owner is not None and owner.status == "pending"  # left to resume, as a kill leaves it
+    assert again[-1].execution == owner.execution_id  # the same execution, resumed
+    assert _rows(store, "SELECT unit_ref, text FROM passages WHERE kind = 'passage' ORDER BY 1") == [
+        (f"u{n}", f"line {n}") for n in range(4)]
+    closed = store.journal.owner("pipeline:passages")
+    assert closed is not None and closed.status == "closed-ok"
