@@ -301,8 +301,6 @@ class LandingSink:
                 staging.txn.set_cursor(scope, position)
             if name == self.spec.table and requirements:
                 staging.txn.add_to_commit(requirements)
-            if len(names) > 1:  # each run names the runs it landed with (``contextful run show``)
-                staging.txn.meta["tables"] = {n: self._staging[n].txn.run_id for n in names}
         return [self._staging[name].txn for name in names]
 
     def _landed(self, committed: list[CommitResult]) -> CommitResult | None:
@@ -366,6 +364,9 @@ def commit_sinks(sinks: Sequence[LandingSink], meta: dict[str, Any] | None = Non
             prepared = sink._prepare(meta, wanted.get(sink.spec.table, ()), scope if n == 0 else None, position)
             counts.append(len(prepared))
             txns.extend(prepared)
+        if len(txns) > 1:  # each run names the runs it landed with (``contextful run show``)
+            for txn in txns:
+                txn.meta["tables"] = {t.table.name: t.run_id for t in txns}
         committed = commit_together(txns)
     except BaseException as exc:
         failure = masked_failure(exc)
