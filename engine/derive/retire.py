@@ -14,9 +14,11 @@ every row of the unit landed before it, and the retirement itself, so the unit a
 parent that comes back makes the unit outstanding again (a retirement settles under another key)
 and its new landing answers. The next fold drops what the retirement withholds.
 
-Each table commits on its own, content tables first and the output (marker) table last, each
-requiring the head the selection pinned: a table another run landed in meanwhile is left for the
-next run (whose selection sees that landing), so a retirement never withholds rows it did not see.
+The tables' retirements (a host task's content tables and its marker table) land in one catalog
+commit (``engine.land.sink.commit_sinks``), each table requiring the head the selection pinned: when
+another run landed in one of them meanwhile nothing lands and the retirements wait for the next run
+(whose selection sees that landing), so a retirement never withholds rows it did not see, and a
+unit's content never leaves without its marker.
 
 >>> import pyarrow as pa
 >>> retirement_rows(pa.record_batch({"unit_ref": ["d1"]}), "3").to_pylist()[0]["unit_status"]
@@ -55,31 +57,39 @@ def retirement_rows(units: pa.RecordBatch, version: str) -> pa.Table:
 
 
 def retire(store: Store, tier: Tier, selection: Selection, landings: dict[str, TableLanding]) -> tuple[int, str | None]:
-    """Land the retirements of every table of ``tier`` (content tables first, the output last).
-    Returns the units retired in the output table, and why a table's retirement waits for the next
-    run (another run landed in it since the selection's pin), or None."""
-    from contextful.engine.land.sink import LandingSink
+    """Land the retirements of every table of ``tier`` in one catalog commit. Returns the units
+    retired in the output table, and why the retirements wait for the next run (another run landed
+    in a table since the selection's pin), or None."""
+    from contextful.engine.guard import masked_failure
+    from contextful.engine.land.sink import LandingSink, commit_sinks
     from contextful.storage.commits import AssertHeadSeq
     from contextful.storage.errors import CommitConflict
 
-    retired = 0
-    for table in tier.tables:
-        sink = LandingSink(store, tier.landing_spec(table), meta={"pipeline": tier.spec.id, "derive": {"retire": True}})
-        rows = 0
-        for batch in selection.retiring(table):
-            sink.stage(retirement_rows(batch, tier.version), f"retire {tier.spec.id}", typed=True)
-            rows += batch.num_rows
-        if not rows:
-            continue
-        try:
-            committed = sink.commit(requirements=(AssertHeadSeq(selection.pinned[table]),))
-        except CommitConflict as exc:
-            if exc.failed != "AssertHeadSeq":
-                raise
-            return retired, (f"pipeline {tier.spec.id!r}: {table!r} moved while retiring {rows:,} unit(s) whose "
-                             "parent left; the next run retires them")
-        if committed is not None:
-            landings[table].add(committed)
-        if table == tier.tables[-1]:
-            retired = rows
-    return retired, None
+    meta = {"pipeline": tier.spec.id, "derive": {"retire": True}}
+    sinks = [LandingSink(store, tier.landing_spec(table), meta=meta) for table in tier.tables]
+    units = dict.fromkeys(tier.tables, 0)
+    try:
+        for sink in sinks:
+            for batch in selection.retiring(sink.spec.table):
+                sink.stage(retirement_rows(batch, tier.version), f"retire {tier.spec.id}", typed=True)
+                units[sink.spec.table] += batch.num_rows
+    except BaseException as exc:  # a table refused its retirements: none lands
+        for sink in sinks:
+            if sink.pending:
+                sink.abort(masked_failure(exc))
+        raise
+    sinks = [sink for sink in sinks if sink.pending]
+    if not sinks:
+        return 0, None
+    try:
+        committed = commit_sinks(sinks, requirements={
+            sink.spec.table: (AssertHeadSeq(selection.pinned[sink.spec.table]),) for sink in sinks})
+    except CommitConflict as exc:
+        if exc.failed != "AssertHeadSeq":
+            raise
+        return 0, (f"pipeline {tier.spec.id!r}: {', '.join(s.spec.table for s in sinks)} moved while retiring the "
+                   "units whose parent left; the next run retires them")
+    for sink, landed in zip(sinks, committed):
+        if landed is not None:
+            landings[sink.spec.table].add(landed)
+    return units[tier.tables[-1]], None

@@ -19,9 +19,14 @@ One run of a derive pipeline (``contextful pipeline run``; decisions "derive-wor
    :data:`FLUSH_SECONDS`. Before each commit the output table's head is read again: a unit another
    run settled under the same key meanwhile lands nothing from this run
    (``run.emit.settled-revived``), and the commit requires that head, so the check and the commit
-   are one step. A host task commits each content table under its own commit, then the marker
-   table (``run.emit.marker-last``): a content table failing stops the run before its marker
-   lands, so the units run again and their rows collapse by key.
+   are one step. A host task's content tables and its marker table land in that one catalog
+   commit (``storage.transaction.commit_together``; each table its own run, ``run.emit.marker-last``):
+   a unit's content never shows without its marker, and a run losing the race to another run or
+   a content table failing publishes none of the flush's rows, so the units run again.
+
+A transient failure of the run (a flush's ``StagingFailed``, ``CatalogUnavailable``,
+``CommitOutcomeUnknown``) leaves its execution pending, as a kill does (``engine.land.journal``):
+the next run resumes it and replays the journaled answers instead of calling the engines again.
 
 Per-unit failures are marker rows, not run failures: the run completes, reports them (counts,
 the first errors, masked) and a later run retries a failed unit until ``max_attempts``.
@@ -400,8 +405,9 @@ class _Runner:
             self._flush()
 
     def _flush(self) -> None:
-        """Commit the pending units' rows: content tables first, then the output (marker) table,
-        whose commit requires the head the revival check read."""
+        """Commit the pending units' rows: every table of the tier (a host task's content tables and
+        its marker table) in one catalog commit, which requires the marker table's head the revival
+        check read (``run.emit.settled-revived``): the units' rows all land, or none do."""
         self.last_flush = time.monotonic()
         if not self.pending_units:
             return
@@ -411,8 +417,7 @@ class _Runner:
             head = self.store.table(marker_table).refresh().commit_seq
             self._drop_revived()
             try:
-                for table in self.tier.tables:
-                    self._commit(table, head if table == marker_table else None)
+                self._commit(head)
             except CommitConflict as exc:
                 if exc.failed != "AssertHeadSeq":
                     raise
@@ -440,20 +445,35 @@ class _Runner:
         for table, rows in self.pending.items():
             self.pending[table] = [r for r in rows if (r["unit_ref"], r["derivation_key"]) not in revived]
 
-    def _commit(self, table: str, head: int | None) -> None:
-        from contextful.engine.land.sink import LandingSink
+    def _commit(self, head: int) -> None:
+        """Stage each table's pending rows and land them all with one catalog commit, the marker
+        table's run requiring ``head`` (the decision "no representable torn publication": no reader
+        sees a unit's content without its marker, nor a marker over another run's content)."""
+        from contextful.engine.land.sink import LandingSink, commit_sinks
         from contextful.storage.commits import AssertHeadSeq
 
-        rows = self.pending[table]
-        if not rows:
-            return
-        sink = LandingSink(self.store, self.tier.landing_spec(table), meta={"pipeline": self.tier.spec.id, "derive": {
-            "units": len(self.pending_units), "failed": self.stats.failed, "errors": self.stats.errors}})
-        sink.stage(pa.Table.from_pylist(rows, schema=self._schema(table, rows)), f"derive {self.tier.spec.id}",
-                   typed=True)
-        committed = sink.commit(requirements=(AssertHeadSeq(head),) if head is not None else ())
-        if committed is not None:
-            self.landings[table].add(committed)
+        marker_table = self.tier.tables[-1]
+        meta = {"pipeline": self.tier.spec.id, "derive": {
+            "units": len(self.pending_units), "failed": self.stats.failed, "errors": self.stats.errors}}
+        sinks: list[LandingSink] = []
+        try:
+            for table in self.tier.tables:
+                rows = self.pending[table]
+                if not rows:
+                    continue
+                sinks.append(LandingSink(self.store, self.tier.landing_spec(table), meta=meta))
+                sinks[-1].stage(pa.Table.from_pylist(rows, schema=self._schema(table, rows)),
+                                f"derive {self.tier.spec.id}", typed=True)
+        except BaseException as exc:  # a table refused its rows: none of the tables' runs lands
+            from contextful.engine.guard import masked_failure
+
+            for sink in sinks:
+                sink.abort(masked_failure(exc))
+            raise
+        committed = commit_sinks(sinks, requirements={marker_table: (AssertHeadSeq(head),)})
+        for sink, landed in zip(sinks, committed):
+            if landed is not None:
+                self.landings[sink.spec.table].add(landed)
 
     def _schema(self, table: str, rows: list[dict[str, Any]]) -> pa.Schema:
         unit_type = self.unit_type or pa.string()

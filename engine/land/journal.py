@@ -9,7 +9,10 @@ crash, taking over the dead holder's lease — discards the pulls recorded after
 pulls afresh from the committed position: rows land only through commits, so nothing replays
 a page's rows from the journal.
 
-A run that ends, well or failing by name, closes its execution; one killed leaves it pending.
+A run that ends, well or failing by name, closes its execution; one killed leaves it pending. A
+derive run (``replay``: its journaled answers are read back) failing transiently leaves it pending
+too, its lease ended (:meth:`~engine.run.execution.Execution.release`), so the next run resumes it
+at once and replays what its engines answered.
 The engine keeper (``engine.run.keeper``) renews the execution's lease while the run lasts.
 
 Cancel (``run.cancel.abandoned-work``, decision "unclosed-execution-recovers"): after each pull
@@ -30,6 +33,7 @@ which is the new attempt's.
 
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -38,9 +42,11 @@ from contextful.engine.run.execution import Execution, open_execution
 from contextful.engine.run.owners import Scope
 from contextful.engine.run.plan import pipeline_reference
 from contextful.storage import Store
-from contextful.storage.errors import ExecutionWriterFenced, RunCanceled
+from contextful.storage.errors import ContextfulError, ExecutionWriterFenced, RunCanceled, TransientError
 from contextful.storage.fence import WriterFence
 from contextful.storage.transaction import CommitResult
+
+log = logging.getLogger(__name__)
 
 LEASE_S = 300.0
 """The owner lease the engine keeper renews every half lease; a crashed holder on this host is taken
@@ -50,8 +56,10 @@ over at once."""
 class PullJournal:
     """The journal side of one run: one step per pull, a cached cursor per checkpoint."""
 
-    def __init__(self, execution: Execution) -> None:
+    def __init__(self, execution: Execution, replay: bool = False) -> None:
         self.execution = execution
+        self.replay = replay
+        """Whether the run reads back what its execution recorded (a derive run's answers)."""
         self.pulls = 0
 
     @classmethod
@@ -63,7 +71,7 @@ class PullJournal:
                                    lease_s=LEASE_S, take_over_dead=True)
         if execution.resumed and not replay:
             execution.discard_recorded()  # pulls after the last checkpoint never committed: pull afresh
-        return cls(execution)
+        return cls(execution, replay)
 
     @property
     def execution_id(self) -> str:
@@ -95,12 +103,24 @@ class PullJournal:
             self.execution.close(ok)
 
     def settle(self, exc: BaseException) -> None:
-        """Close after the run failed by name: ``closed-canceled`` for the Canceled tag, else failed."""
+        """Settle after the run failed by name: ``closed-canceled`` for the Canceled tag; a transient
+        failure of a run that replays its journal (a derive run: its engines' answers) leaves the
+        execution pending, as a kill does, with its lease ended so the next run resumes it at once
+        and asks no engine again for what it answered; any other failure closes it failed.
+
+        A landing journals nothing a resumption reads back (it pulls afresh from the position its
+        table committed), so its transient failures close the execution as any other failure."""
         if self.execution.closed:
             return
         if isinstance(exc, ExecutionWriterFenced) or self.execution.fenced is not None:
             return  # another attempt owns the execution now: it is that attempt's to settle
         if isinstance(exc, RunCanceled):
             self.execution.close_canceled()
+        elif self.replay and isinstance(exc, TransientError):
+            try:
+                self.execution.release()
+            except ContextfulError as lost:  # the catalog is still away: the lease lapses instead
+                log.warning("execution %s stays pending; its lease lapses in %s s: %s", self.execution_id,
+                            LEASE_S, lost)
         else:
             self.execution.close(ok=False)

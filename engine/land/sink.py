@@ -31,7 +31,7 @@ it lands them with fresh ids.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -284,26 +284,28 @@ class LandingSink:
             return None
         if scope is not None:
             self._staging_for(self.spec.table)
-        names = list(self._staging)
-        try:
-            for name in names:
-                staging = self._staging[name]
-                staging.flush()
-                staging.txn.meta.update(meta or {})
-                if self._masked.get(name):
-                    staging.txn.meta["masked_cells"] = self._masked[name]
-                if name == self.spec.table and scope is not None:
-                    staging.txn.set_cursor(scope, position)
-                if name == self.spec.table and requirements:
-                    staging.txn.add_to_commit(requirements)
-                if len(names) > 1:  # each run names the runs it landed with (``contextful run show``)
-                    staging.txn.meta["tables"] = {n: self._staging[n].txn.run_id for n in names}
-            committed = commit_together([self._staging[name].txn for name in names])
-        except BaseException as exc:
-            from contextful.engine.guard import masked_failure
+        return commit_sinks([self], meta, {self.spec.table: requirements}, scope=scope, position=position)[0]
 
-            self.abort(masked_failure(exc))
-            raise
+    def _prepare(self, meta: dict[str, Any] | None, requirements: tuple[Requirement, ...], scope: str | None,
+                 position: Any) -> list[RunTransaction]:
+        """Stage what is buffered and ready each run for the commit: its meta, masked counts, the
+        root's position and ``requirements``."""
+        names = list(self._staging)
+        for name in names:
+            staging = self._staging[name]
+            staging.flush()
+            staging.txn.meta.update(meta or {})
+            if self._masked.get(name):
+                staging.txn.meta["masked_cells"] = self._masked[name]
+            if name == self.spec.table and scope is not None:
+                staging.txn.set_cursor(scope, position)
+            if name == self.spec.table and requirements:
+                staging.txn.add_to_commit(requirements)
+        return [self._staging[name].txn for name in names]
+
+    def _landed(self, committed: list[CommitResult]) -> CommitResult | None:
+        """Record the commits of this sink's runs (in :meth:`_prepare`'s order); the root's, if any."""
+        names = list(self._staging)
         self._staging.clear()
         result: CommitResult | None = None
         for name, landed in zip(names, committed):
@@ -339,3 +341,40 @@ class LandingSink:
     def results(self) -> list[TableLanding]:
         """The root table's landing first, then each child table's."""
         return [self.landings[self.spec.table]] + [t for n, t in self.landings.items() if n != self.spec.table]
+
+
+def commit_sinks(sinks: Sequence[LandingSink], meta: dict[str, Any] | None = None,
+                 requirements: Mapping[str, tuple[Requirement, ...]] | None = None, *, scope: str | None = None,
+                 position: Any = None) -> list[CommitResult | None]:
+    """Commit the runs staged by every sink of ``sinks`` (one store) in one catalog commit.
+
+    Each sink's root table checks its ``requirements`` (by table name) in that commit; the first
+    sink's root carries ``position`` under ``scope``. Every requirement holds and every head
+    advances, or nothing lands and every sink's staged runs are dropped (a host task's content
+    tables and its marker table, ``engine.derive.run``: a reader never sees one without the other).
+    Returns each sink's root-table commit (None for a sink that staged nothing).
+    """
+    from contextful.engine.guard import masked_failure
+
+    wanted = requirements or {}
+    counts: list[int] = []
+    txns: list[RunTransaction] = []
+    try:
+        for n, sink in enumerate(sinks):
+            prepared = sink._prepare(meta, wanted.get(sink.spec.table, ()), scope if n == 0 else None, position)
+            counts.append(len(prepared))
+            txns.extend(prepared)
+        if len(txns) > 1:  # each run names the runs it landed with (``contextful run show``)
+            for txn in txns:
+                txn.meta["tables"] = {t.table.name: t.run_id for t in txns}
+        committed = commit_together(txns)
+    except BaseException as exc:
+        failure = masked_failure(exc)
+        for sink in sinks:
+            sink.abort(failure)
+        raise
+    results: list[CommitResult | None] = []
+    for sink, count in zip(sinks, counts):
+        results.append(sink._landed(committed[:count]))
+        committed = committed[count:]
+    return results

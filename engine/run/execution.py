@@ -364,6 +364,20 @@ class Execution:
         execution. The only write of a status (with :meth:`close_canceled`)."""
         self._settle(CLOSED_OK if ok else CLOSED_FAILED)
 
+    def release(self) -> None:
+        """Stop this attempt without a status, as a kill would, but at once: the owner stays
+        pending, its lease ends now and the keeper stops renewing it, so the next open under its
+        scope (any holder, this process's included) resumes the same execution and replays its
+        recorded steps. What a transient failure leaves (docs/journal.md)."""
+        self._check_open(self._next_seq)
+        try:
+            self._fenced_write(lambda: self.journal.release(self.execution_id, self.holder, self.clock.now_us(),
+                                                            fence=self.fence))
+        finally:  # unwritten (the journal is away): nobody renews it, so the lease lapses instead
+            self.closed = True  # this handle is done; the execution is not
+            if self.keeper is not None:
+                self.keeper.deregister(self)
+
     def _settle(self, status: str) -> None:
         self._check_open(self._next_seq)
         self._fenced_write(lambda: self.journal.close(self.execution_id, self.holder, status, self.clock.now_us(),

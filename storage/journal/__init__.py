@@ -250,6 +250,14 @@ class JournalStore(ABC):
 
         return self._swap_owner(change, execution_id=execution_id)
 
+    def release(self, execution_id: str, holder: str, now_us: int, fence: WriterFence | None = None) -> OwnerRow:
+        """End ``holder``'s lease on its pending owner now, writing no status: the owner stays
+        pending and held by nobody, so the next claim under its scope, by any holder, resumes it at
+        once; a renewal by the releasing holder after this finds the lease lost."""
+        return self._swap_owner(
+            lambda row: replace(_require_held(row, execution_id, holder, fence), holder=None, lease_expires_us=now_us),
+            execution_id=execution_id)
+
     def close(self, execution_id: str, holder: str, status: str, now_us: int,
               fence: WriterFence | None = None) -> OwnerRow:
         """Settle ``holder``'s pending owner as ``closed-ok``, ``closed-failed`` or ``closed-canceled``."""

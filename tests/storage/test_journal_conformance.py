@@ -185,6 +185,24 @@ def test_a_pending_owner_under_another_plan_refuses_the_claim(journal: JournalSt
     assert journal.owner("orders") == first
 
 
+def test_release_ends_the_lease_now_and_the_next_claim_resumes_the_execution(journal: JournalStore,
+                                                                              other: JournalStore) -> None:
+    """What a transient failure leaves (docs/journal.md): pending, held by nobody, resumable at once."""
+    first = journal.claim("orders", PLAN, "h1", T0, LEASE)
+    journal.record(first.execution_id, 0, "unit a", b"answer", T0)
+    with pytest.raises(JournalConflict):
+        other.release(first.execution_id, "h2", T0 + 1)
+    released = journal.release(first.execution_id, "h1", T0 + 5)
+    assert released == replace(first, holder=None, lease_expires_us=T0 + 5)
+    with pytest.raises(JournalConflict) as info:  # a late renewal by the releasing holder finds it lost
+        journal.renew(first.execution_id, "h1", T0 + 6, LEASE)
+    assert "lease lost" in info.value.reason
+    resumed = other.claim("orders", PLAN, "h2", T0 + 5, LEASE)  # not waiting out the lease it had
+    assert (resumed.execution_id, resumed.status, resumed.holder, resumed.attempts) == (
+        first.execution_id, PENDING, "h2", 2)
+    assert [s.value for s in other.steps(resumed.execution_id)] == [b"answer"]
+
+
 def test_renew_extends_the_holders_lease(journal: JournalStore, other: JournalStore) -> None:
     first = journal.claim("orders", PLAN, "h1", T0, LEASE)
     renewed = journal.renew(first.execution_id, "h1", T0 + LEASE - 1, LEASE)
