@@ -405,16 +405,23 @@ def _csv_one_pass(request: dict[str, Any], delimiter: str, declared: dict[str, p
 def _csv_declared(declared: dict[str, pa.DataType]) -> dict[str, pa.DataType]:
     """The type a CSV reader gives each declared column: the declared one where the reader converts
     text to it exactly, text for a zoned timestamp (typed landing reads zone-less text as UTC,
-    which the reader refuses), and no declaration for nested types (the guess is cast)."""
-    direct = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean, pa.types.is_date,
+    which the reader refuses) and for a decimal (typed landing converts the text as written and
+    names a value the decimal does not hold, which the reader does not), and no declaration for
+    nested types (the guess is cast)."""
+    direct = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_date,
               pa.types.is_string, pa.types.is_large_string)
     read: dict[str, pa.DataType] = {}
     for name, t in declared.items():
         if any(f(t) for f in direct) or (pa.types.is_timestamp(t) and t.tz is None):
             read[name] = t
-        elif pa.types.is_timestamp(t):
+        elif _read_as_text(t):
             read[name] = pa.string()
     return read
+
+
+def _read_as_text(t: pa.DataType) -> bool:
+    """Whether a CSV column declared ``t`` is read as text for typed landing to convert."""
+    return pa.types.is_decimal(t) or (pa.types.is_timestamp(t) and t.tz is not None)
 
 
 def _csv_types(request: dict[str, Any], delimiter: str, declared: dict[str, pa.DataType],
@@ -848,8 +855,8 @@ class _CsvBlocks:
         self._delimiter = delimiter
         self._names: list[str] | None = None
         self._read = _csv_declared(declared or {})
-        # zoned timestamps, read as text for typed landing: their null fields are null, not text
-        self._zoned = [name for name, t in (declared or {}).items() if pa.types.is_timestamp(t) and t.tz is not None]
+        # zoned timestamps and decimals, read as text for typed landing: their null fields are null, not text
+        self._as_text = [name for name, t in (declared or {}).items() if _read_as_text(t)]
         if types is None and not guess:
             self._convert = pcsv.ConvertOptions(default_column_type=pa.string(), column_types=self._read)
         else:
@@ -882,7 +889,7 @@ class _CsvBlocks:
                              offset=_row_offset(block, refused[0]) if refused else None) from exc
         if self._names is None:
             self._names = table.column_names
-        for name in self._zoned:
+        for name in self._as_text:
             at = table.schema.get_field_index(name)
             if at >= 0:
                 column = table.column(at)

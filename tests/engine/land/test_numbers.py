@@ -72,3 +72,37 @@ def test_a_lossy_widening_of_an_order_by_column_is_refused_by_name(store: Store,
     table = store.table("ev")
     assert table.schema.field("v").type == pa.int64()
     assert table.to_arrow().to_pylist() == [{"id": 1, "v": BIG + 1, "n": "newer"}]
+
+
+# --- a declared decimal reads a number as written -------------------------------------------------
+
+CENTS = [f"{c // 100}.{c % 100:02d}" for c in range(1, 10000)]  # 0.01 ... 99.99, as a user writes them
+
+
+@pytest.mark.clause("run.land.typed-pull")
+@pytest.mark.parametrize("fmt", ["ndjson", "csv"])
+def test_every_cent_value_lands_exactly_in_a_declared_decimal(store: Store, tmp_path: Path, decoder: Decoder,
+                                                              fmt: str) -> None:
+    root = project(tmp_path / "p", 'types = { price = "decimal(10,2)" }')
+    if fmt == "csv":
+        (root / "contextful.toml").write_text((root / "contextful.toml").read_text().replace("*.ndjson", "*.csv"))
+        (root / "raw" / "a.csv").write_text("id,price\n" + "".join(f"{i},{p}\n" for i, p in enumerate(CENTS)))
+    lines = [f'{{"id": {i}, "price": {p}}}' for i, p in enumerate(CENTS)]
+    if fmt == "ndjson":
+        write(root, "a.ndjson", lines)
+    [result] = run_pipelines(store, load_manifest(root), decoder=decoder)
+    assert result.ok, result.failures
+    table = store.table("ev").to_arrow().sort_by("id")
+    assert table.schema.field("price").type == pa.decimal128(10, 2)
+    assert table.to_pylist() == oracle(lines)  # Decimal('4.81') == Decimal('4.81'), for all 9,999
+    # a value the declared type truly does not hold is still refused, by name
+    bad = "4.815"
+    if fmt == "csv":
+        (root / "raw" / "b.csv").write_text(f"id,price\n10000,{bad}\n")
+    else:
+        write(root, "b.ndjson", [f'{{"id": 10000, "price": {bad}}}'])
+    [refused] = run_pipelines(store, load_manifest(root), decoder=decoder)
+    [failure] = refused.failures
+    assert failure.input.endswith(f"b.{fmt}") and failure.error in ("TypedLandingFailed", "InputMalformed")
+    assert bad in failure.detail
+    assert store.table("ev").count() == len(CENTS)
