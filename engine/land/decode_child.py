@@ -84,6 +84,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 from contextful.engine.land.decode_wire import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
+from contextful.engine.land.json_numbers import exact_numbers, wide_integer, wide_integer_paths
 from contextful.storage.errors import first_line
 from contextful.storage.lazy import lazy_module, preload
 from pyarrow import ipc
@@ -626,13 +627,19 @@ class _JsonBlocks:
                 pass  # shapes other than the kept ones, or not JSON at all: read afresh below
             else:
                 if _text_schema(table.schema) is None:
-                    return table
+                    return _exact(block, table, known)
         table = _json_table(block)
         guessed = _text_schema(table.schema)
         if guessed is None:
-            return table
+            return _exact(block, table, None)
         self._text = guessed if known is None else merged_schema(known, guessed)
-        return _json_table(block, guessed)
+        return _exact(block, _json_table(block, guessed), guessed)
+
+
+def _exact(block: memoryview, table: pa.Table, explicit: pa.Schema | None) -> pa.Table:
+    """``table`` with its numbers typed from their literals where the reader may have rounded an
+    integer (``engine.land.json_numbers``)."""
+    return exact_numbers(block, table, lambda text: _json_table(memoryview(text), explicit))
 
 
 def _read_json(block: memoryview, explicit: pa.Schema | None) -> pa.Table:
@@ -1008,6 +1015,7 @@ class _Sink:
         self._out = pa.PythonFile(self._file, mode="w")
         self._batch_rows = batch_rows
         self._schema: pa.Schema | None = None
+        self._wide: set[str] = set()  # paths where an integer beyond ±2**53 arrived (json_numbers)
         self._queue: queue.Queue[tuple[pa.Schema | None, pa.Table] | None] = queue.Queue(maxsize=2)
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._write, name="decode-sink", daemon=True)
@@ -1016,7 +1024,8 @@ class _Sink:
     def send(self, table: pa.Table) -> None:
         if not table.num_rows:
             return  # a source reporting no rows offers no guessed columns
-        schema = table.schema if self._schema is None else merged_schema(self._schema, table.schema)
+        self._wide |= wide_integer_paths(table)
+        schema = table.schema if self._schema is None else merged_schema(self._schema, table.schema, self._wide)
         segment = schema if self._schema is None or not schema.equals(self._schema) else None
         self._schema = schema
         self._put((segment, conform(table, schema)))
@@ -1059,15 +1068,16 @@ class _Sink:
             self._failure = exc
 
 
-def merged_schema(a: pa.Schema, b: pa.Schema) -> pa.Schema:
-    """The narrowest schema both ``a`` and ``b`` cast to; ``a``'s columns first."""
+def merged_schema(a: pa.Schema, b: pa.Schema, wide: set[str] | frozenset[str] = frozenset()) -> pa.Schema:
+    """The narrowest schema both ``a`` and ``b`` cast to; ``a``'s columns first. ``wide``: the paths
+    where an integer beyond ±2**53 arrived, which a float64 would round (they meet a float as text)."""
     if a.equals(b):
         return a
-    merged = _merged_type(pa.struct(list(a)), pa.struct(list(b)))
+    merged = _merged_type(pa.struct(list(a)), pa.struct(list(b)), wide, "")
     return pa.schema([merged.field(i) for i in range(merged.num_fields)])
 
 
-def _merged_type(a: pa.DataType, b: pa.DataType) -> pa.DataType:
+def _merged_type(a: pa.DataType, b: pa.DataType, wide: set[str] | frozenset[str], path: str) -> pa.DataType:
     if a.equals(b) or pa.types.is_null(b):
         return a
     if pa.types.is_null(a):
@@ -1075,16 +1085,20 @@ def _merged_type(a: pa.DataType, b: pa.DataType) -> pa.DataType:
     if pa.types.is_struct(a) and pa.types.is_struct(b):
         fields = {a.field(i).name: a.field(i).type for i in range(a.num_fields)}
         for f in (b.field(i) for i in range(b.num_fields)):
-            fields[f.name] = _merged_type(fields[f.name], f.type) if f.name in fields else f.type
+            within = f"{path}.{f.name}" if path else f.name
+            fields[f.name] = _merged_type(fields[f.name], f.type, wide, within) if f.name in fields else f.type
         return pa.struct(list(fields.items()))
     if pa.types.is_list(a) and pa.types.is_list(b):
-        return pa.list_(_merged_type(a.value_type, b.value_type))
+        return pa.list_(_merged_type(a.value_type, b.value_type, wide, f"{path}[]"))
     if pa.types.is_integer(a) and pa.types.is_integer(b):
         return pa.int64()
+    exact = (pa.types.is_integer, pa.types.is_decimal)  # the JSON decoder's integers (json_numbers)
+    if any(f(a) for f in exact) and any(f(b) for f in exact):
+        return wide_integer()
     numeric = (pa.types.is_integer, pa.types.is_floating)
-    if any(f(a) for f in numeric) and any(f(b) for f in numeric):
+    if any(f(a) for f in numeric) and any(f(b) for f in numeric) and path not in wide:
         return pa.float64()
-    return pa.string()
+    return pa.string()  # mixed kinds, or an integer float64 would round meeting a float: each as text
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

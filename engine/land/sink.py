@@ -128,7 +128,8 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
 @dataclass
 class _Staging:
     txn: RunTransaction
-    buffered: list[pa.Table] = field(default_factory=list)
+    buffered: list[tuple[str, pa.Table]] = field(default_factory=list)
+    """Tables waiting to be staged, each with the input (pull) it came from."""
     buffered_rows: int = 0
     buffered_bytes: int = 0
 
@@ -137,8 +138,40 @@ class _Staging:
             return
         pending, self.buffered = self.buffered, []
         self.buffered_rows = self.buffered_bytes = 0
-        for table in pending:  # each keeps its own schema: the transaction reconciles them
-            self.txn.stage(table)
+        for table in one_schema_per_input(pending, self.txn.table.primary_key):
+            self.txn.stage(table)  # the transaction reconciles each input's schema with the table's
+
+
+def one_schema_per_input(pending: list[tuple[str, pa.Table]], primary_key: tuple[str, ...]) -> list[pa.Table]:
+    """The tables of ``pending``, those of one input conformed to its last one's schema.
+
+    A decoder widens an input's schema when a later block needs it (int64 meeting float64, an
+    integer beyond ±2**53 meeting a float as text: docs/normalization.md) and earlier batches
+    conform to the last schema, so one input lands one column type however its blocks fall, and
+    the downgrade events of a table (``storage.reconcile``) are the same for the input read in one
+    block or many. Tables whose columns the last one lacks (not a widening), or whose key columns
+    change type (a key never changes by being spelled: the transaction refuses it by name), and
+    a cast that fails, stay as they are.
+    """
+    from contextful.engine.land.decode_child import conform
+
+    tables: list[pa.Table] = []
+    start = 0
+    for end in range(1, len(pending) + 1):
+        if end < len(pending) and pending[end][0] == pending[start][0]:
+            continue
+        group = [table for _label, table in pending[start:end]]
+        last = group[-1].schema
+        for table in group:
+            if not table.schema.equals(last) and set(table.column_names) <= set(last.names) and \
+                    all(table.schema.field(k).type == last.field(k).type for k in primary_key if k in table.column_names):
+                try:
+                    table = conform(table, last)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                    pass
+            tables.append(table)
+        start = end
+    return tables
 
 
 @dataclass(frozen=True)
@@ -186,13 +219,13 @@ class LandingSink:
             for column, n in masked.items():
                 counts[column] = counts.get(column, 0) + n
         for name, table in tables.items():
-            self._buffer(name, table)
+            self._buffer(name, table, label)
 
-    def _buffer(self, name: str, table: pa.Table) -> None:
+    def _buffer(self, name: str, table: pa.Table, label: str) -> None:
         if table.num_rows == 0:
             return
         staging = self._staging_for(name)
-        staging.buffered.append(table)
+        staging.buffered.append((label, table))
         staging.buffered_rows += table.num_rows
         staging.buffered_bytes += table.nbytes
         if staging.buffered_rows >= BUFFER_ROWS or staging.buffered_bytes >= BUFFER_BYTES:

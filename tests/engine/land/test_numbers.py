@@ -106,3 +106,84 @@ def test_every_cent_value_lands_exactly_in_a_declared_decimal(store: Store, tmp_
     assert failure.input.endswith(f"b.{fmt}") and failure.error in ("TypedLandingFailed", "InputMalformed")
     assert bad in failure.detail
     assert store.table("ev").count() == len(CENTS)
+
+
+# --- integers land exactly, one type per input however its blocks fall ----------------------------
+
+HUGE = "1" + "0" * 40  # 41 digits: beyond decimal(38, 0)
+
+INTEGERS = {
+    # name: (lines, landed type)
+    "beyond 2**53 meeting a fraction": ([f'{{"id": 0, "v": {BIG + 1}}}', '{"id": 1, "v": 2}', '{"id": 2, "v": 0.5}'],
+                                        pa.string()),
+    "beyond int64": (['{"id": 0, "v": 1}', '{"id": 1, "v": -2}', '{"id": 2, "v": 99999999999999999999}'],
+                     pa.decimal128(38, 0)),
+    "beyond 38 digits": (['{"id": 0, "v": 1}', f'{{"id": 1, "v": {HUGE}}}'], pa.string()),
+    "2**53 meeting a fraction": ([f'{{"id": 0, "v": {BIG}}}', '{"id": 1, "v": 0.25}'], pa.float64()),
+    "within int64": ([f'{{"id": 0, "v": {BIG + 1}}}', f'{{"id": 1, "v": {2**63 - 1}}}', '{"id": 2, "v": -3}'],
+                     pa.int64()),
+    "nested": ([f'{{"id": 0, "v": {{"n": {BIG + 1}, "l": [1, 99999999999999999999]}}}}',
+                '{"id": 1, "v": {"n": 1.5, "l": [2]}}'],
+               pa.struct([("n", pa.string()), ("l", pa.list_(pa.decimal128(38, 0)))])),
+}
+
+
+def as_landed(value: Any, t: pa.DataType) -> Any:
+    """The oracle's value as the landed type holds it: text as written, numbers as numbers."""
+    if isinstance(value, dict):
+        return {k: as_landed(v, t.field(k).type) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_landed(v, t.value_type) for v in value]
+    return str(value) if pa.types.is_string(t) and value is not None else value
+
+
+def land(store: Store, root: Path, block_bytes: int) -> Any:
+    with Decoder(block_bytes=block_bytes) as decoder:
+        [result] = run_pipelines(store, load_manifest(root), decoder=decoder)
+    return result
+
+
+@pytest.mark.clause("run.record.schema-diff-shape")
+@pytest.mark.parametrize("case", list(INTEGERS))
+def test_integers_land_exactly_in_one_type_whatever_the_blocks(make_store: Any, store_kind: str, tmp_path: Path,
+                                                               case: str) -> None:
+    lines, landed_type = INTEGERS[case]
+    expected = [{**row, "v": as_landed(row["v"], landed_type)} for row in oracle(lines)]
+    seen = []
+    for block_bytes in (1 << 20, 48):  # one block, and a block per line or two
+        root = project(tmp_path / f"p{block_bytes}")
+        write(root, "a.ndjson", lines)
+        store = make_store(f"s{block_bytes}")
+        result = land(store, root, block_bytes)
+        assert result.ok, result.failures
+        table = store.table("ev")
+        assert table.schema.field("v").type == landed_type
+        assert table.to_arrow().sort_by("id").to_pylist() == expected
+        seen.append([e.to_json() for t in result.tables for e in t.downgrade_events])
+    assert seen[0] == seen[1] == []  # a new table's first input: its type decided over the input, no change
+
+
+@pytest.mark.clause("run.record.schema-diff-shape")
+@pytest.mark.clause("run.record.schema-diff-home")
+def test_a_later_input_beyond_int64_widens_exactly_with_one_event_whatever_the_blocks(
+        make_store: Any, store_kind: str, tmp_path: Path) -> None:
+    later = ['{"id": 1, "v": 2}', '{"id": 2, "v": 99999999999999999999}', '{"id": 3, "v": 3}']
+    events = []
+    for block_bytes in (1 << 20, 40):
+        root = project(tmp_path / f"p{block_bytes}")
+        store = make_store(f"s{block_bytes}")
+        write(root, "a.ndjson", ['{"id": 0, "v": 1}'])
+        assert land(store, root, block_bytes).ok
+        assert store.table("ev").schema.field("v").type == pa.int64()
+        write(root, "b.ndjson", later)
+        result = land(store, root, block_bytes)
+        assert result.ok, result.failures  # not refused: the column widens to an exact type
+        table = store.table("ev")
+        assert table.schema.field("v").type == pa.decimal128(38, 0)
+        assert table.to_arrow().sort_by("id").to_pylist() == oracle(['{"id": 0, "v": 1}'] + later)
+        [run_id] = result.tables[0].run_ids
+        recorded = [e.to_json() for e in table.manifest(run_id).downgrade_events]  # in the run record
+        assert recorded == [e.to_json() for e in result.tables[0].downgrade_events]
+        events.append(recorded)
+    assert events[0] == events[1]
+    assert [(e["table"], e["path"], e["landed_type"]) for e in events[0]] == [("ev", "v", "decimal128(38, 0)")]
