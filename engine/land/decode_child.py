@@ -84,7 +84,13 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 from contextful.engine.land.decode_wire import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
-from contextful.engine.land.json_numbers import exact_numbers, wide_integer, wide_integer_paths
+from contextful.engine.land.json_numbers import (
+    exact_numbers,
+    literal_type,
+    lost_columns,
+    wide_integer,
+    wide_integer_paths,
+)
 from contextful.storage.errors import first_line
 from contextful.storage.lazy import lazy_module, preload
 from pyarrow import ipc
@@ -430,10 +436,12 @@ def _csv_types(request: dict[str, Any], delimiter: str, declared: dict[str, pa.D
     """Every CSV column's type for the whole input: each block's guess, temporal guesses as text,
     merged as the decoder widens (int and float to float64, mixed kinds to text)."""
     schema: pa.Schema | None = None
+    wide: set[str] = set()  # columns where an integer beyond ±2**53 arrived: they meet a float as text
     for table in _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, None, declared, guess=True),
                           header=True, block=block):
+        wide |= wide_integer_paths(table)
         guessed = pa.schema([f.with_type(_temporal_as_text(f.type) or f.type) for f in table.schema])
-        schema = guessed if schema is None else merged_schema(schema, guessed)
+        schema = guessed if schema is None else merged_schema(schema, guessed, wide)
     return {} if schema is None else {f.name: f.type for f in schema if not pa.types.is_null(f.type)}
 
 
@@ -894,6 +902,7 @@ class _CsvBlocks:
         except pa.ArrowInvalid as exc:
             raise _Malformed(first_line(exc).removeprefix("CSV parse error: "),
                              offset=_row_offset(block, refused[0]) if refused else None) from exc
+        table = self._exact(block, table, self._names)  # names None: the block holds the header
         if self._names is None:
             self._names = table.column_names
         for name in self._as_text:
@@ -901,6 +910,28 @@ class _CsvBlocks:
             if at >= 0:
                 column = table.column(at)
                 table = table.set_column(at, name, pc.if_else(pc.is_in(column, value_set=_csv_nulls()), None, column))
+        return table
+
+
+    def _exact(self, block: bytes, table: pa.Table, names: list[str] | None) -> pa.Table:
+        """``table`` with each undeclared float column where an integer may have been rounded typed
+        from its text (``engine.land.json_numbers.literal_type``: int64, decimal(38, 0) or text)."""
+        lost = [name for name in lost_columns(table) if name not in self._read]
+        if not lost:
+            return table
+        text = pcsv.read_csv(
+            pa.BufferReader(block),
+            read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
+                                          block_size=min(len(block) + 1, _MAX_BLOCK)),
+            parse_options=pcsv.ParseOptions(delimiter=self._delimiter, newlines_in_values=b'"' in block),
+            convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(lost, pa.string()), include_columns=lost))
+        for name in lost:
+            at = table.schema.get_field_index(name)
+            raw = text.column(name).combine_chunks()
+            typed = literal_type(pc.if_else(pc.is_in(raw, value_set=_csv_nulls()), None, raw))
+            if pa.types.is_string(typed.type):
+                typed = raw  # as a text column reads: "" and "NA" are text
+            table = table.set_column(at, pa.field(name, typed.type), typed)
         return table
 
 
@@ -927,6 +958,7 @@ class _CsvOnePass:
         self._blocks = _CsvBlocks(delimiter, None, declared, guess=True)
         self._fixed = set(_csv_declared(declared))
         self._lock = threading.Lock()
+        self._wide: set[str] = set()  # columns where an integer beyond ±2**53 arrived (json_numbers)
         self.schema: pa.Schema | None = None
 
     def __call__(self, view: memoryview) -> tuple[pa.Table, bytes]:
@@ -942,7 +974,8 @@ class _CsvOnePass:
         guessed = pa.schema([f if f.name in known or f.name in self._fixed
                              else f.with_type(_temporal_as_text(f.type) or f.type) for f in table.schema])
         with self._lock:
-            self.schema = guessed if self.schema is None else merged_schema(self.schema, guessed)
+            self._wide |= wide_integer_paths(table)
+            self.schema = guessed if self.schema is None else merged_schema(self.schema, guessed, self._wide)
         return table, block
 
     def conformed(self, table: pa.Table, block: bytes, *, first: bool) -> pa.Table:

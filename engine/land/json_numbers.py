@@ -80,6 +80,12 @@ def _beyond(array: pa.Array, bound: int) -> bool:
     return bool(high.as_py() > bound or low.as_py() < -bound)
 
 
+def lost_columns(table: pa.Table) -> list[str]:
+    """The float columns of a flat ``table`` (CSV) holding a magnitude of 2**53 or more."""
+    return [name for name, column in zip(table.column_names, table.columns, strict=True)
+            if pa.types.is_floating(column.type) and any(_beyond(chunk, EXACT - 1) for chunk in column.chunks)]
+
+
 def lost_integers(table: pa.Table) -> bool:
     """Whether a float column of ``table`` holds a magnitude of 2**53 or more: where an integer
     literal may have been rounded (every integer below it is a float64 exactly)."""
