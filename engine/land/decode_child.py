@@ -45,7 +45,10 @@ on their own: the first non-empty block fixes the
 stream's schema; a later block that fits it (missing columns, a null or narrower type) is cast to
 it, and a block that does not (a new column, int meeting float or string) starts a new IPC segment
 whose schema widens the last one: columns keep their order and new ones follow, int and float widen
-to float64, values of mixed kinds to string (objects and lists as JSON text). So the batches of one
+to float64 (to text where an integer beyond 2**53 arrived), int and decimal(38, 0) to decimal(38, 0),
+values of mixed kinds to string (objects and lists as JSON text). Number columns are typed from their
+literals wherever the reader may have rounded an integer (``engine.land.json_numbers``), JSON and
+CSV alike, so integers land exactly. So the batches of one
 input change schema only at a widening, and every earlier batch conforms to the last schema
 (:func:`conform`). Within a block, pyarrow's JSON reader refuses a column whose values change kind
 ("Column(/a) changed from number to string"); such a block is re-read with polars, which gives the
