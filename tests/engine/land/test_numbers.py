@@ -20,26 +20,14 @@ from contextful.engine.land.decode import Decoder
 from contextful.engine.land.pipeline import run_pipelines
 from contextful.storage import Store
 
+from tests.engine.land.test_files_cursor import project as files_project
+
 BIG = 2**53  # 9007199254740992: float64 holds every integer up to it, and not 2**53 + 1
 
-MANIFEST = """
-[project]
-name = "numbers"
-
-[[pipeline]]
-id = "ev"
-table = "ev"
-{extra}
-[pipeline.source]
-kind = "files"
-[pipeline.source.config]
-paths = ["raw/*.ndjson"]
-"""
-
-
-def project(root: Path, extra: str = "") -> Path:
-    (root / "raw").mkdir(parents=True, exist_ok=True)
-    (root / "contextful.toml").write_text(MANIFEST.format(extra=extra))
+def project(root: Path, extra: str = "", fmt: str = "ndjson") -> Path:
+    """A files pipeline landing ``raw/*.<fmt>`` in table ``ev``."""
+    files_project(root, f'["raw/*.{fmt}"]', f'table = "ev"\n{extra}')
+    (root / "raw").mkdir(exist_ok=True)
     return root
 
 
@@ -83,9 +71,8 @@ CENTS = [f"{c // 100}.{c % 100:02d}" for c in range(1, 10000)]  # 0.01 ... 99.99
 @pytest.mark.parametrize("fmt", ["ndjson", "csv"])
 def test_every_cent_value_lands_exactly_in_a_declared_decimal(store: Store, tmp_path: Path, decoder: Decoder,
                                                               fmt: str) -> None:
-    root = project(tmp_path / "p", 'types = { price = "decimal(10,2)" }')
+    root = project(tmp_path / "p", 'types = { price = "decimal(10,2)" }', fmt)
     if fmt == "csv":
-        (root / "contextful.toml").write_text((root / "contextful.toml").read_text().replace("*.ndjson", "*.csv"))
         (root / "raw" / "a.csv").write_text("id,price\n" + "".join(f"{i},{p}\n" for i, p in enumerate(CENTS)))
     lines = [f'{{"id": {i}, "price": {p}}}' for i, p in enumerate(CENTS)]
     if fmt == "ndjson":
@@ -148,8 +135,6 @@ def write_input(root: Path, fmt: str, lines: list[str]) -> None:
     if fmt == "ndjson":
         write(root, "a.ndjson", lines)
         return
-    manifest = root / "contextful.toml"
-    manifest.write_text(manifest.read_text().replace("*.ndjson", "*.csv"))
     literals = [line.removeprefix("{").removesuffix("}").split(", ") for line in lines]
     rows = [",".join(field.split(": ", 1)[1] for field in fields) for fields in literals]
     (root / "raw" / "a.csv").write_text("id,v\n" + "".join(row + "\n" for row in rows))
@@ -166,7 +151,7 @@ def test_integers_land_exactly_in_one_type_whatever_the_blocks(make_store: Any, 
     expected = [{**row, "v": as_landed(row["v"], landed_type)} for row in oracle(lines)]
     seen = []
     for block_bytes in (1 << 20, 24):  # one block, and a block per line or two
-        root = project(tmp_path / f"p{block_bytes}")
+        root = project(tmp_path / f"p{block_bytes}", fmt=fmt)
         write_input(root, fmt, lines)
         store = make_store(f"s{block_bytes}")
         result = land(store, root, block_bytes)
