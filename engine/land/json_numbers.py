@@ -118,7 +118,7 @@ def exact_numbers(block: memoryview, table: pa.Table, read: Callable[[bytes], pa
 def _typed(array: pa.Array) -> pa.Array:
     """``array`` with its marked numbers typed from their literals, at any depth."""
     if pa.types.is_struct(array.type):
-        children = [_typed(array.field(i)) for i in range(array.type.num_fields)]
+        children = [_typed(child) for child in array.flatten()]  # flatten: the struct's offset applied
         fields = [f.with_type(c.type) for f, c in zip(array.type, children, strict=True)]
         return pa.StructArray.from_arrays(children, fields=fields, mask=array.is_null() if array.null_count else None)
     if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
