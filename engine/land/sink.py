@@ -31,7 +31,7 @@ it lands them with fresh ids.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -128,8 +128,7 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
 @dataclass
 class _Staging:
     txn: RunTransaction
-    buffered: list[tuple[str, pa.Table]] = field(default_factory=list)
-    """Tables waiting to be staged, each with the input (pull) it came from."""
+    buffered: list[pa.Table] = field(default_factory=list)
     buffered_rows: int = 0
     buffered_bytes: int = 0
 
@@ -138,40 +137,8 @@ class _Staging:
             return
         pending, self.buffered = self.buffered, []
         self.buffered_rows = self.buffered_bytes = 0
-        for table in one_schema_per_input(pending, self.txn.table.primary_key):
-            self.txn.stage(table)  # the transaction reconciles each input's schema with the table's
-
-
-def one_schema_per_input(pending: list[tuple[str, pa.Table]], primary_key: tuple[str, ...]) -> list[pa.Table]:
-    """The tables of ``pending``, those of one input conformed to its last one's schema.
-
-    A decoder widens an input's schema when a later block needs it (int64 meeting float64, an
-    integer beyond ±2**53 meeting a float as text: docs/normalization.md) and earlier batches
-    conform to the last schema, so one input lands one column type however its blocks fall, and
-    the downgrade events of a table (``storage.reconcile``) are the same for the input read in one
-    block or many. Tables whose columns the last one lacks (not a widening), or whose key columns
-    change type (a key never changes by being spelled: the transaction refuses it by name), and
-    a cast that fails, stay as they are.
-    """
-    from contextful.engine.land.decode_child import conform
-
-    tables: list[pa.Table] = []
-    start = 0
-    for end in range(1, len(pending) + 1):
-        if end < len(pending) and pending[end][0] == pending[start][0]:
-            continue
-        group = [table for _label, table in pending[start:end]]
-        last = group[-1].schema
-        for table in group:
-            if not table.schema.equals(last) and set(table.column_names) <= set(last.names) and \
-                    all(table.schema.field(k).type == last.field(k).type for k in primary_key if k in table.column_names):
-                try:
-                    table = conform(table, last)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                    pass
-            tables.append(table)
-        start = end
-    return tables
+        for table in pending:  # each keeps its own schema: the transaction reconciles them
+            self.txn.stage(table)
 
 
 @dataclass(frozen=True)
@@ -219,13 +186,13 @@ class LandingSink:
             for column, n in masked.items():
                 counts[column] = counts.get(column, 0) + n
         for name, table in tables.items():
-            self._buffer(name, table, label)
+            self._buffer(name, table)
 
-    def _buffer(self, name: str, table: pa.Table, label: str) -> None:
+    def _buffer(self, name: str, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
         staging = self._staging_for(name)
-        staging.buffered.append((label, table))
+        staging.buffered.append(table)
         staging.buffered_rows += table.num_rows
         staging.buffered_bytes += table.nbytes
         if staging.buffered_rows >= BUFFER_ROWS or staging.buffered_bytes >= BUFFER_BYTES:
@@ -317,26 +284,28 @@ class LandingSink:
             return None
         if scope is not None:
             self._staging_for(self.spec.table)
-        names = list(self._staging)
-        try:
-            for name in names:
-                staging = self._staging[name]
-                staging.flush()
-                staging.txn.meta.update(meta or {})
-                if self._masked.get(name):
-                    staging.txn.meta["masked_cells"] = self._masked[name]
-                if name == self.spec.table and scope is not None:
-                    staging.txn.set_cursor(scope, position)
-                if name == self.spec.table and requirements:
-                    staging.txn.add_to_commit(requirements)
-                if len(names) > 1:  # each run names the runs it landed with (``contextful run show``)
-                    staging.txn.meta["tables"] = {n: self._staging[n].txn.run_id for n in names}
-            committed = commit_together([self._staging[name].txn for name in names])
-        except BaseException as exc:
-            from contextful.engine.guard import masked_failure
+        return commit_sinks([self], meta, {self.spec.table: requirements}, scope=scope, position=position)[0]
 
-            self.abort(masked_failure(exc))
-            raise
+    def _prepare(self, meta: dict[str, Any] | None, requirements: tuple[Requirement, ...], scope: str | None,
+                 position: Any) -> list[RunTransaction]:
+        """Stage what is buffered and ready each run for the commit: its meta, masked counts, the
+        root's position and ``requirements``."""
+        names = list(self._staging)
+        for name in names:
+            staging = self._staging[name]
+            staging.flush()
+            staging.txn.meta.update(meta or {})
+            if self._masked.get(name):
+                staging.txn.meta["masked_cells"] = self._masked[name]
+            if name == self.spec.table and scope is not None:
+                staging.txn.set_cursor(scope, position)
+            if name == self.spec.table and requirements:
+                staging.txn.add_to_commit(requirements)
+        return [self._staging[name].txn for name in names]
+
+    def _landed(self, committed: list[CommitResult]) -> CommitResult | None:
+        """Record the commits of this sink's runs (in :meth:`_prepare`'s order); the root's, if any."""
+        names = list(self._staging)
         self._staging.clear()
         result: CommitResult | None = None
         for name, landed in zip(names, committed):
@@ -372,3 +341,40 @@ class LandingSink:
     def results(self) -> list[TableLanding]:
         """The root table's landing first, then each child table's."""
         return [self.landings[self.spec.table]] + [t for n, t in self.landings.items() if n != self.spec.table]
+
+
+def commit_sinks(sinks: Sequence[LandingSink], meta: dict[str, Any] | None = None,
+                 requirements: Mapping[str, tuple[Requirement, ...]] | None = None, *, scope: str | None = None,
+                 position: Any = None) -> list[CommitResult | None]:
+    """Commit the runs staged by every sink of ``sinks`` (one store) in one catalog commit.
+
+    Each sink's root table checks its ``requirements`` (by table name) in that commit; the first
+    sink's root carries ``position`` under ``scope``. Every requirement holds and every head
+    advances, or nothing lands and every sink's staged runs are dropped (a host task's content
+    tables and its marker table, ``engine.derive.run``: a reader never sees one without the other).
+    Returns each sink's root-table commit (None for a sink that staged nothing).
+    """
+    from contextful.engine.guard import masked_failure
+
+    wanted = requirements or {}
+    counts: list[int] = []
+    txns: list[RunTransaction] = []
+    try:
+        for n, sink in enumerate(sinks):
+            prepared = sink._prepare(meta, wanted.get(sink.spec.table, ()), scope if n == 0 else None, position)
+            counts.append(len(prepared))
+            txns.extend(prepared)
+        if len(txns) > 1:  # each run names the runs it landed with (``contextful run show``)
+            for txn in txns:
+                txn.meta["tables"] = {t.table.name: t.run_id for t in txns}
+        committed = commit_together(txns)
+    except BaseException as exc:
+        failure = masked_failure(exc)
+        for sink in sinks:
+            sink.abort(failure)
+        raise
+    results: list[CommitResult | None] = []
+    for sink, count in zip(sinks, counts):
+        results.append(sink._landed(committed[:count]))
+        committed = committed[count:]
+    return results

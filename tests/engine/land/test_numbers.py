@@ -187,3 +187,32 @@ def test_a_later_input_beyond_int64_widens_exactly_with_one_event_whatever_the_b
         events.append(recorded)
     assert events[0] == events[1]
     assert [(e["table"], e["path"], e["landed_type"]) for e in events[0]] == [("ev", "v", "decimal128(38, 0)")]
+
+
+@pytest.mark.clause("run.record.schema-diff-shape")
+def test_table_load_lands_one_type_and_the_same_events_whatever_the_blocks(make_store: Any, store_kind: str,
+                                                                          tmp_path: Path) -> None:
+    """``contextful table load`` (``engine.load.load_file``): one file, one column type, exact values,
+    and the same downgrade events in one block or many."""
+    from contextful.engine.load import load_file
+
+    mixed = ['{"id": 1, "v": 2}', f'{{"id": 2, "v": {BIG + 1}}}', '{"id": 3, "v": 0.5}', '{"id": 4, "v": "n/a"}']
+    wide = ['{"id": 5, "v": 2}', '{"id": 6, "v": 99999999999999999999}', '{"id": 7, "v": -3}']
+    for name, lines in (("mixed", mixed), ("wide", wide), ("one", ['{"id": 0, "v": 1}'])):
+        (tmp_path / f"{name}.ndjson").write_text("".join(line + "\n" for line in lines))
+    seen = []
+    for block_bytes in (1 << 20, 24):
+        store = make_store(f"s{block_bytes}")
+        with Decoder(block_bytes=block_bytes) as decoder:
+            load_file(store, "text", tmp_path / "mixed.ndjson", decoder=decoder)
+            load_file(store, "wide", tmp_path / "one.ndjson", decoder=decoder)  # int64
+            widened = load_file(store, "wide", tmp_path / "wide.ndjson", decoder=decoder)
+        text = store.table("text")
+        assert text.schema.field("v").type == pa.string()
+        assert text.to_arrow().sort_by("id").column("v").to_pylist() == ["2", str(BIG + 1), "0.5", "n/a"]
+        assert store.table("wide").schema.field("v").type == pa.decimal128(38, 0)
+        assert store.table("wide").to_arrow().sort_by("id").to_pylist() == oracle(['{"id": 0, "v": 1}'] + wide)
+        seen.append([e.to_json() for e in widened.downgrade_events])
+    assert seen[0] == seen[1]
+    assert [(e["path"], e["source_type"], e["landed_type"]) for e in seen[0]] == [
+        ("v", "decimal128(38, 0)", "decimal128(38, 0)")]
