@@ -57,7 +57,8 @@ Hierarchy::
         │       DeriveEnvNameInvalid     a derive pipeline or engine binding the spec refuses (docs/derive.md)
         ├── Incompatible                 data cannot be reconciled with the store (incompatible)
         │   ├── SchemaIrreconcilable
-        │   │   └── PrimaryKeyWideningLossy  a key column would widen to a type not holding every key exactly
+        │   │   ├── PrimaryKeyWideningLossy  a key column would widen to a type not holding every key exactly
+        │   │   └── OrderByWideningLossy     an order_by column would widen to a type not holding every value exactly
         │   ├── PrimaryKeyNull           a row holds null (or NaN) in a key column; its batch is refused
         │   ├── PrimaryKeyColumnMissing  a batch for a keyed table lacks a key column
         │   ├── InputUnreadable
@@ -906,6 +907,12 @@ class PrimaryKeyColumnMissing(Incompatible):
 class PrimaryKeyWideningLossy(SchemaIrreconcilable):
     """A key column would widen to a type that cannot hold every key exactly (int64 meeting a float:
     distinct keys above 2**53 would read equal and merge); refused instead of a downgrade event."""
+
+
+class OrderByWideningLossy(SchemaIrreconcilable):
+    """A keyed table's ``order_by`` column would widen to a type that cannot hold every value
+    exactly (int64 meeting a float: 2**53 + 1 and 2**53 would read equal, and the row that wins a
+    key would change); refused instead of a downgrade event, as for a key column."""
 
 
 class PipelinePrimaryKeyInvalid(SpecInvalid):
@@ -1876,6 +1883,7 @@ __all__ = [
     "ModelInputUnknown",
     "ModelTestFailed",
     "NotFound",
+    "OrderByWideningLossy",
     "OutboxFrontierGap",
     "OwnerPinsMismatch",
     "OwnerPlanMismatch",

@@ -25,8 +25,11 @@ zoned one, a boolean meeting a number — raises :class:`SchemaIrreconcilable` (
 A primary key column takes a widening only when the landed type holds every value of both types
 exactly (:func:`holds_exactly`): keys compare as exact values, so int64 meeting a float (distinct
 keys above 2**53 would read equal and merge), a decimal widened past precision 38 into float64, or
-uint64 meeting a signed integer raise :class:`PrimaryKeyWideningLossy` instead of an event. No rule
-ever lands a non-text value as text, for any column.
+uint64 meeting a signed integer raise :class:`PrimaryKeyWideningLossy` instead of an event. The
+``order_by`` column of a keyed table is guarded alike (:class:`OrderByWideningLossy`): its values
+decide which row wins a key, so a widening that made two of them equal would change the winner,
+and a fold made before it would answer differently from the unfolded table. No rule ever lands a
+non-text value as text, for any column.
 
 Example::
 
@@ -44,7 +47,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from contextful.storage.errors import PrimaryKeyWideningLossy, SchemaIrreconcilable
+from contextful.storage.errors import OrderByWideningLossy, PrimaryKeyWideningLossy, SchemaIrreconcilable
 from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -106,9 +109,10 @@ def canonical_type(t: pa.DataType) -> pa.DataType:
 
 
 def reconcile(table: str, current: pa.Schema | None, arriving: pa.Schema,
-              primary_key: tuple[str, ...] = ()) -> Reconciliation:
+              primary_key: tuple[str, ...] = (), order_by: str | None = None) -> Reconciliation:
     """Merge ``arriving`` into ``current`` (None for a new table); raise if irreconcilable, or if a
-    ``primary_key`` column would land in a type that does not hold every key of both exactly."""
+    ``primary_key`` column or the ``order_by`` column would land in a type that does not hold every
+    value of both exactly."""
     arriving = pa.schema([f.with_type(canonical_type(f.type)) for f in arriving])
     if current is None:
         return Reconciliation(_nullable(arriving), True, ())
@@ -119,10 +123,15 @@ def reconcile(table: str, current: pa.Schema | None, arriving: pa.Schema,
         if field.name in by_name:
             got = by_name[field.name].type
             landed = merger.merge(field.name, field.type, got)
-            if field.name in primary_key and not (holds_exactly(landed, field.type) and holds_exactly(landed, got)):
-                raise PrimaryKeyWideningLossy(
+            if (field.name in primary_key or field.name == order_by) and \
+                    not (holds_exactly(landed, field.type) and holds_exactly(landed, got)):
+                if field.name in primary_key:
+                    raise PrimaryKeyWideningLossy(
+                        table, field.name, str(field.type), str(got),
+                        f"primary key column would land as {landed}, which does not hold every key of both exactly")
+                raise OrderByWideningLossy(
                     table, field.name, str(field.type), str(got),
-                    f"primary key column would land as {landed}, which does not hold every key of both exactly")
+                    f"order_by column would land as {landed}, which does not hold every value of both exactly")
             fields.append(field.with_type(landed))
         else:
             fields.append(field)

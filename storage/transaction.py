@@ -147,6 +147,7 @@ class RunTransaction:
         head = table.refresh()
         self._uuid = head.uuid
         self._base_schema_id = head.schema_id
+        self._order_by = head.order_by if head.primary_key else None  # guarded as keys are (storage.reconcile)
         # own_schema: a replacing run (a model build) lands in its result's schema, not merged with the table's
         self._schema: pa.Schema | None = schema_from_text(head.schema) if head.schema and not own_schema else None
         self._parts: list[PartFile] = []
@@ -178,7 +179,7 @@ class RunTransaction:
         name = self.table.name
         check_modality(name, batch)
         check_keys(name, self.table.primary_key, batch)
-        rec = reconcile(name, self._schema, batch.schema, self.table.primary_key)
+        rec = reconcile(name, self._schema, batch.schema, self.table.primary_key, self._order_by)
         landed = conform(batch, rec.schema, name)
         self._schema = rec.schema
         self._events.extend(rec.events)
@@ -390,7 +391,7 @@ class RunTransaction:
         staged = self._schema if self._schema is not None else pa.schema([])
         if head_schema_id == self._base_schema_id or head_schema is None:
             return staged, list(self._events)
-        rec = reconcile(self.table.name, schema_from_text(head_schema), staged, self.table.primary_key)
+        rec = reconcile(self.table.name, schema_from_text(head_schema), staged, self.table.primary_key, self._order_by)
         return rec.schema, self._events + list(rec.events)
 
     @property

@@ -1,8 +1,12 @@
 """Regrouping decoded batches into the tables a run stages as parts.
 
 A decoder yields batches of about 128 Ki rows; a part of about a million rows reads and compresses
-better. A batch whose schema differs from the ones before it (a later block widened a type)
-starts a new group, so every staged table has one schema.
+better. A batch whose schema widens the ones before it (a later block widened a type: int64
+meeting float64, an integer beyond 2**53 meeting a float as text, mixed kinds as text) takes the
+batches before it in its group along, conformed to its schema (``decode_child.conform``): one
+input lands one column type, and records the same downgrade events, however its blocks fall
+(docs/normalization.md). A group already yielded (a million rows) keeps its schema; a batch that
+does not widen the group's schema starts a new group. Every staged table has one schema.
 
 Example::
 
@@ -34,8 +38,12 @@ def coalesce(batches: Iterator[pa.RecordBatch], rows: int = PART_TARGET_ROWS) ->
     count = 0
     for batch in batches:
         if pending and batch.schema != pending[0].schema:  # a later block widened the schema
-            yield pa.Table.from_batches(pending)
-            pending, count = [], 0
+            widened = _widened(pending, batch.schema)
+            if widened is None:
+                yield pa.Table.from_batches(pending)
+                pending, count = [], 0
+            else:
+                pending = widened
         pending.append(batch)
         count += batch.num_rows
         if count >= rows:
@@ -43,3 +51,15 @@ def coalesce(batches: Iterator[pa.RecordBatch], rows: int = PART_TARGET_ROWS) ->
             pending, count = [], 0
     if pending:
         yield pa.Table.from_batches(pending)
+
+
+def _widened(pending: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch] | None:
+    """``pending`` conformed to ``schema``, a widening of theirs (None: it is not one)."""
+    from contextful.engine.land.decode_child import conform
+
+    if not set(pending[0].schema.names) <= set(schema.names):
+        return None
+    try:
+        return conform(pa.Table.from_batches(pending), schema).to_batches()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None

@@ -27,8 +27,10 @@ a CSV input's column types are decided over the whole input by a first reading, 
 columns (``declared``) are read from their text in their declared type. JSON blocks of about
 ``block_bytes`` (4 MiB) are otherwise typed on their own and merged into the schema so far: the
 batches of one input share a schema unless a later block brings a new column or a wider type;
-then the schema widens (int and float to float64, mixed kinds to string, new columns last) and
-every earlier batch conforms to the new one (``engine.land.decode_child.conform``: missing columns
+then the schema widens (int and float to float64 unless an integer beyond 2**53 arrived, then
+text; int and decimal(38, 0) to decimal(38, 0); mixed kinds to string; new columns last: the rule
+of ``engine.land.json_numbers``, so integers land exactly) and every earlier batch conforms to the
+new one (``engine.land.decode_child.conform``: missing columns
 null, types cast). A caller that needs one table conforms its batches to the last batch's schema.
 
 Example::

@@ -45,7 +45,10 @@ on their own: the first non-empty block fixes the
 stream's schema; a later block that fits it (missing columns, a null or narrower type) is cast to
 it, and a block that does not (a new column, int meeting float or string) starts a new IPC segment
 whose schema widens the last one: columns keep their order and new ones follow, int and float widen
-to float64, values of mixed kinds to string (objects and lists as JSON text). So the batches of one
+to float64 (to text where an integer beyond 2**53 arrived), int and decimal(38, 0) to decimal(38, 0),
+values of mixed kinds to string (objects and lists as JSON text). Number columns are typed from their
+literals wherever the reader may have rounded an integer (``engine.land.json_numbers``), JSON and
+CSV alike, so integers land exactly. So the batches of one
 input change schema only at a widening, and every earlier batch conforms to the last schema
 (:func:`conform`). Within a block, pyarrow's JSON reader refuses a column whose values change kind
 ("Column(/a) changed from number to string"); such a block is re-read with polars, which gives the
@@ -84,6 +87,13 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 from contextful.engine.land.decode_wire import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
+from contextful.engine.land.json_numbers import (
+    exact_numbers,
+    literal_type,
+    lost_columns,
+    wide_integer,
+    wide_integer_paths,
+)
 from contextful.storage.errors import first_line
 from contextful.storage.lazy import lazy_module, preload
 from pyarrow import ipc
@@ -405,16 +415,23 @@ def _csv_one_pass(request: dict[str, Any], delimiter: str, declared: dict[str, p
 def _csv_declared(declared: dict[str, pa.DataType]) -> dict[str, pa.DataType]:
     """The type a CSV reader gives each declared column: the declared one where the reader converts
     text to it exactly, text for a zoned timestamp (typed landing reads zone-less text as UTC,
-    which the reader refuses), and no declaration for nested types (the guess is cast)."""
-    direct = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean, pa.types.is_date,
+    which the reader refuses) and for a decimal (typed landing converts the text as written and
+    names a value the decimal does not hold, which the reader does not), and no declaration for
+    nested types (the guess is cast)."""
+    direct = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_date,
               pa.types.is_string, pa.types.is_large_string)
     read: dict[str, pa.DataType] = {}
     for name, t in declared.items():
         if any(f(t) for f in direct) or (pa.types.is_timestamp(t) and t.tz is None):
             read[name] = t
-        elif pa.types.is_timestamp(t):
+        elif _read_as_text(t):
             read[name] = pa.string()
     return read
+
+
+def _read_as_text(t: pa.DataType) -> bool:
+    """Whether a CSV column declared ``t`` is read as text for typed landing to convert."""
+    return pa.types.is_decimal(t) or (pa.types.is_timestamp(t) and t.tz is not None)
 
 
 def _csv_types(request: dict[str, Any], delimiter: str, declared: dict[str, pa.DataType],
@@ -422,10 +439,12 @@ def _csv_types(request: dict[str, Any], delimiter: str, declared: dict[str, pa.D
     """Every CSV column's type for the whole input: each block's guess, temporal guesses as text,
     merged as the decoder widens (int and float to float64, mixed kinds to text)."""
     schema: pa.Schema | None = None
+    wide: set[str] = set()  # columns where an integer beyond ±2**53 arrived: they meet a float as text
     for table in _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, None, declared, guess=True),
                           header=True, block=block):
+        wide |= wide_integer_paths(table)
         guessed = pa.schema([f.with_type(_temporal_as_text(f.type) or f.type) for f in table.schema])
-        schema = guessed if schema is None else merged_schema(schema, guessed)
+        schema = guessed if schema is None else merged_schema(schema, guessed, wide)
     return {} if schema is None else {f.name: f.type for f in schema if not pa.types.is_null(f.type)}
 
 
@@ -619,13 +638,19 @@ class _JsonBlocks:
                 pass  # shapes other than the kept ones, or not JSON at all: read afresh below
             else:
                 if _text_schema(table.schema) is None:
-                    return table
+                    return _exact(block, table, known)
         table = _json_table(block)
         guessed = _text_schema(table.schema)
         if guessed is None:
-            return table
+            return _exact(block, table, None)
         self._text = guessed if known is None else merged_schema(known, guessed)
-        return _json_table(block, guessed)
+        return _exact(block, _json_table(block, guessed), guessed)
+
+
+def _exact(block: memoryview, table: pa.Table, explicit: pa.Schema | None) -> pa.Table:
+    """``table`` with its numbers typed from their literals where the reader may have rounded an
+    integer (``engine.land.json_numbers``)."""
+    return exact_numbers(block, table, lambda text: _json_table(memoryview(text), explicit))
 
 
 def _read_json(block: memoryview, explicit: pa.Schema | None) -> pa.Table:
@@ -848,8 +873,8 @@ class _CsvBlocks:
         self._delimiter = delimiter
         self._names: list[str] | None = None
         self._read = _csv_declared(declared or {})
-        # zoned timestamps, read as text for typed landing: their null fields are null, not text
-        self._zoned = [name for name, t in (declared or {}).items() if pa.types.is_timestamp(t) and t.tz is not None]
+        # zoned timestamps and decimals, read as text for typed landing: their null fields are null, not text
+        self._as_text = [name for name, t in (declared or {}).items() if _read_as_text(t)]
         if types is None and not guess:
             self._convert = pcsv.ConvertOptions(default_column_type=pa.string(), column_types=self._read)
         else:
@@ -880,13 +905,36 @@ class _CsvBlocks:
         except pa.ArrowInvalid as exc:
             raise _Malformed(first_line(exc).removeprefix("CSV parse error: "),
                              offset=_row_offset(block, refused[0]) if refused else None) from exc
+        table = self._exact(block, table, self._names)  # names None: the block holds the header
         if self._names is None:
             self._names = table.column_names
-        for name in self._zoned:
+        for name in self._as_text:
             at = table.schema.get_field_index(name)
             if at >= 0:
                 column = table.column(at)
                 table = table.set_column(at, name, pc.if_else(pc.is_in(column, value_set=_csv_nulls()), None, column))
+        return table
+
+
+    def _exact(self, block: bytes, table: pa.Table, names: list[str] | None) -> pa.Table:
+        """``table`` with each undeclared float column where an integer may have been rounded typed
+        from its text (``engine.land.json_numbers.literal_type``: int64, decimal(38, 0) or text)."""
+        lost = [name for name in lost_columns(table) if name not in self._read]
+        if not lost:
+            return table
+        text = pcsv.read_csv(
+            pa.BufferReader(block),
+            read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
+                                          block_size=min(len(block) + 1, _MAX_BLOCK)),
+            parse_options=pcsv.ParseOptions(delimiter=self._delimiter, newlines_in_values=b'"' in block),
+            convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(lost, pa.string()), include_columns=lost))
+        for name in lost:
+            at = table.schema.get_field_index(name)
+            raw = text.column(name).combine_chunks()
+            typed = literal_type(pc.if_else(pc.is_in(raw, value_set=_csv_nulls()), None, raw))
+            if pa.types.is_string(typed.type):
+                typed = raw  # as a text column reads: "" and "NA" are text
+            table = table.set_column(at, pa.field(name, typed.type), typed)
         return table
 
 
@@ -913,6 +961,7 @@ class _CsvOnePass:
         self._blocks = _CsvBlocks(delimiter, None, declared, guess=True)
         self._fixed = set(_csv_declared(declared))
         self._lock = threading.Lock()
+        self._wide: set[str] = set()  # columns where an integer beyond ±2**53 arrived (json_numbers)
         self.schema: pa.Schema | None = None
 
     def __call__(self, view: memoryview) -> tuple[pa.Table, bytes]:
@@ -928,7 +977,8 @@ class _CsvOnePass:
         guessed = pa.schema([f if f.name in known or f.name in self._fixed
                              else f.with_type(_temporal_as_text(f.type) or f.type) for f in table.schema])
         with self._lock:
-            self.schema = guessed if self.schema is None else merged_schema(self.schema, guessed)
+            self._wide |= wide_integer_paths(table)
+            self.schema = guessed if self.schema is None else merged_schema(self.schema, guessed, self._wide)
         return table, block
 
     def conformed(self, table: pa.Table, block: bytes, *, first: bool) -> pa.Table:
@@ -1001,6 +1051,7 @@ class _Sink:
         self._out = pa.PythonFile(self._file, mode="w")
         self._batch_rows = batch_rows
         self._schema: pa.Schema | None = None
+        self._wide: set[str] = set()  # paths where an integer beyond ±2**53 arrived (json_numbers)
         self._queue: queue.Queue[tuple[pa.Schema | None, pa.Table] | None] = queue.Queue(maxsize=2)
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._write, name="decode-sink", daemon=True)
@@ -1009,7 +1060,8 @@ class _Sink:
     def send(self, table: pa.Table) -> None:
         if not table.num_rows:
             return  # a source reporting no rows offers no guessed columns
-        schema = table.schema if self._schema is None else merged_schema(self._schema, table.schema)
+        self._wide |= wide_integer_paths(table)
+        schema = table.schema if self._schema is None else merged_schema(self._schema, table.schema, self._wide)
         segment = schema if self._schema is None or not schema.equals(self._schema) else None
         self._schema = schema
         self._put((segment, conform(table, schema)))
@@ -1052,15 +1104,16 @@ class _Sink:
             self._failure = exc
 
 
-def merged_schema(a: pa.Schema, b: pa.Schema) -> pa.Schema:
-    """The narrowest schema both ``a`` and ``b`` cast to; ``a``'s columns first."""
+def merged_schema(a: pa.Schema, b: pa.Schema, wide: set[str] | frozenset[str] = frozenset()) -> pa.Schema:
+    """The narrowest schema both ``a`` and ``b`` cast to; ``a``'s columns first. ``wide``: the paths
+    where an integer beyond ±2**53 arrived, which a float64 would round (they meet a float as text)."""
     if a.equals(b):
         return a
-    merged = _merged_type(pa.struct(list(a)), pa.struct(list(b)))
+    merged = _merged_type(pa.struct(list(a)), pa.struct(list(b)), wide, "")
     return pa.schema([merged.field(i) for i in range(merged.num_fields)])
 
 
-def _merged_type(a: pa.DataType, b: pa.DataType) -> pa.DataType:
+def _merged_type(a: pa.DataType, b: pa.DataType, wide: set[str] | frozenset[str], path: str) -> pa.DataType:
     if a.equals(b) or pa.types.is_null(b):
         return a
     if pa.types.is_null(a):
@@ -1068,16 +1121,20 @@ def _merged_type(a: pa.DataType, b: pa.DataType) -> pa.DataType:
     if pa.types.is_struct(a) and pa.types.is_struct(b):
         fields = {a.field(i).name: a.field(i).type for i in range(a.num_fields)}
         for f in (b.field(i) for i in range(b.num_fields)):
-            fields[f.name] = _merged_type(fields[f.name], f.type) if f.name in fields else f.type
+            within = f"{path}.{f.name}" if path else f.name
+            fields[f.name] = _merged_type(fields[f.name], f.type, wide, within) if f.name in fields else f.type
         return pa.struct(list(fields.items()))
     if pa.types.is_list(a) and pa.types.is_list(b):
-        return pa.list_(_merged_type(a.value_type, b.value_type))
+        return pa.list_(_merged_type(a.value_type, b.value_type, wide, f"{path}[]"))
     if pa.types.is_integer(a) and pa.types.is_integer(b):
         return pa.int64()
+    exact = (pa.types.is_integer, pa.types.is_decimal)  # the JSON decoder's integers (json_numbers)
+    if any(f(a) for f in exact) and any(f(b) for f in exact):
+        return wide_integer()
     numeric = (pa.types.is_integer, pa.types.is_floating)
-    if any(f(a) for f in numeric) and any(f(b) for f in numeric):
+    if any(f(a) for f in numeric) and any(f(b) for f in numeric) and path not in wide:
         return pa.float64()
-    return pa.string()
+    return pa.string()  # mixed kinds, or an integer float64 would round meeting a float: each as text
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -248,9 +248,38 @@ def _cast(array: pa.Array, target: pa.DataType) -> pa.Array:
         return factory.from_arrays(offsets, values, type=target, mask=array.is_null() if array.null_count else None)
     if pa.types.is_timestamp(target) and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
         return text_to_timestamp(array, target)
+    if pa.types.is_decimal(target) and pa.types.is_floating(array.type):
+        return text_to_decimal(pc.cast(array, pa.string()), target, array.type)
+    if pa.types.is_decimal(target) and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+        return text_to_decimal(array, target, array.type)
     cast = pc.cast(array, target, safe=True)
     _check_exact(array, cast)
     return cast
+
+
+def text_to_decimal(text: pa.Array, target: pa.DataType, arrived: pa.DataType) -> pa.Array:
+    """Numbers written as ``text`` as the decimal ``target``, read from the text: ``4.81`` is 4.81.
+
+    Floats come here as their shortest round-trip text (Arrow's float-to-string cast, what Python's
+    ``repr`` prints, and what a JSON or CSV source wrote for any number a double holds), so 4.81 is
+    never the binary double's 4.8100000000000005. A value whose text the decimal does not hold
+    (``4.815`` at scale 2, ``1e+300``, ``nan``) is refused, naming it (as ``arrived``) and its row;
+    nothing is rounded.
+
+    >>> text_to_decimal(pa.array(["4.81", None]), pa.decimal128(10, 2), pa.float64()).to_pylist()
+    [Decimal('4.81'), None]
+    """
+    try:
+        return pc.cast(text, target, safe=True)
+    except pa.ArrowInvalid:
+        pass
+    for row, value in enumerate(text.to_pylist()):  # a failing batch only: name its first value
+        try:
+            pc.cast(pa.array([value], pa.string()), target, safe=True)
+        except pa.ArrowInvalid as exc:
+            raise pa.ArrowInvalid(f"{value} ({arrived}, row {row}) is not held exactly by {target}: "
+                                  f"{first_line(exc)}") from None
+    raise AssertionError("a cast failing as a whole fails for one of its values")
 
 
 def _scalar_kind(kind: pa.DataType) -> bool:

@@ -258,12 +258,15 @@ def _prepare(store: Store, spec: PipelineSpec, queue: Queue, candidates: list[Me
     """
     heads: dict[str, pa.Schema | None] = {}
     keys: dict[str, tuple[str, ...]] = {}
+    order: dict[str, str | None] = {}  # a keyed table's order_by, guarded as its keys are
     for member in candidates:
         for table in pending[member.id]:
             if table not in heads:
                 head = store.catalog.load_head(table)
                 heads[table] = schema_from_text(head.schema) if head is not None and head.schema else None
-                keys[table] = head.primary_key if head is not None else table_merge(spec, table)[0]
+                keys[table], order[table] = (head.primary_key, head.order_by) if head is not None \
+                    else table_merge(spec, table)
+                order[table] = order[table] if keys[table] else None
     schemas: dict[str, pa.Schema] = {}
     kept: list[Member] = []
     raw: dict[tuple[str, str], pa.Table] = {}
@@ -281,7 +284,7 @@ def _prepare(store: Store, spec: PipelineSpec, queue: Queue, candidates: list[Me
             landing.failed[member.id] = exc
             continue
         try:
-            joined = {t: reconcile(t, schemas.get(t, heads[t]), f.schema, keys[t]).schema for t, f in frames.items()}
+            joined = {t: reconcile(t, schemas.get(t, heads[t]), f.schema, keys[t], order[t]).schema for t, f in frames.items()}
             conformed = {(member.id, t): conform(f, joined[t], t) for t, f in frames.items()}
             for (other, table), frame in raw.items():  # earlier members, where the schema widened
                 if table in joined and not joined[table].equals(schemas[table]):
@@ -289,7 +292,7 @@ def _prepare(store: Store, spec: PipelineSpec, queue: Queue, candidates: list[Me
         except SchemaIrreconcilable:
             try:
                 for table, frame in frames.items():
-                    conform(frame, reconcile(table, heads[table], frame.schema, keys[table]).schema, table)
+                    conform(frame, reconcile(table, heads[table], frame.schema, keys[table], order[table]).schema, table)
             except SchemaIrreconcilable as alone:
                 landing.failed[member.id] = alone
                 continue

@@ -207,7 +207,9 @@ class Receiver:
             head = self.store.catalog.load_head(name)
             landed = schema_from_text(head.schema) if head is not None and head.schema else None
             LandedNames(name, landed).admit(frame.schema, where)
-            reconcile(name, landed, frame.schema, head.primary_key if head is not None else table_merge(self.spec, name)[0])
+            merge_key, order_by = (head.primary_key, head.order_by) if head is not None \
+                else table_merge(self.spec, name)
+            reconcile(name, landed, frame.schema, merge_key, order_by if merge_key else None)
         return tables
 
     def _answer(self, member: Member) -> Answer:
