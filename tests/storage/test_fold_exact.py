@@ -14,6 +14,8 @@ from contextful.storage import Store
 from contextful.storage.compaction import CompactionPolicy, set_policy
 from contextful.storage.supersede import Supersede
 
+from tests.storage.fold_checks import assert_folds_took_whole_commits
+
 KEY = ("unit_ref", "derivation_key", "cue_seq")
 RULE = Supersede(("unit_ref",))
 SCHEMA = pa.schema({"unit_ref": pa.string(), "derivation_key": pa.string(), "cue_seq": pa.int64(),
@@ -37,20 +39,6 @@ def land(store: Store, *parts: pa.Table) -> int:
 
 def texts(store: Store, commit_seq: int | None = None) -> list[str]:
     return sorted(store.table("passages").to_arrow(commit_seq=commit_seq).column("text").to_pylist())
-
-
-def assert_folds_took_whole_commits(store: Store, name: str) -> int:
-    """Every fold commit of ``name`` removed every part of each commit (merge position ``ord_seq``) it
-    removed a part of; how many folds there were."""
-    table = store.table(name)
-    folds = [c.commit_seq for c in table.commits() if c.kind == "fold"]
-    for seq in folds:
-        before = {p.path: p for p in table.snapshot(seq - 1).parts}
-        after = {p.path for p in table.snapshot(seq).parts}
-        taken = {before[path].ord_seq for path in before.keys() - after}
-        split = [p.path for path, p in before.items() if path in after and p.ord_seq in taken]
-        assert not split, f"fold {seq} left {split} of a commit it folded in part"
-    return len(folds)
 
 
 @pytest.mark.clause("run.emit.stale-supersedes")
