@@ -65,10 +65,14 @@ def collect(store: Store, *, retain_seconds: float = DEFAULT_RETAIN_SECONDS,
         listed = store.objects.list(table_prefix(name))
         staging = set()
         for run in catalog.staging_runs(name):
-            if run.expires_us > now_us and not holder_is_dead(run.holder):
-                staging.add(run.run_id)
-            else:
+            if holder_is_dead(run.holder):
                 catalog.end_staging(name, run.run_id)  # abandoned: its objects age out as orphans
+            elif run.expires_us > now_us:
+                staging.add(run.run_id)
+            else:  # lapsed when read; a renewal landing meanwhile keeps it, and its objects
+                catalog.end_staging(name, run.run_id, lapsed_at_us=now_us)
+                if any(r.run_id == run.run_id for r in catalog.staging_runs(name)):
+                    staging.add(run.run_id)
         committed = {c.commit_seq: c for c in catalog.commits(name)}
         parts = catalog.all_parts(name)
         held = {h.build_id for h in holds(store, name)}

@@ -195,11 +195,13 @@ def fold_snapshot(store: Store, table: Table, snap: Snapshot, groups: list[list[
     try:
         seq = store.catalog.commit(request, store.clock)
     except CommitOutcomeUnknown:
-        raise  # it may have landed: its parts stay, and the lease keeps collection away
+        lease.release()  # it may have landed: its parts stay until collection settles the run
+        raise
     except BaseException:
         store.objects.delete([p.path for p in folded.added] + [key])
         lease.end()
         raise
+    lease.release()  # the commit ended it
     table.refresh()
     return FoldResult(name, seq, len(folded.removed), len(folded.added))
 

@@ -418,6 +418,7 @@ class RunTransaction:
             self.store.objects.delete([k for k in keys if self.store.objects.exists(k)])
         except OSError as exc:  # collection removes what is left once the lease lapses
             log.warning("abort of run %s left objects behind: %s", self.run_id, exc)
+            self._lease.release()
         else:
             self._lease.end()
         if self.table.created:
@@ -480,6 +481,7 @@ def commit_together(transactions: Sequence[RunTransaction]) -> list[CommitResult
             # abort after this deletes nothing (the next run or collection settles it).
             for txn in transactions:
                 txn._outcome_unknown = txn._done = True
+                txn._lease.release()  # left to lapse: collection settles what the run left
             raise
         except CommitConflict as exc:
             if exc.failed != "AssertSchemaId":
@@ -492,6 +494,7 @@ def commit_together(transactions: Sequence[RunTransaction]) -> list[CommitResult
     results = []
     for txn, seq, (_request, manifest, events) in zip(transactions, seqs, built):
         txn._done = True
+        txn._lease.release()  # the commit ended it
         txn.table.refresh()
         results.append(CommitResult(txn.table.name, txn.run_id, seq, manifest.rows, len(txn._parts),
                                     manifest.bytes, tuple(events)))

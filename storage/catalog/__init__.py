@@ -223,8 +223,10 @@ class Catalog(ABC):
         """Extend a staging run's lease; False when it is gone (collection ended it)."""
 
     @abstractmethod
-    def end_staging(self, name: str, run_id: str) -> None:
-        """Forget a staging run that gave up (a commit forgets its own in the same transaction)."""
+    def end_staging(self, name: str, run_id: str, *, lapsed_at_us: int | None = None) -> None:
+        """Forget a staging run that gave up (a commit forgets its own in the same transaction).
+        With ``lapsed_at_us``, only if its lease still lapsed by then: a renewal that landed after
+        collection read the lease keeps it (collection's read and delete are not one step)."""
 
     @abstractmethod
     def staging_runs(self, name: str) -> list[StagingRow]:

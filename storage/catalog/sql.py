@@ -486,10 +486,15 @@ class SqlCatalog(SqlDialect, Catalog):
 
         return self._write(renew, durable=False, rerun_unheard=True)
 
-    def end_staging(self, name: str, run_id: str) -> None:
-        self._write(lambda cur: cur.execute(
-            "DELETE FROM cf_staging WHERE table_name = ? AND run_id = ?", (name, run_id)),
-            durable=False, rerun_unheard=True)
+    def end_staging(self, name: str, run_id: str, *, lapsed_at_us: int | None = None) -> None:
+        if lapsed_at_us is None:
+            self._write(lambda cur: cur.execute(
+                "DELETE FROM cf_staging WHERE table_name = ? AND run_id = ?", (name, run_id)),
+                durable=False, rerun_unheard=True)
+        else:
+            self._write(lambda cur: cur.execute(
+                "DELETE FROM cf_staging WHERE table_name = ? AND run_id = ? AND expires_us <= ?",
+                (name, run_id, lapsed_at_us)), durable=False, rerun_unheard=True)
 
     def staging_runs(self, name: str) -> list[StagingRow]:
         rows = self._read("SELECT run_id, holder, started_us, expires_us FROM cf_staging WHERE table_name = ?",
