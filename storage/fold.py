@@ -281,14 +281,14 @@ def _held_units(con: duckdb.DuckDBPyConnection, snap: Snapshot, group: list[Part
         return False
     unit = _unit_struct(rule)
     known = " AND ".join(f"{quote(u)} IS NOT NULL" for u in rule.unit)
-    key_of = "struct_pack(" + ", ".join(f"k{i} := {quote(k)}" for i, k in enumerate(snap.primary_key)) + ")"
-    facts = (f"SELECT {unit(quote)} AS u, {key_of} AS p, {quote(rule.key)} AS k,"
+    key_of = _key_struct(snap)
+    facts = (f"SELECT {unit(quote)} AS u, {key_of} AS p, struct_pack(v := {quote(rule.key)}) AS k,"  # nulls compare
              f" coalesce({settling(quote(rule.status))}, false) AS s,"
              f" coalesce({open_marker(rule, quote)}, false) AS m")
     stored = snapshot_sql(_sub(snap, group, ()), con)
-    for table, rows in ((STORED, stored), (ANSWERED, answered)):
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {facts} FROM ({rows}) WHERE {known}")
     try:
+        for table, rows in ((STORED, stored), (ANSWERED, answered)):
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {facts} FROM ({rows}) WHERE {known}")
         con.execute(f"CREATE OR REPLACE TEMP TABLE {CANDIDATES} AS"
                     f" SELECT u FROM (SELECT u, k FROM {STORED} WHERE s EXCEPT SELECT u, k FROM {ANSWERED} WHERE s)"
                     f" UNION SELECT u FROM (SELECT u, p FROM {STORED} EXCEPT SELECT u, p FROM {ANSWERED})")
@@ -305,7 +305,7 @@ def _held_units(con: duckdb.DuckDBPyConnection, snap: Snapshot, group: list[Part
         # whose winner is after the group (those rows are answered there, and the group hides none).
         rows_before = f"SELECT * FROM ({outside})"
         if later is not None:
-            rows_before += f" WHERE {key_of} NOT IN (SELECT {key_of} FROM ({later}))"
+            rows_before += f" WHERE NOT coalesce({key_of} IN (SELECT {key_of} FROM ({later})), false)"
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE {HELD} AS"
             f" WITH x AS ({facts} FROM ({rows_before}) WHERE {known}),"
@@ -333,6 +333,19 @@ def _hides(keys: str, rows: str) -> str:
     other_key = f"{keys}.n > 1 OR {keys}.lo IS DISTINCT FROM x.k OR x.m"
     return (f"coalesce(x.p IN (SELECT p FROM {rows}), false)"
             f" OR coalesce(coalesce({keys}.n, 0) > 0 AND ({other_key}), false)")
+
+
+def _key_struct(snap: Snapshot) -> str:
+    """A row's primary key as one struct, NULL for a row with no key (a null or NaN in a key column:
+    such a row merges with nothing, ``storage.snapshot``), so it equals no other row's."""
+    assert snap.schema is not None
+    keyless = []
+    for column in snap.primary_key:
+        keyless.append(f"{quote(column)} IS NULL")
+        if pa.types.is_floating(snap.schema.field(column).type):
+            keyless.append(f"isnan({quote(column)})")
+    packed = "struct_pack(" + ", ".join(f"k{i} := {quote(k)}" for i, k in enumerate(snap.primary_key)) + ")"
+    return f"(CASE WHEN {' OR '.join(keyless)} THEN NULL ELSE {packed} END)"
 
 
 def _unit_struct(rule: Supersede) -> Callable[[Callable[[str], str]], str]:

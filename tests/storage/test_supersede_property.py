@@ -158,6 +158,15 @@ def size_cut(store: Store, reach: int) -> int:
                       ("land", [([("u0", "B", 0, "ok", "passage", "v1")], False, False)]),
                       ("land", [([("u0", "A", 0, "ok", "passage", "v1")], False, True)]),
                       ("fold", (1, 2)), ("fold", (7, 1))])
+@example("unit", [("policy", (7, 2)),
+                  # A (two passages, padded: larger than the rest), then B, then A again with one: B is
+                  # superseded yet withholds the first A's second passage, which a fold leaving the
+                  # padded part out must keep withheld
+                  ("land", [([("u0", "A", 0, "ok", "passage", "v1"), ("u0", "A", 1, "ok", "passage", "v1")],
+                             True, False)]),
+                  ("land", [([("u0", "B", 0, "ok", "passage", "v1")], False, False)]),
+                  ("land", [([("u0", "A", 0, "ok", "passage", "v1")], False, False)]),
+                  ("fold", (1, 1)), ("fold", (2, 1)), ("fold", (7, 1))])
 def test_every_snapshot_answers_the_supersede_rule_before_and_after_every_fold(rule: str, ops: list) -> None:
     run_history(RULES[rule], ops)
 
