@@ -69,9 +69,16 @@ def stored_texts(store: Store) -> list[str]:
         con.close()
 
 
-def padded(texts_: list[str], unit: str = "pad", rows_: int = 2_000) -> pa.Table:
-    """Rows of another unit making a landing's part larger than the ones after it."""
-    return pa.concat_tables([rows(unit, "A", [f"pad-{i}" for i in range(rows_)]), rows("u", "A", texts_)])
+def after_a_large_landing(store: Store, *then: pa.Table) -> tuple[list[str], int]:
+    """Unit u landed under key A (``u-a0``, ``u-a1``, in a part that rows of another unit make larger
+    than the rest), then each of ``then`` as a commit, with automatic compaction off: the head's
+    answer, and the size of that large part."""
+    set_policy(store, CompactionPolicy(enabled=False))
+    store.create_table("passages", KEY, supersede=RULE)
+    land(store, pa.concat_tables([rows("pad", "A", [f"pad-{i}" for i in range(2_000)]), rows("u", "A", ["u-a0", "u-a1"])]))
+    for table in then:
+        land(store, table)
+    return texts(store), max(p.bytes for p in store.table("passages").snapshot().parts)
 
 
 @pytest.mark.clause("run.emit.stale-supersedes")
@@ -80,14 +87,8 @@ def test_superseded_rows_no_row_outside_the_group_needs_leave_at_the_next_fold(s
     landing's rows are superseded within the group, and nothing before the group needs them (the
     second landing withholds the old key's rows as the first did), so the fold drops them; a second
     fold finds nothing to do and commits nothing."""
-    set_policy(store, CompactionPolicy(enabled=False))
-    store.create_table("passages", KEY, supersede=RULE)
-    land(store, padded(["u-a0", "u-a1"]))
-    land(store, rows("u", "B", ["u-b0 first"]))
-    land(store, rows("u", "B", ["u-b0 again"]))
-    answer = texts(store)
+    answer, large = after_a_large_landing(store, rows("u", "B", ["u-b0 first"]), rows("u", "B", ["u-b0 again"]))
     assert [t for t in answer if t.startswith("u-")] == ["u-b0 again"]
-    large = max(p.bytes for p in store.table("passages").snapshot().parts)
 
     folded = store.fold("passages", small_bytes=large)
     assert folded is not None and (folded.parts_removed, folded.parts_added) == (2, 1)
@@ -104,14 +105,8 @@ def test_a_fold_that_would_change_nothing_commits_nothing(store: Store) -> None:
     withholds the first A landing's ``u-a1`` stored in the large part before the group. Dropping it
     would revive ``u-a1``, so the fold keeps the unit's rows as they are: nothing changes, so nothing
     commits. A fold that takes the large part too drops them all exactly."""
-    set_policy(store, CompactionPolicy(enabled=False))
-    store.create_table("passages", KEY, supersede=RULE)
-    land(store, padded(["u-a0", "u-a1"]))
-    land(store, rows("u", "B", ["u-b0"]))
-    land(store, rows("u", "A", ["u-a0 again"]))
-    answer = texts(store)
+    answer, large = after_a_large_landing(store, rows("u", "B", ["u-b0"]), rows("u", "A", ["u-a0 again"]))
     assert [t for t in answer if t.startswith("u-")] == ["u-a0 again"]
-    large = max(p.bytes for p in store.table("passages").snapshot().parts)
     head = store.table("passages").head.commit_seq
 
     assert store.fold("passages", small_bytes=large) is None

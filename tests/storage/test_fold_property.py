@@ -38,7 +38,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.storage.fold_checks import assert_folds_took_whole_commits
-from tests.support.soak import trials
+from tests.support.soak import soak_long, trials
 
 pytestmark = pytest.mark.slow
 
@@ -157,7 +157,8 @@ def size_cut(store: Store, reach: int) -> int:
     return cuts[reach % len(cuts)]
 
 
-@settings(max_examples=trials(40, 1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.timeout(3600 if soak_long() else 900)
+@settings(max_examples=trials(40, 1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.booleans(), st.lists(operation, min_size=1, max_size=8))
 @example(True, [("append", [([(0, 1, None)], False)]),
                 # one commit, a one-row part and a two-row part: tiers 0 and 1 at fanout 2

@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.storage.fold_checks import assert_folds_took_whole_commits
-from tests.support.soak import trials
+from tests.support.soak import soak_long, trials
 
 pytestmark = pytest.mark.slow
 
@@ -136,7 +136,8 @@ def size_cut(store: Store, reach: int) -> int:
     return cuts[reach % len(cuts)]
 
 
-@settings(max_examples=trials(30, 1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.timeout(3600 if soak_long() else 900)
+@settings(max_examples=trials(30, 1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(sorted(RULES)), st.lists(operation, min_size=1, max_size=8))
 @example("unit", [("land", [([("u0", "A", 0, "ok", "passage", "v1"), ("u0", "A", 1, "ok", "passage", "v1")],
                              False, False)]),
