@@ -27,13 +27,15 @@ withheld rows dropped: "the next fold drops the superseded rows"), except the ro
 units, which stay as stored, each in a part at its original position: a unit is held when a row
 stored before the run, answered by the table without the run, is hidden by a row the fold would
 drop (the only record of a landing that retires it, or of its primary key) and by nothing the
-fold keeps (:func:`_held_units`; docs/store.md, "What a fold drops").
+fold keeps (:func:`_held_units`; docs/store.md, "What a fold drops"). That decision reads the
+parts outside the run, so the runs of one fold are decided one after another, each on the table the
+others' folds leave (:func:`_refolded`), and the commit requires every part read still live.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import count
 from typing import TYPE_CHECKING
 
@@ -166,10 +168,13 @@ def fold_snapshot(store: Store, table: Table, snap: Snapshot, groups: list[list[
     lease = StagingLease(store, name, run_id)
     con = store.maintenance_duckdb()
     keys = (part_key(name, run_id, index) for index in count())
+    current = snap  # the table as the groups folded so far leave it
     try:
-        for group in groups:
+        for group in reversed(groups):  # each decided on the table the newer groups' folds leave
             lease.renew()
-            _fold_group(store, con, snap, group, keys, folded)
+            kept = _fold_group(store, con, current, group, keys, folded)
+            if kept is not None and snap.supersede is not None:
+                current = _refolded(store, current, group, kept)
     except BaseException:
         store.objects.delete([p.path for p in folded.added])
         lease.end()
@@ -179,6 +184,7 @@ def fold_snapshot(store: Store, table: Table, snap: Snapshot, groups: list[list[
     if not folded.removed:
         lease.end()
         return None
+    read = folded.read & {p.path for p in snap.parts}  # what the table held: the commit requires it live
     head = table.head
     manifest = RunManifest(table=name, table_uuid=head.uuid, run_id=run_id, kind="fold", parts=tuple(folded.added),
                            landed_schema=schema_to_text(snap.schema), created_us=store.clock.now_us(),
@@ -188,7 +194,7 @@ def fold_snapshot(store: Store, table: Table, snap: Snapshot, groups: list[list[
     request = CommitRequest(
         table=name, run_id=run_id, kind="fold", manifest=key,
         requirements=(AssertTableUUID(head.uuid), AssertSchemaId(head.schema_id),
-                      AssertPartsLive(tuple(sorted(folded.read | set(folded.removed)))), AssertStaging(run_id)),
+                      AssertPartsLive(tuple(sorted(read | set(folded.removed)))), AssertStaging(run_id)),
         updates=(RemoveParts(tuple(folded.removed)), AddParts(tuple(folded.added))),
         rows=sum(p.rows for p in folded.added),
     )
@@ -206,12 +212,32 @@ def fold_snapshot(store: Store, table: Table, snap: Snapshot, groups: list[list[
     return FoldResult(name, seq, len(folded.removed), len(folded.added))
 
 
+def _refolded(store: Store, snap: Snapshot, group: list[PartRow], kept: list[PartFile]) -> Snapshot:
+    """``snap`` with ``group`` replaced by the parts its fold wrote (``kept``, not yet committed).
+
+    A supersede fold's decision reads the parts outside its group, so the groups of one fold are
+    decided one after another, each on the table the others' folds leave: two groups decided on the
+    same table could each drop a landing the other's kept a row withheld by, and together revive it.
+    """
+    taken = {p.path for p in group}
+    written = []
+    for f in kept:
+        assert f.ord_seq is not None  # a folded part keeps the merge position of a part it replaces
+        written.append(PartRow(path=f.path, rows=f.rows, bytes=f.bytes, added_seq=snap.commit_seq + 1,
+                               removed_seq=None, ord_seq=f.ord_seq, ord_idx=f.ord_idx, collected_us=None,
+                               schema_id=snap.schema_id))
+    located = [(p, uri) for p, uri in zip(snap.parts, snap.uris) if p.path not in taken]
+    located += [(p, store.objects.uri(p.path)) for p in written]
+    located.sort(key=lambda pu: (pu[0].ord_seq, pu[0].ord_idx))
+    return replace(snap, parts=tuple(p for p, _ in located), uris=tuple(uri for _, uri in located))
+
+
 def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, group: list[PartRow],
-                keys: Iterator[str], folded: _Folded) -> None:
+                keys: Iterator[str], folded: _Folded) -> list[PartFile] | None:
     """Fold ``group`` into ``folded``: one part at the merge position of its newest part holding what
     the group answers, and, under a supersede rule, the rows of held units (:func:`_held_units`) as
-    stored, each in a part at the position of the part it came from. A group whose parts would come
-    back with the same rows and no fewer parts is left as it is."""
+    stored, each in a part at the position of the part it came from. The parts written, or None for
+    a group whose parts would come back with the same rows and no fewer parts: it is left as it is."""
     sub = _sub(snap, group, snap.primary_key)
     sql = snapshot_sql(sub, con)
     assert sql is not None
@@ -240,10 +266,12 @@ def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, gr
     kept = [p for p in written if p.rows]
     unchanged = sum(p.rows for p in kept) == sum(p.rows for p in group) and len(kept) >= len(group)
     store.objects.delete([p.path for p in (written if unchanged else empty)])
-    if not unchanged:
-        folded.added.extend(kept)
-        folded.removed.extend(p.path for p in group)
     folded.read.update(p.path for p in group)
+    if unchanged:
+        return None
+    folded.added.extend(kept)
+    folded.removed.extend(p.path for p in group)
+    return kept
 
 
 HELD = "__cf_held"

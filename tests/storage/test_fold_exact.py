@@ -118,3 +118,22 @@ def test_a_fold_that_would_change_nothing_commits_nothing(store: Store) -> None:
     assert texts(store) == answer
     assert stored_texts(store) == answer  # the superseded rows left with the fold that could drop them
 
+
+
+@pytest.mark.clause("run.emit.stale-supersedes", "run.select.key-change")
+def test_the_runs_of_one_fold_are_decided_one_after_another(store: Store) -> None:
+    """Unit u under key A (two passages, in a large part), then A -> B -> A in one run of small
+    commits and A -> C -> A in another, a large part of another unit between them. Either superseded
+    landing (B or C) withholds ``u-a1`` while the other stays; one fold folding both runs must not
+    drop both, each on the strength of the other."""
+    after_a_large_landing(store, rows("u", "B", ["u-b0"]), rows("u", "A", ["u-a0 again"]))
+    land(store, rows("other", "A", [f"other-{i}" for i in range(2_000)]))
+    land(store, rows("u", "C", ["u-c0"]))
+    land(store, rows("u", "A", ["u-a0 third"]))
+    answer = texts(store)
+    assert [t for t in answer if t.startswith("u-")] == ["u-a0 third"]
+    small = min(p.bytes for p in store.table("passages").snapshot().parts if p.rows >= 2_000)
+
+    store.fold("passages", small_bytes=small)
+    assert texts(store) == answer
+    assert "u-a1" in stored_texts(store)  # withheld, by a landing one of the runs still keeps
