@@ -1,4 +1,4 @@
-"""Checks on a table's fold history shared by the fold tests: every fold took whole commits."""
+"""Shared by the fold tests: every fold of a table took whole commits; size thresholds between its parts."""
 
 from __future__ import annotations
 
@@ -17,3 +17,10 @@ def assert_folds_took_whole_commits(store: Store, name: str) -> int:
         split = [p.path for path, p in before.items() if path in after and p.ord_seq in taken]
         assert not split, f"fold {seq} left {split} of a commit it folded in part"
     return len(folds)
+
+
+def size_cut(store: Store, name: str, reach: int) -> int:
+    """A size threshold between the live parts' sizes of ``name`` (or above them all), by ``reach``."""
+    sizes = sorted({p.bytes for p in store.table(name).snapshot().parts}) or [1 << 20]
+    cuts = [*sizes, sizes[-1] + 1]
+    return cuts[reach % len(cuts)]

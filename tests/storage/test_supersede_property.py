@@ -38,7 +38,7 @@ from contextful.storage.supersede import SETTLING, Supersede
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.storage.fold_checks import assert_folds_took_whole_commits
+from tests.storage.fold_checks import assert_folds_took_whole_commits, size_cut
 from tests.support.soak import soak_long, trials
 
 pytestmark = pytest.mark.slow
@@ -129,13 +129,6 @@ def check(store: Store, con: duckdb.DuckDBPyConnection, model: Model) -> None:
         assert read(con, table.snapshot(seq)) == model.answer(seq), f"snapshot {seq} of {model.head}"
 
 
-def size_cut(store: Store, reach: int) -> int:
-    """A size threshold between the live parts' sizes (or above them all), by ``reach``."""
-    sizes = sorted({p.bytes for p in store.table("t").snapshot().parts}) or [1 << 20]
-    cuts = [*sizes, sizes[-1] + 1]
-    return cuts[reach % len(cuts)]
-
-
 @pytest.mark.timeout(3600 if soak_long() else 900)
 @settings(max_examples=trials(30, 1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(sorted(RULES)), st.lists(operation, min_size=1, max_size=8))
@@ -199,10 +192,10 @@ def run_history(rule: Supersede, ops: list) -> None:
                     model.land(parts)
                 elif op == "fold":
                     reach, min_parts = arg
-                    store.fold("t", small_bytes=size_cut(store, reach), min_parts=min_parts)
+                    store.fold("t", small_bytes=size_cut(store, "t", reach), min_parts=min_parts)
                 else:
                     reach, fanout = arg
-                    set_policy(store, CompactionPolicy(fanout=fanout, small_bytes=size_cut(store, reach)), table="t")
+                    set_policy(store, CompactionPolicy(fanout=fanout, small_bytes=size_cut(store, "t", reach)), table="t")
                 model.commits.extend([] for _ in range(store.table("t").head.commit_seq - model.head))  # folds
                 check(store, con, model)
             assert_folds_took_whole_commits(store, "t")
