@@ -12,21 +12,22 @@ LSM so a row is rewritten O(log n) times over n commits, never once per commit:
   a landing's part per input) is never written twice: a scan of 1 MiB parts costs little over its
   bytes (100 parts of 1.1 MiB read in 1.12-1.32x the time of one part of the same rows), so
   rewriting them would buy reads little and cost appends a rewrite of every row (bench/README.md);
-- a small part's *tier* is ``floor(log_fanout(rows))``: merging ``fanout`` parts of tier k or below
-  makes a part of tier at least k (and k + 1 once they hold ``fanout`` times the rows), so a row
-  climbs a tier each time it is rewritten, and at most ``log_fanout(rows)`` times in all;
+- a small part's *tier* is ``floor(log_fanout(rows))``, and a commit's the tier of its largest
+  part: merging ``fanout`` commits of tier k or below makes a part of tier at least k (and k + 1
+  once they hold ``fanout`` times the rows), so a row climbs a tier each time it is rewritten, and
+  at most ``log_fanout(rows)`` times in all;
 - after a commit the table's live parts are read (one indexed catalog read), and for the smallest
-  tier k where a stretch of consecutive parts of tier k or below holds parts of tier k from
-  ``fanout`` different commits, the newest such stretch is folded (lower-tier parts inside it go
-  along), in one ``fold`` commit (:func:`storage.fold.fold_snapshot`: the runs
-  :func:`storage.fold.fold_groups` allows, so an ``order_by`` declaration, a supersede rule's
-  commits and every answer are kept). Counting commits, not parts, leaves the parts of one commit
-  (a bulk load's part per input) as their writer sized them. A fold at tier k absorbs at least
-  ``fanout`` parts of tier k, so its part is of tier k + 1 or more (unless a key merge dropped
-  rows): each row is rewritten at most once per tier. Once nothing is due, a stream of small
-  commits leaves fewer than ``fanout`` parts per tier: about ``fanout · log_fanout(rows)`` small
-  parts (a few dozen), whatever the number
-  of commits (a binary counter in base ``fanout``).
+  tier k where a stretch of consecutive commits of tier k or below holds ``fanout`` commits of
+  tier k, the newest such stretch is folded (lower-tier commits inside it go along), in one
+  ``fold`` commit (:func:`storage.fold.fold_snapshot`: the runs :func:`storage.fold.fold_groups`
+  allows, so an ``order_by`` declaration and every answer are kept). A stretch is made of whole
+  commits: a fold takes every part of a commit or none (``storage.fold``), and counting commits,
+  not parts, leaves the parts of one commit (a bulk load's part per input) as their writer sized
+  them. A fold at tier k absorbs at least ``fanout`` commits of tier k, so its part is of tier
+  k + 1 or more (unless a key merge dropped rows): each row is rewritten at most once per tier.
+  Once nothing is due, a stream of small commits leaves fewer than ``fanout`` commits per tier:
+  about ``fanout · log_fanout(rows)`` small parts (a few dozen), whatever the number of commits (a
+  binary counter in base ``fanout``).
 
 The work per commit is one stretch, and amortized over commits O(fanout · log n) rows. The pass runs
 after the user's commit has landed and never fails it: a fold that loses a race (another writer
@@ -48,7 +49,7 @@ from typing import TYPE_CHECKING
 
 from contextful.storage.catalog import PartRow
 from contextful.storage.errors import CommitConflict
-from contextful.storage.fold import FoldResult, fold_boundary, fold_groups, fold_snapshot
+from contextful.storage.fold import FoldResult, commits_of, fold_boundary, fold_groups, fold_snapshot
 from contextful.storage.reserved import RESERVED_TABLES
 
 if TYPE_CHECKING:
@@ -142,11 +143,11 @@ def tier(part: PartRow, fanout: int) -> int:
     return level
 
 
-def due_group(parts: list[PartRow], policy: CompactionPolicy, boundary: int = 0,
-              whole_commits: bool = False) -> list[PartRow] | None:
+def due_group(parts: list[PartRow], policy: CompactionPolicy, boundary: int = 0) -> list[PartRow] | None:
     """The stretch of ``parts`` (live, in merge order) a pass folds, or None when nothing is due: the
-    newest maximal stretch of consecutive small parts of tier k or below holding parts of tier k
-    from ``fanout`` commits, for the smallest such k.
+    newest maximal stretch of consecutive commits of tier k or below holding ``fanout`` commits of
+    tier k, for the smallest such k. A commit (:func:`storage.fold.commits_of`) is of the tier of its
+    largest part and is taken whole: a stretch never ends inside one.
 
     Counted by commit, not by part: the parts one commit adds were sized by its writer (a landing
     of ten inputs adds ten parts), and folding them straight after would rewrite a bulk load for
@@ -154,24 +155,18 @@ def due_group(parts: list[PartRow], policy: CompactionPolicy, boundary: int = 0,
 
     Loops over the live parts' metadata: the policy keeps them to a few dozen.
     """
-    for run in fold_groups(parts, policy.small_bytes, policy.fanout, boundary, whole_commits):
-        levels = [tier(p, policy.fanout) for p in run]
-        commits = [p.added_seq for p in run]
-        due: tuple[int, int, int] | None = None  # (tier, -end, start) of the best stretch so far
+    for run in fold_groups(parts, policy.small_bytes, policy.fanout, boundary):
+        commits = commits_of(run)
+        levels = [max(tier(p, policy.fanout) for p in commit) for commit in commits]
         for level in sorted(set(levels)):
-            end = len(run)
-            while end > 0:  # stretches of parts at this tier or below, newest first
+            end = len(commits)
+            while end > 0:  # stretches of commits at this tier or below, newest first
                 start = end
                 while start > 0 and levels[start - 1] <= level:
                     start -= 1
-                if len({commits[i] for i in range(start, end) if levels[i] == level}) >= policy.fanout:
-                    due = (level, -end, start)
-                    break
+                if sum(1 for i in range(start, end) if levels[i] == level) >= policy.fanout:
+                    return [p for commit in commits[start:end] for p in commit]
                 end = start - 1
-            if due is not None:
-                break
-        if due is not None:
-            return run[due[2]:-due[1]]
     return None
 
 
@@ -183,7 +178,7 @@ def compact(store: Store, table: Table, policy: CompactionPolicy) -> FoldResult 
     if len(parts) < policy.fanout or not head.commit_seq:
         return None
     snap = table.snapshot_at(head.commit_seq)
-    group = due_group(list(snap.parts), policy, fold_boundary(snap), snap.supersede is not None)
+    group = due_group(list(snap.parts), policy, fold_boundary(snap))
     return fold_snapshot(store, table, snap, [group]) if group else None
 
 

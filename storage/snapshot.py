@@ -98,21 +98,28 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | None:
+Where = Callable[[Callable[[str], str]], str]
+"""A row condition built from a map of column name to its expression (in the snapshot's type)."""
+
+
+def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection, where: Where | None = None) -> str | None:
     """One DuckDB SELECT answering ``snapshot``, or None when it has no parts to read.
 
     ``con`` is the connection that will run it (able to read the parts); :func:`_sources` says when
-    it is asked for the scan's columns.
+    it is asked for the scan's columns. ``where`` keeps only the stored rows it holds for, before
+    the key merge and the supersede rule: it must name whole keys and whole units (a condition on
+    key or unit columns), so the answer is the snapshot's answer restricted to them.
     """
     if not snapshot.parts or snapshot.schema is None:
         return None
     if not snapshot.primary_key:
-        scan, source, _alias, projected = _scan(snapshot, con)
-        return f"SELECT {projected(source)} FROM {scan} AS {SCAN}"
+        scan, source, _alias, typed = _scan(snapshot, con)
+        condition = f" WHERE {where(lambda n: typed(n, source[n]))}" if where is not None else ""
+        return f"SELECT {_projected(snapshot, typed, source)} FROM {scan} AS {SCAN}{condition}"
     for key in snapshot.primary_key:
         if key not in snapshot.schema.names:  # a store written before keys were checked at landing
             raise TableUnreadable(snapshot.table, f"primary key column {key!r} is not a column of the table")
-    inner, inner_names, projected = _inner(snapshot, con)
+    inner, inner_names, projected = _inner(snapshot, con, where)
     names = snapshot.schema.names
     merge_order = _merge_order(snapshot)
     keys = ", ".join(f"{ROWS}.{quote(inner_names[k])}" for k in snapshot.primary_key)
@@ -141,20 +148,14 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
     return ruled_sql(rule, scanned, ROWS, lambda name: quote(inner_names[name]), winner, columns)
 
 
-def stored_rows_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection,
-                    where: Callable[[Callable[[str], str]], str]) -> str | None:
+def stored_rows_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection, where: Where) -> str | None:
     """Every row the snapshot's parts store (no key merge, no rule) for which ``where`` holds, in
-    merge order; ``where`` builds the condition from a map of column name to its expression."""
+    merge order."""
     if not snapshot.parts or snapshot.schema is None:
         return None
-    inner, inner_names, projected = _inner(snapshot, con)
-
-    def column_of(name: str) -> str:
-        return f"{ROWS}.{quote(inner_names[name])}"
-
-    columns = projected({n: column_of(n) for n in snapshot.schema.names})
-    return (f"SELECT {columns} FROM ({inner}) AS {ROWS} WHERE {where(column_of)}"
-            f" ORDER BY {ROWS}.{PART}, {ROWS}.{ROW}")
+    inner, inner_names, projected = _inner(snapshot, con, where)
+    columns = projected({n: f"{ROWS}.{quote(inner_names[n])}" for n in snapshot.schema.names})
+    return f"SELECT {columns} FROM ({inner}) AS {ROWS} ORDER BY {ROWS}.{PART}, {ROWS}.{ROW}"
 
 
 def _merge_order(snapshot: Snapshot) -> list[int]:
@@ -163,38 +164,43 @@ def _merge_order(snapshot: Snapshot) -> list[int]:
 
 
 def _scan(snapshot: Snapshot, con: duckdb.DuckDBPyConnection
-          ) -> tuple[str, dict[str, str], str, Callable[[dict[str, str]], str]]:
+          ) -> tuple[str, dict[str, str], str, Callable[[str, str], str]]:
     """The parts' scan in merge order, what reads each column from it and its alias list
-    (:func:`_sources`), and the projection of the snapshot's columns from a map of expressions."""
+    (:func:`_sources`), and ``typed(name, expression)``: the expression in the snapshot's type of
+    column ``name`` (cast when parts differ)."""
     assert snapshot.schema is not None
-    names = snapshot.schema.names
     files = "[" + ", ".join(sql_literal(snapshot.uris[i]) for i in _merge_order(snapshot)) + "]"
     scan = f"read_parquet({files}, hive_partitioning = false{', union_by_name = true' if snapshot.mixed_schemas else ''})"
-    types = duckdb_types(snapshot.schema) if snapshot.mixed_schemas else None
+    types = dict(zip(snapshot.schema.names, duckdb_types(snapshot.schema))) if snapshot.mixed_schemas else None
 
-    def projected(read: dict[str, str]) -> str:
-        """The snapshot's columns, each from ``read[name]``, cast to its type when parts differ."""
-        if types is None:
-            return ", ".join(f"{read[n]} AS {quote(n)}" for n in names)
-        return ", ".join(f"CAST({read[n]} AS {t}) AS {quote(n)}" for n, t in zip(names, types))
+    def typed(name: str, expression: str) -> str:
+        return expression if types is None else f"CAST({expression} AS {types[name]})"
 
     source, alias = _sources(snapshot, con, scan)
-    return scan, source, alias, projected
+    return scan, source, alias, typed
 
 
-def _inner(snapshot: Snapshot, con: duckdb.DuckDBPyConnection
-           ) -> tuple[str, dict[str, str], Callable[[dict[str, str]], str]]:
-    """The scanned rows under internal names (``__cf_c<i>``, the part's and the row's positions),
-    those names by column, and the projection back to the snapshot's columns."""
+def _projected(snapshot: Snapshot, typed: Callable[[str, str], str], read: dict[str, str]) -> str:
+    """The snapshot's columns, each from ``read[name]``, in the snapshot's type."""
     assert snapshot.schema is not None
-    scan, source, alias, projected = _scan(snapshot, con)
+    return ", ".join(f"{typed(n, read[n])} AS {quote(n)}" for n in snapshot.schema.names)
+
+
+def _inner(snapshot: Snapshot, con: duckdb.DuckDBPyConnection, where: Where | None = None
+           ) -> tuple[str, dict[str, str], Callable[[dict[str, str]], str]]:
+    """The scanned rows (those ``where`` holds for) under internal names (``__cf_c<i>``, the part's
+    and the row's positions), those names by column, and the projection back to the snapshot's
+    columns."""
+    assert snapshot.schema is not None
+    scan, source, alias, typed = _scan(snapshot, con)
     names = snapshot.schema.names
     inner_names = {n: f"__cf_c{i}" for i, n in enumerate(names)}
+    condition = f" WHERE {where(lambda n: typed(n, source[n]))}" if where is not None else ""
     inner = (
         "SELECT " + ", ".join(f"{source[n]} AS {quote(inner_names[n])}" for n in names)
-        + f", {SCAN}.file_index AS {PART}, {SCAN}.file_row_number AS {ROW} FROM {scan} AS {SCAN}{alias}"
+        + f", {SCAN}.file_index AS {PART}, {SCAN}.file_row_number AS {ROW} FROM {scan} AS {SCAN}{alias}{condition}"
     )
-    return inner, inner_names, projected
+    return inner, inner_names, lambda read: _projected(snapshot, typed, read)
 
 
 ZONED_STAMP = r"[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?\s*([Zz]|[+-]\d{2}(:?\d{2})?)$"

@@ -103,8 +103,16 @@ class Supersede:
                 f" kind={self.kind})")
 
 
-def _settling(status: str) -> str:
+def settling(status: str) -> str:
+    """Whether the status expression ``status`` settles its unit (NULL for a null status)."""
     return f"({status} IN ({', '.join(repr(s) for s in SETTLING)}))"
+
+
+def open_marker(rule: Supersede, column: Callable[[str], str]) -> str:
+    """Whether a row (its columns' expressions from ``column``) is a marker that did not settle: any
+    later settling landing of its unit withholds it."""
+    return (f"({column(rule.kind)} IS NOT DISTINCT FROM {MARKER!r}"
+            f" AND NOT coalesce({settling(column(rule.status))}, false))")
 
 
 def ruled_sql(rule: Supersede, scanned: str, rows: str, inner: Callable[[str], str], winner: str,
@@ -122,7 +130,7 @@ def ruled_sql(rule: Supersede, scanned: str, rows: str, inner: Callable[[str], s
     known = " AND ".join(f"{rows}.{u} IS NOT NULL" for u in units)  # a null unit settles nothing
     unit_list = ", ".join(units)
     landed = (f"SELECT {', '.join(f'{rows}.{u}' for u in units)}, {rows}.{key}, max({rows}.{SEQ}) AS {LATEST}"
-              f" FROM ({scanned}) AS {rows} WHERE {_settling(f'{rows}.{inner(rule.status)}')} AND {known}"
+              f" FROM ({scanned}) AS {rows} WHERE {settling(f'{rows}.{inner(rule.status)}')} AND {known}"
               f" GROUP BY ALL")
     # Per unit: its latest settling commit, the largest key settled then, and the latest settling
     # commit under any other key (that commit again when two keys settled in it). Hash aggregates
@@ -136,12 +144,11 @@ def ruled_sql(rule: Supersede, scanned: str, rows: str, inner: Callable[[str], s
     joined = " AND ".join(f"{rows}.{u} = {UNITS}.{u}" for u in units)
     other_key = (f"(CASE WHEN {rows}.{key} IS NOT DISTINCT FROM {UNITS}.{TOP_KEY} THEN {UNITS}.{OTHER}"
                  f" ELSE {UNITS}.{TOP_SEQ} END) > {rows}.{SEQ}")
-    open_marker = (f"({rows}.{inner(rule.kind)} IS NOT DISTINCT FROM {MARKER!r}"
-                   f" AND NOT coalesce({_settling(f'{rows}.{inner(rule.status)}')}, false)"
-                   f" AND {UNITS}.{TOP_SEQ} > {rows}.{SEQ})")
+    withheld_marker = (f"({open_marker(rule, lambda name: f'{rows}.{inner(name)}')}"
+                       f" AND {UNITS}.{TOP_SEQ} > {rows}.{SEQ})")
     retired = f"{rows}.{inner(rule.status)} IS NOT DISTINCT FROM {RETIRED!r}"
     # The scan is written out twice, not shared: the settling landings read three columns of it,
     # and a shared scan would be materialized whole.
     return (f"WITH {LANDED} AS ({landed}), {UNITS} AS ({facts})"
             f" SELECT {columns} FROM (SELECT * FROM ({scanned}) AS {rows} QUALIFY {winner}) AS {rows}"
-            f" LEFT JOIN {UNITS} ON {joined} WHERE NOT coalesce({other_key} OR {open_marker} OR {retired}, false)")
+            f" LEFT JOIN {UNITS} ON {joined} WHERE NOT coalesce({other_key} OR {withheld_marker} OR {retired}, false)")

@@ -92,6 +92,24 @@ def test_due_group_folds_the_lowest_tier_first_and_leaves_large_parts() -> None:
     assert due_group(big, policy) is None  # a large part splits the runs
 
 
+def test_a_stretch_never_ends_inside_a_commit() -> None:
+    """A commit is of the tier of its largest part and is folded whole or not at all, whatever its
+    parts' tiers or sizes (issue 26: part of a commit folded with older commits moved their landings
+    level with the rest of it)."""
+    from contextful.storage.catalog import PartRow
+
+    def part(name: str, seq: int, idx: int, rows: int, size: int = 100) -> PartRow:
+        return PartRow(name, rows, size, seq, None, seq, idx, None, 1)
+
+    policy = CompactionPolicy(fanout=2, small_bytes=1_000)
+    mixed = [part("c1", 1, 0, 1), part("c2a", 2, 0, 1), part("c2b", 2, 1, 2)]  # c2: tiers 0 and 1
+    assert due_group(mixed, policy) is None  # tier 0: one commit; tier 1: one commit
+    three = [*mixed, part("c3", 3, 0, 2)]
+    assert [p.path for p in due_group(three, policy) or []] == ["c1", "c2a", "c2b", "c3"]
+    with_large = [part("c1", 1, 0, 1), part("c2a", 2, 0, 1), part("c2b", 2, 1, 1, 5_000), part("c3", 3, 0, 1)]
+    assert due_group(with_large, policy) is None  # c2 stays out whole: c1 and c3 are not consecutive
+
+
 def test_the_parts_of_one_commit_are_left_as_their_writer_sized_them(tmp_path: Path) -> None:
     from contextful.storage.catalog import PartRow
 

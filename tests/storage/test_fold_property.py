@@ -1,19 +1,25 @@
-"""Property: every snapshot of a keyed table answers what the merge rules of docs/store.md say, before
-and after every fold, however ``order_by`` is declared late (issue 11, "an answer once given never
-changes").
+"""Property: every snapshot of a plain or keyed table answers what the merge rules of docs/store.md
+say, before and after every fold, explicit or automatic, however ``order_by`` is declared late
+(issues 11 and 26: "an answer once given never changes", "a fold never changes an answer").
 
-Hypothesis draws histories of appends and replaces (runs of one or two parts, keys repeating within
-a part, stamps with ties and nulls, an ``order_by`` column that some batches lack), late ``order_by``
-declarations and folds of varying reach. After every operation each snapshot 1..head is read and
-compared with an oracle that implements the documented rule in plain Python, from the history alone:
+Hypothesis draws a table kind (plain, or keyed) and histories of appends and replaces (runs of one
+to three parts of different sizes, so one commit's parts fall in different compaction tiers; keys
+repeating within a part; stamps with ties and nulls; an ``order_by`` column that some parts of one
+run lack, so a run's parts differ in schema), late ``order_by`` declarations (keyed tables), folds of
+varying reach and changes of the automatic compaction policy (on throughout, its fanout and size
+threshold redrawn). After every operation each snapshot 1..head is read and compared with an oracle
+that implements the documented rule in plain Python, from the history alone:
 
 - a snapshot reads the rows committed since the last replace at or below it;
+- a plain table answers every one of them;
 - below the declaration's commit (or without one) the latest row of a key by commit order wins;
 - at or above it, the rows committed before the declaration count only through their commit-order
   winner, which competes with the rows committed after it: the largest ``order_by`` value wins (a
   null loses to any value), then the later by commit order.
 
-Folds are commits that change nothing in the oracle.
+Folds are commits that change nothing in the oracle, and every fold takes whole commits.
+
+Short form in the ordinary suite; ``CONTEXTFUL_SOAK=1`` draws many more histories.
 """
 
 from __future__ import annotations
@@ -24,24 +30,31 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pytest
 from contextful.storage import ManualClock, Store
 from contextful.storage.compaction import CompactionPolicy, set_policy
 from contextful.storage.snapshot import Snapshot, snapshot_sql
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
+from tests.storage.fold_checks import assert_folds_took_whole_commits, size_cut
+from tests.support.soak import soak_long, trials
+
+pytestmark = pytest.mark.slow
 
 Row = dict[str, Any]
 SCHEMA = pa.schema({"k": pa.int64(), "ts": pa.int64(), "u": pa.int64(), "id": pa.int64()})
 
 keys = st.integers(0, 2)
 stamps = st.none() | st.integers(0, 2)
-batch = st.tuples(st.lists(st.tuples(keys, stamps, stamps), min_size=1, max_size=4), st.booleans())
-run = st.lists(batch, min_size=1, max_size=2)
+batch = st.tuples(st.lists(st.tuples(keys, stamps, stamps), min_size=1, max_size=9), st.booleans())
+run = st.lists(batch, min_size=1, max_size=3)
 operation = st.one_of(
     st.tuples(st.just("append"), run),
     st.tuples(st.just("replace"), run),
     st.tuples(st.just("declare"), st.sampled_from(["ts", "u"])),
     st.tuples(st.just("fold"), st.tuples(st.integers(0, 7), st.integers(1, 2))),
+    st.tuples(st.just("policy"), st.tuples(st.integers(0, 7), st.integers(2, 3))),
 )
 
 
@@ -49,6 +62,7 @@ operation = st.one_of(
 class Oracle:
     """The documented merge rule over the history, in plain Python."""
 
+    keyed: bool = True
     commits: list[list[tuple[tuple[int, int, int], Row]]] = field(default_factory=list)
     """Per commit (seq = index + 1): its rows with their commit-order position, or [] for a
     declaration or a fold."""
@@ -72,6 +86,9 @@ class Oracle:
 
     def answer(self, seq: int) -> list[tuple]:
         start = max([r for r in self.replaces if r <= seq], default=1)
+        if not self.keyed:
+            return sorted((tuple(row[c] for c in SCHEMA.names) for commit in self.commits[start - 1:seq]
+                           for _, row in commit), key=by_id)
         by_key: dict[int, list[tuple[tuple[int, int, int], Row]]] = {}
         for commit in self.commits[start - 1:seq]:
             for position, row in commit:
@@ -88,11 +105,16 @@ class Oracle:
             candidates = before[-1:] + [pr for pr in rows if pr[0][0] > declared_at]
             best = max(candidates, key=lambda pr: (pr[1][column] is not None, pr[1][column] or 0, pr[0]))
             winners.append(best[1])
-        return sorted(tuple(row[c] for c in SCHEMA.names) for row in winners)
+        return sorted((tuple(row[c] for c in SCHEMA.names) for row in winners), key=by_id)
+
+
+def by_id(row: tuple) -> int:
+    """A row's ``id``: unique to each landed row, so rows sort without comparing nulls."""
+    return row[SCHEMA.names.index("id")]
 
 
 def answered(rows: list[dict[str, Any]]) -> list[tuple]:
-    return sorted(tuple(row.get(c) for c in SCHEMA.names) for row in rows)
+    return sorted((tuple(row.get(c) for c in SCHEMA.names) for row in rows), key=by_id)
 
 
 def read(con: duckdb.DuckDBPyConnection, snapshot: Snapshot) -> list[tuple]:
@@ -128,21 +150,28 @@ def check(store: Store, con: duckdb.DuckDBPyConnection, oracle: Oracle) -> None:
         assert read(con, table.snapshot(seq)) == oracle.answer(seq), f"snapshot {seq} of {oracle.head}"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(operation, min_size=1, max_size=8))
-def test_every_snapshot_answers_the_documented_rule_before_and_after_every_fold(ops: list) -> None:
-    run_history(ops)
+@pytest.mark.timeout(3600 if soak_long() else 900)
+@settings(max_examples=trials(40, 1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.booleans(), st.lists(operation, min_size=1, max_size=8))
+@example(True, [("append", [([(0, 1, None)], False)]),
+                # one commit, a one-row part and a two-row part: tiers 0 and 1 at fanout 2
+                ("append", [([(1, 0, None)], False), ([(0, 0, 0), (2, None, 1)], True)]),
+                ("declare", "ts"), ("append", [([(0, 2, 2), (1, None, None)], True)])])
+def test_every_snapshot_answers_the_documented_rule_before_and_after_every_fold(keyed: bool, ops: list) -> None:
+    run_history(ops, keyed)
 
 
-def run_history(ops: list) -> None:
-    """Apply ``ops`` to a keyed table in a fresh local store, checking every snapshot after each."""
+def run_history(ops: list, keyed: bool = True) -> None:
+    """Apply ``ops`` to a table (keyed on ``k``, or plain) in a fresh local store, checking every
+    snapshot after each."""
     with tempfile.TemporaryDirectory() as root:
         store = Store.open(root, clock=ManualClock(), durable=False)
-        set_policy(store, CompactionPolicy(enabled=False))  # the oracle counts commits: only explicit folds
+        set_policy(store, CompactionPolicy(fanout=2))
         con = store.duckdb()
+        key = ("k",) if keyed else ()
         try:
-            store.create_table("t", ("k",))
-            oracle = Oracle()
+            store.create_table("t", key)
+            oracle = Oracle(keyed)
             next_id = 0
             for op, arg in ops:
                 if op in ("append", "replace"):
@@ -151,20 +180,22 @@ def run_history(ops: list) -> None:
                     txn = store.table("t").transaction(op)
                     for part in parts:
                         txn.stage(arrow(part))
-                    txn.commit()
+                    txn.commit()  # automatic compaction may fold after it
                     oracle.land(op, [[{c: row[c] for c in SCHEMA.names} for row in part] for part in parts])
                 elif op == "declare":
-                    store.create_table("t", ("k",), order_by=arg)
-                    oracle.declare(arg)
-                else:
-                    reach, min_parts = arg
-                    sizes = sorted({p.bytes for p in store.table("t").snapshot().parts})
-                    if not sizes:
+                    if not keyed:
                         continue
-                    cuts = [*sizes, sizes[-1] + 1]
-                    if store.fold("t", small_bytes=cuts[reach % len(cuts)], min_parts=min_parts) is not None:
-                        oracle.commits.append([])
+                    store.create_table("t", key, order_by=arg)
+                    oracle.declare(arg)
+                elif op == "fold":
+                    reach, min_parts = arg
+                    store.fold("t", small_bytes=size_cut(store, "t", reach), min_parts=min_parts)
+                else:
+                    reach, fanout = arg
+                    set_policy(store, CompactionPolicy(fanout=fanout, small_bytes=size_cut(store, "t", reach)), table="t")
+                oracle.commits.extend([] for _ in range(store.table("t").head.commit_seq - oracle.head))  # folds
                 check(store, con, oracle)
+            assert_folds_took_whole_commits(store, "t")
             table = store.table("t")  # the public readers answer the head the same way
             assert answered(table.to_arrow().to_pylist()) == oracle.answer(oracle.head)
             assert table.count() == len(oracle.answer(oracle.head))
