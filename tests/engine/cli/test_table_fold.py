@@ -1,8 +1,9 @@
 """Folds as a user meets them (real child processes; issue 26, "a fold never changes an answer"):
 
-- a ``table load`` whose NDJSON changes schema between blocks lands one commit of two parts of
-  different sizes; automatic compaction folds that commit whole or not at all, so a derive output
-  table (a supersede rule) answers what the landings say;
+- a ``table load`` whose NDJSON changes schema between blocks (the route by which such a load once
+  landed one commit of two parts of different sizes, folded in part) lands one part in the widened
+  schema, and automatic compaction leaves a derive output table (a supersede rule) answering what the
+  landings say; a commit of several parts is folded whole (tests/storage/test_fold_exact.py);
 - ``table fold`` of a table whose only superseded rows are still needed (they withhold a row in a
   part too large to fold) says there is nothing to fold and commits nothing, every time.
 """
@@ -44,21 +45,21 @@ def answered(project: Path, sql: str) -> list[dict[str, object]]:
 
 
 @pytest.mark.clause("run.emit.stale-supersedes")
-def test_a_load_whose_schema_changes_between_blocks_is_folded_whole(project: Path, tmp_path: Path) -> None:
+def test_a_load_whose_schema_changes_between_blocks_lands_whole_and_answers_the_rule(project: Path, tmp_path: Path) -> None:
     contextful(project, "store", "compaction", "--fanout", "2")
     first = tmp_path / "first.ndjson"
     first.write_text("".join(record("u", "A", cue) for cue in range(600)))  # 600 rows: tier 9 at fanout 2
     contextful(project, "table", "load", "passages", str(first))
 
-    # The decoder reads 4 MiB blocks: the first holds only rows of unit w (about 800 rows, tier 9);
-    # a later block brings a new column, so the load stages a second part (w's last rows and 2,000
-    # rows of u under key B: tier 10 or more). The second part's landing retires u's key-A rows.
+    # The decoder reads 4 MiB blocks: the first holds only rows of unit w; a later block brings a new
+    # column, and the input's earlier batches conform to it (one input, one schema): one part. Its
+    # landing retires u's key-A rows.
     second = tmp_path / "second.ndjson"
     with second.open("w") as out:
         out.writelines(record("w", "A", cue, pad="x" * 5000) for cue in range(1000))
         out.writelines(record("u", "B", cue, note="n") for cue in range(2000))
     loaded = json.loads(contextful(project, "--json", "table", "load", "passages", str(second)).stdout)
-    assert loaded["parts"] == 2
+    assert loaded["parts"] == 1
 
     counts = answered(project, "SELECT unit_ref, derivation_key, count(*) AS n FROM passages GROUP BY ALL ORDER BY ALL")
     assert counts == [{"unit_ref": "u", "derivation_key": "B", "n": 2000},
