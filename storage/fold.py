@@ -233,6 +233,7 @@ def _sub(snap: Snapshot, parts: list[PartRow], primary_key: tuple[str, ...]) -> 
         mixed_schemas=any(p.schema_id != snap.schema_id for p in parts), schema_id=snap.schema_id,
         order_by=None if before_declaration else snap.order_by,
         supersede=snap.supersede if primary_key else None,
+        follows=snap.follows if primary_key else None, root=snap.root if primary_key else None,
     )
 
 

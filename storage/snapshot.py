@@ -12,6 +12,10 @@ and a table with a primary key answers one row per key (merge on read, docs/stor
   declaration count only through their commit-order winner, which competes with the rows
   committed after it: the largest ``order_by`` value wins (nulls lose), then commit order.
 
+A table following a root table's row versions (``storage.follows``: the child tables of a keyed
+relational root) reads, before the merge, only the rows whose root row version the root's own
+snapshot (``Snapshot.root``, resolved at the same point) answers.
+
 A table with a supersede rule (``storage.supersede``: derive output tables) withholds, after the
 merge, the rows a unit's later settling landing retired; the rule's facts are read from every
 scanned row, each row's commit being its part's ``ord_seq``.
@@ -38,6 +42,8 @@ from contextful.storage.catalog import PartRow
 from contextful.storage.duck_types import duckdb_types
 from contextful.storage.errors import TableUnreadable
 from contextful.storage.lazy import lazy_module
+from contextful.storage.follows import NAMES as FOLLOWS_NAMES
+from contextful.storage.follows import Follows, follows_sql
 from contextful.storage.supersede import NAMES as RULE_NAMES
 from contextful.storage.supersede import SEQ, Supersede, ruled_sql
 
@@ -71,6 +77,11 @@ class Snapshot:
     """The id of ``schema``: a part of that id holds every column (0: unknown, none is taken to)."""
     supersede: Supersede | None = None
     """The table's supersede rule (``storage.supersede``), applied after the key merge (None: none)."""
+    follows: Follows | None = None
+    """The root whose row versions the table's rows follow, when in force at this snapshot
+    (``storage.follows``), applied before the key merge (None: none)."""
+    root: Snapshot | None = None
+    """With ``follows``: the root table's snapshot at the same point (None: the root answers no row)."""
 
     @property
     def rows_stored(self) -> int:
@@ -84,7 +95,7 @@ ROW = "__cf_row"
 VIRTUAL_COLUMNS = ("file_index", "file_row_number")
 """DuckDB's virtual columns of a Parquet scan the merge reads; a user column of the same name
 (DuckDB compares names case-insensitively) shadows them unless the scan renames it."""
-INTERNAL_NAMES = (SCAN, ROWS, PART, ROW, *RULE_NAMES, "__cf_c0", "__cf_c1", "__cf_c2", "__cf_s0", "__cf_s1", "__cf_s2")
+INTERNAL_NAMES = (SCAN, ROWS, PART, ROW, *RULE_NAMES, *FOLLOWS_NAMES, "__cf_c0", "__cf_c1", "__cf_c2", "__cf_s0", "__cf_s1", "__cf_s2")
 """The names a snapshot query gives its relations and columns (the numbered ones stand for every
 ``__cf_c<i>``/``__cf_s<i>``); none reaches the user's namespace."""
 
@@ -113,6 +124,8 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
         if key not in snapshot.schema.names:  # a store written before keys were checked at landing
             raise TableUnreadable(snapshot.table, f"primary key column {key!r} is not a column of the table")
     inner, inner_names, projected = _inner(snapshot, con)
+    if snapshot.follows is not None:
+        inner = _followed(snapshot, snapshot.follows, inner, inner_names, con)
     names = snapshot.schema.names
     merge_order = _merge_order(snapshot)
     keys = ", ".join(f"{ROWS}.{quote(inner_names[k])}" for k in snapshot.primary_key)
@@ -139,6 +152,21 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
     seqs = "CAST([" + ", ".join(str(snapshot.parts[i].ord_seq) for i in merge_order) + "] AS BIGINT[])"
     scanned = f"SELECT {ROWS}.*, {seqs}[CAST({ROWS}.{PART} AS BIGINT) + 1] AS {SEQ} FROM ({inner}) AS {ROWS}"
     return ruled_sql(rule, scanned, ROWS, lambda name: quote(inner_names[name]), winner, columns)
+
+
+def _followed(snapshot: Snapshot, rule: Follows, inner: str, inner_names: dict[str, str],
+              con: duckdb.DuckDBPyConnection) -> str:
+    """``inner`` less the rows whose root row version the root does not answer (``storage.follows``)."""
+    root = snapshot.root
+    root_sql = snapshot_sql(root, con) if root is not None else None
+    root_names = root.schema.names if root is not None and root.schema is not None else []
+
+    def column(name: str, names: list[str] | dict[str, str], quoted: Callable[[str], str]) -> str | None:
+        return quoted(name) if name in names else None
+
+    return follows_sql(rule, inner, ROWS, column(rule.root_id, inner_names, lambda n: quote(inner_names[n])),
+                       column(rule.version, inner_names, lambda n: quote(inner_names[n])), root_sql,
+                       column(rule.id, root_names, quote), column(rule.version, root_names, quote))
 
 
 def stored_rows_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection,
