@@ -159,7 +159,8 @@ def write(root: Path, name: str, rows: list[dict[str, Any]]) -> None:
     (root / "raw" / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-@pytest.mark.parametrize("order_by", [False, True], ids=["commit-order", "order-by"])
+@pytest.mark.parametrize(("store_kind", "order_by"), [("local", False), ("local", True), ("postgres", False),
+                                                       ("postgres", True), ("s3", True)])
 def test_every_reader_answers_the_elements_of_the_root_row_version_the_root_answers(
         tmp_path: Path, store: Store, decoder: Decoder, order_by: bool) -> None:
     root = make_project(tmp_path, order_by)
