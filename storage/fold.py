@@ -20,6 +20,10 @@ holds what the run answers (the withheld rows dropped: "the next fold drops the 
 a unit with rows stored before the run whose run rows the run does not all answer is held — its
 rows stay as stored, each in a part at its original position — because a dropped landing of it
 may be what retires an older row (:func:`_held_units`; docs/store.md, "Supersede rules").
+
+A table following a root's row versions (``storage.follows``) folds through its rule at the root's
+snapshot pinned with it: the folded part holds no row of a version the root no longer answers, and
+such a version never wins the root's merge again (docs/store.md, "Lifetime rules").
 """
 
 from __future__ import annotations

@@ -21,7 +21,11 @@ columns are documented in ``docs/normalization.md``; in short:
   root table has a primary key, ``k`` + the MD5 hex digest of its key values (:func:`key_ids`), so
   the same key always gets the same id; a child row's id is its parent's id, ``.`` and its list
   index: a re-landed keyed root row gives its children the same ids, and the child tables of a
-  keyed root are keyed on ``_cf_id`` (:func:`child_primary_key`), so they replace rather than pile up.
+  keyed root are keyed on ``_cf_id`` (:func:`child_primary_key`), so they replace rather than pile up;
+* a keyed root row and every row descending from it carry its version ``_cf_version``
+  (:func:`root_versions`, one per landing), and the child tables of a keyed root follow it
+  (:func:`child_follows`, ``storage.follows``): a child row lives exactly as long as the root row
+  version that landed it.
 
 Everything is columnar: struct ``flatten``, list ``flatten`` and ``list_value_length``, ``take``,
 and numpy ``repeat``/``arange`` for the parent positions and list indexes.
@@ -381,7 +385,9 @@ def shred(table: pa.Table, root: str, *, id_prefix: str, primary_key: tuple[str,
     :func:`storage.keys.check_keys` refused a missing key column or a null key (naming ``input``
     and the row, ``first_row`` being the batch's first row's position in it). With ``primary_key``
     and ``order_by`` (a root column), every child row carries its root row's ``order_by`` value as
-    ``_cf_order``, so child tables merge by the root's rule (:func:`child_order_by`).
+    ``_cf_order``, so child tables merge by the root's rule (:func:`child_order_by`). With
+    ``primary_key``, ``id_prefix`` (unique per batch of the table) gives each root row its version
+    ``_cf_version`` (:func:`root_versions`), which every descendant row carries too.
     """
     specs = {spec.name: spec for spec in child_tables_of(table.schema, root)}
     shredder = _Shredder(root)
