@@ -44,6 +44,7 @@ from contextful.storage.errors import (
     TableNotFound,
 )
 from contextful.storage.fold import FoldResult, fold_table
+from contextful.storage.follows import Follows
 from contextful.storage.journal import JournalStore, open_journal_store
 from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import table_prefix
@@ -52,7 +53,6 @@ from contextful.storage.outbox import OutboxStore, open_outbox_store
 from contextful.storage.reserved import RESERVED_TABLES, check_table_name
 from contextful.storage.run_record import RunRecord
 from contextful.storage.snapshot import Snapshot
-from contextful.storage.follows import Follows
 from contextful.storage.supersede import Supersede
 from contextful.storage.table import Table
 from contextful.storage.transaction import CommitResult

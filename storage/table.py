@@ -25,8 +25,8 @@ from contextful.storage.errors import (
     TableNameInvalid,
     TableNotFound,
 )
-from contextful.storage.lazy import lazy_module
 from contextful.storage.follows import Follows
+from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text
 from contextful.storage.reconcile import conform
 from contextful.storage.snapshot import Snapshot, snapshot_sql
