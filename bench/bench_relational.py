@@ -185,24 +185,6 @@ def _string_bytes(table: Any, pa: Any) -> int:
     return total
 
 
-KEYED = """\
-[project]
-name = "bench-keyed"
-
-[[pipeline]]
-id = "{table}"
-table = "{table}"
-normalize = "relational"
-primary_key = ["id"]
-
-[pipeline.source]
-kind = "files"
-
-[pipeline.source.config]
-paths = ["{glob}"]
-"""
-
-
 def bench_read(work: str, shard_dir: str, shards: list[str], reps: int) -> dict[str, Any]:
     """The lifetime rule's read cost against the plain keyed merge of the same child table parts."""
     import dataclasses
@@ -215,7 +197,8 @@ def bench_read(work: str, shard_dir: str, shards: list[str], reps: int) -> dict[
     project = os.path.join(work, "keyed")
     os.makedirs(project)
     with open(os.path.join(project, "contextful.toml"), "w") as fh:
-        fh.write(KEYED.format(table=TABLE, glob=os.path.join(shard_dir, "*.ndjson")))
+        keyed = bench_pipeline.MANIFEST.replace('normalize = "{mode}"\n', 'normalize = "{mode}"\nprimary_key = ["id"]\n')
+        fh.write(keyed.format(table=TABLE, mode="relational", glob=os.path.join(shard_dir, "*.ndjson")))
     manifest = load_manifest(project)
     with Store.open(os.path.join(project, ".contextful", "store")) as store:
         t0 = time.perf_counter()

@@ -27,23 +27,10 @@ from contextful.engine.read import connect
 from contextful.storage import ManualClock, Store
 from pyiceberg.catalog.sql import SqlCatalog
 
+from tests.engine.land.test_keys_landing import MANIFEST as KEYS_MANIFEST
 from tests.support.cli import contextful
 
-MANIFEST = """
-[project]
-name = "lifetime"
-
-[[pipeline]]
-id = "ev"
-table = "ev"
-normalize = "relational"
-primary_key = ["id"]
-{order_by}
-[pipeline.source]
-kind = "files"
-[pipeline.source.config]
-paths = ["raw/*.ndjson"]
-
+MANIFEST = KEYS_MANIFEST + """
 [[model]]
 name = "tag_rows"
 sql = "SELECT p.id, t._cf_list_idx AS idx, t.value FROM ev p JOIN ev__tags t ON t._cf_parent_id = p._cf_id"
@@ -151,7 +138,7 @@ def check_model_and_export(store: Store, manifest: Manifest, project: Path,
 def make_project(tmp_path: Path, order_by: bool) -> Path:
     root = tmp_path / "project"
     (root / "raw").mkdir(parents=True)
-    (root / "contextful.toml").write_text(MANIFEST.format(order_by='order_by = "ts"' if order_by else ""))
+    (root / "contextful.toml").write_text(MANIFEST.format(mode="relational", order_by='order_by = "ts"' if order_by else ""))
     return root
 
 
