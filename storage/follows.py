@@ -16,9 +16,12 @@ loses in every child table with it; and within one input the elements answered a
 version the root answers. Rows with no version (landed before versions existed) match a root row
 with no version: until a versioned landing of their root row wins, they answer as they did.
 
-The rule is set-shaped (:func:`follows_sql`): the root's snapshot projected on its id and version
-(one hash aggregate or window over the root rows, as any read of the root), and one hash semi join
-of the child rows onto it; no per-row subquery.
+The rule is set-shaped (``storage.snapshot`` builds it from :func:`live_sql` and :func:`followed`):
+the root's snapshot projected on its id and version (the root's own key merge, reading those
+columns), materialized once, and a hash semi join of the child rows onto it; no per-row subquery.
+A version's rows carry distinct ids (a child id is its parent's id and a list index), so the rows
+of the version the root answers need no key merge of their own: only rows without a version (landed
+before versions) go through the child table's key merge.
 
 >>> Follows("events").to_json()
 {'root': 'events', 'id': '_cf_id', 'root_id': '_cf_root_id', 'version': '_cf_version'}
@@ -63,21 +66,19 @@ class Follows:
         return f"follows(root={self.root}; id={self.id}; root_id={self.root_id}; version={self.version})"
 
 
-def follows_sql(rule: Follows, rows_sql: str, rows: str, root_id: str | None, version: str | None,
-                root_sql: str | None, root_id_column: str | None, root_version_column: str | None) -> str:
-    """``rows_sql`` (the scanned child rows, aliased ``rows``) less those whose root row version the
-    root does not answer, as one SELECT of the same columns.
-
-    ``root_id``/``version`` are the child's quoted (internal) column names (None: no such column,
-    read as null); ``root_sql`` answers the root's snapshot (None: the root answers no row), whose
-    quoted columns ``root_id_column``/``root_version_column`` hold its id and version (None: absent).
-    Set-shaped: one hash semi join onto the root's answered (id, version) pairs.
-    """
-    if root_sql is None or root_id_column is None or root_id is None:
-        return f"SELECT * FROM ({rows_sql}) AS {rows} WHERE false"
+def live_sql(root_sql: str | None, root_id: str | None, root_version: str | None) -> str:
+    """The root's answered (id, version) pairs as :data:`LIVE_ID`, :data:`LIVE_VERSION`: ``root_sql``
+    answers the root's snapshot (None: it answers no row), whose quoted columns ``root_id`` and
+    ``root_version`` hold them (None: absent; no id: no row, no version: null versions)."""
     null = "CAST(NULL AS BIGINT)"
-    live = (f"SELECT {root_id_column} AS {LIVE_ID}, {root_version_column or null} AS {LIVE_VERSION}"
-            f" FROM ({root_sql})")
-    child_version = f"{rows}.{version}" if version is not None else null
-    return (f"SELECT {rows}.* FROM ({rows_sql}) AS {rows} SEMI JOIN ({live}) AS {LIVE}"
-            f" ON {rows}.{root_id} = {LIVE}.{LIVE_ID} AND {child_version} IS NOT DISTINCT FROM {LIVE}.{LIVE_VERSION}")
+    if root_sql is None or root_id is None:
+        return f"SELECT CAST(NULL AS VARCHAR) AS {LIVE_ID}, {null} AS {LIVE_VERSION} WHERE false"
+    return f"SELECT {root_id} AS {LIVE_ID}, {root_version or null} AS {LIVE_VERSION} FROM ({root_sql})"
+
+
+def followed(rows: str, root_id: str | None, version: str | None) -> str:
+    """The semi join condition of a child row (alias ``rows``; ``root_id``/``version`` its quoted
+    columns, None: absent) onto :data:`LIVE`: its root row version is the one the root answers."""
+    child_version = f"{rows}.{version}" if version is not None else "CAST(NULL AS BIGINT)"
+    child_root = f"{rows}.{root_id}" if root_id is not None else "NULL"
+    return f"{child_root} = {LIVE}.{LIVE_ID} AND {child_version} IS NOT DISTINCT FROM {LIVE}.{LIVE_VERSION}"

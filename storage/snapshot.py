@@ -42,7 +42,7 @@ from contextful.storage.catalog import PartRow
 from contextful.storage.duck_types import duckdb_types
 from contextful.storage.errors import TableUnreadable
 from contextful.storage.follows import NAMES as FOLLOWS_NAMES
-from contextful.storage.follows import Follows, follows_sql
+from contextful.storage.follows import LIVE, Follows, followed, live_sql
 from contextful.storage.lazy import lazy_module
 from contextful.storage.supersede import NAMES as RULE_NAMES
 from contextful.storage.supersede import SEQ, Supersede, ruled_sql
@@ -124,8 +124,10 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
         if key not in snapshot.schema.names:  # a store written before keys were checked at landing
             raise TableUnreadable(snapshot.table, f"primary key column {key!r} is not a column of the table")
     inner, inner_names, projected = _inner(snapshot, con)
-    if snapshot.follows is not None:
-        inner = _followed(snapshot, snapshot.follows, inner, inner_names, con)
+    follows = None
+    if snapshot.follows is not None and snapshot.supersede is None:
+        follows = _Followed(snapshot, snapshot.follows, inner_names, con)
+        scanned, inner = inner, follows.unversioned(inner)
     names = snapshot.schema.names
     merge_order = _merge_order(snapshot)
     keys = ", ".join(f"{ROWS}.{quote(inner_names[k])}" for k in snapshot.primary_key)
@@ -142,7 +144,8 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
     winner = f"{keyless} OR row_number() OVER (PARTITION BY {keys} ORDER BY {latest}) = 1"
     rule = snapshot.supersede
     if rule is None:
-        return f"SELECT {columns} FROM ({inner}) AS {ROWS} QUALIFY {winner}"
+        merged = f"SELECT {columns} FROM ({inner}) AS {ROWS} QUALIFY {winner}"
+        return merged if follows is None else follows.sql(scanned, columns, merged)
     for column in rule.columns:
         if column not in inner_names:
             raise TableUnreadable(snapshot.table, f"supersede column {column!r} is not a column of the table")
@@ -154,19 +157,37 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection) -> str | No
     return ruled_sql(rule, scanned, ROWS, lambda name: quote(inner_names[name]), winner, columns)
 
 
-def _followed(snapshot: Snapshot, rule: Follows, inner: str, inner_names: dict[str, str],
-              con: duckdb.DuckDBPyConnection) -> str:
-    """``inner`` less the rows whose root row version the root does not answer (``storage.follows``)."""
-    root = snapshot.root
-    root_sql = snapshot_sql(root, con) if root is not None else None
-    root_names = root.schema.names if root is not None and root.schema is not None else []
+class _Followed:
+    """The lifetime rule's parts of a snapshot query (``storage.follows``): the root's answered
+    (id, version) pairs, materialized once, and the semi joins of the child rows onto them."""
 
-    def column(name: str, names: list[str] | dict[str, str], quoted: Callable[[str], str]) -> str | None:
-        return quoted(name) if name in names else None
+    def __init__(self, snapshot: Snapshot, rule: Follows, inner_names: dict[str, str],
+                 con: duckdb.DuckDBPyConnection) -> None:
+        root = snapshot.root
+        root_names = root.schema.names if root is not None and root.schema is not None else []
 
-    return follows_sql(rule, inner, ROWS, column(rule.root_id, inner_names, lambda n: quote(inner_names[n])),
-                       column(rule.version, inner_names, lambda n: quote(inner_names[n])), root_sql,
-                       column(rule.id, root_names, quote), column(rule.version, root_names, quote))
+        def column(name: str, names: list[str] | dict[str, str], quoted: Callable[[str], str]) -> str | None:
+            return quoted(name) if name in names else None
+
+        self.live = live_sql(snapshot_sql(root, con) if root is not None else None,
+                             column(rule.id, root_names, quote), column(rule.version, root_names, quote))
+        self.version = column(rule.version, inner_names, lambda n: quote(inner_names[n]))
+        self.match = followed(ROWS, column(rule.root_id, inner_names, lambda n: quote(inner_names[n])), self.version)
+
+    def unversioned(self, inner: str) -> str:
+        """The rows of ``inner`` without a version whose root row has none either: those go through
+        the key merge (rows landed before versions existed)."""
+        none = f" AND {ROWS}.{self.version} IS NULL" if self.version is not None else ""
+        return f"SELECT {ROWS}.* FROM ({inner}) AS {ROWS} SEMI JOIN {LIVE} ON {self.match}{none}"
+
+    def sql(self, inner: str, columns: str, merged: str) -> str:
+        """The whole query: the rows of the root row versions the root answers (a version's rows
+        carry distinct ids: no key merge), and ``merged``, the key merge of the unversioned ones."""
+        if self.version is None:
+            return f"WITH {LIVE} AS MATERIALIZED ({self.live}) {merged}"
+        versioned = (f"SELECT {columns} FROM ({inner}) AS {ROWS} SEMI JOIN {LIVE} ON {self.match}"
+                     f" AND {ROWS}.{self.version} IS NOT NULL")
+        return f"WITH {LIVE} AS MATERIALIZED ({self.live}) {versioned} UNION ALL {merged}"
 
 
 def stored_rows_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection,
