@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 from contextful.storage.catalog import PartRow
 from contextful.storage.duck_types import duckdb_types
 from contextful.storage.errors import TableUnreadable
-from contextful.storage.follows import NAMES as FOLLOWS_NAMES
 from contextful.storage.follows import LIVE, Follows, followed, live_sql
+from contextful.storage.follows import NAMES as FOLLOWS_NAMES
 from contextful.storage.lazy import lazy_module
 from contextful.storage.supersede import NAMES as RULE_NAMES
 from contextful.storage.supersede import SEQ, Supersede, ruled_sql
