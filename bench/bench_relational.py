@@ -15,6 +15,13 @@ events in 10 shards) are landed, each side a child process timed from spawn to e
 Throughput is MB (10^6 bytes) of NDJSON input per second. Targets (issue 4): ours >= 10x dlt, and
 ours / raw >= 0.4. After the first rep the landed relational row counts are printed.
 
+A third figure (``--only read``): a keyed relational root's child table read. The shards land
+in-process into a pipeline keyed on ``id``, then half of them land again under other names (every
+event there re-landed: two versions per key); ``events__payload__commits`` is then read with its
+lifetime rule (``storage.follows``: the rows of the root row version the root answers) and as the
+plain keyed merge over the same parts (the rule dropped), interleaved, and the ratio printed with
+the landing's seconds. Against a checkout without the rule, both reads are the plain one.
+
 A second figure: the secret guard alone (``engine.guard.guard_table``) over the decoded shards,
 in MB/s of string data, and its share of the landing time (target <= 15%).
 
@@ -178,6 +185,53 @@ def _string_bytes(table: Any, pa: Any) -> int:
     return total
 
 
+def bench_read(work: str, shard_dir: str, shards: list[str], reps: int) -> dict[str, Any]:
+    """The lifetime rule's read cost against the plain keyed merge of the same child table parts."""
+    import dataclasses
+
+    from contextful.engine.config import load_manifest
+    from contextful.engine.land.pipeline import run_pipelines
+    from contextful.storage import Store
+    from contextful.storage.snapshot import snapshot_sql
+
+    project = os.path.join(work, "keyed")
+    os.makedirs(project)
+    with open(os.path.join(project, "contextful.toml"), "w") as fh:
+        keyed = bench_pipeline.MANIFEST.replace('normalize = "{mode}"\n', 'normalize = "{mode}"\nprimary_key = ["id"]\n')
+        fh.write(keyed.format(table=TABLE, mode="relational", glob=os.path.join(shard_dir, "*.ndjson")))
+    manifest = load_manifest(project)
+    with Store.open(os.path.join(project, ".contextful", "store")) as store:
+        t0 = time.perf_counter()
+        run_pipelines(store, manifest)
+        landing = time.perf_counter() - t0
+        for path in shards[: max(1, len(shards) // 2)]:  # every event of these lands again: a second version
+            shutil.copy(path, os.path.join(shard_dir, "again-" + os.path.basename(path)))
+        run_pipelines(store, manifest)
+        child = store.table(f"{TABLE}__payload__commits")
+        ruled = child.snapshot()
+        plain = (dataclasses.replace(ruled, follows=None, root=None) if hasattr(ruled, "follows") else ruled)
+        con = store.duckdb()
+        try:
+            queries = {name: f"SELECT count(*), sum(_cf_list_idx), max(sha), max(message) FROM ({snapshot_sql(snap, con)})"
+                       for name, snap in (("plain", plain), ("ruled", ruled))}
+            times: dict[str, list[float]] = {name: [] for name in queries}
+            answers = {}
+            for _ in range(reps + 1):
+                for name, sql in queries.items():
+                    start = time.perf_counter()
+                    answers[name] = con.execute(sql).fetchall()[0]
+                    times[name].append(time.perf_counter() - start)
+        finally:
+            con.close()
+    med = {name: statistics.median(t[1:]) for name, t in times.items()}
+    ratio = med["ruled"] / med["plain"]
+    print(f"keyed relational landing (in process): {landing:.2f} s; {TABLE}__payload__commits stores"
+          f" {ruled.rows_stored:,} rows, answers {answers['ruled'][0]:,} (plain merge {answers['plain'][0]:,})")
+    print(f"  read with the lifetime rule {med['ruled']:.3f} s, plain keyed merge {med['plain']:.3f} s: ratio {ratio:.2f}")
+    return {"landing_s": round(landing, 2), "rows_stored": ruled.rows_stored, "answered": answers["ruled"][0],
+            "ruled_s": round(med["ruled"], 4), "plain_s": round(med["plain"], 4), "ratio": round(ratio, 3)}
+
+
 def relational_records(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The results as bench/records.py records: one per landing side, one for the guard's share."""
     out: list[dict[str, Any]] = []
@@ -196,6 +250,10 @@ def relational_records(results: dict[str, Any]) -> list[dict[str, Any]]:
         if "ours_over_dlt" in r:
             out.append({"series": "contextful-relational / dlt", "rows": r["events"], "ratio_to": "dlt",
                         "ratio": r["ours_over_dlt"], "target": ">= 10", "met": r["ours_over_dlt"] >= 10})
+    if "read" in results:
+        r = results["read"]
+        out.append({"series": "child table read with the lifetime rule", "rows": r["rows_stored"],
+                    "seconds": r["ruled_s"], "ratio_to": "plain keyed merge", "ratio": r["ratio"]})
     if "guard" in results:
         g = results["guard"]
         out.append({"series": "guard share of landing", "seconds": g["landing_on_s"], "mb_per_s": g["mb_per_s"],
@@ -213,7 +271,7 @@ def main() -> int:
     parser.add_argument("--dlt-reps", type=int, default=1, help="reps of dlt (slow)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--workdir", default=None)
-    parser.add_argument("--only", default="landing,guard", help="comma-separated: landing, guard")
+    parser.add_argument("--only", default="landing,guard,read", help="comma-separated: landing, guard, read")
     parser.add_argument("--dlt-side", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.events = args.events or (100_000 if args.quick else 1_000_000)
@@ -233,6 +291,8 @@ def main() -> int:
             results["landing"] = bench_landing(work, shard_dir, shards, args.events, args.reps, args.dlt_reps)
         if "guard" in args.only:
             results["guard"] = bench_guard(work, shard_dir, shards)
+        if "read" in args.only:
+            results["read"] = bench_read(work, shard_dir, shards, args.reps)
         if args.json:
             records.write(args.json, "relational", relational_records(results), **results)
     finally:

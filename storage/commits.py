@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contextful.storage.fence import WriterFence
+from contextful.storage.follows import Follows
 
 # --- requirements ------------------------------------------------------------------------------
 
@@ -153,8 +154,16 @@ class DeclareOrderBy:
     order_by: str
 
 
+@dataclass(frozen=True)
+class DeclareFollows:
+    """The table's rows follow the row versions of the root table ``follows.root`` from this commit on
+    (``storage.follows``; a conflict when a declaration landed first)."""
+
+    follows: Follows
+
+
 Update = (AddParts | RemoveParts | RemoveAllParts | SetSchema | SetCursor | RecordRun | MarkRecordsFlushed
-          | DeclareOrderBy)
+          | DeclareOrderBy | DeclareFollows)
 
 
 @dataclass(frozen=True)

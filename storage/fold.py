@@ -30,6 +30,10 @@ drop (the only record of a landing that retires it, or of its primary key) and b
 fold keeps (:func:`_held_units`; docs/store.md, "What a fold drops"). That decision reads the
 parts outside the run, so the runs of one fold are decided one after another, each on the table the
 others' folds leave (:func:`_refolded`), and the commit requires every part read still live.
+
+A table following a root's row versions (``storage.follows``) folds through its rule at the root's
+snapshot pinned with it: the folded part holds no row of a version the root no longer answers, and
+such a version never wins the root's merge again (docs/store.md, "Lifetime rules").
 """
 
 from __future__ import annotations
@@ -391,6 +395,7 @@ def _sub(snap: Snapshot, parts: list[PartRow], primary_key: tuple[str, ...]) -> 
         mixed_schemas=any(p.schema_id != snap.schema_id for p in parts), schema_id=snap.schema_id,
         order_by=None if before_declaration else snap.order_by,
         supersede=snap.supersede if primary_key else None,
+        follows=snap.follows if primary_key else None, root=snap.root if primary_key else None,
     )
 
 

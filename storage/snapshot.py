@@ -12,6 +12,10 @@ and a table with a primary key answers one row per key (merge on read, docs/stor
   declaration count only through their commit-order winner, which competes with the rows
   committed after it: the largest ``order_by`` value wins (nulls lose), then commit order.
 
+A table following a root table's row versions (``storage.follows``: the child tables of a keyed
+relational root) reads, before the merge, only the rows whose root row version the root's own
+snapshot (``Snapshot.root``, resolved at the same point) answers.
+
 A table with a supersede rule (``storage.supersede``: derive output tables) withholds, after the
 merge, the rows a unit's later settling landing retired; the rule's facts are read from every
 scanned row, each row's commit being its part's ``ord_seq``.
@@ -37,6 +41,8 @@ from typing import TYPE_CHECKING
 from contextful.storage.catalog import PartRow
 from contextful.storage.duck_types import duckdb_types
 from contextful.storage.errors import TableUnreadable
+from contextful.storage.follows import LIVE, Follows, followed, live_sql
+from contextful.storage.follows import NAMES as FOLLOWS_NAMES
 from contextful.storage.lazy import lazy_module
 from contextful.storage.supersede import NAMES as RULE_NAMES
 from contextful.storage.supersede import SEQ, Supersede, ruled_sql
@@ -71,6 +77,11 @@ class Snapshot:
     """The id of ``schema``: a part of that id holds every column (0: unknown, none is taken to)."""
     supersede: Supersede | None = None
     """The table's supersede rule (``storage.supersede``), applied after the key merge (None: none)."""
+    follows: Follows | None = None
+    """The root whose row versions the table's rows follow, when in force at this snapshot
+    (``storage.follows``), applied before the key merge (None: none)."""
+    root: Snapshot | None = None
+    """With ``follows``: the root table's snapshot at the same point (None: the root answers no row)."""
 
     @property
     def rows_stored(self) -> int:
@@ -84,7 +95,7 @@ ROW = "__cf_row"
 VIRTUAL_COLUMNS = ("file_index", "file_row_number")
 """DuckDB's virtual columns of a Parquet scan the merge reads; a user column of the same name
 (DuckDB compares names case-insensitively) shadows them unless the scan renames it."""
-INTERNAL_NAMES = (SCAN, ROWS, PART, ROW, *RULE_NAMES, "__cf_c0", "__cf_c1", "__cf_c2", "__cf_s0", "__cf_s1", "__cf_s2")
+INTERNAL_NAMES = (SCAN, ROWS, PART, ROW, *RULE_NAMES, *FOLLOWS_NAMES, "__cf_c0", "__cf_c1", "__cf_c2", "__cf_s0", "__cf_s1", "__cf_s2")
 """The names a snapshot query gives its relations and columns (the numbered ones stand for every
 ``__cf_c<i>``/``__cf_s<i>``); none reaches the user's namespace."""
 
@@ -120,6 +131,10 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection, where: Wher
         if key not in snapshot.schema.names:  # a store written before keys were checked at landing
             raise TableUnreadable(snapshot.table, f"primary key column {key!r} is not a column of the table")
     inner, inner_names, projected = _inner(snapshot, con, where)
+    follows = None
+    if snapshot.follows is not None and snapshot.supersede is None:
+        follows = _Followed(snapshot, snapshot.follows, inner_names, con)
+        scanned, inner = inner, follows.unversioned(inner)
     names = snapshot.schema.names
     merge_order = _merge_order(snapshot)
     keys = ", ".join(f"{ROWS}.{quote(inner_names[k])}" for k in snapshot.primary_key)
@@ -136,7 +151,8 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection, where: Wher
     winner = f"{keyless} OR row_number() OVER (PARTITION BY {keys} ORDER BY {latest}) = 1"
     rule = snapshot.supersede
     if rule is None:
-        return f"SELECT {columns} FROM ({inner}) AS {ROWS} QUALIFY {winner}"
+        merged = f"SELECT {columns} FROM ({inner}) AS {ROWS} QUALIFY {winner}"
+        return merged if follows is None else follows.sql(scanned, columns, merged)
     for column in rule.columns:
         if column not in inner_names:
             raise TableUnreadable(snapshot.table, f"supersede column {column!r} is not a column of the table")
@@ -146,6 +162,39 @@ def snapshot_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection, where: Wher
     seqs = "CAST([" + ", ".join(str(snapshot.parts[i].ord_seq) for i in merge_order) + "] AS BIGINT[])"
     scanned = f"SELECT {ROWS}.*, {seqs}[CAST({ROWS}.{PART} AS BIGINT) + 1] AS {SEQ} FROM ({inner}) AS {ROWS}"
     return ruled_sql(rule, scanned, ROWS, lambda name: quote(inner_names[name]), winner, columns)
+
+
+class _Followed:
+    """The lifetime rule's parts of a snapshot query (``storage.follows``): the root's answered
+    (id, version) pairs, materialized once, and the semi joins of the child rows onto them."""
+
+    def __init__(self, snapshot: Snapshot, rule: Follows, inner_names: dict[str, str],
+                 con: duckdb.DuckDBPyConnection) -> None:
+        root = snapshot.root
+        root_names = root.schema.names if root is not None and root.schema is not None else []
+
+        def column(name: str, names: list[str] | dict[str, str], quoted: Callable[[str], str]) -> str | None:
+            return quoted(name) if name in names else None
+
+        self.live = live_sql(snapshot_sql(root, con) if root is not None else None,
+                             column(rule.id, root_names, quote), column(rule.version, root_names, quote))
+        self.version = column(rule.version, inner_names, lambda n: quote(inner_names[n]))
+        self.match = followed(ROWS, column(rule.root_id, inner_names, lambda n: quote(inner_names[n])), self.version)
+
+    def unversioned(self, inner: str) -> str:
+        """The rows of ``inner`` without a version whose root row has none either: those go through
+        the key merge (rows landed before versions existed)."""
+        none = f" AND {ROWS}.{self.version} IS NULL" if self.version is not None else ""
+        return f"SELECT {ROWS}.* FROM ({inner}) AS {ROWS} SEMI JOIN {LIVE} ON {self.match}{none}"
+
+    def sql(self, inner: str, columns: str, merged: str) -> str:
+        """The whole query: the rows of the root row versions the root answers (a version's rows
+        carry distinct ids: no key merge), and ``merged``, the key merge of the unversioned ones."""
+        if self.version is None:
+            return f"WITH {LIVE} AS MATERIALIZED ({self.live}) {merged}"
+        versioned = (f"SELECT {columns} FROM ({inner}) AS {ROWS} SEMI JOIN {LIVE} ON {self.match}"
+                     f" AND {ROWS}.{self.version} IS NOT NULL")
+        return f"WITH {LIVE} AS MATERIALIZED ({self.live}) {versioned} UNION ALL {merged}"
 
 
 def stored_rows_sql(snapshot: Snapshot, con: duckdb.DuckDBPyConnection, where: Where) -> str | None:

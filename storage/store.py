@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Self
 from contextful.storage.awakeables import AwakeableStore, awakeable_store_beside
 from contextful.storage.blobs import BlobStore, open_blob_store
 from contextful.storage.blobs.files import FileBlobStore
-from contextful.storage.catalog import Catalog, open_catalog, storage_profile
+from contextful.storage.catalog import Catalog, PinnedHead, open_catalog, storage_profile
 from contextful.storage.clock import Clock, SystemClock, to_us
 from contextful.storage.collect import CollectResult, collect
 from contextful.storage.container import ContainerBindings, admit, container_bindings, require_corpus_state
@@ -44,6 +44,7 @@ from contextful.storage.errors import (
     TableNotFound,
 )
 from contextful.storage.fold import FoldResult, fold_table
+from contextful.storage.follows import Follows
 from contextful.storage.journal import JournalStore, open_journal_store
 from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import table_prefix
@@ -258,7 +259,7 @@ class Store:
 
     def create_table(self, name: str, primary_key: tuple[str, ...] | list[str] = (),
                      order_by: str | None = None, *, provisional: bool = False,
-                     supersede: Supersede | None = None) -> Table:
+                     supersede: Supersede | None = None, follows: Follows | None = None) -> Table:
         """Create ``name`` (or return it when it exists; its primary key is fixed at creation).
 
         ``provisional``: the table is created only for the run about to land on it (a load, a
@@ -277,18 +278,28 @@ class Store:
         for a rule on an existing table that holds another rule, or none, raises
         ``TableNameInvalid`` naming both (the table is not changed); asking for none returns the
         table as it is.
+
+        ``follows`` (``storage.follows``, a relational child table's lifetime rule) names the root
+        table whose row versions the table's rows follow; it needs a primary key. A keyed table
+        created without one takes it the first time one is asked for, by a commit of its own
+        (:meth:`Table.declare_follows`: earlier snapshots answer as before), and keeps it; asking
+        for another one raises ``TableNameInvalid`` naming both.
         """
         check_table_name(name)
         key = tuple(primary_key)
         if supersede is not None:
             _check_supersede(name, key, order_by, supersede)
-        table = self._create(name, key, order_by, provisional, supersede)
+        if follows is not None and not key:
+            raise TableNameInvalid(name, f"{follows.describe()} needs a primary key")
+        table = self._create(name, key, order_by, provisional, supersede, follows)
         if supersede is not None and table.head.supersede != supersede:
             held = table.head.supersede.describe() if table.head.supersede is not None else "no supersede rule"
             raise TableNameInvalid(name, f"the existing table holds {held}, not {supersede.describe()}"
                                          " (a rule is declared only when the table is created)")
         if order_by is not None and table.head.order_by is None and table.primary_key:
             table.declare_order_by(order_by)
+        if follows is not None and table.head.follows != follows:
+            table.declare_follows(follows)
         return table
 
     def reserved_table(self, name: str, primary_key: tuple[str, ...]) -> Table:
@@ -296,7 +307,8 @@ class Store:
         return self._create(name, primary_key)
 
     def _create(self, name: str, primary_key: tuple[str, ...], order_by: str | None = None,
-                provisional: bool = False, supersede: Supersede | None = None) -> Table:
+                provisional: bool = False, supersede: Supersede | None = None,
+                follows: Follows | None = None) -> Table:
         for _ in range(_CREATE_ATTEMPTS):  # another writer may create (or drop) it meanwhile
             head = self.catalog.load_head(name)
             if head is not None:
@@ -307,7 +319,7 @@ class Store:
                 raise TableNameInvalid(name, f"differs only in case from the table {twin!r}")
             uuid = str(uuidlib.uuid4())
             head = self.catalog.create_table(name, uuid, primary_key, self.clock.now_us(),
-                                             order_by if primary_key else None, supersede)
+                                             order_by if primary_key else None, supersede, follows)
             if head is not None:
                 return Table(self, head, created=provisional and head.uuid == uuid)
         raise CommitConflict(name, f"the table was created and dropped again {_CREATE_ATTEMPTS} times"
@@ -368,11 +380,23 @@ class Store:
         (a reader answers ``SnapshotNotFound`` for them, not "no such table")."""
         as_of_us = None if as_of is None else to_us(as_of) if isinstance(as_of, datetime) else int(as_of)
         pinned = self.catalog.pin_heads(names, as_of_us)
+        roots = {p.head.follows.root for p in pinned.values() if p.head.follows is not None}
+        if names is not None and roots - set(pinned):  # pinned again with their roots: one point for all
+            pinned = self.catalog.pin_heads([*names, *roots], as_of_us)
         for name in names or ():
             if name not in pinned:
                 raise TableNotFound(name)
-        return ({name: (Table(self, p.head), p.commit_seq) for name, p in pinned.items() if p.commit_seq is not None},
-                {name: Table(self, p.head) for name, p in pinned.items() if p.commit_seq is None})
+        wanted = pinned if names is None else {name: pinned[name] for name in names}
+
+        def handle(p: PinnedHead) -> Table:
+            follows = p.head.follows
+            if follows is None or p.commit_seq is None:
+                return Table(self, p.head)
+            root = pinned.get(follows.root)
+            return Table(self, p.head, pin=(p.commit_seq, (root.commit_seq or 0) if root is not None else 0))
+
+        return ({name: (handle(p), p.commit_seq) for name, p in wanted.items() if p.commit_seq is not None},
+                {name: Table(self, p.head) for name, p in wanted.items() if p.commit_seq is None})
 
     def snapshots(self, names: Sequence[str] | None = None, as_of: datetime | int | None = None) -> dict[str, Snapshot]:
         """The snapshots of :meth:`pin`: every table pinned at one point."""

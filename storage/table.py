@@ -4,8 +4,10 @@
 commits. Reading resolves a snapshot — the head, a ``commit_seq``, or ``as_of`` a transaction
 time — to its live parts; a table declaring a primary key answers one row per key by the merge rule
 in force at that snapshot (merge on read, storage.snapshot) until a fold compacts it, less the rows
-its supersede rule withholds (storage.supersede).
-:meth:`Table.declare_order_by` is a commit of its own: snapshots below it answer as before.
+its supersede rule withholds (storage.supersede), and, for a table following a root table's row
+versions (storage.follows), less the rows whose root row version the root, read at the same point,
+does not answer. :meth:`Table.declare_order_by` and :meth:`Table.declare_follows` are commits of
+their own: snapshots below them answer as before.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from contextful.storage.catalog import CommitRow, TableHead
 from contextful.storage.clock import to_us
-from contextful.storage.commits import AssertTableUUID, CommitRequest, DeclareOrderBy
+from contextful.storage.commits import AssertTableUUID, CommitRequest, DeclareFollows, DeclareOrderBy, Update
 from contextful.storage.errors import (
     CommitConflict,
     SnapshotCollected,
@@ -23,6 +25,7 @@ from contextful.storage.errors import (
     TableNameInvalid,
     TableNotFound,
 )
+from contextful.storage.follows import Follows
 from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text
 from contextful.storage.reconcile import conform
@@ -37,13 +40,17 @@ else:
 
 
 class Table:
-    def __init__(self, store: Store, head: TableHead, created: bool = False) -> None:
+    def __init__(self, store: Store, head: TableHead, created: bool = False,
+                 pin: tuple[int, int] | None = None) -> None:
         self.store = store
         self.name = head.name
         self.head = head
         self.created = created
         """Whether this handle's :meth:`Store.create_table` call created the table provisionally (a
         run aborting on it drops it again while nothing has committed to it)."""
+        self.pin = pin
+        """For a handle :meth:`Store.pin` made of a table following a root: the commit_seq it pinned
+        and its root's at the same point (0: the root had no commit, or no longer exists)."""
 
     def refresh(self) -> TableHead:
         head = self.store.catalog.load_head(self.name)
@@ -93,13 +100,37 @@ class Table:
                                               f" never by {column!r}")
         if head.order_by is not None:
             return None
+        return self._declare(DeclareOrderBy(head.primary_key, column), "DeclareOrderBy")
+
+    def declare_follows(self, rule: Follows) -> int | None:
+        """Answer only rows whose root row version ``rule.root`` answers from a new commit on
+        (``storage.follows``); return its commit_seq (None when the table already declares it).
+
+        Snapshots below the declaration answer as before. Another rule held already raises
+        ``TableNameInvalid`` naming both.
+        """
+        head = self.refresh()
+        if not head.primary_key:
+            raise TableNameInvalid(self.name, f"{rule.describe()} needs a primary key")
+        if head.follows is None:
+            seq = self._declare(DeclareFollows(rule), "DeclareFollows")
+            if seq is not None:
+                return seq
+        if self.head.follows != rule:
+            assert self.head.follows is not None
+            raise TableNameInvalid(self.name, f"the existing table holds {self.head.follows.describe()},"
+                                              f" not {rule.describe()}")
+        return None
+
+    def _declare(self, update: Update, name: str) -> int | None:
+        """Commit the declaration ``update``; None when another one landed first (``name`` failed)."""
+        head = self.head
         request = CommitRequest(table=self.name, run_id="declare-" + new_run_id(), kind="declare", manifest=None,
-                                requirements=(AssertTableUUID(head.uuid),),
-                                updates=(DeclareOrderBy(head.primary_key, column),))
+                                requirements=(AssertTableUUID(head.uuid),), updates=(update,))
         try:
             seq = self.store.catalog.commit(request, self.store.clock)
         except CommitConflict as exc:
-            if exc.failed != "DeclareOrderBy":
+            if exc.failed != name:
                 raise
             self.refresh()
             return None
@@ -150,10 +181,36 @@ class Table:
         return commit_seq
 
     def snapshot(self, commit_seq: int | None = None, as_of: datetime | int | None = None) -> Snapshot:
-        return self.snapshot_at(self.resolve_seq(commit_seq, as_of))
+        """The snapshot at the head, at ``commit_seq`` or ``as_of`` a transaction time.
 
-    def snapshot_at(self, seq: int) -> Snapshot:
-        """The snapshot at ``seq`` (at most the head this table last read; not checked again)."""
+        A table following a root (``storage.follows``) reads its root at the same point: at the head,
+        both heads read in one catalog statement; ``as_of``, the root as of that instant; at a
+        ``commit_seq``, the root as of that commit's time.
+        """
+        follows = self.refresh().follows
+        if follows is None:
+            return self.snapshot_at(self.resolve_seq(commit_seq, as_of))
+        if commit_seq is None and as_of is None:
+            pinned = self.store.catalog.pin_heads([self.name, follows.root])
+            if self.name not in pinned:
+                raise TableNotFound(self.name)
+            self.head = pinned[self.name].head
+            root = pinned.get(follows.root)
+            seq = self.head.commit_seq
+            return self.snapshot_at(seq, root_seq=(root.commit_seq or 0) if root is not None else 0)
+        seq = self.resolve_seq(commit_seq, as_of)
+        if as_of is None:
+            return self.snapshot_at(seq)
+        as_of_us = to_us(as_of) if isinstance(as_of, datetime) else int(as_of)
+        return self.snapshot_at(seq, root_seq=self.store.catalog.seq_as_of(follows.root, as_of_us) or 0)
+
+    def snapshot_at(self, seq: int, root_seq: int | None = None) -> Snapshot:
+        """The snapshot at ``seq`` (at most the head this table last read; not checked again).
+
+        For a table following a root, ``root_seq`` is the root's commit at the same point (0: the
+        root had none); when not given, the one :meth:`Store.pin` pinned with ``seq``, else the
+        root's newest commit at or before the time commit ``seq`` landed.
+        """
         catalog = self.store.catalog
         schema_id = catalog.schema_id_at(self.name, seq) if seq else 0
         schema = schema_from_text(catalog.schema_at(self.name, schema_id)) if schema_id else None
@@ -163,6 +220,7 @@ class Table:
                 raise SnapshotCollected(self.name, seq, part.path)
         head = self.head
         in_force = head.order_by is not None and seq >= head.order_by_seq
+        follows = head.follows if head.follows is not None and seq >= head.follows_seq else None
         return Snapshot(
             table=self.name,
             commit_seq=seq,
@@ -175,7 +233,22 @@ class Table:
             mixed_schemas=any(p.schema_id != schema_id for p in parts),
             schema_id=schema_id,
             supersede=head.supersede,
+            follows=follows,
+            root=self._root_snapshot(follows, seq, root_seq) if follows is not None else None,
         )
+
+    def _root_snapshot(self, follows: Follows, seq: int, root_seq: int | None) -> Snapshot | None:
+        """The root's snapshot at the point this table is read at ``seq`` (None: it answers no row)."""
+        catalog = self.store.catalog
+        if root_seq is None and self.pin is not None and self.pin[0] == seq:
+            root_seq = self.pin[1]
+        if root_seq is None:
+            landed = catalog.committed_us(self.name, seq) if seq else None
+            root_seq = (catalog.seq_as_of(follows.root, landed) or 0) if landed is not None else 0
+        head = catalog.load_head(follows.root)
+        if head is None or not root_seq:
+            return None
+        return Table(self.store, head).snapshot_at(root_seq)
 
     def to_arrow(self, commit_seq: int | None = None, as_of: datetime | int | None = None) -> pa.Table:
         """Every row the snapshot answers, in the table's Arrow schema."""

@@ -39,7 +39,7 @@ from contextful.engine.config.manifest import PipelineSpec
 from contextful.engine.land.names import LandedNames
 from contextful.engine.land.results import TableLanding
 from contextful.engine.land.typed import apply_types, read_types
-from contextful.storage import Store
+from contextful.storage import Store, Table
 from contextful.storage.commits import Requirement
 from contextful.storage.keys import check_keys
 from contextful.storage.lazy import lazy_module
@@ -72,6 +72,19 @@ def table_merge(spec: PipelineSpec, name: str) -> tuple[tuple[str, ...], str | N
     from contextful.engine.normalize import child_order_by, child_primary_key
 
     return child_primary_key(spec.primary_key), child_order_by(spec.primary_key, spec.order_by)
+
+
+def landing_table(store: Store, spec: PipelineSpec, name: str) -> Table:
+    """Table ``name`` of ``spec``, created for the run about to land on it (provisionally) with its
+    merge (:func:`table_merge`) and, for a relational child table of a keyed root, its lifetime rule:
+    its rows follow the root row versions that landed them (``storage.follows``; a table landed
+    before the rule takes it by a declaration of its own)."""
+    follows = None
+    if name != spec.table and spec.normalize == "relational":
+        from contextful.engine.normalize import child_follows
+
+        follows = child_follows(spec.table, spec.primary_key)
+    return store.create_table(name, *table_merge(spec, name), provisional=True, follows=follows)
 
 
 def load_staging(spec: PipelineSpec) -> None:
@@ -201,9 +214,8 @@ class LandingSink:
     def _staging_for(self, name: str) -> _Staging:
         if name not in self._staging:
             run_id = self.run_id(name) if self.run_id is not None else None
-            table = self.store.create_table(name, *table_merge(self.spec, name), provisional=True)
-            txn = table.transaction("append", run_id=run_id,
-                                                                        meta=dict(self.meta))
+            txn = landing_table(self.store, self.spec, name).transaction("append", run_id=run_id,
+                                                                          meta=dict(self.meta))
             self._staging[name] = _Staging(txn)
             self.landings.setdefault(name, TableLanding(name))
         return self._staging[name]

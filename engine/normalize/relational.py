@@ -21,7 +21,11 @@ columns are documented in ``docs/normalization.md``; in short:
   root table has a primary key, ``k`` + the MD5 hex digest of its key values (:func:`key_ids`), so
   the same key always gets the same id; a child row's id is its parent's id, ``.`` and its list
   index: a re-landed keyed root row gives its children the same ids, and the child tables of a
-  keyed root are keyed on ``_cf_id`` (:func:`child_primary_key`), so they replace rather than pile up.
+  keyed root are keyed on ``_cf_id`` (:func:`child_primary_key`), so they replace rather than pile up;
+* a keyed root row and every row descending from it carry its version ``_cf_version``
+  (:func:`root_versions`, one per landing), and the child tables of a keyed root follow it
+  (:func:`child_follows`, ``storage.follows``): a child row lives exactly as long as the root row
+  version that landed it.
 
 Everything is columnar: struct ``flatten``, list ``flatten`` and ``list_value_length``, ``take``,
 and numpy ``repeat``/``arange`` for the parent positions and list indexes.
@@ -53,6 +57,7 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 from contextful.storage.errors import PipelineListIndexMissing, SchemaIrreconcilable
+from contextful.storage.follows import Follows
 from contextful.storage.keys import check_keys
 from contextful.storage.lazy import lazy_module
 
@@ -66,6 +71,7 @@ PARENT_ID = "_cf_parent_id"
 ROOT_ID = "_cf_root_id"
 LIST_IDX = "_cf_list_idx"
 ORDER = "_cf_order"
+VERSION = "_cf_version"
 CHILD_KEYS = (ID, PARENT_ID, ROOT_ID, LIST_IDX)
 ELEMENT_NULL = "_cf_null"
 NULL_PREFIX = "_cf_null__"
@@ -262,6 +268,27 @@ def key_ids(table: pa.Table, primary_key: tuple[str, ...]) -> pa.Array:
     return ids.column("id").combine_chunks().cast(pa.string())
 
 
+def root_versions(id_prefix: str, n: int) -> pa.Array:
+    """The versions of a batch's ``n`` keyed root rows: ``base + i`` for row ``i``, ``base`` the first
+    62 bits of the BLAKE2b digest of ``id_prefix`` (unique per batch of the table). Two landings of a
+    root row so get different versions (as unkeyed root ids differ, whose uniqueness rests on the
+    same prefix); every descendant row carries its root row's, and a child table answers only the
+    rows of the version its root answers (``storage.follows``).
+
+    >>> root_versions("r1.1", 2).to_pylist()[1] - root_versions("r1.1", 2).to_pylist()[0]
+    1
+    """
+    base = int.from_bytes(hashlib.blake2b(id_prefix.encode(), digest_size=8).digest(), "big") >> 2
+    return pa.array(np.arange(base, base + n, dtype=np.int64))
+
+
+def child_follows(root: str, root_primary_key: tuple[str, ...]) -> Follows | None:
+    """The lifetime rule of a child table of ``root``: under a keyed root its rows follow the root
+    row versions that landed them (``storage.follows``); an unkeyed root's rows never merge, so its
+    children need none."""
+    return Follows(root, ID, ROOT_ID, VERSION) if root_primary_key else None
+
+
 def child_primary_key(root_primary_key: tuple[str, ...]) -> tuple[str, ...]:
     """The primary key of a child table: ``_cf_id`` under a keyed root (its ids follow the root's
     key, so a re-landed root row's elements replace the earlier ones), none under an unkeyed one."""
@@ -358,7 +385,9 @@ def shred(table: pa.Table, root: str, *, id_prefix: str, primary_key: tuple[str,
     :func:`storage.keys.check_keys` refused a missing key column or a null key (naming ``input``
     and the row, ``first_row`` being the batch's first row's position in it). With ``primary_key``
     and ``order_by`` (a root column), every child row carries its root row's ``order_by`` value as
-    ``_cf_order``, so child tables merge by the root's rule (:func:`child_order_by`).
+    ``_cf_order``, so child tables merge by the root's rule (:func:`child_order_by`). With
+    ``primary_key``, ``id_prefix`` (unique per batch of the table) gives each root row its version
+    ``_cf_version`` (:func:`root_versions`), which every descendant row carries too.
     """
     specs = {spec.name: spec for spec in child_tables_of(table.schema, root)}
     shredder = _Shredder(root)
@@ -367,6 +396,7 @@ def shred(table: pa.Table, root: str, *, id_prefix: str, primary_key: tuple[str,
     for field, column in zip(table.schema, table.columns, strict=True):
         shredder.flatten((field.name,), column, field.nullable, None, columns, lists)
     inherited: list[tuple[str, Column]] = []
+    keys: list[tuple[str, Column]]
     if primary_key:
         flat = pa.Table.from_arrays([a for _, a in columns], names=[c for c, _ in columns])
         check_keys(root, primary_key, flat, input=input, first_row=first_row)
@@ -374,9 +404,13 @@ def shred(table: pa.Table, root: str, *, id_prefix: str, primary_key: tuple[str,
         if order_by is not None:
             order = flat.column(order_by) if order_by in flat.column_names else pa.nulls(flat.num_rows)
             inherited.append((ORDER, order))
+        versions = root_versions(id_prefix, table.num_rows)
+        inherited.append((VERSION, versions))
+        keys = [(ID, ids), (VERSION, versions)]
     else:
         ids = _ids(id_prefix, table.num_rows)
-    shredder.emit(root, (), [(ID, ids)], columns, lists, ids, [(ROOT_ID, ids), *inherited])
+        keys = [(ID, ids)]
+    shredder.emit(root, (), keys, columns, lists, ids, [(ROOT_ID, ids), *inherited])
     return RelationalTables(root, shredder.out, specs)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from contextful.storage.clock import Clock
 from contextful.storage.commits import CommitRequest
 from contextful.storage.errors import StorageProfileUnknown
+from contextful.storage.follows import Follows
 from contextful.storage.supersede import Supersede
 
 PROFILES = ("local", "postgres")
@@ -40,6 +41,10 @@ class TableHead:
     """The commit that declared ``order_by`` (0: declared with the table, in force from its start)."""
     supersede: Supersede | None = None
     """The supersede rule declared with the table (``storage.supersede``; None: none)."""
+    follows: Follows | None = None
+    """The root table whose row versions this table's rows follow (``storage.follows``; None: none)."""
+    follows_seq: int = 0
+    """The commit that declared ``follows`` (0: declared with the table, in force from its start)."""
 
 
 @dataclass(frozen=True)
@@ -114,9 +119,10 @@ class Catalog(ABC):
 
     @abstractmethod
     def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
-                     order_by: str | None = None, supersede: Supersede | None = None) -> TableHead | None:
+                     order_by: str | None = None, supersede: Supersede | None = None,
+                     follows: Follows | None = None) -> TableHead | None:
         """Create the table's head at commit_seq 0 with its merge declaration (key, ``order_by``,
-        supersede rule), or return the existing head as it is (None when the existing one was a
+        supersede rule, ``follows``), or return the existing head as it is (None when the existing one was a
         provisional table dropped again before it could be read)."""
 
     @abstractmethod
@@ -185,6 +191,10 @@ class Catalog(ABC):
 
     @abstractmethod
     def commits(self, name: str) -> list[CommitRow]: ...
+
+    @abstractmethod
+    def committed_us(self, name: str, commit_seq: int) -> int | None:
+        """When the table's commit ``commit_seq`` landed (None: no such commit); one indexed row."""
 
     @abstractmethod
     def first_commit_us(self, name: str) -> int | None:

@@ -17,9 +17,11 @@ instant (``reserve_instant``, a sweep's ``as_of``) takes the same lock and moves
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from contextful.storage.catalog import (
@@ -42,6 +44,7 @@ from contextful.storage.commits import (
     AssertTableUUID,
     AssertWriter,
     CommitRequest,
+    DeclareFollows,
     DeclareOrderBy,
     MarkRecordsFlushed,
     RecordRun,
@@ -58,6 +61,7 @@ from contextful.storage.errors import (
     StoreCatalogMismatch,
     TableNotFound,
 )
+from contextful.storage.follows import Follows
 from contextful.storage.supersede import Supersede
 
 DDL = (
@@ -178,11 +182,13 @@ class SqlCatalog(SqlDialect, Catalog):
             raise StoreCatalogMismatch(store_uuid, bound, root)
 
     def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
-                     order_by: str | None = None, supersede: Supersede | None = None) -> TableHead | None:
+                     order_by: str | None = None, supersede: Supersede | None = None,
+                     follows: Follows | None = None) -> TableHead | None:
+        merge = _Merge(primary_key, order_by, supersede=supersede, follows=follows)
         self._write(lambda cur: cur.execute(
             "INSERT INTO cf_tables (name, table_uuid, commit_seq, schema_id, primary_key, created_us,"
             " last_commit_us) VALUES (?, ?, 0, 0, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
-            (name, uuid, _merge_text(primary_key, order_by, supersede=supersede), now_us, now_us),
+            (name, uuid, merge.text(), now_us, now_us),
         ), rerun_unheard=True)
         return self.load_head(name)  # None: a provisional table was dropped again meanwhile
 
@@ -416,12 +422,22 @@ class SqlCatalog(SqlDialect, Catalog):
                     cur.executemany("DELETE FROM cf_run_records WHERE run_id = ? AND phase = ?", list(update.keys))
                 # rows an older version kept once flushed (an empty range of the pending index after once)
                 cur.execute("DELETE FROM cf_run_records WHERE flushed_seq IS NOT NULL")
-            elif isinstance(update, DeclareOrderBy):
+            elif isinstance(update, DeclareOrderBy | DeclareFollows):
+                # the declaration's text is read and written in this transaction: a declaration
+                # keeps every other one, and one that landed first is a conflict
+                cur.execute(f"SELECT primary_key FROM cf_tables WHERE name = ?{self.row_lock}", (table,))
+                before = cur.fetchone()[0]
+                merge = _Merge.parse(before)
+                if isinstance(update, DeclareOrderBy):
+                    if merge.order_by is not None or merge.primary_key != update.primary_key:
+                        raise CommitConflict(table, "order_by is already declared", failed="DeclareOrderBy")
+                    merge = dataclasses.replace(merge, order_by=update.order_by, order_by_seq=seq)
+                else:
+                    if merge.follows is not None:
+                        raise CommitConflict(table, "follows is already declared", failed="DeclareFollows")
+                    merge = dataclasses.replace(merge, follows=update.follows, follows_seq=seq)
                 cur.execute("UPDATE cf_tables SET primary_key = ? WHERE name = ? AND primary_key = ?",
-                            (_merge_text(update.primary_key, update.order_by, seq), table,
-                             _merge_text(update.primary_key, None)))
-                if cur.rowcount != 1:
-                    raise CommitConflict(table, "order_by is already declared", failed="DeclareOrderBy")
+                            (merge.text(), table, before))
         return schema_id
 
     # --- history and snapshots ------------------------------------------------------------------
@@ -433,6 +449,11 @@ class SqlCatalog(SqlDialect, Catalog):
             (name,),
         )
         return [CommitRow(*r) for r in rows]
+
+    def committed_us(self, name: str, commit_seq: int) -> int | None:
+        rows = self._read("SELECT committed_us FROM cf_commits WHERE table_name = ? AND commit_seq = ?",
+                          (name, commit_seq))
+        return int(rows[0][0]) if rows else None
 
     def first_commit_us(self, name: str) -> int | None:
         rows = self._read("SELECT committed_us FROM cf_commits WHERE table_name = ? ORDER BY commit_seq LIMIT 1",
@@ -574,37 +595,53 @@ class _Cursor:
 
 
 def _head(row: tuple[Any, ...]) -> TableHead:
-    name, uuid, seq, schema_id, merge, created_us, last_us, schema_text = row
-    primary_key, order_by, order_by_seq, supersede = _merge_declaration(merge)
-    return TableHead(name, uuid, seq, schema_id, schema_text, primary_key, created_us, last_us, order_by,
-                     order_by_seq, supersede)
+    name, uuid, seq, schema_id, merge_text, created_us, last_us, schema_text = row
+    merge = _Merge.parse(merge_text)
+    return TableHead(name, uuid, seq, schema_id, schema_text, merge.primary_key, created_us, last_us, merge.order_by,
+                     merge.order_by_seq, merge.supersede, merge.follows, merge.follows_seq)
 
 
-def _merge_text(primary_key: tuple[str, ...], order_by: str | None, order_by_seq: int = 0,
-                supersede: Supersede | None = None) -> str:
-    """The ``primary_key`` column's text: the key as a JSON list (the original form, kept when
-    nothing else is declared), or ``{"key": [...]}`` plus ``"order_by"`` (and ``"order_by_seq"``,
-    the declaring commit, when a commit declared it; absent: declared with the table) and
-    ``"supersede"`` (``Supersede.to_json``), each present only when declared."""
-    if order_by is None and supersede is None:
-        return json.dumps(list(primary_key))
-    doc: dict[str, Any] = {"key": list(primary_key)}
-    if order_by is not None:
-        doc["order_by"] = order_by
-    if order_by_seq:
-        doc["order_by_seq"] = order_by_seq
-    if supersede is not None:
-        doc["supersede"] = supersede.to_json()
-    return json.dumps(doc)
+@dataclass(frozen=True)
+class _Merge:
+    """A table's merge declaration, as the ``primary_key`` column holds it (:meth:`text`)."""
 
+    primary_key: tuple[str, ...]
+    order_by: str | None = None
+    order_by_seq: int = 0
+    supersede: Supersede | None = None
+    follows: Follows | None = None
+    follows_seq: int = 0
 
-def _merge_declaration(text: str) -> tuple[tuple[str, ...], str | None, int, Supersede | None]:
-    doc = json.loads(text)
-    if isinstance(doc, list):
-        return tuple(doc), None, 0, None
-    rule = doc.get("supersede")
-    return (tuple(doc["key"]), doc.get("order_by"), int(doc.get("order_by_seq", 0)),
-            None if rule is None else Supersede.from_json(rule))
+    def text(self) -> str:
+        """The key as a JSON list (the original form, kept when nothing else is declared), or
+        ``{"key": [...]}`` plus ``"order_by"`` (and ``"order_by_seq"``, the declaring commit, when a
+        commit declared it; absent: declared with the table), ``"supersede"`` (``Supersede.to_json``)
+        and ``"follows"`` (``Follows.to_json``, with ``"follows_seq"`` likewise), each present only
+        when declared."""
+        if self.order_by is None and self.supersede is None and self.follows is None:
+            return json.dumps(list(self.primary_key))
+        doc: dict[str, Any] = {"key": list(self.primary_key)}
+        if self.order_by is not None:
+            doc["order_by"] = self.order_by
+        if self.order_by_seq:
+            doc["order_by_seq"] = self.order_by_seq
+        if self.supersede is not None:
+            doc["supersede"] = self.supersede.to_json()
+        if self.follows is not None:
+            doc["follows"] = self.follows.to_json()
+        if self.follows_seq:
+            doc["follows_seq"] = self.follows_seq
+        return json.dumps(doc)
+
+    @classmethod
+    def parse(cls, text: str) -> _Merge:
+        doc = json.loads(text)
+        if isinstance(doc, list):
+            return cls(tuple(doc))
+        rule, follows = doc.get("supersede"), doc.get("follows")
+        return cls(tuple(doc["key"]), doc.get("order_by"), int(doc.get("order_by_seq", 0)),
+                   None if rule is None else Supersede.from_json(rule),
+                   None if follows is None else Follows.from_json(follows), int(doc.get("follows_seq", 0)))
 
 
 def _record(row: tuple[Any, ...]) -> RunRecordRow:

@@ -11,7 +11,7 @@ import contextful.engine.read
 import pyarrow as pa
 import pytest
 from contextful.storage import ManualClock, Store
-from contextful.storage.catalog.sql import _merge_declaration, _merge_text
+from contextful.storage.catalog.sql import _Merge
 from contextful.storage.errors import TableNameInvalid
 from contextful.storage.supersede import Supersede
 
@@ -150,10 +150,10 @@ def test_the_rule_is_kept_in_the_merge_declaration_and_old_declarations_still_re
             other.close()
     finally:
         store.close()
-    assert _merge_declaration('["k"]') == (("k",), None, 0, None)
-    assert _merge_declaration('{"key": ["k"], "order_by": "ts"}') == (("k",), "ts", 0, None)
-    assert _merge_text(("k",), None) == '["k"]'
-    assert _merge_declaration(_merge_text(KEY, None, supersede=RULE)) == (KEY, None, 0, RULE)
+    assert _Merge.parse('["k"]') == _Merge(("k",))
+    assert _Merge.parse('{"key": ["k"], "order_by": "ts"}') == _Merge(("k",), "ts")
+    assert _Merge(("k",)).text() == '["k"]'
+    assert _Merge.parse(_Merge(KEY, supersede=RULE).text()) == _Merge(KEY, supersede=RULE)
 
 
 def test_a_rule_differing_from_the_tables_or_not_fitting_its_key_is_refused(local_store: Store) -> None:

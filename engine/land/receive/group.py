@@ -44,7 +44,7 @@ from contextful.engine.land.decode import Decoder
 from contextful.engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig
 from contextful.engine.land.receive.spool import DIGEST_HEX, LANDED, Member, Queue, key_digest, queue_root
 from contextful.engine.land.results import InputFailure, PipelineResult, TableLanding
-from contextful.engine.land.sink import table_merge
+from contextful.engine.land.sink import landing_table, table_merge
 from contextful.storage import Store
 from contextful.storage.clock import Clock, SystemClock
 from contextful.storage.commits import SetCursor
@@ -313,7 +313,7 @@ def _stage(store: Store, spec: PipelineSpec, queue: Queue, table: str, group: li
     stem = run_stem(digest, table)
     run_id = attempt_run_id(stem, queue.index.next_attempt(stem))
     rows = pa.concat_tables([data[m.id, table] for m in group])  # each conformed to the group's schema
-    txn = store.create_table(table, *table_merge(spec, table), provisional=True).transaction(
+    txn = landing_table(store, spec, table).transaction(
         "append", run_id=run_id, meta={"pipeline": spec.id, "receive_group": keys, "receive_digest": digest})
     try:
         txn.stage(rows)
