@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
 from contextful.engine.derive.keys import MediaDigests, join_digest_sql, key_sql
+from contextful.engine.derive.retire import RETIRE_KEY
 from contextful.storage.errors import DeriveNoStoreRoot, TableNotFound
 from contextful.storage.snapshot import Snapshot, quote, sql_literal
 from contextful.storage.supersede import RETIRED, SETTLING
@@ -240,7 +241,14 @@ class Selection:
     def counts(self) -> SelectionCounts:
         """Eligible, already-derived, outstanding and retiring units (``run.select.dry-run``): an
         aggregate of the join with no unit columns carried, and a count of the output's units whose
-        parent left (:meth:`retiring_sql`)."""
+        parent left (:meth:`retiring_sql`). Before a run joins its units (a dry run), one query
+        answers all four (:func:`counts_sql`: the join made full, its unmatched output units the
+        retiring ones)."""
+        if self._units is None and not self.empty and self._output is not None:
+            version = self.version if self.config.retain_versions else None
+            sql = counts_sql(self._keyed_sql(), self._output, self.unit_columns, version)
+            [(eligible, derived, retiring)] = self.con.execute(sql).fetchall()
+            return SelectionCounts(int(eligible), int(derived), int(eligible) - int(derived), int(retiring))
         retiring = self.retiring_sql(self.output_table)
         [(count,)] = self.con.execute(f"SELECT count(*) FROM ({retiring})").fetchall() if retiring else [(0,)]
         return replace(self._unit_counts(), retiring=int(count))
@@ -397,6 +405,25 @@ def stored_keys(output: Snapshot, unit: tuple[str, ...], restrict: str | None = 
     return (f"SELECT {keys}, arg_max({DONE}, pos) AS done, max(seq) AS seq, "
             f"max(seq) FILTER (WHERE {SETTLES}) AS settle_seq, arg_max(attempts, pos) AS attempts "
             f"FROM ({rows}) GROUP BY {keys}")
+
+
+def counts_sql(keyed: str, output: Snapshot, unit: tuple[str, ...], version: str | None) -> str:
+    """Eligible, settled and retiring unit counts in one query: :func:`settled_sql`'s join of the
+    parents' units (``keyed``) to the output's stored keys, made FULL, so the output units no parent
+    names come out of the same join — grouped by their unit columns, retiring when their latest
+    landing is not a retirement (as :func:`live_units_sql` decides from the stored rows)."""
+    same = "o.derivation_key = k.derivation_key"
+    of_version = f" AND o.task_version = {sql_literal(version)}" if version is not None else ""
+    done = f"max(o.seq) FILTER (WHERE {same} AND o.done)"
+    other = f"max(o.settle_seq) FILTER (WHERE o.derivation_key <> k.derivation_key{of_version})"
+    retired = f"max(o.seq) FILTER (WHERE o.derivation_key = {sql_literal(RETIRE_KEY)})"
+    orphan = ", ".join(f"CASE WHEN k.unit_ref IS NULL THEN o.{quote(c)} END" for c in unit)
+    per_unit = (f"SELECT k.unit_ref IS NOT NULL AS present, coalesce({done} >= coalesce({other}, -1), false) AS settled,"
+                f" max(o.seq) > coalesce({retired}, -1) AS live"
+                f" FROM ({keyed}) AS k FULL JOIN ({stored_keys(output, unit)}) AS o ON o.unit_ref = k.unit_ref"
+                f" GROUP BY k.unit_ref, k.derivation_key, {orphan}")
+    return (f"SELECT count(*) FILTER (WHERE present), count(*) FILTER (WHERE present AND settled),"
+            f" count(*) FILTER (WHERE NOT present AND live) FROM ({per_unit})")
 
 
 def settled_sql(keyed: str, rest: list[str], output: Snapshot, unit: tuple[str, ...], version: str | None,
