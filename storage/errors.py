@@ -1230,15 +1230,15 @@ class ExecutionWriterFenced(Conflict):
 
 class StagingLeaseLost(Conflict):
     """A staging run found its lease gone when it renewed it: collection took the run for abandoned
-    (it made no progress for a whole lease) and may have deleted what it staged, so the run stops
-    here and lands nothing; run it again and it lands what is missing."""
+    (its process renewed nothing for a whole lease: stopped, or its host paused) and may have deleted
+    what it staged, so the run stops here and lands nothing; run it again and it lands what is missing."""
 
     table: str
     run_id: str
 
     def __init__(self, table: str, run_id: str) -> None:
         super().__init__(f"table {table!r}, run {run_id}: its staging lease is gone (collection took the run for "
-                         "abandoned after a lease without progress) and what it staged may be deleted; it lands "
+                         "abandoned after a lease without a renewal) and what it staged may be deleted; it lands "
                          "nothing: run it again", table=table, run_id=run_id)
 
 

@@ -44,8 +44,7 @@ class StagingLease:
     """Taken at construction and held by the process's keeper; :meth:`renew` as the run stages;
     :meth:`end` when it gives up, :meth:`release` once its commit ended it."""
 
-    def __init__(self, store: Store, table: str, run_id: str, lease_s: float = STAGING_LEASE_S,
-                 keeper: StagingKeeper | None = None) -> None:
+    def __init__(self, store: Store, table: str, run_id: str, lease_s: float = STAGING_LEASE_S) -> None:
         self.store = store
         self.table = table
         self.run_id = run_id
@@ -58,7 +57,7 @@ class StagingLease:
         now = store.clock.now_us()
         store.catalog.begin_staging(table, run_id, self.holder, now, self._lease_us)
         self.expires_us = now + self._lease_us
-        self._keeper = keeper or staging_keeper()
+        self._keeper = staging_keeper()
         self._keeper.hold(self)
 
     @property
@@ -111,11 +110,10 @@ class StagingKeeper:
     lease ended marks it lost (the run's next stage or commit fails by name).
     """
 
-    def __init__(self, *, start: bool = True) -> None:
+    def __init__(self) -> None:
         self._cond = threading.Condition()
         self._dead: list[int] = []  # leases collected meanwhile (a weakref callback only appends)
         self._held: dict[int, tuple[weakref.ref[StagingLease], float]] = {}  # id -> (lease, wall due)
-        self._start = start
         self._thread: threading.Thread | None = None
 
     def hold(self, lease: StagingLease) -> None:
@@ -124,7 +122,7 @@ class StagingKeeper:
         with self._cond:
             self._purge()
             self._held[key] = (ref, time.monotonic() + lease.lease_s / 2)
-            if self._start and self._thread is None:
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="staging-keeper", daemon=True)
                 self._thread.start()
             self._cond.notify()
