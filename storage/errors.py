@@ -17,6 +17,7 @@ Hierarchy::
     │   ├── ConnectorBoundHit            a connector struck its linear-memory or call-deadline bound
     │   ├── SourceUnavailable            a source is unreachable or answered 5xx
     │   ├── AddressInUse                 serve's address is held by another socket (the port may free up)
+    │   ├── ControlSnapshotUnreadable, ControlPointerMalformed  the applied pointer or snapshot cannot be read
     │   ├── ExecutionSuspended           an execution stopped waiting on a pending awakeable; reopen to resume
     │   └── DeriveStepExit, DeriveStepTimeout  a derive engine step exited non-zero or passed its deadline
     └── TerminalError                    marker: retrying the same input fails the same way
@@ -50,6 +51,8 @@ Hierarchy::
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
         │   ├── IssuerKeyInvalid         an issuer key (pinned public key, private key file) is not an Ed25519 key
+        │   ├── ScheduleUnreadable, TriggerAdapterUnknown, TriggerFaceMissing, DispatchUnitNotAHead,
+        │   │   ApplyValidationRefused   the control plane's arm, trigger, dispatch and apply refusals
         │   └── DeriveNoStoreRoot, DeriveConfigKeyMissing, DeriveForeignOutputTable, DeriveReservedDiscriminator,
         │       DeriveFailureOffTable, DeriveOutputTablesMismatch, DeriveCycle, DeriveAfterConflict,
         │       DeriveEngineUnbound, DeriveCommandInManifest, DeriveUnknownTask, DeriveTaskNameTaken,
@@ -91,6 +94,8 @@ Hierarchy::
         │   ├── SweepOriginOutOfOrder    a carried sweep's origin read before the origin preceding it landed
         │   ├── OutboxFrontierGap        an acknowledgement skipping a pending outbox event
         │   ├── StagingLeaseLost         a run's staging lease was ended by collection before it committed
+        │   ├── ManifestVersionConflict  an apply lost the version claim to another apply (it reapplies)
+        │   ├── StoreNotInitialized      an apply before the guarded import claimed v1 (HTTP 409)
         │   └── DeriveSettledUnitRevived  a unit settled under its key by another run while this one derived it
         ├── Expired                      a window closed (expired; HTTP 410)
         │   ├── ReceiveBatchKeyExpired
@@ -1803,10 +1808,88 @@ class DeriveSettledUnitRevived(Conflict):
                          "none of its rows", pipeline=pipeline, unit=unit, derivation_key=derivation_key)
 
 
+# --- the control plane I (surface.arm.*, surface.apply.*, surface.dispatch.*; engine/control) -------
+
+
+class ScheduleUnreadable(SpecInvalid):
+    """``surface.arm.unreadable-schedule``: a schedule string the grammar cannot read (L, W, ?, # and
+    @ macros included); that entry alone is held back, every other entry arms."""
+
+    def __init__(self, entry: str, schedule: str, diagnostic: str) -> None:
+        super().__init__(f"{entry}: schedule {schedule!r} is unreadable: {diagnostic} (a schedule is "
+                         "'every <n><s|m|h|d>' or a five-field UTC cron expression)",
+                         entry=entry, schedule=schedule, diagnostic=diagnostic)
+
+
+class TriggerAdapterUnknown(SpecInvalid):
+    """``surface.arm.unknown-trigger``: ``[control] trigger`` names no adapter; serve runs on no adapter."""
+
+    def __init__(self, trigger: str, known: tuple[str, ...]) -> None:
+        super().__init__(f"[control] trigger {trigger!r} is no trigger adapter (known: {', '.join(known)}); "
+                         "serving with no trigger: nothing fires", trigger=trigger, known=known)
+
+
+class TriggerFaceMissing(SpecInvalid):
+    """``surface.arm.trigger-face-missing``: ``trigger = "external"`` on a serve with no HTTP face."""
+
+    def __init__(self) -> None:
+        super().__init__('[control] trigger = "external" answers POST /wake on the served face, and this serve '
+                         "has none: give pipeline serve --http HOST:PORT")
+
+
+class DispatchUnitNotAHead(SpecInvalid):
+    """``surface.dispatch.not-a-head``: a due id is a landing step of another entry's unit."""
+
+    def __init__(self, entry: str, head: str) -> None:
+        super().__init__(f"{entry!r} is a step of {head!r}'s unit (its after names it): its cadence rides "
+                         f"{head!r}'s schedule; nothing started", entry=entry, head=head)
+
+
+class ManifestVersionConflict(Conflict):
+    """``surface.apply.version-race``: another apply claimed the version this one meant to claim."""
+
+    def __init__(self, project: str, version: int, winner: int) -> None:
+        super().__init__(f"project {project!r}: version {version} was claimed by another apply (applied: "
+                         f"v{winner}); reapplying onto it", project=project, version=version, winner=winner)
+
+
+class ApplyValidationRefused(SpecInvalid):
+    """``surface.apply.validation``: the document fails engine validation; no version is claimed."""
+
+    def __init__(self, source: str, problems: list[ContextfulError]) -> None:
+        lines = "; ".join(str(p) for p in problems)
+        super().__init__(f"{source}: not applied, no version claimed: {lines}", source=source, problems=problems)
+
+
+class StoreNotInitialized(Conflict):
+    """``surface.apply.uninitialized-store``: an apply or edit before the guarded import (HTTP 409)."""
+
+    def __init__(self, project: str, snapshot_dir: str) -> None:
+        super().__init__(f"project {project!r}: no version is claimed in {snapshot_dir} (an empty store included); "
+                         "run contextful pipeline import first", project=project, snapshot_dir=snapshot_dir)
+
+
+class ControlSnapshotUnreadable(TransientError):
+    """``surface.reconcile.fail-static``: the applied pointer or snapshot cannot be read; what is
+    armed stays armed and running."""
+
+    def __init__(self, location: str, reason: str) -> None:
+        super().__init__(f"{location}: {reason}; what is armed keeps running", location=location, reason=reason)
+
+
+class ControlPointerMalformed(ControlSnapshotUnreadable):
+    """``surface.reconcile.pointer-malformed``: a pointer body that is not wholly a version."""
+
+    def __init__(self, location: str, body: str) -> None:
+        ContextfulError.__init__(self, f"{location}: the applied pointer {body[:40]!r} is not a version number; "
+                                 "what is armed keeps running", location=location, reason="malformed", body=body)
+
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AddressInUse",
     "AnswerTooLarge",
+    "ApplyValidationRefused",
     "ArgumentInvalid",
     "AwakeableAlreadyResolved",
     "AwakeableTimedOut",
@@ -1827,6 +1910,8 @@ __all__ = [
     "ConnectorBoundHit",
     "ContextfulError",
     "ContractMismatch",
+    "ControlPointerMalformed",
+    "ControlSnapshotUnreadable",
     "CredentialExpired",
     "CredentialUnadmitted",
     "CursorFieldMismatch",
@@ -1858,6 +1943,7 @@ __all__ = [
     "DeriveTaskNameTaken",
     "DeriveUnitStatusUnknown",
     "DeriveUnknownTask",
+    "DispatchUnitNotAHead",
     "ExecutionNotFound",
     "ExecutionRecoveryMismatch",
     "ExecutionRewindUnsafe",
@@ -1878,6 +1964,7 @@ __all__ = [
     "ManifestInvalid",
     "ManifestKeyUnknown",
     "ManifestValueInvalid",
+    "ManifestVersionConflict",
     "ModalityInvalid",
     "ModelCycle",
     "ModelInputUnknown",
@@ -1921,6 +2008,7 @@ __all__ = [
     "RequestBodyTooLarge",
     "RunCanceled",
     "RunNotFound",
+    "ScheduleUnreadable",
     "SchemaIrreconcilable",
     "ScriptRuntimeLinked",
     "SnapshotCollected",
@@ -1935,6 +2023,7 @@ __all__ = [
     "StorageProfileUnknown",
     "StoreCatalogMismatch",
     "StoreNotFound",
+    "StoreNotInitialized",
     "SweepOriginOutOfOrder",
     "SyncCursorConflict",
     "TableNameCollision",
@@ -1944,6 +2033,8 @@ __all__ = [
     "TableUnreadable",
     "TerminalError",
     "TransientError",
+    "TriggerAdapterUnknown",
+    "TriggerFaceMissing",
     "TypeSpellingUnreadable",
     "TypedLandingFailed",
     "Unauthenticated",
