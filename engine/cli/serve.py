@@ -1,14 +1,23 @@
-"""``contextful pipeline serve --http HOST:PORT``: the project's served face(s).
+"""``contextful pipeline serve``: the project's control loop and its served face(s).
 
-It hosts the receive source for ``receive`` pipelines (``engine.land.receive``, docs/receive.md),
-the Iceberg query gateway for the manifest's exports (``engine.export.gateway``, docs/exports.md)
-and, when an issuer key is pinned, the resume route of awakeables (``engine.served.awake``,
-docs/served.md): all on ``--http``, or each on its own address with ``--receive-http``,
-``--gateway-http`` and ``--awake-http`` (a service with no address is not served). The command parses its arguments
-and calls :func:`serve_manifest`. Once the sockets are bound it prints on stdout ``listening on
-http://HOST:PORT`` for the shared address and ``listening on http://HOST:PORT (receive)`` (or
-``(gateway)``, ``(awake)``) for a service's own (the bound port when port 0 was asked for), and serves until
-SIGTERM or SIGINT, then stops accepting, lets batches in flight answer, and exits 0.
+Serve runs the APPLIED version of the manifest (``contextful pipeline import`` / ``apply``;
+``engine.control.apply``), never the working file: it arms the version's schedules and dispatches
+due units from its pool under the deployment's cadence lease (``engine.control``; docs/control.md),
+re-arming when the applied pointer moves. ``--cycle`` does that once and exits (cron's and CI's
+way to drive Contextful); its answer is printed in a few lines, or as JSON under ``--json``.
+
+It also hosts the receive source for ``receive`` pipelines (``engine.land.receive``, docs/receive.md),
+the Iceberg query gateway for the manifest's exports (``engine.export.gateway``, docs/exports.md),
+when an issuer key is pinned the resume route of awakeables (``engine.served.awake``,
+docs/served.md), and under ``[control] trigger = "external"`` the wake route (``engine.served.wake``):
+all on ``--http``, or each on its own address with ``--receive-http``, ``--gateway-http`` and
+``--awake-http`` (a service with no address is not served). With no applied version yet the faces
+serve the working manifest and nothing is armed. Once the sockets are bound it prints on stdout
+``listening on http://HOST:PORT`` for the shared address and ``listening on http://HOST:PORT
+(receive)`` (or ``(gateway)``, ``(awake)``) for a service's own (the bound port when port 0 was
+asked for); the control plane logs a line per fire and per outcome on stderr. It serves until
+SIGTERM or SIGINT, then stops accepting, lets batches in flight answer, stops each unit's child
+process group (SIGTERM, SIGKILL after 10 s), gives the cadence lease back, and exits 0.
 
 ``register_serve(pipeline)`` adds the command to the ``pipeline`` group. Until then (or to run it
 alone) ``python -m engine.cli.serve --project DIR --http 127.0.0.1:0`` runs the same command.
@@ -26,13 +35,19 @@ import click
 
 if TYPE_CHECKING:
     from contextful.engine.config import Manifest
+    from contextful.engine.control.fire import Answer
     from contextful.storage import Store
+    from contextful.storage.clock import Clock
 
 
 def serve_manifest(manifest: Manifest, store_url: str | None, address: str | None, *,
                    receive_address: str | None = None, gateway_address: str | None = None,
-                   awake_address: str | None = None) -> None:
-    """Serve the manifest's receive pipelines, query gateway and resume route until SIGTERM or SIGINT."""
+                   awake_address: str | None = None, clock: Clock | None = None) -> None:
+    """Serve the applied version (the working manifest while none is applied): its schedules
+    (``engine.control``), receive pipelines, query gateway and resume route until SIGTERM or SIGINT."""
+    from contextful.engine.control.apply import load_applied
+    from contextful.engine.control.daemon import Daemon, select_trigger
+    from contextful.engine.control.fire import ControlPlane
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.spool import queue_root
     from contextful.engine.project import open_project_store
@@ -40,32 +55,117 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     from contextful.engine.served.project import serve_project
 
     refuse_script_runtime()  # topology.compose.script-runtime: checked before anything is served
+    applied = load_applied(manifest.root)
+    served = applied.manifest if applied is not None else manifest
+    serves_http = address is not None
+    trigger = select_trigger(served.control.trigger, serves_http=serves_http, say=_say) if applied else None
+    if applied is None:
+        _say("no applied version: nothing armed (contextful pipeline import claims v1 from contextful.toml)")
+        if not (address or receive_address or gateway_address or awake_address):
+            raise click.UsageError("nothing to serve: no applied version to schedule and no address; run "
+                                   "contextful pipeline import, or give --http")
 
     def open_store() -> Store:  # receive pipelines land batches: a writer, so it creates the store
-        return open_project_store(manifest.root, store_url, project=manifest.project, create=True)
+        return open_project_store(served.root, store_url, project=served.project, create=True)
 
     def read_store() -> Store:  # the resume route resolves awakeables a run minted: it never creates a store
-        return open_project_store(manifest.root, store_url, project=manifest.project)
+        return open_project_store(served.root, store_url, project=served.project)
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    plane = ControlPlane(served.root, open_store, store_url, clock=clock, say=_say) if applied else None
     try:
         with Decoder() as decoder:
-            server = serve_project(manifest, open_store, address, queue_root=queue_root(manifest.root),
-                                   decoder=decoder, receive_address=receive_address,
-                                   gateway_address=gateway_address, awake_address=awake_address,
-                                   awake_store=read_store)
+            server = None
+            if address or receive_address or gateway_address or awake_address:
+                server = serve_project(served, open_store, address, queue_root=queue_root(served.root),
+                                       decoder=decoder, receive_address=receive_address,
+                                       gateway_address=gateway_address, awake_address=awake_address,
+                                       awake_store=read_store, wake=plane if trigger == "external" else None)
             try:
-                for label, face in server.faces.items():
-                    click.echo(f"listening on {face.url}" + (f" ({label})" if label else ""))
+                if server is not None:
+                    for label, face in server.faces.items():
+                        click.echo(f"listening on {face.url}" + (f" ({label})" if label else ""))
                 sys.stdout.flush()
-                while not stop.wait(0.5):  # a timed wait: the signal handler runs between waits
-                    pass
+                if plane is not None:
+                    Daemon(plane, trigger, stop, say=_say).run()
+                else:
+                    while not stop.wait(0.5):  # a timed wait: the signal handler runs between waits
+                        pass
             finally:
-                server.shutdown()
+                if server is not None:
+                    server.shutdown()
     finally:
+        if plane is not None:
+            plane.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clock: Clock | None = None) -> int:
+    """``pipeline serve --cycle``: one cycle of the applied version; print its answer; the exit status."""
+    from contextful.engine.cli.output import emit_json
+    from contextful.engine.control.apply import load_applied
+    from contextful.engine.control.fire import ControlPlane
+    from contextful.engine.control.snapshots import snapshot_dir
+    from contextful.engine.project import open_project_store
+    from contextful.engine.run.script_runtime import refuse_script_runtime
+    from contextful.storage.errors import StoreNotInitialized
+
+    refuse_script_runtime()
+    applied = load_applied(manifest.root)
+    if applied is None:
+        raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest)))
+    served = applied.manifest
+
+    def open_store() -> Store:
+        return open_project_store(served.root, store_url, project=served.project, create=True)
+
+    stop_previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM,)}
+    try:
+        answer = ControlPlane(served.root, open_store, store_url, clock=clock, say=_say).cycle()
+    finally:
+        for sig, handler in stop_previous.items():
+            signal.signal(sig, handler)
+    if as_json:
+        emit_json(answer.to_json())
+    else:
+        for line in describe_answer(answer):
+            click.echo(line)
+    return 0 if answer.ok else 1
+
+
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt  # unwinds the cycle: its close() stops the children and gives the lease back
+
+
+def describe_answer(answer: Answer) -> list[str]:
+    """A cycle's or a wake's answer in the few lines a person reads at a glance."""
+    from contextful.engine.control.fire import _rfc3339
+
+    if answer.lease_held_by is not None:
+        return [f"cadence lease held by {answer.lease_held_by}: nothing dispatched"]
+
+    def names(items: list[str]) -> str:
+        return ", ".join(items) if items else "-"
+
+    lines = [f"v{answer.version}: fired {names(answer.fired)}; failed {names(answer.failed)}; "
+             f"pending {names(answer.pending)}",
+             f"armed {answer.armed}, next due {_rfc3339(answer.next_due_us) or '-'}"]
+    lines += [f"unarmed {u['pipeline']}: {u['reason']}" for u in answer.unarmed]
+    lines += [f"error: {line}" for line in answer.failures]
+    if answer.drained is not None:
+        lines.append(f"drained {answer.drained.settled} queued batch(es)"
+                     + (f", {len(answer.drained.failures)} failed" if answer.drained.failures else ""))
+        lines += [f"error: drain: {line}" for line in answer.drained.failures]
+    return lines
+
+
+def _say(line: str) -> None:
+    """One log line of the control plane on stderr, stamped with the wall-clock instant."""
+    from datetime import UTC, datetime
+
+    click.echo(f"{datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')} {line}", err=True)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -88,15 +188,22 @@ def _addresses(command: F) -> F:
 
 @click.command()
 @_addresses
+@click.option("--cycle", is_flag=True,
+              help="Arm the applied version, fire what is due once, wait for it, drain the queue, print the "
+                   "answer and exit (non-zero when a unit or the drain failed): how cron or CI drives Contextful.")
 @click.pass_context
 def serve(ctx: click.Context, address: str | None, receive_address: str | None, gateway_address: str | None,
-          awake_address: str | None) -> None:
-    """Serve 'receive' pipelines' batches, the exports' query gateway and the resume route over HTTP."""
+          awake_address: str | None, cycle: bool) -> None:
+    """Run the applied version's schedules, and serve 'receive' pipelines, the query gateway, the resume
+    route and (trigger = "external") POST /wake over HTTP."""
     from contextful.engine.config import load_manifest
 
-    if not (address or receive_address or gateway_address or awake_address):
-        raise click.UsageError("give --http, --receive-http, --gateway-http or --awake-http")
-    serve_manifest(load_manifest(ctx.obj["project"]), ctx.obj["store"], address, receive_address=receive_address,
+    manifest = load_manifest(ctx.obj["project"])
+    if cycle:
+        if address or receive_address or gateway_address or awake_address:
+            raise click.UsageError("--cycle serves nothing over HTTP: give no address")
+        ctx.exit(serve_cycle(manifest, ctx.obj["store"], as_json=bool(ctx.obj.get("json"))))
+    serve_manifest(manifest, ctx.obj["store"], address, receive_address=receive_address,
                    gateway_address=gateway_address, awake_address=awake_address)
 
 
@@ -120,7 +227,7 @@ def main(ctx: click.Context, store_url: str | None, project_dir: str, address: s
     ctx.obj = {"store": store_url, "project": project_dir, "json": False}
     with one_line_errors(ctx.obj):
         ctx.invoke(serve, address=address, receive_address=receive_address, gateway_address=gateway_address,
-                   awake_address=awake_address)
+                   awake_address=awake_address, cycle=False)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from contextful.storage.errors import SpecInvalid
 
 if TYPE_CHECKING:
     from contextful.engine.config.manifest import Manifest
+    from contextful.engine.control.fire import ControlPlane
     from contextful.engine.export.gateway import Gateway
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.server import ReceiveServer
@@ -67,7 +68,7 @@ OPTIONS = {"": "--http", "receive": "--receive-http", "gateway": "--gateway-http
 def serve_project(manifest: Manifest, store_factory: Callable[[], Store], address: Address | None, *,
                   decoder: Decoder, queue_root: str | Path, receive_address: Address | None = None,
                   gateway_address: Address | None = None, awake_address: Address | None = None,
-                  awake_store: Callable[[], Store] | None = None) -> Served:
+                  awake_store: Callable[[], Store] | None = None, wake: ControlPlane | None = None) -> Served:
     """Serve the manifest's receive pipelines, its exports' query gateway and the resume route
     (see the module docstring). The resume route opens its store with ``awake_store`` (default
     ``store_factory``); ``contextful pipeline serve`` passes one that never creates a store.
@@ -79,8 +80,10 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
     from contextful.engine.export.gateway import Gateway, gateway_routes
     from contextful.engine.land.receive.server import open_receivers
     from contextful.engine.served.awake import AwakeService, awake_routes
+    from contextful.engine.served.wake import wake_routes
 
-    given = {"": address, "receive": receive_address, "gateway": gateway_address, "awake": awake_address}
+    given = {"": address, "receive": receive_address, "gateway": gateway_address, "awake": awake_address,
+             "wake": None}
     for label, at in given.items():
         if at is not None:
             parse_address(at, OPTIONS[label])
@@ -91,11 +94,13 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
         raise SpecInvalid("nothing to serve on --awake-http: no issuer key is pinned ([project] issuer_keys or "
                           "CONTEXTFUL_ISSUER_PUBKEY; `contextful key generate` makes one)")
     awake = AwakeService(awake_store or store_factory, pins) if pins else None
-    if not receiving and gateway is None and awake is None:
+    waking = wake is not None and address is not None  # the external trigger's route, on the shared face
+    if not receiving and gateway is None and awake is None and not waking:
         raise SpecInvalid("nothing to serve: no [[pipeline]] of kind 'receive', [[export]] or pinned issuer key "
                           "has an address (--http, --receive-http, --gateway-http, --awake-http)")
     wanted: dict[str, list[str]] = {}  # face label -> the services it serves
-    for name, serving in (("receive", receiving), ("gateway", gateway is not None), ("awake", awake is not None)):
+    for name, serving in (("receive", receiving), ("gateway", gateway is not None), ("awake", awake is not None),
+                          ("wake", waking)):
         if serving:
             wanted.setdefault(name if given[name] is not None else "", []).append(name)
     faces: dict[str, ServedFace] = {}
@@ -107,7 +112,7 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
             faces[label] = bind_face(at, OPTIONS[label])
         receive = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder) if receiving else None
         routes = {"receive": receive.routes() if receive else [], "gateway": gateway_routes(gateway) if gateway else [],
-                  "awake": awake_routes(awake) if awake else []}
+                  "awake": awake_routes(awake) if awake else [], "wake": wake_routes(wake) if waking and wake else []}
         urls: dict[str, str] = {}
         for label, names in wanted.items():
             faces[label].serve([route for name in names for route in routes[name]])

@@ -102,6 +102,17 @@ class StagingRow:
     """The lease: past it (or once its holder is provably dead) the run counts as abandoned."""
 
 
+@dataclass(frozen=True)
+class CadenceHolder:
+    """Who holds a deployment's cadence lease (``surface.dispatch.lease-gated``) and until when."""
+
+    deployment: str
+    holder: str
+    """The holding serve process's holder id (``storage.holders``)."""
+    acquired_us: int
+    expires_us: int
+
+
 class Catalog(ABC):
     """What the store asks of its catalog. Every method is safe across processes."""
 
@@ -241,6 +252,29 @@ class Catalog(ABC):
     @abstractmethod
     def staging_runs(self, name: str) -> list[StagingRow]:
         """The runs registered as staging on table ``name``."""
+
+    @abstractmethod
+    def take_cadence(self, deployment: str, holder: str, now_us: int, lease_us: int) -> CadenceHolder:
+        """Take or renew ``deployment``'s cadence lease for ``holder`` until ``now_us + lease_us``,
+        when nobody else holds it unexpired (a holder provably dead holds nothing); answer who holds
+        it now (``holder`` itself when taken)."""
+
+    @abstractmethod
+    def release_cadence(self, deployment: str, holder: str) -> None:
+        """Give the cadence lease up, if ``holder`` still holds it."""
+
+    @abstractmethod
+    def cadence_holder(self, deployment: str) -> CadenceHolder | None:
+        """The cadence lease's row as it stands (expired or not), None when nobody took it."""
+
+    @abstractmethod
+    def record_dispatch(self, deployment: str, entry: str, holder: str, now_us: int) -> bool:
+        """Record that ``holder`` dispatches ``entry`` at ``now_us``, in one transaction with a check
+        that it holds the cadence lease unexpired; False (nothing recorded) when it does not."""
+
+    @abstractmethod
+    def dispatches(self, deployment: str) -> dict[str, int]:
+        """Each entry's last recorded dispatch instant."""
 
     @abstractmethod
     def record_run(self, run_id: str, phase: str, table: str, payload: dict[str, Any], now_us: int) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contextful.storage.catalog import (
+    CadenceHolder,
     Catalog,
     CommitRow,
     PartRow,
@@ -62,6 +63,7 @@ from contextful.storage.errors import (
     TableNotFound,
 )
 from contextful.storage.follows import Follows
+from contextful.storage.holders import holder_is_dead
 from contextful.storage.supersede import Supersede
 
 DDL = (
@@ -94,6 +96,13 @@ DDL = (
         table_name TEXT NOT NULL, run_id TEXT NOT NULL, holder TEXT NOT NULL, started_us BIGINT NOT NULL,
         expires_us BIGINT NOT NULL, PRIMARY KEY (table_name, run_id))""",
     "CREATE TABLE IF NOT EXISTS cf_clock (id INTEGER PRIMARY KEY, last_commit_us BIGINT NOT NULL)",
+    # the control plane's cadence (engine.control.dispatch): one lease per deployment, and each armed
+    # entry's last dispatch, recorded under that lease before its unit starts
+    """CREATE TABLE IF NOT EXISTS cf_cadence_lease (
+        deployment TEXT PRIMARY KEY, holder TEXT NOT NULL, acquired_us BIGINT NOT NULL, expires_us BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS cf_dispatches (
+        deployment TEXT NOT NULL, entry TEXT NOT NULL, dispatched_us BIGINT NOT NULL, holder TEXT NOT NULL,
+        PRIMARY KEY (deployment, entry))""",
     # a catalog written before the clock existed starts it at its newest commit
     ("INSERT INTO cf_clock (id, last_commit_us) SELECT 1, COALESCE(MAX(committed_us), 0) FROM cf_commits"
      " WHERE 1 = 1 ON CONFLICT (id) DO NOTHING"),
@@ -521,6 +530,52 @@ class SqlCatalog(SqlDialect, Catalog):
         rows = self._read("SELECT run_id, holder, started_us, expires_us FROM cf_staging WHERE table_name = ?",
                           (name,))
         return [StagingRow(*r) for r in rows]
+
+    # --- the control plane's cadence -----------------------------------------------------------
+
+    def take_cadence(self, deployment: str, holder: str, now_us: int, lease_us: int) -> CadenceHolder:
+        def take(cur: _Cursor) -> CadenceHolder:
+            cur.execute("SELECT holder, acquired_us, expires_us FROM cf_cadence_lease WHERE deployment = ?"
+                        f"{self.row_lock}", (deployment,))
+            row = cur.fetchone()
+            if row is not None and row[0] != holder and row[2] > now_us and not holder_is_dead(row[0]):
+                return CadenceHolder(deployment, row[0], row[1], row[2])
+            acquired = row[1] if row is not None and row[0] == holder else now_us
+            cur.execute("INSERT INTO cf_cadence_lease (deployment, holder, acquired_us, expires_us) VALUES (?, ?, ?, ?)"
+                        " ON CONFLICT (deployment) DO UPDATE SET holder = excluded.holder,"
+                        " acquired_us = excluded.acquired_us, expires_us = excluded.expires_us",
+                        (deployment, holder, acquired, now_us + lease_us))
+            return CadenceHolder(deployment, holder, acquired, now_us + lease_us)
+
+        return self._write(take, rerun_unheard=True)
+
+    def release_cadence(self, deployment: str, holder: str) -> None:
+        self._write(lambda cur: cur.execute(
+            "DELETE FROM cf_cadence_lease WHERE deployment = ? AND holder = ?", (deployment, holder)),
+            rerun_unheard=True)
+
+    def cadence_holder(self, deployment: str) -> CadenceHolder | None:
+        rows = self._read("SELECT holder, acquired_us, expires_us FROM cf_cadence_lease WHERE deployment = ?",
+                          (deployment,))
+        return CadenceHolder(deployment, *rows[0]) if rows else None
+
+    def record_dispatch(self, deployment: str, entry: str, holder: str, now_us: int) -> bool:
+        def record(cur: _Cursor) -> bool:
+            cur.execute(f"SELECT holder, expires_us FROM cf_cadence_lease WHERE deployment = ?{self.share_lock}",
+                        (deployment,))
+            row = cur.fetchone()
+            if row is None or row[0] != holder or row[1] <= now_us:
+                return False
+            cur.execute("INSERT INTO cf_dispatches (deployment, entry, dispatched_us, holder) VALUES (?, ?, ?, ?)"
+                        " ON CONFLICT (deployment, entry) DO UPDATE SET dispatched_us = excluded.dispatched_us,"
+                        " holder = excluded.holder", (deployment, entry, now_us, holder))
+            return True
+
+        return self._write(record, rerun_unheard=True)
+
+    def dispatches(self, deployment: str) -> dict[str, int]:
+        rows = self._read("SELECT entry, dispatched_us FROM cf_dispatches WHERE deployment = ?", (deployment,))
+        return {str(entry): int(at) for entry, at in rows}
 
     # --- the run-record cache -------------------------------------------------------------------
 

@@ -1,0 +1,67 @@
+"""One dispatched unit's child process: ``python -m contextful.engine.control.child``.
+
+Serve (``engine.control.dispatch.ChildLauncher``) starts it in a process group of its own with the
+project, the applied version, the unit's head and a result file. It loads that version of the
+manifest from the snapshot directory (never the working file), runs the unit through
+``engine.run.units`` and writes ``{"ok": …, "members": […], "failures": […]}`` to the result file
+(written whole, then renamed into place), exiting 0 when every member succeeded and 1 otherwise.
+SIGTERM (serve stopping) cancels the unit at its next boundary, as Ctrl-C cancels ``pipeline run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+
+def _failure_lines(results: list) -> list[str]:  # type: ignore[type-arg]
+    return [f"{r.pipeline}: {f.error}: {f.detail}" for r in results for f in r.failures]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="contextful-unit")
+    parser.add_argument("--project", required=True)
+    parser.add_argument("--store", default=None)
+    parser.add_argument("--version", type=int, required=True)
+    parser.add_argument("--unit", required=True)
+    parser.add_argument("--result", required=True)
+    args = parser.parse_args(argv)
+    cancel = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: cancel.set())
+    signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    result = Path(args.result)
+    doc: dict[str, object]
+    try:
+        from contextful.engine.control.apply import load_version
+        from contextful.engine.project import open_project_store
+        from contextful.engine.run.units import run_unit, unit_of
+
+        manifest = load_version(Path(args.project), args.version)
+        unit = unit_of(manifest, args.unit)
+        store = open_project_store(manifest.root, args.store, project=manifest.project, create=True)
+        try:
+            outcome = run_unit(store, manifest, unit, cancel=cancel)
+        finally:
+            store.close()
+        doc = {"ok": outcome.ok, "members": list(unit.members), "failures": _failure_lines(outcome.results)}
+    except Exception as exc:  # noqa: BLE001 - the unit fails by name; serve reads the line
+        from contextful.engine.guard import mask_message
+        from contextful.storage.errors import ContextfulError
+
+        line = str(exc) if isinstance(exc, ContextfulError) else f"{type(exc).__name__}: {exc}"
+        doc = {"ok": False, "members": [args.unit], "failures": [f"{args.unit}: {mask_message(line)}"]}
+    partial = result.with_suffix(".partial")
+    partial.write_text(json.dumps(doc))
+    os.replace(partial, result)
+    for line in doc["failures"]:  # type: ignore[attr-defined]
+        print(f"error: {line}", file=sys.stderr)
+    return 0 if doc["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+"""Firing the applied version: arm it, evaluate due-ness, dispatch units, answer what happened.
+
+Implements, from the control-plane spec:
+
+- ``surface.arm.*`` as serve meets them: the armed set is built from the APPLIED version of the
+  manifest (``engine.control.apply``), never the working file, and rebuilt when the applied
+  pointer moves (read on each tick and each wake). Each head pipeline of a unit
+  (``engine.run.units``) with a readable schedule arms one entry; a pipeline with none, one whose
+  schedule is unreadable (``ScheduleUnreadable``) and a step or tier declaring a schedule of its own
+  (``DispatchUnitNotAHead``: its cadence rides its head) arm nothing and are named once per applied
+  version (``surface.arm.unarmed-named``). Next fire from history: the later of the head's last
+  journaled run start (its ``pipeline:<id>`` execution, and pulled run states: ``latest_start``) and
+  its last dispatch, which the catalog records before the unit starts.
+- ``surface.arm.wake-answer``, ``wake-pending-steps``, ``surface.dispatch.refill``: :meth:`ControlPlane.wake`.
+- ``surface.fire.cycle``, ``cycle-exit``, ``cycle-drain``, ``cycle-drain-exit``: :meth:`ControlPlane.cycle`.
+- ``surface.dispatch.lease-gated``: a process that does not hold the cadence lease arms nothing.
+
+The daemon loop and its drain (``surface.arm.tick-interval``, ``surface.fire.daemon-drain*``) live
+in ``engine.control.daemon``; the pool, the lease and the children in ``engine.control.dispatch``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from contextful.engine.control.dispatch import CadenceLease, ChildLauncher, Launcher, Outcome, Pool
+from contextful.storage.clock import SystemClock, from_us
+
+if TYPE_CHECKING:
+    from contextful.engine.config.manifest import Manifest
+    from contextful.engine.control.arm import ArmedSet, Unarmed
+    from contextful.engine.control.drain import DrainResult
+    from contextful.engine.run.units import Unit
+    from contextful.storage import Store
+    from contextful.storage.clock import Clock
+
+log = logging.getLogger(__name__)
+
+WAKE_BUDGET_S = 24.0
+"""How long a wake waits for what it fired before it answers (``surface.arm.wake-answer``: within 25 s)."""
+WAIT_STEP_S = 0.1
+RUN_STATE_EVERY_US = 5_000_000
+"""This node's run state is rewritten at most this often while fires start (and when it stops)."""
+"""How often a wake or a cycle looks at its running children."""
+
+
+@dataclass
+class Fire:
+    """One dispatched unit: when it started and, once it ended, how."""
+
+    head: str
+    members: tuple[str, ...]
+    started_us: int
+    outcome: Outcome | None = None
+
+
+@dataclass
+class Answer:
+    """What a wake or a cycle did: the spec's wake answer, plus what a cycle's drain settled."""
+
+    fired: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    armed: int = 0
+    next_due_us: int | None = None
+    unarmed: list[dict[str, str]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    lease_held_by: str | None = None
+    version: int | None = None
+    drained: DrainResult | None = None
+
+    @property
+    def ok(self) -> bool:
+        """No fired unit failed and the drain (if any) failed nothing (``surface.fire.cycle-exit``)."""
+        return not self.failed and (self.drained is None or self.drained.ok)
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "fired": self.fired, "failed": self.failed, "pending": self.pending, "armed": self.armed,
+            "next_due": _rfc3339(self.next_due_us),
+        }
+        doc["unarmed"] = self.unarmed
+        if self.failures:
+            doc["failures"] = self.failures
+        if self.lease_held_by is not None:
+            doc["lease_held_by"] = self.lease_held_by
+        doc["version"] = self.version
+        if self.drained is not None:
+            doc["drained"] = self.drained.to_json()
+        return doc
+
+
+def _rfc3339(at_us: int | None) -> str | None:
+    if at_us is None:
+        return None
+    return from_us(at_us).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+class ControlPlane:
+    """The applied version of one project, armed and dispatched under its deployment's cadence lease."""
+
+    def __init__(self, root: Path, open_store: Callable[[], Store], store_url: str | None = None, *,
+                 clock: Clock | None = None,
+                 launcher: Callable[[int], Launcher] | None = None, holder: str | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.root = root
+        self.open_store = open_store
+        """Opens a handle on the store (the drain takes its own, beside the beat's)."""
+        self.store = open_store()
+        self.store_url = store_url
+        self.clock = clock or SystemClock()
+        self.say = say or log.info
+        self._launcher = launcher or (lambda version: ChildLauncher(root, store_url, version))
+        self.deployment = store_deployment(root)
+        self.lease = CadenceLease(store.catalog, self.deployment, self.clock, holder=holder)
+        self.version: int | None = None
+        self.manifest: Manifest | None = None
+        self.units: dict[str, Unit] = {}
+        self.armed: ArmedSet | None = None
+        self.unarmed: list[Unarmed] = []
+        self.pool: Pool | None = None
+        self.fires: dict[str, Fire] = {}
+        """The unit in flight under each exclusion key."""
+        self.starts: dict[str, int] = {}
+        """This node's latest dispatch of each head (its run state)."""
+        from contextful.engine.control.history import node_id
+
+        self._node = node_id(root)
+        self._pulled: dict[str, list[int]] = {}
+        self._state_dirty = False
+        self._state_written_us = -RUN_STATE_EVERY_US
+        self._lock = threading.RLock()
+
+    # --- arming ---------------------------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Read the applied pointer; (re)arm when it names another version. Whether anything is armed."""
+        from contextful.engine.control.apply import applied_version
+
+        version = applied_version(self.root)
+        if version is None:
+            if self.version is None and self.armed is None:
+                return False
+            self.say("no applied version any more: nothing armed")
+            self.version, self.manifest, self.armed, self.units, self.unarmed = None, None, None, {}, []
+            return False
+        if version != self.version or self.armed is None:
+            self._arm(version)
+        return self.armed is not None
+
+    def _arm(self, version: int) -> None:
+        from contextful.engine.control.apply import load_version
+        from contextful.engine.control.arm import ArmedSet
+
+        manifest = load_version(self.root, version)
+        units, entries, unarmed = plan_entries(manifest)
+        now = self.clock.now_us()
+        armed = ArmedSet(entries, now)
+        self.manifest = manifest
+        for head, history in self._histories([e.id for e in entries], now).items():
+            armed.update(head, history)
+        self.version, self.manifest, self.units, self.armed, self.unarmed = version, manifest, units, armed, unarmed
+        for head in units:
+            history = armed.history(head)
+            if history is not None and history.last_dispatch_us is not None:
+                self.starts[head] = max(history.last_dispatch_us, self.starts.get(head, 0))
+        pool_bound = manifest.control.pool
+        if self.pool is None:
+            self.pool = Pool(self._launcher(version), pool_bound)
+        else:  # units in flight keep running under the version they started with
+            self.pool.launcher, self.pool.bound = self._launcher(version), pool_bound
+        self.say(f"armed v{version}: {len(armed)} entr{'y' if len(armed) == 1 else 'ies'}"
+                 + (f", next due {_rfc3339(armed.next_due_us())}" if len(armed) else ""))
+        for item in unarmed:
+            self.say(f"unarmed: {item.id}: {item.reason}")
+
+    def _histories(self, heads: list[str], now_us: int) -> dict[str, Any]:
+        """Every head's history, the pulled run states read afresh (on each arm and each wake)."""
+        from contextful.engine.control.history import histories, pulled_starts
+
+        self._pulled = pulled_starts(self._snapshot_dir(), self.deployment, exclude_node=self._node)
+        return histories(self.store, self.deployment, heads, now_us, self._pulled)
+
+    def _history_of(self, head: str) -> Any:
+        """One head's history after its unit ended: its journaled start, the pulled starts as last
+        read, and the dispatch this process recorded (no scan of every entry's records)."""
+        from contextful.engine.control.arm import History, latest_start
+
+        owner = self.store.journal.owner(f"pipeline:{head}")
+        now = self.clock.now_us()
+        start = latest_start(owner.opened_us if owner is not None else None, self._pulled.get(head, ()), now)
+        return History(start, self.starts.get(head))
+
+    def _snapshot_dir(self) -> Path:
+        from contextful.engine.control.snapshots import snapshot_dir
+
+        assert self.manifest is not None
+        return Path(snapshot_dir(self.manifest))
+
+    def _record_start(self, head: str, at_us: int) -> None:
+        """Keep this node's run state (``engine.control.history``) current: what a pull carries."""
+        from contextful.engine.control.history import write_run_state
+
+        self.starts[head] = max(at_us, self.starts.get(head, at_us))
+        self._state_dirty = True
+        if at_us - self._state_written_us >= RUN_STATE_EVERY_US:
+            self._write_run_state()
+
+    def _write_run_state(self) -> None:
+        from contextful.engine.control.history import write_run_state
+
+        if not self._state_dirty or self.manifest is None:
+            return
+        try:
+            write_run_state(self._snapshot_dir(), self._node, self.deployment, self.starts)
+        except OSError as exc:
+            self.say(f"warning: this node's run state could not be written: {exc}")
+            return
+        self._state_dirty, self._state_written_us = False, self.clock.now_us()
+
+    # --- one evaluation -------------------------------------------------------------------------
+
+    def _reap(self) -> list[Fire]:
+        """Collect the units that ended: free their keys, log them, recompute their next fire."""
+        if self.pool is None:
+            return []
+        ended: list[Fire] = []
+        for outcome in self.pool.reap():
+            fire = self.fires.pop(outcome.head, None)
+            if fire is None:
+                continue
+            fire.outcome = outcome
+            ended.append(fire)
+            if outcome.ok:
+                self.say(f"{outcome.head}: ok ({', '.join(fire.members)})")
+            else:
+                self.say(f"{outcome.head}: failed: " + "; ".join(outcome.failures))
+            if self.armed is not None and outcome.head in self.armed.ids():
+                self.armed.update(outcome.head, self._history_of(outcome.head))
+        return ended
+
+    def _admit(self, heads: list[str]) -> tuple[list[Fire], list[str]]:
+        """Admit ``heads`` (in admission order) into the pool; the fires started and the heads left pending."""
+        assert self.pool is not None and self.armed is not None
+        started: list[Fire] = []
+
+        def on_start(head: str, at_us: int) -> None:
+            from contextful.engine.control.arm import History
+
+            assert self.armed is not None
+            fire = Fire(head, self.units[head].members, at_us)
+            self.fires[head] = fire
+            started.append(fire)
+            due = self.armed.next_fire(head)
+            history = self.armed.history(head)
+            self.armed.update(head, History(history.last_start_us if history is not None else None, at_us))
+            self._record_start(head, at_us)
+            self.say(f"fired {head} (due {_rfc3339(due)}; unit: {', '.join(self.units[head].members)})")
+
+        admission = self.pool.admit(heads, self.lease, started=on_start)
+        return started, admission.pending
+
+    def tick(self) -> list[Fire]:
+        """One beat of the in-process trigger (``surface.arm.tick-interval``): hold the lease, reap,
+        and admit every due unit; the fires started."""
+        with self._lock:
+            if not self.lease.hold():
+                self._disarm_for_lease()
+                return []
+            if not self.refresh():
+                return []
+            self._reap()
+            assert self.armed is not None
+            due = [d.id for d in self.armed.due(self.clock.now_us())]
+            started, _pending = self._admit(due)
+            if self._state_dirty and self.clock.now_us() - self._state_written_us >= RUN_STATE_EVERY_US:
+                self._write_run_state()
+            return started
+
+    def keep(self) -> list[Fire]:
+        """A beat without evaluation (the external trigger): hold the lease and reap ended units."""
+        with self._lock:
+            self.lease.hold()
+            return self._reap()
+
+    def _disarm_for_lease(self) -> None:
+        if self.armed is not None:
+            self.say(f"cadence lease held by {self.lease.held_by}: nothing armed")
+        self.armed, self.version = None, None
+
+    def wake(self, budget_s: float = WAKE_BUDGET_S, *, wait_all: bool = False) -> Answer:
+        """Evaluate due-ness once and dispatch; wait up to ``budget_s`` (``wait_all``: until every unit
+        it dispatched ended) admitting what the evaluation left pending into freed slots
+        (``surface.dispatch.refill``); answer what fired, failed, stays pending, the armed count and
+        the next due instant (``surface.arm.wake-answer``, ``wake-pending-steps``)."""
+        answer = Answer()
+        waiting = threading.Event()
+        deadline = threading.Timer(budget_s, waiting.set) if not wait_all else None
+        if deadline is not None:
+            deadline.daemon = True
+            deadline.start()
+        try:
+            with self._lock:
+                if not self.lease.hold():
+                    self._disarm_for_lease()
+                    answer.lease_held_by = self.lease.held_by
+                    return answer
+                if not self.refresh():
+                    return self._finish(answer, [], [])
+                self._reap()
+                assert self.armed is not None
+                due = [d.id for d in self.armed.due(self.clock.now_us())]
+                fires, pending = self._admit(due)
+            while not waiting.is_set():
+                with self._lock:
+                    self._reap()
+                    if pending and self.lease.hold():
+                        more, pending = self._admit(pending)
+                        fires += more
+                    if all(f.outcome is not None for f in fires) and not pending:
+                        break
+                waiting.wait(WAIT_STEP_S)
+            with self._lock:
+                self._reap()
+                self._write_run_state()
+                return self._finish(answer, fires, pending)
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+
+    def _finish(self, answer: Answer, fires: list[Fire], pending: list[str]) -> Answer:
+        for fire in fires:
+            if fire.outcome is None:
+                answer.pending += fire.members
+            elif fire.outcome.ok:
+                answer.fired += fire.members
+            else:
+                answer.failed += fire.members
+                answer.failures += fire.outcome.failures
+        for head in pending:
+            answer.pending += self.units[head].members if head in self.units else [head]
+        answer.armed = len(self.armed) if self.armed is not None else 0
+        answer.next_due_us = self.armed.next_due_us() if self.armed is not None else None
+        answer.unarmed = [{"pipeline": u.id, "reason": u.reason} for u in self.unarmed]
+        answer.version = self.version
+        return answer
+
+    def cycle(self, *, drain: bool = True) -> Answer:
+        """``pipeline serve --cycle``: arm the applied version, evaluate once, wait for every unit it
+        dispatched, drain the queue once (``surface.fire.cycle-drain``) before giving the cadence
+        lease back, and answer."""
+        try:
+            answer = self.wake(wait_all=True)
+            if answer.lease_held_by is None and drain and self.manifest is not None:
+                from contextful.engine.control.drain import drain_queues
+
+                answer.drained = drain_queues(self.store, self.manifest)  # before close() gives the lease back
+            return answer
+        finally:
+            self.close()
+
+    def in_flight(self) -> list[str]:
+        with self._lock:
+            return sorted(self.fires)
+
+    def close(self, grace_s: float | None = None) -> None:
+        """Stop every unit in flight (``surface.dispatch.children-reaped``) and give the lease back."""
+        from contextful.engine.control.dispatch import REAP_GRACE_S
+
+        if self.pool is not None:
+            for outcome in self.pool.reap_all(REAP_GRACE_S if grace_s is None else grace_s):
+                self.say(f"{outcome.head}: stopped" + (f": {'; '.join(outcome.failures)}" if outcome.failures else ""))
+        self.fires.clear()
+        self._write_run_state()
+        try:
+            self.lease.release()
+        finally:
+            self.store.close()
+
+
+def store_deployment(root: Path) -> str:
+    """The deployment a cadence lease is held for: the project's name."""
+    from contextful.engine.project import load_project
+
+    return load_project(root).name
+
+
+def plan_entries(manifest: Manifest) -> tuple[dict[str, Unit], list[Any], list[Unarmed]]:
+    """The units of ``manifest`` by head, the armed entries of the heads with a readable schedule, and
+    every pipeline that arms nothing with its reason (``surface.arm.unarmed-named``)."""
+    from contextful.engine.control.arm import Unarmed, arm_entries
+    from contextful.engine.run.units import units_of
+    from contextful.storage.errors import DispatchUnitNotAHead
+
+    units = {unit.head: unit for unit in units_of(manifest)}
+    entries, unarmed = arm_entries([(head, manifest.pipeline(head).schedule, manifest.pipeline(head).priority)
+                                    for head in sorted(units)])
+    heads_of: dict[str, str] = {}
+    for unit in units.values():
+        for member in unit.members[1:]:
+            heads_of.setdefault(member, unit.head)
+    for spec in manifest.pipelines:
+        if spec.id not in units and spec.schedule is not None:
+            error = DispatchUnitNotAHead(spec.id, heads_of.get(spec.id, "?"))
+            unarmed.append(Unarmed(spec.id, f"{error.name}: {error.detail}", error))
+    return units, entries, unarmed

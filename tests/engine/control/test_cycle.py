@@ -1,0 +1,186 @@
+"""``contextful pipeline serve --cycle``: arm the applied version, fire what is due once, wait, drain, answer.
+
+Every test drives real ``contextful`` child processes over a real project; units run as serve's
+child processes. Due-ness comes from history (a first cycle finds an entry with no history due
+when armed, the next finds its dispatch recorded), so no test waits for a schedule's wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from tests.engine.control.scenario import ControlProject, Gates, files_pipeline, http_pipeline, serving
+from tests.engine.land.test_receive import SPOOL_AND_DIE, _env
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@pytest.mark.clause("surface.fire.cycle", "surface.arm.next-fire-from-history")
+def test_a_cycle_fires_what_is_due_once_waits_for_it_and_answers(tmp_path: Path) -> None:
+    project = ControlProject(tmp_path)
+    project.write(files_pipeline("orders", schedule="every 1h"), files_pipeline("lines", schedule=None, after="orders"))
+    project.rows("orders", 3)
+    project.rows("lines", 2)
+    project.imported()
+    before = datetime.now(UTC)
+    proc, answer = project.cycle()
+    assert proc.returncode == 0, proc.stderr
+    assert answer["fired"] == ["orders", "lines"] and answer["failed"] == [] and answer["pending"] == []
+    assert answer["armed"] == 1 and answer["version"] == 1
+    # an entry with no history is due when armed; its next fire is the first instant after that dispatch
+    next_due = _instant(answer["next_due"])
+    assert before + timedelta(minutes=59) < next_due <= datetime.now(UTC) + timedelta(hours=1)
+    assert project.count("orders") == 3 and project.count("lines") == 2
+    # the dispatch is recorded: the next cycle finds nothing due, and says when it will be
+    proc, again = project.cycle()
+    assert proc.returncode == 0 and again["fired"] == [] and again["pending"] == []
+    assert again["next_due"] == answer["next_due"]
+    text = project.cli("pipeline", "serve", "--cycle").stdout
+    assert "v1: fired -; failed -; pending -" in text and f"armed 1, next due {answer['next_due']}" in text
+
+
+@pytest.mark.clause("surface.fire.cycle-exit")
+def test_a_cycle_exits_non_zero_after_its_answer_when_a_unit_failed(tmp_path: Path) -> None:
+    project = ControlProject(tmp_path)
+    project.write(files_pipeline("good"), files_pipeline("bad"))
+    project.rows("good", 2)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "a.ndjson").write_text('{"id": 1}\n{"id": \n')
+    project.imported()
+    proc, answer = project.cycle()
+    assert proc.returncode != 0
+    assert answer["fired"] == ["good"] and answer["failed"] == ["bad"]
+    assert any(line.startswith("bad:") and "InputMalformed" in line for line in answer["failures"])
+    assert project.count("good") == 2
+    proc, again = project.cycle()  # nothing due, nothing failed: zero
+    assert proc.returncode == 0 and again["fired"] == again["failed"] == []
+
+
+@pytest.mark.clause("surface.arm.unarmed-named", "surface.arm.unreadable-schedule", "surface.dispatch.not-a-head")
+def test_a_cycle_lists_what_arms_nothing_with_its_reason_and_arms_the_rest(tmp_path: Path) -> None:
+    project = ControlProject(tmp_path)
+    project.write(files_pipeline("armed", schedule="every 1h"), files_pipeline("manual", schedule=None),
+                  files_pipeline("macro", schedule="@daily"), files_pipeline("lastday", schedule="0 0 L * *"),
+                  files_pipeline("step", schedule="every 5m", after="armed"))
+    for name in ("armed", "manual", "macro", "lastday", "step"):
+        project.rows(name, 1)
+    project.imported()
+    proc, answer = project.cycle()
+    assert proc.returncode == 0, proc.stderr
+    reasons = {u["pipeline"]: u["reason"] for u in answer["unarmed"]}
+    assert set(reasons) == {"manual", "macro", "lastday", "step"}
+    assert "no schedule" in reasons["manual"]
+    assert reasons["macro"].startswith("ScheduleUnreadable") and "@daily" in reasons["macro"]
+    assert reasons["lastday"].startswith("ScheduleUnreadable") and "L" in reasons["lastday"]
+    assert reasons["step"].startswith("DispatchUnitNotAHead") and "'armed'" in reasons["step"]
+    # the readable entry armed and fired, with its step riding its unit; nothing else started
+    assert answer["armed"] == 1 and answer["fired"] == ["armed", "step"]
+    assert project.count("step") == 1
+    for table in ("manual", "macro", "lastday"):
+        proc = project.cli("sql", f"SELECT count(*) FROM {table}", check=False)
+        assert proc.returncode != 0  # never landed: the table does not exist
+    text = project.cli("pipeline", "serve", "--cycle").stdout
+    assert "unarmed manual: declares no schedule" in text
+
+
+@pytest.mark.clause("surface.dispatch.lease-gated")
+def test_a_cycle_finding_the_cadence_lease_held_dispatches_nothing_exits_zero_and_names_the_holder(
+        tmp_path: Path) -> None:
+    project = ControlProject(tmp_path)
+    project.write(files_pipeline("orders", schedule="every 1s"), control='trigger = "external"')
+    project.rows("orders", 1)
+    project.imported()
+    with serving(project, "--http", "127.0.0.1:0") as daemon:  # holds the lease; fires only on a wake
+        daemon.wait_line("armed v1")
+        proc, answer = project.cycle()
+        assert proc.returncode == 0, proc.stderr
+        assert answer["fired"] == [] and answer["armed"] == 0 and answer["lease_held_by"]
+        assert str(daemon.proc.pid) in answer["lease_held_by"]
+        text = project.cli("pipeline", "serve", "--cycle").stdout
+        assert text.startswith("cadence lease held by ") and "nothing dispatched" in text
+        assert daemon.stop() == 0
+    proc, answer = project.cycle()  # the daemon gave the lease back as it stopped
+    assert proc.returncode == 0 and answer["fired"] == ["orders"]
+
+
+def _spool_dead(project: ControlProject, pipeline: str, key: str) -> None:
+    """A receiver that spooled batch ``key`` and died before landing it (``run.land.receive-spool``)."""
+    child = subprocess.run([sys.executable, "-c", SPOOL_AND_DIE.replace("'clicks'", repr(pipeline)),
+                            str(project.root / ".contextful" / "queue"), key],
+                           env=_env(), capture_output=True, timeout=60, check=False)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+
+
+RECEIVE = '\n[[pipeline]]\nid = "clicks"\n[pipeline.source]\nkind = "receive"\n'
+
+
+@pytest.mark.clause("surface.fire.cycle-drain")
+def test_a_cycle_drains_queued_batches_once_and_counts_them(tmp_path: Path) -> None:
+    project = ControlProject(tmp_path)
+    project.write(files_pipeline("orders"), RECEIVE)
+    project.rows("orders", 1)
+    project.imported()
+    for key in ("k1", "k2"):
+        _spool_dead(project, "clicks", key)
+    proc, answer = project.cycle()
+    assert proc.returncode == 0, proc.stderr
+    assert answer["drained"] == {"settled": 2, "failed": 0, "failures": []}
+    assert project.count("clicks") == 6
+    proc, again = project.cycle()
+    assert again["drained"]["settled"] == 0
+
+
+@pytest.mark.clause("surface.fire.cycle-drain-exit")
+def test_a_cycle_whose_drain_fails_exits_non_zero_and_leaves_its_deliveries_queued(tmp_path: Path) -> None:
+    project = ControlProject(tmp_path)
+    project.write(RECEIVE)
+    project.imported()
+    _spool_dead(project, "clicks", "k1")
+    blocked = tmp_path / ".contextful" / "store" / "tables" / "clicks"
+    blocked.parent.mkdir(parents=True, exist_ok=True)
+    blocked.write_text("not a directory: staging the table's parts fails")
+    proc, answer = project.cycle()
+    assert proc.returncode != 0
+    assert answer["failed"] == [] and answer["drained"]["failed"] == 1
+    assert answer["drained"]["failures"][0].startswith("clicks:")
+    queued = list((tmp_path / ".contextful" / "queue" / "clicks").glob("*.json"))
+    assert len(queued) == 1  # still queued for the next cycle
+    blocked.unlink()
+    proc, again = project.cycle()
+    assert proc.returncode == 0 and again["drained"]["settled"] == 1
+    assert project.count("clicks") == 3
+
+
+@pytest.mark.clause("surface.dispatch.pool-bound", "surface.dispatch.admission-order", "surface.dispatch.refill")
+def test_a_cycle_admits_due_units_in_admission_order_within_the_pool_bound(tmp_path: Path) -> None:
+    project = ControlProject(tmp_path)
+    with Gates() as gates:
+        urls = {name: gates.gate(name) for name in ("a", "b", "c", "d", "e")}
+        project.write(http_pipeline("a", urls["a"]), http_pipeline("b", urls["b"], priority=5),
+                      http_pipeline("c", urls["c"]), http_pipeline("d", urls["d"], priority=1),
+                      http_pipeline("e", urls["e"]), control="pool = 1")
+        project.imported()
+        gates.open("a")
+        project.cli("pipeline", "run", "a")  # a has a run start now: it goes after every never-run unit
+        assert gates.arrived == ["a"]
+        cycle = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "--json",
+                                  "pipeline", "serve", "--cycle"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=_env())
+        # pool 1: one unit in flight; each next one is admitted into the freed slot, in admission order:
+        # never run first (all due when armed; then highest priority; then id), then the one run before
+        for n, name in enumerate(["b", "d", "c", "e", "a"], start=2):
+            assert gates.wait_arrived(n)[-1] == name, gates.arrived
+            assert gates.in_flight() == [name]
+            gates.open(name)
+        out, err = cycle.communicate(timeout=300)
+        assert cycle.returncode == 0, err
+        assert gates.most_held == 1
+        assert sorted(json.loads(out)["fired"]) == ["a", "b", "c", "d", "e"]
