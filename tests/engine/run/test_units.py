@@ -90,11 +90,9 @@ def write(root: Path, pipeline_id: str, name: str, rows: Sequence[dict[str, Any]
 
 
 def rows(store: Store, sql: str) -> list[tuple[Any, ...]]:
-    con = connect(store)
-    try:
+    """What the read path answers (a view per store table at head)."""
+    with connect(store) as con:
         return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def oracle(sql: str) -> list[tuple[Any, ...]]:
@@ -149,14 +147,18 @@ def registered_split(name: str, marker: str, content: str) -> Iterator[str]:
 
 
 def test_a_tier_over_a_tier_rides_every_unit_of_its_parent(tmp_path: Path) -> None:
-    with registered_split("words_split", "words_done", "words") as name:
+    with registered_split("words_split", "words_done", "words") as name, \
+            registered_split("orphan_split", "orphan_done", "orphan") as orphan:
         text = (files("docs") + files("notes") + files("both", ["docs", "notes"])
                 + tier("parts", "both", SPLIT, "split_done", "split")
-                + tier("words", "split", name, "words_done", "words", parent_id_column="passage_id"))
+                + tier("words", "split", name, "words_done", "words", parent_id_column="passage_id")
+                + tier("orphan", "elsewhere", orphan, "orphan_done", "orphan"))
         manifest = project(tmp_path, text)
         assert manifest.pipeline("words").derive_parents == ("parts",)
         assert [(u.head, u.steps, u.tiers) for u in units_of(manifest)] == [
-            ("docs", ("both",), ("parts", "words")), ("notes", ("both",), ("parts", "words"))]
+            ("docs", ("both",), ("parts", "words")), ("notes", ("both",), ("parts", "words")),
+            ("orphan", (), ())]  # reading no pipeline's table, it follows nothing: a head of its own
+        assert unit_of(manifest, "orphan").members == ("orphan",)
 
 
 @pytest.mark.clause("surface.dispatch.not-a-head")
