@@ -129,7 +129,7 @@ def bench_guard(work: str, shard_dir: str, shards: list[str]) -> dict[str, Any]:
     from contextful.engine.config import load_manifest
     from contextful.engine.guard import guard_table
     from contextful.engine.land import sink
-    from contextful.engine.land.pipeline import run_pipelines
+    from contextful.engine.run.units import run_pipelines
     from contextful.storage import Store
 
     seconds, string_bytes = 0.0, 0
@@ -190,7 +190,7 @@ def bench_read(work: str, shard_dir: str, shards: list[str], reps: int) -> dict[
     import dataclasses
 
     from contextful.engine.config import load_manifest
-    from contextful.engine.land.pipeline import run_pipelines
+    from contextful.engine.run.units import run_pipelines
     from contextful.storage import Store
     from contextful.storage.snapshot import snapshot_sql
 

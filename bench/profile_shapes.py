@@ -45,7 +45,7 @@ BUCKETS = {
     "normalize": [("engine/normalize/relational.py", "shred"), ("engine/normalize/relational.py", "write_relational")],
     "stage": [("storage/transaction.py", "stage")],
     "commit": [("engine/land/sink.py", "commit")],
-    "run": [("engine/land/pipeline.py", "run_pipelines")],
+    "run": [("engine/run/units.py", "run_pipelines")],
 }
 
 

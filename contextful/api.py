@@ -57,7 +57,7 @@ class Project:
     def run(self, pipelines: list[str] | None = None) -> list[PipelineResult]:
         """Run the named pipelines (default: all) in dependency order; each result says what landed
         and which inputs failed (by name)."""
-        from contextful.engine.land.pipeline import run_pipelines as run
+        from contextful.engine.run.units import run_pipelines as run
 
         return run(self.store, self.manifest, pipelines)
 

@@ -191,8 +191,9 @@ def _print_plan(p: PipelinePlan) -> None:
 def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float, dry_run: bool) -> None:
     """Run pipelines (default: all, in dependency order; a derive pipeline runs after the pipelines it
     reads, on their run)."""
-    from contextful.engine.land.pipeline import Progress, run_pipelines
+    from contextful.engine.land.results import Progress
     from contextful.engine.run.script_runtime import refuse_script_runtime
+    from contextful.engine.run.units import run_pipelines
     from contextful.storage.lazy import spare_pandas
 
     refuse_script_runtime()  # before the store opens: a refused environment writes nothing

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from contextful.engine.config.manifest import Manifest, PipelineSpec
 from contextful.engine.land.ahead import DecodeAhead
@@ -36,14 +36,11 @@ from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs
 from contextful.engine.land.journal import PullJournal
-from contextful.engine.land.results import InputFailure, PipelineResult, Progress, TableLanding
+from contextful.engine.land.results import InputFailure, PipelineResult, Progress
 from contextful.engine.land.sink import LandingSink, load_staging
 from contextful.storage import Store
 from contextful.storage.errors import ContextfulError, Incompatible, NotFound
 from contextful.storage.run_record import RunFailure
-
-if TYPE_CHECKING:
-    from contextful.engine.derive.bind import MachineConfig
 
 CHECKPOINT_BYTES = 512 * 1024 * 1024
 STAGE_ROWS = 1_000_000
@@ -127,19 +124,11 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
                  checkpoint_bytes: int = CHECKPOINT_BYTES,
                  progress: Callable[[Progress], None] | None = None,
                  cancel: threading.Event | None = None,
-                 sleep: Callable[[float], None] | None = None,
-                 machine: MachineConfig | None = None) -> PipelineResult:
-    """One run of ``spec``: its seed first (once), then its source's new rows (a derive pipeline:
-    its outstanding units, ``engine.derive.run``, with ``machine``'s engine bindings)."""
+                 sleep: Callable[[float], None] | None = None) -> PipelineResult:
+    """One run of the landing pipeline ``spec``: its seed first (once), then its source's new rows.
+    A derive pipeline is not landed here: ``engine.run.units`` runs it, with its parents."""
     if spec.source.kind == "derive":
-        from contextful.engine.derive.bind import machine_path, read_machine
-        from contextful.engine.derive.run import run_derive
-
-        if machine is None:
-            machine, problems = read_machine(machine_path(manifest.root))
-            if problems:
-                raise problems[0]
-        return run_derive(store, manifest, spec, machine, progress=progress)
+        raise TypeError(f"pipeline {spec.id!r} derives; engine.run.units runs it, not the landing stage")
     seeded = None
     if spec.seed is not None:
         from contextful.engine.land.seed import land_seed
@@ -268,85 +257,3 @@ def _failure(item: InputFile, exc: ContextfulError) -> InputFailure:
 
     detail = exc.detail if item.path in exc.detail else f"input {item.path}: {exc.detail}"
     return InputFailure(item.path, exc.name, mask_message(detail), exc.exit_code)
-
-
-def _armed_machine(manifest: Manifest, specs: list[PipelineSpec], machine: MachineConfig | None) -> MachineConfig:
-    """The machine configuration, every derive pipeline of ``specs`` resolved against it first."""
-    from contextful.engine.derive.bind import machine_path, read_machine
-    from contextful.engine.derive.run import check_tiers
-
-    if machine is None:
-        machine, problems = read_machine(machine_path(manifest.root))
-        if problems:
-            raise problems[0]
-    problems = check_tiers(specs, machine)
-    if problems:
-        raise problems[0]
-    return machine
-
-
-def _canceled_upon_health(store: Store, spec: PipelineSpec, result: PipelineResult) -> bool:
-    """Whether ``result`` is a canceled run of a healthy upstream: health observations skip a
-    canceled run (``run.cancel.distinct-terminal-status``), so what runs after it reads the rows
-    its last settled run left, unless that run failed."""
-    from contextful.engine.run.health import upstream_health
-    from contextful.storage.errors import RunCanceled
-
-    if [f.error for f in result.failures] != [RunCanceled.__name__]:
-        return False
-    observed = upstream_health(store, [spec.table])[spec.table]
-    return observed is None or observed.healthy
-
-
-def run_pipelines(store: Store, manifest: Manifest, ids: list[str] | None = None, *,
-                  checkpoint_bytes: int = CHECKPOINT_BYTES, decoder: Decoder | None = None,
-                  progress: Callable[[Progress], None] | None = None,
-                  cancel: threading.Event | None = None,
-                  machine: MachineConfig | None = None) -> list[PipelineResult]:
-    """Run the named pipelines (default: all) in dependency order, each derive pipeline after the
-    pipelines it reads, on their run, sharing one decoder server. A JavaScript engine importable
-    here, or a derive pipeline whose engine the machine configuration does not bind, refuses them
-    all first (``engine.run.script_runtime``, ``engine.derive.bind``): nothing runs.
-
-    A pipeline runs after its ``after`` pipelines only when they succeeded; a derive pipeline runs
-    after its derive parents once each produced a run outcome, a failed one included, and reads
-    their committed rows (``run.select.parent-outcome``); one whose parent could not start at all
-    is not run."""
-    from contextful.engine.run.script_runtime import refuse_script_runtime
-
-    refuse_script_runtime()
-    specs = manifest.in_dependency_order(ids)
-    if any(spec.source.kind == "derive" for spec in specs):
-        machine = _armed_machine(manifest, specs, machine)
-    owned = decoder is None
-    decoder = decoder or Decoder()
-    results: list[PipelineResult] = []
-    failed: set[str] = set()
-    unlaunched: set[str] = set()  # pipelines that produced no run outcome at all
-    try:
-        for spec in specs:
-            upstream = sorted(failed.intersection(spec.after) | unlaunched.intersection(spec.derive_parents))
-            if upstream:  # its inputs did not land: running it would build on stale rows
-                failed.add(spec.id)
-                unlaunched.add(spec.id)
-                results.append(PipelineResult(spec.id, [TableLanding(spec.table)], failures=[InputFailure(
-                    spec.id, "UpstreamFailed", f"not run: pipeline(s) {', '.join(upstream)} it runs after failed",
-                    1)]))
-                continue
-            try:
-                result = run_pipeline(store, manifest, spec, decoder, checkpoint_bytes=checkpoint_bytes,
-                                      progress=progress, cancel=cancel, machine=machine)
-            except ContextfulError as exc:  # this pipeline fails by name; the others still run
-                from contextful.engine.guard import mask_message
-
-                unlaunched.add(spec.id)
-                result = PipelineResult(spec.id, [TableLanding(spec.table)], failures=[
-                    InputFailure(spec.id, exc.name, mask_message(exc.detail), exc.exit_code)])
-            if not result.ok and not _canceled_upon_health(store, spec, result):
-                failed.add(spec.id)
-            results.append(result)
-        return results
-    finally:
-        if owned:
-            decoder.close()
-

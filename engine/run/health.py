@@ -6,7 +6,7 @@ health observations skip it. An operator stopping a run says nothing about wheth
 its table is healthy, so a canceled run neither spoils a table's health nor restores it: the
 observation is the newest run that settled ``committed`` or ``failed``. A run still ``planned``
 has not settled and is skipped too. The control plane asks this before firing a job over an
-upstream table; ``run_pipelines`` reads the same rule when deciding whether a pipeline's
+upstream table; ``engine.run.units`` reads the same rule when deciding whether a pipeline's
 ``after`` upstreams failed.
 
     >>> from contextful.storage import Store

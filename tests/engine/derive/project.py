@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from contextful.engine.config import Manifest, load_manifest
-from contextful.engine.land.pipeline import run_pipelines
 from contextful.engine.land.results import PipelineResult
 from contextful.engine.project import open_project_store
+from contextful.engine.run.units import run_pipelines
 from contextful.storage import Store
 
 ENGINE = r'''

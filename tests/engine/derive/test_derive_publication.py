@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from contextful.engine.derive.tasks import TaskUnit, register_task, unregister_task
-from contextful.engine.land.pipeline import run_pipelines
 from contextful.engine.land.results import PipelineResult
+from contextful.engine.run.units import run_pipelines
 
 from tests.conftest import StoreFactory
 from tests.engine.derive.project import HEADER, DeriveProject, derive_pipeline, files_pipeline

@@ -20,10 +20,10 @@ from contextful.engine.config import load_manifest
 from contextful.engine.config.manifest import Manifest
 from contextful.engine.export.run import run_exports
 from contextful.engine.land.decode import Decoder
-from contextful.engine.land.pipeline import run_pipelines
 from contextful.engine.model.build import build_models
 from contextful.engine.normalize import reassemble, shred
 from contextful.engine.read import connect
+from contextful.engine.run.units import run_pipelines
 from contextful.storage import ManualClock, Store
 from pyiceberg.catalog.sql import SqlCatalog
 

@@ -15,8 +15,8 @@ import pytest
 from contextful.engine.config import load_manifest
 from contextful.engine.land.ahead import DecodeAhead
 from contextful.engine.land.decode import Decoder
-from contextful.engine.land.pipeline import run_pipelines
 from contextful.engine.land.sink import LandingSink
+from contextful.engine.run.units import run_pipelines
 from contextful.storage import Store
 from contextful.storage.errors import InputMalformed, InputNotFound
 

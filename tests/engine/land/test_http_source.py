@@ -16,7 +16,8 @@ from contextful.engine.land import walk
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.http_fetch import record_digest
 from contextful.engine.land.meter import Meter
-from contextful.engine.land.pipeline import cursor_scope, plan_pipeline, run_pipeline, run_pipelines
+from contextful.engine.land.pipeline import cursor_scope, plan_pipeline, run_pipeline
+from contextful.engine.run.units import run_pipelines
 from contextful.storage import Store
 from contextful.storage.errors import (
     ConnectorBoundHit,

@@ -13,10 +13,10 @@ import pytest
 from contextful.engine.config import load_manifest
 from contextful.engine.config.manifest import Manifest, PipelineSpec, SourceSpec
 from contextful.engine.land.decode import Decoder
-from contextful.engine.land.pipeline import run_pipelines
 from contextful.engine.land.receive.server import ReceiveServer, serve_receivers
 from contextful.engine.project import parse_project
 from contextful.engine.read import connect
+from contextful.engine.run.units import run_pipelines
 from contextful.storage import Store
 
 from tests.engine.land.test_receive import PIPELINE, issue_writer, land_lock_held, post, sidecars, wait_for

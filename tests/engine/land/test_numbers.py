@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 from contextful.engine.config import load_manifest
 from contextful.engine.land.decode import Decoder
-from contextful.engine.land.pipeline import run_pipelines
+from contextful.engine.run.units import run_pipelines
 from contextful.storage import Store
 
 from tests.engine.land.test_files_cursor import project as files_project

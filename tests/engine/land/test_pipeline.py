@@ -11,7 +11,8 @@ import pytest
 from contextful.datasets.gharchive import expected_counts, write_shards
 from contextful.engine.config import load_manifest
 from contextful.engine.land.decode import Decoder
-from contextful.engine.land.pipeline import cursor_scope, run_pipelines
+from contextful.engine.land.pipeline import cursor_scope
+from contextful.engine.run.units import run_pipelines
 from contextful.storage import Store
 
 from tests.support.cli import contextful

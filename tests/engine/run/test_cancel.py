@@ -312,8 +312,8 @@ paths = ["down/*.ndjson"]
 @pytest.mark.clause("run.cancel.distinct-terminal-status", "run.cancel.abandoned-work")
 def test_a_canceled_upstream_neither_lands_nor_fails_what_runs_after_it(tmp_path: Path, decoder: Any) -> None:
     from contextful.engine.config import load_manifest
-    from contextful.engine.land.pipeline import run_pipelines
     from contextful.engine.land.results import Progress
+    from contextful.engine.run.units import run_pipelines
 
     (tmp_path / "contextful.toml").write_text(TWO_PIPELINES)
     for name in ("up", "down"):
@@ -343,7 +343,7 @@ def test_a_canceled_upstream_neither_lands_nor_fails_what_runs_after_it(tmp_path
 @pytest.mark.clause("run.cancel.abandoned-work")
 def test_a_cancel_ends_a_retry_wait_under_way_with_the_canceled_tag(tmp_path: Path, decoder: Any) -> None:
     from contextful.engine.config import load_manifest
-    from contextful.engine.land.pipeline import run_pipelines
+    from contextful.engine.run.units import run_pipelines
 
     with JsonApi() as api, Store.open(tmp_path / ".contextful" / "store") as store:
         def unavailable(request: Request) -> Reply:  # and `run cancel` arrives while the run waits to retry

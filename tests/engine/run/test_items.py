@@ -17,7 +17,6 @@ import pyarrow as pa
 import pytest
 from contextful.engine.config import load_manifest
 from contextful.engine.land.decode import Decoder
-from contextful.engine.land.pipeline import run_pipelines
 from contextful.engine.read import connect
 from contextful.engine.run.items import (
     ERROR_CAP_BYTES,
@@ -27,6 +26,7 @@ from contextful.engine.run.items import (
     terminal_outcome,
 )
 from contextful.engine.run.retry import RetrySchedule
+from contextful.engine.run.units import run_pipelines
 from contextful.storage import Store
 from contextful.storage.clock import ManualClock
 from contextful.storage.commits import AssertHeadSeq

@@ -263,7 +263,7 @@ def test_an_operation_emitting_more_rows_than_it_consumed_raises_on_that_batch()
 
 @pytest.mark.clause("run.transform.arity")
 def test_a_run_fails_the_input_whose_batch_breaks_arity_and_lands_the_others(tmp_path: Path) -> None:
-    from contextful.engine.land.pipeline import run_pipelines
+    from contextful.engine.run.units import run_pipelines
     from contextful.storage import Store
 
     manifest = manifest_of(PROJECT.format(body=CHAIN), tmp_path)
