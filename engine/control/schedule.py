@@ -25,9 +25,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from croniter import croniter
-
 from contextful.storage.errors import ScheduleUnreadable
+from croniter import croniter
 
 US = 1_000_000
 MINUTE_US = 60 * US

@@ -18,6 +18,7 @@ from contextful.storage.errors import ScheduleUnreadable
 from croniter import croniter
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
 from tests.support.soak import trials
 
 US = 1_000_000
@@ -26,7 +27,7 @@ MIN = 60 * US
 
 def at(*parts: int) -> int:
     """Microseconds since the epoch of a UTC calendar instant."""
-    return int(dt.datetime(*parts, tzinfo=dt.timezone.utc).timestamp()) * US  # type: ignore[misc]
+    return int(dt.datetime(*parts, tzinfo=dt.UTC).timestamp()) * US  # type: ignore[misc]
 
 
 # --- the grammar ---------------------------------------------------------------------------------
@@ -256,6 +257,6 @@ def test_cron_next_fire_matches_croniter_and_brute_force(expression: tuple[str, 
         return
     ours = parse_schedule(text, "orders").next_after(after_us)
     assert ours == brute_force_next(sets, day_or, after_us)
-    start = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=after_us)
+    start = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=after_us)
     direct = croniter(text, start, day_or=day_or, max_years_between_matches=400).get_next(float)
     assert ours == round(direct) * US
