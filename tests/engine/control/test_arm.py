@@ -24,6 +24,7 @@ from contextful.engine.control.arm import (
     latest_start,
 )
 from contextful.engine.control.schedule import parse_schedule
+from contextful.storage.clock import from_us, to_us
 from contextful.storage.errors import ArgumentInvalid, ScheduleUnreadable
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,7 +34,7 @@ from tests.support.soak import soak_long, trials
 US = 1_000_000
 MIN = 60 * US
 HOUR = 3600 * US
-T0 = int(dt.datetime(2024, 2, 29, tzinfo=dt.UTC).timestamp()) * US  # a leap day, midnight UTC
+T0 = to_us(dt.datetime(2024, 2, 29, tzinfo=dt.UTC))  # a leap day, midnight UTC
 
 
 def entry(entry_id: str, text: str, priority: int = 0) -> ArmedEntry:
@@ -284,7 +285,7 @@ def matching_minutes(match: Callable[[dt.datetime], bool], after_us: int, end_us
     """Every whole minute in (after_us, end_us] the predicate admits, walking minute by minute."""
     first = after_us // MIN * MIN + MIN
     return [m for m in range(first, end_us + 1, MIN)
-            if match(dt.datetime.fromtimestamp(m // US, dt.UTC))]
+            if match(from_us(m))]
 
 
 def expected_fires(text: str, start: int | None, armed_us: int, end_us: int) -> list[tuple[int, int]]:

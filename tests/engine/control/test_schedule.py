@@ -14,6 +14,7 @@ import datetime as dt
 
 import pytest
 from contextful.engine.control.schedule import parse_schedule
+from contextful.storage.clock import to_us
 from contextful.storage.errors import ScheduleUnreadable
 from croniter import croniter
 from hypothesis import example, given, settings
@@ -27,7 +28,7 @@ MIN = 60 * US
 
 def at(*parts: int) -> int:
     """Microseconds since the epoch of a UTC calendar instant."""
-    return int(dt.datetime(*parts, tzinfo=dt.UTC).timestamp()) * US  # type: ignore[misc]
+    return to_us(dt.datetime(*parts, tzinfo=dt.UTC))
 
 
 # --- the grammar ---------------------------------------------------------------------------------
