@@ -43,7 +43,7 @@ MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 EXTENSIONS = {"L": "L (last)", "W": "W (nearest weekday)", "?": "? (no specific value)", "#": "# (nth weekday)",
               "H": "H (hashed value)"}
 _EVERY = re.compile(r"every(?P<gap>\s*)(?P<count>[^\sA-Za-z]*)\s*(?P<unit>\S*)")
-_NUMBER = re.compile(r"\d+")
+_NUMBER = re.compile(r"[0-9]+")  # ASCII digits only: \d admits other scripts' digits
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,8 @@ REFUSED = [
     ("every 1w", "the unit 'w' is none of s, m, h, d", ""),
     ("every 1h30m", "the unit 'h30m'", ""),
     ("Every 1h", "'Every' is spelled 'every'", ""),
+    ("every \u0663s", "the count '\u0663' is not a positive integer", ""),  # an Arabic-Indic three
+    ("\u0663 * * * *", "minute field '\u0663'", "is not a number"),
     ("every 3651d", "longer than ten years", ""),
 ]
 
