@@ -1815,6 +1815,10 @@ class ScheduleUnreadable(SpecInvalid):
     """``surface.arm.unreadable-schedule``: a schedule string the grammar cannot read (L, W, ?, # and
     @ macros included); that entry alone is held back, every other entry arms."""
 
+    entry: str
+    schedule: str
+    diagnostic: str
+
     def __init__(self, entry: str, schedule: str, diagnostic: str) -> None:
         super().__init__(f"{entry}: schedule {schedule!r} is unreadable: {diagnostic} (a schedule is "
                          "'every <n><s|m|h|d>' or a five-field UTC cron expression)",
