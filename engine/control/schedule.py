@@ -116,9 +116,11 @@ class Schedule:
 
     def next_after(self, after_us: int) -> int:
         """The first instant strictly after ``after_us`` the schedule admits (microseconds, UTC):
-        ``after_us + n`` for ``every n``; for cron the next matching minute boundary."""
+        for ``every n`` the next whole multiple of ``n`` since the Unix epoch (``every 1h``: each
+        hour on the hour), so a cadence never drifts by how long a start takes; for cron the next
+        matching minute boundary."""
         if self.every_us is not None:
-            return after_us + self.every_us
+            return (after_us // self.every_us + 1) * self.every_us
         assert self._next is not None
         return self._next(after_us)
 
