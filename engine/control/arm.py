@@ -107,7 +107,7 @@ def arm_entries(candidates: Iterable[tuple[str, str | None, int]]) -> tuple[list
         try:
             armed.append(ArmedEntry(entry, parse_schedule(text, entry), priority))
         except ScheduleUnreadable as exc:
-            unarmed.append(Unarmed(entry, f"unreadable schedule: {exc.diagnostic}", exc))
+            unarmed.append(Unarmed(entry, f"{exc.name}: {exc.diagnostic}", exc))
     return armed, unarmed
 
 
@@ -122,6 +122,7 @@ class ArmedSet:
             self._entries[entry.id] = entry
         self._armed_us = armed_us
         self._reference: dict[str, int | None] = dict.fromkeys(self._entries)
+        self._history: dict[str, History] = {}
         self._next: dict[str, int] = dict.fromkeys(self._entries, armed_us)
         self._seq = itertools.count()
         self._row: dict[str, int] = {}
@@ -137,6 +138,13 @@ class ArmedSet:
         """The armed ids, in the order they were given."""
         return list(self._entries)
 
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._entries
+
+    def history(self, entry_id: str) -> History | None:
+        """The history last given for ``entry_id`` (None: none was)."""
+        return self._history.get(entry_id)
+
     def next_fire(self, entry_id: str) -> int:
         """The instant ``entry_id`` next falls due."""
         return self._next[entry_id]
@@ -147,6 +155,7 @@ class ArmedSet:
         entry = self._entries[entry_id]
         reference = history.reference_us
         self._reference[entry_id] = reference
+        self._history[entry_id] = history
         self._next[entry_id] = self._armed_us if reference is None else entry.schedule.next_after(reference)
         self._push(entry_id, heap=True)
         if len(self._heap) > 2 * len(self._entries) + COMPACT_SLACK:

@@ -240,7 +240,7 @@ class ControlPlane:
                 self.say(f"{outcome.head}: ok ({', '.join(fire.members)})")
             else:
                 self.say(f"{outcome.head}: failed: " + "; ".join(outcome.failures))
-            if self.armed is not None and outcome.head in self.armed.ids():
+            if self.armed is not None and outcome.head in self.armed:
                 self.armed.update(outcome.head, self._history_of(outcome.head))
         return ended
 
