@@ -1,10 +1,13 @@
 """The armed set (engine.control.arm, issue 27; docs/schedules.md): next fire from history, catch-up,
 pulled history and pulled futures, per-entry arming, and admission order.
 
-The clock is a number the test advances: no test waits on wall time. The set is checked against a
-plain model (every entry's next fire recomputed, a scan and a sort by the stated rule) under random
-histories and ticks, and in a soak over a simulated day (an hour in the ordinary suite) of 1,000
-entries ticked every 500 ms, where each fire must come at the instant the grammar admits, once.
+The clock is a number the test advances: no test waits on wall time. An ``every n`` entry's instants
+are the whole multiples of n since the epoch; the tests work them out themselves (:func:`grid_after`,
+or by hand from T0, a midnight and so on every such grid used here), never by asking the schedule.
+The set is checked against a plain model (every entry's next fire recomputed, a scan and a sort by
+the stated rule) under random histories and ticks, and in a soak over a simulated day (an hour in
+the ordinary suite) of 1,000 entries ticked every 500 ms, where each fire must come at the instant
+the grammar admits, once.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ HOUR = 3600 * US
 T0 = to_us(dt.datetime(2024, 2, 29, tzinfo=dt.UTC))  # a leap day, midnight UTC
 
 
+def grid_after(after_us: int, step_us: int) -> int:
+    """The oracle for ``every``: the least whole multiple of ``step_us`` since the epoch above ``after_us``."""
+    return after_us - after_us % step_us + step_us
+
+
 def entry(entry_id: str, text: str, priority: int = 0) -> ArmedEntry:
     return ArmedEntry(entry_id, parse_schedule(text, entry_id), priority)
 
@@ -55,62 +63,91 @@ def test_entry_with_no_history_is_due_when_armed() -> None:
 
 
 @pytest.mark.clause("surface.arm.next-fire-from-history")
-@pytest.mark.parametrize(("start", "dispatch", "reference"), [
-    (T0 - 10 * MIN, None, T0 - 10 * MIN),
-    (None, T0 - 20 * MIN, T0 - 20 * MIN),
-    (T0 - 30 * MIN, T0 - 20 * MIN, T0 - 20 * MIN),  # dispatched after its last recorded start
-    (T0 - 5 * MIN, T0 - 20 * MIN, T0 - 5 * MIN),  # a start later than the last dispatch
+@pytest.mark.parametrize(("start", "dispatch", "reference", "every_fire"), [
+    (T0 - 40 * MIN - 17 * US, None, T0 - 40 * MIN - 17 * US, T0 - 30 * MIN),
+    (None, T0 - 20 * MIN + 3 * US, T0 - 20 * MIN + 3 * US, T0 - 15 * MIN),
+    (T0 - 40 * MIN, T0 - 20 * MIN + 3 * US, T0 - 20 * MIN + 3 * US, T0 - 15 * MIN),  # dispatched after its start
+    (T0 - 5 * MIN - 1, T0 - 20 * MIN, T0 - 5 * MIN - 1, T0),  # a start later than the last dispatch
 ])
-def test_next_fire_rides_the_later_of_start_and_dispatch(start: int | None, dispatch: int | None,
-                                                        reference: int) -> None:
-    armed = ArmedSet([entry("every", "every 1h"), entry("cron", "0 * * * *")], armed_us=T0)
+def test_next_fire_follows_the_later_of_start_and_dispatch(start: int | None, dispatch: int | None,
+                                                          reference: int, every_fire: int) -> None:
+    """``every 15m`` admits the quarter hours since the epoch: its next fire is the first quarter
+    hour after the reference (the later of start and dispatch), worked out by hand from midnight T0;
+    the earlier of the two would name a different quarter hour in each case."""
+    armed = ArmedSet([entry("every", "every 15m"), entry("cron", "0 * * * *")], armed_us=T0)
     history = History(start, dispatch)
     assert history.reference_us == reference
     armed.update("every", history)
     armed.update("cron", history)
-    assert armed.next_fire("every") == reference + HOUR
+    assert armed.next_fire("every") == every_fire
     assert armed.next_fire("cron") == T0  # the first whole hour after every reference above
-    assert [d.id for d in armed.due(T0)] == ["cron"]
-    assert armed.due(reference + HOUR - 1) == [Due("cron", T0, 0, reference)]
-    assert [d.id for d in armed.due(reference + HOUR)] == ["cron", "every"]
+    assert armed.due(every_fire - 1) == []
+    assert Due("every", every_fire, 0, reference) in armed.due(every_fire)
+    assert [d.id for d in armed.due(T0)] == (["every", "cron"] if every_fire < T0 else ["cron", "every"])
 
 
 @pytest.mark.clause("surface.arm.next-fire-from-history")
 def test_restarted_daemon_keeps_its_cadence() -> None:
-    """A daemon restarted 25 minutes after the last run of an hourly entry fires 35 minutes later,
-    not at boot and not an hour after boot."""
-    last = T0 - 25 * MIN
-    armed = ArmedSet([entry("orders", "every 1h")], armed_us=T0)
-    armed.update("orders", History(last_start_us=last, last_dispatch_us=last - 2 * US))
-    assert armed.due(T0) == []
-    assert armed.next_due_us() == T0 + 35 * MIN
+    """An hourly entry dispatched at 00:00 whose run started at 00:00:03, on a daemon restarted at
+    00:25, fires at 01:00: not at boot, not an hour after boot, and not an hour after the start."""
+    boot = T0 + 25 * MIN
+    armed = ArmedSet([entry("orders", "every 1h")], armed_us=boot)
+    armed.update("orders", History(last_start_us=T0 + 3 * US, last_dispatch_us=T0))
+    assert armed.due(boot) == []
+    assert armed.next_due_us() == T0 + HOUR
+    assert [d.id for d in armed.due(T0 + HOUR)] == ["orders"]
+
+
+@pytest.mark.clause("surface.arm.next-fire-from-history")
+@pytest.mark.parametrize("text", ["every 1h", "every 90s", "every 7m"])
+def test_late_starts_never_shift_the_cadence(text: str) -> None:
+    """Each run starts late by a random amount under one interval (a busy pool, a slow child); the
+    dispatches stay on the grid, the multiples of the interval since the epoch, for 200 fires."""
+    step = {"every 1h": HOUR, "every 90s": 90 * US, "every 7m": 7 * MIN}[text]
+    rng = random.Random(27)
+    armed = ArmedSet([entry("orders", text)], armed_us=T0)
+    dispatched = []
+    start = None
+    for _ in range(200):
+        fire = armed.next_due_us()
+        assert [d.id for d in armed.due(fire)] == ["orders"]
+        dispatched.append(fire)
+        armed.update("orders", History(start, last_dispatch_us=fire))  # recorded before the run starts
+        start = fire + rng.randint(1, step - 1)  # the run starts late, within its interval
+        armed.update("orders", History(start, last_dispatch_us=fire))
+    first = grid_after(T0, step)
+    assert dispatched == [T0] + [first + i * step for i in range(199)]
 
 
 # --- catch-up ------------------------------------------------------------------------------------
 
 
 @pytest.mark.clause("surface.arm.catch-up")
-@pytest.mark.parametrize("text", ["every 1h", "0 * * * *", "*/5 * * * *"])
-def test_passed_fire_fires_once_and_arms_from_that_run(text: str) -> None:
-    armed = ArmedSet([entry("orders", text)], armed_us=T0)
-    armed.update("orders", History(last_start_us=T0 - 30 * HOUR - 17 * US, last_dispatch_us=None))
+@pytest.mark.parametrize(("text", "step"), [
+    ("every 1h", HOUR), ("0 * * * *", HOUR), ("every 5m", 5 * MIN), ("*/5 * * * *", 5 * MIN), ("every 90s", 90 * US),
+])
+def test_passed_fire_fires_once_and_arms_from_that_run(text: str, step: int) -> None:
+    """Armed at 00:07:00.25 after 30 hours down: one fire at arming, however many instants passed, then
+    the grid again (T0 is a midnight, so the grid is T0 plus multiples of the step). Ticks come every
+    500 ms from the arming instant, so each dispatch is 250 ms after its grid instant; the lateness
+    never carries into the next fire."""
+    last = T0 - 30 * HOUR - 17 * US
+    armed_us = T0 + 7 * MIN + 250_000
+    end = armed_us + 2 * HOUR
+    armed = ArmedSet([entry("orders", text)], armed_us=armed_us)
+    armed.update("orders", History(last_start_us=last, last_dispatch_us=None))
     fires = []
-    now = T0
-    while now <= T0 + 59 * MIN:  # a tick every 500 ms for the hour after arming
+    now = armed_us
+    while now <= end:  # a tick every 500 ms for two hours after arming
         for due in armed.due(now):
             fires.append((due.next_fire_us, now))
-            armed.update(due.id, History(T0 - 30 * HOUR - 17 * US, last_dispatch_us=now))
+            armed.update(due.id, History(last, last_dispatch_us=now))
         now += 500_000
-    schedule = parse_schedule(text, "orders")
-    assert fires[0] == (schedule.next_after(T0 - 30 * HOUR - 17 * US), T0)  # once, for all 30 intervals missed
-    following = [fire for fire, _ in fires[1:]]
-    expected = [schedule.next_after(T0)]
-    while len(expected) < 20 and (nxt := schedule.next_after(expected[-1])) <= T0 + 59 * MIN:
-        expected.append(nxt)
-    expected = [fire for fire in expected if fire <= T0 + 59 * MIN]
-    assert following == expected
-    assert (len(fires) - 1, following[:1]) == {"every 1h": (0, []), "0 * * * *": (0, []),
-                                               "*/5 * * * *": (11, [T0 + 5 * MIN])}[text]
+    assert fires[0] == (T0 - 30 * HOUR, armed_us)  # the first instant after the last start, fired once
+    grid = [instant for instant in range(T0, end, step) if armed_us < instant <= end - 250_000]
+    assert fires[1:] == [(instant, instant + 250_000) for instant in grid]
+    assert (len(grid), grid[0]) == {HOUR: (2, T0 + HOUR), 5 * MIN: (24, T0 + 10 * MIN),
+                                    90 * US: (80, T0 + 7 * MIN + 30 * US)}[step]
 
 
 # --- pulled history ------------------------------------------------------------------------------
@@ -128,15 +165,22 @@ def test_last_start_is_the_latest_across_catalog_and_pulled_states() -> None:
 
 @pytest.mark.clause("surface.arm.pulled-history")
 def test_cold_node_with_pulled_history_does_not_fire_everything_at_once() -> None:
-    """A cold node's catalog is empty; the pulled run states carry the cadence."""
+    """A cold node's catalog is empty; the pulled run states carry the cadence. Armed at 00:50, ten
+    hourly entries whose pulled starts fall between 00:00 and 00:45 are not due until 01:00."""
+    boot = T0 + 50 * MIN
     entries = [entry(f"p{i}", "every 1h") for i in range(10)]
-    armed = ArmedSet(entries, armed_us=T0)
+    armed = ArmedSet(entries, armed_us=boot)
+    unpulled = ArmedSet(entries, armed_us=boot)
     for i in range(10):
-        start = latest_start(None, [T0 - (i + 1) * 5 * MIN, T0 - 3 * HOUR], now_us=T0)
+        start = latest_start(None, [boot - (i + 1) * 5 * MIN, T0 - 3 * HOUR], now_us=boot)
         armed.update(f"p{i}", History(last_start_us=start, last_dispatch_us=None))
-    assert armed.due(T0) == []
-    assert armed.next_due_us() == T0 + 10 * MIN  # p9 started 50 minutes ago
-    assert [d.id for d in armed.due(T0 + 25 * MIN)] == ["p9", "p8", "p7", "p6"]
+        unpulled.update(f"p{i}", History(latest_start(None, [], now_us=boot), None))
+    assert len(unpulled.due(boot)) == 10  # without the pulled states, everything at once
+    assert armed.due(boot) == []
+    assert armed.next_due_us() == T0 + HOUR
+    assert armed.due(T0 + HOUR - 1) == []
+    # All at 01:00, least recent start first: p9 started at 00:00, p0 at 00:45.
+    assert [d.id for d in armed.due(T0 + HOUR)] == [f"p{i}" for i in range(9, -1, -1)]
 
 
 @pytest.mark.clause("surface.arm.pulled-future")
@@ -188,15 +232,15 @@ def test_two_entries_with_one_id_are_refused() -> None:
 def test_due_units_start_in_admission_order() -> None:
     armed = ArmedSet([
         entry("z-never", "every 1h"), entry("a-never", "every 1h", priority=-5),
-        entry("late-fire", "every 1h", priority=100),
-        entry("high", "every 1h", priority=3), entry("low", "every 1h", priority=-1),
-        entry("older-ref", "0 * * * *"), entry("newer-ref", "0 * * * *"),
-        entry("tie-b", "every 1h"), entry("tie-a", "every 1h"),
+        entry("late-fire", "every 10m", priority=100),
+        entry("high", "every 5m", priority=3), entry("low", "every 5m", priority=-1),
+        entry("older-ref", "every 1h"), entry("newer-ref", "0 * * * *"),
+        entry("tie-b", "every 5m"), entry("tie-a", "every 5m"),
     ], armed_us=T0)
-    armed.update("late-fire", History(T0 - 50 * MIN, None))  # next fire T0 + 10m
+    armed.update("late-fire", History(T0 + 3 * MIN, None))  # next fire T0 + 10m (a run started after arming)
     for name in ("high", "low", "tie-a", "tie-b"):
-        armed.update(name, History(T0 - 55 * MIN, None))  # next fire T0 + 5m
-    armed.update("older-ref", History(T0 - 40 * MIN, None))  # next fire T0
+        armed.update(name, History(T0 + 2 * MIN, None))  # next fire T0 + 5m
+    armed.update("older-ref", History(T0 - 40 * MIN, None))  # next fire T0, the hour's grid instant
     armed.update("newer-ref", History(None, T0 - 1))  # next fire T0
     due = armed.due(T0 + 10 * MIN)
     assert [d.id for d in due] == [
@@ -206,6 +250,8 @@ def test_due_units_start_in_admission_order() -> None:
         "late-fire",  # next fire T0+10m, priority 100 notwithstanding
     ]
     assert due[1] == Due("a-never", T0, -5, None)
+    assert [(d.next_fire_us, d.reference_us) for d in due[2:]] == [(T0, T0 - 40 * MIN), (T0, T0 - 1)] + [
+        (T0 + 5 * MIN, T0 + 2 * MIN)] * 4 + [(T0 + 10 * MIN, T0 + 3 * MIN)]
     assert due == armed.due(T0 + 10 * MIN)  # due() consumes nothing
 
 
@@ -216,6 +262,20 @@ def model_order(rows: list[tuple[str, int, int, int | None]]) -> list[str]:
     ordered.sort(key=lambda r: r[2], reverse=True)
     ordered.sort(key=lambda r: r[1])
     return [r[0] for r in ordered if r[3] is None] + [r[0] for r in ordered if r[3] is not None]
+
+
+MODEL_EVERY = {"every 1s": US, "every 7m": 7 * MIN, "every 1h": HOUR}
+
+
+def model_fire(e: ArmedEntry, reference: int | None) -> int:
+    """The oracle's next fire: the armed instant T0 without a reference; an ``every`` entry's grid
+    instant by :func:`grid_after`; a cron entry's from its schedule, whose instants test_schedule.py
+    checks against two oracles."""
+    if reference is None:
+        return T0
+    if e.schedule.text in MODEL_EVERY:
+        return grid_after(reference, MODEL_EVERY[e.schedule.text])
+    return e.schedule.next_after(reference)
 
 
 operations = st.lists(st.tuples(
@@ -229,8 +289,8 @@ operations = st.lists(st.tuples(
 @pytest.mark.clause("surface.dispatch.admission-order", "surface.arm.next-fire-from-history")
 @settings(max_examples=trials(100, 2000), deadline=None)
 @given(ops=operations, priorities=st.lists(st.integers(-2, 2), min_size=20, max_size=20),
-       kinds=st.lists(st.sampled_from(["every 1s", "every 7m", "every 1h", "*/5 * * * *", "0 * * * *",
-                                       "13 2,14 * * *"]), min_size=20, max_size=20))
+       kinds=st.lists(st.sampled_from([*MODEL_EVERY, "*/5 * * * *", "0 * * * *", "13 2,14 * * *"]),
+                      min_size=20, max_size=20))
 def test_armed_set_matches_a_plain_model(ops: list[tuple[int, int | None, int | None, int]],
                                          priorities: list[int], kinds: list[str]) -> None:
     """Random histories and ticks: due() and next_due_us() answer what a full scan answers."""
@@ -243,7 +303,7 @@ def test_armed_set_matches_a_plain_model(ops: list[tuple[int, int | None, int | 
         dispatched = None if dispatch is None else T0 + dispatch
         armed.update(e.id, History(starts, dispatched))
         model[e.id] = max((t for t in (starts, dispatched) if t is not None), default=None)
-        fires = {i.id: T0 if model[i.id] is None else i.schedule.next_after(model[i.id]) for i in entries}
+        fires = {i.id: model_fire(i, model[i.id]) for i in entries}
         now = T0 + tick
         rows = [(i.id, fires[i.id], i.priority, model[i.id]) for i in entries if fires[i.id] <= now]
         assert [d.id for d in armed.due(now)] == model_order(rows)
@@ -291,16 +351,11 @@ def matching_minutes(match: Callable[[dt.datetime], bool], after_us: int, end_us
 def expected_fires(text: str, start: int | None, armed_us: int, end_us: int) -> list[tuple[int, int]]:
     """(next fire, tick it is dispatched at) for one entry, from its schedule's own definition."""
     if text.startswith("every"):
+        # Whole seconds, so the 500 ms ticks from a whole-second arming land on every grid instant.
         step = {"s": US, "m": MIN, "h": HOUR}[text[-1]] * int(text.split()[1][:-1])
-        fire = armed_us if start is None else start + step
-        out = []
+        fire = armed_us if start is None else grid_after(start, step)
         tick = max(fire, armed_us)
-        out.append((fire, tick))
-        fire = tick + step
-        while fire <= end_us:
-            out.append((fire, fire))
-            fire += step
-        return [f for f in out if f[1] <= end_us]
+        return [(fire, tick)] + [(grid, grid) for grid in range(grid_after(tick, step), end_us + 1, step)]
     match = dict(CRON)[text]
     if start is None:
         first = armed_us

@@ -1,7 +1,9 @@
 """The schedule grammar (engine.control.schedule, issue 27; docs/schedules.md).
 
 What the grammar reads and what it refuses (naming the field and token), and the instants a
-schedule admits: ``every n`` rides its reference; a cron schedule's next fire is checked against
+schedule admits: ``every n`` admits the whole multiples of n since the Unix epoch (checked against
+calendar instants worked out by hand and, over drawn intervals and instants, against remainder
+arithmetic and the defining properties of the grid); a cron schedule's next fire is checked against
 two oracles over expressions Hypothesis draws from the grammar and instants across three centuries
 (leap years, month ends, the day-of-month/day-of-week rule): croniter called directly on the text
 as written, and a brute-force matcher written here that walks day by day and minute by minute.
@@ -24,6 +26,7 @@ from tests.support.soak import trials
 
 US = 1_000_000
 MIN = 60 * US
+DAY = 86400 * US
 
 
 def at(*parts: int) -> int:
@@ -31,20 +34,41 @@ def at(*parts: int) -> int:
     return to_us(dt.datetime(*parts, tzinfo=dt.UTC))
 
 
+LOW_US, HIGH_US = at(1970, 1, 1), at(2199, 12, 31)
+
+
 # --- the grammar ---------------------------------------------------------------------------------
 
 
+REFERENCE = at(2024, 2, 29, 10, 17, 42) + 123
+"""A start at 10:17:42.000123 UTC on epoch day 19,782 (a Thursday, as 1970-01-01 was)."""
+
+
 @pytest.mark.clause("surface.arm.grammar")
-@pytest.mark.parametrize(("text", "interval_us"), [
-    ("every 30s", 30 * US), ("every 30 s", 30 * US), ("every 5m", 300 * US), ("every 1h", 3600 * US),
-    ("every 2d", 2 * 86400 * US), ("  every   1h  ", 3600 * US), ("every 010m", 600 * US),
+@pytest.mark.parametrize(("text", "interval_us", "grid_instant"), [
+    ("every 30s", 30 * US, at(2024, 2, 29, 10, 18)),
+    ("every 30 s", 30 * US, at(2024, 2, 29, 10, 18)),
+    ("every 90s", 90 * US, at(2024, 2, 29, 10, 18)),  # a day is 960 x 90 s: each day starts on the grid
+    ("every 5m", 300 * US, at(2024, 2, 29, 10, 20)),
+    ("every 7m", 420 * US, at(2024, 2, 29, 10, 23)),  # 19,782 days = 7 x 4,069,440 minutes; 10:23 = 89 x 7 min
+    ("every 1h", 3600 * US, at(2024, 2, 29, 11)),
+    ("every 2d", 2 * DAY, at(2024, 3, 2)),  # 19,782 is even: the next even epoch day is March 2
+    ("every 7d", 7 * DAY, at(2024, 3, 7)),  # weeks since the epoch begin on Thursdays at 00:00 UTC
+    ("  every   1h  ", 3600 * US, at(2024, 2, 29, 11)),
+    ("every 010m", 600 * US, at(2024, 2, 29, 10, 20)),
 ])
-def test_every_reads_count_and_unit_and_rides_its_reference(text: str, interval_us: int) -> None:
+def test_every_reads_count_and_unit_and_admits_the_epoch_grid(text: str, interval_us: int,
+                                                              grid_instant: int) -> None:
+    """``every n`` admits the whole multiples of n since 1970-01-01T00:00Z, whatever the reference:
+    the next fire after a start at 10:17:42 is the grid instant worked out by hand, not 10:17:42 + n."""
     schedule = parse_schedule(text, "orders")
     assert schedule.text == text
     assert schedule.every_us == interval_us
-    reference = at(2024, 2, 29, 23, 59, 59) + 123
-    assert schedule.next_after(reference) == reference + interval_us
+    assert grid_instant % interval_us == 0 and REFERENCE < grid_instant <= REFERENCE + interval_us
+    assert schedule.next_after(REFERENCE) == grid_instant
+    assert schedule.next_after(grid_instant - 1) == grid_instant
+    assert schedule.next_after(grid_instant) == grid_instant + interval_us  # strictly after an instant on the grid
+    assert schedule.next_after(grid_instant + interval_us - 1) == grid_instant + interval_us
 
 
 @pytest.mark.clause("surface.arm.grammar")
@@ -125,6 +149,41 @@ def test_grammar_refuses_naming_field_and_token(text: str, names: str, says: str
     assert "orders" in str(error) and error.diagnostic in str(error)
 
 
+# --- next fire of an every schedule: the epoch grid ----------------------------------------------
+
+
+UNITS_US = {"s": US, "m": MIN, "h": 60 * MIN, "d": DAY}
+
+
+@st.composite
+def every_and_instant(draw: st.DrawFn) -> tuple[str, int, int]:
+    """An ``every`` schedule drawn from the grammar, its interval, and an instant: anywhere, on its
+    grid, or a microsecond either side of a grid instant."""
+    unit = draw(st.sampled_from(sorted(UNITS_US)))
+    count = draw(st.one_of(st.integers(1, 120), st.integers(1, 3650 * DAY // UNITS_US[unit])))  # up to ten years
+    interval = count * UNITS_US[unit]
+    anywhere = draw(st.integers(LOW_US, HIGH_US))
+    on_grid = anywhere // interval * interval
+    after = draw(st.sampled_from([anywhere, on_grid, on_grid - 1, on_grid + 1]))
+    return f"every {count}{draw(st.sampled_from(['', ' ']))}{unit}", interval, after
+
+
+@pytest.mark.clause("surface.arm.grammar")
+@settings(max_examples=trials(300, 5000), deadline=None)
+@given(drawn=every_and_instant())
+@example(drawn=("every 1h", 3600 * US, at(2024, 2, 29, 10, 17, 42)))
+@example(drawn=("every 1s", US, at(1970, 1, 1)))
+@example(drawn=("every 3650d", 3650 * DAY, at(2024, 2, 29)))
+def test_every_next_fire_is_the_next_multiple_of_n_since_the_epoch(drawn: tuple[str, int, int]) -> None:
+    """The oracle: the reference's remainder modulo n, and the grid's defining properties (a whole
+    multiple of n, strictly after the reference, no later than one interval after it)."""
+    text, interval, after = drawn
+    ours = parse_schedule(text, "orders").next_after(after)
+    remainder = after % interval
+    assert ours == after + (interval - remainder)
+    assert ours % interval == 0 and after < ours <= after + interval
+
+
 # --- next fire of a cron schedule ----------------------------------------------------------------
 
 
@@ -181,7 +240,6 @@ def test_degenerate_range_is_its_value() -> None:
 FIELD_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
 MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
 WEEKDAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
-LOW_US, HIGH_US = at(1970, 1, 1), at(2199, 12, 31)
 
 
 def spell(field: int, value: int, draw_name: bool) -> str:
