@@ -11,7 +11,7 @@ token. ``croniter`` only computes a cron schedule's instants, from the field set
 with the day-of-month/day-of-week rule stated explicitly (Vixie cron's: see :class:`CronFields`).
 
     >>> parse_schedule("every 30 s", "orders").next_after(1_000_000)
-    31000000
+    30000000
     >>> parse_schedule("*/15 * * * *", "orders").next_after(0) // 60_000_000
     15
 
