@@ -116,11 +116,22 @@ def snapshot_dir(root: Path) -> SnapshotDir:
     return SnapshotDir(control.snapshot_dir, project.name)
 
 
+def _claiming_dir(root: Path) -> SnapshotDir:
+    """:func:`snapshot_dir` for a verb that claims: a working document whose ``[project]`` or
+    ``[control]`` does not validate (or is not TOML) is refused under validation."""
+    try:
+        return snapshot_dir(root)
+    except ManifestInvalid as exc:
+        raise ApplyValidationRefused(exc.path, exc.problems) from exc
+    except ProjectInvalid as exc:
+        raise ApplyValidationRefused(exc.path, [exc]) from exc
+
+
 def import_manifest(directory: str | Path = ".", *, store: str | None = None,
                     machine: str | None = None) -> ApplyOutcome:
     """``contextful pipeline import``: claim v1 from the working document while no version is held."""
     root = locate_project(directory)
-    snapshots = snapshot_dir(root)
+    snapshots = _claiming_dir(root)
     applied = snapshots.applied()
     if applied is not None:
         return ApplyOutcome("import", applied, False, applied, snapshots.file(applied))
@@ -149,7 +160,7 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
                    machine: str | None = None, step: Step | None = None) -> ApplyOutcome:
     """``contextful pipeline apply [--pipelines-only]``: claim and apply the next version."""
     root = locate_project(directory)
-    snapshots = snapshot_dir(root)
+    snapshots = _claiming_dir(root)
     if snapshots.applied() is None:
         raise StoreNotInitialized(snapshots.project, str(snapshots.path))
     snapshots.prepare()
