@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import click
+from contextful.engine.cli.apply import register_apply
 from contextful.engine.cli.output import (
     declared,
     describe_event,
@@ -14,7 +15,6 @@ from contextful.engine.cli.output import (
     end_progress,
     progress_line,
 )
-from contextful.engine.cli.apply import register_apply
 from contextful.engine.cli.serve import register_serve
 from contextful.engine.cli.values import at_least
 

@@ -16,7 +16,12 @@ from typing import Any
 
 from contextful.engine.config.manifest import DEFAULT_POOL, DEFAULT_TRIGGER, ControlSpec
 from contextful.engine.project import MANIFEST, Project, parse_project, read_manifest_document
-from contextful.storage.errors import ContextfulError, ManifestInvalid, ManifestKeyUnknown, ManifestValueInvalid
+from contextful.storage.errors import (
+    ContextfulError,
+    ManifestInvalid,
+    ManifestKeyUnknown,
+    ManifestValueInvalid,
+)
 
 CONTROL_KEYS = ("snapshot_dir", "pool", "trigger")
 CONTROL_ROOT = (".contextful", "control")

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 from contextful.engine.config import ControlSpec, ExternalSpec, load_manifest
-from contextful.storage.errors import ManifestInvalid, ManifestKeyUnknown, ManifestValueInvalid, TableNameCollision
+from contextful.storage.errors import (
+    ManifestInvalid,
+    ManifestKeyUnknown,
+    ManifestValueInvalid,
+    TableNameCollision,
+)
 
 PIPELINE = """
 [[pipeline]]
