@@ -139,16 +139,18 @@ def import_manifest(directory: str | Path = ".", *, store: str | None = None,
     if held not in ([], [1]):
         raise ControlSnapshotUnreadable(str(snapshots.path), f"it holds versions {held[0]} to {held[-1]} and no "
                                         f"applied pointer ({POINTER}); write the applied version's number there")
-    snapshots.prepare()
     claimed = False
     if not held:
         text, doc = _working(root)
         _validate(root, doc, str(root / MANIFEST), store, machine)
+        snapshots.prepare()
         try:
             snapshots.claim(1, _claimable(text))
             claimed = True
         except ManifestVersionConflict:  # a concurrent import claimed v1 first
             pass
+    else:
+        snapshots.prepare()
     try:  # v1 held and no pointer: a concurrent import between its claim and its advance, or one that died there
         snapshots.advance(None, 1)
     except ManifestVersionConflict:

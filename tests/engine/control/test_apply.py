@@ -18,7 +18,12 @@ from typing import Any
 
 import pytest
 from contextful.engine.control.apply import apply_manifest, import_manifest, load_applied, versions
-from contextful.storage.errors import ApplyValidationRefused, ConditionalWriteUnsupported
+from contextful.storage.errors import (
+    ApplyValidationRefused,
+    ConditionalWriteUnsupported,
+    ControlPointerMalformed,
+    ControlSnapshotUnreadable,
+)
 
 from tests.support.cli import contextful, contextful_in
 from tests.support.s3_server import CREDENTIALS, S3Server
@@ -181,7 +186,7 @@ def test_a_document_failing_validation_is_refused_and_claims_nothing(tmp_path: P
     project = make_project(tmp_path / "p", BASE.replace('id = "events"', 'id = "events"\nnormalise = "nested"'))
     line = one_error(contextful(project, "pipeline", "import", check=False), "ApplyValidationRefused", 3)
     assert "no version claimed" in line and "ManifestKeyUnknown" in line and "'normalise'" in line
-    assert not default_dir(project).exists() or held(default_dir(project)) == {}
+    assert not (project / ".contextful").exists()  # not even the snapshot directory
     (project / "contextful.toml").write_text(BASE)
     contextful(project, "pipeline", "import")
     for bad in (BASE.replace("FROM events", "FROM evnts"),  # a model reading a table nothing produces
@@ -333,6 +338,42 @@ def test_a_filesystem_refusing_the_lock_is_refused_before_anything_is_claimed(
         import_manifest(project)
     assert refused.value.backend == str(default_dir(project)) and "flock" in refused.value.reason
     assert held(default_dir(project)) == {}
+
+
+# --- what readers of the snapshot directory refuse -----------------------------------------------
+
+
+@pytest.mark.clause("surface.reconcile.pointer-malformed")
+def test_a_pointer_that_is_not_wholly_a_version_is_malformed(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "p")
+    import_manifest(project)
+    (project / "contextful.toml").write_text(BASE + SECOND_PIPELINE)
+    apply_manifest(project)
+    pointer = default_dir(project) / "manifest@current"
+    for body in ("2", "2\n"):  # a version, with or without its newline
+        pointer.write_text(body)
+        applied = load_applied(project)
+        assert applied is not None and applied.version == 2
+    for body in ("1x\n", " 2\n", "02\n", "2\n\n", "-2\n", "0\n", ""):
+        pointer.write_text(body)
+        line = one_error(contextful(project, "pipeline", "versions", check=False), "ControlPointerMalformed", 75)
+        assert repr(body) in line
+        with pytest.raises(ControlPointerMalformed):
+            load_applied(project)
+        one_error(contextful(project, "pipeline", "apply", check=False), "ControlPointerMalformed", 75)
+    assert sorted(held(default_dir(project))) == ["manifest@current", "manifest@v1.toml", "manifest@v2.toml"]
+
+
+def test_an_applied_version_that_is_gone_or_not_toml_is_unreadable(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "p")
+    import_manifest(project)
+    (default_dir(project) / "manifest@v1.toml").write_text("[[pipeline]\n")
+    with pytest.raises(ControlSnapshotUnreadable) as unreadable:
+        load_applied(project)
+    assert unreadable.value.location == str(default_dir(project) / "manifest@v1.toml")
+    (default_dir(project) / "manifest@v1.toml").unlink()
+    line = one_error(contextful(project, "pipeline", "apply", check=False), "ControlSnapshotUnreadable", 75)
+    assert "version 1 cannot be read" in line
 
 
 # --- surface.apply.version-race -----------------------------------------------------------------
