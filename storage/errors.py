@@ -361,6 +361,8 @@ class ModalityInvalid(SpecInvalid):
 
 
 class ProjectInvalid(SpecInvalid):
+    path: str
+
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"{path}: {problem}", path=path, problem=problem)
 
@@ -430,6 +432,7 @@ class LeaseCursorKindMismatch(SpecInvalid):
 class ManifestInvalid(SpecInvalid):
     """Every problem of one manifest at once; each problem is a catalogue error of its own."""
 
+    path: str
     problems: list[ContextfulError]
 
     def __init__(self, path: str, problems: list[ContextfulError]) -> None:

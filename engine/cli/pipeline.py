@@ -1,10 +1,11 @@
-"""``contextful pipeline validate|plan|run|serve|key``: the manifest's pipelines from the terminal."""
+"""``contextful pipeline validate|plan|run|serve|key|import|apply|versions``: the manifest's pipelines from the terminal."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 import click
+from contextful.engine.cli.apply import register_apply
 from contextful.engine.cli.output import (
     declared,
     describe_event,
@@ -40,14 +41,9 @@ def _store(ctx: click.Context, manifest: Manifest, *, create: bool = False) -> S
 
 def _machine(ctx: click.Context, manifest: Manifest) -> MachineConfig:
     """The machine configuration ``--machine`` (or CONTEXTFUL_MACHINE, or the default file) names."""
-    from contextful.engine.derive.bind import machine_path, read_machine
+    from contextful.engine.derive.bind import load_machine
 
-    machine, problems = read_machine(machine_path(manifest.root, ctx.obj.get("machine")))
-    if problems:
-        from contextful.storage.errors import ManifestInvalid
-
-        raise ManifestInvalid(str(machine.path), problems)
-    return machine
+    return load_machine(manifest.root, ctx.obj.get("machine"))
 
 
 def _compiled(manifest: Manifest) -> CompiledPlan:
@@ -75,19 +71,14 @@ def pipeline() -> None:
 @click.pass_context
 def validate(ctx: click.Context) -> None:
     """Check contextful.toml; print every problem, each by its spec error."""
+    from contextful.engine.config.validate import validated_manifest
     from contextful.engine.guard import mask_message
-    from contextful.engine.model.inputs import check_model_inputs
+    from contextful.engine.project import locate_project
     from contextful.storage.errors import ManifestInvalid
 
     try:
-        manifest = _manifest(ctx)
-        if unknown := check_model_inputs(manifest, ctx.obj["store"]):
-            raise ManifestInvalid(str(manifest.root / "contextful.toml"), [*unknown])
-        if any(p.source.kind == "derive" for p in manifest.pipelines):
-            from contextful.engine.derive.run import check_tiers
-
-            if unbound := check_tiers(manifest.pipelines, _machine(ctx, manifest)):
-                raise ManifestInvalid(str(manifest.root / "contextful.toml"), unbound)
+        manifest = validated_manifest(locate_project(ctx.obj["project"]), store=ctx.obj["store"],
+                                      machine=ctx.obj.get("machine"))
     except ManifestInvalid as exc:
         if ctx.obj["json"]:
             emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in exc.problems]})
@@ -351,3 +342,4 @@ def key_revoke(ctx: click.Context, key_id: str) -> None:
 
 
 register_serve(pipeline)
+register_apply(pipeline)

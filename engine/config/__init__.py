@@ -4,7 +4,7 @@
 every problem, each named by its spec error. The reference for every key is docs/manifest.md.
 """
 
-from contextful.engine.config.manifest import Manifest, PipelineSpec, SourceSpec
+from contextful.engine.config.manifest import ControlSpec, ExternalSpec, Manifest, PipelineSpec, SourceSpec
 from contextful.engine.config.parse import load_manifest, parse_manifest
 
-__all__ = ["Manifest", "PipelineSpec", "SourceSpec", "load_manifest", "parse_manifest"]
+__all__ = ["ControlSpec", "ExternalSpec", "Manifest", "PipelineSpec", "SourceSpec", "load_manifest", "parse_manifest"]

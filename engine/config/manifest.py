@@ -64,6 +64,35 @@ class PipelineSpec:
         return self.after + tuple(p for p in self.derive_parents if p not in self.after)
 
 
+DEFAULT_POOL = 4
+DEFAULT_TRIGGER = "in-process"
+
+
+@dataclass(frozen=True)
+class ControlSpec:
+    """The ``[control]`` block: this node's own control plane (docs/control.md)."""
+
+    snapshot_dir: str | None = None
+    """The directory of applied versions (``engine.control.snapshots``), resolved against the project
+    root; :func:`parse_manifest` always fills it (default ``<root>/.contextful/control/<project>/``)."""
+    pool: int = DEFAULT_POOL
+    """How many units serve dispatches at once (a positive integer)."""
+    trigger: str = DEFAULT_TRIGGER
+    """The trigger adapter serve fires through; an unknown one is refused when serve starts."""
+
+
+@dataclass(frozen=True)
+class ExternalSpec:
+    """An ``[[external]]`` block: a table a process outside Contextful writes into the store."""
+
+    id: str
+    """Unique id among the externals (the syntax of a pipeline id)."""
+    table: str
+    """The table it writes (default: the id); no pipeline or model may produce it."""
+    description: str | None = None
+    """What writes it, in words (for status and the console)."""
+
+
 @dataclass(frozen=True)
 class Manifest:
     root: Path
@@ -76,6 +105,10 @@ class Manifest:
     """The ``[[export]]`` blocks (docs/exports.md)."""
     plan: CompiledPlan | None = None
     """The compiled plan (``engine.run.plan``); every manifest :func:`load_manifest` reads has one."""
+    control: ControlSpec = field(default_factory=ControlSpec)
+    """The ``[control]`` block (docs/control.md)."""
+    externals: tuple[ExternalSpec, ...] = ()
+    """The ``[[external]]`` blocks: tables written from outside Contextful (docs/manifest.md)."""
 
     def export(self, name: str) -> ExportSpec:
         for spec in self.exports:

@@ -14,9 +14,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from contextful.engine.config.control import parse_control
 from contextful.engine.config.manifest import (
     NORMALIZE_MODES,
     SOURCE_KINDS,
+    ExternalSpec,
     Manifest,
     PipelineSpec,
     SourceSpec,
@@ -39,9 +41,10 @@ from contextful.storage.errors import (
     TableNameCollision,
 )
 
-TOP_KEYS = ("project", "pipeline", "model", "export")
+TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
                  "schedule", "after", "priority", "seed", "transform")
+EXTERNAL_KEYS = ("id", "table", "description")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 _SCHEDULE = re.compile(r"every\s+\d+\s*(s|m|h|d)|(\S+\s+){4}\S+")
 
@@ -120,8 +123,12 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
     _check_ids_and_order(pipelines, problems)
     pipelines = _derive_chains(pipelines, problems)
     models = _models(doc.get("model", []), root, pipelines, problems)
-    _check_table_names(pipelines, models, problems)
+    externals = _externals(doc.get("external", []), pipelines, models, problems)
+    _check_table_names(pipelines, models, externals, problems)
     exports = _exports(doc.get("export", []), root, problems)
+    control, found = parse_control(doc.get("control", {}), root, project.name)
+    for problem in found:
+        problems.add(problem)
     plan = None
     if not problems.found:  # the build-time compiler: every declaration validated becomes a plan node
         from contextful.engine.run.plan import compile_plan
@@ -129,7 +136,47 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
         plan = compile_plan(pipelines, models, exports, doc, problems.add)
     if problems.found:
         raise ManifestInvalid(path, problems.found)
-    return Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan)
+    return Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan, control=control,
+                    externals=tuple(externals))
+
+
+def _externals(blocks: Any, pipelines: list[PipelineSpec], models: list[ModelSpec],
+               problems: _Problems) -> list[ExternalSpec]:
+    """The [[external]] blocks (``surface.apply.external-snapshot``): ids unique and apart from the
+    pipelines', each table produced by nothing in the manifest and written by one external alone."""
+    if not isinstance(blocks, list):
+        problems.add(ManifestValueInvalid("the manifest", "external", "declare external tables as [[external]] blocks"))
+        return []
+    externals: list[ExternalSpec] = []
+    for n, block in enumerate(blocks, 1):
+        opened = problems.open_block("external", n, block, "id", EXTERNAL_KEYS, _ID,
+                                     "an id (a letter, then letters, digits or '_')")
+        if opened is None:
+            continue
+        where, external_id = opened
+        table = problems.string(where, block, "table", external_id) or (external_id or "")
+        _check_table_syntax(where, table, problems)
+        description = problems.string(where, block, "description")
+        if external_id is not None:
+            externals.append(ExternalSpec(external_id, table, description))
+    ids = {p.id: f"pipeline {p.id!r}" for p in pipelines}
+    writers = {p.table: f"pipeline {p.id!r}" for p in pipelines} | {m.name: f"model {m.name!r}" for m in models}
+    for spec in externals:
+        where = f"[[external]] {spec.id!r}"
+        if spec.id in ids:
+            problems.add(ManifestValueInvalid(where, "id", f"is already the id of {ids[spec.id]}"))
+        ids.setdefault(spec.id, f"external {spec.id!r}")
+        if spec.table in writers:
+            problems.add(TableNameCollision(spec.table, writers[spec.table], f"external {spec.id!r}",
+                                            "a table written from outside Contextful has no other writer"))
+        writers.setdefault(spec.table, f"external {spec.id!r}")
+    return externals
+
+
+def _check_table_syntax(where: str, table: str, problems: _Problems) -> None:
+    if table and not _ID.fullmatch(table):
+        problems.add(ManifestValueInvalid(where, "table", f"{table!r} is not a table name (a letter, then letters, "
+                                                          "digits or '_')"))
 
 
 def _exports(blocks: Any, root: Path, problems: _Problems) -> list[ExportSpec]:
@@ -188,8 +235,7 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
     incremental = problems.string(where, block, "incremental")
     table = problems.string(where, block, "table", pipeline_id) or (pipeline_id or "")
     source = _source(block.get("source"), where, pipeline_id or f"#{n}", table, incremental, problems)
-    if table and not _ID.fullmatch(table):
-        problems.add(ManifestValueInvalid(where, "table", f"{table!r} is not a table name (a letter, then letters, digits or '_')"))
+    _check_table_syntax(where, table, problems)
     normalize = problems.string(where, block, "normalize", "nested") or "nested"
     if normalize not in NORMALIZE_MODES:
         problems.add(PipelineNormalizeModeUnknown(pipeline_id or f"#{n}", normalize, NORMALIZE_MODES))
@@ -268,11 +314,13 @@ def _primary_key_problems(pipeline_id: str, primary_key: tuple[str, ...], normal
     return found
 
 
-def _check_table_names(pipelines: list[PipelineSpec], models: list[ModelSpec], problems: _Problems) -> None:
+def _check_table_names(pipelines: list[PipelineSpec], models: list[ModelSpec], externals: list[ExternalSpec],
+                       problems: _Problems) -> None:
     """Refuse a table that a relational pipeline's child table could land in (every name
     ``<root>__...`` belongs to the relational root ``root``, docs/normalization.md) and two tables
     whose names differ only in case (their views would be one name in DuckDB)."""
-    tables = [(p.table, f"pipeline {p.id!r}") for p in pipelines] + [(m.name, f"model {m.name!r}") for m in models]
+    tables = ([(p.table, f"pipeline {p.id!r}") for p in pipelines] + [(m.name, f"model {m.name!r}") for m in models]
+              + [(e.table, f"external {e.id!r}") for e in externals])
     roots = [(p.table, f"pipeline {p.id!r}") for p in pipelines if p.normalize == "relational"]
     for root, owner in roots:
         for table, other in tables:

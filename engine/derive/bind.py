@@ -33,6 +33,7 @@ from contextful.storage.errors import (
     DeriveEngineUnbound,
     DeriveEnvNameInvalid,
     DeriveShellCommand,
+    ManifestInvalid,
     ManifestKeyUnknown,
     ManifestValueInvalid,
     ProjectInvalid,
@@ -139,6 +140,15 @@ def machine_path(project_root: Path, flag: str | None = None) -> Path | None:
         return Path(named).resolve()
     beside = project_root / MACHINE_FILE
     return beside if beside.is_file() else None
+
+
+def load_machine(project_root: Path, flag: str | None = None) -> MachineConfig:
+    """The machine configuration :func:`machine_path` finds, or ``ManifestInvalid`` naming its file
+    and every problem in it."""
+    machine, problems = read_machine(machine_path(project_root, flag))
+    if problems:
+        raise ManifestInvalid(str(machine.path), problems)
+    return machine
 
 
 def read_machine(path: Path | None) -> tuple[MachineConfig, list[ContextfulError]]:

@@ -2,7 +2,7 @@
 
 A model's inputs (declared ``inputs``, else the base tables its SQL references, plus its
 ``relationships`` targets) must each be a table something produces: a pipeline's table, a child table
-``<root>__<path>`` of a relational pipeline's root, another model — or a table the store already holds
+``<root>__<path>`` of a relational pipeline's root, another model, an ``[[external]]`` table — or a table the store already holds
 (one landed by ``contextful table load``, say). Validation reads the manifest first; only for names it
 cannot account for does it look at the project's store, and only when that store exists (reading
 never creates one). A name neither accounts for is ``ModelInputUnknown``, naming the model, the
@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 
 def produced(manifest: Manifest) -> set[str]:
-    """The tables the manifest's pipelines and models produce (relational child tables aside)."""
-    return {p.table for p in manifest.pipelines} | {m.name for m in manifest.models}
+    """The tables the manifest's pipelines and models produce and its ``[[external]]`` blocks declare
+    written from outside (relational child tables aside)."""
+    return {p.table for p in manifest.pipelines} | {m.name for m in manifest.models} | {e.table for e in manifest.externals}
 
 
 def unaccounted(manifest: Manifest, spec: ModelSpec, known: set[str]) -> tuple[str, ...]:

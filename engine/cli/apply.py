@@ -1,0 +1,67 @@
+"""``contextful pipeline import | apply [--pipelines-only] | versions``: the applied versions of the
+manifest (``engine.control.apply``, docs/control.md). ``register_apply(pipeline)`` adds them to the
+``pipeline`` group."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+from contextful.engine.cli.output import emit_json, emit_rows
+
+if TYPE_CHECKING:
+    from contextful.engine.control.apply import ApplyOutcome
+
+
+def _emit(ctx: click.Context, outcome: ApplyOutcome) -> None:
+    if ctx.obj["json"]:
+        emit_json(outcome.to_json())
+    elif outcome.claimed:
+        click.echo(f"claimed v{outcome.version} (applied)")
+    elif outcome.verb == "import":
+        click.echo(f"v{outcome.version} is applied already; import claims nothing")
+    else:
+        click.echo(f"unchanged: v{outcome.version} is applied")
+
+
+@click.command("import")
+@click.pass_context
+def import_(ctx: click.Context) -> None:
+    """Claim v1 from contextful.toml while no version is claimed; afterwards, claim nothing and name the applied one."""
+    from contextful.engine.control.apply import import_manifest
+
+    _emit(ctx, import_manifest(ctx.obj["project"], store=ctx.obj["store"], machine=ctx.obj.get("machine")))
+
+
+@click.command("apply")
+@click.option("--pipelines-only", is_flag=True,
+              help="Take only the [[pipeline]] blocks of contextful.toml; everything else as applied.")
+@click.pass_context
+def apply(ctx: click.Context, pipelines_only: bool) -> None:
+    """Validate contextful.toml and claim it as the next applied version (what serve runs)."""
+    from contextful.engine.control.apply import apply_manifest
+
+    _emit(ctx, apply_manifest(ctx.obj["project"], pipelines_only=pipelines_only, store=ctx.obj["store"],
+                              machine=ctx.obj.get("machine")))
+
+
+@click.command("versions")
+@click.pass_context
+def versions(ctx: click.Context) -> None:
+    """Every claimed version of the manifest, when it was claimed, and which one is applied."""
+    from contextful.engine.control.apply import versions as claimed
+
+    found = claimed(ctx.obj["project"])
+    if ctx.obj["json"]:
+        emit_json([v.to_json() for v in found])
+    elif not found:
+        click.echo("no version claimed yet: `contextful pipeline import` claims v1")
+    else:
+        emit_rows(["version", "claimed_at", "applied"],
+                  [(f"v{v.version}", v.claimed_at, "applied" if v.applied else "") for v in found])
+
+
+def register_apply(pipeline_group: click.Group) -> None:
+    """Add ``import``, ``apply`` and ``versions`` to the ``pipeline`` command group."""
+    for command in (import_, apply, versions):
+        pipeline_group.add_command(command)

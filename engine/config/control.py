@@ -1,0 +1,69 @@
+"""The ``[control]`` block: this node's own control-plane settings (docs/control.md).
+
+``snapshot_dir`` is where the node keeps its applied versions (``surface.apply.local-claim``:
+``.contextful/control/<project>/`` unless ``[control] snapshot_dir`` names one), ``pool`` how many
+units serve dispatches at once, ``trigger`` the adapter serve fires through (its value is checked
+when serve starts: ``surface.arm.unknown-trigger``). :func:`parse_control` reads the block for
+:func:`~contextful.engine.config.parse.parse_manifest`; :func:`read_control` reads only ``[project]``
+and ``[control]`` of the working document, which is how apply and serve find the snapshot directory
+whatever the rest of the document holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from contextful.engine.config.manifest import DEFAULT_POOL, DEFAULT_TRIGGER, ControlSpec
+from contextful.engine.project import MANIFEST, Project, parse_project, read_manifest_document
+from contextful.storage.errors import (
+    ContextfulError,
+    ManifestInvalid,
+    ManifestKeyUnknown,
+    ManifestValueInvalid,
+)
+
+CONTROL_KEYS = ("snapshot_dir", "pool", "trigger")
+CONTROL_ROOT = (".contextful", "control")
+"""The default snapshot directory's parent, under the project root (one directory per project name)."""
+
+
+def parse_control(block: Any, root: Path, project: str) -> tuple[ControlSpec, list[ContextfulError]]:
+    """The ``[control]`` block of the project at ``root`` named ``project``, with every problem in it."""
+    problems: list[ContextfulError] = []
+    if not isinstance(block, dict):
+        return ControlSpec(), [ManifestValueInvalid("the manifest", "control", "must be a [control] table")]
+    problems += [ManifestKeyUnknown("[control]", key, CONTROL_KEYS) for key in block if key not in CONTROL_KEYS]
+    snapshot_dir = block.get("snapshot_dir")
+    if snapshot_dir is None:
+        if project in ("", ".", "..") or "/" in project or "\\" in project:
+            problems.append(ManifestValueInvalid("[project]", "name", f"{project!r} cannot name the default snapshot "
+                                                 "directory .contextful/control/<name>/ (it is not one path "
+                                                 "component): name one with [control] snapshot_dir"))
+        snapshot_dir = str(root.joinpath(*CONTROL_ROOT, project))
+    elif not isinstance(snapshot_dir, str) or not snapshot_dir.strip():
+        problems.append(ManifestValueInvalid("[control]", "snapshot_dir", f"must be a non-empty string, not "
+                                             f"{snapshot_dir!r}"))
+        snapshot_dir = None
+    elif "://" not in snapshot_dir:  # a URL stays as written: opening it refuses it (weak-conditional-backend)
+        snapshot_dir = str((root / snapshot_dir).resolve())
+    pool = block.get("pool", DEFAULT_POOL)
+    if not isinstance(pool, int) or isinstance(pool, bool) or pool < 1:
+        problems.append(ManifestValueInvalid("[control]", "pool", f"must be a positive integer, not {pool!r}"))
+        pool = DEFAULT_POOL
+    trigger = block.get("trigger", DEFAULT_TRIGGER)
+    if not isinstance(trigger, str) or not trigger.strip():
+        problems.append(ManifestValueInvalid("[control]", "trigger", f"must be a non-empty string, not {trigger!r}"))
+        trigger = DEFAULT_TRIGGER
+    return ControlSpec(snapshot_dir, pool, trigger), problems
+
+
+def read_control(root: Path) -> tuple[Project, ControlSpec]:
+    """The ``[project]`` and ``[control]`` blocks of the working ``contextful.toml`` at ``root``, read
+    alone (the rest of the document may be anything); ``ManifestInvalid`` lists their problems."""
+    doc = read_manifest_document(root)
+    project, problems = parse_project(doc.get("project", {}), root)
+    control, found = parse_control(doc.get("control", {}), root, project.name)
+    if problems or found:
+        raise ManifestInvalid(str(root / MANIFEST), problems + found)
+    return project, control

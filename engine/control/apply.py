@@ -1,0 +1,276 @@
+"""Import and apply: the node's applied versions of its manifest (``surface.apply.*``, docs/control.md).
+
+``contextful pipeline serve`` runs an applied version, never the working ``contextful.toml``; these
+verbs are how a version becomes applied (``surface.apply.local-claim``: the node validates and
+claims it in its own snapshot directory, ``engine.control.snapshots``, with no other process on
+the path):
+
+- :func:`import_manifest` (``surface.apply.guarded-import``) claims v1 from the working document
+  while the snapshot directory holds no version; over a directory holding one it claims nothing,
+  names the applied version and succeeds.
+- :func:`apply_manifest` claims the next version: before any import it raises
+  ``StoreNotInitialized`` (``surface.apply.uninitialized-store``); it validates the document it
+  would claim with the engine's whole validation (``engine.config.validate``) against that
+  document's own pipelines (``surface.apply.self-valid``) and refuses with
+  ``ApplyValidationRefused``, claiming nothing (``surface.apply.validation``); a document that
+  normalizes to the applied one claims nothing ("unchanged"). ``pipelines_only`` takes only the
+  ``[[pipeline]]`` blocks of the working document and everything else (``[project]``,
+  ``[control]``, ``[[model]]``, ``[[export]]``, ``[[external]]``) from the applied version
+  (``surface.apply.external-snapshot``).
+- A lost race (``surface.apply.version-race``): another apply claimed the version, or moved the
+  pointer, first. The loser's ``ManifestVersionConflict`` is caught here: it reloads the winning
+  version and applies its pending edits onto it (the working document again; pipelines-only, the
+  working pipelines over the winner's document), at most :data:`MAX_ATTEMPTS` times. A claimed
+  file is never rewritten; a version claimed by an apply that then lost the pointer stays, never
+  applied, and the next claim takes the number after the highest claimed.
+
+What a version holds: the manifest document (TOML) as applied. A full apply and an import store
+the working file's text as it is (comments included); a pipelines-only apply whose document
+differs from the working file stores the composed document written by ``engine.config.toml_writer``.
+Files the document refers to (a model's SQL file, the machine configuration) are read from the
+project at run time; a snapshot that inlines them is a later step, at :func:`_claimable`.
+:func:`load_applied` is what serve runs; :func:`versions` lists what was claimed.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from contextful.engine.config.control import read_control
+from contextful.engine.config.manifest import Manifest
+from contextful.engine.config.toml_writer import dumps
+from contextful.engine.control.snapshots import POINTER, SnapshotDir
+from contextful.engine.project import MANIFEST, locate_project
+from contextful.storage.errors import (
+    ApplyValidationRefused,
+    ControlSnapshotUnreadable,
+    ManifestInvalid,
+    ManifestVersionConflict,
+    ProjectInvalid,
+    StoreNotInitialized,
+)
+
+MAX_ATTEMPTS = 8
+"""How many times an apply reloads the winner of a lost race and reapplies before giving up."""
+
+Step = Callable[[str, int], None]
+"""Called with ``("claim", N)`` before an apply claims version N and ``("advance", N)`` before it
+moves the pointer to N: tests hold an apply there to make a race happen deterministically."""
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    """What an import or apply did."""
+
+    verb: str
+    """``import`` or ``apply``."""
+    version: int
+    """The version applied when the verb returned."""
+    claimed: bool
+    """Whether this call claimed ``version`` (False: it was applied already, or the document is unchanged)."""
+    previous: int | None
+    """The version applied before (None: none was)."""
+    snapshot: Path
+    """The file of ``version``."""
+    conflicts: int = 0
+    """How many races this call lost and reapplied after."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verb": self.verb, "version": self.version, "claimed": self.claimed, "previous": self.previous,
+                "snapshot": str(self.snapshot), "conflicts": self.conflicts}
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The applied version: what serve runs."""
+
+    version: int
+    manifest: Manifest
+    """The version's document parsed with the project directory as its root."""
+    path: Path
+    """Its ``manifest@v<N>.toml``."""
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    version: int
+    claimed_at: datetime
+    """When it was claimed (its file's modification time, UTC)."""
+    applied: bool
+    """Whether the pointer names it now."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "claimed_at": self.claimed_at.isoformat(), "applied": self.applied}
+
+
+def snapshot_dir(root: Path) -> SnapshotDir:
+    """The snapshot directory the working document's ``[control]`` names (its ``[project]`` and
+    ``[control]`` blocks alone are read: a node finds its versions whatever else the file holds)."""
+    project, control = read_control(root)
+    assert control.snapshot_dir is not None  # parse_control always resolves it
+    return SnapshotDir(control.snapshot_dir, project.name)
+
+
+def _claiming_dir(root: Path) -> SnapshotDir:
+    """:func:`snapshot_dir` for a verb that claims: a working document whose ``[project]`` or
+    ``[control]`` does not validate (or is not TOML) is refused under validation."""
+    try:
+        return snapshot_dir(root)
+    except ManifestInvalid as exc:
+        raise ApplyValidationRefused(exc.path, exc.problems) from exc
+    except ProjectInvalid as exc:
+        raise ApplyValidationRefused(exc.path, [exc]) from exc
+
+
+def import_manifest(directory: str | Path = ".", *, store: str | None = None,
+                    machine: str | None = None) -> ApplyOutcome:
+    """``contextful pipeline import``: claim v1 from the working document while no version is held."""
+    root = locate_project(directory)
+    snapshots = _claiming_dir(root)
+    applied = snapshots.applied()
+    if applied is not None:
+        return ApplyOutcome("import", applied, False, applied, snapshots.file(applied))
+    held = snapshots.versions()
+    if held not in ([], [1]):
+        raise ControlSnapshotUnreadable(str(snapshots.path), f"it holds versions {held[0]} to {held[-1]} and no "
+                                        f"applied pointer ({POINTER}); write the applied version's number there")
+    claimed = False
+    if not held:
+        text, doc = _working(root)
+        _validate(root, doc, str(root / MANIFEST), store, machine)
+        snapshots.prepare()
+        try:
+            snapshots.claim(1, _claimable(text))
+            claimed = True
+        except ManifestVersionConflict:  # a concurrent import claimed v1 first
+            pass
+    else:
+        snapshots.prepare()
+    try:  # v1 held and no pointer: a concurrent import between its claim and its advance, or one that died there
+        snapshots.advance(None, 1)
+    except ManifestVersionConflict:
+        pass
+    return ApplyOutcome("import", 1, claimed, None, snapshots.file(1))
+
+
+def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False, store: str | None = None,
+                   machine: str | None = None, step: Step | None = None) -> ApplyOutcome:
+    """``contextful pipeline apply [--pipelines-only]``: claim and apply the next version."""
+    root = locate_project(directory)
+    snapshots = _claiming_dir(root)
+    if snapshots.applied() is None:
+        raise StoreNotInitialized(snapshots.project, str(snapshots.path))
+    snapshots.prepare()
+    working_text, working = _working(root)
+    source = str(root / MANIFEST) + (" ([[pipeline]] blocks over the applied version)" if pipelines_only else "")
+    conflicts = 0
+    for _attempt in range(MAX_ATTEMPTS):
+        applied = snapshots.applied()
+        assert applied is not None  # a pointer never goes away
+        base = _parsed(snapshots, applied)
+        doc = _pipelines_over(working, base) if pipelines_only else working
+        _validate(root, doc, source, store, machine)
+        if _normal(doc) == _normal(base):
+            return ApplyOutcome("apply", applied, False, applied, snapshots.file(applied), conflicts)
+        version = max(snapshots.versions(), default=applied) + 1
+        text = working_text if _normal(doc) == _normal(working) else dumps(doc)
+        try:
+            _call(step, "claim", version)
+            snapshots.claim(version, _claimable(text))
+            # The seam of a synced claim (surface.apply.receipt-file): it signs here, before the pointer moves.
+            _call(step, "advance", version)
+            snapshots.advance(applied, version)
+        except ManifestVersionConflict:
+            conflicts += 1
+            continue
+        return ApplyOutcome("apply", version, True, applied, snapshots.file(version), conflicts)
+    raise ManifestVersionConflict(snapshots.project, version, snapshots.applied() or 0)
+
+
+def load_applied(directory: str | Path = ".") -> Applied | None:
+    """The applied version's manifest, parsed with the project directory as its root (None: nothing
+    is applied yet); a version that no longer parses raises ``ControlSnapshotUnreadable``."""
+    from contextful.engine.config.parse import parse_manifest
+
+    root = locate_project(directory)
+    snapshots = snapshot_dir(root)
+    version = snapshots.applied()
+    if version is None:
+        return None
+    path = snapshots.file(version)
+    try:
+        manifest = parse_manifest(_parsed(snapshots, version), root, str(path))
+    except ManifestInvalid as exc:
+        raise ControlSnapshotUnreadable(str(path), f"version {version} does not validate: {exc.detail}") from exc
+    return Applied(version, manifest, path)
+
+
+def versions(directory: str | Path = ".") -> list[VersionInfo]:
+    """Every claimed version, ascending, with when it was claimed and whether it is applied."""
+    snapshots = snapshot_dir(locate_project(directory))
+    applied = snapshots.applied()
+    found = []
+    for version in snapshots.versions():
+        try:
+            mtime = snapshots.file(version).stat().st_mtime
+        except OSError as exc:
+            raise ControlSnapshotUnreadable(str(snapshots.file(version)), f"cannot be read: {exc}") from exc
+        found.append(VersionInfo(version, datetime.fromtimestamp(mtime, UTC), version == applied))
+    return found
+
+
+def _claimable(text: str) -> str:
+    """The text a version file holds for document ``text`` (the seam where model SQL files would be inlined)."""
+    return text
+
+
+def _call(step: Step | None, what: str, version: int) -> None:
+    if step is not None:
+        step(what, version)
+
+
+def _working(root: Path) -> tuple[str, dict[str, Any]]:
+    """The working contextful.toml's text and parsed document; unparseable TOML is refused under validation."""
+    path = root / MANIFEST
+    text = path.read_text(encoding="utf-8")
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ApplyValidationRefused(str(path), [ProjectInvalid(str(path), f"not valid TOML: {exc}")]) from exc
+
+
+def _parsed(snapshots: SnapshotDir, version: int) -> dict[str, Any]:
+    try:
+        return tomllib.loads(snapshots.text(version))
+    except tomllib.TOMLDecodeError as exc:
+        raise ControlSnapshotUnreadable(str(snapshots.file(version)), f"version {version} is not valid TOML: "
+                                                                      f"{exc}") from exc
+
+
+def _pipelines_over(working: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The applied document ``base`` with the working document's ``[[pipeline]]`` blocks (all of
+    them, none when it declares none) in place of its own, every other key as applied."""
+    composed = {key: working["pipeline"] if key == "pipeline" else value for key, value in base.items()
+                if key != "pipeline" or "pipeline" in working}
+    if "pipeline" in working:
+        composed.setdefault("pipeline", working["pipeline"])
+    return composed
+
+
+def _normal(doc: dict[str, Any]) -> str:
+    """The normal form two documents are compared in: TOML with every table's keys sorted."""
+    return dumps(doc, sort_keys=True)
+
+
+def _validate(root: Path, doc: dict[str, Any], source: str, store: str | None, machine: str | None) -> None:
+    from contextful.engine.config.validate import validated_manifest
+
+    try:
+        validated_manifest(root, doc, source=source, store=store, machine=machine)
+    except ManifestInvalid as exc:
+        raise ApplyValidationRefused(source, exc.problems) from exc
