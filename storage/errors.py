@@ -1847,6 +1847,9 @@ class TriggerFaceMissing(SpecInvalid):
 class DispatchUnitNotAHead(SpecInvalid):
     """``surface.dispatch.not-a-head``: a due id is a landing step of another entry's unit."""
 
+    entry: str
+    head: str
+
     def __init__(self, entry: str, head: str) -> None:
         super().__init__(f"{entry!r} is a step of {head!r}'s unit (its after names it): its cadence rides "
                          f"{head!r}'s schedule; nothing started", entry=entry, head=head)

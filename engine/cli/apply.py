@@ -13,9 +13,27 @@ if TYPE_CHECKING:
     from contextful.engine.control.apply import ApplyOutcome
 
 
+def _schedule_warnings(ctx: click.Context, outcome: ApplyOutcome) -> list[str]:
+    """What the applied version arms nothing for, by its schedule (``surface.arm.unreadable-schedule``:
+    a version holding one is applied, its other entries arm; serve names the pipeline unarmed)."""
+    import tomllib
+
+    from contextful.engine.control.apply import load_version
+    from contextful.engine.control.arm import schedule_problems
+    from contextful.engine.project import locate_project
+
+    root = locate_project(ctx.obj["project"])
+    doc = tomllib.loads(outcome.snapshot.read_text(encoding="utf-8"))
+    problems = schedule_problems(doc, load_version(root, outcome.version))
+    return [f"{p}; it arms nothing until a version fixes it" for p in problems]
+
+
 def _emit(ctx: click.Context, outcome: ApplyOutcome) -> None:
+    warnings = _schedule_warnings(ctx, outcome)
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
     if ctx.obj["json"]:
-        emit_json(outcome.to_json())
+        emit_json(outcome.to_json() | {"warnings": warnings})
     elif outcome.claimed:
         click.echo(f"claimed v{outcome.version} (applied)")
     elif outcome.verb == "import":

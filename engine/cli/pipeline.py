@@ -16,6 +16,7 @@ from contextful.engine.cli.output import (
     progress_line,
 )
 from contextful.engine.cli.serve import register_serve
+from contextful.engine.cli.status import register_status
 from contextful.engine.cli.values import at_least
 
 if TYPE_CHECKING:
@@ -72,18 +73,23 @@ def pipeline() -> None:
 def validate(ctx: click.Context) -> None:
     """Check contextful.toml; print every problem, each by its spec error."""
     from contextful.engine.config.validate import validated_manifest
+    from contextful.engine.control.arm import schedule_problems
     from contextful.engine.guard import mask_message
-    from contextful.engine.project import locate_project
+    from contextful.engine.project import locate_project, read_manifest_document
     from contextful.storage.errors import ManifestInvalid
 
+    root = locate_project(ctx.obj["project"])
+    unreadable = schedule_problems(read_manifest_document(root))  # each a problem of its pipeline alone
     try:
-        manifest = validated_manifest(locate_project(ctx.obj["project"]), store=ctx.obj["store"],
-                                      machine=ctx.obj.get("machine"))
+        manifest = validated_manifest(root, store=ctx.obj["store"], machine=ctx.obj.get("machine"))
+        if schedules := unreadable + schedule_problems({}, manifest):
+            raise ManifestInvalid(str(root / "contextful.toml"), list(schedules))
     except ManifestInvalid as exc:
+        problems = list(exc.problems) + [p for p in unreadable if p not in exc.problems]
         if ctx.obj["json"]:
-            emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in exc.problems]})
+            emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in problems]})
         else:
-            for problem in exc.problems:
+            for problem in problems:
                 click.echo(f"error: {mask_message(str(problem))}", err=True)
         ctx.exit(exc.exit_code)
     from contextful.engine.export.preflight import caller_sql_warnings
@@ -343,3 +349,4 @@ def key_revoke(ctx: click.Context, key_id: str) -> None:
 
 register_serve(pipeline)
 register_apply(pipeline)
+register_status(pipeline)

@@ -105,9 +105,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
 def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clock: Clock | None = None) -> int:
     """``pipeline serve --cycle``: one cycle of the applied version; print its answer; the exit status."""
     from contextful.engine.cli.output import emit_json
-    from contextful.engine.control.apply import load_applied
+    from contextful.engine.control.apply import load_applied, snapshot_dir
     from contextful.engine.control.fire import ControlPlane
-    from contextful.engine.control.snapshots import snapshot_dir
     from contextful.engine.project import open_project_store
     from contextful.engine.run.script_runtime import refuse_script_runtime
     from contextful.storage.errors import StoreNotInitialized
@@ -115,7 +114,7 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     refuse_script_runtime()
     applied = load_applied(manifest.root)
     if applied is None:
-        raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest)))
+        raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest.root).path))
     served = applied.manifest
 
     def open_store() -> Store:
@@ -149,8 +148,8 @@ def describe_answer(answer: Answer) -> list[str]:
     def names(items: list[str]) -> str:
         return ", ".join(items) if items else "-"
 
-    lines = [f"v{answer.version}: fired {names(answer.fired)}; failed {names(answer.failed)}; "
-             f"pending {names(answer.pending)}",
+    lines = [(f"v{answer.version}: fired {names(answer.fired)}; failed {names(answer.failed)}; "
+             f"pending {names(answer.pending)}"),
              f"armed {answer.armed}, next due {_rfc3339(answer.next_due_us) or '-'}"]
     lines += [f"unarmed {u['pipeline']}: {u['reason']}" for u in answer.unarmed]
     lines += [f"error: {line}" for line in answer.failures]

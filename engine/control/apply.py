@@ -195,19 +195,25 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
 def load_applied(directory: str | Path = ".") -> Applied | None:
     """The applied version's manifest, parsed with the project directory as its root (None: nothing
     is applied yet); a version that no longer parses raises ``ControlSnapshotUnreadable``."""
-    from contextful.engine.config.parse import parse_manifest
-
     root = locate_project(directory)
     snapshots = snapshot_dir(root)
     version = snapshots.applied()
     if version is None:
         return None
+    return Applied(version, load_version(root, version, snapshots), snapshots.file(version))
+
+
+def load_version(root: Path, version: int, snapshots: SnapshotDir | None = None) -> Manifest:
+    """Version ``version``'s manifest, parsed with ``root`` (the project directory) as its root: what
+    a unit's child process runs, whatever has been applied since it was dispatched."""
+    from contextful.engine.config.parse import parse_manifest
+
+    snapshots = snapshots or snapshot_dir(root)
     path = snapshots.file(version)
     try:
-        manifest = parse_manifest(_parsed(snapshots, version), root, str(path))
+        return parse_manifest(_parsed(snapshots, version), root, str(path))
     except ManifestInvalid as exc:
         raise ControlSnapshotUnreadable(str(path), f"version {version} does not validate: {exc.detail}") from exc
-    return Applied(version, manifest, path)
 
 
 def versions(directory: str | Path = ".") -> list[VersionInfo]:

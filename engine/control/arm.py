@@ -26,11 +26,21 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from contextful.engine.control.schedule import Schedule, parse_schedule
-from contextful.storage.errors import ArgumentInvalid, ContextfulError, ScheduleUnreadable
+from contextful.storage.errors import (
+    ArgumentInvalid,
+    ContextfulError,
+    DispatchUnitNotAHead,
+    ScheduleUnreadable,
+)
+
+if TYPE_CHECKING:
+    from contextful.engine.config.manifest import Manifest
+    from contextful.engine.run.units import Unit
 
 COMPACT_SLACK = 64
 """Stale heap rows tolerated beyond one per entry before the heap is rebuilt from the live rows."""
@@ -191,3 +201,35 @@ class ArmedSet:
             heapq.heappush(self._heap, row)
         else:
             self._heap.append(row)
+
+
+def schedule_problems(doc: Mapping[str, Any], manifest: Manifest | None = None) -> list[ContextfulError]:
+    """What ``contextful pipeline validate`` reports of the document's schedules, each a problem of
+    its pipeline alone: ``ScheduleUnreadable`` for each ``[[pipeline]]`` whose schedule the grammar
+    cannot read (read from the raw document, so it is reported beside every other problem), and,
+    given the parsed ``manifest``, ``DispatchUnitNotAHead`` for each step or tier declaring a
+    schedule of its own (its cadence rides its head's)."""
+    found: list[ContextfulError] = []
+    blocks = doc.get("pipeline", [])
+    for block in blocks if isinstance(blocks, list) else []:
+        if not isinstance(block, dict) or not isinstance(block.get("schedule"), str):
+            continue
+        entry = str(block.get("id", "?"))
+        try:
+            parse_schedule(block["schedule"], entry)
+        except ScheduleUnreadable as exc:
+            found.append(exc)
+    if manifest is not None:
+        from contextful.engine.run.units import units_of
+
+        found += not_heads(manifest, units_of(manifest))
+    return found
+
+
+def not_heads(manifest: Manifest, units: Iterable[Unit]) -> list[DispatchUnitNotAHead]:
+    """``surface.dispatch.not-a-head``: each step or tier of ``units`` declaring a schedule of its
+    own, refused: its cadence rides its head's (the first head whose unit it is a member of)."""
+    units = list(units)
+    heads = {u.head for u in units}
+    return [DispatchUnitNotAHead(spec.id, next((u.head for u in units if spec.id in u.members), "?"))
+            for spec in manifest.pipelines if spec.id not in heads and spec.schedule is not None]

@@ -176,8 +176,8 @@ class _Child:
             doc = json.loads(self.result.read_text())
         except (OSError, ValueError):
             why = f"signal {-code}" if code < 0 else f"exit status {code}"
-            return Outcome(self.head, False, (f"{self.head}: the unit's child process ended by {why} "
-                                              "before it reported an outcome",))
+            return Outcome(self.head, False, ((f"{self.head}: the unit's child process ended by {why} "
+                                              "before it reported an outcome"),))
         finally:
             self.result.unlink(missing_ok=True)
         return Outcome(self.head, bool(doc.get("ok")) and code == 0, tuple(doc.get("failures", ())))

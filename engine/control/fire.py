@@ -116,8 +116,12 @@ class ControlPlane:
         self.clock = clock or SystemClock()
         self.say = say or log.info
         self._launcher = launcher or (lambda version: ChildLauncher(root, store_url, version))
-        self.deployment = store_deployment(root)
-        self.lease = CadenceLease(store.catalog, self.deployment, self.clock, holder=holder)
+        from contextful.engine.control.apply import snapshot_dir
+
+        self.snapshots = snapshot_dir(root)
+        """The applied versions (the working file's [control] snapshot_dir, read once at start)."""
+        self.deployment = self.snapshots.project
+        self.lease = CadenceLease(self.store.catalog, self.deployment, self.clock, holder=holder)
         self.version: int | None = None
         self.manifest: Manifest | None = None
         self.units: dict[str, Unit] = {}
@@ -140,9 +144,7 @@ class ControlPlane:
 
     def refresh(self) -> bool:
         """Read the applied pointer; (re)arm when it names another version. Whether anything is armed."""
-        from contextful.engine.control.apply import applied_version
-
-        version = applied_version(self.root)
+        version = self.snapshots.applied()
         if version is None:
             if self.version is None and self.armed is None:
                 return False
@@ -157,7 +159,7 @@ class ControlPlane:
         from contextful.engine.control.apply import load_version
         from contextful.engine.control.arm import ArmedSet
 
-        manifest = load_version(self.root, version)
+        manifest = load_version(self.root, version, self.snapshots)
         units, entries, unarmed = plan_entries(manifest)
         now = self.clock.now_us()
         armed = ArmedSet(entries, now)
@@ -197,14 +199,10 @@ class ControlPlane:
         return History(start, self.starts.get(head))
 
     def _snapshot_dir(self) -> Path:
-        from contextful.engine.control.snapshots import snapshot_dir
-
-        assert self.manifest is not None
-        return Path(snapshot_dir(self.manifest))
+        return self.snapshots.path
 
     def _record_start(self, head: str, at_us: int) -> None:
         """Keep this node's run state (``engine.control.history``) current: what a pull carries."""
-        from contextful.engine.control.history import write_run_state
 
         self.starts[head] = max(at_us, self.starts.get(head, at_us))
         self._state_dirty = True
@@ -383,29 +381,14 @@ class ControlPlane:
             self.store.close()
 
 
-def store_deployment(root: Path) -> str:
-    """The deployment a cadence lease is held for: the project's name."""
-    from contextful.engine.project import load_project
-
-    return load_project(root).name
-
-
 def plan_entries(manifest: Manifest) -> tuple[dict[str, Unit], list[Any], list[Unarmed]]:
     """The units of ``manifest`` by head, the armed entries of the heads with a readable schedule, and
     every pipeline that arms nothing with its reason (``surface.arm.unarmed-named``)."""
-    from contextful.engine.control.arm import Unarmed, arm_entries
+    from contextful.engine.control.arm import Unarmed, arm_entries, not_heads
     from contextful.engine.run.units import units_of
-    from contextful.storage.errors import DispatchUnitNotAHead
 
     units = {unit.head: unit for unit in units_of(manifest)}
     entries, unarmed = arm_entries([(head, manifest.pipeline(head).schedule, manifest.pipeline(head).priority)
                                     for head in sorted(units)])
-    heads_of: dict[str, str] = {}
-    for unit in units.values():
-        for member in unit.members[1:]:
-            heads_of.setdefault(member, unit.head)
-    for spec in manifest.pipelines:
-        if spec.id not in units and spec.schedule is not None:
-            error = DispatchUnitNotAHead(spec.id, heads_of.get(spec.id, "?"))
-            unarmed.append(Unarmed(spec.id, f"{error.name}: {error.detail}", error))
+    unarmed += [Unarmed(error.entry, f"{error.name}: {error.detail}", error) for error in not_heads(manifest, units.values())]
     return units, entries, unarmed

@@ -99,7 +99,7 @@ def pulled_starts(snapshot_dir: Path, project: str, *, exclude_node: str | None 
             if doc.get("format") != FORMAT or doc.get("project") != project or doc.get("node") == exclude_node:
                 continue
             for pipeline, text in doc["starts"].items():
-                starts.setdefault(str(pipeline), []).append(to_us(datetime.fromisoformat(text.replace("Z", "+00:00"))))
+                starts.setdefault(str(pipeline), []).append(to_us(datetime.fromisoformat(text)))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("run state %s is unreadable (%s): skipped", path, exc)
     return starts

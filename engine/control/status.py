@@ -56,13 +56,13 @@ def control_status(root: Path, store: Store) -> ControlStatus:
     """The control plane's status for the project at ``root`` over ``store`` (see the module docstring)."""
     from contextful.engine.control.apply import load_applied
     from contextful.engine.control.arm import ArmedSet
-    from contextful.engine.control.fire import plan_entries, store_deployment
+    from contextful.engine.control.fire import plan_entries
     from contextful.engine.control.history import histories
 
     applied = load_applied(root)
     if applied is None:
         return ControlStatus(None)
-    deployment = store_deployment(root)
+    deployment = applied.manifest.project.name
     units, entries, unarmed = plan_entries(applied.manifest)
     now = store.clock.now_us()
     armed = ArmedSet(entries, now)

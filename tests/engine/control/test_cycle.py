@@ -15,12 +15,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
 from tests.engine.control.scenario import ControlProject, Gates, files_pipeline, http_pipeline, serving
 from tests.engine.land.test_receive import SPOOL_AND_DIE, _env
 
 
 def _instant(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return datetime.fromisoformat(text)
 
 
 @pytest.mark.clause("surface.fire.cycle", "surface.arm.next-fire-from-history")

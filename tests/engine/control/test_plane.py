@@ -17,6 +17,7 @@ from contextful.engine.control.daemon import TICK_S, Daemon
 from contextful.engine.control.fire import ControlPlane
 from contextful.engine.project import open_project_store
 from contextful.storage.clock import ManualClock, to_us
+
 from tests.engine.control.scenario import ControlProject, Gates, files_pipeline, http_pipeline
 
 

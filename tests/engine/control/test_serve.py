@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from tests.engine.control.scenario import ControlProject, Gates, files_pipeline, http_pipeline, serving
 from tests.engine.control.test_cycle import RECEIVE, _spool_dead
 

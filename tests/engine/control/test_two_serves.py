@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from tests.engine.control.scenario import ControlProject, Serve, files_pipeline
 from tests.support.soak import trials
 
