@@ -281,9 +281,13 @@ class ControlPlane:
             return started
 
     def keep(self) -> list[Fire]:
-        """A beat without evaluation (the external trigger): hold the lease and reap ended units."""
+        """A beat without evaluation (the external trigger): hold the lease, keep the applied version
+        armed, and reap ended units (the fires that ended)."""
         with self._lock:
-            self.lease.hold()
+            if not self.lease.hold():
+                self._disarm_for_lease()
+                return self._reap()
+            self.refresh()
             return self._reap()
 
     def _disarm_for_lease(self) -> None:

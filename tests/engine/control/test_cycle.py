@@ -7,7 +7,6 @@ when armed, the next finds its dispatch recorded), so no test waits for a schedu
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -16,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.control.scenario import ControlProject, Gates, files_pipeline, http_pipeline, serving
+from tests.engine.control.scenario import ControlProject, files_pipeline, serving
 from tests.engine.land.test_receive import SPOOL_AND_DIE, _env
+
+
+def _next_hour(after: datetime) -> datetime:
+    return after.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
 
 
 def _instant(text: str) -> datetime:
@@ -36,9 +39,10 @@ def test_a_cycle_fires_what_is_due_once_waits_for_it_and_answers(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     assert answer["fired"] == ["orders", "lines"] and answer["failed"] == [] and answer["pending"] == []
     assert answer["armed"] == 1 and answer["version"] == 1
-    # an entry with no history is due when armed; its next fire is the first instant after that dispatch
+    # an entry with no history is due when armed; its next fire is the first instant its schedule
+    # admits after that dispatch: every 1h admits each hour on the hour
     next_due = _instant(answer["next_due"])
-    assert before + timedelta(minutes=59) < next_due <= datetime.now(UTC) + timedelta(hours=1)
+    assert next_due in {_next_hour(before), _next_hour(datetime.now(UTC))}
     assert project.count("orders") == 3 and project.count("lines") == 2
     # the dispatch is recorded: the next cycle finds nothing due, and says when it will be
     proc, again = project.cycle()
@@ -120,7 +124,7 @@ def _spool_dead(project: ControlProject, pipeline: str, key: str) -> None:
     assert child.returncode == -signal.SIGKILL, child.stderr
 
 
-RECEIVE = '\n[[pipeline]]\nid = "clicks"\n[pipeline.source]\nkind = "receive"\n'
+RECEIVE = '\n[[pipeline]]\nid = "clicks"\n[pipeline.source]\nkind = "receive"\n[pipeline.source.config]\nkey_retention_secs = 3600\n'
 
 
 @pytest.mark.clause("surface.fire.cycle-drain")
@@ -158,30 +162,3 @@ def test_a_cycle_whose_drain_fails_exits_non_zero_and_leaves_its_deliveries_queu
     proc, again = project.cycle()
     assert proc.returncode == 0 and again["drained"]["settled"] == 1
     assert project.count("clicks") == 3
-
-
-@pytest.mark.clause("surface.dispatch.pool-bound", "surface.dispatch.admission-order", "surface.dispatch.refill")
-def test_a_cycle_admits_due_units_in_admission_order_within_the_pool_bound(tmp_path: Path) -> None:
-    project = ControlProject(tmp_path)
-    with Gates() as gates:
-        urls = {name: gates.gate(name) for name in ("a", "b", "c", "d", "e")}
-        project.write(http_pipeline("a", urls["a"]), http_pipeline("b", urls["b"], priority=5),
-                      http_pipeline("c", urls["c"]), http_pipeline("d", urls["d"], priority=1),
-                      http_pipeline("e", urls["e"]), control="pool = 1")
-        project.imported()
-        gates.open("a")
-        project.cli("pipeline", "run", "a")  # a has a run start now: it goes after every never-run unit
-        assert gates.arrived == ["a"]
-        cycle = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(tmp_path), "--json",
-                                  "pipeline", "serve", "--cycle"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, env=_env())
-        # pool 1: one unit in flight; each next one is admitted into the freed slot, in admission order:
-        # never run first (all due when armed; then highest priority; then id), then the one run before
-        for n, name in enumerate(["b", "d", "c", "e", "a"], start=2):
-            assert gates.wait_arrived(n)[-1] == name, gates.arrived
-            assert gates.in_flight() == [name]
-            gates.open(name)
-        out, err = cycle.communicate(timeout=300)
-        assert cycle.returncode == 0, err
-        assert gates.most_held == 1
-        assert sorted(json.loads(out)["fired"]) == ["a", "b", "c", "d", "e"]

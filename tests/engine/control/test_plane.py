@@ -97,6 +97,35 @@ def test_a_wake_admits_within_the_pool_bound_and_refills_freed_slots(tmp_path: P
         plane.close()
 
 
+@pytest.mark.clause("surface.dispatch.admission-order", "surface.dispatch.refill", "surface.dispatch.pool-bound")
+def test_due_units_are_admitted_in_admission_order_into_freed_slots(tmp_path: Path, gates: Gates) -> None:
+    project = ControlProject(tmp_path)
+    urls = {name: gates.gate(name) for name in ("a", "b", "c", "d", "e")}
+    project.write(http_pipeline("a", urls["a"], schedule="every 1m"), http_pipeline("b", urls["b"], priority=5),
+                  http_pipeline("c", urls["c"]), http_pipeline("d", urls["d"], priority=1),
+                  http_pipeline("e", urls["e"]), control="pool = 1")
+    project.imported()
+    gates.open("a")
+    project.cli("pipeline", "run", "a")  # a has a run start: due again a minute on, after every never-run unit
+    assert gates.arrived == ["a"]
+    plane = _plane(project, _at_minute(2))
+    try:
+        answers = []
+        waking = threading.Thread(target=lambda: answers.append(plane.wake(budget_s=300)))
+        waking.start()
+        # pool 1: one unit in flight; each next one is admitted into the freed slot, in admission order:
+        # never run first (all due when armed; then highest priority; then id), then the one run before
+        for n, name in enumerate(["b", "d", "c", "e", "a"], start=2):
+            assert gates.wait_arrived(n)[-1] == name, gates.arrived
+            assert gates.in_flight() == ([name] if name != "a" else [])  # a's gate stayed open
+            gates.open(name)
+        waking.join(300)
+        [answer] = answers
+        assert answer.fired == ["b", "d", "c", "e", "a"] and gates.most_held == 1
+    finally:
+        plane.close()
+
+
 @pytest.mark.clause("surface.dispatch.lease-gated")
 def test_a_plane_not_holding_the_cadence_lease_arms_and_dispatches_nothing(tmp_path: Path) -> None:
     project = ControlProject(tmp_path)
@@ -135,8 +164,8 @@ def test_the_in_process_trigger_evaluates_the_armed_set_every_500_ms(tmp_path: P
 
     def sleep(seconds: float) -> None:  # the daemon's wait, on the injected clock
         _until_ended(plane, "orders")
-        fired_at.extend(clock.now_us() for line in said[len(fired_at):] if line.startswith("fired"))
-        del said[:]
+        fired_at.extend(clock.now_us() for line in said if line.startswith("fired"))  # this beat's fires
+        said.clear()
         slept.append(seconds)
         clock.advance(seconds)
         if len(slept) == 8:
