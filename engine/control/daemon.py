@@ -63,6 +63,7 @@ class Daemon:
         self.drain = drain and trigger is not None
         self.say = say or log.info
         self.beats = 0
+        self._failing: str | None = None
 
     def run(self) -> None:
         """Beat every :data:`TICK_S` of the plane's clock, drain beside, until ``stop``; then stop
@@ -90,7 +91,14 @@ class Daemon:
             elif self.trigger == "external":
                 self.plane.keep()
         except Exception as exc:  # noqa: BLE001 - one bad beat (a catalog hiccup) must not end the daemon
-            self.say(f"error: beat failed: {exc}")
+            text = str(exc)
+            if text != self._failing:  # once per distinct failure, not every 500 ms
+                self.say(f"error: beat failed: {text}; serve keeps beating")
+            self._failing = text
+            return
+        if self._failing is not None:
+            self.say("beats recovered")
+            self._failing = None
 
     def _drain_loop(self) -> None:
         while not self.stop.is_set():

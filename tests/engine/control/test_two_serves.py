@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests.engine.control.scenario import ControlProject, Serve, files_pipeline
+from tests.engine.land.test_reconnect import postgres_env, provisioned
+from tests.support.cli import contextful_in
+from tests.support.s3_server import S3Server
 from tests.support.soak import trials
 
 DUE = re.compile(r"fired (\S+) \(due (\S+);")
@@ -80,7 +83,7 @@ def test_two_serves_on_one_sqlite_store_never_fire_one_due_instant_twice(tmp_pat
 @pytest.mark.slow
 @pytest.mark.clause("surface.dispatch.lease-gated")
 def test_two_serves_sharing_a_postgres_catalog_never_fire_one_due_instant_twice(
-        tmp_path: Path, pg_dsn: str, pg_schema: str) -> None:
+        tmp_path: Path, pg_dsn: str, pg_schema: str, s3_server: S3Server) -> None:
     shared = tmp_path / "shared-store"
     nodes = [ControlProject(tmp_path / name) for name in ("east", "west")]
     for node in nodes:
@@ -88,10 +91,8 @@ def test_two_serves_sharing_a_postgres_catalog_never_fire_one_due_instant_twice(
         text = (node.root / "contextful.toml").read_text()
         (node.root / "contextful.toml").write_text(text.replace('name = "ctl"\n', f'name = "ctl"\nstore = "{shared}"\n'))
         node.rows("orders", 1)
-    env = {"CONTEXTFUL_STORAGE_PROFILE": "postgres", "CONTEXTFUL_POSTGRES_DSN": pg_dsn,
-           "CONTEXTFUL_POSTGRES_SCHEMA": pg_schema}
+    bucket = provisioned(nodes[0].root, pg_dsn, pg_schema, s3_server)
+    env = postgres_env(pg_dsn, pg_schema, "cf-two-serves", s3_server, bucket)
     for node in nodes:
-        from tests.support.cli import contextful_in
-
         contextful_in(None, "--project", str(node.root), "pipeline", "import", env=env)
     _check(_kill_and_restart(nodes, trials(3, 20), env))
