@@ -16,12 +16,18 @@ def status(ctx: click.Context) -> None:
     from contextful.engine.control.status import control_status
     from contextful.engine.project import open_project_store
 
+    from contextful.storage.errors import StoreNotFound
+
     manifest = load_manifest(ctx.obj["project"])
-    store = open_project_store(manifest.root, ctx.obj["store"], project=manifest.project, create=True)
     try:
-        found = control_status(manifest.root, store)
-    finally:
-        store.close()
+        store = open_project_store(manifest.root, ctx.obj["store"], project=manifest.project)
+    except StoreNotFound:
+        found = control_status(manifest.root, None)  # nothing has run yet
+    else:
+        try:
+            found = control_status(manifest.root, store)
+        finally:
+            store.close()
     if ctx.obj.get("json"):
         emit_json(found.to_json())
         return

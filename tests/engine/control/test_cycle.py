@@ -7,6 +7,7 @@ when armed, the next finds its dispatch recorded), so no test waits for a schedu
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -162,3 +163,57 @@ def test_a_cycle_whose_drain_fails_exits_non_zero_and_leaves_its_deliveries_queu
     proc, again = project.cycle()
     assert proc.returncode == 0 and again["drained"]["settled"] == 1
     assert project.count("clicks") == 3
+
+
+@pytest.mark.clause("surface.arm.next-fire-from-history")
+def test_a_schedule_edited_and_applied_never_refires_an_instant_that_already_ran(tmp_path: Path) -> None:
+    project = ControlProject(tmp_path)
+    project.write(files_pipeline("orders", schedule="every 1h"))
+    project.rows("orders", 1)
+    project.imported()
+    _proc, first = project.cycle()
+    assert first["fired"] == ["orders"]
+    project.write(files_pipeline("orders", schedule="0 0 * * *"))
+    assert "claimed v2" in project.cli("pipeline", "apply").stdout
+    proc, again = project.cycle()  # the next fire comes from history, not from the edit
+    assert proc.returncode == 0 and again["version"] == 2 and again["fired"] == []
+    assert again["next_due"].endswith("T00:00:00.000Z")
+
+
+@pytest.mark.clause("surface.arm.unreadable-schedule")
+def test_validate_reports_an_unreadable_schedule_as_a_problem_of_its_pipeline_beside_the_others(
+        tmp_path: Path) -> None:
+    project = ControlProject(tmp_path)
+    project.write(files_pipeline("weekly", schedule="0 0 ? * MON"), files_pipeline("fine", schedule="every 5m"),
+                  files_pipeline("typo", schedule="every 1h").replace('primary_key = ["id"]', 'primary_kee = ["id"]'))
+    proc = project.cli("--json", "pipeline", "validate", check=False)
+    assert proc.returncode == 3
+    problems = json.loads(proc.stdout)["problems"]
+    assert {p["error"] for p in problems} == {"ManifestKeyUnknown", "ScheduleUnreadable"}
+    [unreadable] = [p for p in problems if p["error"] == "ScheduleUnreadable"]
+    assert unreadable["detail"].startswith("weekly:") and "?" in unreadable["detail"]
+    project.write(files_pipeline("weekly", schedule="0 0 ? * MON"), files_pipeline("fine", schedule="every 5m"))
+    proc = project.cli("pipeline", "validate", check=False)
+    assert proc.returncode == 3 and proc.stderr.count("error: ") == 1 and "ScheduleUnreadable: weekly" in proc.stderr
+    imported = project.cli("pipeline", "import")  # the version is claimed: the other entries arm
+    assert "claimed v1" in imported.stdout and "warning: ScheduleUnreadable: weekly" in imported.stderr
+
+
+def test_status_shows_armed_entries_their_fires_and_what_arms_nothing(tmp_path: Path) -> None:
+    project = ControlProject(tmp_path)
+    project.write(files_pipeline("orders", schedule="every 1h"), files_pipeline("lines", schedule=None, after="orders"),
+                  files_pipeline("manual", schedule=None))
+    project.rows("orders", 1)
+    project.imported()
+    status = json.loads(project.cli("--json", "pipeline", "status").stdout)
+    [entry] = status["armed"]
+    assert entry["id"] == "orders" and entry["members"] == ["orders", "lines"] and entry["last_fire"] is None
+    assert status["unarmed"] == [{"pipeline": "manual", "reason": "declares no schedule"}]
+    _proc, answer = project.cycle()
+    status = json.loads(project.cli("--json", "pipeline", "status").stdout)
+    [entry] = status["armed"]
+    assert entry["last_fire"] is not None and entry["next_fire"] == answer["next_due"] and not entry["in_flight"]
+    assert status["cadence_lease"] is None  # the cycle gave it back
+    text = project.cli("pipeline", "status").stdout
+    assert "applied v1; cadence lease: free" in text and "armed orders [every 1h]: last fire 20" in text
+    assert "unarmed manual: declares no schedule" in text
