@@ -50,20 +50,19 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.spool import queue_root
-    from contextful.engine.project import open_project_store
+    from contextful.engine.project import MANIFEST, open_project_store
     from contextful.engine.run.script_runtime import refuse_script_runtime
     from contextful.engine.served.project import serve_project
 
     refuse_script_runtime()  # topology.compose.script-runtime: checked before anything is served
-    applied = load_applied(manifest.root)
+    # a manifest built in code (no contextful.toml at its root) has no applied versions: its faces serve it
+    applied = load_applied(manifest.root) if (manifest.root / MANIFEST).is_file() else None
     served = applied.manifest if applied is not None else manifest
     serves_http = address is not None
     trigger = select_trigger(served.control.trigger, serves_http=serves_http, say=_say) if applied else None
-    if applied is None:
-        _say("no applied version: nothing armed (contextful pipeline import claims v1 from contextful.toml)")
-        if not (address or receive_address or gateway_address or awake_address):
-            raise click.UsageError("nothing to serve: no applied version to schedule and no address; run "
-                                   "contextful pipeline import, or give --http")
+    if applied is None and not (address or receive_address or gateway_address or awake_address):
+        raise click.UsageError("nothing to serve: no applied version to schedule and no address; run "
+                               "contextful pipeline import, or give --http")
 
     def open_store() -> Store:  # receive pipelines land batches: a writer, so it creates the store
         return open_project_store(served.root, store_url, project=served.project, create=True)
@@ -87,6 +86,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
                     for label, face in server.faces.items():
                         click.echo(f"listening on {face.url}" + (f" ({label})" if label else ""))
                 sys.stdout.flush()
+                if applied is None:
+                    _say("no applied version: nothing armed (contextful pipeline import claims v1 from contextful.toml)")
                 if plane is not None:
                     Daemon(plane, trigger, stop, say=_say).run()
                 else:
@@ -140,7 +141,7 @@ def _raise_interrupt(*_: object) -> None:
 
 def describe_answer(answer: Answer) -> list[str]:
     """A cycle's or a wake's answer in the few lines a person reads at a glance."""
-    from contextful.engine.control.fire import _rfc3339
+    from contextful.engine.control.fire import rfc3339
 
     if answer.lease_held_by is not None:
         return [f"cadence lease held by {answer.lease_held_by}: nothing dispatched"]
@@ -150,7 +151,7 @@ def describe_answer(answer: Answer) -> list[str]:
 
     lines = [(f"v{answer.version}: fired {names(answer.fired)}; failed {names(answer.failed)}; "
              f"pending {names(answer.pending)}"),
-             f"armed {answer.armed}, next due {_rfc3339(answer.next_due_us) or '-'}"]
+             f"armed {answer.armed}, next due {rfc3339(answer.next_due_us) or '-'}"]
     lines += [f"unarmed {u['pipeline']}: {u['reason']}" for u in answer.unarmed]
     lines += [f"error: {line}" for line in answer.failures]
     if answer.drained is not None:

@@ -12,10 +12,9 @@ def status(ctx: click.Context) -> None:
     pipelines that arm nothing (and why), and who holds the cadence lease."""
     from contextful.engine.cli.output import emit_json
     from contextful.engine.config import load_manifest
-    from contextful.engine.control.fire import _rfc3339
+    from contextful.engine.control.fire import rfc3339
     from contextful.engine.control.status import control_status
     from contextful.engine.project import open_project_store
-
     from contextful.storage.errors import StoreNotFound
 
     manifest = load_manifest(ctx.obj["project"])
@@ -35,11 +34,11 @@ def status(ctx: click.Context) -> None:
         click.echo("no applied version: nothing armed (contextful pipeline import claims v1)")
         return
     click.echo(f"applied v{found.version}; cadence lease: "
-               + (f"held by {found.lease_holder} until {_rfc3339(found.lease_expires_us)}"
+               + (f"held by {found.lease_holder} until {rfc3339(found.lease_expires_us)}"
                   if found.lease_holder else "free (no serve is dispatching)"))
     for e in found.entries:
-        click.echo(f"armed {e.id} [{e.schedule}]: last fire {_rfc3339(e.last_fire_us) or '-'}, next fire "
-                   f"{_rfc3339(e.next_fire_us) or '-'}" + (" (in flight)" if e.in_flight else "")
+        click.echo(f"armed {e.id} [{e.schedule}]: last fire {rfc3339(e.last_fire_us) or '-'}, next fire "
+                   f"{rfc3339(e.next_fire_us) or '-'}" + (" (in flight)" if e.in_flight else "")
                    + (f"; unit {', '.join(e.members)}" if len(e.members) > 1 else ""))
     for u in found.unarmed:
         click.echo(f"unarmed {u['pipeline']}: {u['reason']}")

@@ -82,7 +82,7 @@ class Answer:
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "fired": self.fired, "failed": self.failed, "pending": self.pending, "armed": self.armed,
-            "next_due": _rfc3339(self.next_due_us),
+            "next_due": rfc3339(self.next_due_us),
         }
         doc["unarmed"] = self.unarmed
         if self.failures:
@@ -95,7 +95,7 @@ class Answer:
         return doc
 
 
-def _rfc3339(at_us: int | None) -> str | None:
+def rfc3339(at_us: int | None) -> str | None:
     if at_us is None:
         return None
     return from_us(at_us).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
@@ -177,7 +177,7 @@ class ControlPlane:
         else:  # units in flight keep running under the version they started with
             self.pool.launcher, self.pool.bound = self._launcher(version), pool_bound
         self.say(f"armed v{version}: {len(armed)} entr{'y' if len(armed) == 1 else 'ies'}"
-                 + (f", next due {_rfc3339(armed.next_due_us())}" if len(armed) else ""))
+                 + (f", next due {rfc3339(armed.next_due_us())}" if len(armed) else ""))
         for item in unarmed:
             self.say(f"unarmed: {item.id}: {item.reason}")
 
@@ -258,7 +258,7 @@ class ControlPlane:
             history = self.armed.history(head)
             self.armed.update(head, History(history.last_start_us if history is not None else None, at_us))
             self._record_start(head, at_us)
-            self.say(f"fired {head} (due {_rfc3339(due)}; unit: {', '.join(self.units[head].members)})")
+            self.say(f"fired {head} (due {rfc3339(due)}; unit: {', '.join(self.units[head].members)})")
 
         admission = self.pool.admit(heads, self.lease, started=on_start)
         return started, admission.pending

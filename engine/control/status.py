@@ -38,17 +38,17 @@ class ControlStatus:
     lease_expires_us: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        from contextful.engine.control.fire import _rfc3339
+        from contextful.engine.control.fire import rfc3339
 
         return {
             "version": self.version,
             "armed": [{"id": e.id, "schedule": e.schedule, "members": list(e.members),
-                       "last_fire": _rfc3339(e.last_fire_us), "next_fire": _rfc3339(e.next_fire_us),
+                       "last_fire": rfc3339(e.last_fire_us), "next_fire": rfc3339(e.next_fire_us),
                        "in_flight": e.in_flight} for e in self.entries],
             "in_flight": [e.id for e in self.entries if e.in_flight],
             "unarmed": self.unarmed,
             "cadence_lease": None if self.lease_holder is None else {
-                "holder": self.lease_holder, "expires": _rfc3339(self.lease_expires_us)},
+                "holder": self.lease_holder, "expires": rfc3339(self.lease_expires_us)},
         }
 
 

@@ -98,6 +98,28 @@ def files_pipeline(pipeline_id: str, *, schedule: str | None = "every 1h", paths
     return "\n[[pipeline]]\n" + "\n".join(lines) + "\n"
 
 
+RECEIVE = '\n[[pipeline]]\nid = "clicks"\n[pipeline.source]\nkind = "receive"\n[pipeline.source.config]\nkey_retention_secs = 3600\n'
+"""A ``receive`` pipeline ``clicks``: batches pushed to serve, or left spooled by a receiver that died."""
+
+
+def spool_dead(project: ControlProject, key: str) -> None:
+    """A receiver of ``clicks`` that spooled batch ``key`` (3 rows) and died before landing it."""
+    from tests.engine.land.test_receive import SPOOL_AND_DIE, _env
+
+    child = subprocess.run([sys.executable, "-c", SPOOL_AND_DIE, str(project.root / ".contextful" / "queue"), key],
+                           env=_env(), capture_output=True, timeout=60, check=False)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+
+
+def block_table(project: ControlProject, table: str) -> Path:
+    """Put a file where ``table``'s directory belongs, so staging its parts fails (as a full or broken
+    disk would) until the test unlinks the returned path."""
+    blocked = project.root / ".contextful" / "store" / "tables" / table
+    blocked.parent.mkdir(parents=True, exist_ok=True)
+    blocked.write_text("not a directory: staging the table's parts fails")
+    return blocked
+
+
 class ControlProject:
     """A project directory: its manifest, applied through ``contextful pipeline import`` / ``apply``."""
 

@@ -8,16 +8,19 @@ when armed, the next finds its dispatch recorded), so no test waits for a schedu
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from tests.engine.control.scenario import ControlProject, files_pipeline, serving
-from tests.engine.land.test_receive import SPOOL_AND_DIE, _env
+from tests.engine.control.scenario import (
+    RECEIVE,
+    ControlProject,
+    block_table,
+    files_pipeline,
+    serving,
+    spool_dead,
+)
 
 
 def _next_hour(after: datetime) -> datetime:
@@ -117,17 +120,6 @@ def test_a_cycle_finding_the_cadence_lease_held_dispatches_nothing_exits_zero_an
     assert proc.returncode == 0 and answer["fired"] == ["orders"]
 
 
-def _spool_dead(project: ControlProject, pipeline: str, key: str) -> None:
-    """A receiver that spooled batch ``key`` and died before landing it (``run.land.receive-spool``)."""
-    child = subprocess.run([sys.executable, "-c", SPOOL_AND_DIE.replace("'clicks'", repr(pipeline)),
-                            str(project.root / ".contextful" / "queue"), key],
-                           env=_env(), capture_output=True, timeout=60, check=False)
-    assert child.returncode == -signal.SIGKILL, child.stderr
-
-
-RECEIVE = '\n[[pipeline]]\nid = "clicks"\n[pipeline.source]\nkind = "receive"\n[pipeline.source.config]\nkey_retention_secs = 3600\n'
-
-
 @pytest.mark.clause("surface.fire.cycle-drain")
 def test_a_cycle_drains_queued_batches_once_and_counts_them(tmp_path: Path) -> None:
     project = ControlProject(tmp_path)
@@ -135,7 +127,7 @@ def test_a_cycle_drains_queued_batches_once_and_counts_them(tmp_path: Path) -> N
     project.rows("orders", 1)
     project.imported()
     for key in ("k1", "k2"):
-        _spool_dead(project, "clicks", key)
+        spool_dead(project, key)
     proc, answer = project.cycle()
     assert proc.returncode == 0, proc.stderr
     assert answer["drained"] == {"settled": 2, "failed": 0, "failures": []}
@@ -149,10 +141,8 @@ def test_a_cycle_whose_drain_fails_exits_non_zero_and_leaves_its_deliveries_queu
     project = ControlProject(tmp_path)
     project.write(RECEIVE)
     project.imported()
-    _spool_dead(project, "clicks", "k1")
-    blocked = tmp_path / ".contextful" / "store" / "tables" / "clicks"
-    blocked.parent.mkdir(parents=True, exist_ok=True)
-    blocked.write_text("not a directory: staging the table's parts fails")
+    spool_dead(project, "k1")
+    blocked = block_table(project, "clicks")
     proc, answer = project.cycle()
     assert proc.returncode != 0
     assert answer["failed"] == [] and answer["drained"]["failed"] == 1
@@ -217,3 +207,19 @@ def test_status_shows_armed_entries_their_fires_and_what_arms_nothing(tmp_path: 
     text = project.cli("pipeline", "status").stdout
     assert "applied v1; cadence lease: free" in text and "armed orders [every 1h]: last fire 20" in text
     assert "unarmed manual: declares no schedule" in text
+
+
+@pytest.mark.clause("surface.apply.local-claim")
+def test_a_cycle_runs_the_applied_version_never_the_working_file(tmp_path: Path) -> None:
+    project = ControlProject(tmp_path)
+    project.write(files_pipeline("orders"))
+    project.rows("orders", 1)
+    project.rows("extra", 2)
+    project.imported()
+    project.write(files_pipeline("orders"), files_pipeline("extra"))  # edited, not applied
+    _proc, answer = project.cycle()
+    assert answer["version"] == 1 and answer["fired"] == ["orders"] and answer["armed"] == 1
+    project.applied()
+    _proc, answer = project.cycle()
+    assert answer["version"] == 2 and answer["fired"] == ["extra"] and answer["armed"] == 2
+    assert project.count("extra") == 2

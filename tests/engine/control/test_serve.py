@@ -17,8 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.control.scenario import ControlProject, Gates, files_pipeline, http_pipeline, serving
-from tests.engine.control.test_cycle import RECEIVE, _spool_dead
+from tests.engine.control.scenario import (
+    RECEIVE,
+    ControlProject,
+    Gates,
+    block_table,
+    files_pipeline,
+    http_pipeline,
+    serving,
+    spool_dead,
+)
 
 
 def _wake(url: str) -> tuple[float, dict[str, object]]:
@@ -45,14 +53,15 @@ def _unit_children(project: ControlProject) -> list[int]:
     return found
 
 
-@pytest.mark.clause("surface.arm.trigger-select", "surface.arm.wake-answer", "surface.arm.wake-pending-steps")
+@pytest.mark.clause("surface.arm.trigger-select", "surface.arm.wake-answer", "surface.arm.wake-pending-steps",
+                    "surface.arm.unarmed-named")
 def test_an_external_trigger_fires_only_on_a_wake_which_answers_within_25_s_naming_steps_pending(
         tmp_path: Path) -> None:
     project = ControlProject(tmp_path)
     with Gates() as gates:
         project.write(http_pipeline("quick", gates.gate("quick", open_=True)),
                       http_pipeline("slow", gates.gate("slow")), files_pipeline("slow_lines", schedule=None, after="slow"),
-                      control='trigger = "external"')
+                      files_pipeline("manual", schedule=None), control='trigger = "external"')
         project.rows("slow_lines", 2)
         project.imported()
         with serving(project, "--http", "127.0.0.1:0") as daemon:
@@ -70,6 +79,9 @@ def test_an_external_trigger_fires_only_on_a_wake_which_answers_within_25_s_nami
             assert again["fired"] == again["pending"] == [] and seconds < 5
             assert project.count("slow_lines") == 2
             assert daemon.stop() == 0
+        # what arms nothing is named once per applied version, with its reason
+        assert [line.split(" ", 1)[1] for line in daemon.lines if "unarmed" in line] == [
+            "unarmed: manual: declares no schedule"]
 
 
 @pytest.mark.clause("surface.arm.unknown-trigger")
@@ -119,10 +131,8 @@ def test_the_daemon_drains_beside_its_ticks_and_retries_a_failed_drain_on_its_ne
     project = ControlProject(tmp_path)
     project.write(RECEIVE)
     project.imported()
-    _spool_dead(project, "clicks", "k1")
-    blocked = tmp_path / ".contextful" / "store" / "tables" / "clicks"
-    blocked.parent.mkdir(parents=True, exist_ok=True)
-    blocked.write_text("not a directory: staging the table's parts fails")
+    spool_dead(project, "k1")
+    blocked = block_table(project, "clicks")
     with serving(project) as daemon:
         daemon.wait_line("error: drain: clicks")
         assert len(list((tmp_path / ".contextful" / "queue" / "clicks").glob("*.json"))) == 1
