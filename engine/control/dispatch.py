@@ -32,7 +32,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -188,11 +187,12 @@ class ChildLauncher:
     against the applied version ``version`` of the project at ``root``. The child's stdout joins
     serve's stderr (its log), so serve's own stdout stays its answers."""
 
-    def __init__(self, root: Path, store_url: str | None, version: int) -> None:
+    def __init__(self, root: Path, store_url: str | None, version: int, results: Path) -> None:
         self.root = root
         self.store_url = store_url
         self.version = version
-        self.results = Path(tempfile.mkdtemp(prefix="contextful-units-"))
+        self.results = results
+        """Where each child writes its outcome (its caller's directory: it outlives versions)."""
 
     def launch(self, head: str) -> Launched:
         result = self.results / f"{head}.{os.urandom(4).hex()}.json"

@@ -22,6 +22,8 @@ in ``engine.control.daemon``; the pool, the lease and the children in ``engine.c
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -115,7 +117,9 @@ class ControlPlane:
         self.store_url = store_url
         self.clock = clock or SystemClock()
         self.say = say or log.info
-        self._launcher = launcher or (lambda version: ChildLauncher(root, store_url, version))
+        self._results = Path(tempfile.mkdtemp(prefix="contextful-units-"))
+        """Where unit children write their outcomes (removed when the plane closes)."""
+        self._launcher = launcher or (lambda version: ChildLauncher(root, store_url, version, self._results))
         from contextful.engine.control.apply import snapshot_dir
 
         self.snapshots = snapshot_dir(root)
@@ -139,6 +143,7 @@ class ControlPlane:
         self._state_dirty = False
         self._state_written_us = -RUN_STATE_EVERY_US
         self._lock = threading.RLock()
+        self._closed = False
 
     # --- arming ---------------------------------------------------------------------------------
 
@@ -320,8 +325,9 @@ class ControlPlane:
                 fires, pending = self._admit(due)
             while not waiting.is_set():
                 with self._lock:
+                    held = self.lease.hold()  # renewed while units run: a long unit never lets it lapse
                     self._reap()
-                    if pending and self.lease.hold():
+                    if pending and held:
                         more, pending = self._admit(pending)
                         fires += more
                     if all(f.outcome is not None for f in fires) and not pending:
@@ -374,9 +380,13 @@ class ControlPlane:
         """Stop every unit in flight (``surface.dispatch.children-reaped``) and give the lease back."""
         from contextful.engine.control.dispatch import REAP_GRACE_S
 
+        if self._closed:
+            return
+        self._closed = True
         if self.pool is not None:
             for outcome in self.pool.reap_all(REAP_GRACE_S if grace_s is None else grace_s):
                 self.say(f"{outcome.head}: stopped" + (f": {'; '.join(outcome.failures)}" if outcome.failures else ""))
+        shutil.rmtree(self._results, ignore_errors=True)
         self.fires.clear()
         self._write_run_state()
         try:
