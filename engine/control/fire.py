@@ -144,12 +144,19 @@ class ControlPlane:
         self._state_written_us = -RUN_STATE_EVERY_US
         self._lock = threading.RLock()
         self._closed = False
+        self._named: int | None = None
+        self._unreadable: str | None = None
 
     # --- arming ---------------------------------------------------------------------------------
 
     def refresh(self) -> bool:
         """Read the applied pointer; (re)arm when it names another version. Whether anything is armed."""
-        version = self.snapshots.applied()
+        from contextful.storage.errors import ControlSnapshotUnreadable
+
+        try:
+            version = self.snapshots.applied()
+        except ControlSnapshotUnreadable as exc:
+            return self._keep_armed(exc)
         if version is None:
             if self.version is None and self.armed is None:
                 return False
@@ -157,7 +164,18 @@ class ControlPlane:
             self.version, self.manifest, self.armed, self.units, self.unarmed = None, None, None, {}, []
             return False
         if version != self.version or self.armed is None:
-            self._arm(version)
+            try:
+                self._arm(version)
+            except ControlSnapshotUnreadable as exc:
+                return self._keep_armed(exc)
+        self._unreadable = None
+        return self.armed is not None
+
+    def _keep_armed(self, exc: Exception) -> bool:
+        """An applied pointer or version that cannot be read leaves what is armed running (logged once)."""
+        if str(exc) != self._unreadable:
+            self.say(f"error: {exc}")
+        self._unreadable = str(exc)
         return self.armed is not None
 
     def _arm(self, version: int) -> None:
@@ -183,8 +201,10 @@ class ControlPlane:
             self.pool.launcher, self.pool.bound = self._launcher(version), pool_bound
         self.say(f"armed v{version}: {len(armed)} entr{'y' if len(armed) == 1 else 'ies'}"
                  + (f", next due {rfc3339(armed.next_due_us())}" if len(armed) else ""))
-        for item in unarmed:
-            self.say(f"unarmed: {item.id}: {item.reason}")
+        if version != self._named:  # once per applied version, however often the lease comes back
+            for item in unarmed:
+                self.say(f"unarmed: {item.id}: {item.reason}")
+            self._named = version
 
     def _histories(self, heads: list[str], now_us: int) -> dict[str, Any]:
         """Every head's history, the pulled run states read afresh (on each arm and each wake)."""
