@@ -151,6 +151,9 @@ class ArmedSet:
     def __contains__(self, entry_id: object) -> bool:
         return entry_id in self._entries
 
+    def schedule(self, entry_id: str) -> Schedule:
+        return self._entries[entry_id].schedule
+
     def history(self, entry_id: str) -> History | None:
         """The history last given for ``entry_id`` (None: none was)."""
         return self._history.get(entry_id)

@@ -46,9 +46,9 @@ log = logging.getLogger(__name__)
 WAKE_BUDGET_S = 24.0
 """How long a wake waits for what it fired before it answers (``surface.arm.wake-answer``: within 25 s)."""
 WAIT_STEP_S = 0.1
+"""How often a wake or a cycle looks at its running children."""
 RUN_STATE_EVERY_US = 5_000_000
 """This node's run state is rewritten at most this often while fires start (and when it stops)."""
-"""How often a wake or a cycle looks at its running children."""
 
 
 @dataclass
@@ -180,15 +180,11 @@ class ControlPlane:
 
     def _arm(self, version: int) -> None:
         from contextful.engine.control.apply import load_version
-        from contextful.engine.control.arm import ArmedSet
+        from contextful.engine.control.history import pulled_starts
 
         manifest = load_version(self.root, version, self.snapshots)
-        units, entries, unarmed = plan_entries(manifest)
-        now = self.clock.now_us()
-        armed = ArmedSet(entries, now)
-        self.manifest = manifest
-        for head, history in self._histories([e.id for e in entries], now).items():
-            armed.update(head, history)
+        self._pulled = pulled_starts(self.snapshots.path, self.deployment, exclude_node=self._node)
+        units, armed, unarmed = arm_version(manifest, self.store, self.deployment, self.clock.now_us(), self._pulled)
         self.version, self.manifest, self.units, self.armed, self.unarmed = version, manifest, units, armed, unarmed
         for head in units:
             history = armed.history(head)
@@ -206,13 +202,6 @@ class ControlPlane:
                 self.say(f"unarmed: {item.id}: {item.reason}")
             self._named = version
 
-    def _histories(self, heads: list[str], now_us: int) -> dict[str, Any]:
-        """Every head's history, the pulled run states read afresh (on each arm and each wake)."""
-        from contextful.engine.control.history import histories, pulled_starts
-
-        self._pulled = pulled_starts(self._snapshot_dir(), self.deployment, exclude_node=self._node)
-        return histories(self.store, self.deployment, heads, now_us, self._pulled)
-
     def _history_of(self, head: str) -> Any:
         """One head's history after its unit ended: its journaled start, the pulled starts as last
         read, and the dispatch this process recorded (no scan of every entry's records)."""
@@ -222,9 +211,6 @@ class ControlPlane:
         now = self.clock.now_us()
         start = latest_start(owner.opened_us if owner is not None else None, self._pulled.get(head, ()), now)
         return History(start, self.starts.get(head))
-
-    def _snapshot_dir(self) -> Path:
-        return self.snapshots.path
 
     def _record_start(self, head: str, at_us: int) -> None:
         """Keep this node's run state (``engine.control.history``) current: what a pull carries."""
@@ -240,7 +226,7 @@ class ControlPlane:
         if not self._state_dirty or self.manifest is None:
             return
         try:
-            write_run_state(self._snapshot_dir(), self._node, self.deployment, self.starts)
+            write_run_state(self.snapshots.path, self._node, self.deployment, self.starts)
         except OSError as exc:
             self.say(f"warning: this node's run state could not be written: {exc}")
             return
@@ -426,3 +412,21 @@ def plan_entries(manifest: Manifest) -> tuple[dict[str, Unit], list[Any], list[U
                                     for head in sorted(units)])
     unarmed += [Unarmed(error.entry, f"{error.name}: {error.detail}", error) for error in not_heads(manifest, units.values())]
     return units, entries, unarmed
+
+
+def arm_version(manifest: Manifest, store: Store | None, deployment: str, now_us: int,
+                pulled: dict[str, list[int]]) -> tuple[dict[str, Unit], ArmedSet, list[Unarmed]]:
+    """``manifest``'s units by head, its armed set with each entry's history as ``store`` and the
+    ``pulled`` run states record it (None: no store yet, so no history), and what arms nothing:
+    what serve arms and what ``pipeline status`` shows, computed one way."""
+    from contextful.engine.control.arm import ArmedSet, History
+    from contextful.engine.control.history import histories
+
+    units, entries, unarmed = plan_entries(manifest)
+    armed = ArmedSet(entries, now_us)
+    heads = [e.id for e in entries]
+    found = (histories(store, deployment, heads, now_us, pulled) if store is not None
+             else {head: History() for head in heads})
+    for head, history in found.items():
+        armed.update(head, history)
+    return units, armed, unarmed

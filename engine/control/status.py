@@ -55,33 +55,27 @@ class ControlStatus:
 def control_status(root: Path, store: Store | None) -> ControlStatus:
     """The control plane's status for the project at ``root`` over ``store`` (see the module docstring;
     None: no store exists yet, so nothing has run or been dispatched)."""
-    from contextful.engine.control.apply import load_applied
-    from contextful.engine.control.arm import ArmedSet
-    from contextful.engine.control.fire import plan_entries
-    from contextful.engine.control.history import histories
+    from contextful.engine.control.apply import load_applied, snapshot_dir
+    from contextful.engine.control.fire import arm_version
+    from contextful.engine.control.history import pulled_starts
+    from contextful.storage.clock import SystemClock
 
     applied = load_applied(root)
     if applied is None:
         return ControlStatus(None)
-    deployment = applied.manifest.project.name
-    units, entries, unarmed = plan_entries(applied.manifest)
-    from contextful.engine.control.arm import History
-    from contextful.storage.clock import SystemClock
-
+    snapshots = snapshot_dir(root)
+    deployment = snapshots.project  # as serve names its deployment
     now = (store.clock if store is not None else SystemClock()).now_us()
-    armed = ArmedSet(entries, now)
-    found = (histories(store, deployment, [e.id for e in entries], now) if store is not None
-             else {e.id: History() for e in entries})
-    for head, history in found.items():
-        armed.update(head, history)
+    pulled = pulled_starts(snapshots.path, deployment)
+    units, armed, unarmed = arm_version(applied.manifest, store, deployment, now, pulled)
     status = ControlStatus(applied.version, unarmed=[{"pipeline": u.id, "reason": u.reason} for u in unarmed])
-    for entry in entries:
-        members = units[entry.id].members
+    for head in armed.ids():
+        members = units[head].members
         owners = [store.journal.owner(f"pipeline:{m}") for m in members] if store is not None else []
-        history = found[entry.id]
-        refs = [t for t in (history.last_start_us, history.last_dispatch_us) if t is not None]
-        status.entries.append(EntryStatus(entry.id, entry.schedule.text, members, max(refs) if refs else None,
-                                          armed.next_fire(entry.id),
+        history = armed.history(head)
+        status.entries.append(EntryStatus(head, armed.schedule(head).text, members,
+                                          history.reference_us if history is not None else None,
+                                          armed.next_fire(head),
                                           any(o is not None and o.status == PENDING for o in owners)))
     holder = store.catalog.cadence_holder(deployment) if store is not None else None
     if holder is not None and holder.expires_us > now:
