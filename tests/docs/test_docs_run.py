@@ -14,10 +14,13 @@ How the docs are run (keep this paragraph and README.md's "Docs that run" in ste
   events generated and landed (``contextful pipeline run``).
 - Two rules keep it fast, visibly: a ``pip install …`` segment is not run (``pip install X && Y``
   runs ``Y``; a line ``pip install X`` runs nothing), and ``python -m contextful.datasets.gharchive N …`` runs with N = 500.
-- A block that cannot run here (it needs a served gateway, or stands for a shape) carries a marker
-  on the line before its fence, with its reason in parentheses:
-  ``<!-- docs-test: skip (needs a served gateway) -->``. Use it sparingly: a block that can run
-  runs. A failure names the document, the block, the failing line and its stderr. (As bash does,
+- A block a reader saves as a file carries ``<!-- docs-test: file (PATH) -->`` on the line before
+  its fence: its text is written to PATH (relative to the directory the blocks have reached) before
+  it is checked or run, so later blocks use it (``--machine PATH``). ``<!-- docs-test: append
+  (PATH) -->`` appends it instead: a manifest fragment added to the project's ``contextful.toml``.
+- A block that cannot run here (it stands for a shape, or needs a machine a scratch project cannot
+  have) carries a marker on the line before its fence, with its reason in parentheses:
+  ``<!-- docs-test: skip (stands for a shape) -->``. Use it sparingly: a block that can run runs. A failure names the document, the block, the failing line and its stderr. (As bash does,
   ``set -e`` does not stop at a failed command inside an ``&&`` chain unless it ends the block:
   write one command a line.)
 """
@@ -43,7 +46,7 @@ SHELL = {"sh", "shell", "bash", "console"}
 GENERATED_EVENTS = 500
 
 FENCE = re.compile(r"^```(\S*)\s*$")
-MARKER = re.compile(r"^<!-- docs-test: skip \((?P<reason>[^()]*\S[^()]*)\) -->$")
+MARKER = re.compile(r"^<!-- docs-test: (?P<verb>skip|file|append) \((?P<reason>[^()]*\S[^()]*)\) -->$")
 PIP_INSTALL = re.compile(r"pip install [^&;|\n]*(&&[ \t]*|$)", re.MULTILINE)
 GHARCHIVE = re.compile(r"(python -m contextful\.datasets\.gharchive )\d+")
 
@@ -57,7 +60,8 @@ class Block:
     lang: str
     line: int  # the document's line of the block's first line
     text: str
-    skip: str | None  # the marker's reason
+    skip: str | None  # the skip marker's reason
+    writes: tuple[str, str] | None = None  # a file or append marker's verb and path
 
 
 def blocks(path: Path) -> list[Block]:
@@ -71,8 +75,10 @@ def blocks(path: Path) -> list[Block]:
             continue
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         marker = MARKER.match(lines[i - 1]) if i else None
+        verb, arg = (marker.group("verb"), marker.group("reason")) if marker else (None, None)
         found.append(Block(str(path.relative_to(REPO)), len(found) + 1, fence.group(1), i + 2,
-                           "\n".join(lines[i + 1:end]) + "\n", marker.group("reason") if marker else None))
+                           "\n".join(lines[i + 1:end]) + "\n", arg if verb == "skip" else None,
+                           (verb, arg) if verb in ("file", "append") and arg else None))
         i = end + 1
     return found
 
@@ -110,6 +116,12 @@ class Reader:
         (tmp / "blocks").mkdir()
 
     def run(self, block: Block) -> None:
+        if block.writes is not None:
+            verb, name = block.writes
+            target = self.cwd / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("a" if verb == "append" else "w", encoding="utf-8") as fh:
+                fh.write(("\n" if verb == "append" else "") + block.text)
         if block.lang == "toml":
             check_toml(block, self.tmp, self.env)
         elif block.lang in SHELL:
@@ -207,6 +219,7 @@ def test_a_document_runs_as_written(doc: str, tmp_path: Path, request: pytest.Fi
 
 def test_a_skip_marker_gives_its_reason_and_stands_before_a_fence() -> None:
     assert MARKER.match("<!-- docs-test: skip (needs a served gateway) -->")
+    assert MARKER.match("<!-- docs-test: file (../speech.machine.toml) -->")
     assert not any(MARKER.match(m) for m in ("<!-- docs-test: skip -->", "<!-- docs-test: skip () -->",
                                             "<!-- docs-test: skip ( ) -->", "<!-- docs-test: skip, needs a server -->"))
     for path in DOCS:
@@ -215,7 +228,8 @@ def test_a_skip_marker_gives_its_reason_and_stands_before_a_fence() -> None:
             if not (line.startswith("<!--") and "docs-test" in line):
                 continue
             where = f"{path.relative_to(REPO)}:{n + 1}"
-            assert MARKER.match(line), f"{where}: write `<!-- docs-test: skip (the reason) -->`, not {line!r}"
+            assert MARKER.match(line), \
+                f"{where}: write `<!-- docs-test: skip (the reason) -->` or `file (PATH)`/`append (PATH)`, not {line!r}"
             assert n + 1 < len(lines) and FENCE.match(lines[n + 1]) and lines[n + 1] != "```", \
                 f"{where}: a docs-test marker stands on the line before a block's opening fence"
 
