@@ -877,7 +877,8 @@ class InputChanged(Conflict):
         super().__init__(f"input {input}: {reason}; nothing of it lands. To land a source exported in full, "
                          f"declare primary_key = [...] (its changed rows merge by key) or write_disposition = "
                          f"\"replace\" on [[pipeline]] {named}; or run `contextful pipeline reset "
-                         f"{pipeline or '<pipeline>'}` to read every input again; or restore the landed file",
+                         f"{pipeline or '<pipeline>'}` to read every input again; or restore the landed file, or put "
+                         "the new rows in a file of a new name (a new input lands whole)",
                          input=input, reason=reason, pipeline=pipeline)
 
 
@@ -1934,6 +1935,7 @@ __all__ = [
     "CommitConflict",
     "CommitOutcomeUnknown",
     "ConditionalWriteUnsupported",
+    "ConfirmationRequired",
     "Conflict",
     "ConnectorBoundHit",
     "ContextfulError",
@@ -1983,7 +1985,6 @@ __all__ = [
     "ExportQueryRefused",
     "Incompatible",
     "InputChanged",
-    "ConfirmationRequired",
     "InputMalformed",
     "InputNotFound",
     "InputUnreadable",

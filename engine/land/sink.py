@@ -25,7 +25,9 @@ reader sees the root rows, their child rows and the position together or none of
 failure or a crash leaves none of them, so the re-run lands each table's rows once.
 Under a keyed root the ids follow the key, and child tables are keyed on ``_cf_id``: a re-run
 of the same rows lands them with the same ids, so they replace those rows; under an unkeyed root
-it lands them with fresh ids.
+it lands them with fresh ids. A sink of kind ``replace`` (``write_disposition = "replace"``,
+``engine.land.disposition``) commits replacing runs: its rows become the root table and every
+relational child table ``<root>__…`` in that one commit, a child table it staged nothing for emptied.
 """
 
 from __future__ import annotations

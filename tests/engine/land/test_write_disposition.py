@@ -13,8 +13,8 @@ from typing import Any
 import duckdb
 import pytest
 
-from tests.support.cli import contextful_in
 from tests.storage.container_site import ContainerSite
+from tests.support.cli import contextful_in
 
 MANIFEST = """[project]
 name = "shop"
