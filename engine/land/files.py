@@ -318,7 +318,7 @@ def plan_replace(inputs: list[InputFile], plan: InputPlan, stored: dict[str, Any
     alone); else none. No input at all pulls none either: a source that lists nothing never
     empties the table (``engine.land.disposition``)."""
     if not inputs or (not plan.pull and set(stored) == {i.name for i in inputs}):
-        return InputPlan([], list(inputs), [], dict(stored))
+        return InputPlan([], list(inputs), [], plan.cursor)  # touched-but-same inputs keep their new stat
     return InputPlan([replace(i, offset=0) for i in inputs], [], [], {})
 
 

@@ -74,8 +74,11 @@ def oracle(sql: str) -> list[dict[str, Any]]:
     return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
-def test_a_nightly_overwritten_csv_merges_by_its_primary_key(tmp_path: Path, env: dict[str, str]) -> None:
-    p = Project(tmp_path / "p", env, 'primary_key = ["id"]\nwrite_disposition = "merge"')
+@pytest.mark.parametrize("declared", ['write_disposition = "merge"', ""], ids=["merge", "keyed-default"])
+def test_a_nightly_overwritten_csv_merges_by_its_primary_key(tmp_path: Path, env: dict[str, str],
+                                                             declared: str) -> None:
+    """Declared ``merge``, or the default of a keyed pipeline."""
+    p = Project(tmp_path / "p", env, f'primary_key = ["id"]\n{declared}')
     n1, n2 = tmp_path / "n1.csv", tmp_path / "n2.csv"
     p.night(NIGHT_1, n1)
     p.cli("pipeline", "run")
@@ -93,17 +96,6 @@ def test_a_nightly_overwritten_csv_merges_by_its_primary_key(tmp_path: Path, env
     # the same export again lands nothing
     again = json.loads(p.cli("--json", "pipeline", "run").stdout)
     assert again[0]["tables"][0]["rows"] == 0
-
-
-def test_a_keyed_pipeline_merges_a_changed_input_by_default(tmp_path: Path, env: dict[str, str]) -> None:
-    p = Project(tmp_path / "p", env, 'primary_key = ["id"]')
-    n1, n2 = tmp_path / "n1.csv", tmp_path / "n2.csv"
-    p.night(NIGHT_1, n1)
-    p.cli("pipeline", "run")
-    p.night(NIGHT_2, n2)
-    p.cli("pipeline", "run")
-    assert p.rows("SELECT id, city FROM customers WHERE id IN (2, 5) ORDER BY id") == [
-        {"id": 2, "city": "Lille"}, {"id": 5, "city": "Brest"}]
 
 
 def test_replace_makes_the_last_export_the_table_and_keeps_the_old_version(tmp_path: Path,
