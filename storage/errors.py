@@ -50,6 +50,7 @@ Hierarchy::
         │   │                            a manifest the plan compiler refuses (run.compile.*)
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
+        │   ├── ConfirmationRequired     a command that forgets state was not confirmed (no terminal, no --yes)
         │   ├── IssuerKeyInvalid         an issuer key (pinned public key, private key file) is not an Ed25519 key
         │   ├── ScheduleUnreadable, TriggerAdapterUnknown, TriggerFaceMissing, DispatchUnitNotAHead,
         │   │   ApplyValidationRefused   the control plane's arm, trigger, dispatch and apply refusals
@@ -867,12 +868,18 @@ class QueryFailed(Permanent):
 
 
 class InputChanged(Conflict):
-    """A ``files`` input the pipeline's cursor holds now has other content than what landed, and
-    not only bytes appended to an NDJSON file: landing it again would repeat its rows."""
+    """A ``files`` input the cursor of an appending pipeline holds now has other content than what
+    landed, and not only bytes appended to an NDJSON file: landing it again would repeat its rows.
+    The message names the ways out: a key or a disposition that re-lands it, or a reset."""
 
-    def __init__(self, input: str, reason: str) -> None:
-        super().__init__(f"input {input}: {reason}; nothing of it lands. Restore the landed file, or put the new "
-                         "rows in a file of a new name (a new input lands whole)", input=input, reason=reason)
+    def __init__(self, input: str, reason: str, pipeline: str | None = None) -> None:
+        named = repr(pipeline) if pipeline else "<pipeline>"
+        super().__init__(f"input {input}: {reason}; nothing of it lands. To land a source exported in full, "
+                         f"declare primary_key = [...] (its changed rows merge by key) or write_disposition = "
+                         f"\"replace\" on [[pipeline]] {named}; or run `contextful pipeline reset "
+                         f"{pipeline or '<pipeline>'}` to read every input again; or restore the landed file, or put "
+                         "the new rows in a file of a new name (a new input lands whole)",
+                         input=input, reason=reason, pipeline=pipeline)
 
 
 # --- primary keys and table names (keys never merge distinct rows) --------------------------------
@@ -1053,6 +1060,18 @@ class AddressInUse(TransientError):
         super().__init__(f"{argument} {address}: cannot listen: {reason} (another process holds the port; stop "
                          f"it or pick another port, or port 0 for a free one)", argument=argument, address=address,
                          reason=reason)
+
+
+class ConfirmationRequired(SpecInvalid):
+    """A command that forgets state (``pipeline reset``) asks before it acts; with no terminal to ask
+    on it needs ``--yes``. Names the command and what it would forget; nothing changed."""
+
+    command: str
+    forgets: str
+
+    def __init__(self, command: str, forgets: str) -> None:
+        super().__init__(f"`contextful {command}` would forget {forgets}; stdin is not a terminal to confirm on: "
+                         "pass --yes to go ahead (nothing changed)", command=command, forgets=forgets)
 
 
 class TableStillRead(Conflict):
@@ -1916,6 +1935,7 @@ __all__ = [
     "CommitConflict",
     "CommitOutcomeUnknown",
     "ConditionalWriteUnsupported",
+    "ConfirmationRequired",
     "Conflict",
     "ConnectorBoundHit",
     "ContextfulError",

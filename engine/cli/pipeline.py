@@ -1,4 +1,4 @@
-"""``contextful pipeline validate|plan|run|serve|key|import|apply|versions``: the manifest's pipelines from the terminal."""
+"""``contextful pipeline validate|plan|run|reset|serve|key|import|apply|versions``: the manifest's pipelines from the terminal."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from contextful.engine.cli.output import (
     end_progress,
     progress_line,
 )
+from contextful.engine.cli.reset import register_reset
 from contextful.engine.cli.serve import register_serve
 from contextful.engine.cli.status import register_status
 from contextful.engine.cli.values import at_least
@@ -350,3 +351,4 @@ def key_revoke(ctx: click.Context, key_id: str) -> None:
 register_serve(pipeline)
 register_apply(pipeline)
 register_status(pipeline)
+register_reset(pipeline)

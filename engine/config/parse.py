@@ -43,7 +43,7 @@ from contextful.storage.errors import (
 
 TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
-                 "schedule", "after", "priority", "seed", "transform")
+                 "write_disposition", "schedule", "after", "priority", "seed", "transform")
 EXTERNAL_KEYS = ("id", "table", "description")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 
@@ -267,6 +267,12 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
     for problem in _primary_key_problems(pipeline_id or f"#{n}", primary_key, normalize, types):
         problems.add(problem)
     order_by = problems.string(where, block, "order_by")
+    from contextful.engine.land.disposition import check_disposition
+
+    disposition, found = check_disposition(where, block.get("write_disposition"), primary_key,
+                                           source.kind if source is not None else None, "seed" in block)
+    for problem in found:
+        problems.add(problem)
     seed = None
     if "seed" in block:
         from contextful.engine.land.seed import check_declaration, parse_seed
@@ -279,7 +285,8 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
         return None
     return PipelineSpec(
         id=pipeline_id, source=source, table=table, normalize=normalize, incremental=incremental,
-        primary_key=primary_key, order_by=order_by, types=dict(types), schedule=schedule,
+        primary_key=primary_key, order_by=order_by, write_disposition=disposition, types=dict(types),
+        schedule=schedule,
         after=problems.strings(where, block, "after"), priority=priority, seed=seed, transform=tuple(transform),
     )
 
