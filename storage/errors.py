@@ -176,6 +176,13 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def whole_message(exc: BaseException) -> str:
+    """Every line of an exception's message (its class name when the message is empty): what a
+    catalogue error quotes of a query engine's error, whose later lines carry its hints (DuckDB's
+    ``Did you mean "orders"?``, ``Candidate bindings: ...``). The CLI prints them on one line."""
+    return str(exc).strip() or type(exc).__name__
+
+
 class ContextfulError(Exception):
     """Root of every Contextful error. Subclasses set ``category`` and build ``detail``."""
 
