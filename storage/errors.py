@@ -375,9 +375,19 @@ class ProjectInvalid(SpecInvalid):
 
 
 class QueryInvalid(SpecInvalid):
-    def __init__(self, query: str, reason: str) -> None:
-        shown = query if len(query) <= 200 else query[:197] + "..."
-        super().__init__(f"{reason} (in: {shown})", query=query, reason=reason)
+    """A query the engine cannot bind or run for a reason of its own. A model's statement names the
+    model and where its SQL is written (``file``: its ``sql_file``, None for inline ``sql``)."""
+
+    query: str
+    reason: str
+    model: str | None
+    file: str | None
+
+    def __init__(self, query: str, reason: str, *, model: str | None = None, file: str | None = None) -> None:
+        shown = query.strip()
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        where = "" if model is None else f"[[model]] {model!r} ({file or 'inline sql in contextful.toml'}): "
+        super().__init__(f"{where}{reason} (in: {shown})", query=query, reason=reason, model=model, file=file)
 
 
 class ManifestKeyUnknown(SpecInvalid):

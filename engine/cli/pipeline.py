@@ -74,7 +74,7 @@ def validate(ctx: click.Context) -> None:
     """Check contextful.toml; print every problem, each by its spec error."""
     from contextful.engine.config.validate import validated_manifest
     from contextful.engine.control.arm import schedule_problems
-    from contextful.engine.guard import mask_message
+    from contextful.engine.cli.errors import error_line
     from contextful.engine.project import locate_project, read_manifest_document
     from contextful.storage.errors import ManifestInvalid
 
@@ -90,7 +90,7 @@ def validate(ctx: click.Context) -> None:
             emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in problems]})
         else:
             for problem in problems:
-                click.echo(f"error: {mask_message(str(problem))}", err=True)
+                click.echo(error_line(problem), err=True)
         ctx.exit(exc.exit_code)
     from contextful.engine.export.preflight import caller_sql_warnings
     from contextful.engine.land.files import unmatched_warnings
