@@ -203,6 +203,33 @@ def test_a_collected_snapshot_of_one_table_leaves_the_others_readable(tmp_path: 
     assert isinstance(error, SnapshotCollected) and error.table == "replaced" and error.commit_seq >= 1
 
 
+@pytest.mark.parametrize("query", ["SELECT * FROM replaced", "SELECT y FROM replaced", "SELECT sum(y) AS s FROM replaced",
+                                   "SELECT r.y, k.x FROM replaced AS r, kept AS k WHERE r.y > k.x",
+                                   "SELECT count(*) FROM replaced"])
+def test_a_collected_snapshot_is_the_same_error_whatever_the_select_list(tmp_path: Path, query: str) -> None:
+    """The table's view keeps its columns at that snapshot, so a query naming them binds, and reading
+    it raises the snapshot's own error: never DuckDB's ``Referenced column not found``."""
+    root = project(tmp_path, '[project]\nname = "p"\n')
+    clock = ManualClock(T0)
+    with Store.open(root / ".contextful" / "store", clock=clock) as store:
+        store.append("kept", pa.table({"x": [1]}))
+        clock.advance(10)
+        store.append("replaced", pa.table({"y": [1, 2]}))
+        clock.advance(90)
+        store.table("replaced").replace(pa.table({"z": ["other"]}))
+        clock.advance(100)
+        assert store.collect(retain_seconds=0, grace_seconds=0).removed_parts
+        store.append("late", pa.table({"w": [1]}))
+    between = stamp(T0 + 50_000_000)
+    proc = contextful(root, "sql", "--as-of", between, query, check=False)
+    line = one_error(proc, "SnapshotCollected", EXIT_CODES["permanent"])
+    assert "table 'replaced' snapshot 1" in line and "collected past retention" in line
+    unborn = contextful(root, "sql", "--as-of", between, "SELECT w FROM late", check=False)
+    assert "table 'late'" in one_error(unborn, "SnapshotNotFound", EXIT_CODES["not-found"])
+    typo = contextful(root, "sql", "--as-of", between, "SELECT yy FROM replaced", check=False)
+    assert "Candidate bindings" in one_error(typo, "QueryInvalid", EXIT_CODES["spec-invalid"])
+
+
 # --- a type clash in one input ----------------------------------------------------------------------
 
 
