@@ -83,6 +83,7 @@ Hierarchy::
         ├── Conflict                     two values disagree for good (conflict)
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │   │   ExecutionRewindUnsafe
+        │   │   └── ExecutionHeld        (a JournalConflict) another process runs it now; this run did nothing (held)
         │   ├── AwakeableAlreadyResolved  an awakeable resolved with another payload (its value stays)
         │   ├── OwnerPinsMismatch        a pending owner pins other host-supplied identities than the claim
         │   ├── ExecutionWriterFenced    a superseded attempt reached effect dispatch or state publication
@@ -152,6 +153,7 @@ EXIT_CODES: dict[str, int] = {
     "unauthenticated": 9,
     "permanent": 1,
     "canceled": 10,
+    "held": 11,
 }
 
 HTTP_STATUS: dict[str, int] = {
@@ -166,6 +168,7 @@ HTTP_STATUS: dict[str, int] = {
     "unauthenticated": 401,
     "permanent": 500,
     "canceled": 409,
+    "held": 409,
 }
 
 
@@ -653,6 +656,44 @@ class JournalConflict(Conflict):
     def __init__(self, execution: str, step: int, reason: str) -> None:
         super().__init__(f"execution {execution}, step {step}: {reason}", execution=execution, step=step,
                          reason=reason)
+
+
+class ExecutionHeld(JournalConflict):
+    """Another process holds the scope's pending execution and its lease runs: this run did nothing
+    (the ``held`` category: exit 11, HTTP 409). Names the pipeline (when a run of one asked), the
+    holder's process and host (``host``/``pid`` None when its id is not one of ours) and since when
+    it holds it."""
+
+    category: ClassVar[str] = "held"
+    scope: str
+    holder: str | None
+    host: str | None
+    pid: int | None
+    since_us: int | None
+    until_us: int
+    pipeline: str | None
+
+    def __init__(self, execution: str, scope: str, holder: str | None, host: str | None, pid: int | None,
+                 since_us: int | None, until_us: int, pipeline: str | None = None) -> None:
+        who = f"process {pid} on host {host}" if host is not None and pid is not None else f"holder {holder!r}"
+        since = f" since {_instant(since_us)}" if since_us is not None else ""
+        what = f"pipeline {pipeline!r}" if pipeline is not None else f"scope {scope!r}"
+        reason = (f"{what} is being run by {who}{since} (execution {execution}, its lease runs until "
+                  f"{_instant(until_us)}); this run did nothing: run it again once that one ends")
+        Conflict.__init__(self, reason, execution=execution, step=0, reason=reason, scope=scope, holder=holder,
+                          host=host, pid=pid, since_us=since_us, until_us=until_us, pipeline=pipeline)
+
+    def of_pipeline(self, pipeline: str) -> ExecutionHeld:
+        """The same refusal, naming the pipeline whose run asked."""
+        return ExecutionHeld(self.fields["execution"], self.scope, self.holder, self.host, self.pid, self.since_us,
+                             self.until_us, pipeline)
+
+
+def _instant(us: int) -> str:
+    """A UTC instant in microseconds as RFC 3339 text to the second."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(us / 1_000_000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class OwnerPlanMismatch(Conflict):
@@ -1971,6 +2012,7 @@ __all__ = [
     "DeriveUnitStatusUnknown",
     "DeriveUnknownTask",
     "DispatchUnitNotAHead",
+    "ExecutionHeld",
     "ExecutionNotFound",
     "ExecutionRecoveryMismatch",
     "ExecutionRewindUnsafe",

@@ -271,7 +271,7 @@ def _dry_run(ctx: click.Context, manifest: Manifest, selected: list[str] | None)
 
 def _print_results(results: list[Any]) -> None:
     for r in results:
-        for t in r.tables:
+        for t in r.tables if r.ok else [t for t in r.tables if t.run_ids]:  # a failed run: only what committed
             source = (f"{r.pulls} request(s)" if r.pulls else
                       f"{r.derive['done']:,} unit(s) derived" if r.derive is not None else
                       f"{len(r.inputs_landed)} input(s) landed, {r.inputs_skipped} already landed")
