@@ -294,6 +294,9 @@ def _print_results(results: list[Any]) -> None:
             click.echo(f"warning: {warning}", err=True)
         for f in r.failures:
             click.echo(f"error: {f.error}: {f.detail}", err=True)
+        if r.failures_not_shown:
+            click.echo(f"  and {r.failures_not_shown:,} more failed unit(s): each marker row holds its error "
+                       f"(last_error)", err=True)
 
 
 @pipeline.group("key")
