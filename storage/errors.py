@@ -23,6 +23,7 @@ Hierarchy::
     └── TerminalError                    marker: retrying the same input fails the same way
         ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
         │   ├── StorageProfileUnknown
+        │   ├── CatalogDsnMissing        the postgres profile without CONTEXTFUL_POSTGRES_DSN (or libpq's PGHOST, PGSERVICE)
         │   ├── BodyUnregistered         configuration selects a body name no host registered
         │   ├── BodyIdentityConfigured   configuration gives a body's implementation identity beside its name
         │   ├── PipelineSeedDeclarationMissing
@@ -350,6 +351,19 @@ class StorageProfileUnknown(SpecInvalid):
             profile=profile,
             known=known,
         )
+
+
+class CatalogDsnMissing(SpecInvalid):
+    """The ``postgres`` storage profile without a DSN naming its database (nothing was opened)."""
+
+    profile: str
+
+    def __init__(self, profile: str) -> None:
+        super().__init__(f"CONTEXTFUL_STORAGE_PROFILE={profile} keeps the catalog in PostgreSQL and needs its DSN: "
+                         "set CONTEXTFUL_POSTGRES_DSN (e.g. \"host=db.example port=5432 user=contextful "
+                         "dbname=contextful\" or postgresql://contextful@db.example/contextful), or libpq's PGHOST "
+                         "or PGSERVICE; or unset CONTEXTFUL_STORAGE_PROFILE for the local profile (a SQLite catalog "
+                         "file)", profile=profile)
 
 
 class TableNameInvalid(SpecInvalid):
@@ -1967,6 +1981,7 @@ __all__ = [
     "BodyIdentityConfigured",
     "BodyUnregistered",
     "CancelTargetNotInFlight",
+    "CatalogDsnMissing",
     "CatalogPathMissing",
     "CatalogRejected",
     "CatalogUnavailable",
