@@ -619,9 +619,19 @@ class TypeSpellingUnreadable(Incompatible):
 
 
 class TypedLandingFailed(Incompatible):
-    def __init__(self, table: str, column: str, spelling: str, reason: str) -> None:
-        super().__init__(f"table {table!r}, column {column}: values do not read as {spelling} ({reason})",
-                         table=table, column=column, spelling=spelling, reason=reason)
+    """A declared type does not hold an arrived value; ``row`` (when one value is named) is its 1-based
+    row in the input (in the file, for an input read from an offset)."""
+
+    table: str
+    column: str
+    spelling: str
+    reason: str
+    row: int | None
+
+    def __init__(self, table: str, column: str, spelling: str, reason: str, row: int | None = None) -> None:
+        where = f"table {table!r}, column {column}" + (f", row {row}" if row is not None else "")
+        super().__init__(f"{where}: values do not read as {spelling} ({reason})",
+                         table=table, column=column, spelling=spelling, reason=reason, row=row)
 
 
 # --- conflicts and windows -------------------------------------------------------------------
@@ -953,8 +963,8 @@ class InputChanged(Conflict):
 class PrimaryKeyNull(Incompatible):
     """A row of a keyed table holds null (or NaN, which equals nothing) in a key column: it has no
     identity to merge by, so its batch is refused, never merged with other such rows. ``input`` names
-    the input when the landing path knows it; ``row`` is the row's 0-based position in that input
-    (else in the batch staged)."""
+    the input when the landing path knows it; ``row`` is the row's 1-based position in that input
+    (else in the batch staged): in the file, for an input a run read from an offset (appended NDJSON)."""
 
     table: str
     column: str
