@@ -72,9 +72,9 @@ def pipeline() -> None:
 @click.pass_context
 def validate(ctx: click.Context) -> None:
     """Check contextful.toml; print every problem, each by its spec error."""
+    from contextful.engine.cli.errors import error_line
     from contextful.engine.config.validate import validated_manifest
     from contextful.engine.control.arm import schedule_problems
-    from contextful.engine.cli.errors import error_line
     from contextful.engine.project import locate_project, read_manifest_document
     from contextful.storage.errors import ManifestInvalid
 

@@ -39,7 +39,13 @@ from contextful.engine.land.journal import PullJournal
 from contextful.engine.land.results import InputFailure, PipelineResult, Progress
 from contextful.engine.land.sink import LandingSink, load_staging
 from contextful.storage import Store
-from contextful.storage.errors import ContextfulError, Incompatible, NotFound, PrimaryKeyNull, TypedLandingFailed
+from contextful.storage.errors import (
+    ContextfulError,
+    Incompatible,
+    NotFound,
+    PrimaryKeyNull,
+    TypedLandingFailed,
+)
 from contextful.storage.run_record import RunFailure
 
 CHECKPOINT_BYTES = 512 * 1024 * 1024

@@ -30,7 +30,6 @@ from contextful.storage.snapshot import quote
 
 if TYPE_CHECKING:
     import duckdb
-
     from contextful.engine.config.manifest import Manifest
 else:
     duckdb = lazy_module("duckdb")

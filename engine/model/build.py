@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from contextful.engine.guard import masked_failure
+from contextful.engine.model.bind import model_query_invalid
 from contextful.engine.model.conform import conform
 from contextful.engine.model.contract import check_contract
-from contextful.engine.model.bind import model_query_invalid
 from contextful.engine.model.spec import Contract, ModelSpec, ModelTest, case_clash
 from contextful.engine.read import attach_snapshot
 from contextful.storage.errors import (

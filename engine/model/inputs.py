@@ -19,7 +19,6 @@ from contextful.storage.errors import ModelInputUnknown
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
     from contextful.engine.config.manifest import Manifest
     from contextful.engine.model.spec import ModelSpec
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from contextful.engine.run.execution import open_execution
-from contextful.storage.clock import ManualClock, from_us
+from contextful.storage.clock import ManualClock
 from contextful.storage.errors import (
     ConditionalWriteUnsupported,
     ExecutionHeld,

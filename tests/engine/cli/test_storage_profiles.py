@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from contextful.storage.catalog import PROFILES
 from contextful.storage.errors import EXIT_CODES
 

@@ -101,10 +101,10 @@ def test_models_never_built_bind_over_their_contract_or_their_bound_schema(proje
     contract_hint = _hint("SELECT idd FROM contracted", "CREATE TABLE contracted (id BIGINT)")
     bound_hint = _hint("SELECT totl FROM per_id", "CREATE TABLE per_id (id BIGINT, total DOUBLE)")
     assert lines == [
-        f"error: QueryInvalid: [[model]] 'on_per_id' (inline sql in contextful.toml): {bound_hint} "
-        "(in: SELECT totl FROM per_id)",
-        f"error: QueryInvalid: [[model]] 'reads_contract' (inline sql in contextful.toml): {contract_hint} "
-        "(in: SELECT idd FROM contracted)"], lines
+        (f"error: QueryInvalid: [[model]] 'on_per_id' (inline sql in contextful.toml): {bound_hint} "
+        "(in: SELECT totl FROM per_id)"),
+        (f"error: QueryInvalid: [[model]] 'reads_contract' (inline sql in contextful.toml): {contract_hint} "
+        "(in: SELECT idd FROM contracted)")], lines
     assert "Candidate bindings" in bound_hint and "Candidate bindings" in contract_hint
     assert contextful(project, "build", "list", check=False).returncode == 0
     assert not (project / ".contextful" / "store" / "tables" / "per_id").exists()  # validate built nothing

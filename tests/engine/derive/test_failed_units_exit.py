@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from contextful.storage.errors import EXIT_CODES
+
 from tests.engine.derive.project import DeriveProject
 from tests.support.cli import contextful
 
