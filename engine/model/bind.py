@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from contextful.engine.land.typed import parse_type
-from contextful.engine.model.spec import Contract, ModelSpec, case_clash
+from contextful.engine.model.spec import Contract, ModelSpec, case_clash, resolve_table
 from contextful.storage.duck_types import empty_select
 from contextful.storage.errors import QueryInvalid, whole_message
 from contextful.storage.lazy import lazy_module
@@ -44,13 +44,14 @@ def bind_problems(manifest: Manifest, landed: dict[str, pa.Schema]) -> list[Quer
     """One problem per model whose statement DuckDB refuses to bind over its inputs' schemas:
     ``landed`` (the store's tables), then each model's contract or bound schema."""
     schemas = dict(landed)
-    known = set(landed) | {p.table for p in manifest.pipelines} | {m.name for m in manifest.models} \
-        | {e.table for e in manifest.externals}
     problems = []
     for spec in manifest.models_in_order():
-        inputs = spec.input_names(known)
-        if case_clash(inputs) or not all(name in schemas for name in inputs):
-            continue  # the build's own refusal, or a schema nothing tells yet
+        told = set(schemas)
+        named = (spec.inputs if spec.inputs is not None else spec.referenced) + tuple(
+            t.to for t in spec.tests if t.to is not None)
+        inputs = spec.input_names(told)
+        if not all(resolve_table(name, told) for name in named) or case_clash(inputs):
+            continue  # a table whose schema nothing tells yet (a child table not landed), or the build's own refusal
         con = duckdb.connect(config={"autoload_known_extensions": False, "autoinstall_known_extensions": False})
         try:
             for name in inputs:

@@ -125,3 +125,15 @@ def test_validate_lists_every_problem_at_once(project: Path) -> None:
     assert "[[model]] 'daily' (models/daily.sql)" in proc.stderr and "[[model]] 'on_broken'" not in proc.stderr
     as_json = json.loads(contextful(project, "--json", "pipeline", "validate", check=False).stdout)
     assert [p["error"] for p in as_json["problems"]] == names
+
+
+def test_a_model_over_tables_not_landed_yet_is_not_bound(tmp_path: Path) -> None:
+    """A relational pipeline's child table exists once it lands: before, nothing tells its schema, so
+    a model reading it (or a model reading that model) is not refused for a table DuckDB cannot see."""
+    (tmp_path / "contextful.toml").write_text(
+        '[project]\nname = "later"\n\n[[pipeline]]\nid = "events"\nnormalize = "relational"\n'
+        'source = { kind = "files", config = { paths = ["events.ndjson"] } }\n\n'
+        '[[model]]\nname = "items"\nsql = "SELECT * FROM events__items"\n\n'
+        '[[model]]\nname = "counted"\nsql = "SELECT count(*) AS n FROM items"\n')
+    proc = contextful(tmp_path, "pipeline", "validate", check=False)
+    assert proc.returncode == 0, proc.stderr
