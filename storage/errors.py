@@ -23,6 +23,7 @@ Hierarchy::
     └── TerminalError                    marker: retrying the same input fails the same way
         ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
         │   ├── StorageProfileUnknown
+        │   ├── CatalogDsnMissing        the postgres profile without CONTEXTFUL_POSTGRES_DSN (or libpq's PGHOST, PGSERVICE)
         │   ├── BodyUnregistered         configuration selects a body name no host registered
         │   ├── BodyIdentityConfigured   configuration gives a body's implementation identity beside its name
         │   ├── PipelineSeedDeclarationMissing
@@ -84,6 +85,7 @@ Hierarchy::
         ├── Conflict                     two values disagree for good (conflict)
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │   │   ExecutionRewindUnsafe
+        │   │   └── ExecutionHeld        (a JournalConflict) another process runs it now; this run did nothing (held)
         │   ├── AwakeableAlreadyResolved  an awakeable resolved with another payload (its value stays)
         │   ├── OwnerPinsMismatch        a pending owner pins other host-supplied identities than the claim
         │   ├── ExecutionWriterFenced    a superseded attempt reached effect dispatch or state publication
@@ -153,6 +155,7 @@ EXIT_CODES: dict[str, int] = {
     "unauthenticated": 9,
     "permanent": 1,
     "canceled": 10,
+    "held": 11,
 }
 
 HTTP_STATUS: dict[str, int] = {
@@ -167,6 +170,7 @@ HTTP_STATUS: dict[str, int] = {
     "unauthenticated": 401,
     "permanent": 500,
     "canceled": 409,
+    "held": 409,
 }
 
 
@@ -175,6 +179,13 @@ def first_line(exc: BaseException) -> str:
     catalogue error quotes of a driver's or library's error."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def whole_message(exc: BaseException) -> str:
+    """Every line of an exception's message (its class name when the message is empty): what a
+    catalogue error quotes of a query engine's error, whose later lines carry its hints (DuckDB's
+    ``Did you mean "orders"?``, ``Candidate bindings: ...``). The CLI prints them on one line."""
+    return str(exc).strip() or type(exc).__name__
 
 
 class ContextfulError(Exception):
@@ -343,6 +354,19 @@ class StorageProfileUnknown(SpecInvalid):
         )
 
 
+class CatalogDsnMissing(SpecInvalid):
+    """The ``postgres`` storage profile without a DSN naming its database (nothing was opened)."""
+
+    profile: str
+
+    def __init__(self, profile: str) -> None:
+        super().__init__(f"CONTEXTFUL_STORAGE_PROFILE={profile} keeps the catalog in PostgreSQL and needs its DSN: "
+                         "set CONTEXTFUL_POSTGRES_DSN (e.g. \"host=db.example port=5432 user=contextful "
+                         "dbname=contextful\" or postgresql://contextful@db.example/contextful), or libpq's PGHOST "
+                         "or PGSERVICE; or unset CONTEXTFUL_STORAGE_PROFILE for the local profile (a SQLite catalog "
+                         "file)", profile=profile)
+
+
 class TableNameInvalid(SpecInvalid):
     def __init__(self, table: str, reason: str) -> None:
         super().__init__(f"table name {table!r}: {reason}", table=table, reason=reason)
@@ -369,9 +393,19 @@ class ProjectInvalid(SpecInvalid):
 
 
 class QueryInvalid(SpecInvalid):
-    def __init__(self, query: str, reason: str) -> None:
-        shown = query if len(query) <= 200 else query[:197] + "..."
-        super().__init__(f"{reason} (in: {shown})", query=query, reason=reason)
+    """A query the engine cannot bind or run for a reason of its own. A model's statement names the
+    model and where its SQL is written (``file``: its ``sql_file``, None for inline ``sql``)."""
+
+    query: str
+    reason: str
+    model: str | None
+    file: str | None
+
+    def __init__(self, query: str, reason: str, *, model: str | None = None, file: str | None = None) -> None:
+        shown = query.strip()
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        where = "" if model is None else f"[[model]] {model!r} ({file or 'inline sql in contextful.toml'}): "
+        super().__init__(f"{where}{reason} (in: {shown})", query=query, reason=reason, model=model, file=file)
 
 
 class ManifestKeyUnknown(SpecInvalid):
@@ -586,9 +620,19 @@ class TypeSpellingUnreadable(Incompatible):
 
 
 class TypedLandingFailed(Incompatible):
-    def __init__(self, table: str, column: str, spelling: str, reason: str) -> None:
-        super().__init__(f"table {table!r}, column {column}: values do not read as {spelling} ({reason})",
-                         table=table, column=column, spelling=spelling, reason=reason)
+    """A declared type does not hold an arrived value; ``row`` (when one value is named) is its 1-based
+    row in the input (in the file, for an input read from an offset)."""
+
+    table: str
+    column: str
+    spelling: str
+    reason: str
+    row: int | None
+
+    def __init__(self, table: str, column: str, spelling: str, reason: str, row: int | None = None) -> None:
+        where = f"table {table!r}, column {column}" + (f", row {row}" if row is not None else "")
+        super().__init__(f"{where}: values do not read as {spelling} ({reason})",
+                         table=table, column=column, spelling=spelling, reason=reason, row=row)
 
 
 # --- conflicts and windows -------------------------------------------------------------------
@@ -637,6 +681,44 @@ class JournalConflict(Conflict):
     def __init__(self, execution: str, step: int, reason: str) -> None:
         super().__init__(f"execution {execution}, step {step}: {reason}", execution=execution, step=step,
                          reason=reason)
+
+
+class ExecutionHeld(JournalConflict):
+    """Another process holds the scope's pending execution and its lease runs: this run did nothing
+    (the ``held`` category: exit 11, HTTP 409). Names the pipeline (when a run of one asked), the
+    holder's process and host (``host``/``pid`` None when its id is not one of ours) and since when
+    it holds it."""
+
+    category: ClassVar[str] = "held"
+    scope: str
+    holder: str | None
+    host: str | None
+    pid: int | None
+    since_us: int | None
+    until_us: int
+    pipeline: str | None
+
+    def __init__(self, execution: str, scope: str, holder: str | None, host: str | None, pid: int | None,
+                 since_us: int | None, until_us: int, pipeline: str | None = None) -> None:
+        who = f"process {pid} on host {host}" if host is not None and pid is not None else f"holder {holder!r}"
+        since = f" since {_instant(since_us)}" if since_us is not None else ""
+        what = f"pipeline {pipeline!r}" if pipeline is not None else f"scope {scope!r}"
+        reason = (f"{what} is being run by {who}{since} (execution {execution}, its lease runs until "
+                  f"{_instant(until_us)}); this run did nothing: run it again once that one ends")
+        Conflict.__init__(self, reason, execution=execution, step=0, reason=reason, scope=scope, holder=holder,
+                          host=host, pid=pid, since_us=since_us, until_us=until_us, pipeline=pipeline)
+
+    def of_pipeline(self, pipeline: str) -> ExecutionHeld:
+        """The same refusal, naming the pipeline whose run asked."""
+        return ExecutionHeld(self.fields["execution"], self.scope, self.holder, self.host, self.pid, self.since_us,
+                             self.until_us, pipeline)
+
+
+def _instant(us: int) -> str:
+    """A UTC instant in microseconds as RFC 3339 text to the second."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(us / 1_000_000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class OwnerPlanMismatch(Conflict):
@@ -888,8 +970,8 @@ class InputChanged(Conflict):
 class PrimaryKeyNull(Incompatible):
     """A row of a keyed table holds null (or NaN, which equals nothing) in a key column: it has no
     identity to merge by, so its batch is refused, never merged with other such rows. ``input`` names
-    the input when the landing path knows it; ``row`` is the row's 0-based position in that input
-    (else in the batch staged)."""
+    the input when the landing path knows it; ``row`` is the row's 1-based position in that input
+    (else in the batch staged): in the file, for an input a run read from an offset (appended NDJSON)."""
 
     table: str
     column: str
@@ -1928,6 +2010,7 @@ __all__ = [
     "BodyIdentityConfigured",
     "BodyUnregistered",
     "CancelTargetNotInFlight",
+    "CatalogDsnMissing",
     "CatalogPathMissing",
     "CatalogRejected",
     "CatalogUnavailable",
@@ -1974,6 +2057,7 @@ __all__ = [
     "DeriveUnitStatusUnknown",
     "DeriveUnknownTask",
     "DispatchUnitNotAHead",
+    "ExecutionHeld",
     "ExecutionNotFound",
     "ExecutionRecoveryMismatch",
     "ExecutionRewindUnsafe",

@@ -109,6 +109,18 @@ def load_manifest(directory: str | os.PathLike[str] = ".") -> Manifest:
 
 
 def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Manifest:
+    """The manifest ``doc`` declares for the project at ``root``; ``ManifestInvalid`` (naming ``path``)
+    lists every problem found in it."""
+    manifest, problems = read_declarations(doc, root)
+    if problems:
+        raise ManifestInvalid(path, problems)
+    return manifest
+
+
+def read_declarations(doc: dict[str, Any], root: Path) -> tuple[Manifest, list[ContextfulError]]:
+    """What ``doc`` declares, block by block, and every problem found in it. With problems the
+    manifest holds the blocks that parsed and no plan: enough for later checks to find their own
+    problems (``engine.config.validate``), never enough to run."""
     problems = _Problems()
     problems.unknown_keys("the manifest", doc, TOP_KEYS)
     project, project_problems = parse_project(doc.get("project", {}), root)
@@ -133,10 +145,8 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
         from contextful.engine.run.plan import compile_plan
 
         plan = compile_plan(pipelines, models, exports, doc, problems.add)
-    if problems.found:
-        raise ManifestInvalid(path, problems.found)
     return Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan, control=control,
-                    externals=tuple(externals))
+                    externals=tuple(externals)), problems.found
 
 
 def _externals(blocks: Any, pipelines: list[PipelineSpec], models: list[ModelSpec],

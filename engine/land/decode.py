@@ -136,7 +136,7 @@ class Decoder:
         type (text as text, numbers and dates converted, zoned timestamps as text for typed
         landing), never through a guess; JSON values keep their JSON kind. ``window`` (start, stop)
         reads only those bytes of an uncompressed local file: the bytes a pipeline's cursor has not
-        landed, up to the size it listed; a malformed line is counted from ``start``. The child is
+        landed, up to the size it listed; a malformed line is named by its line in the file. The child is
         forked at the first ``next()``. Abandoning the iterator kills the child.
         """
         fmt = fmt or detect_format(path)

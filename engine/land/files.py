@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import stat
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -64,6 +65,7 @@ else:
 CONFIG_KEYS = ("paths", "format")
 FORMATS = ("ndjson", "json", "csv", "parquet")
 _READ = 1 << 20
+_BLANK_LINE = re.compile(rb"^[ \t\r]*\n", re.MULTILINE)
 _REMOTE_CONTENT = ("ETag", "etag", "Content-MD5", "Digest", "Last-Modified", "LastModified", "mtime")
 
 
@@ -101,6 +103,22 @@ class InputFile:
         if self.stat is not None:
             entry["stat"] = self.stat
         return entry
+
+    def records_landed(self) -> int:
+        """The NDJSON records (lines holding more than blanks) in the bytes already landed
+        (:attr:`offset`, which ends a line): what a row counted in the bytes a run read adds to be
+        counted in the file. Read again from the start, on a failure's path only."""
+        local = local_path(self.path)
+        assert local is not None and self.offset
+        count, carry, left = 0, b"", self.offset
+        with open(local, "rb") as f:
+            while left > 0 and (block := f.read(min(_READ, left))):  # bounded blocks of the landed prefix
+                left -= len(block)
+                data = carry + block
+                cut = data.rfind(b"\n") + 1
+                whole, carry = data[:cut], data[cut:]
+                count += whole.count(b"\n") - len(_BLANK_LINE.findall(whole))
+        return count
 
     def window(self) -> tuple[int, int] | None:
         """The bytes a run reads of a regular uncompressed local file: from ``offset`` to the listed

@@ -43,7 +43,13 @@ from contextful.engine.land.journal import PullJournal
 from contextful.engine.land.results import InputFailure, PipelineResult, Progress
 from contextful.engine.land.sink import LandingSink, load_staging
 from contextful.storage import Store
-from contextful.storage.errors import ContextfulError, Incompatible, NotFound
+from contextful.storage.errors import (
+    ContextfulError,
+    Incompatible,
+    NotFound,
+    PrimaryKeyNull,
+    TypedLandingFailed,
+)
 from contextful.storage.run_record import RunFailure
 
 CHECKPOINT_BYTES = 512 * 1024 * 1024
@@ -266,8 +272,14 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
 
 
 def _failure(item: InputFile, exc: ContextfulError) -> InputFailure:
-    """One input's failure; its detail names the input (a schema clash names only the table and column)."""
+    """One input's failure; its detail names the input (a schema clash names only the table and column),
+    and a row it names is counted in the file, for an input read from an offset too."""
     from contextful.engine.guard import mask_message
+
+    if item.offset and isinstance(exc, PrimaryKeyNull):
+        exc = PrimaryKeyNull(exc.table, exc.column, exc.row + item.records_landed(), exc.input, exc.fields["value"])
+    elif item.offset and isinstance(exc, TypedLandingFailed) and exc.row is not None:
+        exc = TypedLandingFailed(exc.table, exc.column, exc.spelling, exc.reason, exc.row + item.records_landed())
 
     detail = exc.detail if item.path in exc.detail else f"input {item.path}: {exc.detail}"
     return InputFailure(item.path, exc.name, mask_message(detail), exc.exit_code)

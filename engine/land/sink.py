@@ -116,7 +116,7 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
     column or a null key fails the batch naming ``pull`` and the row (``first_row`` is the batch's
     first row's position in the pull).
     """
-    table = apply_types(spec.table, batch, types) if types is not None else batch
+    table = apply_types(spec.table, batch, types, first_row) if types is not None else batch
     if spec.transform:
         from contextful.engine.run.transform import run_chain
 

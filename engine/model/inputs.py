@@ -18,6 +18,7 @@ from contextful.engine.model.spec import resolve_table
 from contextful.storage.errors import ModelInputUnknown
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from contextful.engine.config.manifest import Manifest
     from contextful.engine.model.spec import ModelSpec
 
@@ -47,22 +48,43 @@ def unknown_inputs(manifest: Manifest, stored: set[str]) -> list[ModelInputUnkno
     return problems
 
 
-def check_model_inputs(manifest: Manifest, store: str | None = None) -> list[ModelInputUnknown]:
+def check_model_inputs(manifest: Manifest, store: str | None = None,
+                       declared: set[str] | frozenset[str] = frozenset()) -> list[ModelInputUnknown]:
     """:func:`unknown_inputs`, looking at the store (``store``, else the project's) only when the
-    manifest leaves names unaccounted for, and only if that store exists."""
-    if not unknown_inputs(manifest, set()):
+    manifest leaves names unaccounted for, and only if that store exists. ``declared`` are tables
+    blocks of the manifest name though they did not parse: their own problem says why, and a model
+    reading one is not reported again."""
+    if not unknown_inputs(manifest, set(declared)):
         return []
-    return unknown_inputs(manifest, stored_tables(manifest, store))
+    return unknown_inputs(manifest, stored_tables(manifest, store) | declared)
 
 
 def stored_tables(manifest: Manifest, store: str | None = None) -> set[str]:
     """The user tables of the store (``store``, else the project's); empty when it does not exist yet."""
     from contextful.engine.project import open_store
-    from contextful.storage.objects import ObjectStore
 
-    root = store or manifest.project.store
-    exists = ObjectStore(root).exists("store.json") if "://" in root else os.path.isfile(os.path.join(root, "store.json"))
-    if not exists:  # (a local ObjectStore would create its root)
+    if not _store_exists(manifest, store):
         return set()
     with open_store(store or manifest.root) as opened:
         return set(opened.table_names())
+
+
+def landed_schemas(manifest: Manifest, store: str | None = None) -> dict[str, pa.Schema]:
+    """Each user table of the store (``store``, else the project's) that holds a commit, in its
+    schema at the head; empty when the store does not exist yet."""
+    from contextful.engine.project import open_store
+
+    if not _store_exists(manifest, store):
+        return {}
+    with open_store(store or manifest.root) as opened:
+        pinned = opened.snapshots(opened.table_names())
+    return {name: snap.schema for name, snap in pinned.items() if snap.schema is not None}
+
+
+def _store_exists(manifest: Manifest, store: str | None) -> bool:
+    """Whether the store (``store``, else the project's) exists, asked without creating it."""
+    from contextful.storage.objects import ObjectStore
+
+    root = store or manifest.project.store
+    # (a local ObjectStore would create its root)
+    return ObjectStore(root).exists("store.json") if "://" in root else os.path.isfile(os.path.join(root, "store.json"))
