@@ -8,7 +8,7 @@ pipeline's write disposition (``engine.land.disposition``): ``merge`` upserts th
 scope is kept (a seed lands once).
 
 The reset takes the guard a run takes (``engine.land.journal``): it opens the pipeline's execution,
-so while a run holds it the reset refuses with ``JournalConflict``, and its commit carries the
+so while a run holds it the reset refuses with ``ExecutionHeld`` (a ``JournalConflict``), and its commit carries the
 execution's fence. The commit is in the table's history and in ``run history`` (meta ``reset``).
 """
 
@@ -83,7 +83,7 @@ def reset_pipeline(store: Store, spec: PipelineSpec) -> CommitResult | None:
     from contextful.engine.land.pipeline import cursor_scope
 
     scope = cursor_scope(spec)
-    journal = PullJournal.open(store, spec, scope)  # JournalConflict while a run holds the pipeline
+    journal = PullJournal.open(store, spec, scope)  # ExecutionHeld while a run holds the pipeline
     try:
         with journal.writing():
             if plan_reset(store, spec).nothing:  # read under the guard: no run moves it meanwhile

@@ -250,6 +250,6 @@ def test_reset_refuses_while_a_run_holds_the_pipeline(tmp_path: Path, env: dict[
             refused = p.cli("pipeline", "reset", "customers", "--yes", check=False)
         finally:
             held.close(ok=True)
-    assert refused.returncode != 0 and "JournalConflict" in refused.stderr
+    assert refused.returncode == 11 and "ExecutionHeld" in refused.stderr and "'customers'" in refused.stderr
     assert json.loads(p.cli("--json", "pipeline", "plan").stdout)["pipelines"][0]["pull"] == []  # nothing forgotten
     assert "cursor forgotten" in p.cli("pipeline", "reset", "customers", "--yes").stdout
