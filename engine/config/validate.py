@@ -2,10 +2,11 @@
 checks, and what an apply checks before it claims a version (``surface.apply.validation``,
 ``surface.apply.self-valid``).
 
-Three steps, every problem of a step at once: the document parses (``parse_manifest``: keys,
+Four steps, every problem of a step at once: the document parses (``parse_manifest``: keys,
 values, pipelines, models, exports, externals, control, the compiled plan); each model reads only
 tables the document produces or the store holds (``engine.model.inputs``); each derive tier's
-engine is bound by this machine's configuration (``engine.derive.run.check_tiers``).
+engine is bound by this machine's configuration (``engine.derive.run.check_tiers``); each http
+source's header secrets resolve on this machine (``engine.config.secrets``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from contextful.engine.config.manifest import Manifest
 from contextful.engine.config.parse import parse_manifest
 from contextful.engine.project import MANIFEST, read_manifest_document
-from contextful.storage.errors import ManifestInvalid
+from contextful.storage.errors import ContextfulError, ManifestInvalid, SecretUnresolved
 
 
 def validated_manifest(root: Path, doc: dict[str, Any] | None = None, *, source: str | None = None,
@@ -37,4 +38,22 @@ def validated_manifest(root: Path, doc: dict[str, Any] | None = None, *, source:
 
         if unbound := check_tiers(manifest.pipelines, load_machine(root, machine)):
             raise ManifestInvalid(path, unbound)
+    if unresolved := _unresolved_secrets(manifest):
+        raise ManifestInvalid(path, unresolved)
     return manifest
+
+
+def _unresolved_secrets(manifest: Manifest) -> list[ContextfulError]:
+    """Each http pipeline's first header secret this machine cannot resolve (``engine.config.secrets``)."""
+    from contextful.engine.config.secrets import resolve_headers
+    from contextful.engine.land.http import headers_where
+
+    found: list[ContextfulError] = []
+    for spec in manifest.pipelines:
+        if spec.source.kind == "http" and spec.source.config.get("headers"):
+            try:
+                resolve_headers({str(k): str(v) for k, v in spec.source.config["headers"].items()}, manifest.root,
+                                headers_where(spec.id))
+            except SecretUnresolved as exc:
+                found.append(exc)
+    return found
