@@ -71,7 +71,12 @@ def locate_project(start: str | os.PathLike[str] = ".") -> Path:
 
 def read_manifest_document(root: Path) -> dict[str, Any]:
     """The parsed TOML of ``root``'s contextful.toml (empty when there is none)."""
-    path = root / MANIFEST
+    return read_toml_file(root / MANIFEST)
+
+
+def read_toml_file(path: Path) -> dict[str, Any]:
+    """The parsed TOML of a project file (empty when there is none); ``ProjectInvalid`` when it is
+    not TOML (the message names a position, never a value)."""
     if not path.is_file():
         return {}
     try:

@@ -70,9 +70,7 @@ def import_project_modules(root: Path, modules: Sequence[str]) -> list[ProjectMo
         for name in modules:
             try:
                 importlib.import_module(name)
-            except BaseException as exc:  # noqa: BLE001 - a SystemExit or error at import time is the module's
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - what a module raises at import is its own error
                 failures.append(ProjectModuleUnimportable(name, "[project] modules", _cause(exc)))
         _modules, _module_failures = tuple(modules), failures
     return failures
@@ -101,9 +99,7 @@ def load_entry_points() -> tuple[str, ...]:
         for entry in found:
             try:
                 _load(entry)
-            except BaseException as exc:  # noqa: BLE001 - reported by name, as a module's import is
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - named as a module's import is
                 _entry_failures.append(ProjectModuleUnimportable(
                     entry.value, f"entry point {entry.name!r} ({ENTRY_POINT_GROUP})", _cause(exc)))
         _entry_points = tuple(f"{e.name} = {e.value}" for e in found)

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from contextful.storage.errors import ContextfulError, ManifestValueInvalid, ProjectInvalid, SecretUnresolved
+from contextful.engine.project import read_toml_file
+from contextful.storage.errors import ContextfulError, ManifestValueInvalid, SecretUnresolved
 
 SECRETS_FILE = ".contextful/secrets.toml"
 _REFERENCE = re.compile(r"\$\{secret:([^}]*)\}")
@@ -58,16 +58,6 @@ def reference_problems(where: str, config: Mapping[str, Any]) -> list[Contextful
     return problems
 
 
-def _secrets_file(root: Path) -> dict[str, Any]:
-    path = root / SECRETS_FILE
-    if not path.is_file():
-        return {}
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:  # the message names a position, never a value
-        raise ProjectInvalid(str(path), f"not valid TOML: {exc}") from exc
-
-
 def resolve_headers(headers: Mapping[str, str], root: Path, where: str) -> dict[str, str]:
     """``headers`` with every ``${secret:NAME}`` replaced by its value (``SecretUnresolved`` when
     neither the environment nor the project's secrets file holds it); each value is remembered by
@@ -82,7 +72,7 @@ def resolve_headers(headers: Mapping[str, str], root: Path, where: str) -> dict[
             name = found.group(1)
             value = os.environ.get(name) or None  # a variable set to nothing is not a secret
             if value is None:
-                file = _secrets_file(root) if file is None else file
+                file = read_toml_file(root / SECRETS_FILE) if file is None else file
                 value = file.get(name) if isinstance(file.get(name), str) and file.get(name) else None
             if value is None:
                 raise SecretUnresolved(found.group(0), f"{where}.{header}",

@@ -207,9 +207,10 @@ def test_serve_children_import_the_modules_the_applied_version_names(tmp_path: P
 
 
 def test_bodies_register_through_the_same_modules(tmp_path: Path) -> None:
-    import contextful
     from contextful.engine.run.bodies import BODIES
     from contextful.storage.errors import BodyUnregistered
+
+    import contextful
 
     root = project(tmp_path / "p", modules='["shop.tasks", "shop_bodies_mod"]',
                    tasks=TASKS.format(name="bodychunks"), pipelines=files_pipeline("docs") + derive("bodychunks"))
