@@ -93,6 +93,7 @@ def error_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.clause("run.bind.host-task")
 def test_every_command_imports_the_modules_the_project_names(tmp_path: Path) -> None:
     root = project(tmp_path / "shop-project",
                    extra='\n[[model]]\nname = "chunk_counts"\nsql = "SELECT count(*) AS n FROM chunks"\n'
@@ -123,6 +124,7 @@ def test_every_command_imports_the_modules_the_project_names(tmp_path: Path) -> 
         _expected(DOCS)
 
 
+@pytest.mark.clause("run.bind.unknown-task")
 def test_an_unknown_task_names_the_modules_searched_and_is_one_error(tmp_path: Path) -> None:
     root = project(tmp_path / "p", pipelines=files_pipeline("docs") + derive("missing"))
     site = _dist(tmp_path / "site", "shopep", {"other": "shopep_tasks"},
@@ -169,6 +171,7 @@ def _dist(site: Path, dist: str, entries: dict[str, str], modules: dict[str, str
     return site
 
 
+@pytest.mark.clause("run.bind.host-task")
 def test_installed_packages_register_through_entry_points(tmp_path: Path) -> None:
     # one entry point names a module (its import registers), one a registration function (called)
     site = _dist(tmp_path / "site", "shopdist", {"pieces": "shopdist_pieces", "bits": "shopdist_bits:register"},
@@ -195,6 +198,7 @@ def test_an_entry_point_that_fails_to_load_is_named(tmp_path: Path) -> None:
     assert "DeriveUnknownTask" not in proc.stderr and len(error_lines(proc)) == 1, proc.stderr
 
 
+@pytest.mark.clause("run.bind.host-task")
 def test_serve_children_import_the_modules_the_applied_version_names(tmp_path: Path) -> None:
     control = ControlProject(tmp_path / "p", name="shop")
     root = project(control.root, pipelines=files_pipeline("docs").replace(
