@@ -31,6 +31,8 @@ Hierarchy::
         │   ├── TableNameInvalid
         │   ├── ModalityInvalid
         │   ├── ProjectInvalid
+        │   ├── ProjectModuleUnimportable  a [project] modules entry or a contextful.tasks entry point fails to import
+        │   ├── SecretUnresolved         a ${secret:NAME} reference found in neither the environment nor the secrets file
         │   ├── CatalogPathMissing       a remote store root under the local profile, no [project] catalog
         │   ├── QueryInvalid
         │   ├── AnswerTooLarge           a gateway answer crossed its byte bound before a byte was sent (HTTP 413)
@@ -390,6 +392,36 @@ class ProjectInvalid(SpecInvalid):
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"{path}: {problem}", path=path, problem=problem)
+
+
+class ProjectModuleUnimportable(SpecInvalid):
+    """A registration module (``[project] modules``, or a ``contextful.tasks`` entry point) raised
+    when imported (``engine.registrations``)."""
+
+    module: str
+    where: str
+    """``[project] modules`` or the entry point's name and group."""
+    cause: str
+    """The import error, as Python names it."""
+
+    def __init__(self, module: str, where: str, cause: str) -> None:
+        super().__init__(f"module {module!r} ({where}) cannot be imported: {cause}", module=module, where=where,
+                         cause=cause)
+
+
+class SecretUnresolved(SpecInvalid):
+    """A ``${secret:NAME}`` reference that neither the environment nor the project's secrets file
+    holds (``engine.config.secrets``); raised before any request."""
+
+    reference: str
+    where: str
+    """The manifest key holding the reference."""
+    looked: tuple[str, ...]
+    """Where the value was looked for, in order."""
+
+    def __init__(self, reference: str, where: str, looked: tuple[str, ...]) -> None:
+        super().__init__(f"{where}: {reference} is not set (looked in: {'; '.join(looked)})", reference=reference,
+                         where=where, looked=looked)
 
 
 class QueryInvalid(SpecInvalid):
@@ -1301,11 +1333,18 @@ class BodyUnregistered(SpecInvalid):
 
     body: str
     known: tuple[str, ...]
+    modules: tuple[str, ...]
+    """The ``[project] modules`` imported."""
+    entry_points: tuple[str, ...]
+    """The ``contextful.tasks`` entry points loaded."""
 
-    def __init__(self, body: str, known: tuple[str, ...]) -> None:
-        super().__init__(f"body {body!r} is not registered by this host (registered: {', '.join(known) or 'none'}); "
-                         "register it with contextful.engine.run.bodies.register_body before it is selected",
-                         body=body, known=known)
+    def __init__(self, body: str, known: tuple[str, ...], modules: tuple[str, ...] = (),
+                 entry_points: tuple[str, ...] = ()) -> None:
+        super().__init__(f"body {body!r} is not registered by this host (registered: {', '.join(known) or 'none'}; "
+                         f"[project] modules imported: {', '.join(modules) or 'none'}; contextful.tasks entry "
+                         f"points: {', '.join(entry_points) or 'none'}); register it with "
+                         "contextful.engine.run.bodies.register_body in a module [project] modules names",
+                         body=body, known=known, modules=modules, entry_points=entry_points)
 
 
 class BodyIdentityConfigured(SpecInvalid):
@@ -1699,17 +1738,27 @@ class DeriveCommandInManifest(SpecInvalid):
 
 
 class DeriveUnknownTask(SpecInvalid):
-    """``run.bind.unknown-task``: ``task`` names neither a built-in task nor a registered one."""
+    """``run.bind.unknown-task``: ``task`` names neither a built-in task nor a registered one; the
+    message names where registrations were looked for (``engine.registrations``)."""
 
     pipeline: str
     task: str
     builtin: tuple[str, ...]
     registered: tuple[str, ...]
+    modules: tuple[str, ...]
+    """The ``[project] modules`` imported."""
+    entry_points: tuple[str, ...]
+    """The ``contextful.tasks`` entry points loaded."""
 
-    def __init__(self, pipeline: str, task: str, builtin: tuple[str, ...], registered: tuple[str, ...]) -> None:
+    def __init__(self, pipeline: str, task: str, builtin: tuple[str, ...], registered: tuple[str, ...],
+                 modules: tuple[str, ...] = (), entry_points: tuple[str, ...] = ()) -> None:
         super().__init__(f"pipeline {pipeline!r}: task {task!r} is not a derive task (built-in: "
-                         f"{', '.join(builtin)}; registered: {', '.join(registered) or 'none'})",
-                         pipeline=pipeline, task=task, builtin=builtin, registered=registered)
+                         f"{', '.join(builtin)}; registered: {', '.join(registered) or 'none'}; "
+                         f"[project] modules imported: {', '.join(modules) or 'none'}; contextful.tasks entry "
+                         f"points: {', '.join(entry_points) or 'none'}): name the module registering it in "
+                         f"[project] modules",
+                         pipeline=pipeline, task=task, builtin=builtin, registered=registered, modules=modules,
+                         entry_points=entry_points)
 
 
 class DeriveTaskNameTaken(SpecInvalid):
@@ -2111,6 +2160,7 @@ __all__ = [
     "PrimaryKeyWideningLossy",
     "ProjectExists",
     "ProjectInvalid",
+    "ProjectModuleUnimportable",
     "ProjectNotFound",
     "QueryFailed",
     "QueryInvalid",
@@ -2125,6 +2175,7 @@ __all__ = [
     "ScheduleUnreadable",
     "SchemaIrreconcilable",
     "ScriptRuntimeLinked",
+    "SecretUnresolved",
     "SnapshotCollected",
     "SnapshotNotFound",
     "SourceRequestRefused",

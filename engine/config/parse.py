@@ -126,11 +126,16 @@ def read_declarations(doc: dict[str, Any], root: Path) -> tuple[Manifest, list[C
     project, project_problems = parse_project(doc.get("project", {}), root)
     for problem in project_problems:
         problems.add(problem)
+    from contextful.engine.registrations import failures, import_project_modules
+
+    import_project_modules(root, project.modules)  # before the pipelines: their tasks are registered by now
     blocks = doc.get("pipeline", [])
     if not isinstance(blocks, list):
         problems.add(ManifestValueInvalid("the manifest", "pipeline", "declare pipelines as [[pipeline]] blocks"))
         blocks = []
     pipelines = [p for n, block in enumerate(blocks, 1) if (p := _pipeline(block, n, problems)) is not None]
+    for failure in failures():  # after the pipelines: a task lookup may have loaded the entry points
+        problems.add(failure)
     _check_ids_and_order(pipelines, problems)
     pipelines = _derive_chains(pipelines, problems)
     models = _models(doc.get("model", []), root, pipelines, problems)

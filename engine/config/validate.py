@@ -9,7 +9,8 @@ problems, all listed in one ``ManifestInvalid``:
 
 - each model reads only tables the document produces or the store holds (``engine.model.inputs``);
 - each model's SQL binds over its inputs' landed or declared schemas (``engine.model.bind``);
-- each derive tier's engine is bound by this machine's configuration (``engine.derive.run.check_tiers``).
+- each derive tier's engine is bound by this machine's configuration (``engine.derive.run.check_tiers``);
+- each http source's header secrets resolve on this machine (``engine.config.secrets``).
 
 A check sees the problems found before it (:attr:`Validation.found`) so that it never reports a
 follow-on of one of them: a model reading a block that did not parse is not also "unknown", a
@@ -27,7 +28,7 @@ from typing import Any
 from contextful.engine.config.manifest import Manifest
 from contextful.engine.config.parse import read_declarations
 from contextful.engine.project import MANIFEST, read_manifest_document
-from contextful.storage.errors import ContextfulError, ManifestInvalid, ModelCycle
+from contextful.storage.errors import ContextfulError, ManifestInvalid, ModelCycle, SecretUnresolved
 
 
 @dataclass
@@ -98,7 +99,24 @@ def derive_tiers(manifest: Manifest, validation: Validation) -> list[ContextfulE
     return check_tiers(manifest.pipelines, load_machine(validation.root, validation.machine))
 
 
-CHECKS: tuple[Check, ...] = (model_inputs, model_sql, derive_tiers)
+def header_secrets(manifest: Manifest, validation: Validation) -> list[ContextfulError]:
+    """Each http pipeline's header secrets resolve on this machine (``SecretUnresolved``, the first
+    of each pipeline; ``engine.config.secrets``)."""
+    from contextful.engine.config.secrets import resolve_headers
+    from contextful.engine.land.http import headers_where
+
+    found: list[ContextfulError] = []
+    for spec in manifest.pipelines:
+        if spec.source.kind == "http" and spec.source.config.get("headers"):
+            try:
+                resolve_headers({str(k): str(v) for k, v in spec.source.config["headers"].items()}, manifest.root,
+                                headers_where(spec.id))
+            except SecretUnresolved as exc:
+                found.append(exc)
+    return found
+
+
+CHECKS: tuple[Check, ...] = (model_inputs, model_sql, derive_tiers, header_secrets)
 """The checks after the document is read, in order; each sees the problems found before it."""
 
 

@@ -68,7 +68,6 @@ from contextful.storage.errors import (
     ContextfulError,
     DeriveMediaUnreadable,
     DeriveSettledUnitRevived,
-    DeriveUnknownTask,
 )
 
 if TYPE_CHECKING:
@@ -176,7 +175,7 @@ class Tier:
 def build_tier(spec: PipelineSpec, machine: MachineConfig) -> Tier:
     """Resolve a derive pipeline against the machine configuration and the task registry."""
     from contextful.engine.derive.bind import binding_for, check_driver
-    from contextful.engine.derive.tasks import BUILTIN_TASKS, host_task, registered_names
+    from contextful.engine.derive.tasks import host_task, unknown_task
 
     config = DeriveConfig.from_config(spec.source.config)
     columns = sorted(set(config.columns))
@@ -190,7 +189,7 @@ def build_tier(spec: PipelineSpec, machine: MachineConfig) -> Tier:
         return Tier(spec, config, static, static[:16], binding=binding)
     task = host_task(config.task)
     if task is None:
-        raise DeriveUnknownTask(spec.id, config.task, BUILTIN_TASKS, registered_names())
+        raise unknown_task(spec.id, config.task)
     problems = check_driver(spec.id, config.task, config.engine, machine, True)
     if problems:
         raise problems[0]

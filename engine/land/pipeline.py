@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from contextful.engine.config.manifest import Manifest, PipelineSpec
@@ -109,7 +110,7 @@ def plan_pipeline(store: Store | None, manifest: Manifest, spec: PipelineSpec) -
     """What a run would pull (inputs new or appended since the cursor), skip, and refuse as changed
     (``store`` None: the project has no store yet, so nothing has landed)."""
     if spec.source.kind == "http":
-        return _plan_http(store, spec)
+        return _plan_http(store, manifest.root, spec)
     if spec.source.kind == "receive":
         return PipelinePlan(spec.id, spec.table, [], [], source="receive")
     if spec.source.kind == "derive":  # what a run would derive: `pipeline run --dry-run` counts it
@@ -118,9 +119,13 @@ def plan_pipeline(store: Store | None, manifest: Manifest, spec: PipelineSpec) -
     return PipelinePlan(spec.id, spec.table, planned.pull, planned.skip, changed=[i for i, _ in planned.changed])
 
 
-def _plan_http(store: Store | None, spec: PipelineSpec) -> PipelinePlan:
-    from contextful.engine.land.http import HttpConfig
+def _plan_http(store: Store | None, root: Path, spec: PipelineSpec) -> PipelinePlan:
+    from contextful.engine.config.secrets import resolve_headers
+    from contextful.engine.land.http import HttpConfig, headers_where
     from contextful.engine.land.position import open_position, since_text
+
+    # a reference the run could not resolve refuses the plan; the plan shows no header value
+    resolve_headers(HttpConfig.from_config(spec.source.config).headers, root, headers_where(spec.id))
 
     scope = cursor_scope(spec)
     stored = (store.table(spec.table).cursor(scope)
@@ -179,7 +184,8 @@ def _land_source(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
 
         if cancel is None and journal is not None:
             cancel = journal.execution.cancel_token  # a retry wait ends once the run is canceled
-        return run_http_pipeline(store, spec, decoder, scope=cursor_scope(spec), checkpoint_bytes=checkpoint_bytes,
+        return run_http_pipeline(store, spec, decoder, root=manifest.root, scope=cursor_scope(spec),
+                                 checkpoint_bytes=checkpoint_bytes,
                                  progress=progress, cancel=cancel, sleep=sleep, journal=journal)
     if spec.source.kind == "receive":
         from contextful.engine.land.receive.group import drain_queue

@@ -25,8 +25,11 @@ if TYPE_CHECKING:
 
 def produced(manifest: Manifest) -> set[str]:
     """The tables the manifest's pipelines and models produce and its ``[[external]]`` blocks declare
-    written from outside (relational child tables aside)."""
-    return {p.table for p in manifest.pipelines} | {m.name for m in manifest.models} | {e.table for e in manifest.externals}
+    written from outside (relational child tables aside); a host task's pipeline produces its marker
+    table and every content table it declares (``tables``)."""
+    derived = {t for p in manifest.pipelines if p.source.kind == "derive" for t in p.source.config.get("tables", ())}
+    return ({p.table for p in manifest.pipelines} | derived | {m.name for m in manifest.models}
+            | {e.table for e in manifest.externals})
 
 
 def unaccounted(manifest: Manifest, spec: ModelSpec, known: set[str]) -> tuple[str, ...]:
