@@ -673,7 +673,7 @@ class _JsonBlocks:
                 pass  # shapes other than the kept ones, or not JSON at all: read afresh below
             else:
                 if _text_schema(table.schema) is None:
-                    return self._in_order(_exact(block, table, known))
+                    return _exact(block, table, known)  # the sink conforms it to the order the first block set
         table = _json_table(block)
         _remember(self._order, list(table.schema))
         guessed = _text_schema(table.schema)

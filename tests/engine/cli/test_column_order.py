@@ -96,3 +96,23 @@ def test_an_integer_column_meeting_integers_beyond_int64_widens_to_a_decimal(tmp
     contextful(tmp_path, "table", "load", "t", str(tmp_path / "a.ndjson"))
     out = contextful(tmp_path, "table", "load", "t", str(tmp_path / "b.ndjson")).stdout.splitlines()
     assert out[1:] == ["  widened t.n int64 → decimal128(38, 0)"]
+
+
+def test_columns_keep_the_source_order_in_every_block_of_a_large_input(tmp_path: Path, small_blocks: int) -> None:
+    """Blocks after the first are read with the date-like paths declared as text (``_JsonBlocks``):
+    each keeps the input's order, so the input lands one schema in that order."""
+    from click.testing import CliRunner
+
+    from contextful.engine.cli import cli
+
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "contextful.toml").write_text(PIPELINE.format(normalize=""))
+    records = [dict(FIRST, a=i, c=i if i < 20_000 else i + 0.5) for i in range(30_000)]
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    assert len(text) > 20 * small_blocks
+    (tmp_path / "raw" / "1.ndjson").write_text(text)
+    ran = CliRunner().invoke(cli, ["--project", str(tmp_path), "pipeline", "run"])
+    assert ran.exit_code == 0, ran.output + ran.stderr
+    assert _columns(tmp_path, "events") == list(FIRST)
+    rows = json.loads(contextful(tmp_path, "--json", "sql", "SELECT DISTINCT s FROM events").stdout)
+    assert [list(r["s"]) for r in rows] == [list(FIRST["s"])]

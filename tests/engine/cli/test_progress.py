@@ -8,7 +8,6 @@ built with 64 KiB blocks instead of 4 MiB (the production default is untouched o
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import os
@@ -22,9 +21,9 @@ import duckdb
 import pytest
 from click.testing import CliRunner, Result
 from contextful.engine.cli import cli
-from contextful.engine.land.decode import Decoder
+from tests.engine.cli.conftest import SMALL_BLOCK
 
-BLOCK = 64 << 10
+BLOCK = SMALL_BLOCK
 
 MANIFEST = """\
 [project]
@@ -43,11 +42,6 @@ READ = re.compile(r"^events: input 1/1: ([\d,.]+) of ([\d,.]+) MiB read \((\d+)%
 SCAN = re.compile(r"^events: input 1/1: scanning column types, ([\d,.]+) MiB \((\d+)%\)")
 FOLD = re.compile(r"^t: (\d+)/(\d+) parts folded, ([\d,]+) of ([\d,]+) rows written")
 WRITTEN = re.compile(r"^out\.parquet: ([\d,]+) rows written")
-
-
-@pytest.fixture
-def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("contextful.engine.run.units.Decoder", functools.partial(Decoder, block_bytes=BLOCK))
 
 
 def _invoke(project: Path, *args: str) -> Result:
@@ -87,7 +81,7 @@ def _assert_bytes_read(stderr: str, size: int) -> None:
     assert lines.index(reads[-1].string) < len(lines) - 1  # within-input lines come before the input's line
 
 
-def test_an_ndjson_input_shows_bytes_read_as_it_lands(tmp_path: Path, small_blocks: None) -> None:
+def test_an_ndjson_input_shows_bytes_read_as_it_lands(tmp_path: Path, small_blocks: int) -> None:
     project = _project(tmp_path, "ndjson", 40_000)
     size = (project / "raw" / "events.ndjson").stat().st_size
     assert size > 20 * BLOCK
@@ -97,7 +91,7 @@ def test_an_ndjson_input_shows_bytes_read_as_it_lands(tmp_path: Path, small_bloc
     assert "events -> events: 40,000 rows" in result.stdout
 
 
-def test_a_csv_read_twice_shows_its_type_scan_then_its_bytes_read(tmp_path: Path, small_blocks: None) -> None:
+def test_a_csv_read_twice_shows_its_type_scan_then_its_bytes_read(tmp_path: Path, small_blocks: int) -> None:
     project = _project(tmp_path, "csv", 60_000)  # past 16 blocks: read once for its types, then again
     size = (project / "raw" / "events.csv").stat().st_size
     assert size > 16 * BLOCK
@@ -109,7 +103,7 @@ def test_a_csv_read_twice_shows_its_type_scan_then_its_bytes_read(tmp_path: Path
     _assert_bytes_read(result.stderr, size)
 
 
-def test_json_output_carries_no_progress_and_is_valid_json(tmp_path: Path, small_blocks: None) -> None:
+def test_json_output_carries_no_progress_and_is_valid_json(tmp_path: Path, small_blocks: int) -> None:
     project = _project(tmp_path, "ndjson", 40_000)
     result = _invoke(project, "--json", "pipeline", "run")
     assert result.stderr == ""
