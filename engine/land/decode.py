@@ -165,7 +165,8 @@ class Decoder:
             raise ValueError(f"a byte window reads an uncompressed local file, not {path}")
         request = {"path": path, "fmt": fmt, "storage_options": storage_options or {}, "window": window,
                    "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows,
-                   "block_bytes": self.block_bytes, "declared": dict(declared or {})}
+                   "block_bytes": self.block_bytes, "declared": dict(declared or {}),
+                   "progress": on_read is not None}
         return self._run(request, on_read=on_read)
 
     def fetch(self, url: str, *, step: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0,

@@ -29,7 +29,7 @@ descriptors, the status socket and the data pipe's write end. Status socket (ser
 JSON messages): ``{"pid"}`` at the fork, ``{"status", "bound", "rss"}`` once the child is reaped; a
 parent closing its end abandons the input and the server kills the child. Data pipe (child to
 parent): segments ``b"S"`` + an Arrow IPC stream, progress frames ``b"P"`` + 8-byte offset + 1-byte
-phase (the input's bytes read so far, once per block read; phase 1: a first reading for a CSV's
+phase (when the request asks for ``progress``: the input's bytes read so far, once per block read; phase 1: a first reading for a CSV's
 types; the open IPC stream ends before one, and the next batch starts a segment of the same
 schema), then ``b"E"`` + 4-byte length + a JSON trailer (``{"ok": true}`` or ``{"error": kind, ...}``).
 
@@ -311,7 +311,7 @@ def decode_input(request: dict[str, Any], data_fd: int) -> None:
         sink.finish(_fetch(request, sink))
         return
     try:
-        for table in _tables(request, sink.read):
+        for table in _tables(request, sink.read if request.get("progress") else None):
             sink.send(table)
         trailer = {"ok": True}
     except _Malformed as exc:
