@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 
 import pytest
-
 from contextful.engine.land.decode import Decoder
 
 SMALL_BLOCK = 64 << 10

@@ -102,7 +102,6 @@ def test_columns_keep_the_source_order_in_every_block_of_a_large_input(tmp_path:
     """Blocks after the first are read with the date-like paths declared as text (``_JsonBlocks``):
     each keeps the input's order, so the input lands one schema in that order."""
     from click.testing import CliRunner
-
     from contextful.engine.cli import cli
 
     (tmp_path / "raw").mkdir()

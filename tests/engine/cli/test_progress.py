@@ -21,6 +21,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner, Result
 from contextful.engine.cli import cli
+
 from tests.engine.cli.conftest import SMALL_BLOCK
 
 BLOCK = SMALL_BLOCK
