@@ -85,6 +85,34 @@ class FoldResult:
     parts_added: int
 
 
+@dataclass(frozen=True)
+class FoldProgress:
+    """How far a fold is: reported as each batch of a folded part is written and as each group ends."""
+
+    table: str
+    parts: int
+    """Parts taken by the groups folded so far."""
+    parts_total: int
+    """Parts the fold takes."""
+    rows: int
+    """Rows written so far."""
+    rows_total: int
+    """Rows the parts taken hold (a fold writes fewer where a key's newer row replaces an older one)."""
+
+
+@dataclass
+class _Tally:
+    progress: Callable[[FoldProgress], None]
+    table: str
+    parts_total: int
+    rows_total: int
+    parts: int = 0
+    rows: int = 0
+
+    def report(self) -> None:
+        self.progress(FoldProgress(self.table, self.parts, self.parts_total, self.rows, self.rows_total))
+
+
 def commits_of(parts: list[PartRow]) -> list[list[PartRow]]:
     """``parts`` (live, in merge order) cut into commits: the runs of consecutive parts sharing a
     merge position ``ord_seq`` (a commit's parts, or what folds left at its position). A fold takes
@@ -131,15 +159,17 @@ def check_whole(snap: Snapshot, group: list[PartRow]) -> None:
         raise ValueError(f"a fold of {snap.table} takes every part of a commit or none; it left {left}")
 
 
-def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, min_parts: int = 2) -> FoldResult | None:
+def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, min_parts: int = 2,
+               progress: Callable[[FoldProgress], None] | None = None) -> FoldResult | None:
     """Fold the table's small parts at its head; None when there is nothing to fold (no group, or
-    no group whose fold would drop a row or leave fewer parts)."""
+    no group whose fold would drop a row or leave fewer parts). ``progress`` is told as the fold
+    writes (:class:`FoldProgress`)."""
     table = store.table(name)
     snap = table.snapshot()
     if snap.schema is None:
         return None
     groups = fold_groups(list(snap.parts), small_bytes, min_parts, fold_boundary(snap))
-    return fold_snapshot(store, table, snap, groups)
+    return fold_snapshot(store, table, snap, groups, progress)
 
 
 def fold_boundary(snap: Snapshot) -> int:
@@ -157,7 +187,8 @@ class _Folded:
     """Every live part a group's decision read: the commit requires each still live."""
 
 
-def fold_snapshot(store: Store, table: Table, snap: Snapshot, groups: list[list[PartRow]]) -> FoldResult | None:
+def fold_snapshot(store: Store, table: Table, snap: Snapshot, groups: list[list[PartRow]],
+                  progress: Callable[[FoldProgress], None] | None = None) -> FoldResult | None:
     """Fold each of ``groups`` (runs of whole commits of ``snap``, the table's head, as
     :func:`fold_groups` picks them) into one part, in one ``fold`` commit requiring every part it read
     still live; None when there is no group or no group's fold changes anything: one that would
@@ -173,10 +204,15 @@ def fold_snapshot(store: Store, table: Table, snap: Snapshot, groups: list[list[
     con = store.maintenance_duckdb()
     keys = (part_key(name, run_id, index) for index in count())
     current = snap  # the table as the groups folded so far leave it
+    tally = None if progress is None else _Tally(progress, name, sum(len(g) for g in groups),
+                                                 sum(p.rows for g in groups for p in g))
     try:
         for group in reversed(groups):  # each decided on the table the newer groups' folds leave
             lease.renew()
-            kept = _fold_group(store, con, current, group, keys, folded)
+            kept = _fold_group(store, con, current, group, keys, folded, tally)
+            if tally is not None:
+                tally.parts += len(group)
+                tally.report()
             if kept is not None and snap.supersede is not None:
                 current = _refolded(store, current, group, kept)
     except BaseException:
@@ -237,7 +273,7 @@ def _refolded(store: Store, snap: Snapshot, group: list[PartRow], kept: list[Par
 
 
 def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, group: list[PartRow],
-                keys: Iterator[str], folded: _Folded) -> list[PartFile] | None:
+                keys: Iterator[str], folded: _Folded, tally: _Tally | None = None) -> list[PartFile] | None:
     """Fold ``group`` into ``folded``: one part at the merge position of its newest part holding what
     the group answers, and, under a supersede rule, the rows of held units (:func:`_held_units`) as
     stored, each in a part at the position of the part it came from. The parts written, or None for
@@ -248,19 +284,19 @@ def _fold_group(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, gr
     written: list[PartFile] = []
     try:
         if snap.supersede is None or not _held_units(con, snap, group, sql, folded.read):
-            written.append(_write(store, con, snap, sql, next(keys), group[-1]))
+            written.append(_write(store, con, snap, sql, next(keys), group[-1], tally))
         else:
             unit_of = _unit_struct(snap.supersede)
             held = f"(SELECT list(u) FROM {HELD})"
             try:
                 written.append(_write(store, con, snap,
                                       f"SELECT * FROM ({sql}) WHERE NOT list_contains({held}, {unit_of(quote)})",
-                                      next(keys), group[-1]))
+                                      next(keys), group[-1], tally))
                 for part in group:
                     rows = stored_rows_sql(_sub(snap, [part], snap.primary_key), con,
                                            lambda column: f"list_contains({held}, {unit_of(column)})")
                     assert rows is not None
-                    written.append(_write(store, con, snap, rows, next(keys), part))
+                    written.append(_write(store, con, snap, rows, next(keys), part, tally))
             finally:
                 con.execute(f"DROP TABLE {HELD}")
     except BaseException:
@@ -400,8 +436,9 @@ def _sub(snap: Snapshot, parts: list[PartRow], primary_key: tuple[str, ...]) -> 
 
 
 def _write(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, sql: str, key: str,
-           position: PartRow) -> PartFile:
-    """Write what ``sql`` answers as one part at ``key``, merging at ``position``'s place."""
+           position: PartRow, tally: _Tally | None = None) -> PartFile:
+    """Write what ``sql`` answers as one part at ``key``, merging at ``position``'s place (each
+    batch counted into ``tally``)."""
     assert snap.schema is not None
     reader = con.sql(sql).to_arrow_reader(READ_BATCH_ROWS)
     schema = snap.schema
@@ -409,6 +446,9 @@ def _write(store: Store, con: duckdb.DuckDBPyConnection, snap: Snapshot, sql: st
     def batches() -> Iterator[pa.RecordBatch]:
         for batch in reader:
             yield from conform(pa.Table.from_batches([batch]), schema, snap.table).to_batches()
+            if tally is not None:
+                tally.rows += batch.num_rows
+                tally.report()
 
     try:
         part = write_part(store.objects, key, batches(), schema, durable=store.durable)

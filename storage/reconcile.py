@@ -69,6 +69,13 @@ class DowngradeEvent:
     source_type: str
     landed_type: str
     reason: str
+    kind: str = "downgrade"
+    """``widening`` when the landed type holds every value of both types exactly (int32 to int64,
+    date to timestamp, a decimal grown to hold both: :func:`holds_exactly`); ``downgrade`` when a
+    value may change (int64 meeting a float lands as float64, which rounds integers beyond 2**53).
+    Events recorded before the distinction read as downgrades."""
+    table_type: str = ""
+    """The column's type in the table before this run ("" in events recorded before it was kept)."""
 
     def to_json(self) -> dict[str, str]:
         return asdict(self)
@@ -153,8 +160,10 @@ class _Merger:
     def fail(self, path: str, have: pa.DataType, got: pa.DataType, reason: str) -> SchemaIrreconcilable:
         return SchemaIrreconcilable(self.table, path, str(have), str(got), reason)
 
-    def event(self, path: str, got: pa.DataType, landed: pa.DataType, reason: str) -> None:
-        self.events.append(DowngradeEvent(self.table, path, str(got), str(landed), reason))
+    def event(self, path: str, have: pa.DataType, got: pa.DataType, landed: pa.DataType, reason: str) -> None:
+        lossless = holds_exactly(landed, have) and holds_exactly(landed, got)
+        self.events.append(DowngradeEvent(self.table, path, str(got), str(landed), reason,
+                                          "widening" if lossless else "downgrade", str(have)))
 
     def merge(self, path: str, have: pa.DataType, got: pa.DataType) -> pa.DataType:
         """The landed type of a column the table has as ``have`` and the batch brings as ``got``."""
@@ -166,9 +175,9 @@ class _Merger:
             return self.merge_nested(path, have, got)
         landed = self.merge_scalar(path, have, got)
         if landed != got:
-            self.event(path, got, landed, f"{got} lands as {landed} (table column is {have})")
+            self.event(path, have, got, landed, f"{got} lands as {landed} (table column is {have})")
         elif landed != have:
-            self.event(path, got, landed, f"column widened from {have} to {landed}")
+            self.event(path, have, got, landed, f"column widened from {have} to {landed}")
         return landed
 
     def merge_nested(self, path: str, have: pa.DataType, got: pa.DataType) -> pa.DataType:

@@ -18,8 +18,8 @@ def export() -> None:
 @click.pass_context
 def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
     """Run exports (default: all): each replaces its Iceberg table's rows with its source's."""
-    from contextful.engine.cli.output import end_progress, progress_line
     from contextful.engine.cli.pipeline import _manifest, _store
+    from contextful.engine.cli.progress import Reporter
     from contextful.engine.export.run import ExportProgress, run_exports
 
     manifest = _manifest(ctx)
@@ -29,11 +29,10 @@ def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
         raise click.BadParameter(f"no export {', '.join(map(repr, unknown))} ({declared(known)})",
                                  param_hint="NAME")
     def show(p: ExportProgress) -> None:
-        progress_line(f"{p.export}: {p.rows:,} rows written, {p.rows / max(p.seconds, 1e-9):,.0f} rows/s")
+        reporter.show(f"{p.export}: {p.rows:,} rows written, {p.rows / max(p.seconds, 1e-9):,.0f} rows/s")
 
-    with _store(ctx, manifest) as store:
+    with Reporter(enabled=not ctx.obj["json"]) as reporter, _store(ctx, manifest) as store:
         results = run_exports(store, manifest, list(names) or None, progress=None if ctx.obj["json"] else show)
-    end_progress()
     if ctx.obj["json"]:
         emit_json([r.to_json() for r in results])
         return

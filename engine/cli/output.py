@@ -106,29 +106,22 @@ def emit_pairs(pairs: list[tuple[str, Any]]) -> None:
 
 
 def describe_event(event: dict[str, Any]) -> str:
-    """One line for a downgrade event: where, what arrived, what landed, and why.
+    """One line for a type change a run recorded: a lossless one as a widening, any other as a downgrade.
 
-    An arrived type that landed as it is widened the column to hold it (``storage.reconcile``): the
-    line says so, instead of "arrived double, landed double" beside a widening.
+    ``widened t.n int32 → int64`` (the landed type holds every value of both, ``storage.reconcile``
+    ``DowngradeEvent.kind``); a downgrade says where, what arrived, what landed, and why. An arrived
+    type that landed as it is widened the column to hold it: the line says so, instead of "arrived
+    double, landed double" beside a widening.
     """
-    where = f"downgrade {event['table']}.{event['path']}"
-    if event["source_type"] == event["landed_type"]:
-        return f"{where}: {event['reason']} to hold the {event['source_type']} that arrived"
-    return f"{where}: arrived {event['source_type']}, landed {event['landed_type']} ({event['reason']})"
-
-
-def progress_line(text: str) -> None:
-    """A self-overwriting status line on a terminal's stderr; a plain log line otherwise."""
-    if sys.stderr.isatty():
-        sys.stderr.write("\r" + text)
-        sys.stderr.flush()
-    else:
-        click.echo(text, err=True)
-
-
-def end_progress() -> None:
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
+    column = f"{event['table']}.{event['path']}"
+    source, landed, before = event["source_type"], event["landed_type"], event.get("table_type") or ""
+    if event.get("kind") == "widening":
+        start = before if before and before != landed else source
+        arrived = f" (arrived {source})" if source not in (start, landed) else ""
+        return f"widened {column} {start} → {landed}{arrived}"
+    if source == landed:
+        return f"downgrade {column}: {event['reason']} to hold the {source} that arrived"
+    return f"downgrade {column}: arrived {source}, landed {landed} ({event['reason']})"
 
 
 def emit_issued(ctx: click.Context, issued: Any, what: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -12,9 +13,8 @@ from contextful.engine.cli.output import (
     emit_issued,
     emit_json,
     emit_rows,
-    end_progress,
-    progress_line,
 )
+from contextful.engine.cli.progress import Reporter
 from contextful.engine.cli.reset import register_reset
 from contextful.engine.cli.serve import register_serve
 from contextful.engine.cli.status import register_status
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from contextful.engine.config import Manifest
     from contextful.engine.derive.bind import MachineConfig
     from contextful.engine.land.pipeline import PipelinePlan
+    from contextful.engine.land.results import Progress
     from contextful.engine.run.plan import CompiledPlan
     from contextful.storage import Store
 
@@ -189,7 +190,6 @@ def _print_plan(p: PipelinePlan) -> None:
 def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float, dry_run: bool) -> None:
     """Run pipelines (default: all, in dependency order; a derive pipeline runs after the pipelines it
     reads, on their run)."""
-    from contextful.engine.land.results import Progress
     from contextful.engine.run.script_runtime import refuse_script_runtime
     from contextful.engine.run.units import run_pipelines
     from contextful.storage.lazy import spare_pandas
@@ -209,23 +209,10 @@ def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float, dry_run
         if problems := check_tiers(manifest.in_dependency_order(selected), machine):
             raise problems[0]  # before the store opens: a derive tier that cannot run arms nothing
 
-    def show(p: Progress) -> None:
-        if p.unit == "units":
-            rate = p.done / max(p.seconds, 1e-9)
-            progress_line(f"{p.pipeline}: {p.done:,}/{p.total or 0:,} units, {p.failed:,} failed, {p.rows:,} rows, "
-                          f"{rate:,.1f} units/s")
-            return
-        rate = p.bytes_read / max(p.seconds, 1e-9) / 2**20
-        unit = p.unit if p.done != 1 or p.total is not None else p.unit.removesuffix("s")
-        done = f"{p.done:,}/{p.total:,} {unit}" if p.total is not None else f"{p.done:,} {unit}"
-        moved = "read" if p.unit == "inputs" else "staged"
-        progress_line(f"{p.pipeline}: {done}, {p.rows:,} rows, {p.bytes_read / 2**20:,.1f} MiB {moved},"
-                      f" {p.tables} table(s), {rate:,.1f} MiB/s")
-
-    with _store(ctx, manifest, create=True) as store:
+    with Reporter(enabled=not ctx.obj["json"]) as reporter, _store(ctx, manifest, create=True) as store:
         results = run_pipelines(store, manifest, selected, checkpoint_bytes=int(checkpoint_mib * 2**20),
-                                progress=None if ctx.obj["json"] else show, machine=machine)
-    end_progress()
+                                progress=None if ctx.obj["json"] else partial(_show_progress, reporter),
+                                machine=machine)
     if ctx.obj["json"]:
         emit_json([r.to_json() for r in results])
     else:
@@ -233,6 +220,33 @@ def run(ctx: click.Context, ids: tuple[str, ...], checkpoint_mib: float, dry_run
     failed = [f for r in results for f in r.failures]
     if failed:
         ctx.exit(failed[0].exit_code)
+
+
+def _show_progress(reporter: Reporter, p: Progress) -> None:
+    """One pipeline run's progress line (docs/cli.md): units of a derive run; inputs and, within the
+    input being landed, bytes read of the run's bytes (the fraction a plain log's lines follow); pages."""
+    if p.unit == "units":
+        rate = p.done / max(p.seconds, 1e-9)
+        reporter.show(f"{p.pipeline}: {p.done:,}/{p.total or 0:,} units, {p.failed:,} failed, {p.rows:,} rows, "
+                      f"{rate:,.1f} units/s", done=p.done / p.total if p.total else None)
+        return
+    rate = p.bytes_read / max(p.seconds, 1e-9) / 2**20
+    share = p.bytes_read / p.bytes_total if p.bytes_total else None
+    if not p.closes:
+        percent = f" ({share:.0%})" if share is not None else ""
+        if p.scanning:
+            reporter.show(f"{p.pipeline}: input {p.done + 1:,}/{p.total or 0:,}: scanning column types, "
+                          f"{p.bytes_read / 2**20:,.1f} MiB{percent}")
+            return
+        of = f" of {p.bytes_total / 2**20:,.1f}" if p.bytes_total is not None else ""
+        reporter.show(f"{p.pipeline}: input {p.done + 1:,}/{p.total or 0:,}: {p.bytes_read / 2**20:,.1f}{of} MiB "
+                      f"read{percent}, {rate:,.1f} MiB/s", done=share)
+        return
+    unit = p.unit if p.done != 1 or p.total is not None else p.unit.removesuffix("s")
+    done = f"{p.done:,}/{p.total:,} {unit}" if p.total is not None else f"{p.done:,} {unit}"
+    moved = "read" if p.unit == "inputs" else "staged"
+    reporter.show(f"{p.pipeline}: {done}, {p.rows:,} rows, {p.bytes_read / 2**20:,.1f} MiB {moved},"
+                  f" {p.tables} table(s), {rate:,.1f} MiB/s", done=share, closes=p.unit == "inputs")
 
 
 def _dry_run(ctx: click.Context, manifest: Manifest, selected: list[str] | None) -> None:

@@ -10,6 +10,7 @@ query that fails leaves no file.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import click
 from contextful.engine.cli.commands import _json, _store
 from contextful.engine.cli.output import MAX_TEXT_ROWS, emit_rows, json_chunks, write_stdout
+from contextful.engine.cli.progress import Reporter
 
 if TYPE_CHECKING:
     import duckdb
@@ -60,7 +62,10 @@ def sql(ctx: click.Context, query: str, as_of: str | None, limit: int | None, fm
             rel = _nested_as_json(rel)
         write = {"csv": _write_csv, "json": _write_json, "parquet": _write_parquet}[fmt]
         schema, batches = _read(rel, query)
-        rows = _deliver(output, lambda sink: write(schema, batches, sink))
+        with Reporter(enabled=output is not None and not _json(ctx)) as reporter:
+            if output is not None:
+                batches = _reported(batches, reporter, output)
+            rows = _deliver(output, lambda sink: write(schema, batches, sink))
     if output is not None:
         click.echo(f"{rows:,} row{'s' if rows != 1 else ''} written to {output} ({fmt})")
 
@@ -99,6 +104,16 @@ def _read(rel: duckdb.DuckDBPyRelation, query: str) -> tuple[pa.Schema, Iterator
             raise failed(exc) from exc
 
     return reader.schema, batches()
+
+
+def _reported(batches: Iterator[pa.RecordBatch], reporter: Reporter, output: Path) -> Iterator[pa.RecordBatch]:
+    """``batches`` again, ``reporter`` told the rows written to ``output`` as each batch is handed on."""
+    started, rows = time.monotonic(), 0
+    for batch in batches:
+        yield batch
+        rows += batch.num_rows
+        rate = rows / max(time.monotonic() - started, 1e-9)
+        reporter.show(f"{output.name}: {rows:,} rows written, {rate:,.0f} rows/s")
 
 
 def _print_table(rel: duckdb.DuckDBPyRelation, query: str, limit: int) -> None:

@@ -11,9 +11,8 @@ from contextful.engine.cli.output import (
     emit_json,
     emit_pairs,
     emit_rows,
-    end_progress,
-    progress_line,
 )
+from contextful.engine.cli.progress import Reporter
 
 if TYPE_CHECKING:
     from contextful.engine.config import Manifest
@@ -92,10 +91,9 @@ def table_load(ctx: click.Context, name: str, file: str, primary_key: str, repla
     from contextful.engine.load import load_file
 
     keys = tuple(k.strip() for k in primary_key.split(",") if k.strip())
-    with _store(ctx, create=True) as store:
+    with _store(ctx, create=True) as store, Reporter(enabled=not _json(ctx)) as reporter:
         result = load_file(store, name, file, primary_key=keys, replace=replace, fmt=fmt,
-                           progress=lambda n: progress_line(f"{name}: {n:,} rows staged"))
-        end_progress()
+                           progress=lambda n: reporter.show(f"{name}: {n:,} rows staged"))
     if _json(ctx):
         emit_json(result.to_json())
         return
@@ -110,8 +108,15 @@ def table_load(ctx: click.Context, name: str, file: str, primary_key: str, repla
 @click.pass_context
 def table_fold(ctx: click.Context, name: str) -> None:
     """Compact a table's small parts (answers stay the same)."""
-    with _store(ctx) as store:
-        result = store.fold(name)
+    from contextful.storage.fold import FoldProgress
+
+    def show(p: FoldProgress) -> None:
+        done = max(p.parts / p.parts_total, min(p.rows / max(p.rows_total, 1), 1.0))
+        reporter.show(f"{name}: {p.parts:,}/{p.parts_total:,} parts folded, {p.rows:,} of {p.rows_total:,} rows "
+                      f"written ({done:.0%})", done=done)
+
+    with Reporter(enabled=not _json(ctx)) as reporter, _store(ctx) as store:
+        result = store.fold(name, progress=show)
     if _json(ctx):
         emit_json(None if result is None else {"table": result.table, "commit_seq": result.commit_seq,
                                                "parts_removed": result.parts_removed,

@@ -51,12 +51,19 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from contextful.engine.land.decode_wire import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
+from contextful.engine.land.decode_wire import (
+    READ,
+    READ_BYTES,
+    SEGMENT,
+    TRAILER,
+    local_path,
+    split_compression,
+)
 from contextful.storage.errors import (
     ConnectorBoundHit,
     InputMalformed,
@@ -129,7 +136,8 @@ class Decoder:
 
     def decode(self, path: str, fmt: str | None = None, *, storage_options: dict[str, Any] | None = None,
                declared: Mapping[str, pa.DataType] | None = None,
-               window: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
+               window: tuple[int, int] | None = None,
+               on_read: Callable[[int, bool], None] | None = None) -> Iterator[pa.RecordBatch]:
         """The input's rows as Arrow batches, decoded in a fresh child as they are read.
 
         ``declared`` (a pull's ``types``) reads those CSV columns from their text in the declared
@@ -138,6 +146,12 @@ class Decoder:
         reads only those bytes of an uncompressed local file: the bytes a pipeline's cursor has not
         landed, up to the size it listed; a malformed line is named by its line in the file. The child is
         forked at the first ``next()``. Abandoning the iterator kills the child.
+
+        ``on_read(offset, scanning)`` is called, on the thread taking the batches, as the child
+        reads: the input's bytes read so far (as stored: compressed bytes of a compressed input,
+        bytes from the window's start), about once per block; ``scanning`` while a large CSV is read
+        a first time for its column types (then read again from its start). A Parquet input or a
+        FIFO reports nothing.
         """
         fmt = fmt or detect_format(path)
         if fmt not in FORMATS:
@@ -151,8 +165,9 @@ class Decoder:
             raise ValueError(f"a byte window reads an uncompressed local file, not {path}")
         request = {"path": path, "fmt": fmt, "storage_options": storage_options or {}, "window": window,
                    "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows,
-                   "block_bytes": self.block_bytes, "declared": dict(declared or {})}
-        return self._run(request)
+                   "block_bytes": self.block_bytes, "declared": dict(declared or {}),
+                   "progress": on_read is not None}
+        return self._run(request, on_read=on_read)
 
     def fetch(self, url: str, *, step: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0,
               records: str | None = None, next_key: str | None = None,
@@ -236,7 +251,8 @@ class Decoder:
 
     # --- one input -----------------------------------------------------------------------------
 
-    def _run(self, request: dict[str, Any], page: PageFetch | None = None) -> Iterator[pa.RecordBatch]:
+    def _run(self, request: dict[str, Any], page: PageFetch | None = None, *,
+             on_read: Callable[[int, bool], None] | None = None) -> Iterator[pa.RecordBatch]:
         read_fd, write_fd = os.pipe()
         try:
             fcntl.fcntl(read_fd, _F_SETPIPE_SZ, _PIPE_BYTES)  # fewer wake-ups per batch
@@ -256,7 +272,7 @@ class Decoder:
                 finished = True
                 raise ParseCrashed(request["path"], "crash", hello["error"] if hello else _SERVER_GONE)
             try:
-                trailer = yield from _frames(pa.PythonFile(source, mode="r"))
+                trailer = yield from _frames(pa.PythonFile(source, mode="r"), on_read)
             except (pa.ArrowInvalid, OSError):
                 trailer = None  # the stream broke off: the child died mid-batch
             final = _receive(status)
@@ -346,12 +362,18 @@ def _raise_for_page(request: dict[str, Any], pid: int, trailer: dict[str, Any] |
     raise ParseCrashed(url, "crash", f"child {pid} {_exit_text(final['status'])} before finishing")
 
 
-def _frames(source: pa.PythonFile) -> Generator[pa.RecordBatch, None, dict[str, Any] | None]:
-    """Batches of the child's IPC segments, then its trailer (None if the pipe ends first)."""
+def _frames(source: pa.PythonFile, on_read: Callable[[int, bool], None] | None = None,
+            ) -> Generator[pa.RecordBatch, None, dict[str, Any] | None]:
+    """Batches of the child's IPC segments, then its trailer (None if the pipe ends first);
+    progress frames go to ``on_read``."""
     while True:
         tag = source.read(1)
         if tag == SEGMENT:
             yield from ipc.open_stream(source)
+        elif tag == READ:
+            frame = source.read(9)
+            if on_read is not None:
+                on_read(int.from_bytes(frame[:8], "big"), bool(frame[8]))
         elif tag == TRAILER:
             size = int.from_bytes(source.read(4), "big")
             trailer: dict[str, Any] = json.loads(source.read(size))

@@ -28,8 +28,10 @@ Wire protocol. Control socket (parent to server, SOCK_SEQPACKET): a pickled requ
 descriptors, the status socket and the data pipe's write end. Status socket (server to parent,
 JSON messages): ``{"pid"}`` at the fork, ``{"status", "bound", "rss"}`` once the child is reaped; a
 parent closing its end abandons the input and the server kills the child. Data pipe (child to
-parent): segments ``b"S"`` + an Arrow IPC stream, then ``b"E"`` + 4-byte length + a JSON trailer
-(``{"ok": true}`` or ``{"error": kind, ...}``).
+parent): segments ``b"S"`` + an Arrow IPC stream, progress frames ``b"P"`` + 8-byte offset + 1-byte
+phase (when the request asks for ``progress``: the input's bytes read so far, once per block read; phase 1: a first reading for a CSV's
+types; the open IPC stream ends before one, and the next batch starts a segment of the same
+schema), then ``b"E"`` + 4-byte length + a JSON trailer (``{"ok": true}`` or ``{"error": kind, ...}``).
 
 Decoding. NDJSON, JSON documents and CSV are read in blocks of about ``READ_BYTES`` (the request's
 ``block_bytes``) that end at a record boundary (a record longer than that grows its block, up to
@@ -86,7 +88,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
-from contextful.engine.land.decode_wire import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
+from contextful.engine.land.decode_wire import (
+    READ,
+    READ_BYTES,
+    SEGMENT,
+    TRAILER,
+    local_path,
+    split_compression,
+)
 from contextful.engine.land.json_numbers import (
     exact_numbers,
     literal_type,
@@ -302,7 +311,7 @@ def decode_input(request: dict[str, Any], data_fd: int) -> None:
         sink.finish(_fetch(request, sink))
         return
     try:
-        for table in _tables(request):
+        for table in _tables(request, sink.read if request.get("progress") else None):
             sink.send(table)
         trailer = {"ok": True}
     except _Malformed as exc:
@@ -350,22 +359,28 @@ def _fetch(request: dict[str, Any], sink: _Sink) -> dict[str, Any]:
         return {"error": "crash", "reason": f"{type(exc).__name__}: {first_line(exc)}"}
 
 
-def _tables(request: dict[str, Any]) -> Iterator[pa.Table]:
+_Report = Callable[[int, bool], None]
+"""Told the input's bytes read so far after each read, and whether the reading is a CSV's first
+(:func:`_csv_types`); the sink sends it on as a progress frame."""
+
+
+def _tables(request: dict[str, Any], report: _Report | None = None) -> Iterator[pa.Table]:
     path, fmt = request["path"], request["fmt"]
     block = request.get("block_bytes", READ_BYTES)
     if fmt == "parquet":
         yield from _parquet_tables(_open(path, request["storage_options"]), request["batch_rows"])
     elif fmt == "ndjson":
-        yield from _records(_reader(request), _LastNewline(), _JsonBlocks(), block=block)
+        yield from _records(_reader(request, report), _LastNewline(), _JsonBlocks(), block=block)
     elif fmt == "json":
-        yield from _records(_DocumentRows(_reader(request)).readinto, _LastNewline(), _JsonBlocks(), block=block)
+        yield from _records(_DocumentRows(_reader(request, report)).readinto, _LastNewline(), _JsonBlocks(),
+                            block=block)
     elif fmt == "csv":
-        yield from _csv_tables(request, block)
+        yield from _csv_tables(request, block, report)
     else:
         raise ValueError(f"format {fmt!r}")
 
 
-def _csv_tables(request: dict[str, Any], block: int) -> Iterator[pa.Table]:
+def _csv_tables(request: dict[str, Any], block: int, report: _Report | None = None) -> Iterator[pa.Table]:
     """A CSV input's tables, each column of one type for the whole input: the merge of every block's
     guess, temporal guesses as text (an input read only once, a FIFO, lands every undeclared column
     as text rather than guess a type per block).
@@ -378,29 +393,29 @@ def _csv_tables(request: dict[str, Any], block: int) -> Iterator[pa.Table]:
     delimiter = "\t" if split_compression(path)[0].endswith(".tsv") else ","
     declared = request.get("declared") or {}
     if not _rereadable(path):
-        yield from _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, None, declared), header=True,
+        yield from _records(_reader(request, report), _CsvCut(), _CsvBlocks(delimiter, None, declared), header=True,
                             block=block)
         return
     hold = request.get("csv_hold_bytes", HOLD_BLOCKS * block)
     local, window = local_path(path), request.get("window")
     size = (window[1] - window[0] if window else os.path.getsize(local)) if local is not None else None
     if size is None or split_compression(path)[1] is not None or size <= hold:
-        tables = _csv_one_pass(request, delimiter, declared, block, hold)
+        tables = _csv_one_pass(request, delimiter, declared, block, hold, report)
         if tables is not None:
             yield from tables
             return
-    types = _csv_types(request, delimiter, declared, block)
-    yield from _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, types, declared), header=True,
+    types = _csv_types(request, delimiter, declared, block, report)
+    yield from _records(_reader(request, report), _CsvCut(), _CsvBlocks(delimiter, types, declared), header=True,
                         block=block)
 
 
 def _csv_one_pass(request: dict[str, Any], delimiter: str, declared: dict[str, pa.DataType], block: int,
-                  hold: int) -> Iterator[pa.Table] | None:
+                  hold: int, report: _Report | None = None) -> Iterator[pa.Table] | None:
     """The input's tables from one reading, or None once it holds more than ``hold`` bytes."""
     parse = _CsvOnePass(delimiter, declared)
     held: list[tuple[pa.Table, bytes]] = []
     size = 0
-    blocks = _records(_reader(request), _CsvCut(), parse, header=True, block=block)
+    blocks = _records(_reader(request, report), _CsvCut(), parse, header=True, block=block)
     try:
         for table, text in blocks:
             size += len(text)
@@ -435,12 +450,13 @@ def _read_as_text(t: pa.DataType) -> bool:
 
 
 def _csv_types(request: dict[str, Any], delimiter: str, declared: dict[str, pa.DataType],
-               block: int) -> dict[str, pa.DataType]:
+               block: int, report: _Report | None = None) -> dict[str, pa.DataType]:
     """Every CSV column's type for the whole input: each block's guess, temporal guesses as text,
     merged as the decoder widens (int and float to float64, mixed kinds to text)."""
     schema: pa.Schema | None = None
     wide: set[str] = set()  # columns where an integer beyond ±2**53 arrived: they meet a float as text
-    for table in _records(_reader(request), _CsvCut(), _CsvBlocks(delimiter, None, declared, guess=True),
+    for table in _records(_reader(request, report, scanning=True), _CsvCut(),
+                          _CsvBlocks(delimiter, None, declared, guess=True),
                           header=True, block=block):
         wide |= wide_integer_paths(table)
         guessed = pa.schema([f.with_type(_temporal_as_text(f.type) or f.type) for f in table.schema])
@@ -458,9 +474,25 @@ def _open(path: str, options: dict[str, Any]) -> pa.NativeFile:
     return pa.PythonFile(open(local, "rb", buffering=0), mode="r")  # OSFile would seek
 
 
-def _reader(request: dict[str, Any]) -> Callable[[memoryview], int]:
-    """``readinto`` of the input's bytes, decompressed by its name's suffix."""
+def _reader(request: dict[str, Any], report: _Report | None = None, *,
+            scanning: bool = False) -> Callable[[memoryview], int]:
+    """``readinto`` of the input's bytes, decompressed by its name's suffix; after each read it
+    tells ``report`` the input's bytes read so far (of the file as stored: a compressed input's
+    compressed bytes; a window's bytes from its start). An input that cannot tell (a FIFO) reports nothing."""
     stream = _open(request["path"], request["storage_options"])
+    readinto = _decoded(stream, request)
+    if report is None or not stream.seekable():
+        return readinto
+    start = request["window"][0] if request.get("window") else 0
+
+    def counted(target: memoryview) -> int:
+        size = readinto(target)
+        report(stream.tell() - start, scanning)
+        return size
+    return counted
+
+
+def _decoded(stream: pa.NativeFile, request: dict[str, Any]) -> Callable[[memoryview], int]:
     codec = split_compression(request["path"])[1]
     if request.get("window"):
         return _window(stream, *request["window"])
@@ -632,6 +664,9 @@ class _JsonBlocks:
 
     def __init__(self) -> None:
         self._text: pa.Schema | None = None
+        self._order: _Order = {}
+        """Columns and struct fields in the order the input wrote them, as far as fresh readings saw
+        it: a reading with declared paths puts those first; its columns are put back in order."""
 
     def __call__(self, block: memoryview) -> pa.Table:
         known = self._text
@@ -643,13 +678,57 @@ class _JsonBlocks:
                 pass  # shapes other than the kept ones, or not JSON at all: read afresh below
             else:
                 if _text_schema(table.schema) is None:
-                    return _exact(block, table, known)
+                    return _exact(block, table, known)  # the sink conforms it to the order the first block set
         table = _json_table(block)
+        _remember(self._order, list(table.schema))
         guessed = _text_schema(table.schema)
         if guessed is None:
             return _exact(block, table, None)
         self._text = guessed if known is None else merged_schema(known, guessed)
-        return _exact(block, _json_table(block, guessed), guessed)
+        return self._in_order(_exact(block, _json_table(block, guessed), guessed))
+
+    def _in_order(self, table: pa.Table) -> pa.Table:
+        """``table``'s columns and struct fields in the input's order (what no fresh reading saw
+        stays after what it saw); columnar: a cast by field name."""
+        schema = pa.schema(_arranged(list(table.schema), self._order))
+        if schema.equals(table.schema):
+            return table
+        return table.select(schema.names).cast(schema)
+
+
+_Order = dict[str, tuple[int, "_Order"]]
+"""A name's place among its siblings, and the places of its struct's fields (through lists)."""
+
+
+def _remember(order: _Order, fields: list[pa.Field]) -> None:
+    for f in fields:
+        _place, inner = order.setdefault(f.name, (len(order), {}))
+        if (nested := _struct_fields(f.type)) is not None:
+            _remember(inner, nested)
+
+
+def _struct_fields(t: pa.DataType) -> list[pa.Field] | None:
+    if pa.types.is_struct(t):
+        return list(t)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _struct_fields(t.value_type)
+    return None
+
+
+def _arranged(fields: list[pa.Field], order: _Order) -> list[pa.Field]:
+    names = [f.name for f in fields]
+    ranked = sorted(fields, key=lambda f: (order[f.name][0] if f.name in order else len(order), names.index(f.name)))
+    return [f.with_type(_arranged_type(f.type, order[f.name][1] if f.name in order else {})) for f in ranked]
+
+
+def _arranged_type(t: pa.DataType, order: _Order) -> pa.DataType:
+    if pa.types.is_struct(t):
+        return pa.struct(_arranged(list(t), order))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_arranged_type(t.value_type, order)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_arranged_type(t.value_type, order)))
+    return t
 
 
 def _exact(block: memoryview, table: pa.Table, explicit: pa.Schema | None) -> pa.Table:
@@ -1057,7 +1136,8 @@ class _Sink:
         self._batch_rows = batch_rows
         self._schema: pa.Schema | None = None
         self._wide: set[str] = set()  # paths where an integer beyond ±2**53 arrived (json_numbers)
-        self._queue: queue.Queue[tuple[pa.Schema | None, pa.Table] | None] = queue.Queue(maxsize=2)
+        self._queue: queue.Queue[tuple[pa.Schema | None, pa.Table] | bytes | None] = queue.Queue(maxsize=2)
+        self._told = (-1, False)  # the last progress frame sent: a read that moved nothing sends none
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._write, name="decode-sink", daemon=True)
         self._thread.start()
@@ -1071,6 +1151,12 @@ class _Sink:
         self._schema = schema
         self._put((segment, conform(table, schema)))
 
+    def read(self, offset: int, scanning: bool) -> None:
+        """A progress frame: the input's bytes read so far, ``scanning`` in a CSV's first reading."""
+        if (offset, scanning) != self._told:
+            self._told = (offset, scanning)
+            self._put(READ + offset.to_bytes(8, "big") + bytes([scanning]))
+
     def finish(self, trailer: dict[str, Any]) -> None:
         self._put(None)
         self._thread.join()
@@ -1080,7 +1166,7 @@ class _Sink:
         self._file.write(TRAILER + len(body).to_bytes(4, "big") + body)
         self._file.flush()  # PythonFile.flush does not reach the Python file
 
-    def _put(self, item: tuple[pa.Schema | None, pa.Table] | None) -> None:
+    def _put(self, item: tuple[pa.Schema | None, pa.Table] | bytes | None) -> None:
         while True:
             if self._failure is not None:
                 raise self._failure
@@ -1092,14 +1178,23 @@ class _Sink:
 
     def _write(self) -> None:
         writer: ipc.RecordBatchStreamWriter | None = None
+        schema: pa.Schema | None = None
         try:
             while (item := self._queue.get()) is not None:
-                segment, table = item
-                if segment is not None:
+                if isinstance(item, bytes):  # progress: between two IPC streams
                     if writer is not None:
                         writer.close()
+                        writer = None
+                    self._out.write(item)
+                    self._file.flush()  # the parent shows it now, not when the pipe buffer fills
+                    continue
+                segment, table = item
+                if segment is not None or writer is None:
+                    if writer is not None:
+                        writer.close()
+                    schema = segment if segment is not None else schema
                     self._out.write(SEGMENT)
-                    writer = ipc.new_stream(self._out, segment)
+                    writer = ipc.new_stream(self._out, schema)
                 assert writer is not None
                 for batch in table.to_batches(max_chunksize=self._batch_rows):
                     writer.write_batch(batch)

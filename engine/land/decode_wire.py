@@ -13,6 +13,9 @@ READ_BYTES = 4 << 20
 """Bytes read per block (measured: 2-8 MiB parse fastest; larger blocks fall out of cache)."""
 SEGMENT = b"S"
 """Tag of a stream frame that starts an Arrow IPC segment (a schema, then its batches)."""
+READ = b"P"
+"""Tag of a progress frame: 8 bytes of the input's bytes read so far, 1 byte of phase (1: a CSV's
+first reading, for its types), written between IPC segments (``engine.land.decode_child``)."""
 TRAILER = b"E"
 """Tag of the stream's last frame: the input's counts and errors."""
 

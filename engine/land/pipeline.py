@@ -215,11 +215,12 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     if plan.pull:
         decoder.start()  # its imports and the ones below run side by side
         load_staging(spec)
-    bytes_read = 0
+    reading = _Reading(spec.id, plan, started, progress)
     since_commit: list[str] = []  # the inputs the next commit lands: its runs' manifests name them
 
     def decode_ahead(item: InputFile) -> DecodeAhead:
-        return DecodeAhead(lambda: decoder.decode(item.path, fmt, declared=sink.types, window=item.window()))
+        return DecodeAhead(lambda: decoder.decode(item.path, fmt, declared=sink.types, window=item.window(),
+                                                  on_read=reading.on_read(item) if progress is not None else None))
 
     ahead = decode_ahead(plan.pull[0]) if plan.pull else None
     try:
@@ -229,11 +230,13 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
             # the next input decodes while this one is guarded and staged (engine.land.ahead)
             ahead = decode_ahead(plan.pull[done + 1]) if done + 1 < len(plan.pull) else None
             point = sink.savepoint()
+            reading.begin(item)
             try:
                 for chunk in coalesce(current.batches(), STAGE_ROWS):
                     sink.stage(chunk, f"input {item.path}")
                 sink.flush()  # its rows meet the table's schema now, while a clash is still this input's
             except (Incompatible, NotFound) as exc:  # this input alone fails, by name
+                reading.end(item)
                 failed = _failure(item, exc)
                 sink.rollback_to(point, RunFailure(failed.error, failed.detail))
                 result.failures.append(failed)
@@ -246,10 +249,7 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                 journal.pulled(f"input {item.path}", {"input": item.name, "entry": item.entry(), "from": item.offset})
             pending += 1
             since_commit.append(item.path)
-            bytes_read += item.size - item.offset
-            if progress is not None:
-                progress(Progress(spec.id, done + 1, len(plan.pull), sink.landings[spec.table].rows + sink.staged_rows,
-                                  bytes_read, len(sink.landings), time.monotonic() - started))
+            reading.end(item, sink.landings[spec.table].rows + sink.staged_rows, len(sink.landings))
             if not replacing and sink.staged_reach(checkpoint_bytes):  # a checkpoint, at an input boundary
                 position = {"kind": "files", "inputs": dict(landed)}
                 if journal is not None:
@@ -275,6 +275,59 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     result.tables = sink.results()
     result.seconds = time.monotonic() - started
     return result
+
+
+class _Reading:
+    """A files run's progress: a report as each input lands, and from within the input being
+    landed as its decoder reads it (``Decoder.decode``'s ``on_read``). The input decoding ahead
+    reports from its own thread before its turn; what it read shows once it is the one landing."""
+
+    def __init__(self, pipeline: str, plan: InputPlan, started: float,
+                 progress: Callable[[Progress], None] | None) -> None:
+        self.pipeline, self.started, self.progress = pipeline, started, progress
+        self.inputs = len(plan.pull)
+        self.total = sum(item.size - item.offset for item in plan.pull)
+        self.done = self.landed_bytes = self.rows = self.tables = 0
+        self.current: InputFile | None = None
+        self.read: dict[str, tuple[int, bool]] = {}  # per input: its newest offset and phase
+        self._lock = threading.Lock()
+
+    def on_read(self, item: InputFile) -> Callable[[int, bool], None]:
+        def told(offset: int, scanning: bool) -> None:
+            with self._lock:
+                last, was_scanning = self.read.get(item.path, (0, scanning))
+                # a CSV read once that grew past its hold is read again: its count does not go back
+                self.read[item.path] = (offset if scanning != was_scanning else max(last, offset), scanning)
+                if item is self.current:
+                    self._report(item)
+        return told
+
+    def begin(self, item: InputFile) -> None:
+        with self._lock:
+            self.current = item
+            if item.path in self.read:
+                self._report(item)
+
+    def end(self, item: InputFile, rows: int | None = None, tables: int = 0) -> None:
+        """``item`` landed (``rows``: the run's rows so far) or failed (None)."""
+        with self._lock:
+            self.current = None
+            self.read.pop(item.path, None)
+            self.done += 1
+            self.landed_bytes += item.size - item.offset
+            if rows is None or self.progress is None:
+                return
+            self.rows, self.tables = rows, tables
+            self.progress(Progress(self.pipeline, self.done, self.inputs, rows, self.landed_bytes, tables,
+                                   time.monotonic() - self.started, bytes_total=self.total))
+
+    def _report(self, item: InputFile) -> None:
+        offset, scanning = self.read[item.path]
+        if self.progress is not None:
+            self.progress(Progress(self.pipeline, self.done, self.inputs, self.rows,
+                                   self.landed_bytes + min(offset, item.size - item.offset), self.tables,
+                                   time.monotonic() - self.started, bytes_total=self.total, closes=False,
+                                   scanning=scanning))
 
 
 def _failure(item: InputFile, exc: ContextfulError) -> InputFailure:

@@ -86,7 +86,8 @@ class PipelineResult:
 
 @dataclass(frozen=True)
 class Progress:
-    """How far a pipeline run is: called after each input (files) or page (http) it staged."""
+    """How far a pipeline run is: called after each input (files) or page (http) it staged, and
+    within a files input as its decoder reads it (``closes`` False)."""
 
     pipeline: str
     done: int
@@ -103,3 +104,10 @@ class Progress:
     """What ``done`` counts: ``inputs``, ``pages`` or ``units`` (a derive run)."""
     failed: int = 0
     """A derive run: units that failed so far (each recorded as a marker row)."""
+    bytes_total: int | None = None
+    """Files: the bytes the run pulls (the inputs' sizes from where their cursors stand)."""
+    closes: bool = True
+    """Whether this report ends an input, page or unit; False for one from within an input (bytes read so far)."""
+    scanning: bool = False
+    """From within a large CSV input read a first time for its column types: ``bytes_read`` counts
+    that reading's bytes (it is read again after)."""

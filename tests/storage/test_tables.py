@@ -63,7 +63,7 @@ def test_run_history_reads_downgrade_events_under_the_run_id(store: Store) -> No
     assert doc["run_id"] == widened.run_id
     assert doc["parts"] and doc["downgrade_events"] == [
         {"table": "events", "path": "n", "source_type": "double", "landed_type": "double",
-         "reason": "column widened from int64 to double"}]
+         "reason": "column widened from int64 to double", "kind": "downgrade", "table_type": "int64"}]
     history = store.runs.history().to_pylist()
     commit_row = next(r for r in history if r["run_id"] == widened.run_id and r["phase"] == "commit")
     assert commit_row["downgrade_events"] == 1

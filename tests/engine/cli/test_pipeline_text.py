@@ -86,8 +86,8 @@ def test_an_http_plan_shows_the_stored_position_and_first_request_and_progress_c
 
     ran = contextful(tmp_path, "pipeline", "run")
     progress = [line for line in ran.stderr.splitlines() if line.startswith("events: ")]
-    assert [line.split(", ")[:2] for line in progress] == [
-        ["events: 1 page", "2 rows"], ["events: 2 pages", "4 rows"], ["events: 3 pages", "5 rows"]]
+    # not on a terminal, pages (a walk of unknown length) print at most a line every 10 s, and the last
+    assert [line.split(", ")[:2] for line in progress] == [["events: 1 page", "2 rows"], ["events: 3 pages", "5 rows"]]
     assert all("inputs" not in line and "MiB staged" in line for line in progress)
 
     planned = json.loads(contextful(tmp_path, "--json", "pipeline", "plan").stdout)["pipelines"][0]
