@@ -91,6 +91,7 @@ Hierarchy::
         │   ├── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         │   ├── ProjectExists            init found a contextful.toml already
         │   ├── TableStillRead           table drop of a table a model or an [[export]] reads (without --force)
+        │   ├── TableDeclarationChanged  the manifest declares a landed table otherwise than it landed (key, normalize)
         │   ├── SweepOriginOutOfOrder    a carried sweep's origin read before the origin preceding it landed
         │   ├── OutboxFrontierGap        an acknowledgement skipping a pending outbox event
         │   ├── StagingLeaseLost         a run's staging lease was ended by collection before it committed
@@ -1067,6 +1068,26 @@ class TableStillRead(Conflict):
                          f"first, or drop it anyway with --force", table=table, readers=readers)
 
 
+class TableDeclarationChanged(Conflict):
+    """A pipeline's declaration of its table (``primary_key``, ``order_by``, ``normalize``) differs
+    from the one its table landed under: ``pipeline validate``, ``plan`` and ``run`` refuse it by
+    name rather than land rows under a mix of the two. ``stored`` and ``declared`` are the two values
+    as the manifest spells them; ``migrate`` the commands that move the table to the new declaration."""
+
+    table: str
+    pipeline: str
+    setting: str
+    stored: str
+    declared: str
+    migrate: str
+
+    def __init__(self, table: str, pipeline: str, setting: str, stored: str, declared: str, migrate: str) -> None:
+        super().__init__(f"table {table!r} (pipeline {pipeline!r}): {setting} is {stored} in the store but "
+                         f"{declared} in contextful.toml; nothing lands under a mix of the two. To migrate: {migrate}",
+                         table=table, pipeline=pipeline, setting=setting, stored=stored, declared=declared,
+                         migrate=migrate)
+
+
 class ModelInputUnknown(SpecInvalid):
     """A model's SQL reads tables that no pipeline or model of the manifest produces and the store
     does not hold: its build would fail on them."""
@@ -2040,6 +2061,7 @@ __all__ = [
     "TableNameInvalid",
     "TableNotFound",
     "TableStillRead",
+    "TableDeclarationChanged",
     "TableUnreadable",
     "TerminalError",
     "TransientError",

@@ -4,7 +4,8 @@ checks, and what an apply checks before it claims a version (``surface.apply.val
 
 Three steps, every problem of a step at once: the document parses (``parse_manifest``: keys,
 values, pipelines, models, exports, externals, control, the compiled plan); each model reads only
-tables the document produces or the store holds (``engine.model.inputs``); each derive tier's
+tables the document produces or the store holds (``engine.model.inputs``) and each pipeline declares
+its landed table as it landed (``engine.land.declaration``); each derive tier's
 engine is bound by this machine's configuration (``engine.derive.run.check_tiers``).
 """
 
@@ -27,10 +28,11 @@ def validated_manifest(root: Path, doc: dict[str, Any] | None = None, *, source:
     root the model-input check reads instead of the project's; ``machine`` the ``--machine`` file."""
     path = source or str(root / MANIFEST)
     manifest = parse_manifest(read_manifest_document(root) if doc is None else doc, root, path)
+    from contextful.engine.land.declaration import manifest_declaration_changes
     from contextful.engine.model.inputs import check_model_inputs
 
-    if unknown := check_model_inputs(manifest, store):
-        raise ManifestInvalid(path, [*unknown])
+    if stored := [*check_model_inputs(manifest, store), *manifest_declaration_changes(manifest, store)]:
+        raise ManifestInvalid(path, stored)
     if any(p.source.kind == "derive" for p in manifest.pipelines):
         from contextful.engine.derive.bind import load_machine
         from contextful.engine.derive.run import check_tiers

@@ -2,6 +2,8 @@
 
 One ``contextful pipeline run`` of a ``files`` pipeline:
 
+0. a pipeline declaring its table otherwise than it landed (``primary_key``, ``order_by``,
+   ``normalize``) is refused first, by name (``engine.land.declaration``): nothing is read;
 1. list the source's inputs and plan them against the pipeline's cursor (``engine.land.files``:
    inputs named relative to the project, fingerprinted by content): those landed in this form —
    renamed ones included — are skipped, an appended NDJSON input pulls only its new bytes, and an
@@ -33,6 +35,7 @@ from typing import Any
 from contextful.engine.config.manifest import Manifest, PipelineSpec
 from contextful.engine.land.ahead import DecodeAhead
 from contextful.engine.land.chunks import coalesce
+from contextful.engine.land.declaration import refuse_changed_declaration
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs
 from contextful.engine.land.journal import PullJournal
@@ -93,7 +96,10 @@ def _plan_files(store: Store | None, manifest: Manifest, spec: PipelineSpec) -> 
 
 def plan_pipeline(store: Store | None, manifest: Manifest, spec: PipelineSpec) -> PipelinePlan:
     """What a run would pull (inputs new or appended since the cursor), skip, and refuse as changed
-    (``store`` None: the project has no store yet, so nothing has landed)."""
+    (``store`` None: the project has no store yet, so nothing has landed). A declaration its landed
+    table does not hold is refused (``engine.land.declaration``)."""
+    if store is not None:
+        refuse_changed_declaration(store, spec)
     if spec.source.kind == "http":
         return _plan_http(store, spec)
     if spec.source.kind == "receive":
@@ -129,6 +135,7 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
     A derive pipeline is not landed here: ``engine.run.units`` runs it, with its parents."""
     if spec.source.kind == "derive":
         raise TypeError(f"pipeline {spec.id!r} derives; engine.run.units runs it, not the landing stage")
+    refuse_changed_declaration(store, spec)  # before the seed, the journal or any read: nothing lands under a mix
     seeded = None
     if spec.seed is not None:
         from contextful.engine.land.seed import land_seed

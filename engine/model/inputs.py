@@ -58,11 +58,17 @@ def check_model_inputs(manifest: Manifest, store: str | None = None) -> list[Mod
 def stored_tables(manifest: Manifest, store: str | None = None) -> set[str]:
     """The user tables of the store (``store``, else the project's); empty when it does not exist yet."""
     from contextful.engine.project import open_store
-    from contextful.storage.objects import ObjectStore
 
-    root = store or manifest.project.store
-    exists = ObjectStore(root).exists("store.json") if "://" in root else os.path.isfile(os.path.join(root, "store.json"))
-    if not exists:  # (a local ObjectStore would create its root)
+    if not store_exists(manifest, store):
         return set()
     with open_store(store or manifest.root) as opened:
         return set(opened.table_names())
+
+
+def store_exists(manifest: Manifest, store: str | None = None) -> bool:
+    """Whether the store (``store``, else the project's) exists, looked at without creating it."""
+    from contextful.storage.objects import ObjectStore
+
+    root = store or manifest.project.store
+    # (a local ObjectStore would create its root)
+    return ObjectStore(root).exists("store.json") if "://" in root else os.path.isfile(os.path.join(root, "store.json"))
