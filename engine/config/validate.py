@@ -17,7 +17,7 @@ from typing import Any
 from contextful.engine.config.manifest import Manifest
 from contextful.engine.config.parse import parse_manifest
 from contextful.engine.project import MANIFEST, read_manifest_document
-from contextful.storage.errors import ManifestInvalid
+from contextful.storage.errors import ContextfulError, ManifestInvalid
 
 
 def validated_manifest(root: Path, doc: dict[str, Any] | None = None, *, source: str | None = None,
@@ -31,7 +31,8 @@ def validated_manifest(root: Path, doc: dict[str, Any] | None = None, *, source:
     from contextful.engine.land.declaration import manifest_declaration_changes
     from contextful.engine.model.inputs import check_model_inputs
 
-    if stored := [*check_model_inputs(manifest, store), *manifest_declaration_changes(manifest, store)]:
+    stored: list[ContextfulError] = [*check_model_inputs(manifest, store), *manifest_declaration_changes(manifest, store)]
+    if stored:
         raise ManifestInvalid(path, stored)
     if any(p.source.kind == "derive" for p in manifest.pipelines):
         from contextful.engine.derive.bind import load_machine

@@ -116,9 +116,9 @@ def _migration(store: Store, spec: PipelineSpec, table: str, compared: Compared)
     """The commands that move ``table`` to ``spec``'s declaration, each working today."""
     children = sorted(n for n in store.table_names() if n.lower().startswith(table.lower() + "__"))
     drop = "; ".join(f"`contextful table drop {name}`" for name in (table, *children))
-    steps = [f"land into a new table (give pipeline {spec.id!r} `table = \"{table}_v2\"`: its first run lands "
-             f"every input there), or drop the table ({drop}: the pipeline's cursor goes with it, so its next run "
-             "lands every input again under the new declaration)"]
+    steps = [(f"land into a new table (give pipeline {spec.id!r} `table = \"{table}_v2\"`: its first run lands "
+              f"every input there), or drop the table ({drop}: the pipeline's cursor goes with it, so its next run "
+              "lands every input again under the new declaration)")]
     if compared.rekey and spec.primary_key:
         key = ",".join(spec.primary_key)
         steps.append(f"or re-key the rows as they are: `contextful sql --format parquet -o {table}.parquet \"SELECT * FROM {table}\"`, "
