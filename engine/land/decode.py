@@ -56,6 +56,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from contextful.engine.land.csv_options import CsvOptions
 from contextful.engine.land.decode_wire import READ_BYTES, SEGMENT, TRAILER, local_path, split_compression
 from contextful.storage.errors import (
     ConnectorBoundHit,
@@ -129,15 +130,18 @@ class Decoder:
 
     def decode(self, path: str, fmt: str | None = None, *, storage_options: dict[str, Any] | None = None,
                declared: Mapping[str, pa.DataType] | None = None,
-               window: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
+               window: tuple[int, int] | None = None, csv: CsvOptions | None = None,
+               notes: list[str] | None = None) -> Iterator[pa.RecordBatch]:
         """The input's rows as Arrow batches, decoded in a fresh child as they are read.
 
         ``declared`` (a pull's ``types``) reads those CSV columns from their text in the declared
         type (text as text, numbers and dates converted, zoned timestamps as text for typed
         landing), never through a guess; JSON values keep their JSON kind. ``window`` (start, stop)
         reads only those bytes of an uncompressed local file: the bytes a pipeline's cursor has not
-        landed, up to the size it listed; a malformed line is counted from ``start``. The child is
-        forked at the first ``next()``. Abandoning the iterator kills the child.
+        landed, up to the size it listed; a malformed line is counted from ``start``. ``csv`` is a CSV input's dialect
+        (``engine.land.csv_options``: delimiter, quote, header, encoding, null texts); what the decode
+        decided on its own (a sniffed delimiter) is appended to ``notes`` once the batches are read.
+        The child is forked at the first ``next()``. Abandoning the iterator kills the child.
         """
         fmt = fmt or detect_format(path)
         if fmt not in FORMATS:
@@ -151,8 +155,9 @@ class Decoder:
             raise ValueError(f"a byte window reads an uncompressed local file, not {path}")
         request = {"path": path, "fmt": fmt, "storage_options": storage_options or {}, "window": window,
                    "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows,
-                   "block_bytes": self.block_bytes, "declared": dict(declared or {})}
-        return self._run(request)
+                   "block_bytes": self.block_bytes, "declared": dict(declared or {}),
+                   "csv": (csv or CsvOptions()).to_request()}
+        return self._run(request, notes=notes)
 
     def fetch(self, url: str, *, step: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0,
               records: str | None = None, next_key: str | None = None,
@@ -236,7 +241,8 @@ class Decoder:
 
     # --- one input -----------------------------------------------------------------------------
 
-    def _run(self, request: dict[str, Any], page: PageFetch | None = None) -> Iterator[pa.RecordBatch]:
+    def _run(self, request: dict[str, Any], page: PageFetch | None = None,
+             notes: list[str] | None = None) -> Iterator[pa.RecordBatch]:
         read_fd, write_fd = os.pipe()
         try:
             fcntl.fcntl(read_fd, _F_SETPIPE_SZ, _PIPE_BYTES)  # fewer wake-ups per batch
@@ -266,6 +272,8 @@ class Decoder:
                 _raise_for_page(request, hello["pid"], trailer, final, self.deadline_s, self.memory_bytes)
             else:
                 self._raise_for(request["path"], hello["pid"], trailer, final)
+                if notes is not None:
+                    notes.extend((trailer or {}).get("notes", ()))
         finally:
             if not finished:  # abandoned: the server kills the child; wait until its group is gone
                 try:

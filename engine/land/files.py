@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import xxhash
+from contextful.engine.land.csv_options import CSV_KEYS, csv_options
 from contextful.engine.land.decode import detect_format
 from contextful.engine.land.decode_wire import local_path, split_compression
 from contextful.storage.errors import (
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 else:
     fsspec = lazy_module("fsspec")
 
-CONFIG_KEYS = ("paths", "format")
+CONFIG_KEYS = ("paths", "format", *CSV_KEYS)
 FORMATS = ("ndjson", "json", "csv", "parquet")
 _READ = 1 << 20
 _REMOTE_CONTENT = ("ETag", "etag", "Content-MD5", "Digest", "Last-Modified", "LastModified", "mtime")
@@ -131,6 +132,9 @@ def check_config(where: str, config: dict[str, Any]) -> list[ContextfulError]:
     fmt = config.get("format")
     if fmt is not None and fmt not in FORMATS:
         problems.append(ManifestValueInvalid(where, "format", f"{fmt!r} is not one of {', '.join(FORMATS)}"))
+    problems += csv_options(where, config)[1]
+    if fmt not in (None, "csv") and (named := [k for k in CSV_KEYS if k in config]):
+        problems.append(ManifestValueInvalid(where, named[0], f"is a CSV option; format is {fmt!r}"))
     return problems
 
 

@@ -35,6 +35,7 @@ from typing import Any
 from contextful.engine.config.manifest import Manifest, PipelineSpec
 from contextful.engine.land.ahead import DecodeAhead
 from contextful.engine.land.chunks import coalesce
+from contextful.engine.land.csv_options import csv_options
 from contextful.engine.land.declaration import refuse_changed_declaration
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs
@@ -194,6 +195,8 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
         result.failures.append(_failure(item, changed))
     landed = dict(plan.cursor)
     fmt = spec.source.config.get("format")
+    csv = csv_options(spec.id, spec.source.config)[0]  # validated with the manifest
+    notes: dict[str, list[str]] = {}  # per input: what its decode decided (a sniffed delimiter)
     pending = int(landed != stored)  # renames and old entries carried forward commit too
     if plan.pull:
         decoder.start()  # its imports and the ones below run side by side
@@ -202,7 +205,9 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     since_commit: list[str] = []  # the inputs the next commit lands: its runs' manifests name them
 
     def decode_ahead(item: InputFile) -> DecodeAhead:
-        return DecodeAhead(lambda: decoder.decode(item.path, fmt, declared=sink.types, window=item.window()))
+        said = notes.setdefault(item.path, [])
+        return DecodeAhead(lambda: decoder.decode(item.path, fmt, declared=sink.types, window=item.window(), csv=csv,
+                                                  notes=said))
 
     ahead = decode_ahead(plan.pull[0]) if plan.pull else None
     try:
@@ -223,6 +228,7 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                 continue
             landed[item.name] = item.entry()
             result.inputs_landed.append(item.path)
+            result.notes += [f"{item.name}: {note}" for note in notes.pop(item.path, ())]
             if journal is not None:
                 journal.pulled(f"input {item.path}", {"input": item.name, "entry": item.entry(), "from": item.offset})
             pending += 1
