@@ -152,11 +152,12 @@ def _csv_options(file: str, fmt: str | None, given: dict[str, Any]) -> CsvOption
 
     options, problems = csv_options("table load", given)
     option = {"null_values": "--null-value"}
-    for problem in problems:
-        raise ArgumentInvalid(option.get(problem.key, f"--{problem.key}"), given.get(problem.key), problem.problem)
+    if problems:
+        key = problems[0].key
+        raise ArgumentInvalid(option.get(key, f"--{key}"), given.get(key), problems[0].problem)
     if given and (fmt or detect_format(file)) != "csv":
-        raise ArgumentInvalid(option.get(next(iter(given)), f"--{next(iter(given))}"), file, "is a CSV option; "
-                              "the file is not read as CSV")
+        key = next(iter(given))
+        raise ArgumentInvalid(option.get(key, f"--{key}"), given[key], f"is a CSV option; {file} is not read as CSV")
     return options
 
 

@@ -115,9 +115,9 @@ def _wide(encoding: str) -> bool:
 
 def sniff_delimiter(head: bytes, quote: str, default: str) -> str:
     """The delimiter of a CSV input whose first bytes are ``head``: the candidate of :data:`SNIFFED`
-    that splits the most of its first whole lines (quoted fields aside) into the same number of
-    fields, at least two; ``default`` when none splits any line. Bounded: ``SNIFF_BYTES`` bytes at
-    most, ``SNIFF_LINES`` lines."""
+    that splits the most of its first lines (quoted fields aside) into as many fields as it splits
+    the first line into, then the one giving more fields; ``default`` when none splits the first
+    line. Bounded: ``SNIFF_BYTES`` bytes at most, ``SNIFF_LINES`` lines."""
     text = head[:SNIFF_BYTES].decode("utf-8", "replace")
     if quote:
         q = re.escape(quote)

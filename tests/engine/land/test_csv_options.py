@@ -181,3 +181,33 @@ def test_options_hold_across_many_parser_blocks(tmp_path: Path, rows: int) -> No
         landed = store.table("big").to_arrow()
     assert _landed(landed) == (["column_1", "column_2", "column_3"], expected)
     assert str(landed.schema.field("column_3").type) == "int64"  # typed over the whole input, nulls included
+
+
+def test_bytes_not_of_the_encoding_name_their_line_and_the_encoding_option(tmp_path: Path) -> None:
+    (tmp_path / "contextful.toml").write_text('[project]\nname = "csv"\n')
+    (tmp_path / "undefined.csv").write_bytes(b"id,city\n1,caf\xe9\n2,\x81x\n")  # 0x81: no cp1252 character
+    (tmp_path / "latin.csv").write_bytes(b"id,caf\xe9\n1,x\n")  # a latin-1 header, read as UTF-8
+    proc = contextful(tmp_path, "table", "load", "t", str(tmp_path / "undefined.csv"), "--encoding", "cp1252",
+                      check=False)
+    assert proc.returncode == 4
+    assert (f"error: InputMalformed: input {tmp_path / 'undefined.csv'}, line 3: byte 0x81 does not read as cp1252 "
+            "(declare the file's `encoding`)") in proc.stderr
+    proc = contextful(tmp_path, "table", "load", "t", str(tmp_path / "latin.csv"), check=False)
+    assert proc.returncode == 4 and "the file is not UTF-8 (declare its `encoding`" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "t" not in contextful(tmp_path, "table", "list").stdout.split()  # nothing landed
+
+
+def test_unreadable_csv_options_are_named_at_validate_and_on_table_load(tmp_path: Path) -> None:
+    options = {"delimiter": ";;", "quote": 7, "header": "no", "encoding": "klingon", "null_values": "-"}
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.csv").write_text("a\n1\n")
+    (tmp_path / "contextful.toml").write_text(_manifest({"bad": ("a.csv", b"", options, {}, "")}))
+    proc = contextful(tmp_path, "--json", "pipeline", "validate", check=False)
+    assert proc.returncode == 3
+    problems = json.loads(proc.stdout)["problems"]
+    assert [p["error"] for p in problems] == ["ManifestValueInvalid"] * 5
+    assert [p["detail"].split(":")[0] for p in problems] == [
+        f"[[pipeline]] 'bad' source.config.{key}" for key in ("delimiter", "quote", "header", "encoding", "null_values")]
+    load = contextful(tmp_path, "table", "load", "t", str(tmp_path / "raw" / "a.csv"), "--delimiter", "ab", check=False)
+    assert load.returncode == 3 and "error: ArgumentInvalid: --delimiter 'ab': must be one ASCII character" in load.stderr
