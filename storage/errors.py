@@ -380,6 +380,10 @@ class ManifestKeyUnknown(SpecInvalid):
 
 
 class ManifestValueInvalid(SpecInvalid):
+    block: str
+    key: str
+    problem: str
+
     def __init__(self, block: str, key: str, problem: str) -> None:
         super().__init__(f"{block}.{key}: {problem}", block=block, key=key, problem=problem)
 
