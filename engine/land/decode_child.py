@@ -362,7 +362,8 @@ def _fetch(request: dict[str, Any], sink: _Sink) -> dict[str, Any]:
         return {"error": "crash", "reason": f"{type(exc).__name__}: {first_line(exc)}"}
 
 
-def _tables(request: dict[str, Any], notes: list[str]) -> Iterator[pa.Table]:
+def _tables(request: dict[str, Any], notes: list[str] | None = None) -> Iterator[pa.Table]:
+    """The input's tables; what the decode decided on its own (a sniffed delimiter) goes to ``notes``."""
     path, fmt = request["path"], request["fmt"]
     block = request.get("block_bytes", READ_BYTES)
     if fmt == "parquet":
@@ -372,7 +373,7 @@ def _tables(request: dict[str, Any], notes: list[str]) -> Iterator[pa.Table]:
     elif fmt == "json":
         yield from _records(_DocumentRows(_reader(request)).readinto, _LastNewline(), _JsonBlocks(), block=block)
     elif fmt == "csv":
-        yield from _csv_tables(request, block, notes)
+        yield from _csv_tables(request, block, [] if notes is None else notes)
     else:
         raise ValueError(f"format {fmt!r}")
 
