@@ -1,8 +1,9 @@
 """A landing pipeline's declaration of its table, compared with the one the table landed under.
 
-A table keeps what its first landing declared: its primary key and ``order_by`` in the catalog's
-table head, its normalize mode in its columns (a relational root carries ``_cf_id``, a nested one
-never does: docs/normalization.md). A manifest that now declares otherwise would land rows under
+A table keeps what its first landing declared in the catalog's table head: its primary key and
+``order_by`` (its merge) and its normalize mode (``TableHead.declared``, from
+:func:`table_declaration`). A table landed before the mode was kept there shows it in its columns
+instead (a relational root carries ``_cf_id``, a nested one lands it only when its data holds one). A manifest that now declares otherwise would land rows under
 a mix of the two (a key the table does not merge by, struct columns beside their shredded
 columns), so ``pipeline validate``, ``plan`` and ``run`` refuse each difference by name
 (:class:`TableDeclarationChanged`: the table, the setting, both values, the commands that migrate),
@@ -14,8 +15,12 @@ no columns to tell the normalize mode by; ``order_by`` never declared) is not co
 
     >>> [c.setting for c in COMPARED]
     ['primary_key', 'order_by', 'normalize']
-    >>> _normalize_of(["_cf_id", "id", "user__name"]), _normalize_of(["id", "user"]), _normalize_of(None)
+    >>> from contextful.storage.catalog import TableHead
+    >>> old = TableHead("orders", "", 1, 1, None, ("id",), 0, 0)
+    >>> _normalize_of(old, ["_cf_id", "id", "user__name"]), _normalize_of(old, ["id", "user"]), _normalize_of(old, None)
     ('relational', 'nested', None)
+    >>> _normalize_of(TableHead("orders", "", 1, 1, None, (), 0, 0, declared=(("normalize", "nested"),)), ["_cf_id"])
+    'nested'
 """
 
 from __future__ import annotations
@@ -43,8 +48,18 @@ def _text(value: str | None) -> str:
     return "none" if value is None else repr(value)
 
 
-def _normalize_of(columns: list[str] | None) -> str | None:
-    return None if columns is None else "relational" if RELATIONAL_ID in columns else "nested"
+def table_declaration(spec: PipelineSpec) -> dict[str, str]:
+    """What a landing pipeline declares of its root table beside its merge, kept with the table
+    when it is created (``Store.create_table(declared=...)``)."""
+    return {"normalize": spec.normalize}
+
+
+def _normalize_of(head: TableHead, columns: list[str] | None) -> str | None:
+    """The normalize mode ``head`` was created under, else the one its columns show (None: no rows yet)."""
+    kept = dict(head.declared).get("normalize")
+    if kept is not None or columns is None:
+        return kept
+    return "relational" if RELATIONAL_ID in columns else "nested"
 
 
 @dataclass(frozen=True)
@@ -67,7 +82,7 @@ COMPARED: tuple[Compared, ...] = (
     Compared("primary_key", lambda spec: spec.primary_key, lambda head, _columns: head.primary_key, _keys,
              rekey=True),
     Compared("order_by", lambda spec: spec.order_by, lambda head, _columns: head.order_by, _text),
-    Compared("normalize", lambda spec: spec.normalize, lambda _head, columns: _normalize_of(columns), _text),
+    Compared("normalize", lambda spec: spec.normalize, _normalize_of, _text),
 )
 
 

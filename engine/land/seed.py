@@ -53,6 +53,7 @@ from contextful.engine.config.manifest import PipelineSpec, SourceSpec
 from contextful.engine.guard import masked_failure
 from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.csv_options import CSV_KEYS, CsvOptions, csv_options
+from contextful.engine.land.declaration import table_declaration
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, check_config, list_inputs
 from contextful.engine.land.sink import LandingSink
@@ -235,7 +236,8 @@ def land_seed(store: Store, root: Path, pipeline_id: str, table_name: str, prima
         raise PipelineSeedSourceChanged(pipeline_id, str(landed), current)
     spec = PipelineSpec(pipeline_id, SourceSpec("files", {"paths": list(seed.paths)}), table_name, normalize=normalize,
                         primary_key=primary_key, order_by=order_by, types=dict(types or {}))
-    store.create_table(table_name, primary_key, order_by)  # rows merge by order_by, live rows too
+    # rows merge by order_by, live rows too
+    store.create_table(table_name, primary_key, order_by, declared=table_declaration(spec))
     sink = LandingSink(store, spec, meta={"pipeline": pipeline_id, "seed": True})
     try:
         for item in inputs:

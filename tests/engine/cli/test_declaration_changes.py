@@ -147,3 +147,26 @@ def test_the_run_path_refuses_a_changed_declaration_on_every_adapter(tmp_path: P
     (tmp_path / "contextful.toml").write_text(MANIFEST.format(declaration='primary_key = ["id"]'))
     [again] = run_pipelines(store, load_manifest(tmp_path))
     assert again.ok and store.table("orders").count() == 2
+
+
+@pytest.mark.parametrize("store_kind", ["local", pytest.param("postgres", marks=pytest.mark.postgres), "s3"])
+def test_the_mode_a_table_was_created_under_is_kept_with_its_head(tmp_path: Path, make_store: StoreFactory,
+                                                                  store_kind: str) -> None:
+    """A nested landing of data that holds a ``_cf_id`` column of its own is not taken for relational:
+    the mode is kept with the table's head when the table is created, and an ``order_by`` declared
+    later (a commit of its own) keeps it."""
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.ndjson").write_text('{"_cf_id": 7, "id": 1, "n": 1}\n')
+    (tmp_path / "contextful.toml").write_text(MANIFEST.format(declaration='primary_key = ["id"]'))
+    store = make_store()
+    assert run_pipelines(store, load_manifest(tmp_path))[0].ok
+    (tmp_path / "raw" / "b.ndjson").write_text('{"_cf_id": 8, "id": 2, "n": 1}\n')
+    (tmp_path / "contextful.toml").write_text(MANIFEST.format(declaration='primary_key = ["id"]\norder_by = "n"'))
+    [again] = run_pipelines(store, load_manifest(tmp_path))
+    assert again.ok, again.failures
+    head = store.table("orders").refresh()
+    assert head.declared == (("normalize", "nested"),) and head.order_by == "n" and store.table("orders").count() == 2
+    (tmp_path / "contextful.toml").write_text(
+        MANIFEST.format(declaration='primary_key = ["id"]\norder_by = "n"\nnormalize = "relational"'))
+    [refused] = run_pipelines(store, load_manifest(tmp_path))
+    assert [f.error for f in refused.failures] == ["TableDeclarationChanged"]
