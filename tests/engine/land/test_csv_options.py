@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from contextful.engine.config.parse import load_manifest
+from contextful.engine.land.csv_options import CsvOptions
 from contextful.engine.land.decode import Decoder
 from contextful.engine.run.units import run_pipelines
 from contextful.storage import Store
@@ -211,3 +212,50 @@ def test_unreadable_csv_options_are_named_at_validate_and_on_table_load(tmp_path
         f"[[pipeline]] 'bad' source.config.{key}" for key in ("delimiter", "quote", "header", "encoding", "null_values")]
     load = contextful(tmp_path, "table", "load", "t", str(tmp_path / "raw" / "a.csv"), "--delimiter", "ab", check=False)
     assert load.returncode == 3 and "error: ArgumentInvalid: --delimiter 'ab': must be one ASCII character" in load.stderr
+
+
+def _decoded(batches: Any) -> pa.Table:
+    table = pa.Table.from_batches(list(batches))
+    return table.cast(pa.schema([f.with_type(pa.string()) for f in table.schema]))
+
+
+def test_a_fifo_input_reads_its_sniffed_head_once(tmp_path: Path) -> None:
+    """A FIFO is read once: the head the delimiter is sniffed on is the head its rows are parsed from."""
+    import os
+    import threading
+
+    text, expected = _big(600)
+    fifo = tmp_path / "big.csv"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "wb") as out:
+            out.write(text.encode("cp1252"))
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    notes: list[str] = []
+    options = CsvOptions(quote="'", header=False, encoding="cp1252", null_values=("-",))
+    with Decoder(block_bytes=512) as decoder:
+        table = _decoded(decoder.decode(str(fifo), csv=options, notes=notes))
+    writer.join()
+    assert notes == ["delimiter ';' sniffed"]
+    assert _landed(table) == (["column_1", "column_2", "column_3"], expected)
+
+
+@pytest.mark.s3
+def test_a_remote_compressed_input_reads_its_options(s3_server: Any) -> None:
+    import gzip
+
+    import s3fs
+
+    text, expected = _big(500)
+    bucket = s3_server.new_bucket()
+    s3fs.S3FileSystem(**s3_server.storage_options).pipe(f"{bucket}/big.csv.gz", gzip.compress(text.encode("cp1252")))
+    notes: list[str] = []
+    options = CsvOptions(quote="'", header=False, encoding="cp1252", null_values=("-",))
+    with Decoder(block_bytes=512) as decoder:
+        table = _decoded(decoder.decode(f"s3://{bucket}/big.csv.gz", storage_options=s3_server.storage_options,
+                                        csv=options, notes=notes))
+    assert notes == ["delimiter ';' sniffed"]
+    assert _landed(table) == (["column_1", "column_2", "column_3"], expected)
