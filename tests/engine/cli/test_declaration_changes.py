@@ -170,3 +170,47 @@ def test_the_mode_a_table_was_created_under_is_kept_with_its_head(tmp_path: Path
         MANIFEST.format(declaration='primary_key = ["id"]\norder_by = "n"\nnormalize = "relational"'))
     [refused] = run_pipelines(store, load_manifest(tmp_path))
     assert [f.error for f in refused.failures] == ["TableDeclarationChanged"]
+
+
+@pytest.mark.parametrize("store_kind", ["local", pytest.param("postgres", marks=pytest.mark.postgres), "s3"])
+def test_serves_drain_keeps_received_batches_queued_under_a_changed_declaration(tmp_path: Path,
+                                                                                make_store: StoreFactory,
+                                                                                store_kind: str) -> None:
+    """Serve's drain lands received batches without ``pipeline run``: it refuses a changed declaration
+    the same way, and the batch stays queued until the manifest declares the table as it landed."""
+    import time
+
+    import pyarrow as pa
+    from contextful.engine.config.manifest import Manifest, PipelineSpec, SourceSpec
+    from contextful.engine.control.drain import drain_queues
+    from contextful.engine.land.receive.spool import Queue, key_digest, queue_root
+    from contextful.engine.project import parse_project
+
+    project, _ = parse_project({}, tmp_path)
+    source = SourceSpec("receive", {"key_retention_secs": 60})
+
+    def manifest(key: tuple[str, ...]) -> Manifest:
+        return Manifest(tmp_path, project, (PipelineSpec("clicks", source, "clicks", primary_key=key),))
+
+    def spool(key: str, ids: list[int]) -> None:
+        queue = Queue(queue_root(tmp_path), "clicks")
+        try:
+            now = time.time_ns() // 1000
+            digest = key_digest("clicks", key)
+            queue.index.touch(digest, key, now)
+            queue.spool(key, digest, {"clicks": pa.table({"id": ids, "n": [1] * len(ids)})}, received_us=now,
+                        body_bytes=0, body_sha256="")
+        finally:
+            queue.close()
+
+    store = make_store()
+    spool("first", [1, 2])
+    assert drain_queues(store, manifest(("id",))).settled == 1
+    spool("second", [3])
+    refused = drain_queues(store, manifest(("n",)))
+    assert refused.settled == 0 and len(refused.failures) == 1
+    assert refused.failures[0].startswith("clicks: TableDeclarationChanged: table 'clicks' (pipeline 'clicks'): "
+                                          "primary_key is ['id'] in the store but ['n'] in contextful.toml")
+    assert store.table("clicks").count() == 2
+    assert drain_queues(store, manifest(("id",))).settled == 1  # still queued: it lands once the key is back
+    assert store.table("clicks").count() == 3
