@@ -17,9 +17,9 @@ no columns to tell the normalize mode by; ``order_by`` never declared) is not co
     ['primary_key', 'order_by', 'normalize']
     >>> from contextful.storage.catalog import TableHead
     >>> old = TableHead("orders", "", 1, 1, None, ("id",), 0, 0)
-    >>> _normalize_of(old, ["_cf_id", "id", "user__name"]), _normalize_of(old, ["id", "user"]), _normalize_of(old, None)
-    ('relational', 'nested', None)
-    >>> _normalize_of(TableHead("orders", "", 1, 1, None, (), 0, 0, declared=(("normalize", "nested"),)), ["_cf_id"])
+    >>> [_normalize_of(old, lambda: c) for c in (["_cf_id", "id", "user__name"], ["id", "user"], None)]
+    ['relational', 'nested', None]
+    >>> _normalize_of(TableHead("orders", "", 1, 1, None, (), 0, 0, declared=(("normalize", "nested"),)), lambda: ["_cf_id"])
     'nested'
 """
 
@@ -54,12 +54,13 @@ def table_declaration(spec: PipelineSpec) -> dict[str, str]:
     return {"normalize": spec.normalize}
 
 
-def _normalize_of(head: TableHead, columns: list[str] | None) -> str | None:
+def _normalize_of(head: TableHead, columns: Callable[[], list[str] | None]) -> str | None:
     """The normalize mode ``head`` was created under, else the one its columns show (None: no rows yet)."""
     kept = dict(head.declared).get("normalize")
-    if kept is not None or columns is None:
+    if kept is not None:
         return kept
-    return "relational" if RELATIONAL_ID in columns else "nested"
+    names = columns()
+    return None if names is None else "relational" if RELATIONAL_ID in names else "nested"
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,9 @@ class Compared:
     """The manifest key (``[[pipeline]] primary_key``, ...)."""
     declared: Callable[[PipelineSpec], Any]
     """The value the manifest declares."""
-    stored: Callable[[TableHead, list[str] | None], Any]
-    """The value the table landed under, from its head and its columns (None: not shown, not compared)."""
+    stored: Callable[[TableHead, Callable[[], list[str] | None]], Any]
+    """The value the table landed under, from its head and its columns (read only when asked: a
+    no-op run imports no pyarrow); None: not shown, not compared."""
     spelled: Callable[[Any], str]
     """A value as the manifest spells it."""
     rekey: bool = False
@@ -94,11 +96,15 @@ def declaration_changes(store: Store, spec: PipelineSpec) -> list[TableDeclarati
     head = store.catalog.load_head(spec.table)
     if head is None:
         return []
-    columns = None
-    if head.schema is not None:
+    schema = head.schema
+
+    def columns() -> list[str] | None:
+        if schema is None:
+            return None
         from contextful.storage.manifest import schema_from_text
 
-        columns = schema_from_text(head.schema).names
+        return list(schema_from_text(schema).names)
+
     problems = []
     for c in COMPARED:
         stored, declared = c.stored(head, columns), c.declared(spec)
