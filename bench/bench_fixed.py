@@ -11,7 +11,11 @@ once (so the store, its catalog and one table exist):
 - ``python -c pass``: the interpreter alone (the floor);
 - ``contextful --help``, ``contextful pipeline validate``, ``contextful sql "SELECT count(*) …"``;
 - ``contextful pipeline run`` with nothing new (target: within 2x the yardstick);
-- ``contextful pipeline run`` landing one new 1 MB file (target: under 0.5 s more than the no-op run).
+- ``contextful pipeline run`` landing one new 1 MB file (target: under 0.5 s more than the no-op run);
+- ``contextful export status`` and ``contextful export run`` with the source unchanged, on an
+  ``[[export]]`` of a small table loaded once (``table load``; the pipeline's table changes every
+  rep) and published once (issue 28; target: each within 2x the no-op ``pipeline run``, the ratio
+  taken pair by pair against it as well).
 
 The package's bytecode is compiled first (``compileall``), as an installed wheel has it: a
 checkout run with ``PYTHONDONTWRITEBYTECODE`` set would otherwise recompile every module per
@@ -46,7 +50,7 @@ from bench import records as documents
 
 BASELINE = "python -c 'import pyarrow'"
 ONE_MB_EVENTS = 850  # GitHub-archive-like events: about 1.0 MB of NDJSON
-GROUPS = {"numpy": "pyarrow", "pyarrow": "pyarrow", "duckdb": "duckdb", "_duckdb": "duckdb", "polars": "polars",
+GROUPS = {"pyiceberg": "pyiceberg", "numpy": "pyarrow", "pyarrow": "pyarrow", "duckdb": "duckdb", "_duckdb": "duckdb", "polars": "polars",
           "pandas": "pandas", "fsspec": "fsspec", "contextful": "contextful", "click": "click"}
 
 
@@ -129,7 +133,21 @@ def make_project(work: Path, events: int) -> Path:
     from bench.bench_pipeline import make_project as landing_project
 
     gharchive.write_shards(events, work / "in", shards=1, seed=7)
-    return Path(landing_project(str(work / "project"), str(work / "in")))
+    project = Path(landing_project(str(work / "project"), str(work / "in")))
+    with (project / "contextful.toml").open("a") as fh:
+        fh.write(EXPORT)
+    return project
+
+
+EXPORT = """
+[[export]]
+name = "events_out"
+source = "users"
+namespace = "bi"
+credential = "analysts"
+"""
+NOOP_RUN = "contextful pipeline run (nothing new)"
+EXPORTS = ("contextful export status", "contextful export run (nothing new)")
 
 
 def new_input(project: Path, serial: int) -> None:
@@ -152,6 +170,10 @@ def measure(reps: int, launcher: Launcher) -> list[dict[str, object]]:
         project = make_project(work, ONE_MB_EVENTS)
         os.chdir(project)  # every command runs in the project (posix_spawn takes no working directory)
         subprocess.run(contextful_argv("pipeline", "run"), check=True, capture_output=True)
+        (project / "users.csv").write_text("id,name\n" + "".join(f"{i},user {i}\n" for i in range(100)))
+        subprocess.run(contextful_argv("table", "load", "users", "users.csv", "--primary-key", "id"), check=True,
+                       capture_output=True)
+        subprocess.run(contextful_argv("export", "run"), check=True, capture_output=True)
         baseline = [sys.executable, "-c", "import pyarrow"]
         commands: dict[str, list[str]] = {
             "python -c pass": [sys.executable, "-c", "pass"],
@@ -160,9 +182,12 @@ def measure(reps: int, launcher: Launcher) -> list[dict[str, object]]:
             "contextful sql": contextful_argv("sql", "SELECT count(*) FROM events"),
             "contextful pipeline run (nothing new)": contextful_argv("pipeline", "run"),
             "contextful pipeline run (one 1 MB file)": contextful_argv("pipeline", "run"),
+            "contextful export status": contextful_argv("export", "status"),
+            "contextful export run (nothing new)": contextful_argv("export", "run"),
         }
         samples: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
         ratios: dict[str, list[float]] = defaultdict(list)
+        to_noop: dict[str, list[float]] = defaultdict(list)  # an export command against the no-op run
         serial = 0
         for argv in [baseline, *commands.values()]:  # warm the page cache (a no-op run: nothing is new yet)
             launcher.timed(argv)
@@ -176,6 +201,9 @@ def measure(reps: int, launcher: Launcher) -> list[dict[str, object]]:
                 samples[BASELINE].append(base)
                 samples[name].append(ours)
                 ratios[name].append(ours[0] / base[0])
+                if name in EXPORTS:
+                    noop = launcher.timed(commands[NOOP_RUN])
+                    to_noop[name].append(ours[0] / noop[0])
         floor = statistics.median(s[0] for s in samples["python -c pass"])
         records: list[dict[str, object]] = []
         for name in [BASELINE, *commands]:
@@ -186,6 +214,8 @@ def measure(reps: int, launcher: Launcher) -> list[dict[str, object]]:
                 "peak_rss_bytes": max(r[2] for r in runs), "reps": len(runs)}
             if name in ratios:
                 record.update(ratio_to="python -c 'import pyarrow'", ratio=round(statistics.median(ratios[name]), 3))
+            if name in to_noop:
+                record["ratio_to_noop_run"] = round(statistics.median(to_noop[name]), 3)
             if name.startswith("contextful"):
                 if name.endswith("1 MB file)"):  # a fresh input for the breakdown's own run
                     serial += 1
@@ -201,27 +231,30 @@ def measure(reps: int, launcher: Launcher) -> list[dict[str, object]]:
 
 
 def targets(records: list[dict[str, object]]) -> list[dict[str, object]]:
-    """Issue 17's two fixed-cost targets, as measured."""
+    """Issue 17's two fixed-cost targets and issue 28's export ones, as measured."""
     by = {r["series"]: r for r in records}
-    noop = by["contextful pipeline run (nothing new)"]
+    noop = by[NOOP_RUN]
     one = by["contextful pipeline run (one 1 MB file)"]
     ratio = float(noop["ratio"])  # type: ignore[arg-type]
     extra = float(one["seconds"]) - float(noop["seconds"])  # type: ignore[arg-type]
     return [{"target": "pipeline run with nothing new, ratio to python -c 'import pyarrow' <= 2",
              "value": ratio, "met": ratio <= 2},
             {"target": "pipeline run landing one 1 MB file, seconds more than the no-op run < 0.5",
-             "value": round(extra, 3), "met": extra < 0.5}]
+             "value": round(extra, 3), "met": extra < 0.5}] + [
+            {"target": f"{name} within 2x the no-op pipeline run", "value": by[name]["ratio_to_noop_run"],
+             "met": float(by[name]["ratio_to_noop_run"]) <= 2} for name in EXPORTS]  # type: ignore[arg-type]
 
 
 def summary(records: list[dict[str, object]]) -> str:
-    lines = ["| command | median wall s | cpu s | ratio to `import pyarrow` | peak RSS MiB | imports s (by package) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [("| command | median wall s | cpu s | ratio to `import pyarrow` | ratio to no-op `pipeline run` "
+              "| peak RSS MiB | imports s (by package) |"),
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in records:
         imports = r.get("imports_seconds") or {}
         spelled = ", ".join(f"{k} {v:.3f}" for k, v in sorted(imports.items(), key=lambda kv: -kv[1])) \
             if isinstance(imports, dict) else ""
         lines.append(f"| `{r['series']}` | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} | {r.get('ratio', '—')} | "
-                     f"{int(r['peak_rss_bytes']) / 2**20:.0f} | {spelled} |")  # type: ignore[call-overload]
+                     f"{r.get('ratio_to_noop_run', '—')} | {int(r['peak_rss_bytes']) / 2**20:.0f} | {spelled} |")  # type: ignore[call-overload]
     lines.append("")
     lines += [f"{t['target']}: {t['value']} ({'met' if t['met'] else 'MISSED'})" for t in targets(records)]
     return "\n".join(lines)

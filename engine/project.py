@@ -28,7 +28,7 @@ from contextful.storage.errors import (
 from contextful.storage.store import DEFAULT_STORE
 
 MANIFEST = "contextful.toml"
-PROJECT_KEYS = ("name", "store", "catalog", "issuer_keys")
+PROJECT_KEYS = ("name", "store", "catalog", "issuer_keys", "modules")
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,9 @@ class Project:
     """The local profile's SQLite catalog file when the store root is remote."""
     issuer_keys: tuple[str, ...] = ()
     """Issuer public keys pinned for signed credentials (``engine.control.credentials``)."""
+    modules: tuple[str, ...] = ()
+    """Python modules registering the project's host tasks and bodies, imported with the project
+    directory on ``sys.path`` (``engine.registrations``)."""
 
 
 def find_project(start: str | os.PathLike[str] = ".") -> Path | None:
@@ -68,7 +71,12 @@ def locate_project(start: str | os.PathLike[str] = ".") -> Path:
 
 def read_manifest_document(root: Path) -> dict[str, Any]:
     """The parsed TOML of ``root``'s contextful.toml (empty when there is none)."""
-    path = root / MANIFEST
+    return read_toml_file(root / MANIFEST)
+
+
+def read_toml_file(path: Path) -> dict[str, Any]:
+    """The parsed TOML of a project file (empty when there is none); ``ProjectInvalid`` when it is
+    not TOML (the message names a position, never a value)."""
     if not path.is_file():
         return {}
     try:
@@ -92,12 +100,21 @@ def parse_project(block: Any, root: Path) -> tuple[Project, list[ContextfulError
                 values[key] = block[key]
             else:
                 problems.append(ManifestValueInvalid("[project]", key, f"must be a non-empty string, not {block[key]!r}"))
+    modules = block.get("modules", [])
+    if not isinstance(modules, list) or not all(isinstance(m, str) and _dotted(m) for m in modules):
+        problems.append(ManifestValueInvalid("[project]", "modules", f"must be a list of dotted module names "
+                                                                     f"(\"shop.tasks\"), not {modules!r}"))
+        modules = []
     store, catalog = values["store"] or DEFAULT_STORE, values["catalog"]
     if "://" not in store:
         store = str((root / store).resolve())
     if catalog is not None and "://" not in catalog:
         catalog = str((root / catalog).resolve())
-    return Project(root, values["name"] or root.name, store, catalog, issuer_keys), problems
+    return Project(root, values["name"] or root.name, store, catalog, issuer_keys, tuple(modules)), problems
+
+
+def _dotted(name: str) -> bool:
+    return all(part.isidentifier() for part in name.split("."))
 
 
 def _issuer_keys(value: Any, problems: list[ContextfulError]) -> tuple[str, ...]:

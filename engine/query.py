@@ -21,7 +21,7 @@ added later. An allow-list over the parser's own verdict, never a pattern over t
 from __future__ import annotations
 
 import duckdb
-from contextful.storage.errors import QueryInvalid, QueryWriteRefused, first_line
+from contextful.storage.errors import QueryInvalid, QueryWriteRefused, whole_message
 
 ALLOWED = frozenset({duckdb.StatementType.SELECT})
 """The statement types a read-only query may hold."""
@@ -32,7 +32,7 @@ def check_read_only(con: duckdb.DuckDBPyConnection, query: str) -> None:
     try:
         statements = con.extract_statements(query)
     except duckdb.Error as exc:
-        raise QueryInvalid(query, first_line(exc)) from exc
+        raise QueryInvalid(query, whole_message(exc)) from exc
     if not statements:
         raise QueryInvalid(query, "the query holds no statement")
     for statement in statements:
@@ -48,7 +48,7 @@ def run_query(con: duckdb.DuckDBPyConnection, query: str) -> duckdb.DuckDBPyRela
     try:
         rel = con.sql(query)
     except duckdb.Error as exc:
-        raise deferred_error(exc) or QueryInvalid(query, first_line(exc)) from exc
+        raise deferred_error(exc) or QueryInvalid(query, whole_message(exc)) from exc
     assert rel is not None, "a SELECT statement answers a relation"
     return rel
 

@@ -34,7 +34,7 @@ import pyarrow as pa
 from contextful.engine.project import open_store
 from contextful.storage import Store
 from contextful.storage.clock import from_us
-from contextful.storage.duck_types import empty_select
+from contextful.storage.duck_types import empty_select, null_row
 from contextful.storage.errors import (
     ArgumentInvalid,
     ContextfulError,
@@ -118,7 +118,7 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
         try:
             snap = table.snapshot_at(seq)
         except SnapshotCollected as exc:
-            attach_error(con, name, exc)
+            attach_error(con, name, exc, table.schema_at(seq))
             names.append(name)
             continue
         if snap.schema is None:
@@ -126,9 +126,9 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
         try:
             attach_snapshot(con, snap, name)
         except TableUnreadable as exc:
-            attach_error(con, name, exc)
+            attach_error(con, name, exc, snap.schema)
         except duckdb.Error as exc:  # one table's view does not bind: it alone answers an error
-            attach_error(con, name, TableUnreadable(name, first_line(exc)))
+            attach_error(con, name, TableUnreadable(name, first_line(exc)), snap.schema)
         names.append(name)
     if cached is not None:  # at the head: the durable record merged with the catalog's cache
         runs = pinned.get(RUNS_TABLE)
@@ -146,7 +146,8 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
         first = store.catalog.first_commit_us(name)  # one indexed row per such table
         landed = ("no commit has landed in it" if first is None
                   else f"its first commit landed at {from_us(first).isoformat()}")
-        attach_error(con, name, SnapshotNotFound(name, f"as of {as_of.isoformat()} ({landed})"))
+        attach_error(con, name, SnapshotNotFound(name, f"as of {as_of.isoformat()} ({landed})"),
+                     store.table(name).schema)  # the columns it has now: a query naming them binds
         names.append(name)
     if as_of is None and ITEMS_TABLE not in names:  # no item ended yet: the reserved table reads empty
         from contextful.engine.run.items import ITEMS_SCHEMA
@@ -156,12 +157,15 @@ def attach_views(con: duckdb.DuckDBPyConnection, store: Store, as_of: datetime |
     return names
 
 
-def attach_error(con: duckdb.DuckDBPyConnection, view: str, error: ContextfulError) -> None:
+def attach_error(con: duckdb.DuckDBPyConnection, view: str, error: ContextfulError,
+                 schema: pa.Schema | None = None) -> None:
     """Create (or replace) the view ``view`` raising ``error`` whenever it is read (:func:`deferred_error`
-    turns DuckDB's error back into it)."""
+    turns DuckDB's error back into it). ``schema`` gives the view the table's columns, so a query
+    naming them binds and answers ``error`` too, the same error whatever its select list."""
     assert error.name in _DEFERRED, f"{error.name} is not an error a view defers"
     message = sql_literal(str(error))
-    con.execute(f"CREATE OR REPLACE VIEW {quote(view)} AS SELECT NULL AS unreadable WHERE error({message}) IS NULL")
+    columns = null_row(schema) if schema is not None and len(schema) else "SELECT NULL AS unreadable"
+    con.execute(f"CREATE OR REPLACE VIEW {quote(view)} AS {columns} WHERE error({message}) IS NULL")
 
 
 def deferred_error(exc: BaseException) -> ContextfulError | None:

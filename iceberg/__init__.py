@@ -11,6 +11,8 @@ The package depends on ``storage`` only. Modules:
   before anything is deleted; ``CommitOutcomeUnknown`` when it cannot.
 - ``iceberg.expire``: ``expire_snapshots(catalog, identifier, Retention(...))`` removes snapshots
   past retention through the catalog, then deletes the files only they referenced.
+- ``iceberg.retention``: ``Retention`` and the rule it applies (``past_retention_ids``), free of
+  pyiceberg, so an unchanged export learns nothing expires without loading it.
 - ``iceberg.files``: Arrow batches -> Parquet data files with field ids and column statistics.
 - ``iceberg.schema``: Arrow schema -> Iceberg schema, nested types included.
 

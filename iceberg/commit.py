@@ -53,6 +53,7 @@ from pyiceberg.manifest import (
     write_manifest,
     write_manifest_list,
 )
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
@@ -74,6 +75,7 @@ from pyiceberg.table.update import (
     TableUpdate,
 )
 from pyiceberg.typedef import Identifier
+from pyiceberg.types import NestedField
 
 MAX_ATTEMPTS = 3
 # A created table drops the metadata files that leave its metadata log (at most 100 entries by
@@ -95,6 +97,8 @@ class ExportResult:
     """Paths of the data files the snapshot added."""
     attempts: int
     """Commit attempts made, 1 when no rival commit intervened."""
+    kept_optional: tuple[str, ...] = ()
+    """Columns the data declares non-null that the table keeps optional (it already had them optional)."""
 
 
 def export_table(
@@ -144,7 +148,8 @@ def export_table(
             assert summary is not None
             return ExportResult(snapshot_id=snapshot.snapshot_id, operation=summary.operation.value,
                                 rows=sum(f.record_count for f in data_files),
-                                files=tuple(f.file_path for f in data_files), attempts=attempt)
+                                files=tuple(f.file_path for f in data_files), attempts=attempt,
+                                kept_optional=kept_optional(table, schema))
     except BaseException:
         if not sent:  # CommitOutcomeUnknown, or an interrupt while the commit was on its way: keep them
             delete_files(io, [f.file_path for f in data_files])
@@ -170,21 +175,39 @@ def _load_or_create(catalog: Catalog, identifier: str | Identifier, schema: pa.S
 def _evolve(catalog: Catalog, identifier: str | Identifier, table: Table, schema: pa.Schema, name: str) -> Table:
     """The table with its schema evolved, through the catalog, to hold ``schema``.
 
-    Rules (pyiceberg's union by name): a new column or struct field is added (optional); a column
-    the export no longer has stays, written null; int widens to long and float to double. Any other
-    change (a type that does not promote, a struct meeting a scalar) refuses as SchemaIrreconcilable
-    before any data file is written.
+    Rules (pyiceberg's union by name): a new column or struct field is added, optional (Iceberg v1
+    and v2 cannot add a required column: the rows already there have no value for it); a column
+    the export no longer has stays, written null; int widens to long and float to double; a
+    required column whose data may now hold nulls becomes optional. An optional column stays
+    optional even when the data declares it non-null: Iceberg never tightens a field its readers
+    already know as optional (a table created by the export has it required from the start). Any
+    other change (a type that does not promote, a struct meeting a scalar) refuses as
+    SchemaIrreconcilable before any data file is written.
     """
     wanted = arrow_to_iceberg(schema, name)
     current = table.metadata.schema()
-    if [(f.name, f.field_type) for f in current.fields] == [(f.name, f.field_type) for f in wanted.fields]:
+    if _shape(current) == _shape(wanted):
         return table
+    known = {f.name for f in current.fields}
+    addable = Schema(*(f if f.name in known or not f.required else
+                       NestedField(f.field_id, f.name, f.field_type, required=False, doc=f.doc)
+                       for f in wanted.fields))
     try:
         with table.update_schema() as update:
-            update.union_by_name(wanted)
+            update.union_by_name(addable)
     except (ValidationError, ValueError, ResolveError) as exc:
         raise SchemaIrreconcilable(name, "<columns>", str(current), str(wanted), str(exc)) from exc
     return catalog.load_table(identifier)
+
+
+def _shape(schema: Schema) -> list[tuple[str, object, bool]]:
+    return [(f.name, f.field_type, f.required) for f in schema.fields]
+
+
+def kept_optional(table: Table, schema: pa.Schema) -> tuple[str, ...]:
+    """Top-level columns ``schema`` declares non-null that ``table`` keeps optional (see ``_evolve``)."""
+    fields = {f.name: f for f in table.metadata.schema().fields}
+    return tuple(f.name for f in schema if not f.nullable and f.name in fields and not fields[f.name].required)
 
 
 def _holds(snapshot_id: int) -> Callable[[TableMetadata], bool]:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from contextful.iceberg.commit import MAX_ATTEMPTS
 from contextful.iceberg.files import delete_files, delete_old_metadata
 from contextful.iceberg.outcome import Refusal, send_commit
+from contextful.iceberg.retention import Retention, past_retention_ids
 from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
 from pyiceberg.table.metadata import TableMetadata
@@ -38,19 +39,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.typedef import Identifier
 
-
-@dataclass(frozen=True)
-class Retention:
-    """How many and how old snapshots of an export table stay readable."""
-
-    keep_snapshots: int = 10
-    """At most this many snapshots stay: the newest, in commit order (at least 1)."""
-    max_snapshot_age: timedelta | None = None
-    """Snapshots older than this expire even within ``keep_snapshots``; None: no age limit."""
-
-    def __post_init__(self) -> None:
-        if self.keep_snapshots < 1:
-            raise ValueError(f"keep_snapshots must be at least 1, not {self.keep_snapshots}")
+__all__ = ["ExpireResult", "Retention", "expire_snapshots", "past_retention"]
 
 
 @dataclass(frozen=True)
@@ -92,12 +81,10 @@ def expire_snapshots(catalog: Catalog, identifier: str | Identifier, retention: 
 
 def past_retention(metadata: TableMetadata, retention: Retention, now: datetime) -> list[Snapshot]:
     """The snapshots ``retention`` expires, oldest first; never one a branch or tag points at."""
-    protected = {ref.snapshot_id for ref in metadata.refs.values()}
     snapshots = metadata.snapshots  # commit order: every writer appends, removals keep the order
-    kept = {s.snapshot_id for s in snapshots[-retention.keep_snapshots:]}
-    oldest_ms = (now - retention.max_snapshot_age).timestamp() * 1000 if retention.max_snapshot_age else None
-    return [s for s in snapshots if s.snapshot_id not in protected
-            and (s.snapshot_id not in kept or (oldest_ms is not None and s.timestamp_ms < oldest_ms))]
+    doomed = set(past_retention_ids([(s.snapshot_id, s.timestamp_ms) for s in snapshots],
+                                    (ref.snapshot_id for ref in metadata.refs.values()), retention, now))
+    return [s for s in snapshots if s.snapshot_id in doomed]
 
 
 def unreferenced(io: FileIO, expired: list[Snapshot], after: TableMetadata) -> list[str]:

@@ -135,7 +135,7 @@ def check_bindings(store: Store) -> None:
     """``StorageCapabilityMissing`` naming every binding or capability the store lacks."""
     bindings = store.container
     if bindings is None:
-        raise StorageCapabilityMissing(store.catalog.backend, ((f"the container profile (CONTEXTFUL_STORAGE_PROFILE="
+        raise StorageCapabilityMissing(store.catalog.profile, ((f"the container profile (CONTEXTFUL_STORAGE_PROFILE="
                                                                f"{PROFILE}): this store did not open under it"),))
     missing = []
     if not bindings.dsn:

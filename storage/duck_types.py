@@ -96,6 +96,10 @@ def empty_select(schema: pa.Schema) -> str:
     """A SELECT answering no rows with ``schema``'s columns and types (no Python object scanned)."""
     if not len(schema):
         return "SELECT * FROM (SELECT 1) WHERE false"
-    columns = ", ".join(f"CAST(NULL AS {text}) AS {_quote(field.name)}"
-                        for field, text in zip(schema, duckdb_types(schema)))
-    return f"SELECT {columns} WHERE false"
+    return f"{null_row(schema)} WHERE false"
+
+
+def null_row(schema: pa.Schema) -> str:
+    """A SELECT of one row of nulls in ``schema``'s columns and types (at least one column)."""
+    return "SELECT " + ", ".join(f"CAST(NULL AS {text}) AS {_quote(field.name)}"
+                                 for field, text in zip(schema, duckdb_types(schema)))

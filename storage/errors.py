@@ -23,6 +23,7 @@ Hierarchy::
     └── TerminalError                    marker: retrying the same input fails the same way
         ├── SpecInvalid                  configuration or request breaks the spec (spec-invalid)
         │   ├── StorageProfileUnknown
+        │   ├── CatalogDsnMissing        the postgres profile without CONTEXTFUL_POSTGRES_DSN (or libpq's PGHOST, PGSERVICE)
         │   ├── BodyUnregistered         configuration selects a body name no host registered
         │   ├── BodyIdentityConfigured   configuration gives a body's implementation identity beside its name
         │   ├── PipelineSeedDeclarationMissing
@@ -30,6 +31,8 @@ Hierarchy::
         │   ├── TableNameInvalid
         │   ├── ModalityInvalid
         │   ├── ProjectInvalid
+        │   ├── ProjectModuleUnimportable  a [project] modules entry or a contextful.tasks entry point fails to import
+        │   ├── SecretUnresolved         a ${secret:NAME} reference found in neither the environment nor the secrets file
         │   ├── CatalogPathMissing       a remote store root under the local profile, no [project] catalog
         │   ├── QueryInvalid
         │   ├── AnswerTooLarge           a gateway answer crossed its byte bound before a byte was sent (HTTP 413)
@@ -50,6 +53,7 @@ Hierarchy::
         │   │                            a manifest the plan compiler refuses (run.compile.*)
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
+        │   ├── ConfirmationRequired     a command that forgets state was not confirmed (no terminal, no --yes)
         │   ├── IssuerKeyInvalid         an issuer key (pinned public key, private key file) is not an Ed25519 key
         │   ├── ScheduleUnreadable, TriggerAdapterUnknown, TriggerFaceMissing, DispatchUnitNotAHead,
         │   │   ApplyValidationRefused   the control plane's arm, trigger, dispatch and apply refusals
@@ -83,6 +87,7 @@ Hierarchy::
         ├── Conflict                     two values disagree for good (conflict)
         │   ├── SyncCursorConflict, PipelineSeedSourceChanged, JournalConflict, OwnerPlanMismatch,
         │   │   ExecutionRewindUnsafe
+        │   │   └── ExecutionHeld        (a JournalConflict) another process runs it now; this run did nothing (held)
         │   ├── AwakeableAlreadyResolved  an awakeable resolved with another payload (its value stays)
         │   ├── OwnerPinsMismatch        a pending owner pins other host-supplied identities than the claim
         │   ├── ExecutionWriterFenced    a superseded attempt reached effect dispatch or state publication
@@ -153,6 +158,7 @@ EXIT_CODES: dict[str, int] = {
     "unauthenticated": 9,
     "permanent": 1,
     "canceled": 10,
+    "held": 11,
 }
 
 HTTP_STATUS: dict[str, int] = {
@@ -167,6 +173,7 @@ HTTP_STATUS: dict[str, int] = {
     "unauthenticated": 401,
     "permanent": 500,
     "canceled": 409,
+    "held": 409,
 }
 
 
@@ -175,6 +182,13 @@ def first_line(exc: BaseException) -> str:
     catalogue error quotes of a driver's or library's error."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def whole_message(exc: BaseException) -> str:
+    """Every line of an exception's message (its class name when the message is empty): what a
+    catalogue error quotes of a query engine's error, whose later lines carry its hints (DuckDB's
+    ``Did you mean "orders"?``, ``Candidate bindings: ...``). The CLI prints them on one line."""
+    return str(exc).strip() or type(exc).__name__
 
 
 class ContextfulError(Exception):
@@ -343,6 +357,19 @@ class StorageProfileUnknown(SpecInvalid):
         )
 
 
+class CatalogDsnMissing(SpecInvalid):
+    """The ``postgres`` storage profile without a DSN naming its database (nothing was opened)."""
+
+    profile: str
+
+    def __init__(self, profile: str) -> None:
+        super().__init__(f"CONTEXTFUL_STORAGE_PROFILE={profile} keeps the catalog in PostgreSQL and needs its DSN: "
+                         "set CONTEXTFUL_POSTGRES_DSN (e.g. \"host=db.example port=5432 user=contextful "
+                         "dbname=contextful\" or postgresql://contextful@db.example/contextful), or libpq's PGHOST "
+                         "or PGSERVICE; or unset CONTEXTFUL_STORAGE_PROFILE for the local profile (a SQLite catalog "
+                         "file)", profile=profile)
+
+
 class TableNameInvalid(SpecInvalid):
     def __init__(self, table: str, reason: str) -> None:
         super().__init__(f"table name {table!r}: {reason}", table=table, reason=reason)
@@ -368,10 +395,50 @@ class ProjectInvalid(SpecInvalid):
         super().__init__(f"{path}: {problem}", path=path, problem=problem)
 
 
+class ProjectModuleUnimportable(SpecInvalid):
+    """A registration module (``[project] modules``, or a ``contextful.tasks`` entry point) raised
+    when imported (``engine.registrations``)."""
+
+    module: str
+    where: str
+    """``[project] modules`` or the entry point's name and group."""
+    cause: str
+    """The import error, as Python names it."""
+
+    def __init__(self, module: str, where: str, cause: str) -> None:
+        super().__init__(f"module {module!r} ({where}) cannot be imported: {cause}", module=module, where=where,
+                         cause=cause)
+
+
+class SecretUnresolved(SpecInvalid):
+    """A ``${secret:NAME}`` reference that neither the environment nor the project's secrets file
+    holds (``engine.config.secrets``); raised before any request."""
+
+    reference: str
+    where: str
+    """The manifest key holding the reference."""
+    looked: tuple[str, ...]
+    """Where the value was looked for, in order."""
+
+    def __init__(self, reference: str, where: str, looked: tuple[str, ...]) -> None:
+        super().__init__(f"{where}: {reference} is not set (looked in: {'; '.join(looked)})", reference=reference,
+                         where=where, looked=looked)
+
+
 class QueryInvalid(SpecInvalid):
-    def __init__(self, query: str, reason: str) -> None:
-        shown = query if len(query) <= 200 else query[:197] + "..."
-        super().__init__(f"{reason} (in: {shown})", query=query, reason=reason)
+    """A query the engine cannot bind or run for a reason of its own. A model's statement names the
+    model and where its SQL is written (``file``: its ``sql_file``, None for inline ``sql``)."""
+
+    query: str
+    reason: str
+    model: str | None
+    file: str | None
+
+    def __init__(self, query: str, reason: str, *, model: str | None = None, file: str | None = None) -> None:
+        shown = query.strip()
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        where = "" if model is None else f"[[model]] {model!r} ({file or 'inline sql in contextful.toml'}): "
+        super().__init__(f"{where}{reason} (in: {shown})", query=query, reason=reason, model=model, file=file)
 
 
 class ManifestKeyUnknown(SpecInvalid):
@@ -590,9 +657,19 @@ class TypeSpellingUnreadable(Incompatible):
 
 
 class TypedLandingFailed(Incompatible):
-    def __init__(self, table: str, column: str, spelling: str, reason: str) -> None:
-        super().__init__(f"table {table!r}, column {column}: values do not read as {spelling} ({reason})",
-                         table=table, column=column, spelling=spelling, reason=reason)
+    """A declared type does not hold an arrived value; ``row`` (when one value is named) is its 1-based
+    row in the input (in the file, for an input read from an offset)."""
+
+    table: str
+    column: str
+    spelling: str
+    reason: str
+    row: int | None
+
+    def __init__(self, table: str, column: str, spelling: str, reason: str, row: int | None = None) -> None:
+        where = f"table {table!r}, column {column}" + (f", row {row}" if row is not None else "")
+        super().__init__(f"{where}: values do not read as {spelling} ({reason})",
+                         table=table, column=column, spelling=spelling, reason=reason, row=row)
 
 
 # --- conflicts and windows -------------------------------------------------------------------
@@ -641,6 +718,44 @@ class JournalConflict(Conflict):
     def __init__(self, execution: str, step: int, reason: str) -> None:
         super().__init__(f"execution {execution}, step {step}: {reason}", execution=execution, step=step,
                          reason=reason)
+
+
+class ExecutionHeld(JournalConflict):
+    """Another process holds the scope's pending execution and its lease runs: this run did nothing
+    (the ``held`` category: exit 11, HTTP 409). Names the pipeline (when a run of one asked), the
+    holder's process and host (``host``/``pid`` None when its id is not one of ours) and since when
+    it holds it."""
+
+    category: ClassVar[str] = "held"
+    scope: str
+    holder: str | None
+    host: str | None
+    pid: int | None
+    since_us: int | None
+    until_us: int
+    pipeline: str | None
+
+    def __init__(self, execution: str, scope: str, holder: str | None, host: str | None, pid: int | None,
+                 since_us: int | None, until_us: int, pipeline: str | None = None) -> None:
+        who = f"process {pid} on host {host}" if host is not None and pid is not None else f"holder {holder!r}"
+        since = f" since {_instant(since_us)}" if since_us is not None else ""
+        what = f"pipeline {pipeline!r}" if pipeline is not None else f"scope {scope!r}"
+        reason = (f"{what} is being run by {who}{since} (execution {execution}, its lease runs until "
+                  f"{_instant(until_us)}); this run did nothing: run it again once that one ends")
+        Conflict.__init__(self, reason, execution=execution, step=0, reason=reason, scope=scope, holder=holder,
+                          host=host, pid=pid, since_us=since_us, until_us=until_us, pipeline=pipeline)
+
+    def of_pipeline(self, pipeline: str) -> ExecutionHeld:
+        """The same refusal, naming the pipeline whose run asked."""
+        return ExecutionHeld(self.fields["execution"], self.scope, self.holder, self.host, self.pid, self.since_us,
+                             self.until_us, pipeline)
+
+
+def _instant(us: int) -> str:
+    """A UTC instant in microseconds as RFC 3339 text to the second."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(us / 1_000_000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class OwnerPlanMismatch(Conflict):
@@ -872,12 +987,18 @@ class QueryFailed(Permanent):
 
 
 class InputChanged(Conflict):
-    """A ``files`` input the pipeline's cursor holds now has other content than what landed, and
-    not only bytes appended to an NDJSON file: landing it again would repeat its rows."""
+    """A ``files`` input the cursor of an appending pipeline holds now has other content than what
+    landed, and not only bytes appended to an NDJSON file: landing it again would repeat its rows.
+    The message names the ways out: a key or a disposition that re-lands it, or a reset."""
 
-    def __init__(self, input: str, reason: str) -> None:
-        super().__init__(f"input {input}: {reason}; nothing of it lands. Restore the landed file, or put the new "
-                         "rows in a file of a new name (a new input lands whole)", input=input, reason=reason)
+    def __init__(self, input: str, reason: str, pipeline: str | None = None) -> None:
+        named = repr(pipeline) if pipeline else "<pipeline>"
+        super().__init__(f"input {input}: {reason}; nothing of it lands. To land a source exported in full, "
+                         f"declare primary_key = [...] (its changed rows merge by key) or write_disposition = "
+                         f"\"replace\" on [[pipeline]] {named}; or run `contextful pipeline reset "
+                         f"{pipeline or '<pipeline>'}` to read every input again; or restore the landed file, or put "
+                         "the new rows in a file of a new name (a new input lands whole)",
+                         input=input, reason=reason, pipeline=pipeline)
 
 
 # --- primary keys and table names (keys never merge distinct rows) --------------------------------
@@ -886,8 +1007,8 @@ class InputChanged(Conflict):
 class PrimaryKeyNull(Incompatible):
     """A row of a keyed table holds null (or NaN, which equals nothing) in a key column: it has no
     identity to merge by, so its batch is refused, never merged with other such rows. ``input`` names
-    the input when the landing path knows it; ``row`` is the row's 0-based position in that input
-    (else in the batch staged)."""
+    the input when the landing path knows it; ``row`` is the row's 1-based position in that input
+    (else in the batch staged): in the file, for an input a run read from an offset (appended NDJSON)."""
 
     table: str
     column: str
@@ -1060,6 +1181,18 @@ class AddressInUse(TransientError):
                          reason=reason)
 
 
+class ConfirmationRequired(SpecInvalid):
+    """A command that forgets state (``pipeline reset``) asks before it acts; with no terminal to ask
+    on it needs ``--yes``. Names the command and what it would forget; nothing changed."""
+
+    command: str
+    forgets: str
+
+    def __init__(self, command: str, forgets: str) -> None:
+        super().__init__(f"`contextful {command}` would forget {forgets}; stdin is not a terminal to confirm on: "
+                         "pass --yes to go ahead (nothing changed)", command=command, forgets=forgets)
+
+
 class TableStillRead(Conflict):
     """``table drop`` of a table the manifest still reads: a model's SQL or an ``[[export]]``'s source.
     Refused unless ``--force``; the readers are named so the manifest can be edited first."""
@@ -1225,11 +1358,18 @@ class BodyUnregistered(SpecInvalid):
 
     body: str
     known: tuple[str, ...]
+    modules: tuple[str, ...]
+    """The ``[project] modules`` imported."""
+    entry_points: tuple[str, ...]
+    """The ``contextful.tasks`` entry points loaded."""
 
-    def __init__(self, body: str, known: tuple[str, ...]) -> None:
-        super().__init__(f"body {body!r} is not registered by this host (registered: {', '.join(known) or 'none'}); "
-                         "register it with contextful.engine.run.bodies.register_body before it is selected",
-                         body=body, known=known)
+    def __init__(self, body: str, known: tuple[str, ...], modules: tuple[str, ...] = (),
+                 entry_points: tuple[str, ...] = ()) -> None:
+        super().__init__(f"body {body!r} is not registered by this host (registered: {', '.join(known) or 'none'}; "
+                         f"[project] modules imported: {', '.join(modules) or 'none'}; contextful.tasks entry "
+                         f"points: {', '.join(entry_points) or 'none'}); register it with "
+                         "contextful.engine.run.bodies.register_body in a module [project] modules names",
+                         body=body, known=known, modules=modules, entry_points=entry_points)
 
 
 class BodyIdentityConfigured(SpecInvalid):
@@ -1623,17 +1763,27 @@ class DeriveCommandInManifest(SpecInvalid):
 
 
 class DeriveUnknownTask(SpecInvalid):
-    """``run.bind.unknown-task``: ``task`` names neither a built-in task nor a registered one."""
+    """``run.bind.unknown-task``: ``task`` names neither a built-in task nor a registered one; the
+    message names where registrations were looked for (``engine.registrations``)."""
 
     pipeline: str
     task: str
     builtin: tuple[str, ...]
     registered: tuple[str, ...]
+    modules: tuple[str, ...]
+    """The ``[project] modules`` imported."""
+    entry_points: tuple[str, ...]
+    """The ``contextful.tasks`` entry points loaded."""
 
-    def __init__(self, pipeline: str, task: str, builtin: tuple[str, ...], registered: tuple[str, ...]) -> None:
+    def __init__(self, pipeline: str, task: str, builtin: tuple[str, ...], registered: tuple[str, ...],
+                 modules: tuple[str, ...] = (), entry_points: tuple[str, ...] = ()) -> None:
         super().__init__(f"pipeline {pipeline!r}: task {task!r} is not a derive task (built-in: "
-                         f"{', '.join(builtin)}; registered: {', '.join(registered) or 'none'})",
-                         pipeline=pipeline, task=task, builtin=builtin, registered=registered)
+                         f"{', '.join(builtin)}; registered: {', '.join(registered) or 'none'}; "
+                         f"[project] modules imported: {', '.join(modules) or 'none'}; contextful.tasks entry "
+                         f"points: {', '.join(entry_points) or 'none'}): name the module registering it in "
+                         f"[project] modules",
+                         pipeline=pipeline, task=task, builtin=builtin, registered=registered, modules=modules,
+                         entry_points=entry_points)
 
 
 class DeriveTaskNameTaken(SpecInvalid):
@@ -1934,6 +2084,7 @@ __all__ = [
     "BodyIdentityConfigured",
     "BodyUnregistered",
     "CancelTargetNotInFlight",
+    "CatalogDsnMissing",
     "CatalogPathMissing",
     "CatalogRejected",
     "CatalogUnavailable",
@@ -1941,6 +2092,7 @@ __all__ = [
     "CommitConflict",
     "CommitOutcomeUnknown",
     "ConditionalWriteUnsupported",
+    "ConfirmationRequired",
     "Conflict",
     "ConnectorBoundHit",
     "ContextfulError",
@@ -1979,6 +2131,7 @@ __all__ = [
     "DeriveUnitStatusUnknown",
     "DeriveUnknownTask",
     "DispatchUnitNotAHead",
+    "ExecutionHeld",
     "ExecutionNotFound",
     "ExecutionRecoveryMismatch",
     "ExecutionRewindUnsafe",
@@ -2032,6 +2185,7 @@ __all__ = [
     "PrimaryKeyWideningLossy",
     "ProjectExists",
     "ProjectInvalid",
+    "ProjectModuleUnimportable",
     "ProjectNotFound",
     "QueryFailed",
     "QueryInvalid",
@@ -2046,6 +2200,7 @@ __all__ = [
     "ScheduleUnreadable",
     "SchemaIrreconcilable",
     "ScriptRuntimeLinked",
+    "SecretUnresolved",
     "SnapshotCollected",
     "SnapshotNotFound",
     "SourceRequestRefused",

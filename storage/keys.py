@@ -34,7 +34,8 @@ else:
 def check_keys(table: str, primary_key: tuple[str, ...], data: pa.Table, *, input: str | None = None,
                first_row: int = 0) -> None:
     """Raise unless ``data`` holds every column of ``primary_key`` with a value (not null, not NaN)
-    in every row. ``first_row`` is the position of ``data``'s first row in ``input``."""
+    in every row. ``first_row`` is the position of ``data``'s first row in ``input`` (0: its first); the
+    error names the offending row 1-based."""
     if not primary_key or data.num_rows == 0:
         return
     for column in primary_key:
@@ -43,8 +44,8 @@ def check_keys(table: str, primary_key: tuple[str, ...], data: pa.Table, *, inpu
         values = data.column(column)
         if values.null_count:
             row = pc.index(values.is_null(), True).as_py()
-            raise PrimaryKeyNull(table, column, first_row + row, input)
+            raise PrimaryKeyNull(table, column, first_row + row + 1, input)
         if pa.types.is_floating(values.type):
             nan = pc.is_nan(values)
             if pc.any(nan).as_py():
-                raise PrimaryKeyNull(table, column, first_row + pc.index(nan, True).as_py(), input, value="NaN")
+                raise PrimaryKeyNull(table, column, first_row + pc.index(nan, True).as_py() + 1, input, value="NaN")

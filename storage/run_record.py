@@ -97,7 +97,7 @@ def __getattr__(name: str) -> Any:
 
 
 
-FAILED, CANCELED = "failed", "canceled"
+FAILED, CANCELED, INTERRUPTED = "failed", "canceled", "interrupted"
 
 
 @dataclass(frozen=True)
@@ -107,12 +107,16 @@ class RunFailure:
     error: str
     detail: str
     status: str = FAILED
-    """The status its fail row records: ``failed``, or ``canceled`` for the Canceled tag
-    (``run.cancel.distinct-terminal-status``: a terminal status apart from failed)."""
+    """The status its fail row records: ``failed``, ``canceled`` for the Canceled tag
+    (``run.cancel.distinct-terminal-status``: a terminal status apart from failed), or
+    ``interrupted`` for a run its user stopped (Ctrl-C, SIGINT: ``KeyboardInterrupt``), which did
+    not fail."""
 
     @classmethod
     def of(cls, exc: BaseException, mask: Callable[[str], str]) -> RunFailure:
         """The failure ``exc`` stands for, its message on one line through ``mask`` (the secret guard)."""
+        if isinstance(exc, KeyboardInterrupt):
+            return cls("KeyboardInterrupt", "interrupted (Ctrl-C or SIGINT) before it committed", INTERRUPTED)
         name = exc.name if isinstance(exc, ContextfulError) else type(exc).__name__
         text = exc.detail if isinstance(exc, ContextfulError) else first_line(exc)
         status = CANCELED if isinstance(exc, ContextfulError) and exc.category == CANCELED else FAILED

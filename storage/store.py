@@ -1,7 +1,7 @@
 """The store: a root of immutable objects plus the catalog that publishes them.
 
 ``Store.open(root)`` binds an object root (a path or fsspec URL) to its catalog: the SQLite file
-``<root>/catalog.sqlite`` for a local root under the embedded default profile, or the PostgreSQL
+``<root>/catalog.sqlite`` for a local root under the ``local`` profile (the default), or the PostgreSQL
 catalog under ``CONTEXTFUL_STORAGE_PROFILE=postgres``. ``store.json`` at the root names the store's
 uuid; a catalog bound to another store refuses to serve it.
 

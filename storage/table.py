@@ -212,8 +212,7 @@ class Table:
         root's newest commit at or before the time commit ``seq`` landed.
         """
         catalog = self.store.catalog
-        schema_id = catalog.schema_id_at(self.name, seq) if seq else 0
-        schema = schema_from_text(catalog.schema_at(self.name, schema_id)) if schema_id else None
+        schema_id, schema = self._schema_at(seq)
         parts = catalog.live_parts(self.name, seq)
         for part in parts:
             if part.collected_us is not None:
@@ -236,6 +235,16 @@ class Table:
             follows=follows,
             root=self._root_snapshot(follows, seq, root_seq) if follows is not None else None,
         )
+
+    def schema_at(self, seq: int) -> pa.Schema | None:
+        """The table's schema at commit ``seq`` (None before its first): what a snapshot there
+        answers, asked of the catalog alone (its parts may be gone)."""
+        return self._schema_at(seq)[1]
+
+    def _schema_at(self, seq: int) -> tuple[int, pa.Schema | None]:
+        catalog = self.store.catalog
+        schema_id = catalog.schema_id_at(self.name, seq) if seq else 0
+        return schema_id, schema_from_text(catalog.schema_at(self.name, schema_id)) if schema_id else None
 
     def _root_snapshot(self, follows: Follows, seq: int, root_seq: int | None) -> Snapshot | None:
         """The root's snapshot at the point this table is read at ``seq`` (None: it answers no row)."""

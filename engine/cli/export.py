@@ -46,8 +46,10 @@ def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
             click.echo(f"{r.export}: unchanged, snapshot {r.snapshot_id} of {r.identifier} already holds {what}; "
                        f"nothing published{expired}")
             continue
+        kept = (f"; kept optional (Iceberg cannot make a published optional column required): "
+                f"{', '.join(r.kept_optional)}") if r.kept_optional else ""
         click.echo(f"{r.export}: {r.operation} snapshot {r.snapshot_id} of {r.identifier}, {r.rows:,} rows in "
-                   f"{r.files} file(s) from {what}{expired}")
+                   f"{r.files} file(s) from {what}{expired}{kept}")
 
 
 @export.command("status")

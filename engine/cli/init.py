@@ -2,9 +2,10 @@
 
 It writes ``DIR/contextful.toml`` — commented, with one ``files`` pipeline — and the small NDJSON
 sample that pipeline reads (``DIR/raw/events.ndjson``), so ``contextful pipeline run`` in DIR lands a
-table straight away. It never overwrites: an existing ``contextful.toml`` is refused
-(``ProjectExists``) and an existing sample file is left as it is. No store is created; the first
-``pipeline run`` creates it.
+table straight away, and lists the project's secrets file (``.contextful/secrets.toml``,
+``engine.config.secrets``) in ``DIR/.gitignore`` (a line added to one that lacks it). It never
+overwrites: an existing ``contextful.toml`` is refused (``ProjectExists``) and an existing sample
+file is left as it is. No store is created; the first ``pipeline run`` creates it.
 """
 
 from __future__ import annotations
@@ -71,7 +72,21 @@ def init_project(directory: str | os.PathLike[str]) -> list[Path]:
         written.append(sample)
     with open(manifest, "x", encoding="utf-8") as fh:  # "x": a file made meanwhile is not overwritten
         fh.write(MANIFEST_TEXT.format(name=json.dumps(root.name or "project")))
+    if _ignore_secrets(root / ".gitignore"):
+        written.append(root / ".gitignore")
     return [manifest, *written]
+
+
+def _ignore_secrets(path: Path) -> bool:
+    """Add the secrets file to the .gitignore at ``path`` unless a line names it already."""
+    from contextful.engine.config.secrets import SECRETS_FILE
+
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if SECRETS_FILE in {line.strip().lstrip("/") for line in text.splitlines()}:
+        return False
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(("" if not text or text.endswith("\n") else "\n") + f"/{SECRETS_FILE}\n")
+    return True
 
 
 @click.command()

@@ -1,4 +1,4 @@
-"""``contextful pipeline validate|plan|run|serve|key|import|apply|versions``: the manifest's pipelines from the terminal."""
+"""``contextful pipeline validate|plan|run|reset|serve|key|import|apply|versions``: the manifest's pipelines from the terminal."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from contextful.engine.cli.output import (
     end_progress,
     progress_line,
 )
+from contextful.engine.cli.reset import register_reset
 from contextful.engine.cli.serve import register_serve
 from contextful.engine.cli.status import register_status
 from contextful.engine.cli.values import at_least
@@ -72,9 +73,9 @@ def pipeline() -> None:
 @click.pass_context
 def validate(ctx: click.Context) -> None:
     """Check contextful.toml; print every problem, each by its spec error."""
+    from contextful.engine.cli.errors import error_line
     from contextful.engine.config.validate import validated_manifest
     from contextful.engine.control.arm import schedule_problems
-    from contextful.engine.guard import mask_message
     from contextful.engine.project import locate_project, read_manifest_document
     from contextful.storage.errors import ManifestInvalid
 
@@ -90,7 +91,7 @@ def validate(ctx: click.Context) -> None:
             emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in problems]})
         else:
             for problem in problems:
-                click.echo(f"error: {mask_message(str(problem))}", err=True)
+                click.echo(error_line(problem), err=True)
         ctx.exit(exc.exit_code)
     from contextful.engine.export.preflight import caller_sql_warnings
     from contextful.engine.land.files import unmatched_warnings
@@ -271,7 +272,7 @@ def _dry_run(ctx: click.Context, manifest: Manifest, selected: list[str] | None)
 
 def _print_results(results: list[Any]) -> None:
     for r in results:
-        for t in r.tables:
+        for t in r.tables if r.ok else [t for t in r.tables if t.run_ids]:  # a failed run: only what committed
             source = (f"{r.pulls} request(s)" if r.pulls else
                       f"{r.derive['done']:,} unit(s) derived" if r.derive is not None else
                       f"{len(r.inputs_landed)} input(s) landed, {r.inputs_skipped} already landed")
@@ -296,6 +297,9 @@ def _print_results(results: list[Any]) -> None:
             click.echo(f"warning: {warning}", err=True)
         for f in r.failures:
             click.echo(f"error: {f.error}: {f.detail}", err=True)
+        if r.failures_not_shown:
+            click.echo(f"  and {r.failures_not_shown:,} more failed unit(s): each marker row holds its error "
+                       f"(last_error)", err=True)
 
 
 @pipeline.group("key")
@@ -352,3 +356,4 @@ def key_revoke(ctx: click.Context, key_id: str) -> None:
 register_serve(pipeline)
 register_apply(pipeline)
 register_status(pipeline)
+register_reset(pipeline)

@@ -18,7 +18,8 @@ def run() -> None:
 @click.option("--limit", default=50, show_default=True, callback=at_least(1, "runs"), help="Newest runs to show.")
 @click.pass_context
 def run_history(ctx: click.Context, table_name: str | None, limit: int) -> None:
-    """Runs from _runs, newest last: committed, failed or canceled (with the error) or planned, and downgrade events."""
+    """Runs from _runs, newest last: committed, failed, canceled or interrupted (with the error) or planned, and
+    downgrade events."""
     from contextful.engine.run.records import run_history as history
 
     with _store(ctx) as store:

@@ -82,10 +82,10 @@ def _read(rel: duckdb.DuckDBPyRelation, query: str) -> tuple[pa.Schema, Iterator
     is the query's (or an unreadable table's)."""
     import duckdb
     from contextful.engine.read import deferred_error
-    from contextful.storage.errors import QueryInvalid, first_line
+    from contextful.storage.errors import QueryInvalid, whole_message
 
     def failed(exc: Exception) -> Exception:
-        return deferred_error(exc) or QueryInvalid(query, first_line(exc))
+        return deferred_error(exc) or QueryInvalid(query, whole_message(exc))
 
     try:
         reader = rel.to_arrow_reader(BATCH_ROWS)

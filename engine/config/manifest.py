@@ -42,6 +42,9 @@ class PipelineSpec:
     """Key columns: the table answers the latest row per key."""
     order_by: str | None = None
     """Column ordering rows within a key (default: ingest order)."""
+    write_disposition: str | None = None
+    """How a run's rows meet the table's (``engine.land.disposition``): ``append``, ``merge`` by
+    primary key, or ``replace`` (each run's rows become the table); None: :attr:`disposition`'s default."""
     types: dict[str, str] = field(default_factory=dict)
     """Column -> type spelling the landing casts to (docs/manifest.md lists the spellings)."""
     schedule: str | None = None
@@ -57,6 +60,11 @@ class PipelineSpec:
     derive_parents: tuple[str, ...] = ()
     """A derive pipeline: the pipelines landing the tables it reads; it runs after them, on their run
     (``engine.derive.chain``)."""
+
+    @property
+    def disposition(self) -> str:
+        """The write disposition in force: the declared one, else ``merge`` when keyed, else ``append``."""
+        return self.write_disposition or ("merge" if self.primary_key else "append")
 
     @property
     def follows(self) -> tuple[str, ...]:

@@ -43,7 +43,7 @@ from contextful.storage.errors import (
 
 TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
-                 "schedule", "after", "priority", "seed", "transform")
+                 "write_disposition", "schedule", "after", "priority", "seed", "transform")
 EXTERNAL_KEYS = ("id", "table", "description")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 
@@ -109,16 +109,33 @@ def load_manifest(directory: str | os.PathLike[str] = ".") -> Manifest:
 
 
 def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Manifest:
+    """The manifest ``doc`` declares for the project at ``root``; ``ManifestInvalid`` (naming ``path``)
+    lists every problem found in it."""
+    manifest, problems = read_declarations(doc, root)
+    if problems:
+        raise ManifestInvalid(path, problems)
+    return manifest
+
+
+def read_declarations(doc: dict[str, Any], root: Path) -> tuple[Manifest, list[ContextfulError]]:
+    """What ``doc`` declares, block by block, and every problem found in it. With problems the
+    manifest holds the blocks that parsed and no plan: enough for later checks to find their own
+    problems (``engine.config.validate``), never enough to run."""
     problems = _Problems()
     problems.unknown_keys("the manifest", doc, TOP_KEYS)
     project, project_problems = parse_project(doc.get("project", {}), root)
     for problem in project_problems:
         problems.add(problem)
+    from contextful.engine.registrations import failures, import_project_modules
+
+    import_project_modules(root, project.modules)  # before the pipelines: their tasks are registered by now
     blocks = doc.get("pipeline", [])
     if not isinstance(blocks, list):
         problems.add(ManifestValueInvalid("the manifest", "pipeline", "declare pipelines as [[pipeline]] blocks"))
         blocks = []
     pipelines = [p for n, block in enumerate(blocks, 1) if (p := _pipeline(block, n, problems)) is not None]
+    for failure in failures():  # after the pipelines: a task lookup may have loaded the entry points
+        problems.add(failure)
     _check_ids_and_order(pipelines, problems)
     pipelines = _derive_chains(pipelines, problems)
     models = _models(doc.get("model", []), root, pipelines, problems)
@@ -133,10 +150,8 @@ def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Man
         from contextful.engine.run.plan import compile_plan
 
         plan = compile_plan(pipelines, models, exports, doc, problems.add)
-    if problems.found:
-        raise ManifestInvalid(path, problems.found)
     return Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan, control=control,
-                    externals=tuple(externals))
+                    externals=tuple(externals)), problems.found
 
 
 def _externals(blocks: Any, pipelines: list[PipelineSpec], models: list[ModelSpec],
@@ -262,6 +277,12 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
     for problem in _primary_key_problems(pipeline_id or f"#{n}", primary_key, normalize, types):
         problems.add(problem)
     order_by = problems.string(where, block, "order_by")
+    from contextful.engine.land.disposition import check_disposition
+
+    disposition, found = check_disposition(where, block.get("write_disposition"), primary_key,
+                                           source.kind if source is not None else None, "seed" in block)
+    for problem in found:
+        problems.add(problem)
     seed = None
     if "seed" in block:
         from contextful.engine.land.seed import check_declaration, parse_seed
@@ -274,7 +295,8 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
         return None
     return PipelineSpec(
         id=pipeline_id, source=source, table=table, normalize=normalize, incremental=incremental,
-        primary_key=primary_key, order_by=order_by, types=dict(types), schedule=schedule,
+        primary_key=primary_key, order_by=order_by, write_disposition=disposition, types=dict(types),
+        schedule=schedule,
         after=problems.strings(where, block, "after"), priority=priority, seed=seed, transform=tuple(transform),
     )
 

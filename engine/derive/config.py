@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contextful.engine.derive.tasks import BUILTIN_TASKS, DEFAULT_TASK, HostTask, host_task, registered_names
+from contextful.engine.derive.tasks import BUILTIN_TASKS, DEFAULT_TASK, HostTask, host_task, unknown_task
 from contextful.storage.errors import (
     ContextfulError,
     DeriveAdvisoryZone,
@@ -34,7 +34,6 @@ from contextful.storage.errors import (
     DeriveFailureOffTable,
     DeriveOutputTablesMismatch,
     DeriveReservedDiscriminator,
-    DeriveUnknownTask,
     ManifestKeyUnknown,
     ManifestValueInvalid,
 )
@@ -68,7 +67,7 @@ class DeriveConfig:
     def host(self) -> HostTask:
         task = host_task(self.task)
         if task is None:
-            raise DeriveUnknownTask("?", self.task, BUILTIN_TASKS, registered_names())
+            raise unknown_task("?", self.task)
         return task
 
     @classmethod
@@ -88,6 +87,7 @@ def _blank(value: Any) -> bool:
 def check_config(where: str, pipeline: str, table: str, config: Mapping[str, Any]) -> list[ContextfulError]:
     """Every problem of a derive source's config, each named."""
     from contextful.engine.derive.bind import command_in_manifest
+    from contextful.engine.registrations import failures as registration_failures
 
     problems: list[ContextfulError] = list(command_in_manifest(pipeline, config))
     taken = {p.key for p in problems if hasattr(p, "key")}
@@ -104,8 +104,9 @@ def check_config(where: str, pipeline: str, table: str, config: Mapping[str, Any
         problems.append(ManifestValueInvalid(where, "task", "must name a task"))
         return problems
     registered = host_task(task)
-    if task not in BUILTIN_TASKS and registered is None:
-        problems.append(DeriveUnknownTask(pipeline, task, BUILTIN_TASKS, registered_names()))
+    if task not in BUILTIN_TASKS and registered is None and not registration_failures():
+        # while a registration module failed to import, its error stands for the tasks it would register
+        problems.append(unknown_task(pipeline, task))
     if task in BUILTIN_TASKS:
         for key in ("engine", "media_column"):
             if _blank(config.get(key)):
@@ -128,7 +129,7 @@ def check_config(where: str, pipeline: str, table: str, config: Mapping[str, Any
         problems.append(ManifestValueInvalid(where, "zone_from", "is \"engine\" (each passage reports its own zone)"))
     if registered is not None:
         problems += _host_tables(pipeline, table, registered, config.get("tables"))
-    elif "tables" in config:
+    elif "tables" in config and task in BUILTIN_TASKS:  # an unknown task's tables are not a second error
         problems.append(ManifestValueInvalid(where, "tables", f"only a host task declares tables; task {task!r} "
                                                               f"lands in the pipeline's table {table!r}"))
     return problems

@@ -68,7 +68,6 @@ from contextful.storage.errors import (
     ContextfulError,
     DeriveMediaUnreadable,
     DeriveSettledUnitRevived,
-    DeriveUnknownTask,
 )
 
 if TYPE_CHECKING:
@@ -86,6 +85,17 @@ REVIVE_ATTEMPTS = 8
 ERRORS_SHOWN = 3
 WARNINGS_KEPT = 20
 """Unit warnings a run's result carries (every one is logged)."""
+
+
+def unit_exit_code(error: str) -> int:
+    """The exit code a unit failed on ``error`` (a class name) gives its run: the catalogue error's
+    own, else (a host task's own exception) incompatible's, as a unit's media or output that cannot land."""
+    from contextful.storage import errors
+
+    found = getattr(errors, error, None)
+    if isinstance(found, type) and issubclass(found, errors.ContextfulError):
+        return errors.EXIT_CODES[found.category]
+    return errors.EXIT_CODES["incompatible"]
 
 
 @dataclass
@@ -106,11 +116,15 @@ class DeriveStats:
     revived: int = 0
     errors: list[str] = field(default_factory=list)
     """The first failures' text (masked)."""
+    first_failures: list[InputFailure] = field(default_factory=list)
+    """The first failures, as a failed input reports its failure (``pipeline run`` prints them)."""
 
     def count(self, unit: str, answer: Answer) -> None:
         setattr(self, answer.status, getattr(self, answer.status) + 1)
         if answer.status == "failed" and answer.error and len(self.errors) < ERRORS_SHOWN:
-            self.errors.append(f"unit {unit}: {answer.error['name']}: {answer.error['detail']}")
+            name, detail = answer.error["name"], answer.error["detail"]
+            self.errors.append(f"unit {unit}: {name}: {detail}")
+            self.first_failures.append(InputFailure(f"unit {unit}", name, f"unit {unit}: {detail}", unit_exit_code(name)))
 
     @property
     def done(self) -> int:
@@ -161,7 +175,7 @@ class Tier:
 def build_tier(spec: PipelineSpec, machine: MachineConfig) -> Tier:
     """Resolve a derive pipeline against the machine configuration and the task registry."""
     from contextful.engine.derive.bind import binding_for, check_driver
-    from contextful.engine.derive.tasks import BUILTIN_TASKS, host_task, registered_names
+    from contextful.engine.derive.tasks import host_task, unknown_task
 
     config = DeriveConfig.from_config(spec.source.config)
     columns = sorted(set(config.columns))
@@ -175,7 +189,7 @@ def build_tier(spec: PipelineSpec, machine: MachineConfig) -> Tier:
         return Tier(spec, config, static, static[:16], binding=binding)
     task = host_task(config.task)
     if task is None:
-        raise DeriveUnknownTask(spec.id, config.task, BUILTIN_TASKS, registered_names())
+        raise unknown_task(spec.id, config.task)
     problems = check_driver(spec.id, config.task, config.engine, machine, True)
     if problems:
         raise problems[0]
@@ -294,9 +308,9 @@ class _Runner:
             self._flush()
         self.result.derive = self.stats.to_json()
         self.result.seconds = time.monotonic() - self.started
-        if self.stats.failed:
-            self.result.warnings.append(f"pipeline {self.tier.spec.id!r}: {self.stats.failed:,} unit(s) failed and "
-                                        f"were recorded as marker rows" + "".join(f"; {e}" for e in self.stats.errors))
+        if self.stats.failed:  # each stays a marker row (it retries); the run fails as a failed input does
+            self.result.failures += self.stats.first_failures
+            self.result.failures_not_shown = self.stats.failed - len(self.stats.first_failures)
 
     def _units(self, selection: Selection) -> Iterator[dict[str, Any]]:
         for batch in selection.outstanding():

@@ -4,7 +4,10 @@ Implements ``run.bind.host-task`` and ``run.bind.unknown-task`` (decisions
 "derive-engine-machine", "host-registered-derive"): an embedding program registers each host task
 by name before it builds the manifest (:func:`register_task`, usually as a decorator); the manifest
 selects a registered name with ``task = "<name>"`` and supplies no command. A name taken by a
-built-in task or an earlier registration raises :class:`DeriveTaskNameTaken`.
+built-in task or an earlier registration raises :class:`DeriveTaskNameTaken`. The commands find the
+registering code through ``[project] modules`` and the ``contextful.tasks`` entry points
+(``engine.registrations``): a name not registered yet loads the entry points once, and an unknown
+name (:func:`unknown_task`) says where registrations were looked for.
 
 A host task is a Python callable ``fn(unit) -> {content table: [row, ...]}``. It declares its
 ``task_version`` (raising it re-derives every settled unit, ``run.emit.task-version``), its
@@ -20,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextful.storage.errors import DeriveTaskNameTaken
+from contextful.storage.errors import DeriveTaskNameTaken, DeriveUnknownTask
 
 BUILTIN_TASKS = ("transcribe", "link_preview")
 DEFAULT_TASK = "transcribe"
@@ -106,8 +109,26 @@ def unregister_task(name: str) -> None:
 
 
 def host_task(name: str) -> HostTask | None:
+    """The host task ``name``; a name not registered yet loads the installed entry points first."""
     with _lock:
-        return _registry.get(name)
+        found = _registry.get(name)
+    if found is None and name not in BUILTIN_TASKS:
+        from contextful.engine.registrations import load_entry_points
+
+        load_entry_points()
+        with _lock:
+            found = _registry.get(name)
+    return found
+
+
+def unknown_task(pipeline: str, task: str) -> DeriveUnknownTask:
+    """``DeriveUnknownTask`` for ``task``, naming the built-in and registered tasks and where
+    registrations were looked for."""
+    from contextful.engine.registrations import searched
+
+    where = searched()
+    return DeriveUnknownTask(pipeline, task, BUILTIN_TASKS, registered_names(), where.modules,
+                             where.entry_points or ())
 
 
 def registered_names() -> tuple[str, ...]:

@@ -37,7 +37,7 @@ from urllib.parse import unquote, urlsplit
 import duckdb
 import pyarrow as pa
 from contextful.engine.export.catalogs import CatalogCache, guard_catalog
-from contextful.storage.errors import NotFound, QueryInvalid, first_line
+from contextful.storage.errors import NotFound, QueryInvalid, whole_message
 from contextful.storage.snapshot import quote
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ class NamespaceReader:
         if isinstance(exc, duckdb.OutOfMemoryException):
             return QueryInvalid(sql, f"it needs more than the gateway's {self.memory_limit_bytes:,}-byte memory limit")
         if isinstance(exc, _READER_ERRORS):
-            return QueryInvalid(sql, first_line(exc))
+            return QueryInvalid(sql, whole_message(exc))
         return exc
 
     def _load(self, catalog: Catalog, name: str) -> Table:

@@ -12,11 +12,17 @@ takes table properties, not snapshot summary properties, and a table property wo
 the next export. The state file names the Iceberg snapshot it describes, so
 :func:`export_status` reports the source only while that snapshot is still the table's current
 one (another writer may have committed since).
+
+Short work is quick (issue 28): the state file also records the table as the run left it
+(``engine.export.state.TableView``). While a SQL catalog still points at that metadata file
+(``engine.export.pointer``, read without pyiceberg), :func:`export_status` answers from the file,
+and :func:`run_export` with an unchanged source answers ``unchanged`` from it when retention has
+nothing to expire (``iceberg.retention``) — neither imports pyiceberg. Anything else (a REST
+catalog, another writer's commit, a snapshot to expire) goes through pyiceberg as before.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -25,7 +31,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contextful.engine.export.catalogs import guard_catalog, load_catalog
+from contextful.engine.export.pointer import metadata_location
 from contextful.engine.export.preflight import preflight
+from contextful.engine.export.state import (
+    TableView,
+    read_state,
+    recorded_view,
+    state_path,
+    with_view,
+    write_state,
+)
+from contextful.iceberg.retention import Retention, past_retention_ids
 from contextful.storage.errors import SnapshotNotFound, TableNotFound
 
 if TYPE_CHECKING:
@@ -33,9 +49,6 @@ if TYPE_CHECKING:
     from contextful.engine.config.manifest import Manifest
     from contextful.engine.export.spec import ExportSpec
     from contextful.storage import Store
-
-STATE_DIR = Path(".contextful") / "exports"
-
 
 @dataclass(frozen=True)
 class ExportRunResult:
@@ -56,6 +69,9 @@ class ExportRunResult:
     """``{"kind": "table"|"model", "name", "commit_seq", "build_id"}``: what was read."""
     expired: list[int] = field(default_factory=list)
     """Snapshots retention expired after this export (their files deleted)."""
+    kept_optional: list[str] = field(default_factory=list)
+    """Columns the source declares non-null (a model's contract) that the already-published table
+    keeps optional: Iceberg cannot make an optional field required."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,8 +117,24 @@ def run_exports(store: Store, manifest: Manifest, names: list[str] | None = None
 def run_export(store: Store, manifest: Manifest, spec: ExportSpec, *,
                progress: Callable[[ExportProgress], None] | None = None) -> ExportRunResult:
     """Export ``spec``'s source unless the table already holds it, then apply snapshot retention."""
+    snap, source, required = _resolve_source(store, manifest, spec.source)
+    path = state_path(manifest.root, spec.name)
+    state = read_state(path)
+    view = recorded_view(state, metadata_location(spec))
+    retention = Retention(spec.keep_snapshots, spec.max_snapshot_age)
+    if (state is not None and view is not None and state.get("source") == source
+            and view.snapshot_id == state.get("snapshot_id") and view.snapshot_id is not None
+            and not past_retention_ids(view.snapshots, view.protected, retention, datetime.now(UTC))):
+        return ExportRunResult(spec.name, spec.identifier, view.snapshot_id, "unchanged", 0, 0, 0, source)
+    return _run_through_catalog(store, spec, snap, source, required, path, retention, progress)
+
+
+def _run_through_catalog(store: Store, spec: ExportSpec, snap: Any, source: dict[str, Any], required: frozenset[str],
+                         path: Path, retention: Retention, progress: Callable[[ExportProgress], None] | None
+                         ) -> ExportRunResult:
+    """The export through pyiceberg: commit unless the table holds ``source``, expire, record the table."""
     from contextful.iceberg.commit import export_table
-    from contextful.iceberg.expire import Retention, expire_snapshots
+    from contextful.iceberg.expire import expire_snapshots
     from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
     catalog = load_catalog(spec.catalog)
@@ -110,41 +142,36 @@ def run_export(store: Store, manifest: Manifest, spec: ExportSpec, *,
         guard_catalog(spec.catalog, lambda: catalog.create_namespace(spec.namespace))
     except NamespaceAlreadyExistsError:
         pass
-    snap, source = _resolve_source(store, manifest, spec.source)
-    path = manifest.root / STATE_DIR / f"{spec.name}.json"
-    held = _held(spec, path, source)
+    state = read_state(path)
+    held = _held(spec, state, source)
     if held is None:
         con = store.duckdb()
         try:
-            reader = _read(con, snap)
+            reader = _read(con, snap, required)
             if progress is not None:
                 reader = _reporting(reader, spec.name, progress)
             result = export_table(catalog, spec.identifier, reader, format_version=spec.format_version)
         finally:
             con.close()
         done = ExportRunResult(spec.name, spec.identifier, result.snapshot_id, result.operation, result.rows,
-                               len(result.files), result.attempts, source)
-        path.parent.mkdir(parents=True, exist_ok=True)
+                               len(result.files), result.attempts, source, kept_optional=list(result.kept_optional))
         state = {**done.to_json(), "exported_at": datetime.now(UTC).isoformat()}
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
-        tmp.replace(path)
+        write_state(path, state)
     else:
         done = ExportRunResult(spec.name, spec.identifier, held, "unchanged", 0, 0, 0, source)
-    expired = guard_catalog(spec.catalog, lambda: expire_snapshots(
-        catalog, spec.identifier, Retention(spec.keep_snapshots, spec.max_snapshot_age)))
+    expired = guard_catalog(spec.catalog, lambda: expire_snapshots(catalog, spec.identifier, retention))
+    assert state is not None
+    table = guard_catalog(spec.catalog, lambda: catalog.load_table(spec.identifier))
+    write_state(path, with_view(state, TableView.of(table)))  # what the next quick answer reads
     return replace(done, expired=list(expired.expired))
 
 
-def _held(spec: ExportSpec, path: Path, source: dict[str, Any]) -> int | None:
+def _held(spec: ExportSpec, state: dict[str, Any] | None, source: dict[str, Any]) -> int | None:
     """The Iceberg snapshot already holding ``source``: the one the state file names, while it is still
     the table's current snapshot and the state file's source is ``source``; None otherwise."""
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
-    if not path.is_file():
-        return None
-    state = json.loads(path.read_text(encoding="utf-8"))
-    if state.get("source") != source:
+    if state is None or state.get("source") != source:
         return None
     try:
         current = _current_snapshot(spec)
@@ -177,30 +204,41 @@ def _reporting(reader: pa.RecordBatchReader, export: str,
     return pa.RecordBatchReader.from_batches(reader.schema, batches())
 
 
-def _resolve_source(store: Store, manifest: Manifest, name: str) -> tuple[Any, dict[str, Any]]:
-    """``name``'s current snapshot (a table's head, a model's latest published build) and what it is."""
+def _resolve_source(store: Store, manifest: Manifest, name: str) -> tuple[Any, dict[str, Any], frozenset[str]]:
+    """``name``'s current snapshot (a table's head, a model's latest published build), what it is, and
+    the columns it declares non-null (those of the contract the model's build published under)."""
     from contextful.engine.model.build import published_build
 
     if name in {m.name for m in manifest.models}:
         found = published_build(store, name)
         if found is None:
             raise SnapshotNotFound(name, "to export (the model has no published build yet)")
+        contract = found[1].meta.get("contract") or {}
+        required = frozenset(c for c, col in contract.get("columns", {}).items() if not col["nullable"])
         snap = store.table(name).snapshot(commit_seq=found[0])
-        return snap, {"kind": "model", "name": name, "commit_seq": found[0], "build_id": found[0]}
+        return snap, {"kind": "model", "name": name, "commit_seq": found[0], "build_id": found[0]}, required
     if name in store.table_names():
         snap = store.table(name).snapshot()
-        return snap, {"kind": "table", "name": name, "commit_seq": snap.commit_seq, "build_id": None}
+        return snap, {"kind": "table", "name": name, "commit_seq": snap.commit_seq, "build_id": None}, frozenset()
     raise TableNotFound(name)
 
 
-def _read(con: Any, snap: Any) -> pa.RecordBatchReader:
-    """``snap``'s rows as an Arrow stream through DuckDB."""
+def _read(con: Any, snap: Any, required: frozenset[str]) -> pa.RecordBatchReader:
+    """``snap``'s rows as an Arrow stream through DuckDB, the ``required`` columns declared non-null
+    (DuckDB's Arrow output marks every column nullable; the build checked these hold no null)."""
+    import pyarrow as pa
     from contextful.engine.read import attach_snapshot
     from contextful.storage.snapshot import quote
 
     view = "__contextful_export_source"
     attach_snapshot(con, snap, view)
-    return con.sql(f"SELECT * FROM {quote(view)}").to_arrow_reader()
+    reader = con.sql(f"SELECT * FROM {quote(view)}").to_arrow_reader()
+    if not required & set(reader.schema.names):
+        return reader
+    schema = pa.schema([f.with_nullable(False) if f.name in required else f for f in reader.schema],
+                       metadata=reader.schema.metadata)
+    return pa.RecordBatchReader.from_batches(
+        schema, (pa.RecordBatch.from_arrays(b.columns, schema=schema) for b in reader))
 
 
 def _current_snapshot(spec: ExportSpec) -> Any:
@@ -215,24 +253,36 @@ def _current_snapshot(spec: ExportSpec) -> Any:
 
 def export_status(manifest: Manifest) -> list[ExportStatus]:
     """Per export: the Iceberg table, its current snapshot, the source it holds, rows and files."""
-    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-
     found = []
     for spec in manifest.exports:
-        snapshot = None
-        try:
-            snapshot = _current_snapshot(spec)
-        except (NoSuchTableError, NoSuchNamespaceError):
-            pass
-        source = None
-        path = manifest.root / STATE_DIR / f"{spec.name}.json"
-        if snapshot is not None and path.is_file():
-            state = json.loads(path.read_text(encoding="utf-8"))
-            if state.get("snapshot_id") == snapshot.snapshot_id:
-                source = state["source"]
-        totals = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
-        found.append(ExportStatus(
-            spec.name, spec.identifier, spec.credential, snapshot.snapshot_id if snapshot else None, source,
-            int(totals["total-records"]) if "total-records" in totals else None,
-            int(totals["total-data-files"]) if "total-data-files" in totals else None))
+        state = read_state(state_path(manifest.root, spec.name))
+        location = metadata_location(spec)
+        view = recorded_view(state, location)
+        if location is None:  # no such table yet
+            found.append(ExportStatus(spec.name, spec.identifier, spec.credential, None, None, None, None))
+        elif view is not None and state is not None:
+            source = state.get("source") if view.snapshot_id == state.get("snapshot_id") else None
+            found.append(ExportStatus(spec.name, spec.identifier, spec.credential, view.snapshot_id, source,
+                                      view.rows, view.files))
+        else:
+            found.append(_status_through_catalog(spec, state))
     return found
+
+
+def _status_through_catalog(spec: ExportSpec, state: dict[str, Any] | None) -> ExportStatus:
+    """One export's status as pyiceberg reads the table (the state file no longer describes it)."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    snapshot = None
+    try:
+        snapshot = _current_snapshot(spec)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        pass
+    source = None
+    if snapshot is not None and state is not None and state.get("snapshot_id") == snapshot.snapshot_id:
+        source = state["source"]
+    totals = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
+    return ExportStatus(
+        spec.name, spec.identifier, spec.credential, snapshot.snapshot_id if snapshot else None, source,
+        int(totals["total-records"]) if "total-records" in totals else None,
+        int(totals["total-data-files"]) if "total-data-files" in totals else None)

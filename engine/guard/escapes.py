@@ -170,5 +170,8 @@ def mask_all(text: str, pieces: list[Piece] | None = None) -> tuple[str, int]:
 
 
 def mask_message(text: str) -> str:
-    """``text`` (an error message, a log line) with every credential span masked, escaped ones too."""
-    return mask_all(text)[0]
+    """``text`` (an error message, a log line) with every credential span masked, escaped ones too,
+    and every secret value this process resolved shown as its reference (``engine.guard.resolved``)."""
+    from contextful.engine.guard.resolved import mask_resolved
+
+    return mask_all(mask_resolved(text))[0]

@@ -138,10 +138,10 @@ class Decoder:
         type (text as text, numbers and dates converted, zoned timestamps as text for typed
         landing), never through a guess; JSON values keep their JSON kind. ``window`` (start, stop)
         reads only those bytes of an uncompressed local file: the bytes a pipeline's cursor has not
-        landed, up to the size it listed; a malformed line is counted from ``start``. ``csv`` is a CSV input's dialect
-        (``engine.land.csv_options``: delimiter, quote, header, encoding, null texts); what the decode
-        decided on its own (a sniffed delimiter) is appended to ``notes`` once the batches are read.
-        The child is forked at the first ``next()``. Abandoning the iterator kills the child.
+        landed, up to the size it listed; a malformed line is named by its line in the file. ``csv`` is a
+        CSV input's dialect (``engine.land.csv_options``: delimiter, quote, header, encoding, null texts);
+        what the decode decided on its own (a sniffed delimiter) is appended to ``notes`` once the batches
+        are read. The child is forked at the first ``next()``. Abandoning the iterator kills the child.
         """
         fmt = fmt or detect_format(path)
         if fmt not in FORMATS:

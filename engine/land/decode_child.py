@@ -646,8 +646,13 @@ def _rereadable(path: str) -> bool:
 
 
 def _line_at(request: dict[str, Any], at: int) -> int:
-    """The 1-based line holding byte ``at`` of the decompressed input: counted again from the
-    start, since only a failing input needs it (a JSON document's rewrite keeps byte positions)."""
+    """The 1-based line of the file holding byte ``at`` of the decompressed input: counted again
+    from the file's start, since only a failing input needs it (a JSON document's rewrite keeps byte
+    positions). A window's byte ``at`` is ``start + at`` of the file: its line is the file's line,
+    as an editor shows it, not its place in the appended bytes."""
+    if request.get("window"):
+        at += request["window"][0]
+        request = {**request, "window": None}
     readinto, buffer = _reader(request), bytearray(READ_BYTES)
     line = 1
     while at > 0 and (size := readinto(memoryview(buffer))):

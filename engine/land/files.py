@@ -21,8 +21,9 @@ repeat nothing"):
   whose name is gone) does not land again: its entry moves to the new name;
 - **an appended input**: an uncompressed NDJSON file whose first bytes hash as the landed ones
   lands only the bytes after them;
-- **any other change** fails that input alone with :class:`InputChanged` naming it; nothing of it
-  lands and its entry stays;
+- **any other change** fails that input alone with :class:`InputChanged` naming it and the ways
+  out; nothing of it lands and its entry stays. A pipeline that re-lands changed inputs (``reland``:
+  a ``merge`` or ``replace`` write disposition, ``engine.land.disposition``) pulls it whole instead;
 - **a cursor of the old form** (absolute path to ``"size:mtime"``) carries forward: an input whose
   old entry names it (by its path, or a path ending in its project-relative name: a moved project)
   with the same size and mtime counts as landed and takes the new form; a different size or mtime
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import stat
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -64,6 +66,7 @@ else:
 CONFIG_KEYS = ("paths", "format", *CSV_KEYS)
 FORMATS = ("ndjson", "json", "csv", "parquet")
 _READ = 1 << 20
+_BLANK_LINE = re.compile(rb"^[ \t\r]*\n", re.MULTILINE)
 _REMOTE_CONTENT = ("ETag", "etag", "Content-MD5", "Digest", "Last-Modified", "LastModified", "mtime")
 
 
@@ -101,6 +104,22 @@ class InputFile:
         if self.stat is not None:
             entry["stat"] = self.stat
         return entry
+
+    def records_landed(self) -> int:
+        """The NDJSON records (lines holding more than blanks) in the bytes already landed
+        (:attr:`offset`, which ends a line): what a row counted in the bytes a run read adds to be
+        counted in the file. Read again from the start, on a failure's path only."""
+        local = local_path(self.path)
+        assert local is not None and self.offset
+        count, carry, left = 0, b"", self.offset
+        with open(local, "rb") as f:
+            while left > 0 and (block := f.read(min(_READ, left))):  # bounded blocks of the landed prefix
+                left -= len(block)
+                data = carry + block
+                cut = data.rfind(b"\n") + 1
+                whole, carry = data[:cut], data[cut:]
+                count += whole.count(b"\n") - len(_BLANK_LINE.findall(whole))
+        return count
 
     def window(self) -> tuple[int, int] | None:
         """The bytes a run reads of a regular uncompressed local file: from ``offset`` to the listed
@@ -264,8 +283,10 @@ def file_hash(path: str, prefix: int | None = None) -> tuple[str | None, str]:
     return head, hasher.hexdigest()
 
 
-def plan_inputs(inputs: list[InputFile], stored: dict[str, Any], fmt: str | None) -> InputPlan:
-    """What to pull, skip and refuse of ``inputs`` against the cursor's ``stored`` inputs."""
+def plan_inputs(inputs: list[InputFile], stored: dict[str, Any], fmt: str | None, *, reland: bool = False,
+                pipeline: str | None = None) -> InputPlan:
+    """What to pull, skip and refuse of ``inputs`` against the cursor's ``stored`` inputs of
+    ``pipeline``; with ``reland`` a changed input is pulled whole, not refused."""
     cursor = dict(stored)
     names = {i.name for i in inputs}
     pull: list[InputFile] = []
@@ -282,17 +303,18 @@ def plan_inputs(inputs: list[InputFile], stored: dict[str, Any], fmt: str | None
         entry = stored.get(item.name)
         legacy = _old_entry(item, old)
         if isinstance(entry, dict):
-            outcome = _against(item, entry, fmt)
+            outcome = _against(item, entry, fmt, pipeline)
         elif legacy is not None:
             address, stamp = legacy
             del cursor[address]
             if stamp == item.stamp:
                 outcome = None  # the old cursor held it as it is: landed; it takes the new form
             else:
-                cursor[address] = stamp
+                if not reland:  # refused: its old entry stays; re-landed: its new entry replaces it
+                    cursor[address] = stamp
                 outcome = InputChanged(item.path, f"the cursor (written before content fingerprints) holds it as "
                                                   f"size:mtime {stamp}, it now reads {item.stamp}: whether it "
-                                                  "changed cannot be told")
+                                                  "changed cannot be told", pipeline)
         elif item.size in gone_sizes and gone.get((item.size, item.content)):
             del cursor[gone[(item.size, item.content)].pop()]  # renamed: landed under its old name
             outcome = None
@@ -305,9 +327,21 @@ def plan_inputs(inputs: list[InputFile], stored: dict[str, Any], fmt: str | None
             skip.append(item)
         elif isinstance(outcome, InputFile):
             pull.append(outcome)
+        elif reland:  # read again whole: its rows merge by key, or the run replaces the table
+            pull.append(item)
         else:
             changed.append((item, outcome))
     return InputPlan(pull, skip, changed, cursor)
+
+
+def plan_replace(inputs: list[InputFile], plan: InputPlan, stored: dict[str, Any]) -> InputPlan:
+    """``plan`` (made with ``reland``) under ``write_disposition = "replace"``: when any input is new,
+    changed or gone, every input whole (their rows become the table, and the cursor holds them
+    alone); else none. No input at all pulls none either: a source that lists nothing never
+    empties the table (``engine.land.disposition``)."""
+    if not inputs or (not plan.pull and set(stored) == {i.name for i in inputs}):
+        return InputPlan([], list(inputs), [], plan.cursor)  # touched-but-same inputs keep their new stat
+    return InputPlan([replace(i, offset=0) for i in inputs], [], [], {})
 
 
 def _old_entry(item: InputFile, old: dict[str, str]) -> tuple[str, str] | None:
@@ -320,7 +354,8 @@ def _old_entry(item: InputFile, old: dict[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def _against(item: InputFile, entry: dict[str, Any], fmt: str | None) -> InputFile | InputChanged | None:
+def _against(item: InputFile, entry: dict[str, Any], fmt: str | None,
+             pipeline: str | None) -> InputFile | InputChanged | None:
     """``item`` against its landed entry: None (the same), the part to pull, or why it is refused."""
     if item.stat is not None and entry.get("stat") == item.stat:
         return None  # untouched since it landed: not read again
@@ -337,7 +372,7 @@ def _against(item: InputFile, entry: dict[str, Any], fmt: str | None) -> InputFi
             else f"it holds {item.size} byte(s) where {landed} landed" if item.size != landed
             else f"its content is {item.content}, the landed one {entry['content']}")
     return InputChanged(item.path, f"it changed since it landed ({what}); only bytes appended to an "
-                                   "uncompressed NDJSON file land by themselves")
+                                   "uncompressed NDJSON file land by themselves", pipeline)
 
 
 def _appendable(path: str, fmt: str | None) -> bool:

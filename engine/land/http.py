@@ -11,7 +11,7 @@ Config (``[pipeline.source.config]``)::
     since_param = "since"       # query parameter carrying the stored watermark
     token_param = "page_token"  # query parameter carrying a page token
     params = {}                 # extra query parameters
-    headers = {}                # request headers
+    headers = {}                # request headers; a value may hold ${secret:NAME} (engine.config.secrets)
     timeout_s = 30              # per request, within the connector's 60 s call deadline
     rate_limit = {requests = 10, per_s = 1.0}   # optional meter (``engine.land.meter``)
     retry = {attempts = 5, base_s = 0.5, max_s = 60}   # the run's retry schedule
@@ -108,7 +108,10 @@ def with_params(url: str, params: dict[str, str]) -> str:
 
 
 def check_config(where: str, config: dict[str, Any], incremental: str | None) -> list[ContextfulError]:
+    from contextful.engine.config.secrets import reference_problems
+
     problems: list[ContextfulError] = [ManifestKeyUnknown(where, k, CONFIG_KEYS) for k in config if k not in CONFIG_KEYS]
+    problems += reference_problems(where, config)
     url = config.get("url")
     if not isinstance(url, str) or not url:
         problems.append(ManifestValueInvalid(where, "url", "required: the first page's URL"))
@@ -138,6 +141,11 @@ def check_config(where: str, config: dict[str, Any], incremental: str | None) ->
                                                                   for k in retry)):
         problems.append(ManifestValueInvalid(where, "retry", "takes {attempts, base_s, max_s}"))
     return problems
+
+
+def headers_where(pipeline: str) -> str:
+    """How a pipeline's headers are named in a secret's error."""
+    return f"[[pipeline]] {pipeline!r} source.config.headers"
 
 
 def check_rereads(where: str, incremental: str | None, primary_key: tuple[str, ...]) -> list[ContextfulError]:

@@ -42,7 +42,13 @@ from contextful.engine.run.execution import Execution, open_execution
 from contextful.engine.run.owners import Scope
 from contextful.engine.run.plan import pipeline_reference
 from contextful.storage import Store
-from contextful.storage.errors import ContextfulError, ExecutionWriterFenced, RunCanceled, TransientError
+from contextful.storage.errors import (
+    ContextfulError,
+    ExecutionHeld,
+    ExecutionWriterFenced,
+    RunCanceled,
+    TransientError,
+)
 from contextful.storage.fence import WriterFence
 from contextful.storage.transaction import CommitResult
 
@@ -67,8 +73,11 @@ class PullJournal:
         """Open or resume the run's execution. A resumed landing discards the pulls recorded after
         its checkpoint (rows land only through commits); ``replay`` keeps them for the run to read
         back (a derive run's unit answers, ``engine.derive.run``)."""
-        execution = open_execution(store.journal, Scope.table(scope), pipeline_reference(spec),
-                                   lease_s=LEASE_S, take_over_dead=True)
+        try:
+            execution = open_execution(store.journal, Scope.table(scope), pipeline_reference(spec),
+                                       lease_s=LEASE_S, take_over_dead=True)
+        except ExecutionHeld as exc:  # another process runs this pipeline now: say which, and whose
+            raise exc.of_pipeline(spec.id) from None
         if execution.resumed and not replay:
             execution.discard_recorded()  # pulls after the last checkpoint never committed: pull afresh
         return cls(execution, replay)

@@ -7,18 +7,22 @@ One ``contextful pipeline run`` of a ``files`` pipeline:
 1. list the source's inputs and plan them against the pipeline's cursor (``engine.land.files``:
    inputs named relative to the project, fingerprinted by content): those landed in this form —
    renamed ones included — are skipped, an appended NDJSON input pulls only its new bytes, and an
-   input changed otherwise fails by name (:class:`InputChanged`); a re-run with nothing new lands
-   nothing;
+   input changed otherwise fails by name (:class:`InputChanged`) under the ``append`` write
+   disposition, or is pulled whole under ``merge`` (its rows merge by key); under ``replace`` a run
+   that finds any input new, changed or gone pulls every input (``engine.land.disposition``); a
+   re-run with nothing new lands nothing;
 2. decode each remaining input in its own child (``engine.land.decode``: 60 s, 512 MiB), apply the
    pull's ``types`` (``engine.land.typed``), and stage the batches into the run's transaction;
 3. an input that fails — parse-crashed, malformed, unreadable, or a value its table's column cannot
    take (``SchemaIrreconcilable``, checked before the next input starts) — fails by name alone:
    everything it staged is rolled back and it stays out of the cursor, so a re-run after the fix
-   pulls exactly it;
+   pulls exactly it. Under ``replace`` a failed input fails the whole run: nothing lands, the
+   table keeps its rows;
 4. commit the rows with the cursor (the inputs landed so far) in one commit. When the parts staged
    since the last commit reach ``checkpoint_bytes`` (512 MiB by default) the run commits at that
    input boundary and keeps pulling, so a crash loses at most the work since the last checkpoint
-   and the re-run resumes from the committed cursor.
+   and the re-run resumes from the committed cursor. A ``replace`` run commits once, at its end:
+   its rows become the table together or not at all.
 
 The per-pipeline cursor lives on the destination table under the scope ``pipeline:<id>``.
 """
@@ -30,6 +34,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from contextful.engine.config.manifest import Manifest, PipelineSpec
@@ -38,12 +43,18 @@ from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.csv_options import csv_options
 from contextful.engine.land.declaration import refuse_changed_declaration
 from contextful.engine.land.decode import Decoder
-from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs
+from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs, plan_replace
 from contextful.engine.land.journal import PullJournal
 from contextful.engine.land.results import InputFailure, PipelineResult, Progress
 from contextful.engine.land.sink import LandingSink, load_staging
 from contextful.storage import Store
-from contextful.storage.errors import ContextfulError, Incompatible, NotFound
+from contextful.storage.errors import (
+    ContextfulError,
+    Incompatible,
+    NotFound,
+    PrimaryKeyNull,
+    TypedLandingFailed,
+)
 from contextful.storage.run_record import RunFailure
 
 CHECKPOINT_BYTES = 512 * 1024 * 1024
@@ -84,15 +95,19 @@ def _landed_inputs(store: Store | None, spec: PipelineSpec) -> dict[str, Any]:
     if store is None or spec.table not in store.table_names():
         return {}
     committed = store.table(spec.table).cursor(cursor_scope(spec))
-    if committed is None:
+    if committed is None or committed[0] is None:  # never landed, or reset (engine.land.reset)
         return {}
     value, _seq = committed
     return dict(value.get("inputs", {}))
 
 
-def _plan_files(store: Store | None, manifest: Manifest, spec: PipelineSpec) -> InputPlan:
+def _plan_files(manifest: Manifest, spec: PipelineSpec, stored: dict[str, Any]) -> InputPlan:
+    """The inputs to pull, skip and refuse against the ``stored`` ones, by the pipeline's write
+    disposition (``engine.land.disposition``)."""
     inputs = list_inputs(spec.source.config, manifest.root)
-    return plan_inputs(inputs, _landed_inputs(store, spec), spec.source.config.get("format"))
+    planned = plan_inputs(inputs, stored, spec.source.config.get("format"), reland=spec.disposition != "append",
+                          pipeline=spec.id)
+    return plan_replace(inputs, planned, stored) if spec.disposition == "replace" else planned
 
 
 def plan_pipeline(store: Store | None, manifest: Manifest, spec: PipelineSpec) -> PipelinePlan:
@@ -102,18 +117,22 @@ def plan_pipeline(store: Store | None, manifest: Manifest, spec: PipelineSpec) -
     if store is not None:
         refuse_changed_declaration(store, spec)
     if spec.source.kind == "http":
-        return _plan_http(store, spec)
+        return _plan_http(store, manifest.root, spec)
     if spec.source.kind == "receive":
         return PipelinePlan(spec.id, spec.table, [], [], source="receive")
     if spec.source.kind == "derive":  # what a run would derive: `pipeline run --dry-run` counts it
         return PipelinePlan(spec.id, spec.table, [], [], source="derive")
-    planned = _plan_files(store, manifest, spec)
+    planned = _plan_files(manifest, spec, _landed_inputs(store, spec))
     return PipelinePlan(spec.id, spec.table, planned.pull, planned.skip, changed=[i for i, _ in planned.changed])
 
 
-def _plan_http(store: Store | None, spec: PipelineSpec) -> PipelinePlan:
-    from contextful.engine.land.http import HttpConfig
+def _plan_http(store: Store | None, root: Path, spec: PipelineSpec) -> PipelinePlan:
+    from contextful.engine.config.secrets import resolve_headers
+    from contextful.engine.land.http import HttpConfig, headers_where
     from contextful.engine.land.position import open_position, since_text
+
+    # a reference the run could not resolve refuses the plan; the plan shows no header value
+    resolve_headers(HttpConfig.from_config(spec.source.config).headers, root, headers_where(spec.id))
 
     scope = cursor_scope(spec)
     stored = (store.table(spec.table).cursor(scope)
@@ -173,7 +192,8 @@ def _land_source(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
 
         if cancel is None and journal is not None:
             cancel = journal.execution.cancel_token  # a retry wait ends once the run is canceled
-        return run_http_pipeline(store, spec, decoder, scope=cursor_scope(spec), checkpoint_bytes=checkpoint_bytes,
+        return run_http_pipeline(store, spec, decoder, root=manifest.root, scope=cursor_scope(spec),
+                                 checkpoint_bytes=checkpoint_bytes,
                                  progress=progress, cancel=cancel, sleep=sleep, journal=journal)
     if spec.source.kind == "receive":
         from contextful.engine.land.receive.group import drain_queue
@@ -188,9 +208,13 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                journal: PullJournal | None = None) -> PipelineResult:
     started = time.monotonic()
     stored = _landed_inputs(store, spec)
-    plan = plan_inputs(list_inputs(spec.source.config, manifest.root), stored, spec.source.config.get("format"))
-    sink = LandingSink(store, spec)
+    plan = _plan_files(manifest, spec, stored)
+    replacing = spec.disposition == "replace"
+    sink = LandingSink(store, spec, kind="replace" if replacing else "append")
     result = PipelineResult(spec.id, [], inputs_skipped=len(plan.skip))
+    if replacing and stored and not plan.pull and not plan.skip:
+        result.warnings.append(f"pipeline {spec.id!r}: its paths match no file; under write_disposition = "
+                               "\"replace\" the table keeps its rows (a source listing nothing never empties it)")
     for item, changed in plan.changed:  # fails by name; its entry stays as it landed
         result.failures.append(_failure(item, changed))
     landed = dict(plan.cursor)
@@ -225,6 +249,8 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                 failed = _failure(item, exc)
                 sink.rollback_to(point, RunFailure(failed.error, failed.detail))
                 result.failures.append(failed)
+                if replacing:  # all or nothing: the table keeps its rows
+                    break
                 continue
             landed[item.name] = item.entry()
             result.inputs_landed.append(item.path)
@@ -237,7 +263,7 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
             if progress is not None:
                 progress(Progress(spec.id, done + 1, len(plan.pull), sink.landings[spec.table].rows + sink.staged_rows,
                                   bytes_read, len(sink.landings), time.monotonic() - started))
-            if sink.staged_reach(checkpoint_bytes):  # a checkpoint, at an input boundary
+            if not replacing and sink.staged_reach(checkpoint_bytes):  # a checkpoint, at an input boundary
                 position = {"kind": "files", "inputs": dict(landed)}
                 if journal is not None:
                     journal.before_commit()
@@ -245,7 +271,7 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                 pending, since_commit = 0, []
                 if journal is not None and committed is not None:
                     journal.checkpoint(position, committed)
-        if pending:
+        if pending and not (replacing and result.failures):
             if journal is not None:
                 journal.before_commit()
             sink.commit(cursor_scope(spec), {"kind": "files", "inputs": dict(landed)}, {"inputs": since_commit})
@@ -265,8 +291,14 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
 
 
 def _failure(item: InputFile, exc: ContextfulError) -> InputFailure:
-    """One input's failure; its detail names the input (a schema clash names only the table and column)."""
+    """One input's failure; its detail names the input (a schema clash names only the table and column),
+    and a row it names is counted in the file, for an input read from an offset too."""
     from contextful.engine.guard import mask_message
+
+    if item.offset and isinstance(exc, PrimaryKeyNull):
+        exc = PrimaryKeyNull(exc.table, exc.column, exc.row + item.records_landed(), exc.input, exc.fields["value"])
+    elif item.offset and isinstance(exc, TypedLandingFailed) and exc.row is not None:
+        exc = TypedLandingFailed(exc.table, exc.column, exc.spelling, exc.reason, exc.row + item.records_landed())
 
     detail = exc.detail if item.path in exc.detail else f"input {item.path}: {exc.detail}"
     return InputFailure(item.path, exc.name, mask_message(detail), exc.exit_code)

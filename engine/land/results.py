@@ -56,6 +56,8 @@ class PipelineResult:
     inputs_landed: list[str] = field(default_factory=list)
     inputs_skipped: int = 0
     failures: list[InputFailure] = field(default_factory=list)
+    failures_not_shown: int = 0
+    """Failures beyond those in ``failures`` (a derive run's units: the first few are listed)."""
     seconds: float = 0.0
     pulls: int = 0
     """Requests a source walk issued (retries included)."""
@@ -78,7 +80,8 @@ class PipelineResult:
     def to_json(self) -> dict[str, Any]:
         return {"pipeline": self.pipeline, "ok": self.ok, "tables": [t.to_json() for t in self.tables],
                 "inputs_landed": self.inputs_landed, "inputs_skipped": self.inputs_skipped,
-                "failures": [f.to_json() for f in self.failures], "seconds": round(self.seconds, 3),
+                "failures": [f.to_json() for f in self.failures], "failures_not_shown": self.failures_not_shown,
+                "seconds": round(self.seconds, 3),
                 "pulls": self.pulls, "bound_hits": self.bound_hits, "warnings": self.warnings, "notes": self.notes,
                 "execution": self.execution, "seed": self.seed, "derive": self.derive}
 

@@ -25,7 +25,9 @@ reader sees the root rows, their child rows and the position together or none of
 failure or a crash leaves none of them, so the re-run lands each table's rows once.
 Under a keyed root the ids follow the key, and child tables are keyed on ``_cf_id``: a re-run
 of the same rows lands them with the same ids, so they replace those rows; under an unkeyed root
-it lands them with fresh ids.
+it lands them with fresh ids. A sink of kind ``replace`` (``write_disposition = "replace"``,
+``engine.land.disposition``) commits replacing runs: its rows become the root table and every
+relational child table ``<root>__…`` in that one commit, a child table it staged nothing for emptied.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
     column or a null key fails the batch naming ``pull`` and the row (``first_row`` is the batch's
     first row's position in the pull).
     """
-    table = apply_types(spec.table, batch, types) if types is not None else batch
+    table = apply_types(spec.table, batch, types, first_row) if types is not None else batch
     if spec.transform:
         from contextful.engine.run.transform import run_chain
 
@@ -166,9 +168,12 @@ class LandingSink:
     """Stages one pipeline run's batches into its tables and commits them together."""
 
     def __init__(self, store: Store, spec: PipelineSpec, *, meta: dict[str, Any] | None = None,
-                 guard: bool = True, run_id: Callable[[str], str | None] | None = None) -> None:
+                 guard: bool = True, run_id: Callable[[str], str | None] | None = None, kind: str = "append") -> None:
         self.store = store
         self.spec = spec
+        self.kind = kind
+        """``append``, or ``replace``: each commit's rows become its tables, the root's and every
+        relational child table's (one the run staged nothing for is emptied)."""
         self.meta = dict(meta or {"pipeline": spec.id})
         self.guard = guard
         self.types = read_types(spec.types)
@@ -216,7 +221,7 @@ class LandingSink:
     def _staging_for(self, name: str) -> _Staging:
         if name not in self._staging:
             run_id = self.run_id(name) if self.run_id is not None else None
-            txn = landing_table(self.store, self.spec, name).transaction("append", run_id=run_id,
+            txn = landing_table(self.store, self.spec, name).transaction(self.kind, run_id=run_id,
                                                                           meta=dict(self.meta))
             self._staging[name] = _Staging(txn)
             self.landings.setdefault(name, TableLanding(name))
@@ -296,8 +301,13 @@ class LandingSink:
         """
         if not self._staging and scope is None:
             return None
-        if scope is not None:
+        if scope is not None or self.kind == "replace":
             self._staging_for(self.spec.table)
+        if self.kind == "replace" and self.spec.normalize == "relational":
+            children = self.spec.table + "__"
+            for name in self.store.table_names():
+                if name.startswith(children):
+                    self._staging_for(name)
         return commit_sinks([self], meta, {self.spec.table: requirements}, scope=scope, position=position)[0]
 
     def _prepare(self, meta: dict[str, Any] | None, requirements: tuple[Requirement, ...], scope: str | None,
@@ -341,7 +351,7 @@ class LandingSink:
         for staging in self._staging.values():
             self._give_up(staging.txn, failure)
         if failure is not None and failure not in self._failures:
-            self.store.runs.fail(new_run_id(), self.spec.table, "append", failure)
+            self.store.runs.fail(new_run_id(), self.spec.table, self.kind, failure)
             self._failures.add(failure)
         self._staging.clear()
         self._masked.clear()

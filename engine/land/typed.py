@@ -233,9 +233,21 @@ def declared_type(arrived: pa.DataType, declared: pa.DataType) -> pa.DataType:
     return declared
 
 
-def apply_types(table_name: str, data: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
+class RowRefused(ValueError):
+    """A cast refused one value: ``row`` is its 0-based row in the array cast, ``reason`` says why
+    (:func:`apply_types` names the row in its input)."""
+
+    def __init__(self, row: int, reason: str) -> None:
+        super().__init__(reason)
+        self.row = row
+        self.reason = reason
+
+
+def apply_types(table_name: str, data: pa.Table, types: dict[str, pa.DataType], first_row: int = 0) -> pa.Table:
     """``data`` with each declared column cast to its declared type (absent columns stay absent);
-    a struct's undeclared fields stay as they arrived (:func:`declared_type`)."""
+    a struct's undeclared fields stay as they arrived (:func:`declared_type`). A value the type does
+    not hold fails as TypedLandingFailed naming its 1-based row, ``first_row`` being the position of
+    ``data``'s first row in its input."""
     for column, declared in types.items():
         index = data.schema.get_field_index(column)
         if index < 0:
@@ -243,11 +255,16 @@ def apply_types(table_name: str, data: pa.Table, types: dict[str, pa.DataType]) 
         target = declared_type(data.schema.field(index).type, declared)
         if data.schema.field(index).type == target:
             continue
+        chunks, before = [], first_row
         try:
-            cast = pa.chunked_array([_cast(chunk, target) for chunk in data.column(index).chunks], type=target)
+            for chunk in data.column(index).chunks:
+                chunks.append(_cast(chunk, target))
+                before += len(chunk)
+        except RowRefused as exc:
+            raise TypedLandingFailed(table_name, column, str(declared), exc.reason, before + exc.row + 1) from exc
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise TypedLandingFailed(table_name, column, str(declared), first_line(exc)) from exc
-        data = data.set_column(index, pa.field(column, target), cast)
+        data = data.set_column(index, pa.field(column, target), pa.chunked_array(chunks, type=target))
     return data
 
 
@@ -262,7 +279,13 @@ def _cast(array: pa.Array, target: pa.DataType) -> pa.Array:
     if (pa.types.is_list(target) or pa.types.is_large_list(target)) and \
             (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
         first, last = array.offsets[0].as_py(), array.offsets[-1].as_py()
-        values = _cast(array.values.slice(first, last - first), target.value_type)  # flatten() skips null lists
+        try:
+            values = _cast(array.values.slice(first, last - first), target.value_type)  # flatten() skips null lists
+        except RowRefused as exc:  # a value of a list: name the row holding the list
+            import numpy as np
+
+            holder = int(np.searchsorted(array.offsets.to_numpy(), first + exc.row, side="right")) - 1
+            raise RowRefused(holder, exc.reason) from None
         offsets = pc.subtract(array.offsets.cast(pa.int64()), first)
         offsets = offsets.cast(pa.int64() if pa.types.is_large_list(target) else pa.int32())
         factory = pa.LargeListArray if pa.types.is_large_list(target) else pa.ListArray
@@ -298,8 +321,7 @@ def text_to_decimal(text: pa.Array, target: pa.DataType, arrived: pa.DataType) -
         try:
             pc.cast(pa.array([value], pa.string()), target, safe=True)
         except pa.ArrowInvalid as exc:
-            raise pa.ArrowInvalid(f"{value} ({arrived}, row {row}) is not held exactly by {target}: "
-                                  f"{first_line(exc)}") from None
+            raise RowRefused(row, f"{value} ({arrived}) is not held exactly by {target}: {first_line(exc)}") from None
     raise AssertionError("a cast failing as a whole fails for one of its values")
 
 
@@ -322,8 +344,8 @@ def _check_exact(array: pa.Array, cast: pa.Array) -> None:
     lost = pc.and_(pc.invert(pc.fill_null(same, False)), array.is_valid())
     if pc.any(lost).as_py():
         first = pc.index(lost, True).as_py()
-        raise pa.ArrowInvalid(f"{array[first]} ({array.type}, row {first}) is not held exactly by {cast.type}: "
-                              f"it reads back as {back[first]}")
+        raise RowRefused(first, f"{array[first]} ({array.type}) is not held exactly by {cast.type}: "
+                                f"it reads back as {back[first]}")
 
 
 _ZONED = r":\d\d(\.\d*)?\s*(Z|z|[+-]\d\d(:?\d\d)?)$"  # a time of day, then its zone

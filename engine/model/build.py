@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from contextful.engine.guard import masked_failure
+from contextful.engine.model.bind import model_query_invalid
 from contextful.engine.model.conform import conform
 from contextful.engine.model.contract import check_contract
 from contextful.engine.model.spec import Contract, ModelSpec, ModelTest, case_clash
@@ -36,7 +37,7 @@ from contextful.storage.errors import (
     ContractMismatch,
     ModelTestFailed,
     QueryInvalid,
-    first_line,
+    whole_message,
 )
 from contextful.storage.lazy import lazy_module
 from contextful.storage.snapshot import quote
@@ -167,7 +168,7 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
     inputs = spec.input_names(known)
     if clash := case_clash(inputs):
         raise QueryInvalid(spec.sql, f"it reads tables {' and '.join(map(repr, clash))}, whose names differ only "
-                                     "in case: DuckDB cannot tell them apart")
+                                     "in case: DuckDB cannot tell them apart", model=spec.name, file=spec.sql_file)
     con = store.duckdb()
     try:
         watermark = {}
@@ -181,7 +182,7 @@ def build_model(store: Store, spec: ModelSpec, known: set[str]) -> BuildResult:
         try:
             reader = con.sql(spec.sql).to_arrow_reader(PART_ROWS)
         except duckdb.Error as exc:
-            raise QueryInvalid(spec.sql, first_line(exc)) from exc
+            raise model_query_invalid(spec, exc) from exc
         meta = {"model": spec.name, "watermark": watermark, "chain": chains, **definition(spec, known)}
         txn = store.create_table(spec.name, provisional=True).transaction("replace", meta=meta, record=spec.record,
                                                          own_schema=True)
@@ -256,5 +257,5 @@ def _count(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = 
     try:
         row = con.execute(sql, params).fetchone()
     except duckdb.Error as exc:
-        raise QueryInvalid(sql, first_line(exc)) from exc
+        raise QueryInvalid(sql, whole_message(exc)) from exc
     return int(row[0]) if row and row[0] is not None else 0

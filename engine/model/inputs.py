@@ -18,14 +18,18 @@ from contextful.engine.model.spec import resolve_table
 from contextful.storage.errors import ModelInputUnknown
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from contextful.engine.config.manifest import Manifest
     from contextful.engine.model.spec import ModelSpec
 
 
 def produced(manifest: Manifest) -> set[str]:
     """The tables the manifest's pipelines and models produce and its ``[[external]]`` blocks declare
-    written from outside (relational child tables aside)."""
-    return {p.table for p in manifest.pipelines} | {m.name for m in manifest.models} | {e.table for e in manifest.externals}
+    written from outside (relational child tables aside); a host task's pipeline produces its marker
+    table and every content table it declares (``tables``)."""
+    derived = {t for p in manifest.pipelines if p.source.kind == "derive" for t in p.source.config.get("tables", ())}
+    return ({p.table for p in manifest.pipelines} | derived | {m.name for m in manifest.models}
+            | {e.table for e in manifest.externals})
 
 
 def unaccounted(manifest: Manifest, spec: ModelSpec, known: set[str]) -> tuple[str, ...]:
@@ -47,12 +51,15 @@ def unknown_inputs(manifest: Manifest, stored: set[str]) -> list[ModelInputUnkno
     return problems
 
 
-def check_model_inputs(manifest: Manifest, store: str | None = None) -> list[ModelInputUnknown]:
+def check_model_inputs(manifest: Manifest, store: str | None = None,
+                       declared: set[str] | frozenset[str] = frozenset()) -> list[ModelInputUnknown]:
     """:func:`unknown_inputs`, looking at the store (``store``, else the project's) only when the
-    manifest leaves names unaccounted for, and only if that store exists."""
-    if not unknown_inputs(manifest, set()):
+    manifest leaves names unaccounted for, and only if that store exists. ``declared`` are tables
+    blocks of the manifest name though they did not parse: their own problem says why, and a model
+    reading one is not reported again."""
+    if not unknown_inputs(manifest, set(declared)):
         return []
-    return unknown_inputs(manifest, stored_tables(manifest, store))
+    return unknown_inputs(manifest, stored_tables(manifest, store) | declared)
 
 
 def stored_tables(manifest: Manifest, store: str | None = None) -> set[str]:
@@ -65,8 +72,20 @@ def stored_tables(manifest: Manifest, store: str | None = None) -> set[str]:
         return set(opened.table_names())
 
 
+def landed_schemas(manifest: Manifest, store: str | None = None) -> dict[str, pa.Schema]:
+    """Each user table of the store (``store``, else the project's) that holds a commit, in its
+    schema at the head; empty when the store does not exist yet."""
+    from contextful.engine.project import open_store
+
+    if not store_exists(manifest, store):
+        return {}
+    with open_store(store or manifest.root) as opened:
+        pinned = opened.snapshots(opened.table_names())
+    return {name: snap.schema for name, snap in pinned.items() if snap.schema is not None}
+
+
 def store_exists(manifest: Manifest, store: str | None = None) -> bool:
-    """Whether the store (``store``, else the project's) exists, looked at without creating it."""
+    """Whether the store (``store``, else the project's) exists, asked without creating it."""
     from contextful.storage.objects import ObjectStore
 
     root = store or manifest.project.store

@@ -159,9 +159,17 @@ class BodyRegistry:
         return tuple(sorted(self._bodies))
 
     def get(self, name: str) -> RegisteredBody:
+        """Body ``name``; a name not registered yet loads the ``contextful.tasks`` entry points first,
+        as a host task's does (``engine.registrations``: ``[project] modules`` register bodies too)."""
         body = self._bodies.get(name)
         if body is None:
-            raise BodyUnregistered(name, self.names())
+            from contextful.engine.registrations import load_entry_points, searched
+
+            load_entry_points()
+            body = self._bodies.get(name)
+            if body is None:
+                where = searched()
+                raise BodyUnregistered(name, self.names(), where.modules, where.entry_points or ())
         return body
 
     def select(self, configured: str | Mapping[str, Any]) -> RegisteredBody:

@@ -75,6 +75,8 @@ def pipeline_body(spec: PipelineSpec) -> dict[str, Any]:
         "order_by": spec.order_by, "types": spec.types}
     if spec.transform:
         body["transform"] = list(spec.transform)
+    if spec.disposition == "replace":  # append and merge follow from primary_key
+        body["write_disposition"] = spec.disposition
     return body
 
 

@@ -71,7 +71,8 @@ def _origin(meta: dict[str, Any]) -> str | None:
     if "model" in meta:
         return f"model {meta['model']}"
     if "pipeline" in meta:
-        what = " (its seed)" if meta.get("seed") else " (received batches)" if "receive_group" in meta else ""
+        what = (" (its seed)" if meta.get("seed") else " (received batches)" if "receive_group" in meta
+                else " (reset: cursor forgotten)" if meta.get("reset") else "")
         return f"pipeline {meta['pipeline']}{what}"
     if "source" in meta:
         return f"table load {meta['source']}"

@@ -17,11 +17,15 @@ from typing import Any
 
 from contextful.storage.clock import Clock
 from contextful.storage.commits import CommitRequest
-from contextful.storage.errors import StorageProfileUnknown
+from contextful.storage.errors import CatalogDsnMissing, StorageProfileUnknown
 from contextful.storage.follows import Follows
 from contextful.storage.supersede import Supersede
 
 PROFILES = ("local", "postgres")
+"""The storage profiles, by their ``CONTEXTFUL_STORAGE_PROFILE`` value: ``local`` (the default: a
+SQLite catalog file) and ``postgres`` (the container profile: the catalog in PostgreSQL)."""
+LIBPQ_SERVER_VARIABLES = ("PGHOST", "PGHOSTADDR", "PGSERVICE")
+"""libpq's variables naming a server: with one set, an empty DSN connects where it says."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,9 @@ class Catalog(ABC):
     """What the store asks of its catalog. Every method is safe across processes."""
 
     backend: str
+    profile: str
+    """The ``CONTEXTFUL_STORAGE_PROFILE`` value that opens this catalog (:data:`PROFILES`): what
+    every message names it by."""
 
     @property
     def journal_location(self) -> str | None:
@@ -319,6 +326,9 @@ def open_catalog(profile: str | None = None, *, sqlite_path: str | None = None, 
     ``schema`` (default: ``CONTEXTFUL_POSTGRES_SCHEMA``, else ``contextful``).
     """
     profile = storage_profile(profile)
+    if profile == "postgres" and dsn is None and not os.environ.get("CONTEXTFUL_POSTGRES_DSN") and not any(
+            os.environ.get(name) for name in LIBPQ_SERVER_VARIABLES):
+        raise CatalogDsnMissing(profile)  # libpq would try a local socket: say what is missing instead
     if profile == "local":
         from contextful.storage.catalog.sqlite import SqliteCatalog
 

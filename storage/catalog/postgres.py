@@ -19,6 +19,7 @@ from contextful.storage.errors import ConditionalWriteUnsupported, ContextfulErr
 
 class PostgresCatalog(SqlCatalog):
     backend = "postgres"
+    profile = "postgres"
     placeholder = "%s"
     row_lock = " FOR UPDATE"
     share_lock = " FOR SHARE"

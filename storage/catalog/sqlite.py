@@ -41,6 +41,7 @@ def enable_wal(conn: sqlite3.Connection, timeout_s: float = BUSY_TIMEOUT_S) -> s
 
 class SqliteCatalog(SqlCatalog):
     backend = "sqlite"
+    profile = "local"
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from contextful.storage.clock import SystemClock, from_us
 from contextful.storage.errors import (
     CancelTargetNotInFlight,
+    ExecutionHeld,
     ExecutionRewindUnsafe,
     JournalConflict,
     OwnerPinsMismatch,
@@ -78,6 +79,9 @@ class OwnerRow:
     cancel_requested_us: int | None = None
     """When ``contextful run cancel`` marked the pending execution (``run.cancel.not-in-flight``):
     single-valued, the first mark kept; None while nobody asked it to stop."""
+    held_since_us: int | None = None
+    """When ``holder`` took the lease (its claim); None while nobody holds it, and in a row written
+    before this was recorded."""
 
     def pin_map(self) -> dict[str, str]:
         """The owner's pins as a mapping."""
@@ -112,6 +116,15 @@ class HeldOwners:
 def canonical_pins(pins: Mapping[str, str] | None) -> str:
     """The text an owner row stores for ``pins``: canonical JSON, keys sorted, values as text."""
     return json.dumps({str(k): str(v) for k, v in (pins or {}).items()}, sort_keys=True, separators=(",", ":"))
+
+
+def held_by(row: OwnerRow) -> ExecutionHeld:
+    """The refusal of a claim on ``row``'s scope while its holder's lease runs: who holds it, since when."""
+    from contextful.storage.holders import Holder
+
+    parsed = Holder.parse(row.holder) if row.holder is not None else None
+    return ExecutionHeld(row.execution_id, row.scope, row.holder, parsed.host if parsed else None,
+                         parsed.pid if parsed else None, row.held_since_us, row.lease_expires_us)
 
 
 def _held_reason(row: OwnerRow) -> str:
@@ -217,14 +230,16 @@ class JournalStore(ABC):
             if row is None or row.status != PENDING:
                 return OwnerRow(scope=scope, execution_id=uuid.uuid4().hex, plan_ref=plan_ref, status=PENDING,
                                 holder=holder, lease_expires_us=now_us + lease_us, opened_us=now_us,
-                                closed_us=None, cursor=None, attempts=1, pins=offered)
+                                closed_us=None, cursor=None, attempts=1, pins=offered, held_since_us=now_us)
             if row.plan_ref != plan_ref:
                 raise OwnerPlanMismatch(scope, row.execution_id, row.plan_ref, plan_ref)
             if row.pins != offered:
                 raise OwnerPinsMismatch(scope, row.execution_id, row.pin_map(), json.loads(offered))
             if row.holder != holder and row.lease_expires_us > now_us:
-                raise JournalConflict(row.execution_id, 0, _held_reason(row))
-            return replace(row, holder=holder, lease_expires_us=now_us + lease_us, attempts=row.attempts + 1)
+                raise held_by(row)
+            since = row.held_since_us if row.holder == holder and row.held_since_us is not None else now_us
+            return replace(row, holder=holder, lease_expires_us=now_us + lease_us, attempts=row.attempts + 1,
+                           held_since_us=since)
 
         return self._swap_owner(change, scope=scope)
 
@@ -255,7 +270,8 @@ class JournalStore(ABC):
         pending and held by nobody, so the next claim under its scope, by any holder, resumes it at
         once; a renewal by the releasing holder after this finds the lease lost."""
         return self._swap_owner(
-            lambda row: replace(_require_held(row, execution_id, holder, fence), holder=None, lease_expires_us=now_us),
+            lambda row: replace(_require_held(row, execution_id, holder, fence), holder=None, lease_expires_us=now_us,
+                                held_since_us=None),
             execution_id=execution_id)
 
     def close(self, execution_id: str, holder: str, status: str, now_us: int,

@@ -21,14 +21,14 @@ from contextful.storage.journal import HeldOwners, JournalStore, OwnerRow, StepR
 
 OWNER_COLUMNS = ("scope", "execution_id", "plan_ref", "status", "holder", "lease_expires_us", "opened_us",
                  "closed_us", "cursor", "attempts", "replay_from", "pins",
-                 "cancel_requested_us")
+                 "cancel_requested_us", "held_since_us")
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS cf_journal_owners (
         scope TEXT PRIMARY KEY, execution_id TEXT NOT NULL UNIQUE, plan_ref TEXT NOT NULL, status TEXT NOT NULL,
         holder TEXT, lease_expires_us BIGINT NOT NULL, opened_us BIGINT NOT NULL, closed_us BIGINT,
         cursor TEXT, attempts BIGINT NOT NULL, replay_from BIGINT NOT NULL, pins TEXT NOT NULL DEFAULT '{{}}',
-        cancel_requested_us BIGINT)""",
+        cancel_requested_us BIGINT, held_since_us BIGINT)""",
     """CREATE TABLE IF NOT EXISTS cf_journal_steps (
         execution_id TEXT NOT NULL, seq BIGINT NOT NULL, label TEXT NOT NULL, value {blob} NOT NULL,
         recorded_us BIGINT NOT NULL, PRIMARY KEY (execution_id, seq))""",
@@ -38,7 +38,7 @@ _SELECT_OWNER = f"SELECT {', '.join(OWNER_COLUMNS)} FROM cf_journal_owners"
 _UPSERT_OWNER = (f"INSERT INTO cf_journal_owners ({', '.join(OWNER_COLUMNS)})"
                  f" VALUES ({', '.join('?' for _ in OWNER_COLUMNS)}) ON CONFLICT (scope) DO UPDATE SET "
                  + ", ".join(f"{c} = excluded.{c}" for c in OWNER_COLUMNS[1:]))
-ADDED_OWNER_COLUMNS = {"pins": "TEXT NOT NULL DEFAULT '{}'", "cancel_requested_us": "BIGINT"}
+ADDED_OWNER_COLUMNS = {"pins": "TEXT NOT NULL DEFAULT '{}'", "cancel_requested_us": "BIGINT", "held_since_us": "BIGINT"}
 """Owner columns added after ``cf_journal_owners`` first shipped: a journal made before gains them."""
 
 _SELECT_STEP = "SELECT execution_id, seq, label, value, recorded_us FROM cf_journal_steps"

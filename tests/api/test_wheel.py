@@ -3,22 +3,15 @@ virtual environment outside it, used from another directory. It installs one imp
 ``contextful``; ``engine`` and its siblings are not importable; an unrelated package named
 ``storage`` installed beside it shadows nothing.
 
-The environment imports the dependencies (pyarrow, duckdb, ...: no network here) from exactly the
-site directories of the interpreter running the tests, named in a ``.pth`` file: a virtual
-environment's own site-packages when the suite runs in one, the machine's when it runs on the
-system interpreter (a ``--system-site-packages`` environment would see the base interpreter's,
-which lacks them when they live in the user's environment). A ``.pth`` line that names a directory
-adds it and nothing more: the ``.pth`` files inside it (the repository's editable install among
-them) do not run, so the wheel itself, installed into the environment, is the ``contextful`` it
-imports, and the test checks that.
+The environment imports the dependencies from the test interpreter's site directories and nothing
+of the repository's editable install (tests/support/install.py), so the wheel itself, installed into
+the environment, is the ``contextful`` it imports, and the test checks that.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import site
-import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
@@ -26,14 +19,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "contextful", "engine", "storage", "iceberg", "datasets")
-IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".contextful", "raw", "*.egg-info")
-
-
-def sh(*args: str | Path, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
+from tests.support.install import REPO, copy_sources, fresh_venv, sh, user_env
 
 
 def build_wheel(source: Path, out: Path, env: dict[str, str]) -> Path:
@@ -43,25 +29,12 @@ def build_wheel(source: Path, out: Path, env: dict[str, str]) -> Path:
     return next(out.glob("*.whl"))
 
 
-def dependency_dirs() -> list[str]:
-    """The site directories the interpreter running the tests imports from, in its order."""
-    sites = {*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])}
-    real = {os.path.realpath(d) for d in sites}
-    return [entry for entry in sys.path if entry and os.path.realpath(entry) in real and os.path.isdir(entry)]
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, dict[str, str]]]:
     """(the environment's bin directory, a directory outside the repository, the environment)."""
     work = tmp_path_factory.mktemp("wheel")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("CONTEXTFUL_")}
-    source = work / "source"
-    for name in SOURCES:  # a copy: building writes build/ and egg-info beside the sources
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, source / name, ignore=IGNORED)
-        else:
-            source.mkdir(exist_ok=True)
-            shutil.copy2(REPO / name, source / name)
+    env = user_env()
+    source = copy_sources(work / "source")  # a copy: building writes build/ and egg-info beside the sources
     wheels = work / "wheels"
     wheels.mkdir()
     ours = build_wheel(source, wheels, env)
@@ -74,15 +47,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     (unrelated / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
                                                '"setuptools.build_meta"\n[project]\nname = "storage"\nversion = "1.0"\n')
     theirs = build_wheel(unrelated, wheels, env)
-    venv = work / "venv"
-    proc = sh(sys.executable, "-m", "venv", venv, cwd=work, env=env)
-    assert proc.returncode == 0, proc.stderr
-    bin_dir = venv / "bin"
-    purelib = sh(bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=work, env=env)
-    assert purelib.returncode == 0, purelib.stderr
-    dependencies = dependency_dirs()
-    assert dependencies, sys.path
-    (Path(purelib.stdout.strip()) / "dependencies.pth").write_text("".join(f"{d}\n" for d in dependencies))
+    bin_dir = fresh_venv(work / "venv", env)
     proc = sh(bin_dir / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", ours, theirs, cwd=work, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     elsewhere = work / "elsewhere"

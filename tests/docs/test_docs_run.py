@@ -14,21 +14,33 @@ How the docs are run (keep this paragraph and README.md's "Docs that run" in ste
   events generated and landed (``contextful pipeline run``).
 - Two rules keep it fast, visibly: a ``pip install …`` segment is not run (``pip install X && Y``
   runs ``Y``; a line ``pip install X`` runs nothing), and ``python -m contextful.datasets.gharchive N …`` runs with N = 500.
-- A block that cannot run here (it needs a served gateway, or stands for a shape) carries a marker
-  on the line before its fence, with its reason in parentheses:
-  ``<!-- docs-test: skip (needs a served gateway) -->``. Use it sparingly: a block that can run
-  runs. A failure names the document, the block, the failing line and its stderr. (As bash does,
+- A block a reader saves as a file carries ``<!-- docs-test: file (PATH) -->`` on the line before
+  its fence: its text is written to PATH (relative to the directory the blocks have reached) before
+  it is checked or run, so later blocks use it (``--machine PATH``). ``<!-- docs-test: append
+  (PATH) -->`` appends it instead: a manifest fragment added to the project's ``contextful.toml``.
+- A shell block a reader leaves serving carries ``<!-- docs-test: background (TEXT) -->``: it starts
+  in the background, later blocks run once a line of its output holds TEXT (its readiness, as
+  ``listening on``), and it is stopped (SIGTERM to its process group) when the document ends. A
+  documented address ``127.0.0.1:80NN`` or ``0.0.0.0:80NN`` in a shell or Python block runs on a
+  free port, the same one for every mention of that address in the document.
+- A block that cannot run here (it stands for a shape, or needs a machine a scratch project cannot
+  have) carries a marker on the line before its fence, with its reason in parentheses:
+  ``<!-- docs-test: skip (stands for a shape) -->``. Use it sparingly: a block that can run runs. A failure names the document, the block, the failing line and its stderr. (As bash does,
   ``set -e`` does not stop at a failed command inside an ``&&`` chain unless it ends the block:
   write one command a line.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from dataclasses import dataclass
@@ -43,8 +55,10 @@ SHELL = {"sh", "shell", "bash", "console"}
 GENERATED_EVENTS = 500
 
 FENCE = re.compile(r"^```(\S*)\s*$")
-MARKER = re.compile(r"^<!-- docs-test: skip \((?P<reason>[^()]*\S[^()]*)\) -->$")
+MARKER = re.compile(r"^<!-- docs-test: (?P<verb>skip|file|append|background) \((?P<reason>[^()]*\S[^()]*)\) -->$")
 PIP_INSTALL = re.compile(r"pip install [^&;|\n]*(&&[ \t]*|$)", re.MULTILINE)
+LOOPBACK_PORT = re.compile(r"\b(?:127\.0\.0\.1|0\.0\.0\.0):80\d\d\b")
+READY_S = 120
 GHARCHIVE = re.compile(r"(python -m contextful\.datasets\.gharchive )\d+")
 
 
@@ -57,7 +71,9 @@ class Block:
     lang: str
     line: int  # the document's line of the block's first line
     text: str
-    skip: str | None  # the marker's reason
+    skip: str | None  # the skip marker's reason
+    writes: tuple[str, str] | None = None  # a file or append marker's verb and path
+    ready: str | None = None  # a background marker's readiness text
 
 
 def blocks(path: Path) -> list[Block]:
@@ -71,8 +87,11 @@ def blocks(path: Path) -> list[Block]:
             continue
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         marker = MARKER.match(lines[i - 1]) if i else None
+        verb, arg = (marker.group("verb"), marker.group("reason")) if marker else (None, None)
         found.append(Block(str(path.relative_to(REPO)), len(found) + 1, fence.group(1), i + 2,
-                           "\n".join(lines[i + 1:end]) + "\n", marker.group("reason") if marker else None))
+                           "\n".join(lines[i + 1:end]) + "\n", arg if verb == "skip" else None,
+                           (verb, arg) if verb in ("file", "append") and arg else None,
+                           arg if verb == "background" else None))
         i = end + 1
     return found
 
@@ -108,10 +127,65 @@ class Reader:
     def __init__(self, tmp: Path, cwd: Path) -> None:
         self.tmp, self.cwd, self.env = tmp, cwd, clean_env(tmp)
         (tmp / "blocks").mkdir()
+        self.ports: dict[str, str] = {}
+        self.background: list[subprocess.Popen[str]] = []
+
+    def local(self, text: str) -> str:
+        """``text`` with each documented loopback port replaced by this document's free port for it."""
+        def port(found: re.Match[str]) -> str:
+            if found.group(0) not in self.ports:
+                with socket.socket() as sock:
+                    sock.bind(("0.0.0.0", 0))
+                    self.ports[found.group(0)] = f"{found.group(0).rsplit(':', 1)[0]}:{sock.getsockname()[1]}"
+            return self.ports[found.group(0)]
+        return LOOPBACK_PORT.sub(port, text)
+
+    def close(self) -> None:
+        """Stop what the document left serving (SIGTERM to each group, as a reader's Ctrl-C would)."""
+        for proc in self.background:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.background:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def serve(self, block: Block) -> None:
+        """Start ``block`` in the background and return once its output shows ``block.ready``."""
+        assert block.ready is not None
+        proc = subprocess.Popen(["bash", "-c", "set -euo pipefail\n" + self.local(block.text)], cwd=self.cwd,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
+                                start_new_session=True)
+        self.background.append(proc)
+        seen: list[str] = []
+        ready = threading.Event()
+
+        def drain() -> None:  # reads to the end, so the block never blocks on a full pipe
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                seen.append(line)
+                if block.ready in line:
+                    ready.set()
+            ready.set()  # ended: the wait below sees whether it was ready
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not ready.wait(READY_S) or not any(block.ready in line for line in seen):
+            ended = subprocess.CompletedProcess(proc.args, proc.poll() or 0, "", "".join(seen))
+            fail(block, block.line, f"(background: no line holding {block.ready!r})", ended)
 
     def run(self, block: Block) -> None:
+        if block.writes is not None:
+            verb, name = block.writes
+            target = self.cwd / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("a" if verb == "append" else "w", encoding="utf-8") as fh:
+                fh.write(("\n" if verb == "append" else "") + block.text)
         if block.lang == "toml":
             check_toml(block, self.tmp, self.env)
+        elif block.lang in SHELL and block.ready is not None:
+            self.serve(block)
         elif block.lang in SHELL:
             self.shell(block)
         elif block.lang == "python":
@@ -120,7 +194,7 @@ class Reader:
     def shell(self, block: Block) -> None:
         failed, cwd_file = self.tmp / "failed", self.tmp / "cwd"
         failed.unlink(missing_ok=True)
-        proc = subprocess.run(["bash", "-c", shell_script(block)], cwd=self.cwd, capture_output=True, text=True,
+        proc = subprocess.run(["bash", "-c", self.local(shell_script(block))], cwd=self.cwd, capture_output=True, text=True,
                               env={**self.env, "CF_FAILED": str(failed), "CF_CWD": str(cwd_file)}, timeout=300,
                               check=False)
         if proc.returncode != 0:
@@ -134,7 +208,7 @@ class Reader:
             assert not re.search(r"\b(engine|storage|iceberg)\.", block.text), \
                 f"{block.doc} block {block.number}: an internal module in a public-API document"
         script = self.tmp / "blocks" / f"{block.doc.replace('/', '_')}-block-{block.number}.py"
-        script.write_text(block.text, encoding="utf-8")
+        script.write_text(self.local(block.text), encoding="utf-8")
         proc = subprocess.run([sys.executable, str(script)], cwd=self.cwd, capture_output=True, text=True,
                               env=self.env, timeout=300, check=False)
         if proc.returncode != 0:
@@ -199,14 +273,18 @@ def test_a_document_runs_as_written(doc: str, tmp_path: Path, request: pytest.Fi
         start.mkdir()
     reader = Reader(tmp_path, start)
     began = time.monotonic()
-    for block in found:
-        if block.skip is None:
-            reader.run(block)
+    try:
+        for block in found:
+            if block.skip is None:
+                reader.run(block)
+    finally:
+        reader.close()
     print(f"{doc}: {len(found)} blocks in {time.monotonic() - began:.1f}s")
 
 
 def test_a_skip_marker_gives_its_reason_and_stands_before_a_fence() -> None:
     assert MARKER.match("<!-- docs-test: skip (needs a served gateway) -->")
+    assert MARKER.match("<!-- docs-test: file (../speech.machine.toml) -->")
     assert not any(MARKER.match(m) for m in ("<!-- docs-test: skip -->", "<!-- docs-test: skip () -->",
                                             "<!-- docs-test: skip ( ) -->", "<!-- docs-test: skip, needs a server -->"))
     for path in DOCS:
@@ -215,7 +293,8 @@ def test_a_skip_marker_gives_its_reason_and_stands_before_a_fence() -> None:
             if not (line.startswith("<!--") and "docs-test" in line):
                 continue
             where = f"{path.relative_to(REPO)}:{n + 1}"
-            assert MARKER.match(line), f"{where}: write `<!-- docs-test: skip (the reason) -->`, not {line!r}"
+            assert MARKER.match(line), \
+                f"{where}: write `<!-- docs-test: skip (the reason) -->` or `file (PATH)`/`append (PATH)`, not {line!r}"
             assert n + 1 < len(lines) and FENCE.match(lines[n + 1]) and lines[n + 1] != "```", \
                 f"{where}: a docs-test marker stands on the line before a block's opening fence"
 
@@ -244,3 +323,22 @@ def test_the_two_rules_rewrite_only_pip_install_and_the_event_count() -> None:
     lines = shell_script(block).split("\n")[1:]
     assert lines[:3] == [f"python -m contextful.datasets.gharchive {GENERATED_EVENTS} raw && ls", "",
                          'contextful sql "SELECT 20000"']
+
+
+def test_a_saved_block_feeds_later_blocks_and_a_background_block_serves_until_the_page_ends(tmp_path: Path) -> None:
+    (tmp_path / "p").mkdir()
+    reader = Reader(tmp_path, tmp_path / "p")
+    try:
+        reader.run(Block("doc.md", 1, "toml", 2, 'greeting = "hello"\n', None, ("file", "conf/a.toml")))
+        reader.run(Block("doc.md", 2, "toml", 6, 'more = "appended"\n', None, ("append", "conf/a.toml")))
+        serve = ("python -c 'import sys, http.server as h; host, port = sys.argv[1].split(\":\"); "
+                 "s = h.ThreadingHTTPServer((host, int(port)), h.SimpleHTTPRequestHandler); "
+                 "print(\"Serving HTTP\", flush=True); s.serve_forever()' 127.0.0.1:8080\n")
+        reader.run(Block("doc.md", 3, "sh", 10, serve, None, None, "Serving HTTP"))
+        server = reader.background[0]
+        reader.run(Block("doc.md", 4, "sh", 14, "curl -sf http://127.0.0.1:8080/conf/a.toml > got.toml\n", None))
+        assert tomllib.loads((tmp_path / "p" / "got.toml").read_text()) == {"greeting": "hello", "more": "appended"}
+        assert reader.ports["127.0.0.1:8080"] != "127.0.0.1:8080"  # a free port, the same for both blocks
+    finally:
+        reader.close()
+    assert server.poll() is not None  # stopped with the page

@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 from contextful.engine.run.execution import open_execution
-from contextful.storage.clock import ManualClock, from_us
+from contextful.storage.clock import ManualClock
 from contextful.storage.errors import (
     ConditionalWriteUnsupported,
+    ExecutionHeld,
     JournalConflict,
     OwnerPinsMismatch,
     OwnerPlanMismatch,
@@ -121,7 +122,7 @@ def test_claim_opens_a_pending_execution_keyed_on_its_scope(journal: JournalStor
     row = journal.claim("orders", PLAN, "h1", T0, LEASE)
     assert row == OwnerRow(scope="orders", execution_id=row.execution_id, plan_ref=PLAN, status=PENDING,
                            holder="h1", lease_expires_us=T0 + LEASE, opened_us=T0, closed_us=None, cursor=None,
-                           attempts=1, replay_from=0)
+                           attempts=1, replay_from=0, held_since_us=T0)
     assert len(row.execution_id) == 32
     assert other.owner("orders") == row
     second = journal.claim("orders/chunk 2", PLAN, "h1", T0, LEASE)
@@ -147,20 +148,36 @@ def test_the_holder_reclaiming_its_owner_resumes_it(journal: JournalStore) -> No
 
 def test_another_holder_is_refused_while_the_lease_runs(journal: JournalStore, other: JournalStore) -> None:
     first = journal.claim("orders", PLAN, "h1", T0, LEASE)
-    with pytest.raises(JournalConflict) as info:
+    with pytest.raises(ExecutionHeld) as info:  # a JournalConflict, with its own category (exit 11)
         other.claim("orders", PLAN, "h2", T0 + LEASE - 1, LEASE)
+    assert isinstance(info.value, JournalConflict) and info.value.exit_code == 11
     assert info.value.execution == first.execution_id
     assert info.value.step == 0
-    assert info.value.reason == f"held by h1 until {from_us(T0 + LEASE).isoformat()}"
-    assert "h1" in str(info.value)
+    assert (info.value.scope, info.value.holder, info.value.host, info.value.pid) == ("orders", "h1", None, None)
+    assert (info.value.since_us, info.value.until_us) == (T0, T0 + LEASE)
+    assert "holder 'h1' since 2023-11-14T22:13:20Z" in str(info.value)
     assert journal.owner("orders") == first
+
+
+def test_a_refused_claim_names_the_holders_process_host_and_since_when(journal: JournalStore,
+                                                                       other: JournalStore) -> None:
+    holder = "db-1:4242:0a1b2c3d;boot=8591c925-af75-48ba-b443-808ac9b6e891;pidns=4026531836;start=41055"
+    journal.claim("orders", PLAN, holder, T0, LEASE)
+    kept = journal.claim("orders", PLAN, holder, T0 + 7_000_000, LEASE)  # the same holder again: still since T0
+    assert kept.held_since_us == T0
+    with pytest.raises(ExecutionHeld) as info:
+        other.claim("orders", PLAN, "h2", T0 + 8_000_000, LEASE)
+    assert (info.value.host, info.value.pid, info.value.since_us) == ("db-1", 4242, T0)
+    assert "process 4242 on host db-1 since 2023-11-14T22:13:20Z" in str(info.value)
+    taken = other.claim("orders", PLAN, "h2", T0 + 7_000_000 + LEASE, LEASE)  # lapsed: h2 holds it from now
+    assert taken.held_since_us == T0 + 7_000_000 + LEASE
 
 
 def test_a_lapsed_lease_is_taken_over_by_the_next_claim(journal: JournalStore, other: JournalStore) -> None:
     first = journal.claim("orders", PLAN, "h1", T0, LEASE)
     journal.record(first.execution_id, 0, "pull", b"page 1", T0)
     taken = other.claim("orders", PLAN, "h2", T0 + LEASE, LEASE)  # lapsed at exactly its expiry
-    assert taken == replace(first, holder="h2", lease_expires_us=T0 + 2 * LEASE, attempts=2)
+    assert taken == replace(first, holder="h2", lease_expires_us=T0 + 2 * LEASE, attempts=2, held_since_us=T0 + LEASE)
     assert [s.value for s in other.steps(taken.execution_id)] == [b"page 1"]
     # The first holder lost it: renewing, caching a cursor, closing all refuse.
     for lost in (lambda: journal.renew(first.execution_id, "h1", T0 + LEASE, LEASE),
@@ -193,7 +210,7 @@ def test_release_ends_the_lease_now_and_the_next_claim_resumes_the_execution(jou
     with pytest.raises(JournalConflict):
         other.release(first.execution_id, "h2", T0 + 1)
     released = journal.release(first.execution_id, "h1", T0 + 5)
-    assert released == replace(first, holder=None, lease_expires_us=T0 + 5)
+    assert released == replace(first, holder=None, lease_expires_us=T0 + 5, held_since_us=None)
     with pytest.raises(JournalConflict) as info:  # a late renewal by the releasing holder finds it lost
         journal.renew(first.execution_id, "h1", T0 + 6, LEASE)
     assert "lease lost" in info.value.reason

@@ -173,12 +173,9 @@ def test_as_of_before_a_tables_first_commit_is_snapshot_not_found(tmp_path: Path
     one_error(gone, "QueryInvalid", EXIT_CODES["spec-invalid"])  # a table no commit ever made stays unknown
 
 
-def test_a_collected_snapshot_of_one_table_leaves_the_others_readable(tmp_path: Path) -> None:
-    from contextful.engine.read import deferred_error
-
-    import contextful as api
-    from contextful.errors import SnapshotCollected
-
+def collected_project(tmp_path: Path, replacement: pa.Table, late: pa.Table | None = None) -> Path:
+    """A project whose ``replaced`` (``y`` at commit 1, 10 s after ``kept``) was replaced by
+    ``replacement`` at T0 + 100 s and its first parts collected; ``late`` lands at T0 + 200 s."""
     root = project(tmp_path, '[project]\nname = "p"\n')
     clock = ManualClock(T0)
     with Store.open(root / ".contextful" / "store", clock=clock) as store:
@@ -186,9 +183,21 @@ def test_a_collected_snapshot_of_one_table_leaves_the_others_readable(tmp_path: 
         clock.advance(10)
         store.append("replaced", pa.table({"y": [1, 2]}))
         clock.advance(90)
-        store.table("replaced").replace(pa.table({"y": [3]}))
+        store.table("replaced").replace(replacement)
         clock.advance(100)
         assert store.collect(retain_seconds=0, grace_seconds=0).removed_parts
+        if late is not None:
+            store.append("late", late)
+    return root
+
+
+def test_a_collected_snapshot_of_one_table_leaves_the_others_readable(tmp_path: Path) -> None:
+    from contextful.engine.read import deferred_error
+
+    import contextful as api
+    from contextful.errors import SnapshotCollected
+
+    root = collected_project(tmp_path, pa.table({"y": [3]}))
     between = stamp(T0 + 50_000_000)
     ok = contextful(root, "--json", "sql", "--as-of", between, "SELECT count(*) AS n FROM kept")
     assert json.loads(ok.stdout) == [{"n": 1}]
@@ -201,6 +210,23 @@ def test_a_collected_snapshot_of_one_table_leaves_the_others_readable(tmp_path: 
         con.sql("SELECT * FROM replaced").fetchall()
     error = deferred_error(caught.value)
     assert isinstance(error, SnapshotCollected) and error.table == "replaced" and error.commit_seq >= 1
+
+
+@pytest.mark.parametrize("query", ["SELECT * FROM replaced", "SELECT y FROM replaced", "SELECT sum(y) AS s FROM replaced",
+                                   "SELECT r.y, k.x FROM replaced AS r, kept AS k WHERE r.y > k.x",
+                                   "SELECT count(*) FROM replaced"])
+def test_a_collected_snapshot_is_the_same_error_whatever_the_select_list(tmp_path: Path, query: str) -> None:
+    """The table's view keeps its columns at that snapshot, so a query naming them binds, and reading
+    it raises the snapshot's own error: never DuckDB's ``Referenced column not found``."""
+    root = collected_project(tmp_path, pa.table({"z": ["other"]}), late=pa.table({"w": [1]}))
+    between = stamp(T0 + 50_000_000)
+    proc = contextful(root, "sql", "--as-of", between, query, check=False)
+    line = one_error(proc, "SnapshotCollected", EXIT_CODES["permanent"])
+    assert "table 'replaced' snapshot 1" in line and "collected past retention" in line
+    unborn = contextful(root, "sql", "--as-of", between, "SELECT w FROM late", check=False)
+    assert "table 'late'" in one_error(unborn, "SnapshotNotFound", EXIT_CODES["not-found"])
+    typo = contextful(root, "sql", "--as-of", between, "SELECT yy FROM replaced", check=False)
+    assert "Candidate bindings" in one_error(typo, "QueryInvalid", EXIT_CODES["spec-invalid"])
 
 
 # --- a type clash in one input ----------------------------------------------------------------------

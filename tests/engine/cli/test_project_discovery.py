@@ -164,7 +164,8 @@ def test_init_starts_a_project_that_runs_at_once_and_never_overwrites_one(tmp_pa
     out = contextful_in(tmp_path, "init", "shop").stdout
     root = tmp_path / "shop"
     assert f"wrote {root / 'contextful.toml'}" in out and "contextful pipeline run" in out
-    assert tree(root) == {"contextful.toml", "raw", "raw/events.ndjson"}
+    assert tree(root) == {"contextful.toml", "raw", "raw/events.ndjson", ".gitignore"}
+    assert (root / ".gitignore").read_text() == "/.contextful/secrets.toml\n"  # the secrets file stays out of git
     text = (root / "contextful.toml").read_text()
     assert text.startswith("#") and 'name = "shop"' in text
     [ran] = json.loads(contextful_in(root, "--json", "pipeline", "run").stdout)

@@ -130,3 +130,22 @@ def test_reading_statements_of_every_spelling_answer(project: Path) -> None:
         proc = contextful(project, "sql", query, check=False)
         assert proc.returncode == 0, (query, proc.stderr)
     assert json.loads(contextful(project, "--json", "sql", "SELECT 1; SELECT 2 AS two").stdout) == [{"two": 2}]
+
+
+def test_a_duckdb_error_keeps_every_line_of_its_hint_on_one_error_line(project: Path) -> None:
+    """DuckDB's hint lines (``Did you mean``, ``Candidate bindings``) are what the engine knows: the one
+    ``error:`` line keeps all of them, its line breaks become spaces, and no traceback follows."""
+    import duckdb
+
+    oracle = duckdb.connect()
+    oracle.execute("CREATE TABLE notes (id BIGINT, note VARCHAR)")
+    for query, hint in (("SELECT * FROM note", 'Did you mean "notes"?'),
+                        ("SELECT nte FROM notes", "Candidate bindings:")):
+        with pytest.raises(duckdb.Error) as told:
+            oracle.sql(query)
+        lines = [line.strip() for line in str(told.value).splitlines() if line.strip()]
+        assert any(hint in line for line in lines[1:]), lines  # DuckDB says it on a line after the first
+        proc = contextful(project, "sql", query, check=False)
+        assert proc.returncode == 3 and "Traceback" not in proc.stderr
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: QueryInvalid: "), proc.stderr
+        assert " ".join(lines) in proc.stderr, (lines, proc.stderr)

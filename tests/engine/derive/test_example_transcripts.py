@@ -29,3 +29,19 @@ def test_the_example_transcribes_its_recordings_close_to_the_spoken_text(tmp_pat
     error_rate = word_error_rate(pairs)
     print(f"example transcripts: word error rate {error_rate:.3f} over {len(pairs)} recordings")
     assert error_rate <= 0.05, pairs  # the machine file constrains the decoder to the phrases' grammar
+
+
+def test_the_machine_configuration_docs_derive_engines_shows_transcribes_the_recordings(tmp_path: Path) -> None:
+    """docs/derive-engines.md's `[derive.sphinx]` binding, saved as a user saves it, runs the engine:
+    its environment is cleared, so the interpreter is named by `{python}`, not a bare `python`."""
+    from tests.docs.test_docs_run import blocks
+
+    (shown,) = [b for b in blocks(REPO / "docs" / "derive-engines.md") if b.lang == "toml" and "[derive.sphinx]" in b.text]
+    datasets = tmp_path / "datasets"
+    shutil.copytree(REPO / "datasets", datasets, ignore=shutil.ignore_patterns("__pycache__", "raw", ".contextful"))
+    (datasets / "speech.machine.toml").write_text(shown.text)
+    ran = contextful_in(datasets / "example", "pipeline", "run", "recordings", "--machine", "../speech.machine.toml",
+                        "--json", check=False)
+    by_pipeline = {r["pipeline"]: r for r in json.loads(ran.stdout)}
+    derived = by_pipeline["transcripts"]["derive"]
+    assert (derived["ok"], derived["failed"]) == (6, 0), derived

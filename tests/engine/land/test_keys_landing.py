@@ -76,7 +76,7 @@ def test_a_null_key_fails_its_input_by_name_and_row_and_merges_nothing(
     [result] = run_pipelines(store, load_manifest(root), decoder=decoder)
     [failure] = result.failures
     assert failure.input == bad and failure.error == "PrimaryKeyNull"
-    assert f"input {bad}, row 2" in failure.detail and "'id'" in failure.detail
+    assert f"input {bad}, row 3" in failure.detail and "'id'" in failure.detail
     assert sorted(store.table("ev").to_arrow().column("v").to_pylist()) == ["a", "b"]
 
 
@@ -149,7 +149,7 @@ def test_received_batches_merge_by_order_by_and_a_null_key_answers_422_by_name(t
         assert post(server.url, "k2", b'{"id": 1, "ts": 1, "v": "old"}\n')[0] == 200
         status, doc = post(server.url, "k3", b'{"id": 2, "ts": 1}\n{"id": null, "ts": 1}\n')
         assert (status, doc["error"]) == (422, "PrimaryKeyNull")
-        assert "batch 'k3', row 1" in doc["detail"]
+        assert "batch 'k3', row 2" in doc["detail"]
     finally:
         server.shutdown(grace_s=10)
     with Store.open(tmp_path / ".contextful" / "store") as store:
@@ -165,7 +165,7 @@ def test_table_load_names_the_file_and_row_of_a_null_key_and_lands_nothing(tmp_p
     path.write_text("".join(json.dumps({"id": i if i != 3 else None}) + "\n" for i in range(5)))
     with pytest.raises(PrimaryKeyNull) as caught:
         load_file(store, "t", path, primary_key=("id",), decoder=decoder)
-    assert (caught.value.input, caught.value.row) == (f"input {path.resolve()}", 3)
+    assert (caught.value.input, caught.value.row) == (f"input {path.resolve()}", 4)  # 1-based: the fourth record
     assert "t" not in store.table_names()  # the load created it and landed nothing: the table went too
 
 

@@ -219,7 +219,7 @@ def test_a_keyed_root_refuses_a_null_or_missing_key_naming_the_input_and_row() -
     t = pa.table({"id": [1, None], "tags": [["a"], ["b"]]})
     with pytest.raises(PrimaryKeyNull) as caught:
         shred(t, "t", id_prefix="r", primary_key=("id",), input="input raw/a.ndjson", first_row=10)
-    assert (caught.value.input, caught.value.row) == ("input raw/a.ndjson", 11)
+    assert (caught.value.input, caught.value.row) == ("input raw/a.ndjson", 12)  # 10 rows before, then the second: row 12 (1-based)
     with pytest.raises(PrimaryKeyColumnMissing):
         shred(t, "t", id_prefix="r", primary_key=("tags",))
 

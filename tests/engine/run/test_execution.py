@@ -30,7 +30,7 @@ from contextful.engine.run.execution import Execution, open_execution, plan_refe
 from contextful.engine.run.retry import RetrySchedule
 from contextful.storage.awakeables import awakeable_store_beside
 from contextful.storage.clock import ManualClock, from_us
-from contextful.storage.errors import ExecutionSuspended, JournalConflict, OwnerPlanMismatch
+from contextful.storage.errors import ExecutionHeld, ExecutionSuspended, JournalConflict, OwnerPlanMismatch
 from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING, JournalStore
 from contextful.storage.journal.files import FileJournalStore
 
@@ -285,7 +285,9 @@ def test_a_killed_execution_stays_pending_and_resumes_once_its_lease_lapses(
     with pytest.raises(JournalConflict) as info:
         open_execution(journal, "host:crawl", PLAN, holder="next", lease_s=LEASE_S, clock=clock)
     assert info.value.execution == execution
-    assert info.value.reason == f"held by child until {from_us(T0 + int(LEASE_S * 1_000_000)).isoformat()}"
+    assert isinstance(info.value, ExecutionHeld) and (info.value.holder, info.value.until_us) == (
+        "child", T0 + int(LEASE_S * 1_000_000))
+    assert f"holder 'child' since {from_us(T0).isoformat(timespec='seconds').replace('+00:00', 'Z')}" in str(info.value)
     assert journal.owner("host:crawl") == owner
 
     # Once it lapses the next open resumes the same execution and replays what the child recorded.

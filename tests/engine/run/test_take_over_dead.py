@@ -13,8 +13,8 @@ import dataclasses
 
 import pytest
 from contextful.engine.run.execution import open_execution, plan_reference
-from contextful.storage.clock import ManualClock, from_us
-from contextful.storage.errors import JournalConflict
+from contextful.storage.clock import ManualClock
+from contextful.storage.errors import ExecutionHeld, JournalConflict
 from contextful.storage.journal import PENDING, JournalStore
 
 from tests.support.holders import gone_pid, here
@@ -37,13 +37,16 @@ def _held_by(journal: JournalStore, holder: str, clock: ManualClock) -> str:
 def test_a_lease_of_a_holder_of_another_namespace_is_waited_out(journal: JournalStore,
                                                                 elsewhere: dict[str, object]) -> None:
     clock = ManualClock(T0)
-    other = str(dataclasses.replace(here(), pid=gone_pid(), **elsewhere))  # type: ignore[arg-type]
+    holder = dataclasses.replace(here(), pid=gone_pid(), **elsewhere)  # type: ignore[arg-type]
+    other = str(holder)
     execution = _held_by(journal, other, clock)
     clock.advance(LEASE_S - 0.001)
     with pytest.raises(JournalConflict) as info:
         open_execution(journal, SCOPE, PLAN, lease_s=LEASE_S, clock=clock, take_over_dead=True)
     assert info.value.execution == execution
-    assert info.value.reason == f"held by {other} until {from_us(T0 + int(LEASE_S * 1_000_000)).isoformat()}"
+    assert isinstance(info.value, ExecutionHeld)  # naming the holder, its process and host, and the expiry
+    assert (info.value.holder, info.value.until_us) == (other, T0 + int(LEASE_S * 1_000_000))
+    assert (info.value.host, info.value.pid) == (holder.host, holder.pid)
     owner = journal.owner(SCOPE)
     assert owner is not None and (owner.holder, owner.status, owner.attempts) == (other, PENDING, 1)
 
