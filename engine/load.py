@@ -18,7 +18,9 @@ from pathlib import Path
 
 from contextful.engine.guard import masked_failure
 from contextful.engine.land.chunks import coalesce
+from contextful.engine.land.csv_options import CsvOptions
 from contextful.engine.land.decode import Decoder
+from contextful.engine.land.typed import apply_types, read_types
 from contextful.storage import CommitResult, Store
 from contextful.storage.errors import InputNotFound, InputUnreadable
 from contextful.storage.keys import check_keys
@@ -26,8 +28,14 @@ from contextful.storage.keys import check_keys
 
 def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary_key: tuple[str, ...] = (),
               replace: bool = False, fmt: str | None = None, decoder: Decoder | None = None,
-              progress: Callable[[int], None] | None = None) -> CommitResult:
-    """Land the file at ``path`` into ``table`` (created on first use) as one run."""
+              progress: Callable[[int], None] | None = None, types: dict[str, str] | None = None,
+              csv: CsvOptions | None = None, notes: list[str] | None = None) -> CommitResult:
+    """Land the file at ``path`` into ``table`` (created on first use) as one run.
+
+    ``types`` (column -> type spelling, as a pipeline's ``types``: ``engine.land.typed``) lands those
+    columns in those types; ``csv`` reads a CSV input's dialect (``engine.land.csv_options``), and what
+    the decode decided on its own (a sniffed delimiter) is appended to ``notes``."""
+    declared = read_types(types or {})
     source = str(path) if "://" in str(path) else str(Path(path).resolve())
     if "://" not in source:  # a pipe (`<(zcat …)`) reads as a file does
         if not os.path.exists(source):
@@ -40,7 +48,8 @@ def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary
     txn = target.transaction("replace" if replace else "append", meta={"source": source})
     try:
         landed = 0
-        for chunk in coalesce(decoder.decode(source, fmt)):
+        for chunk in coalesce(decoder.decode(source, fmt, declared=declared, csv=csv, notes=notes)):
+            chunk = apply_types(table, chunk, declared)
             check_keys(table, target.primary_key, chunk, input=f"input {source}", first_row=landed)
             txn.stage(chunk)
             landed += chunk.num_rows

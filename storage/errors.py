@@ -96,6 +96,7 @@ Hierarchy::
         │   ├── ExportCommitConflict      an Iceberg export's commit lost for good (ids changed, or 3 conflicts)
         │   ├── ProjectExists            init found a contextful.toml already
         │   ├── TableStillRead           table drop of a table a model or an [[export]] reads (without --force)
+        │   ├── TableDeclarationChanged  the manifest declares a landed table otherwise than it landed (key, normalize)
         │   ├── SweepOriginOutOfOrder    a carried sweep's origin read before the origin preceding it landed
         │   ├── OutboxFrontierGap        an acknowledgement skipping a pending outbox event
         │   ├── StagingLeaseLost         a run's staging lease was ended by collection before it committed
@@ -446,6 +447,10 @@ class ManifestKeyUnknown(SpecInvalid):
 
 
 class ManifestValueInvalid(SpecInvalid):
+    block: str
+    key: str
+    problem: str
+
     def __init__(self, block: str, key: str, problem: str) -> None:
         super().__init__(f"{block}.{key}: {problem}", block=block, key=key, problem=problem)
 
@@ -1198,6 +1203,26 @@ class TableStillRead(Conflict):
     def __init__(self, table: str, readers: tuple[str, ...]) -> None:
         super().__init__(f"table {table!r} is read by {', '.join(readers)}: remove them from contextful.toml "
                          f"first, or drop it anyway with --force", table=table, readers=readers)
+
+
+class TableDeclarationChanged(Conflict):
+    """A pipeline's declaration of its table (``primary_key``, ``order_by``, ``normalize``) differs
+    from the one its table landed under: ``pipeline validate``, ``plan`` and ``run`` refuse it by
+    name rather than land rows under a mix of the two. ``stored`` and ``declared`` are the two values
+    as the manifest spells them; ``migrate`` the commands that move the table to the new declaration."""
+
+    table: str
+    pipeline: str
+    setting: str
+    stored: str
+    declared: str
+    migrate: str
+
+    def __init__(self, table: str, pipeline: str, setting: str, stored: str, declared: str, migrate: str) -> None:
+        super().__init__(f"table {table!r} (pipeline {pipeline!r}): {setting} is {stored} in the store but "
+                         f"{declared} in contextful.toml; nothing lands under a mix of the two. To migrate: {migrate}",
+                         table=table, pipeline=pipeline, setting=setting, stored=stored, declared=declared,
+                         migrate=migrate)
 
 
 class ModelInputUnknown(SpecInvalid):
@@ -2191,6 +2216,7 @@ __all__ = [
     "StoreNotInitialized",
     "SweepOriginOutOfOrder",
     "SyncCursorConflict",
+    "TableDeclarationChanged",
     "TableNameCollision",
     "TableNameInvalid",
     "TableNotFound",

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import uuid as uuidlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -259,7 +259,8 @@ class Store:
 
     def create_table(self, name: str, primary_key: tuple[str, ...] | list[str] = (),
                      order_by: str | None = None, *, provisional: bool = False,
-                     supersede: Supersede | None = None, follows: Follows | None = None) -> Table:
+                     supersede: Supersede | None = None, follows: Follows | None = None,
+                     declared: Mapping[str, str] | None = None) -> Table:
         """Create ``name`` (or return it when it exists; its primary key is fixed at creation).
 
         ``provisional``: the table is created only for the run about to land on it (a load, a
@@ -267,6 +268,9 @@ class Store:
         first of its runs to abort drops it again while nothing committed to it
         (:meth:`RunTransaction.abort`): a failed first run leaves no table. A table created on
         purpose (the default) stays, empty, whatever its runs do.
+
+        ``declared`` is what else the creator declares of the table (a pipeline's ``normalize``), kept
+        with its head as it was first declared (``TableHead.declared``).
 
         ``order_by`` names the column whose larger value wins a primary-key merge (docs/store.md);
         a keyed table created without one takes it the first time one is declared, by a commit of
@@ -291,7 +295,7 @@ class Store:
             _check_supersede(name, key, order_by, supersede)
         if follows is not None and not key:
             raise TableNameInvalid(name, f"{follows.describe()} needs a primary key")
-        table = self._create(name, key, order_by, provisional, supersede, follows)
+        table = self._create(name, key, order_by, provisional, supersede, follows, declared)
         if supersede is not None and table.head.supersede != supersede:
             held = table.head.supersede.describe() if table.head.supersede is not None else "no supersede rule"
             raise TableNameInvalid(name, f"the existing table holds {held}, not {supersede.describe()}"
@@ -308,7 +312,7 @@ class Store:
 
     def _create(self, name: str, primary_key: tuple[str, ...], order_by: str | None = None,
                 provisional: bool = False, supersede: Supersede | None = None,
-                follows: Follows | None = None) -> Table:
+                follows: Follows | None = None, declared: Mapping[str, str] | None = None) -> Table:
         for _ in range(_CREATE_ATTEMPTS):  # another writer may create (or drop) it meanwhile
             head = self.catalog.load_head(name)
             if head is not None:
@@ -319,7 +323,8 @@ class Store:
                 raise TableNameInvalid(name, f"differs only in case from the table {twin!r}")
             uuid = str(uuidlib.uuid4())
             head = self.catalog.create_table(name, uuid, primary_key, self.clock.now_us(),
-                                             order_by if primary_key else None, supersede, follows)
+                                             order_by if primary_key else None, supersede, follows,
+                                             tuple(sorted((declared or {}).items())))
             if head is not None:
                 return Table(self, head, created=provisional and head.uuid == uuid)
         raise CommitConflict(name, f"the table was created and dropped again {_CREATE_ATTEMPTS} times"

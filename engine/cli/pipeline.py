@@ -305,6 +305,8 @@ def _print_results(results: list[Any]) -> None:
                        + (f"; {d['retired']:,} retired (parent gone)" if d['retired'] else ""))
         for hit in r.bound_hits:
             click.echo(f"  bound hit: {hit['step']}, attempt {hit['attempt']}: {hit['bound']}")
+        for note in r.notes:
+            click.echo(f"  {note}")
         for warning in r.warnings:
             click.echo(f"warning: {warning}", err=True)
         for f in r.failures:

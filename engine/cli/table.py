@@ -16,6 +16,7 @@ from contextful.engine.cli.progress import Reporter
 
 if TYPE_CHECKING:
     from contextful.engine.config import Manifest
+    from contextful.engine.land.csv_options import CsvOptions
 
 
 @click.group()
@@ -85,22 +86,77 @@ def table_show(ctx: click.Context, name: str) -> None:
 @click.option("--replace", is_flag=True, help="Replace every row the table answers instead of appending.")
 @click.option("--format", "fmt", type=click.Choice(["csv", "ndjson", "json", "parquet"]), default=None,
               help="Input format (default: from the file name).")
+@click.option("--types", default=None,
+              help='Column types, as a pipeline\'s `types`: a TOML inline table, e.g. \'{id = "bigint", '
+                   'amount = "decimal(10, 2)"}\' (the braces may be left out).')
+@click.option("--delimiter", default=None, help="CSV: the field delimiter, one character (default: sniffed among , ; tab |).")
+@click.option("--quote", default=None, help='CSV: the quote character (default "; "" for no quoting).')
+@click.option("--header/--no-header", default=None,
+              help="CSV: whether the first line names the columns (default yes; no: column_1, column_2, ...).")
+@click.option("--encoding", default=None, help="CSV: the file's encoding, e.g. latin-1 or cp1252 (default utf-8).")
+@click.option("--null-value", "null_values", multiple=True,
+              help="CSV: a text read as null in every column; repeat for more (default: pyarrow's list, typed columns only).")
 @click.pass_context
-def table_load(ctx: click.Context, name: str, file: str, primary_key: str, replace: bool, fmt: str | None) -> None:
+def table_load(ctx: click.Context, name: str, file: str, primary_key: str, replace: bool, fmt: str | None,
+               types: str | None, delimiter: str | None, quote: str | None, header: bool | None,
+               encoding: str | None, null_values: tuple[str, ...]) -> None:
     """Land one CSV, NDJSON or Parquet file (optionally gzip/zstd) as one run."""
     from contextful.engine.load import load_file
 
     keys = tuple(k.strip() for k in primary_key.split(",") if k.strip())
+    given = {"delimiter": delimiter, "quote": quote, "header": header, "encoding": encoding,
+             "null_values": list(null_values) or None}
+    csv = _csv_options(file, fmt, {k: v for k, v in given.items() if v is not None})
+    declared = _types_option(types)
+    notes: list[str] = []
     with _store(ctx, create=True) as store, Reporter(enabled=not _json(ctx)) as reporter:
-        result = load_file(store, name, file, primary_key=keys, replace=replace, fmt=fmt,
-                           progress=lambda n: reporter.show(f"{name}: {n:,} rows staged"))
+        result = load_file(store, name, file, primary_key=keys, replace=replace, fmt=fmt, types=declared, csv=csv,
+                           notes=notes, progress=lambda n: reporter.show(f"{name}: {n:,} rows staged"))
     if _json(ctx):
-        emit_json(result.to_json())
+        emit_json({**result.to_json(), "notes": notes})
         return
+    for note in notes:
+        click.echo(f"{file}: {note}")
     click.echo(f"{name}: run {result.run_id} committed at commit_seq {result.commit_seq}: "
                f"{result.rows:,} rows in {result.parts} part(s), {result.bytes:,} bytes")
     for event in result.downgrade_events:
         click.echo(f"  {describe_event(event.to_json())}")
+
+
+def _types_option(text: str | None) -> dict[str, str] | None:
+    """``--types`` read as the manifest reads a pipeline's ``types`` (a TOML inline table)."""
+    import tomllib
+
+    from contextful.engine.land.typed import types_problems
+    from contextful.storage.errors import ArgumentInvalid
+
+    if text is None:
+        return None
+    body = text.strip() if text.strip().startswith("{") else "{" + text + "}"
+    try:
+        types = tomllib.loads(f"types = {body}")["types"]
+    except tomllib.TOMLDecodeError as exc:
+        raise ArgumentInvalid("--types", text, f"not a TOML inline table of column = \"type\" ({exc})") from exc
+    if problems := types_problems("--types", types):
+        raise problems[0]
+    return dict(types)
+
+
+def _csv_options(file: str, fmt: str | None, given: dict[str, Any]) -> CsvOptions | None:
+    """The CSV options given to ``table load``, read as a pipeline's are (``engine.land.csv_options``)."""
+    from contextful.engine.land.csv_options import csv_options
+    from contextful.engine.land.decode import detect_format
+    from contextful.storage.errors import ArgumentInvalid
+
+    options, problems = csv_options("table load", given)
+    option = {"null_values": "--null-value"}
+    if problems:
+        key = problems[0].key
+        raise ArgumentInvalid(option.get(key, f"--{key}"), given.get(key), problems[0].problem)
+    if given and (fmt or detect_format(file)) != "csv":
+        key = next(iter(given))
+        raise ArgumentInvalid(option.get(key, f"--{key}"), given[key], f"is a CSV option; {file} is not read as CSV")
+    return options
 
 
 @table.command("fold")

@@ -253,18 +253,13 @@ def _pipeline(block: Any, n: int, problems: _Problems) -> PipelineSpec | None:
     normalize = problems.string(where, block, "normalize", "nested") or "nested"
     if normalize not in NORMALIZE_MODES:
         problems.add(PipelineNormalizeModeUnknown(pipeline_id or f"#{n}", normalize, NORMALIZE_MODES))
-    types = block.get("types", {})
-    if not isinstance(types, dict) or not all(isinstance(v, str) for v in types.values()):
-        problems.add(ManifestValueInvalid(where, "types", "must map column names to type spellings (strings)"))
-        types = {}
-    else:
-        from contextful.engine.land.typed import parse_type
+    from contextful.engine.land.typed import types_problems
 
-        for column, spelling in types.items():
-            try:
-                parse_type(spelling, column, pipeline_id or f"#{n}")
-            except ContextfulError as exc:
-                problems.add(exc)
+    types = block.get("types", {})
+    for problem in (found := types_problems(where, types, pipeline_id or f"#{n}")):
+        problems.add(problem)
+    if any(isinstance(problem, ManifestValueInvalid) for problem in found):  # not a map of spellings
+        types = {}
     # read by the control plane's grammar at arm time (engine.control.schedule): an unreadable
     # schedule holds back that pipeline alone (surface.arm.unreadable-schedule), so it never fails
     # the document; `pipeline validate` reports it (engine.control.arm.schedule_problems)

@@ -8,6 +8,7 @@ the compiled plan), then each check of :data:`CHECKS` looks at what was read and
 problems, all listed in one ``ManifestInvalid``:
 
 - each model reads only tables the document produces or the store holds (``engine.model.inputs``);
+- each pipeline declares its landed table as it landed (``engine.land.declaration``);
 - each model's SQL binds over its inputs' landed or declared schemas (``engine.model.bind``);
 - each derive tier's engine is bound by this machine's configuration (``engine.derive.run.check_tiers``);
 - each http source's header secrets resolve on this machine (``engine.config.secrets``).
@@ -75,6 +76,13 @@ def model_inputs(manifest: Manifest, validation: Validation) -> list[ContextfulE
     return [*check_model_inputs(manifest, validation.store, declared_tables(validation.doc))]
 
 
+def table_declarations(manifest: Manifest, validation: Validation) -> list[ContextfulError]:
+    """Each pipeline declares its landed table as it landed (``TableDeclarationChanged``)."""
+    from contextful.engine.land.declaration import manifest_declaration_changes
+
+    return [*manifest_declaration_changes(manifest, validation.store)]
+
+
 def model_sql(manifest: Manifest, validation: Validation) -> list[ContextfulError]:
     """Each model's SQL binds over its inputs' schemas (``QueryInvalid`` naming the model and file)."""
     from contextful.engine.model.bind import bind_problems
@@ -116,7 +124,7 @@ def header_secrets(manifest: Manifest, validation: Validation) -> list[Contextfu
     return found
 
 
-CHECKS: tuple[Check, ...] = (model_inputs, model_sql, derive_tiers, header_secrets)
+CHECKS: tuple[Check, ...] = (model_inputs, table_declarations, model_sql, derive_tiers, header_secrets)
 """The checks after the document is read, in order; each sees the problems found before it."""
 
 

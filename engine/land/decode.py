@@ -56,6 +56,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from contextful.engine.land.csv_options import CsvOptions
 from contextful.engine.land.decode_wire import (
     READ,
     READ_BYTES,
@@ -136,7 +137,8 @@ class Decoder:
 
     def decode(self, path: str, fmt: str | None = None, *, storage_options: dict[str, Any] | None = None,
                declared: Mapping[str, pa.DataType] | None = None,
-               window: tuple[int, int] | None = None,
+               window: tuple[int, int] | None = None, csv: CsvOptions | None = None,
+               notes: list[str] | None = None,
                on_read: Callable[[int, bool], None] | None = None) -> Iterator[pa.RecordBatch]:
         """The input's rows as Arrow batches, decoded in a fresh child as they are read.
 
@@ -144,8 +146,10 @@ class Decoder:
         type (text as text, numbers and dates converted, zoned timestamps as text for typed
         landing), never through a guess; JSON values keep their JSON kind. ``window`` (start, stop)
         reads only those bytes of an uncompressed local file: the bytes a pipeline's cursor has not
-        landed, up to the size it listed; a malformed line is named by its line in the file. The child is
-        forked at the first ``next()``. Abandoning the iterator kills the child.
+        landed, up to the size it listed; a malformed line is named by its line in the file. ``csv`` is a
+        CSV input's dialect (``engine.land.csv_options``: delimiter, quote, header, encoding, null texts);
+        what the decode decided on its own (a sniffed delimiter) is appended to ``notes`` once the batches
+        are read. The child is forked at the first ``next()``. Abandoning the iterator kills the child.
 
         ``on_read(offset, scanning)`` is called, on the thread taking the batches, as the child
         reads: the input's bytes read so far (as stored: compressed bytes of a compressed input,
@@ -166,8 +170,8 @@ class Decoder:
         request = {"path": path, "fmt": fmt, "storage_options": storage_options or {}, "window": window,
                    "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows,
                    "block_bytes": self.block_bytes, "declared": dict(declared or {}),
-                   "progress": on_read is not None}
-        return self._run(request, on_read=on_read)
+                   "csv": (csv or CsvOptions()).to_request(), "progress": on_read is not None}
+        return self._run(request, notes=notes, on_read=on_read)
 
     def fetch(self, url: str, *, step: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0,
               records: str | None = None, next_key: str | None = None,
@@ -251,7 +255,7 @@ class Decoder:
 
     # --- one input -----------------------------------------------------------------------------
 
-    def _run(self, request: dict[str, Any], page: PageFetch | None = None, *,
+    def _run(self, request: dict[str, Any], page: PageFetch | None = None, *, notes: list[str] | None = None,
              on_read: Callable[[int, bool], None] | None = None) -> Iterator[pa.RecordBatch]:
         read_fd, write_fd = os.pipe()
         try:
@@ -282,6 +286,8 @@ class Decoder:
                 _raise_for_page(request, hello["pid"], trailer, final, self.deadline_s, self.memory_bytes)
             else:
                 self._raise_for(request["path"], hello["pid"], trailer, final)
+                if notes is not None:
+                    notes.extend((trailer or {}).get("notes", ()))
         finally:
             if not finished:  # abandoned: the server kills the child; wait until its group is gone
                 try:

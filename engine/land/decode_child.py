@@ -61,7 +61,9 @@ reading the input again up to the record (only a failing input pays).
 
 from __future__ import annotations
 
+import codecs
 import ctypes
+import dataclasses
 import functools
 import gc
 import io
@@ -88,6 +90,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
+from contextful.engine.land.csv_options import SNIFF_BYTES, sniff_delimiter
 from contextful.engine.land.decode_wire import (
     READ,
     READ_BYTES,
@@ -296,11 +299,14 @@ class _Malformed(Exception):
     """The input is not the format it claims. ``offset`` locates the record in its block, ``at`` in
     the (decompressed) input; the line is counted from ``at`` once, when the error is reported."""
 
-    def __init__(self, reason: str, *, offset: int | None = None, at: int | None = None) -> None:
+    def __init__(self, reason: str, *, offset: int | None = None, at: int | None = None,
+                 line: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.offset = offset
         self.at = at
+        self.line = line
+        """The 1-based line, when the reader that found it knew it (``at`` is counted otherwise)."""
 
 
 def decode_input(request: dict[str, Any], data_fd: int) -> None:
@@ -310,13 +316,19 @@ def decode_input(request: dict[str, Any], data_fd: int) -> None:
     if request.get("kind") == "http":
         sink.finish(_fetch(request, sink))
         return
+    notes: list[str] = []  # what the decode decided that its caller reports (a sniffed delimiter)
     try:
-        for table in _tables(request, sink.read if request.get("progress") else None):
+        for table in _tables(request, notes, sink.read if request.get("progress") else None):
             sink.send(table)
-        trailer = {"ok": True}
+        trailer = {"ok": True, "notes": notes}
     except _Malformed as exc:
-        line = _line_at(request, exc.at) if exc.at is not None and _rereadable(request["path"]) else None
+        line = exc.line if exc.line is not None else \
+            _line_at(request, exc.at) if exc.at is not None and _rereadable(request["path"]) else None
         trailer = {"error": "malformed", "line": line, "reason": exc.reason}
+    except UnicodeDecodeError as exc:  # a CSV header (or other text pyarrow names a column by) not UTF-8
+        trailer = {"error": "malformed", "line": None,
+                   "reason": f"{exc.reason} at byte 0x{exc.object[exc.start]:02x}: the file is not UTF-8 (declare its "
+                             "`encoding`, e.g. latin-1 or cp1252)"}
     except FileNotFoundError:
         trailer = {"error": "not-found"}
     except MemoryError as exc:
@@ -364,7 +376,9 @@ _Report = Callable[[int, bool], None]
 (:func:`_csv_types`); the sink sends it on as a progress frame."""
 
 
-def _tables(request: dict[str, Any], report: _Report | None = None) -> Iterator[pa.Table]:
+def _tables(request: dict[str, Any], notes: list[str] | None = None,
+            report: _Report | None = None) -> Iterator[pa.Table]:
+    """The input's tables; what the decode decided on its own (a sniffed delimiter) goes to ``notes``."""
     path, fmt = request["path"], request["fmt"]
     block = request.get("block_bytes", READ_BYTES)
     if fmt == "parquet":
@@ -375,47 +389,147 @@ def _tables(request: dict[str, Any], report: _Report | None = None) -> Iterator[
         yield from _records(_DocumentRows(_reader(request, report)).readinto, _LastNewline(), _JsonBlocks(),
                             block=block)
     elif fmt == "csv":
-        yield from _csv_tables(request, block, report)
+        yield from _csv_tables(request, block, [] if notes is None else notes, report)
     else:
         raise ValueError(f"format {fmt!r}")
 
 
-def _csv_tables(request: dict[str, Any], block: int, report: _Report | None = None) -> Iterator[pa.Table]:
+def _csv_tables(request: dict[str, Any], block: int, notes: list[str],
+                report: _Report | None = None) -> Iterator[pa.Table]:
     """A CSV input's tables, each column of one type for the whole input: the merge of every block's
     guess, temporal guesses as text (an input read only once, a FIFO, lands every undeclared column
     as text rather than guess a type per block).
 
     An input of up to ``csv_hold_bytes`` (default ``HOLD_BLOCKS`` blocks) is read once
     (:class:`_CsvOnePass`: its tables are held until its end shows the types); a larger one is read
-    twice, the first time for the types (:func:`_csv_types`), so memory stays bounded.
+    twice, the first time for the types (:func:`_csv_types`), so memory stays bounded. The input's
+    dialect (``engine.land.csv_options``) is read from its head first: a sniffed delimiter other than
+    the name's default goes to ``notes``.
     """
     path = request["path"]
-    delimiter = "\t" if split_compression(path)[0].endswith(".tsv") else ","
     declared = request.get("declared") or {}
-    if not _rereadable(path):
-        yield from _records(_reader(request, report), _CsvCut(), _CsvBlocks(delimiter, None, declared), header=True,
+    hold = request.get("csv_hold_bytes", HOLD_BLOCKS * block)
+    rereadable = _rereadable(path)
+    size = None
+    if rereadable:
+        local, window = local_path(path), request.get("window")
+        size = (window[1] - window[0] if window else os.path.getsize(local)) if local is not None else None
+    one_pass = not rereadable or size is None or split_compression(path)[1] is not None or size <= hold
+    # the head read for the dialect is read again by the first pass: a scan for the types when the
+    # input is too large to hold (its progress is reported as the scan's)
+    first = _Peeked(_reader(request, report, scanning=not one_pass), SNIFF_BYTES)
+    dialect = _dialect(request, first.head, notes)
+    readers = iter([first.readinto])
+
+    def reader(scanning: bool = False) -> Callable[[memoryview], int]:
+        return next(readers, None) or _reader(request, report, scanning=scanning)
+
+    header = dialect.names is None
+    if not rereadable:
+        yield from _records(reader(), _CsvCut(dialect.quote), _CsvBlocks(dialect, None, declared), header=header,
                             block=block)
         return
-    hold = request.get("csv_hold_bytes", HOLD_BLOCKS * block)
-    local, window = local_path(path), request.get("window")
-    size = (window[1] - window[0] if window else os.path.getsize(local)) if local is not None else None
-    if size is None or split_compression(path)[1] is not None or size <= hold:
-        tables = _csv_one_pass(request, delimiter, declared, block, hold, report)
+    if one_pass:
+        tables = _csv_one_pass(reader(), dialect, declared, block, hold)
         if tables is not None:
             yield from tables
             return
-    types = _csv_types(request, delimiter, declared, block, report)
-    yield from _records(_reader(request, report), _CsvCut(), _CsvBlocks(delimiter, types, declared), header=True,
+    types = _csv_types(reader(scanning=True), dialect, declared, block)
+    yield from _records(reader(), _CsvCut(dialect.quote), _CsvBlocks(dialect, types, declared), header=header,
                         block=block)
 
+def _dialect(request: dict[str, Any], head: bytes, notes: list[str]) -> _Dialect:
+    """The input's dialect: as declared, the delimiter sniffed from ``head`` when undeclared, and
+    with no header the generated column names, one per field of the first record."""
+    options = request.get("csv") or {}
+    default = "\t" if split_compression(request["path"])[0].endswith(".tsv") else ","
+    quote = options.get("quote", '"')
+    delimiter = options.get("delimiter")
+    sniffed = delimiter is None
+    if delimiter is None:
+        delimiter = sniff_delimiter(head, quote, default)
+        if delimiter != default:
+            notes.append(f"delimiter {delimiter!r} sniffed")
+    nulls = options.get("null_values")
+    dialect = _Dialect(delimiter, quote, None, None if nulls is None else tuple(nulls), sniffed)
+    if options.get("header", True):
+        return dialect
+    end = _CsvCut(quote)(bytearray(head), 0, len(head))
+    record = head[:end] if end > 0 else head
+    count = pcsv.read_csv(pa.BufferReader(record), read_options=pcsv.ReadOptions(autogenerate_column_names=True),
+                          parse_options=dialect.parse_options(record)).num_columns if record.strip() else 0
+    return dataclasses.replace(dialect, names=[f"column_{i + 1}" for i in range(count)])
 
-def _csv_one_pass(request: dict[str, Any], delimiter: str, declared: dict[str, pa.DataType], block: int,
-                  hold: int, report: _Report | None = None) -> Iterator[pa.Table] | None:
+
+@dataclass(frozen=True)
+class _Dialect:
+    """How one CSV input is read (``engine.land.csv_options``), as the child decided it."""
+
+    delimiter: str
+    quote: str
+    """The quote character; empty: no quoting."""
+    names: list[str] | None
+    """The column names when the input has no header (None: its first line is the header)."""
+    nulls: tuple[str, ...] | None
+    """The declared null texts, null in every column (None: pyarrow's, in typed columns only)."""
+    sniffed: bool = False
+
+    def parse_options(self, block: bytes, **more: Any) -> pcsv.ParseOptions:
+        return pcsv.ParseOptions(delimiter=self.delimiter, quote_char=self.quote or False,
+                                 newlines_in_values=bool(self.quote) and self.quote.encode() in block, **more)
+
+    def convert(self, **more: Any) -> pcsv.ConvertOptions:
+        if self.nulls is not None:
+            more.update(null_values=list(self.nulls), strings_can_be_null=True)
+        return pcsv.ConvertOptions(**more)
+
+    def null_texts(self) -> pa.Array:
+        return _csv_nulls() if self.nulls is None else pa.array(list(self.nulls), pa.string())
+
+    def hint(self, reason: str) -> str:
+        """``reason`` with a hint when a row's field count disagrees (the delimiter read may be wrong)
+        or its text is not UTF-8 (the file's encoding is another)."""
+        if "invalid UTF8" in reason:
+            return f"{reason} (the file is not UTF-8: declare its `encoding`, e.g. latin-1 or cp1252)"
+        if not _FIELD_COUNT.search(reason):
+            return reason
+        how = "sniffed" if self.sniffed else "declared"
+        return (f"{reason} (delimiter {self.delimiter!r} {how}; if the file uses another, declare it: `delimiter` "
+                "in [pipeline.source.config], `--delimiter` on table load)")
+
+
+_FIELD_COUNT = re.compile(r"Expected \d+ columns, got \d+")
+
+
+class _Peeked:
+    """A reader whose first ``size`` bytes are read at once into ``head`` (fewer if the input is shorter)
+    and then read again through :meth:`readinto`, so a FIFO's head serves both the sniff and the parse."""
+
+    def __init__(self, readinto: Callable[[memoryview], int], size: int) -> None:
+        buffer = bytearray(size)
+        filled = 0
+        while filled < size and (n := readinto(memoryview(buffer)[filled:])):
+            filled += n
+        self.head = bytes(buffer[:filled])
+        self._at = 0
+        self._rest = readinto
+
+    def readinto(self, target: memoryview) -> int:
+        if self._at < len(self.head):
+            n = min(len(target), len(self.head) - self._at)
+            target[:n] = self.head[self._at:self._at + n]
+            self._at += n
+            return n
+        return self._rest(target)
+
+
+def _csv_one_pass(readinto: Callable[[memoryview], int], dialect: _Dialect, declared: dict[str, pa.DataType],
+                  block: int, hold: int) -> Iterator[pa.Table] | None:
     """The input's tables from one reading, or None once it holds more than ``hold`` bytes."""
-    parse = _CsvOnePass(delimiter, declared)
+    parse = _CsvOnePass(dialect, declared)
     held: list[tuple[pa.Table, bytes]] = []
     size = 0
-    blocks = _records(_reader(request, report), _CsvCut(), parse, header=True, block=block)
+    blocks = _records(readinto, _CsvCut(dialect.quote), parse, header=dialect.names is None, block=block)
     try:
         for table, text in blocks:
             size += len(text)
@@ -449,15 +563,14 @@ def _read_as_text(t: pa.DataType) -> bool:
     return pa.types.is_decimal(t) or (pa.types.is_timestamp(t) and t.tz is not None)
 
 
-def _csv_types(request: dict[str, Any], delimiter: str, declared: dict[str, pa.DataType],
-               block: int, report: _Report | None = None) -> dict[str, pa.DataType]:
+def _csv_types(readinto: Callable[[memoryview], int], dialect: _Dialect, declared: dict[str, pa.DataType],
+               block: int) -> dict[str, pa.DataType]:
     """Every CSV column's type for the whole input: each block's guess, temporal guesses as text,
     merged as the decoder widens (int and float to float64, mixed kinds to text)."""
     schema: pa.Schema | None = None
     wide: set[str] = set()  # columns where an integer beyond ±2**53 arrived: they meet a float as text
-    for table in _records(_reader(request, report, scanning=True), _CsvCut(),
-                          _CsvBlocks(delimiter, None, declared, guess=True),
-                          header=True, block=block):
+    for table in _records(readinto, _CsvCut(dialect.quote), _CsvBlocks(dialect, None, declared, guess=True),
+                          header=dialect.names is None, block=block):
         wide |= wide_integer_paths(table)
         guessed = pa.schema([f.with_type(_temporal_as_text(f.type) or f.type) for f in table.schema])
         schema = guessed if schema is None else merged_schema(schema, guessed, wide)
@@ -476,6 +589,16 @@ def _open(path: str, options: dict[str, Any]) -> pa.NativeFile:
 
 def _reader(request: dict[str, Any], report: _Report | None = None, *,
             scanning: bool = False) -> Callable[[memoryview], int]:
+    """``readinto`` of the input's bytes, decompressed by its name's suffix, and transcoded to UTF-8
+    from a CSV input's declared ``encoding`` (``engine.land.csv_options``) as it streams; after each
+    read it tells ``report`` the input's bytes read so far (:func:`_bytes_reader`)."""
+    read = _bytes_reader(request, report, scanning=scanning)
+    encoding = (request.get("csv") or {}).get("encoding", "utf-8")
+    return read if encoding == "utf-8" else _Transcoded(read, encoding).readinto
+
+
+def _bytes_reader(request: dict[str, Any], report: _Report | None = None, *,
+                  scanning: bool = False) -> Callable[[memoryview], int]:
     """``readinto`` of the input's bytes, decompressed by its name's suffix; after each read it
     tells ``report`` the input's bytes read so far (of the file as stored: a compressed input's
     compressed bytes; a window's bytes from its start). An input that cannot tell (a FIFO) reports nothing."""
@@ -508,6 +631,41 @@ def _decoded(stream: pa.NativeFile, request: dict[str, Any]) -> Callable[[memory
                 raise  # the system's error reading the file, not the codec's
             raise _Malformed(f"compressed stream: {first_line(exc)}") from exc
     return readinto
+
+
+class _Transcoded:
+    """A reader's bytes, decoded from ``encoding`` and encoded as UTF-8 a chunk at a time (the
+    codec's incremental decoder: a character split between chunks is completed by the next), so
+    memory stays one chunk. Bytes that do not read as ``encoding`` are malformed, at their line."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, read: Callable[[memoryview], int], encoding: str) -> None:
+        self._read = read
+        self._encoding = encoding
+        self._decoder = codecs.getincrementaldecoder(encoding)()
+        self._raw = bytearray(self.CHUNK)
+        self._pending = memoryview(b"")
+        self._lines = 0  # newlines read so far: a bad byte's line
+        self._done = False
+
+    def readinto(self, target: memoryview) -> int:
+        while not self._pending and not self._done:
+            size = self._read(memoryview(self._raw)[: min(len(target), self.CHUNK)])
+            raw = bytes(self._raw[:size])
+            self._done = size == 0
+            try:
+                text = self._decoder.decode(raw, final=self._done)
+            except UnicodeDecodeError as exc:
+                line = self._lines + raw.count(b"\n", 0, exc.start) + 1
+                raise _Malformed(f"byte 0x{raw[exc.start]:02x} does not read as {self._encoding} (declare the "
+                                 "file's `encoding`)", line=line) from exc
+            self._lines += raw.count(b"\n")
+            self._pending = memoryview(text.encode("utf-8"))
+        size = min(len(target), len(self._pending))
+        target[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
 
 
 def _window(stream: pa.NativeFile, start: int, stop: int) -> Callable[[memoryview], int]:
@@ -566,17 +724,22 @@ class _LastNewline:
 class _CsvCut:
     """Where the last whole CSV record in ``buffer[start:stop]`` ends: after a newline outside quotes."""
 
-    def __init__(self) -> None:
+    def __init__(self, quote: str = '"') -> None:
         self._open = False  # inside a quoted field at ``start``
+        self._quote = quote.encode()
 
     def __call__(self, buffer: bytearray, start: int, stop: int) -> int:
-        parity = (self._open + buffer.count(b'"', start, stop)) & 1
+        quote = self._quote
+        if not quote:  # no quoting: every newline ends a record
+            at = buffer.rfind(b"\n", start, stop)
+            return at + 1 if at >= 0 else -1
+        parity = (self._open + buffer.count(quote, start, stop)) & 1
         end = stop
         # Walks back over newlines inside a quoted field only, so the walk is bounded by one record.
         while (newline := buffer.rfind(b"\n", start, end)) >= 0:
-            parity ^= buffer.count(b'"', newline, end) & 1
+            parity ^= buffer.count(quote, newline, end) & 1
             if not parity:
-                self._open = bool(buffer.count(b'"', newline + 1, stop) & 1)
+                self._open = bool(buffer.count(quote, newline + 1, stop) & 1)
                 return newline + 1
             end = newline
         self._open = bool(parity)
@@ -952,21 +1115,21 @@ class _CsvBlocks:
     pyarrow guess (the first reading of :func:`_csv_types`).
     """
 
-    def __init__(self, delimiter: str, types: dict[str, pa.DataType] | None,
+    def __init__(self, dialect: _Dialect, types: dict[str, pa.DataType] | None,
                  declared: dict[str, pa.DataType] | None = None, *, guess: bool = False) -> None:
-        self._delimiter = delimiter
-        self._names: list[str] | None = None
+        self._dialect = dialect
+        self._names: list[str] | None = dialect.names
         self._read = _csv_declared(declared or {})
         # zoned timestamps and decimals, read as text for typed landing: their null fields are null, not text
         self._as_text = [name for name, t in (declared or {}).items() if _read_as_text(t)]
         if types is None and not guess:
-            self._convert = pcsv.ConvertOptions(default_column_type=pa.string(), column_types=self._read)
+            self._convert = dialect.convert(default_column_type=pa.string(), column_types=self._read)
         else:
             self._convert = self.typed({} if guess else types or {})
 
     def typed(self, types: dict[str, pa.DataType]) -> pcsv.ConvertOptions:
         """Options reading ``types`` and the declared columns as such, guessing the others."""
-        return pcsv.ConvertOptions(column_types={**types, **self._read})
+        return self._dialect.convert(column_types={**types, **self._read})
 
     def __call__(self, view: memoryview) -> pa.Table:
         return self.parse(bytes(view), self._convert)  # parsing CSV costs far more than this copy
@@ -983,11 +1146,10 @@ class _CsvBlocks:
                 pa.BufferReader(block),
                 read_options=pcsv.ReadOptions(column_names=self._names, use_threads=False,
                                               block_size=min(len(block) + 1, _MAX_BLOCK)),
-                parse_options=pcsv.ParseOptions(delimiter=self._delimiter, newlines_in_values=b'"' in block,
-                                                invalid_row_handler=refuse),
+                parse_options=self._dialect.parse_options(block, invalid_row_handler=refuse),
                 convert_options=convert)
         except pa.ArrowInvalid as exc:
-            raise _Malformed(first_line(exc).removeprefix("CSV parse error: "),
+            raise _Malformed(self._dialect.hint(first_line(exc).removeprefix("CSV parse error: ")),
                              offset=_row_offset(block, refused[0]) if refused else None) from exc
         table = self._exact(block, table, self._names)  # names None: the block holds the header
         if self._names is None:
@@ -996,7 +1158,7 @@ class _CsvBlocks:
             at = table.schema.get_field_index(name)
             if at >= 0:
                 column = table.column(at)
-                table = table.set_column(at, name, pc.if_else(pc.is_in(column, value_set=_csv_nulls()), None, column))
+                table = table.set_column(at, name, pc.if_else(pc.is_in(column, value_set=self._dialect.null_texts()), None, column))
         return table
 
 
@@ -1010,12 +1172,12 @@ class _CsvBlocks:
             pa.BufferReader(block),
             read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
                                           block_size=min(len(block) + 1, _MAX_BLOCK)),
-            parse_options=pcsv.ParseOptions(delimiter=self._delimiter, newlines_in_values=b'"' in block),
-            convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(lost, pa.string()), include_columns=lost))
+            parse_options=self._dialect.parse_options(block),
+            convert_options=self._dialect.convert(column_types=dict.fromkeys(lost, pa.string()), include_columns=lost))
         for name in lost:
             at = table.schema.get_field_index(name)
             raw = text.column(name).combine_chunks()
-            typed = literal_type(pc.if_else(pc.is_in(raw, value_set=_csv_nulls()), None, raw))
+            typed = literal_type(pc.if_else(pc.is_in(raw, value_set=self._dialect.null_texts()), None, raw))
             if pa.types.is_string(typed.type):
                 typed = raw  # as a text column reads: "" and "NA" are text
             table = table.set_column(at, pa.field(name, typed.type), typed)
@@ -1039,10 +1201,10 @@ class _CsvOnePass:
     later one widened (int64 meeting float64 or text) is parsed again with the input's types.
     """
 
-    def __init__(self, delimiter: str, declared: dict[str, pa.DataType]) -> None:
-        self._delimiter = delimiter
+    def __init__(self, dialect: _Dialect, declared: dict[str, pa.DataType]) -> None:
+        self._dialect = dialect
         self._declared = declared
-        self._blocks = _CsvBlocks(delimiter, None, declared, guess=True)
+        self._blocks = _CsvBlocks(dialect, None, declared, guess=True)
         self._fixed = set(_csv_declared(declared))
         self._lock = threading.Lock()
         self._wide: set[str] = set()  # columns where an integer beyond ±2**53 arrived (json_numbers)
@@ -1080,17 +1242,17 @@ class _CsvOnePass:
                 columns.append(pa.chunked_array([pa.nulls(table.num_rows, f.type)], type=f.type))
             else:
                 types = {f.name: f.type for f in schema if not pa.types.is_null(f.type)}
-                blocks = _CsvBlocks(self._delimiter, None, self._declared) if first else self._blocks
+                blocks = _CsvBlocks(self._dialect, None, self._declared) if first else self._blocks
                 return blocks.parse(block, blocks.typed(types))
         return pa.Table.from_arrays(columns, schema=schema)
 
     def _head_schema(self, block: bytes) -> pa.Schema:
         """The types guessed on the block's first records (its header's columns, null without records)."""
-        end = _CsvCut()(bytearray(block[:SAMPLE_BYTES]), 0, min(len(block), SAMPLE_BYTES))
+        end = _CsvCut(self._dialect.quote)(bytearray(block[:SAMPLE_BYTES]), 0, min(len(block), SAMPLE_BYTES))
         if end < 0:
             return pa.schema([])
         try:
-            head = _CsvBlocks(self._delimiter, None, self._declared, guess=True).parse(block[:end], self._blocks.typed({}))
+            head = _CsvBlocks(self._dialect, None, self._declared, guess=True).parse(block[:end], self._blocks.typed({}))
         except _Malformed:
             return pa.schema([])  # the block's own parse names it
         return pa.schema([f.with_type(_temporal_as_text(f.type) or f.type) for f in head.schema])

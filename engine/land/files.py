@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import xxhash
+from contextful.engine.land.csv_options import CSV_KEYS, csv_options
 from contextful.engine.land.decode import detect_format
 from contextful.engine.land.decode_wire import local_path, split_compression
 from contextful.storage.errors import (
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
 else:
     fsspec = lazy_module("fsspec")
 
-CONFIG_KEYS = ("paths", "format")
+CONFIG_KEYS = ("paths", "format", *CSV_KEYS)
 FORMATS = ("ndjson", "json", "csv", "parquet")
 _READ = 1 << 20
 _BLANK_LINE = re.compile(rb"^[ \t\r]*\n", re.MULTILINE)
@@ -150,6 +151,9 @@ def check_config(where: str, config: dict[str, Any]) -> list[ContextfulError]:
     fmt = config.get("format")
     if fmt is not None and fmt not in FORMATS:
         problems.append(ManifestValueInvalid(where, "format", f"{fmt!r} is not one of {', '.join(FORMATS)}"))
+    problems += csv_options(where, config)[1]
+    if fmt not in (None, "csv") and (named := [k for k in CSV_KEYS if k in config]):
+        problems.append(ManifestValueInvalid(where, named[0], f"is a CSV option; format is {fmt!r}"))
     return problems
 
 

@@ -2,6 +2,8 @@
 
 One ``contextful pipeline run`` of a ``files`` pipeline:
 
+0. a pipeline declaring its table otherwise than it landed (``primary_key``, ``order_by``,
+   ``normalize``) is refused first, by name (``engine.land.declaration``): nothing is read;
 1. list the source's inputs and plan them against the pipeline's cursor (``engine.land.files``:
    inputs named relative to the project, fingerprinted by content): those landed in this form —
    renamed ones included — are skipped, an appended NDJSON input pulls only its new bytes, and an
@@ -38,6 +40,8 @@ from typing import Any
 from contextful.engine.config.manifest import Manifest, PipelineSpec
 from contextful.engine.land.ahead import DecodeAhead
 from contextful.engine.land.chunks import coalesce
+from contextful.engine.land.csv_options import csv_options
+from contextful.engine.land.declaration import refuse_changed_declaration
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs, plan_replace
 from contextful.engine.land.journal import PullJournal
@@ -108,7 +112,10 @@ def _plan_files(manifest: Manifest, spec: PipelineSpec, stored: dict[str, Any]) 
 
 def plan_pipeline(store: Store | None, manifest: Manifest, spec: PipelineSpec) -> PipelinePlan:
     """What a run would pull (inputs new or appended since the cursor), skip, and refuse as changed
-    (``store`` None: the project has no store yet, so nothing has landed)."""
+    (``store`` None: the project has no store yet, so nothing has landed). A declaration its landed
+    table does not hold is refused (``engine.land.declaration``)."""
+    if store is not None:
+        refuse_changed_declaration(store, spec)
     if spec.source.kind == "http":
         return _plan_http(store, manifest.root, spec)
     if spec.source.kind == "receive":
@@ -148,6 +155,7 @@ def run_pipeline(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: 
     A derive pipeline is not landed here: ``engine.run.units`` runs it, with its parents."""
     if spec.source.kind == "derive":
         raise TypeError(f"pipeline {spec.id!r} derives; engine.run.units runs it, not the landing stage")
+    refuse_changed_declaration(store, spec)  # before the seed, the journal or any read: nothing lands under a mix
     seeded = None
     if spec.seed is not None:
         from contextful.engine.land.seed import land_seed
@@ -211,6 +219,8 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
         result.failures.append(_failure(item, changed))
     landed = dict(plan.cursor)
     fmt = spec.source.config.get("format")
+    csv = csv_options(spec.id, spec.source.config)[0]  # validated with the manifest
+    notes: dict[str, list[str]] = {}  # per input: what its decode decided (a sniffed delimiter)
     pending = int(landed != stored)  # renames and old entries carried forward commit too
     if plan.pull:
         decoder.start()  # its imports and the ones below run side by side
@@ -219,7 +229,9 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     since_commit: list[str] = []  # the inputs the next commit lands: its runs' manifests name them
 
     def decode_ahead(item: InputFile) -> DecodeAhead:
-        return DecodeAhead(lambda: decoder.decode(item.path, fmt, declared=sink.types, window=item.window(),
+        said = notes.setdefault(item.path, [])
+        return DecodeAhead(lambda: decoder.decode(item.path, fmt, declared=sink.types, window=item.window(), csv=csv,
+                                                  notes=said,
                                                   on_read=reading.on_read(item) if progress is not None else None))
 
     ahead = decode_ahead(plan.pull[0]) if plan.pull else None
@@ -245,6 +257,7 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                 continue
             landed[item.name] = item.entry()
             result.inputs_landed.append(item.path)
+            result.notes += [f"{item.name}: {note}" for note in notes.pop(item.path, ())]
             if journal is not None:
                 journal.pulled(f"input {item.path}", {"input": item.name, "entry": item.entry(), "from": item.offset})
             pending += 1

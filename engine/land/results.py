@@ -64,6 +64,8 @@ class PipelineResult:
     bound_hits: list[dict[str, Any]] = field(default_factory=list)
     """Every connector bound struck, recovered or not: {"step", "attempt", "bound"}."""
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the run decided on its own that its reader should know, per input ("orders.csv: delimiter ';' sniffed")."""
     execution: str | None = None
     """The execution the run opened or resumed (position-addressed sources)."""
     seed: dict[str, Any] | None = None
@@ -80,7 +82,7 @@ class PipelineResult:
                 "inputs_landed": self.inputs_landed, "inputs_skipped": self.inputs_skipped,
                 "failures": [f.to_json() for f in self.failures], "failures_not_shown": self.failures_not_shown,
                 "seconds": round(self.seconds, 3),
-                "pulls": self.pulls, "bound_hits": self.bound_hits, "warnings": self.warnings,
+                "pulls": self.pulls, "bound_hits": self.bound_hits, "warnings": self.warnings, "notes": self.notes,
                 "execution": self.execution, "seed": self.seed, "derive": self.derive}
 
 

@@ -44,7 +44,7 @@ import json
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +52,8 @@ from typing import TYPE_CHECKING, Any
 from contextful.engine.config.manifest import PipelineSpec, SourceSpec
 from contextful.engine.guard import masked_failure
 from contextful.engine.land.chunks import coalesce
+from contextful.engine.land.csv_options import CSV_KEYS, CsvOptions, csv_options
+from contextful.engine.land.declaration import table_declaration
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, check_config, list_inputs
 from contextful.engine.land.sink import LandingSink
@@ -79,7 +81,7 @@ else:
 
 log = logging.getLogger(__name__)
 
-SEED_KEYS = ("paths", "format", "ceiling")
+SEED_KEYS = ("paths", "format", "ceiling", *CSV_KEYS)
 _INSTANT = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?Z")
 _TEXT_FRACTION = re.compile(r"T\d{2}:\d{2}:\d{2}(?:\.(\d*))?Z$")
 _NS_PER = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
@@ -93,6 +95,8 @@ class SeedSpec:
     """ISO-8601 UTC instant ending in ``Z``; every seeded ``order_by`` stamp is strictly below it."""
     format: str | None = None
     """ndjson | json | csv | parquet; ``None`` tells each file's format by its name."""
+    csv: CsvOptions = field(default_factory=CsvOptions)
+    """How its CSV files are read (``engine.land.csv_options``), as a ``files`` source declares it."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ def parse_seed(where: str, block: object) -> tuple[SeedSpec | None, list[Context
         return None, [ManifestValueInvalid(where, "seed", "must be a table with paths and a ceiling")]
     inner = f"{where} seed"
     problems: list[ContextfulError] = [ManifestKeyUnknown(inner, k, SEED_KEYS) for k in block if k not in SEED_KEYS]
-    problems.extend(check_config(inner, {k: block[k] for k in ("paths", "format") if k in block}))
+    problems.extend(check_config(inner, {k: block[k] for k in ("paths", "format", *CSV_KEYS) if k in block}))
     ceiling = block.get("ceiling")
     if ceiling is None:
         problems.append(ManifestValueInvalid(inner, "ceiling", "is required (an ISO-8601 UTC instant ending in Z)"))
@@ -139,7 +143,8 @@ def parse_seed(where: str, block: object) -> tuple[SeedSpec | None, list[Context
     if problems:
         return None, problems
     paths = block["paths"]
-    return SeedSpec(tuple([paths] if isinstance(paths, str) else paths), block["ceiling"], block.get("format")), []
+    return SeedSpec(tuple([paths] if isinstance(paths, str) else paths), block["ceiling"], block.get("format"),
+                    csv_options(inner, block)[0]), []
 
 
 def check_declaration(pipeline_id: str, primary_key: tuple[str, ...], order_by: str | None) -> list[ContextfulError]:
@@ -231,11 +236,12 @@ def land_seed(store: Store, root: Path, pipeline_id: str, table_name: str, prima
         raise PipelineSeedSourceChanged(pipeline_id, str(landed), current)
     spec = PipelineSpec(pipeline_id, SourceSpec("files", {"paths": list(seed.paths)}), table_name, normalize=normalize,
                         primary_key=primary_key, order_by=order_by, types=dict(types or {}))
-    store.create_table(table_name, primary_key, order_by)  # rows merge by order_by, live rows too
+    # rows merge by order_by, live rows too
+    store.create_table(table_name, primary_key, order_by, declared=table_declaration(spec))
     sink = LandingSink(store, spec, meta={"pipeline": pipeline_id, "seed": True})
     try:
         for item in inputs:
-            for chunk in coalesce(decoder.decode(item.path, seed.format, declared=declared)):
+            for chunk in coalesce(decoder.decode(item.path, seed.format, declared=declared, csv=seed.csv)):
                 typed = apply_types(table_name, chunk, declared)
                 check_ceiling(pipeline_id, order_by, seed.ceiling, typed)  # before anything is staged
                 sink.stage(typed, f"seed input {item.path}", typed=True)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from contextful.engine.config.manifest import PipelineSpec
+from contextful.engine.land.declaration import table_declaration
 from contextful.engine.land.names import LandedNames
 from contextful.engine.land.results import TableLanding
 from contextful.engine.land.typed import apply_types, read_types
@@ -86,7 +87,8 @@ def landing_table(store: Store, spec: PipelineSpec, name: str) -> Table:
         from contextful.engine.normalize import child_follows
 
         follows = child_follows(spec.table, spec.primary_key)
-    return store.create_table(name, *table_merge(spec, name), provisional=True, follows=follows)
+    declared = table_declaration(spec) if name == spec.table else None
+    return store.create_table(name, *table_merge(spec, name), provisional=True, follows=follows, declared=declared)
 
 
 def load_staging(spec: PipelineSpec) -> None:

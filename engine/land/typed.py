@@ -26,9 +26,15 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from contextful.storage.errors import TypedLandingFailed, TypeSpellingUnreadable, first_line
+from contextful.storage.errors import (
+    ContextfulError,
+    ManifestValueInvalid,
+    TypedLandingFailed,
+    TypeSpellingUnreadable,
+    first_line,
+)
 from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -183,6 +189,21 @@ def parse_type(spelling: str, column: str = "", pipeline: str | None = None) -> 
         return _Parser(spelling.strip()).parse()
     except (ValueError, pa.ArrowInvalid) as exc:
         raise TypeSpellingUnreadable(column, spelling, str(exc), pipeline) from exc
+
+
+def types_problems(where: str, types: Any, pipeline: str | None = None) -> list[ContextfulError]:
+    """Every problem of a ``types`` object as a manifest or ``table load --types`` gives it: not a map
+    of column names to spellings (``ManifestValueInvalid`` naming ``where``), or a spelling that names
+    no type (``TypeSpellingUnreadable``, naming ``pipeline`` when given)."""
+    if not isinstance(types, dict) or not all(isinstance(v, str) for v in types.values()):
+        return [ManifestValueInvalid(where, "types", "must map column names to type spellings (strings)")]
+    problems: list[ContextfulError] = []
+    for column, spelling in types.items():
+        try:
+            parse_type(spelling, column, pipeline)
+        except ContextfulError as exc:
+            problems.append(exc)
+    return problems
 
 
 def read_types(types: dict[str, str]) -> dict[str, pa.DataType]:

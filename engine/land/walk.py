@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from contextful.engine.config.manifest import PipelineSpec
 from contextful.engine.guard import masked_failure
 from contextful.engine.land.clocks import ClockReader, span
+from contextful.engine.land.declaration import table_declaration
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.decode_child import conform
 from contextful.engine.land.http import PAGE_CAP, HttpConfig, headers_where
@@ -151,7 +152,7 @@ def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, roo
     started = time.monotonic()
     config = HttpConfig.from_config(spec.source.config)
     config = replace(config, headers=resolve_headers(config.headers, root, headers_where(spec.id)))
-    table = store.create_table(spec.table, spec.primary_key, provisional=True)
+    table = store.create_table(spec.table, spec.primary_key, provisional=True, declared=table_declaration(spec))
     stored = table.cursor(scope)
     position = open_position(scope, stored[0] if stored else None, spec.incremental)  # before any request
     schedule = RetrySchedule.from_config(config.retry, where=f"[[pipeline]] {spec.id!r} source.config.retry")

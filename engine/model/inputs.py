@@ -66,7 +66,7 @@ def stored_tables(manifest: Manifest, store: str | None = None) -> set[str]:
     """The user tables of the store (``store``, else the project's); empty when it does not exist yet."""
     from contextful.engine.project import open_store
 
-    if not _store_exists(manifest, store):
+    if not store_exists(manifest, store):
         return set()
     with open_store(store or manifest.root) as opened:
         return set(opened.table_names())
@@ -77,14 +77,14 @@ def landed_schemas(manifest: Manifest, store: str | None = None) -> dict[str, pa
     schema at the head; empty when the store does not exist yet."""
     from contextful.engine.project import open_store
 
-    if not _store_exists(manifest, store):
+    if not store_exists(manifest, store):
         return {}
     with open_store(store or manifest.root) as opened:
         pinned = opened.snapshots(opened.table_names())
     return {name: snap.schema for name, snap in pinned.items() if snap.schema is not None}
 
 
-def _store_exists(manifest: Manifest, store: str | None) -> bool:
+def store_exists(manifest: Manifest, store: str | None = None) -> bool:
     """Whether the store (``store``, else the project's) exists, asked without creating it."""
     from contextful.storage.objects import ObjectStore
 

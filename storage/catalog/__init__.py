@@ -49,6 +49,9 @@ class TableHead:
     """The root table whose row versions this table's rows follow (``storage.follows``; None: none)."""
     follows_seq: int = 0
     """The commit that declared ``follows`` (0: declared with the table, in force from its start)."""
+    declared: tuple[tuple[str, str], ...] = ()
+    """What its creator declared of the table beside its merge (``("normalize", "relational")``,
+    sorted by name), kept as declared; the engine compares a manifest with it (``engine.land.declaration``)."""
 
 
 @dataclass(frozen=True)
@@ -138,10 +141,11 @@ class Catalog(ABC):
     @abstractmethod
     def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
                      order_by: str | None = None, supersede: Supersede | None = None,
-                     follows: Follows | None = None) -> TableHead | None:
+                     follows: Follows | None = None,
+                     declared: tuple[tuple[str, str], ...] = ()) -> TableHead | None:
         """Create the table's head at commit_seq 0 with its merge declaration (key, ``order_by``,
-        supersede rule, ``follows``), or return the existing head as it is (None when the existing one was a
-        provisional table dropped again before it could be read)."""
+        supersede rule, ``follows``) and what else its creator ``declared``, or return the existing head
+        as it is (None when the existing one was a provisional table dropped again before it could be read)."""
 
     @abstractmethod
     def drop_table(self, name: str, uuid: str, at_seq: int | None = None) -> bool:

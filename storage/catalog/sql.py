@@ -192,8 +192,9 @@ class SqlCatalog(SqlDialect, Catalog):
 
     def create_table(self, name: str, uuid: str, primary_key: tuple[str, ...], now_us: int,
                      order_by: str | None = None, supersede: Supersede | None = None,
-                     follows: Follows | None = None) -> TableHead | None:
-        merge = _Merge(primary_key, order_by, supersede=supersede, follows=follows)
+                     follows: Follows | None = None,
+                     declared: tuple[tuple[str, str], ...] = ()) -> TableHead | None:
+        merge = _Merge(primary_key, order_by, supersede=supersede, follows=follows, declared=tuple(sorted(declared)))
         self._write(lambda cur: cur.execute(
             "INSERT INTO cf_tables (name, table_uuid, commit_seq, schema_id, primary_key, created_us,"
             " last_commit_us) VALUES (?, ?, 0, 0, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
@@ -653,7 +654,7 @@ def _head(row: tuple[Any, ...]) -> TableHead:
     name, uuid, seq, schema_id, merge_text, created_us, last_us, schema_text = row
     merge = _Merge.parse(merge_text)
     return TableHead(name, uuid, seq, schema_id, schema_text, merge.primary_key, created_us, last_us, merge.order_by,
-                     merge.order_by_seq, merge.supersede, merge.follows, merge.follows_seq)
+                     merge.order_by_seq, merge.supersede, merge.follows, merge.follows_seq, merge.declared)
 
 
 @dataclass(frozen=True)
@@ -666,14 +667,15 @@ class _Merge:
     supersede: Supersede | None = None
     follows: Follows | None = None
     follows_seq: int = 0
+    declared: tuple[tuple[str, str], ...] = ()
 
     def text(self) -> str:
         """The key as a JSON list (the original form, kept when nothing else is declared), or
         ``{"key": [...]}`` plus ``"order_by"`` (and ``"order_by_seq"``, the declaring commit, when a
         commit declared it; absent: declared with the table), ``"supersede"`` (``Supersede.to_json``)
-        and ``"follows"`` (``Follows.to_json``, with ``"follows_seq"`` likewise), each present only
-        when declared."""
-        if self.order_by is None and self.supersede is None and self.follows is None:
+        and ``"follows"`` (``Follows.to_json``, with ``"follows_seq"`` likewise) and ``"declared"`` (what
+        else the creator declared, ``TableHead.declared``), each present only when declared."""
+        if self.order_by is None and self.supersede is None and self.follows is None and not self.declared:
             return json.dumps(list(self.primary_key))
         doc: dict[str, Any] = {"key": list(self.primary_key)}
         if self.order_by is not None:
@@ -686,6 +688,8 @@ class _Merge:
             doc["follows"] = self.follows.to_json()
         if self.follows_seq:
             doc["follows_seq"] = self.follows_seq
+        if self.declared:
+            doc["declared"] = dict(self.declared)
         return json.dumps(doc)
 
     @classmethod
@@ -696,7 +700,8 @@ class _Merge:
         rule, follows = doc.get("supersede"), doc.get("follows")
         return cls(tuple(doc["key"]), doc.get("order_by"), int(doc.get("order_by_seq", 0)),
                    None if rule is None else Supersede.from_json(rule),
-                   None if follows is None else Follows.from_json(follows), int(doc.get("follows_seq", 0)))
+                   None if follows is None else Follows.from_json(follows), int(doc.get("follows_seq", 0)),
+                   tuple(sorted(doc.get("declared", {}).items())))
 
 
 def _record(row: tuple[Any, ...]) -> RunRecordRow:

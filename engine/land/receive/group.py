@@ -40,6 +40,7 @@ from typing import Any
 import pyarrow as pa
 from contextful.engine.config.manifest import Manifest, PipelineSpec
 from contextful.engine.guard import mask_message, masked_failure
+from contextful.engine.land.declaration import refuse_changed_declaration
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.receive.config import MAX_GROUP_BYTES, ReceiveConfig
 from contextful.engine.land.receive.spool import DIGEST_HEX, LANDED, Member, Queue, key_digest, queue_root
@@ -188,7 +189,10 @@ PushHook = Callable[[GroupLanding], None]
 
 def land_group(store: Store, spec: PipelineSpec, queue: Queue, members: list[Member], *, clock: Clock,
                push: PushHook | None = None) -> GroupLanding:
-    """Land ``members`` (the caller holds the land lock) as one run per touched table."""
+    """Land ``members`` (the caller holds the land lock) as one run per touched table. A pipeline
+    declaring its table otherwise than it landed is refused first (``engine.land.declaration``): the
+    members stay queued, for serve's drain as for a run."""
+    refuse_changed_declaration(store, spec)
     index = queue.index
     landing = GroupLanding()
     settled: list[Member] = []
