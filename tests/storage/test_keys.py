@@ -38,8 +38,8 @@ def test_null_keys_are_refused_by_name_and_land_nothing(store: Store) -> None:
     table.append(pa.table({"k": [1], "j": ["a"], "v": [0]}))
     with pytest.raises(PrimaryKeyNull) as caught:
         table.append(pa.table({"k": [2, 3, 4], "j": ["b", None, None], "v": [1, 2, 3]}))
-    assert (caught.value.table, caught.value.column, caught.value.row) == ("t", "j", 1)
-    assert "row 1" in str(caught.value) and "'j'" in str(caught.value)
+    assert (caught.value.table, caught.value.column, caught.value.row) == ("t", "j", 2)  # 1-based: the batch's 2nd row
+    assert "row 2" in str(caught.value) and "'j'" in str(caught.value)
     assert table.refresh().commit_seq == 1 and table.to_arrow().to_pylist() == [{"k": 1, "j": "a", "v": 0}]
     store.fold("t", min_parts=1)
     assert table.count() == 1
@@ -49,7 +49,7 @@ def test_nan_keys_are_refused_as_they_equal_nothing(store: Store) -> None:
     table = store.create_table("t", ["k"])
     with pytest.raises(PrimaryKeyNull) as caught:
         table.append(pa.table({"k": [1.5, float("nan"), float("nan")], "v": [1, 2, 3]}))
-    assert (caught.value.column, caught.value.row, caught.value.value) == ("k", 1, "NaN")
+    assert (caught.value.column, caught.value.row, caught.value.value) == ("k", 2, "NaN")  # 1-based
     assert table.refresh().commit_seq == 0
 
 
