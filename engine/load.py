@@ -22,7 +22,7 @@ from contextful.engine.land.csv_options import CsvOptions
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.typed import apply_types, read_types
 from contextful.storage import CommitResult, Store
-from contextful.storage.errors import InputNotFound, InputUnreadable
+from contextful.storage.errors import InputNotFound, InputUnreadable, TableDeclarationChanged
 from contextful.storage.keys import check_keys
 
 
@@ -42,6 +42,7 @@ def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary
             raise InputNotFound(source)
         if os.path.isdir(source):
             raise InputUnreadable(source, "is a directory: table load takes one file")
+    _refuse_another_key(store, table, primary_key)
     target = store.create_table(table, primary_key, provisional=True)
     owned = decoder is None
     decoder = decoder or Decoder()
@@ -62,3 +63,18 @@ def load_file(store: Store, table: str, path: str | os.PathLike[str], *, primary
     finally:
         if owned:
             decoder.close()
+
+
+def _refuse_another_key(store: Store, table: str, primary_key: tuple[str, ...]) -> None:
+    """A load naming a key refuses an existing table keyed otherwise (``TableDeclarationChanged``): its
+    rows would merge by the table's key, not the one named. A load naming no key lands as the table is."""
+    head = store.catalog.load_head(table) if primary_key else None
+    if head is None or tuple(head.primary_key) == tuple(primary_key):
+        return
+    spelled = repr(list(head.primary_key)) if head.primary_key else "none"
+    key = ",".join(primary_key)
+    raise TableDeclarationChanged(
+        head.name, None, "primary_key", spelled, repr(list(primary_key)),
+        f"load into a new table, or re-key the rows as they are: `contextful sql --format parquet -o {head.name}.parquet "
+        f"\"SELECT * FROM {head.name}\"`, `contextful table drop {head.name}`, `contextful table load {head.name} "
+        f"{head.name}.parquet --primary-key {key}`, then load this file")

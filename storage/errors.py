@@ -1206,21 +1206,26 @@ class TableStillRead(Conflict):
 
 
 class TableDeclarationChanged(Conflict):
-    """A pipeline's declaration of its table (``primary_key``, ``order_by``, ``normalize``) differs
-    from the one its table landed under: ``pipeline validate``, ``plan`` and ``run`` refuse it by
-    name rather than land rows under a mix of the two. ``stored`` and ``declared`` are the two values
-    as the manifest spells them; ``migrate`` the commands that move the table to the new declaration."""
+    """A declaration of a landed table (a pipeline's ``primary_key``, ``order_by``, ``normalize``;
+    ``table load --primary-key``) differs from the one the table landed under: ``pipeline validate``,
+    ``plan``, ``run`` and ``table load`` refuse it by name rather than land rows under a mix of the
+    two. ``stored`` and ``declared`` are the two values as the manifest spells them; ``pipeline`` the
+    declaring pipeline (None: a ``table load``); ``migrate`` the commands that move the table to the
+    new declaration."""
 
     table: str
-    pipeline: str
+    pipeline: str | None
     setting: str
     stored: str
     declared: str
     migrate: str
 
-    def __init__(self, table: str, pipeline: str, setting: str, stored: str, declared: str, migrate: str) -> None:
-        super().__init__(f"table {table!r} (pipeline {pipeline!r}): {setting} is {stored} in the store but "
-                         f"{declared} in contextful.toml; nothing lands under a mix of the two. To migrate: {migrate}",
+    def __init__(self, table: str, pipeline: str | None, setting: str, stored: str, declared: str,
+                 migrate: str) -> None:
+        who, where = (f" (pipeline {pipeline!r})", "contextful.toml") if pipeline is not None else \
+            ("", "this table load")
+        super().__init__(f"table {table!r}{who}: {setting} is {stored} in the store but {declared} in {where}; "
+                         f"nothing lands under a mix of the two. To migrate: {migrate}",
                          table=table, pipeline=pipeline, setting=setting, stored=stored, declared=declared,
                          migrate=migrate)
 

@@ -214,3 +214,30 @@ def test_serves_drain_keeps_received_batches_queued_under_a_changed_declaration(
     assert store.table("clicks").count() == 2
     assert drain_queues(store, manifest(("id",))).settled == 1  # still queued: it lands once the key is back
     assert store.table("clicks").count() == 3
+
+
+def test_a_table_load_naming_another_key_is_refused_and_lands_nothing(tmp_path: Path, env: dict[str, str]) -> None:
+    """``table load --primary-key`` into a table keyed otherwise would merge its rows by the table's key,
+    not the one named: refused by name with both keys and the re-key steps; a load naming the table's
+    own key, or none, lands as before."""
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "contextful.toml").write_text('[project]\nname = "loads"\n')
+    (project / "a.csv").write_text("id,k,v\n1,x,a\n2,x,b\n")
+    (project / "b.csv").write_text("id,k,v\n1,y,c\n3,y,d\n")
+    contextful_in(project, "table", "load", "t", "a.csv", "--primary-key", "id", env=env)
+    before = json.loads(contextful_in(project, "--json", "table", "show", "t", env=env).stdout)
+
+    refused = contextful_in(project, "table", "load", "t", "b.csv", "--primary-key", "k", env=env, check=False)
+    assert refused.returncode == 5, refused.stderr
+    line = refused.stderr.strip()
+    assert line.startswith("error: TableDeclarationChanged: table 't': primary_key is ['id'] in the store but "
+                           "['k'] in this table load"), line
+    assert "--primary-key k" in line and "contextful table drop t" in line
+    after = json.loads(contextful_in(project, "--json", "table", "show", "t", env=env).stdout)
+    assert (after["commit_seq"], after["primary_key"]) == (before["commit_seq"], ["id"])
+
+    for same in (["--primary-key", "id"], []):
+        contextful_in(project, "table", "load", "t", "b.csv", *same, env=env)
+    rows = json.loads(contextful_in(project, "--json", "sql", "SELECT id, v FROM t ORDER BY id", env=env).stdout)
+    assert [(r["id"], r["v"]) for r in rows] == [(1, "c"), (2, "b"), (3, "d")]  # merged by id
