@@ -110,15 +110,13 @@ def derive_tiers(manifest: Manifest, validation: Validation) -> list[ContextfulE
 def header_secrets(manifest: Manifest, validation: Validation) -> list[ContextfulError]:
     """Each http pipeline's header secrets resolve on this machine (``SecretUnresolved``, the first
     of each pipeline; ``engine.config.secrets``)."""
-    from contextful.engine.config.secrets import resolve_headers
-    from contextful.engine.land.http import headers_where
+    from contextful.engine.land.http import HttpConfig, resolved_headers
 
     found: list[ContextfulError] = []
     for spec in manifest.pipelines:
         if spec.source.kind == "http" and spec.source.config.get("headers"):
             try:
-                resolve_headers({str(k): str(v) for k, v in spec.source.config["headers"].items()}, manifest.root,
-                                headers_where(spec.id))
+                resolved_headers(spec.id, HttpConfig.from_config(spec.source.config), manifest.root)
             except SecretUnresolved as exc:
                 found.append(exc)
     return found

@@ -41,6 +41,7 @@ Passing the cap fails the pull with :class:`PageCapExceeded`: a walk that long i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -143,9 +144,16 @@ def check_config(where: str, config: dict[str, Any], incremental: str | None) ->
     return problems
 
 
-def headers_where(pipeline: str) -> str:
-    """How a pipeline's headers are named in a secret's error."""
-    return f"[[pipeline]] {pipeline!r} source.config.headers"
+def resolved_headers(pipeline: str, config: HttpConfig, root: Path) -> HttpConfig:
+    """``config`` with its headers' secret references resolved against the project at ``root``
+    (``engine.config.secrets``: ``SecretUnresolved`` names the pipeline's headers): what validate,
+    plan and run each check before any request."""
+    from dataclasses import replace
+
+    from contextful.engine.config.secrets import resolve_headers
+
+    return replace(config, headers=resolve_headers(config.headers, root,
+                                                   f"[[pipeline]] {pipeline!r} source.config.headers"))
 
 
 def check_rereads(where: str, incremental: str | None, primary_key: tuple[str, ...]) -> list[ContextfulError]:

@@ -127,12 +127,11 @@ def plan_pipeline(store: Store | None, manifest: Manifest, spec: PipelineSpec) -
 
 
 def _plan_http(store: Store | None, root: Path, spec: PipelineSpec) -> PipelinePlan:
-    from contextful.engine.config.secrets import resolve_headers
-    from contextful.engine.land.http import HttpConfig, headers_where
+    from contextful.engine.land.http import HttpConfig, resolved_headers
     from contextful.engine.land.position import open_position, since_text
 
     # a reference the run could not resolve refuses the plan; the plan shows no header value
-    resolve_headers(HttpConfig.from_config(spec.source.config).headers, root, headers_where(spec.id))
+    resolved_headers(spec.id, HttpConfig.from_config(spec.source.config), root)
 
     scope = cursor_scope(spec)
     stored = (store.table(spec.table).cursor(scope)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,7 @@ from contextful.engine.land.clocks import ClockReader, span
 from contextful.engine.land.declaration import table_declaration
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.decode_child import conform
-from contextful.engine.land.http import PAGE_CAP, HttpConfig, headers_where
+from contextful.engine.land.http import PAGE_CAP, HttpConfig, resolved_headers
 from contextful.engine.land.journal import PullJournal
 from contextful.engine.land.meter import Meter
 from contextful.engine.land.position import Admission, Position, open_position, since_text
@@ -147,11 +147,8 @@ def run_http_pipeline(store: Store, spec: PipelineSpec, decoder: Decoder, *, roo
                       journal: PullJournal | None = None) -> PipelineResult:
     """Walk ``spec``'s API into its table; its headers' secret references (``engine.config.secrets``)
     resolve against the project at ``root`` first, before any request or write."""
-    from contextful.engine.config.secrets import resolve_headers
-
     started = time.monotonic()
-    config = HttpConfig.from_config(spec.source.config)
-    config = replace(config, headers=resolve_headers(config.headers, root, headers_where(spec.id)))
+    config = resolved_headers(spec.id, HttpConfig.from_config(spec.source.config), root)
     table = store.create_table(spec.table, spec.primary_key, provisional=True, declared=table_declaration(spec))
     stored = table.cursor(scope)
     position = open_position(scope, stored[0] if stored else None, spec.incremental)  # before any request
