@@ -1,0 +1,151 @@
+"""``[[job]]`` blocks are read and checked by ``pipeline validate`` (a real child process), every
+problem at once: the closed kind union, undispatched kinds naming their command, a store-driven
+job's required ``max_in_flight``, bound targets, build dependencies and dispatch identities."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import contextful_in
+
+HEAD = """\
+[project]
+name = "jobs"
+
+[[pipeline]]
+id = "orders"
+schedule = "every 10m"
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["raw/*.ndjson"]
+
+[[model]]
+name = "daily"
+sql = "SELECT count(*) AS n FROM orders"
+"""
+
+
+def _validate(tmp_path: Path, jobs: str) -> tuple[int, list[str]]:
+    (tmp_path / "raw").mkdir(exist_ok=True)
+    (tmp_path / "contextful.toml").write_text(HEAD + jobs)
+    done = contextful_in(tmp_path, "pipeline", "validate", check=False)
+    return done.returncode, [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+
+
+def test_valid_jobs_of_every_dispatched_kind_validate(tmp_path: Path) -> None:
+    code, errors = _validate(tmp_path, """
+[[job]]
+name = "build_daily"
+kind = "build"
+after = "orders"
+target = ["daily"]
+
+[[job]]
+name = "nightly_fold"
+kind = "fold"
+schedule = "0 3 * * *"
+target = "orders"
+
+[[job]]
+name = "enrich"
+kind = "store-driven"
+body = "enrich"
+statement = "SELECT * FROM orders"
+tables = ["enriched"]
+max_in_flight = 2
+""")
+    assert (code, errors) == (0, [])
+
+
+@pytest.mark.clause("surface.fire.job-kind-unknown")
+@pytest.mark.parametrize("block, named", [
+    ('kind = "cron"', "kind 'cron' is none of build, fold, sync-push, store-driven, plan, synthesize"),
+    ('kind = "fold"\ncommand = "rm -rf raw"', "declares 'command': a job never runs a host command"),
+    ('kind = "build"\nargv = ["python", "x.py"]', "declares 'argv'"),
+])
+def test_a_kind_outside_the_union_or_a_host_command_is_job_kind_unknown(tmp_path: Path, block: str, named: str) -> None:
+    code, errors = _validate(tmp_path, f'\n[[job]]\nname = "j"\n{block}\n')
+    assert code == 3
+    assert errors == [f"error: JobKindUnknown: [[job]] 'j': {named}" + errors[0].split(named, 1)[1]]
+
+
+@pytest.mark.clause("surface.fire.kind-undispatched")
+@pytest.mark.parametrize("kind, command", [("sweep", "contextful store collect"),
+                                           ("validate", "contextful pipeline validate")])
+def test_an_undispatched_kind_names_the_command_doing_its_work(tmp_path: Path, kind: str, command: str) -> None:
+    code, errors = _validate(tmp_path, f'\n[[job]]\nname = "j"\nkind = "{kind}"\n')
+    assert code == 3
+    assert errors == [(f"error: JobKindUndispatched: [[job]] 'j': kind {kind!r} is never dispatched as a job; "
+                      f"`{command}` does that work")]
+
+
+@pytest.mark.clause("surface.fire.store-driven-concurrency")
+@pytest.mark.parametrize("bound", ["", "max_in_flight = 0", "max_in_flight = -1", 'max_in_flight = "2"',
+                                   "max_in_flight = true"])
+def test_a_store_driven_job_without_a_positive_max_in_flight_is_refused(tmp_path: Path, bound: str) -> None:
+    code, errors = _validate(tmp_path, f'\n[[job]]\nname = "e"\nkind = "store-driven"\nbody = "b"\n{bound}\n')
+    assert code == 3
+    assert len(errors) == 1 and errors[0].startswith("error: JobConcurrencyUnset: [[job]] 'e': a store-driven job "
+                                                     "needs max_in_flight, a positive integer")
+    assert "no default applies" in errors[0]
+
+
+@pytest.mark.clause("surface.fire.target-unbound")
+def test_targets_naming_no_model_or_no_produced_table_are_unbound(tmp_path: Path) -> None:
+    code, errors = _validate(tmp_path, """
+[[job]]
+name = "f"
+kind = "fold"
+target = ["orders", "nope"]
+
+[[job]]
+name = "b"
+kind = "build"
+target = ["daily", "orders"]
+""")
+    assert code == 3
+    assert errors == [("error: JobTargetUnbound: [[job]] 'f': target 'nope' is unbound: no pipeline, model or "
+                      "external produces it"),
+                      "error: JobTargetUnbound: [[job]] 'b': target 'orders' is unbound: no [[model]] of that name"]
+
+
+@pytest.mark.clause("surface.fire.build-dependency-invalid")
+def test_a_dependency_naming_no_pipeline_beside_a_schedule_or_on_another_kind_is_refused(tmp_path: Path) -> None:
+    code, errors = _validate(tmp_path, """
+[[job]]
+name = "b1"
+kind = "build"
+after = "nothing"
+target = "daily"
+
+[[job]]
+name = "b2"
+kind = "build"
+after = "orders"
+schedule = "every 1h"
+target = "daily"
+
+[[job]]
+name = "f"
+kind = "fold"
+after = "orders"
+target = "orders"
+""")
+    assert code == 3
+    assert errors == [
+        "error: ManifestValueInvalid: [[job]] 'b1'.after: names no pipeline: 'nothing'",
+        ("error: ManifestValueInvalid: [[job]] 'b2'.after: a job depending on a pipeline inherits its schedule: "
+        "declare `after` or `schedule`, not both"),
+        "error: ManifestValueInvalid: [[job]] 'f'.after: only a build job depends on a pipeline, not a fold job",
+    ]
+
+
+@pytest.mark.clause("surface.fire.job-identity")
+def test_a_pipeline_sharing_a_jobs_dispatch_identity_fails_validation(tmp_path: Path) -> None:
+    code, errors = _validate(tmp_path, '\n[[job]]\nname = "orders"\nkind = "fold"\ntarget = "orders"\n')
+    assert code == 3
+    assert errors == [("error: ManifestValueInvalid: [[job]] 'orders'.name: pipeline 'orders' shares its dispatch "
+                      "identity: one exclusion key cannot dispatch two operations")]
