@@ -55,6 +55,7 @@ Hierarchy::
         │   ├── JobKindUndispatched      a [[job]] of a kind no job dispatches (sweep, rebuild-catalog, validate)
         │   ├── JobConcurrencyUnset      a store-driven [[job]] without a positive max_in_flight
         │   ├── JobTargetUnbound         a [[job]] target naming no model (build) or produced table (fold)
+        │   ├── JobBodyUnregistered      a store-driven [[job]] body no executable registers, no bound delegate
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
         │   ├── ConfirmationRequired     a command that forgets state was not confirmed (no terminal, no --yes)
@@ -1284,6 +1285,20 @@ class JobTargetUnbound(SpecInvalid):
         super().__init__(f"[[job]] {job!r}: target {target!r} is unbound: {why}", job=job, target=target, why=why)
 
 
+class JobBodyUnregistered(SpecInvalid):
+    """A store-driven ``[[job]]`` whose ``body`` names no body the embedding executable registers
+    and whose ``delegate`` names no bound delegate (``surface.fire.store-driven-body``); ``searched``
+    says where the body was looked for."""
+
+    job: str
+    body: str
+    searched: str
+
+    def __init__(self, job: str, body: str, searched: str) -> None:
+        super().__init__(f"[[job]] {job!r}: {body} is neither a body this executable registers nor a bound "
+                         f"delegate ({searched})", job=job, body=body, searched=searched)
+
+
 class ModelInputUnknown(SpecInvalid):
     """A model's SQL reads tables that no pipeline or model of the manifest produces and the store
     does not hold: its build would fail on them."""
@@ -2206,6 +2221,7 @@ __all__ = [
     "InputNotFound",
     "InputUnreadable",
     "IssuerKeyInvalid",
+    "JobBodyUnregistered",
     "JobConcurrencyUnset",
     "JobKindUndispatched",
     "JobKindUnknown",

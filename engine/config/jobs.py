@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from contextful.storage.errors import (
+    BodyUnregistered,
     ContextfulError,
+    JobBodyUnregistered,
     JobConcurrencyUnset,
     JobKindUndispatched,
     JobKindUnknown,
@@ -214,6 +216,8 @@ def job_problems(manifest: Manifest, jobs: list[JobSpec]) -> list[ContextfulErro
         elif job.kind == "fold":
             problems += [JobTargetUnbound(job.name, t, "no pipeline, model or external produces it")
                          for t in job.target if t.lower() not in tables]
+        if job.kind == "store-driven":
+            problems += _body_problems(job)
         if job.after is not None:
             if job.kind != "build":
                 problems.append(ManifestValueInvalid(where, "after", f"only a build job depends on a pipeline, not a "
@@ -227,3 +231,27 @@ def job_problems(manifest: Manifest, jobs: list[JobSpec]) -> list[ContextfulErro
             problems.append(ManifestValueInvalid(where, "name", f"pipeline {job.name!r} shares its dispatch identity: "
                                                                 "one exclusion key cannot dispatch two operations"))
     return problems
+
+
+def _body_problems(job: JobSpec) -> list[ContextfulError]:
+    """A store-driven job runs a body the executable registers (``[project] modules`` and the
+    ``contextful.tasks`` entry points are imported by now: ``engine.registrations``) or a bound
+    delegate; ``[control.delegates.<name>]`` bindings arrive with the delegates, so a delegate binds
+    nothing yet."""
+    from contextful.engine.run.bodies import BODIES
+
+    where = f"[[job]] {job.name!r}"
+    if (job.body is None) == (job.delegate is None):
+        return [ManifestValueInvalid(where, "body", "a store-driven job names a `body` or a `delegate`, one of them")]
+    if job.delegate is not None:
+        return [JobBodyUnregistered(job.name, f"delegate {job.delegate!r}",
+                                    "no [control.delegates] binding names it")]
+    assert job.body is not None
+    try:
+        BODIES.get(job.body)
+    except BodyUnregistered as exc:
+        return [JobBodyUnregistered(job.name, f"body {job.body!r}",
+                                    f"registered: {', '.join(exc.known) or 'none'}; [project] modules imported: "
+                                    f"{', '.join(exc.modules) or 'none'}; contextful.tasks entry points: "
+                                    f"{', '.join(exc.entry_points) or 'none'}")]
+    return []

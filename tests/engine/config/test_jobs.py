@@ -13,6 +13,7 @@ from tests.support.cli import contextful_in
 HEAD = """\
 [project]
 name = "jobs"
+modules = ["shop.bodies"]
 
 [[pipeline]]
 id = "orders"
@@ -28,8 +29,25 @@ sql = "SELECT count(*) AS n FROM orders"
 """
 
 
+BODIES = '''\
+from contextful.engine.run.bodies import register_body
+
+
+def enrich(item):
+    return item
+
+
+register_body("enrich", enrich)
+'''
+
+
 def _validate(tmp_path: Path, jobs: str) -> tuple[int, list[str]]:
+    """``pipeline validate`` of the project with ``jobs``: its exit code and error lines. The project's
+    module ``shop.bodies`` registers the body ``enrich``."""
     (tmp_path / "raw").mkdir(exist_ok=True)
+    (tmp_path / "shop").mkdir(exist_ok=True)
+    (tmp_path / "shop" / "__init__.py").write_text("")
+    (tmp_path / "shop" / "bodies.py").write_text(BODIES)
     (tmp_path / "contextful.toml").write_text(HEAD + jobs)
     done = contextful_in(tmp_path, "pipeline", "validate", check=False)
     return done.returncode, [line for line in done.stderr.splitlines() if line.startswith("error: ")]
@@ -149,3 +167,37 @@ def test_a_pipeline_sharing_a_jobs_dispatch_identity_fails_validation(tmp_path: 
     assert code == 3
     assert errors == [("error: ManifestValueInvalid: [[job]] 'orders'.name: pipeline 'orders' shares its dispatch "
                       "identity: one exclusion key cannot dispatch two operations")]
+
+
+@pytest.mark.clause("surface.fire.store-driven-body")
+def test_a_store_driven_body_must_be_registered_by_the_projects_modules(tmp_path: Path) -> None:
+    code, errors = _validate(tmp_path, """
+[[job]]
+name = "ok"
+kind = "store-driven"
+body = "enrich"
+statement = "SELECT * FROM orders"
+max_in_flight = 2
+
+[[job]]
+name = "lost"
+kind = "store-driven"
+body = "score"
+statement = "SELECT * FROM orders"
+max_in_flight = 2
+
+[[job]]
+name = "remote"
+kind = "store-driven"
+delegate = "scorer"
+statement = "SELECT * FROM orders"
+max_in_flight = 1
+""")
+    assert code == 3
+    assert errors == [
+        ("error: JobBodyUnregistered: [[job]] 'lost': body 'score' is neither a body this executable registers nor a "
+        "bound delegate (registered: enrich; [project] modules imported: shop.bodies; contextful.tasks entry "
+        "points: none)"),
+        ("error: JobBodyUnregistered: [[job]] 'remote': delegate 'scorer' is neither a body this executable registers "
+        "nor a bound delegate (no [control.delegates] binding names it)"),
+    ]
