@@ -4,6 +4,7 @@ job's required ``max_in_flight``, bound targets, build dependencies and dispatch
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,54 @@ max_in_flight = 1
         ("error: JobBodyUnregistered: [[job]] 'remote': delegate 'scorer' is neither a body this executable registers "
         "nor a bound delegate (no [control.delegates] binding names it)"),
     ]
+
+
+def test_job_validate_and_job_list_name_each_job(tmp_path: Path) -> None:
+    """``job validate`` reports every problem on its own line as ``pipeline validate`` does, and
+    names the jobs when there is none; ``job list`` says how each fires."""
+    code, _ = _validate(tmp_path, '\n[[job]]\nname = "gc"\nkind = "sweep"\n\n[[job]]\nname = "x"\nkind = "cron"\n')
+    refused = contextful_in(tmp_path, "job", "validate", check=False)
+    assert (code, refused.returncode) == (3, 3)
+    assert [line.split(":")[1].strip() for line in refused.stderr.splitlines()] == ["JobKindUndispatched",
+                                                                                   "JobKindUnknown"]
+    (tmp_path / "contextful.toml").write_text(HEAD + """
+[[job]]
+name = "build_daily"
+kind = "build"
+after = "orders"
+target = "daily"
+
+[[job]]
+name = "nightly_fold"
+kind = "fold"
+schedule = "0 3 * * *"
+target = "orders"
+""")
+    assert contextful_in(tmp_path, "job", "validate").stdout.strip() == "2 job(s) valid: build_daily, nightly_fold"
+    listed = json.loads(contextful_in(tmp_path, "--json", "job", "list").stdout)
+    assert [(j["name"], j["identity"], j["schedule"], j["after"], j["target"]) for j in listed] == [
+        ("build_daily", "job:build_daily", None, "orders", ["daily"]),
+        ("nightly_fold", "job:nightly_fold", "0 3 * * *", None, ["orders"])]
+
+
+@pytest.mark.clause("surface.fire.kind-undispatched", "surface.fire.job-identity",
+                    "surface.fire.build-dependency-invalid")
+def test_import_and_apply_claim_no_version_over_a_refused_job(tmp_path: Path) -> None:
+    """The checks run before a version is claimed: ``pipeline import`` claims nothing over an
+    undispatched kind, and ``pipeline apply`` claims nothing over a job sharing a pipeline's identity
+    or a dependency beside a schedule."""
+    code, _ = _validate(tmp_path, '\n[[job]]\nname = "gc"\nkind = "rebuild-catalog"\n')
+    assert code == 3
+    refused = contextful_in(tmp_path, "pipeline", "import", check=False)
+    assert refused.returncode == 3 and "JobKindUndispatched" in refused.stderr, refused.stderr
+    assert not list((tmp_path / ".contextful").glob("**/manifest@v*.toml"))
+    (tmp_path / "contextful.toml").write_text(HEAD)
+    contextful_in(tmp_path, "pipeline", "import")
+    for jobs, named in (('\n[[job]]\nname = "orders"\nkind = "fold"\ntarget = "orders"\n', "dispatch identity"),
+                        (('\n[[job]]\nname = "b"\nkind = "build"\nafter = "orders"\nschedule = "every 1h"\n'
+                         'target = "daily"\n'), "`after` or `schedule`, not both")):
+        (tmp_path / "contextful.toml").write_text(HEAD + jobs)
+        refused = contextful_in(tmp_path, "pipeline", "apply", check=False)
+        assert refused.returncode == 3 and named in refused.stderr, refused.stderr
+    versions = json.loads(contextful_in(tmp_path, "--json", "pipeline", "versions").stdout)
+    assert [v["version"] for v in versions] == [1]
