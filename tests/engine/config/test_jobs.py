@@ -253,3 +253,10 @@ def test_import_and_apply_claim_no_version_over_a_refused_job(tmp_path: Path) ->
         assert refused.returncode == 3 and named in refused.stderr, refused.stderr
     versions = json.loads(contextful_in(tmp_path, "--json", "pipeline", "versions").stdout)
     assert [v["version"] for v in versions] == [1]
+
+
+def test_a_jobs_unreadable_schedule_is_a_problem_of_that_job(tmp_path: Path) -> None:
+    code, errors = _validate(tmp_path, '\n[[job]]\nname = "f"\nkind = "fold"\nschedule = "every blue moon"\n'
+                                       'target = "orders"\n')
+    assert code == 3
+    assert len(errors) == 1 and errors[0].startswith("error: ScheduleUnreadable: ") and "job:f" in errors[0]
