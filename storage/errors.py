@@ -51,6 +51,11 @@ Hierarchy::
         │   ├── RequestBodyTooLarge      a served request's body (sent or decoded) is past its bound (HTTP 413)
         │   ├── PipelineInlineStepBody, PipelineUndeclaredControlFlow, PipelineNodeIdCollision
         │   │                            a manifest the plan compiler refuses (run.compile.*)
+        │   ├── JobKindUnknown           a [[job]] kind outside the union, an argv or a host command
+        │   ├── JobKindUndispatched      a [[job]] of a kind no job dispatches (sweep, rebuild-catalog, validate)
+        │   ├── JobConcurrencyUnset      a store-driven [[job]] without a positive max_in_flight
+        │   ├── JobTargetUnbound         a [[job]] target naming no model (build) or produced table (fold)
+        │   ├── JobBodyUnregistered      a store-driven [[job]] body no executable registers, no bound delegate
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
         │   ├── ConfirmationRequired     a command that forgets state was not confirmed (no terminal, no --yes)
@@ -1230,6 +1235,70 @@ class TableDeclarationChanged(Conflict):
                          migrate=migrate)
 
 
+class JobKindUnknown(SpecInvalid):
+    """A ``[[job]]`` names a kind outside the closed union, an argument vector or a host command
+    (``surface.fire.job-kind-unknown``)."""
+
+    job: str
+    kind: str
+    why: str
+
+    def __init__(self, job: str, kind: str, why: str) -> None:
+        super().__init__(f"[[job]] {job!r}: {why}", job=job, kind=kind, why=why)
+
+
+class JobKindUndispatched(SpecInvalid):
+    """A ``[[job]]`` of kind ``sweep``, ``rebuild-catalog`` or ``validate``: no job dispatches that
+    work; ``command`` does it (``surface.fire.kind-undispatched``)."""
+
+    job: str
+    kind: str
+    command: str
+
+    def __init__(self, job: str, kind: str, command: str) -> None:
+        super().__init__(f"[[job]] {job!r}: kind {kind!r} is never dispatched as a job; `{command}` does that work",
+                         job=job, kind=kind, command=command)
+
+
+class JobConcurrencyUnset(SpecInvalid):
+    """A store-driven ``[[job]]`` declares no positive integer ``max_in_flight``; no default applies
+    (``surface.fire.store-driven-concurrency``)."""
+
+    job: str
+    value: object
+
+    def __init__(self, job: str, value: object) -> None:
+        got = "declares none" if value is None else f"declares {value!r}"
+        super().__init__(f"[[job]] {job!r}: a store-driven job needs max_in_flight, a positive integer (it {got}; "
+                         "no default applies)", job=job, value=value)
+
+
+class JobTargetUnbound(SpecInvalid):
+    """A fold target naming no produced table, or a build target naming no declared ``[[model]]``
+    (``surface.fire.target-unbound``)."""
+
+    job: str
+    target: str
+    why: str
+
+    def __init__(self, job: str, target: str, why: str) -> None:
+        super().__init__(f"[[job]] {job!r}: target {target!r} is unbound: {why}", job=job, target=target, why=why)
+
+
+class JobBodyUnregistered(SpecInvalid):
+    """A store-driven ``[[job]]`` whose ``body`` names no body the embedding executable registers
+    and whose ``delegate`` names no bound delegate (``surface.fire.store-driven-body``); ``searched``
+    says where the body was looked for."""
+
+    job: str
+    body: str
+    searched: str
+
+    def __init__(self, job: str, body: str, searched: str) -> None:
+        super().__init__(f"[[job]] {job!r}: {body} is neither a body this executable registers nor a bound "
+                         f"delegate ({searched})", job=job, body=body, searched=searched)
+
+
 class ModelInputUnknown(SpecInvalid):
     """A model's SQL reads tables that no pipeline or model of the manifest produces and the store
     does not hold: its build would fail on them."""
@@ -2152,6 +2221,11 @@ __all__ = [
     "InputNotFound",
     "InputUnreadable",
     "IssuerKeyInvalid",
+    "JobBodyUnregistered",
+    "JobConcurrencyUnset",
+    "JobKindUndispatched",
+    "JobKindUnknown",
+    "JobTargetUnbound",
     "JournalConflict",
     "LeaseCursorKindMismatch",
     "ManifestInvalid",

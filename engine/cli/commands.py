@@ -128,11 +128,12 @@ def register(cli: click.Group) -> None:
     from contextful.engine.cli.build import build
     from contextful.engine.cli.export import export
     from contextful.engine.cli.init import init
+    from contextful.engine.cli.jobs import job
     from contextful.engine.cli.keys import key
     from contextful.engine.cli.pipeline import pipeline
     from contextful.engine.cli.runs import run
     from contextful.engine.cli.sql import sql
     from contextful.engine.cli.table import table
 
-    for command in (init, sql, table, store_group, run, pipeline, build, export, key):
+    for command in (init, sql, table, store_group, run, pipeline, build, export, key, job):
         cli.add_command(command)

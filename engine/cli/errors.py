@@ -121,3 +121,16 @@ def _log_dirs(project_dir: str) -> list[Path]:
     state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "contextful" / "logs"
     inside = [found.joinpath(*LOG_DIR)] if found is not None else []
     return [*inside, state, Path(tempfile.gettempdir()) / "contextful-logs"]
+
+
+def report_problems(ctx: click.Context, problems: list[ContextfulError], exit_code: int) -> None:
+    """A validation's problems, each on its own ``error:`` line (``--json``: ``{"ok": false,
+    "problems": [...]}``), then exit with ``exit_code``."""
+    from contextful.engine.cli.output import emit_json
+
+    if ctx.obj["json"]:
+        emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in problems]})
+    else:
+        for problem in problems:
+            click.echo(error_line(problem), err=True)
+    ctx.exit(exit_code)

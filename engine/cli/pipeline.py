@@ -74,7 +74,7 @@ def pipeline() -> None:
 @click.pass_context
 def validate(ctx: click.Context) -> None:
     """Check contextful.toml; print every problem, each by its spec error."""
-    from contextful.engine.cli.errors import error_line
+    from contextful.engine.cli.errors import report_problems
     from contextful.engine.config.validate import validated_manifest
     from contextful.engine.control.arm import schedule_problems
     from contextful.engine.project import locate_project, read_manifest_document
@@ -87,13 +87,7 @@ def validate(ctx: click.Context) -> None:
         if schedules := unreadable + schedule_problems({}, manifest):
             raise ManifestInvalid(str(root / "contextful.toml"), list(schedules))
     except ManifestInvalid as exc:
-        problems = list(exc.problems) + [p for p in unreadable if p not in exc.problems]
-        if ctx.obj["json"]:
-            emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in problems]})
-        else:
-            for problem in problems:
-                click.echo(error_line(problem), err=True)
-        ctx.exit(exc.exit_code)
+        report_problems(ctx, list(exc.problems) + [p for p in unreadable if p not in exc.problems], exc.exit_code)
     from contextful.engine.export.preflight import caller_sql_warnings
     from contextful.engine.land.files import unmatched_warnings
     from contextful.engine.land.http import rereads_warning

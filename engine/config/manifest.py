@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from contextful.engine.project import Project
 
 if TYPE_CHECKING:
+    from contextful.engine.config.jobs import JobSpec
     from contextful.engine.export.spec import ExportSpec
     from contextful.engine.land.seed import SeedSpec
     from contextful.engine.model.spec import ModelSpec
@@ -117,6 +118,8 @@ class Manifest:
     """The ``[control]`` block (docs/control.md)."""
     externals: tuple[ExternalSpec, ...] = ()
     """The ``[[external]]`` blocks: tables written from outside Contextful (docs/manifest.md)."""
+    jobs: tuple[JobSpec, ...] = ()
+    """The ``[[job]]`` blocks (``engine.config.jobs``; docs/jobs.md)."""
 
     def export(self, name: str) -> ExportSpec:
         for spec in self.exports:

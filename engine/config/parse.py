@@ -8,6 +8,7 @@ validate`` can print each by name.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -41,7 +42,7 @@ from contextful.storage.errors import (
     TableNameCollision,
 )
 
-TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external")
+TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external", "job")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
                  "write_disposition", "schedule", "after", "priority", "seed", "transform")
 EXTERNAL_KEYS = ("id", "table", "description")
@@ -145,13 +146,23 @@ def read_declarations(doc: dict[str, Any], root: Path) -> tuple[Manifest, list[C
     control, found = parse_control(doc.get("control", {}), root, project.name)
     for problem in found:
         problems.add(problem)
+    from contextful.engine.config.jobs import job_problems, parse_jobs
+
+    jobs, found = parse_jobs(doc.get("job", []))
+    for problem in found:
+        problems.add(problem)
     plan = None
     if not problems.found:  # the build-time compiler: every declaration validated becomes a plan node
         from contextful.engine.run.plan import compile_plan
 
         plan = compile_plan(pipelines, models, exports, doc, problems.add)
-    return Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan, control=control,
-                    externals=tuple(externals)), problems.found
+    manifest = Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan, control=control,
+                        externals=tuple(externals), jobs=tuple(jobs))
+    for problem in job_problems(manifest, jobs):
+        problems.add(problem)
+    if problems.found:
+        manifest = dataclasses.replace(manifest, plan=None)  # a manifest with problems never runs
+    return manifest, problems.found
 
 
 def _externals(blocks: Any, pipelines: list[PipelineSpec], models: list[ModelSpec],

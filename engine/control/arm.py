@@ -209,19 +209,20 @@ class ArmedSet:
 def schedule_problems(doc: Mapping[str, Any], manifest: Manifest | None = None) -> list[ContextfulError]:
     """What ``contextful pipeline validate`` reports of the document's schedules, each a problem of
     its pipeline alone: ``ScheduleUnreadable`` for each ``[[pipeline]]`` whose schedule the grammar
-    cannot read (read from the raw document, so it is reported beside every other problem), and,
+    cannot read, and for each ``[[job]]`` (its entry ``job:<name>``) (read from the raw document, so
+    it is reported beside every other problem), and,
     given the parsed ``manifest``, ``DispatchUnitNotAHead`` for each step or tier declaring a
     schedule of its own (its cadence rides its head's)."""
     found: list[ContextfulError] = []
-    blocks = doc.get("pipeline", [])
-    for block in blocks if isinstance(blocks, list) else []:
-        if not isinstance(block, dict) or not isinstance(block.get("schedule"), str):
-            continue
-        entry = str(block.get("id", "?"))
-        try:
-            parse_schedule(block["schedule"], entry)
-        except ScheduleUnreadable as exc:
-            found.append(exc)
+    for kind, entry_of in (("pipeline", lambda b: str(b.get("id", "?"))), ("job", lambda b: f"job:{b.get('name', '?')}")):
+        blocks = doc.get(kind, [])
+        for block in blocks if isinstance(blocks, list) else []:
+            if not isinstance(block, dict) or not isinstance(block.get("schedule"), str):
+                continue
+            try:
+                parse_schedule(block["schedule"], entry_of(block))
+            except ScheduleUnreadable as exc:
+                found.append(exc)
     if manifest is not None:
         from contextful.engine.run.units import units_of
 

@@ -1,0 +1,257 @@
+"""The ``[[job]]`` blocks: every recurring piece of work besides landing, as a declaration.
+
+Implements the declaration half of the control plane's fire stage (../shared/spec/seed-control-plane.txt,
+"fire"): a job is one of a closed union of kinds, each dispatched under the identity ``job:<name>``:
+
+- ``build`` — the native model publisher over ``target`` (models); ``after = "<pipeline>"`` inherits
+  that pipeline's head schedule and runs only after a successful unit (``surface.fire.build-dependency``);
+- ``fold`` and ``sync-push`` — maintenance, dispatched as ``contextful job fire <name>``
+  (``surface.fire.scheduled-maintenance``); a fold's ``target`` names produced tables;
+- ``store-driven`` — a registered body (``body``) or a bound delegate (``delegate``) over a store
+  input relation (``statement``), writing ``tables``; ``max_in_flight`` is required, no default
+  (``surface.fire.store-driven-concurrency``);
+- ``plan`` — a compiled plan file beside the manifest lowered onto one execution (``surface.fire.plan-job``);
+- ``synthesize`` — reads ``source``, ``target`` and ``entities``, writes ``target``; ``read_individual``
+  widens its fire credential (``surface.dispatch.fire-individual``).
+
+``sweep``, ``rebuild-catalog`` and ``validate`` are kinds the spec names but never dispatches:
+``JobKindUndispatched`` naming the command that does that work (``surface.fire.kind-undispatched``).
+Any other kind, an argument vector or a host command is ``JobKindUnknown`` (``surface.fire.job-kind-unknown``).
+
+This module reads the blocks (:func:`parse_jobs`); the checks that need the rest of the manifest
+(targets bound, dependencies, identities, bodies registered) are :func:`job_problems`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from contextful.storage.errors import (
+    BodyUnregistered,
+    ContextfulError,
+    JobBodyUnregistered,
+    JobConcurrencyUnset,
+    JobKindUndispatched,
+    JobKindUnknown,
+    JobTargetUnbound,
+    ManifestKeyUnknown,
+    ManifestValueInvalid,
+)
+
+if TYPE_CHECKING:
+    from contextful.engine.config.manifest import Manifest
+
+KINDS = ("build", "fold", "sync-push", "store-driven", "plan", "synthesize")
+"""The closed union of dispatched job kinds."""
+
+UNDISPATCHED = {
+    "sweep": "contextful store collect",
+    "rebuild-catalog": "contextful store provision",
+    "validate": "contextful pipeline validate",
+}
+"""The kinds the spec names that no job dispatches, and the command that does their work."""
+
+HOST_COMMAND_KEYS = ("command", "argv", "args", "exec", "shell")
+"""Keys that would make a job run a host command or an argument vector: never a job (JobKindUnknown)."""
+
+KEYS = ("name", "kind", "schedule", "after", "target", "body", "delegate", "statement", "tables",
+        "max_in_flight", "plan", "source", "entities", "read_individual", "description")
+
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,127}")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One ``[[job]]`` block as declared."""
+
+    name: str
+    kind: str
+    schedule: str | None = None
+    after: str | None = None
+    """A build's upstream pipeline: the build inherits its head schedule and runs after its successful units."""
+    target: tuple[str, ...] = ()
+    """A build's models, a fold's tables, a synthesize job's target table."""
+    body: str | None = None
+    delegate: str | None = None
+    statement: str | None = None
+    """A store-driven job's input relation (SQL over store tables)."""
+    tables: tuple[str, ...] = ()
+    """The tables a store-driven job writes."""
+    max_in_flight: int | None = None
+    plan: str | None = None
+    """A plan job's compiled plan file, relative to the manifest."""
+    source: str | None = None
+    entities: str | None = None
+    read_individual: bool = False
+    description: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """The dispatch identity and host scope: ``job:<name>``."""
+        return f"job:{self.name}"
+
+
+def parse_jobs(blocks: Any) -> tuple[list[JobSpec], list[ContextfulError]]:
+    """The ``[[job]]`` blocks and every problem reading them (names unique; a kind of the union)."""
+    problems: list[ContextfulError] = []
+    if not isinstance(blocks, list):
+        return [], [ManifestValueInvalid("the manifest", "job", "declare jobs as [[job]] blocks")]
+    jobs: list[JobSpec] = []
+    seen: set[str] = set()
+    for n, block in enumerate(blocks, 1):
+        job = _job(block, n, problems)
+        if job is None:
+            continue
+        if job.name in seen:
+            problems.append(ManifestValueInvalid(f"[[job]] {job.name!r}", "name", "is the name of another job"))
+            continue
+        seen.add(job.name)
+        jobs.append(job)
+    return jobs, problems
+
+
+def _job(block: Any, n: int, problems: list[ContextfulError]) -> JobSpec | None:
+    where = f"[[job]] #{n}"
+    if not isinstance(block, dict):
+        problems.append(ManifestValueInvalid(where, "job", "must be a table"))
+        return None
+    name = block.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        problems.append(ManifestValueInvalid(where, "name", "is required: a letter, then letters, digits, '_' or '-'"))
+        return None
+    where = f"[[job]] {name!r}"
+    kind = block.get("kind")
+    host = [k for k in HOST_COMMAND_KEYS if k in block]
+    if host:
+        problems.append(JobKindUnknown(name, str(kind), f"declares {host[0]!r}: a job never runs a host command or "
+                                                       "an argument vector, only a kind of the union"))
+        return None
+    if kind in UNDISPATCHED:
+        problems.append(JobKindUndispatched(name, str(kind), UNDISPATCHED[str(kind)]))
+        return None
+    if kind not in KINDS:
+        problems.append(JobKindUnknown(name, str(kind), f"kind {kind!r} is none of {', '.join(KINDS)}"))
+        return None
+    for key in block:
+        if key not in KEYS:
+            problems.append(ManifestKeyUnknown(where, key, KEYS))
+    found = len(problems)
+    job = JobSpec(
+        name, str(kind),
+        schedule=_text(where, block, "schedule", problems),
+        after=_text(where, block, "after", problems),
+        target=_names(where, block, "target", problems),
+        body=_text(where, block, "body", problems),
+        delegate=_text(where, block, "delegate", problems),
+        statement=_text(where, block, "statement", problems),
+        tables=_names(where, block, "tables", problems),
+        max_in_flight=_in_flight(name, kind, block, problems),
+        plan=_text(where, block, "plan", problems),
+        source=_text(where, block, "source", problems),
+        entities=_text(where, block, "entities", problems),
+        read_individual=_flag(where, block, "read_individual", problems),
+        description=_text(where, block, "description", problems),
+    )
+    return job if len(problems) == found else None
+
+
+def _text(where: str, block: dict[str, Any], key: str, problems: list[ContextfulError]) -> str | None:
+    value = block.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        problems.append(ManifestValueInvalid(where, key, f"must be a non-empty string, not {value!r}"))
+        return None
+    return value
+
+
+def _names(where: str, block: dict[str, Any], key: str, problems: list[ContextfulError]) -> tuple[str, ...]:
+    value = block.get(key, [])
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        problems.append(ManifestValueInvalid(where, key, f"must be a name or a list of names, not {value!r}"))
+        return ()
+    return tuple(value)
+
+
+def _flag(where: str, block: dict[str, Any], key: str, problems: list[ContextfulError]) -> bool:
+    value = block.get(key, False)
+    if not isinstance(value, bool):
+        problems.append(ManifestValueInvalid(where, key, f"must be true or false, not {value!r}"))
+        return False
+    return value
+
+
+def _in_flight(name: str, kind: Any, block: dict[str, Any], problems: list[ContextfulError]) -> int | None:
+    """A store-driven job's ``max_in_flight``: a positive integer, required, no default."""
+    value = block.get("max_in_flight")
+    if kind != "store-driven":
+        if value is not None:
+            problems.append(ManifestValueInvalid(f"[[job]] {name!r}", "max_in_flight",
+                                                 "is a store-driven job's bound only"))
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        problems.append(JobConcurrencyUnset(name, value))
+        return None
+    return value
+
+
+def job_problems(manifest: Manifest, jobs: list[JobSpec]) -> list[ContextfulError]:
+    """What the rest of the manifest says of ``jobs``: targets bound (``JobTargetUnbound``), a
+    dependency naming a pipeline of a build declaring no schedule, and no pipeline sharing a job's
+    dispatch identity (``surface.fire.job-identity``)."""
+    from contextful.engine.model.inputs import produced
+
+    problems: list[ContextfulError] = []
+    tables = {t.lower() for t in produced(manifest)}
+    models = {m.name for m in manifest.models}
+    pipelines = {p.id for p in manifest.pipelines}
+    for job in jobs:
+        where = f"[[job]] {job.name!r}"
+        if job.kind == "build":
+            problems += [JobTargetUnbound(job.name, t, "no [[model]] of that name") for t in job.target if t not in models]
+        elif job.kind == "fold":
+            problems += [JobTargetUnbound(job.name, t, "no pipeline, model or external produces it")
+                         for t in job.target if t.lower() not in tables]
+        if job.kind == "store-driven":
+            problems += _body_problems(job)
+        if job.after is not None:
+            if job.kind != "build":
+                problems.append(ManifestValueInvalid(where, "after", f"only a build job depends on a pipeline, not a "
+                                                                     f"{job.kind} job"))
+            elif job.after not in pipelines:
+                problems.append(ManifestValueInvalid(where, "after", f"names no pipeline: {job.after!r}"))
+            if job.schedule is not None:
+                problems.append(ManifestValueInvalid(where, "after", "a job depending on a pipeline inherits its "
+                                                                     "schedule: declare `after` or `schedule`, not both"))
+        if job.identity in pipelines or job.name in pipelines:
+            problems.append(ManifestValueInvalid(where, "name", f"pipeline {job.name!r} shares its dispatch identity: "
+                                                                "one exclusion key cannot dispatch two operations"))
+    return problems
+
+
+def _body_problems(job: JobSpec) -> list[ContextfulError]:
+    """A store-driven job runs a body the executable registers (``[project] modules`` and the
+    ``contextful.tasks`` entry points are imported by now: ``engine.registrations``) or a bound
+    delegate; ``[control.delegates.<name>]`` bindings arrive with the delegates, so a delegate binds
+    nothing yet."""
+    from contextful.engine.run.bodies import BODIES
+
+    where = f"[[job]] {job.name!r}"
+    if (job.body is None) == (job.delegate is None):
+        return [ManifestValueInvalid(where, "body", "a store-driven job names a `body` or a `delegate`, one of them")]
+    if job.delegate is not None:
+        return [JobBodyUnregistered(job.name, f"delegate {job.delegate!r}",
+                                    "no [control.delegates] binding names it")]
+    assert job.body is not None
+    try:
+        BODIES.get(job.body)
+    except BodyUnregistered as exc:
+        return [JobBodyUnregistered(job.name, f"body {job.body!r}",
+                                    f"registered: {', '.join(exc.known) or 'none'}; [project] modules imported: "
+                                    f"{', '.join(exc.modules) or 'none'}; contextful.tasks entry points: "
+                                    f"{', '.join(exc.entry_points) or 'none'}")]
+    return []
