@@ -48,7 +48,7 @@ KINDS = ("build", "fold", "sync-push", "store-driven", "plan", "synthesize")
 
 UNDISPATCHED = {
     "sweep": "contextful store collect",
-    "rebuild-catalog": "contextful store provision",
+    "rebuild-catalog": "contextful export run",
     "validate": "contextful pipeline validate",
 }
 """The kinds the spec names that no job dispatches, and the command that does their work."""
