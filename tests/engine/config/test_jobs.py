@@ -191,7 +191,7 @@ max_in_flight = 2
 [[job]]
 name = "remote"
 kind = "store-driven"
-delegate = "scorer"
+body = { delegate = "scorer" }
 statement = "SELECT * FROM orders"
 max_in_flight = 1
 """)
