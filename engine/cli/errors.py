@@ -130,7 +130,7 @@ def report_problems(ctx: click.Context, problems: list[ContextfulError], exit_co
     from contextful.engine.cli.output import emit_json
 
     if ctx.obj["json"]:
-        emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in problems]})
+        emit_json({"ok": False, "problems": [{"error": p.name, "detail": _masked(p.detail)} for p in problems]})
     else:
         for problem in problems:
             click.echo(error_line(problem), err=True)
