@@ -273,6 +273,12 @@ def job_problems(manifest: Manifest, jobs: list[JobSpec]) -> list[ContextfulErro
                          for t in job.target if t.lower() not in tables]
         if job.kind == "store-driven":
             problems += body_problems(job)
+            if job.statement is None:
+                problems.append(ManifestValueInvalid(where, "statement", "a store-driven job reads its items from a "
+                                                                         "`statement` over store tables"))
+        if job.kind == "plan" and job.plan is None:
+            problems.append(ManifestValueInvalid(where, "plan", "a plan job names its compiled plan file "
+                                                                "(relative to the manifest)"))
         if job.after is not None:
             if job.kind != "build":
                 problems.append(ManifestValueInvalid(where, "after", f"only a build job depends on a pipeline, not a "
