@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from contextful.storage.errors import (
@@ -232,7 +232,7 @@ def _as_of(name: str, kind: Any, block: dict[str, Any], problems: list[Contextfu
         problems.append(ManifestValueInvalid(f"[[job]] {name!r}", "as_of", exc.reason))
         return None
     assert instant is not None
-    return instant.isoformat()
+    return instant.astimezone(UTC).isoformat()  # one instant, one text: the pinned plan hashes it
 
 
 def _retry(name: str, kind: Any, block: dict[str, Any], problems: list[ContextfulError]) -> tuple[tuple[str, Any], ...]:

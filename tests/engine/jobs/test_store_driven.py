@@ -205,3 +205,21 @@ def _imported(root: Path):
 
     load_manifest(root)
     return bodies()
+
+
+@pytest.mark.clause("surface.fire.scheduled-body")
+def test_a_declared_as_of_reads_the_input_relation_as_of_that_instant(tmp_path: Path, store: Store) -> None:
+    from contextful.storage.clock import from_us
+
+    instant = from_us(store.clock.now_us()).isoformat()
+    store.clock.advance(1)
+    store.append("documents", pa.table({"doc_id": ["d6"], "body": ["later"]}))
+    root = write_project(tmp_path / "project", extra=f'as_of = "{instant}"')
+    outcome = run_store_driven(fire_context(root, applied(root), store))
+    assert outcome.ok and outcome.detail["as_of"] == instant
+    con = connect(store, as_of=instant)  # the read path's own as_of over the same store: the oracle
+    try:
+        oracle = con.sql("SELECT doc_id FROM documents ORDER BY doc_id").fetchall()
+    finally:
+        con.close()
+    assert sorted(bodies().CALLS) == [k for (k,) in oracle] == ["d1", "d2", "d3", "d4", "d5"]
