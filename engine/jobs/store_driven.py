@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -205,7 +205,7 @@ def _run_items(ctx: JobContext, body: RegisteredBody, execution: Execution, serv
     whether the fire stopped before handing every item over (its cancel event, or a run cancel)."""
     job = ctx.job
     assert job.max_in_flight is not None
-    rows = iter(zip(keys.to_pylist(), served.to_pylist(), strict=True))  # one body call per item anyway
+    rows = _items_of(served, keys)
     pending: set[Future[Settled]] = set()
     batch: list[Settled] = []
     stopped = False
@@ -227,6 +227,15 @@ def _run_items(ctx: JobContext, body: RegisteredBody, execution: Execution, serv
                 _commit(ctx, execution, batch, budget, tally)
                 batch = []
     return stopped
+
+
+def _items_of(served: pa.Table, keys: pa.Array, batch_rows: int = 1024) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each item's key and row, a batch of rows made Python at a time: the body takes one row per
+    call, so this loop is bounded by the items, and memory by the batch, not the input."""
+    offset = 0
+    for batch in served.to_batches(max_chunksize=batch_rows):
+        yield from zip(keys.slice(offset, batch.num_rows).to_pylist(), batch.to_pylist(), strict=True)
+        offset += batch.num_rows
 
 
 def _attempt(job: JobSpec, body: RegisteredBody, key: str, row: dict[str, Any], cancel: threading.Event,

@@ -27,6 +27,8 @@ PERMANENT = set()
 """Keys whose body fails for good."""
 TRANSIENT = {}
 """Key -> how many more times its body fails transiently."""
+ELSEWHERE = set()
+"""Keys whose body answers rows for a table the job does not write."""
 ANSWERED = {}
 """Key -> an event set once that key's body answered (a test stops the fire on it)."""
 BARRIER = []
@@ -50,6 +52,8 @@ def score(row):
         if TRANSIENT.get(key, 0) > 0:
             TRANSIENT[key] -= 1
             raise SourceUnavailable("scorer", "busy, try again")
+        if key in ELSEWHERE:
+            return {"elsewhere": [{"doc_id": key}]}
         return {"scores": [{"doc_id": key, "score": len(row["body"])}]}
     finally:
         with _lock:
@@ -119,6 +123,7 @@ def reset_bodies() -> None:
     module.CALLS.clear()
     module.PERMANENT.clear()
     module.TRANSIENT.clear()
+    module.ELSEWHERE.clear()
     module.ANSWERED.clear()
     module.BARRIER.clear()
     module.IN_FLIGHT[:] = [0, 0]

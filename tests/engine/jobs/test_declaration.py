@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from contextful.engine.config import load_manifest
-from contextful.storage.errors import ManifestInvalid, ManifestKeyUnknown, ManifestValueInvalid
+from contextful.storage.errors import ManifestInvalid
 
 from tests.engine.jobs.project import write_project
 

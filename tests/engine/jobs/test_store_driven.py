@@ -223,3 +223,16 @@ def test_a_declared_as_of_reads_the_input_relation_as_of_that_instant(tmp_path: 
     finally:
         con.close()
     assert sorted(bodies().CALLS) == [k for (k,) in oracle] == ["d1", "d2", "d3", "d4", "d5"]
+
+
+@pytest.mark.clause("surface.fire.scheduled-body")
+def test_an_answer_for_a_table_the_job_does_not_write_fails_that_item_and_lands_nothing_of_it(
+        tmp_path: Path, store: Store) -> None:
+    root = write_project(tmp_path / "project")
+    _imported(root).ELSEWHERE.add("d3")
+    outcome = run_store_driven(fire_context(root, applied(root), store))
+    assert outcome.failures == (("item 'd3': permanent: JobAnswerInvalid: [[job]] 'score-documents' item 'd3': the "
+                                 "body's answer names table 'elsewhere', which is not among the job's tables "
+                                 "(scores)"),)
+    assert "elsewhere" not in store.table_names()
+    assert rows(store, "SELECT doc_id FROM scores ORDER BY doc_id") == [("d1",), ("d2",), ("d4",), ("d5",)]
