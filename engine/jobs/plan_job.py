@@ -83,7 +83,7 @@ def run_plan_job(ctx: JobContext) -> JobOutcome:
     reference, nodes = read_plan_file(ctx)
     assert ctx.job.plan is not None
     execution = open_execution(ctx.store.journal, job_scope(ctx.job.name), reference,
-                               pins={PLAN_FILE_PIN: ctx.job.plan}, clock=ctx.store.clock)
+                               pins={PLAN_FILE_PIN: ctx.job.plan}, clock=ctx.store.clock, take_over_dead=True)
     try:
         stages, stopped = _lower(ctx, execution, nodes)
         if stopped:

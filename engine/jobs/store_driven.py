@@ -106,7 +106,7 @@ def run_store_driven(ctx: JobContext) -> JobOutcome:
     body = registered_body(job)
     pinned = pinned_plan(ctx.manifest, store, job)
     execution = open_execution(store.journal, job_scope(job.name), pinned.reference,
-                               pins=body.pins(pinned.input_identity), clock=store.clock)
+                               pins=body.pins(pinned.input_identity), clock=store.clock, take_over_dead=True)
     try:
         return _fire(ctx, body, execution)
     except ExecutionWriterFenced:

@@ -16,6 +16,8 @@ MODULE = "storedriven_bodies"
 
 BODIES = '''\
 """Bodies of the store-driven job tests: each records the items it was handed."""
+import os
+import sys
 import threading
 
 from contextful.engine.run.bodies import register_body
@@ -45,6 +47,9 @@ def score(row):
         IN_FLIGHT[0] += 1
         IN_FLIGHT[1] = max(IN_FLIGHT)
     try:
+        if key == os.environ.get("STOREDRIVEN_BLOCK_AT"):  # a crash test: say so, then hang until killed
+            print(f"blocked {key}", flush=True)
+            threading.Event().wait()
         if BARRIER:
             BARRIER[0].wait(timeout=30)
         if key in PERMANENT:

@@ -236,3 +236,61 @@ def test_an_answer_for_a_table_the_job_does_not_write_fails_that_item_and_lands_
                                  "(scores)"),)
     assert "elsewhere" not in store.table_names()
     assert rows(store, "SELECT doc_id FROM scores ORDER BY doc_id") == [("d1",), ("d2",), ("d4",), ("d5",)]
+
+
+CHILD = """
+import sys
+from contextful.engine.control.apply import load_version
+from contextful.engine.jobs.context import JobContext
+from contextful.engine.jobs.store_driven import run_store_driven
+from contextful.storage import Store
+from contextful.storage.catalog.postgres import PostgresCatalog
+
+root, version, store_root, dsn, schema = sys.argv[1:]
+store = Store.open(store_root, catalog=PostgresCatalog(dsn, schema) if dsn else None)
+manifest = load_version(__import__("pathlib").Path(root), int(version))
+run_store_driven(JobContext(manifest.jobs[0], manifest, int(version), store))
+"""
+
+
+@pytest.mark.clause("surface.fire.scheduled-history")
+@pytest.mark.parametrize("store_kind", ["local", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_fire_killed_mid_items_is_resumed_at_once_by_the_next_without_redoing_settled_items(
+        tmp_path: Path, make_store: StoreFactory, store_kind: str, request: pytest.FixtureRequest) -> None:
+    """A real child process (a unit child under serve) is SIGKILLed while its third item runs; the
+    next fire takes the dead holder's execution over at once and hands over only what is unsettled."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    store = make_store()  # the system clock: the child's lease is a real one
+    store.append("documents", DOCS)
+    reset_bodies()
+    root = write_project(tmp_path / "project", max_in_flight=1)
+    version = applied(root)
+    dsn, schema = "", ""
+    if store_kind == "postgres":
+        dsn, schema = store.catalog.dsn, store.catalog.schema
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(version), str(store.objects.root), dsn, schema],
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "STOREDRIVEN_BLOCK_AT": "d3"})
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "blocked d3"  # d1 and d2 are committed by now
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    owner = store.journal.owner(job_scope("score-documents").key)
+    assert owner is not None and owner.status == PENDING and owner.lease_expires_us > store.clock.now_us()
+    assert [k for k, *_ in items(store)] == ["d1", "d2"]
+    module = _imported(root)
+    module.CALLS.clear()
+    outcome = run_store_driven(fire_context(root, version, store))
+    assert outcome.ok, outcome
+    assert (outcome.detail["execution"], outcome.detail["attempt"]) == (owner.execution_id, 2)
+    assert module.CALLS == ["d3", "d4", "d5"]
+    assert rows(store, "SELECT doc_id, count(*) FROM scores GROUP BY doc_id ORDER BY doc_id") == \
+        [(k, 1) for k in ["d1", "d2", "d3", "d4", "d5"]]
+    assert [(k, o, e) for k, o, _a, e in items(store)] == [(k, "completed", owner.execution_id)
+                                                           for k in ["d1", "d2", "d3", "d4", "d5"]]
+    reset_bodies()
