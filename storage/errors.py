@@ -56,6 +56,7 @@ Hierarchy::
         │   ├── JobConcurrencyUnset      a store-driven [[job]] without a positive max_in_flight
         │   ├── JobTargetUnbound         a [[job]] target naming no model (build) or produced table (fold)
         │   ├── JobBodyUnregistered      a store-driven [[job]] body no executable registers, no bound delegate
+        │   ├── JobStoreUnbound          a sync-push [[job]] fired on a store with no corpus bucket to push to
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
         │   ├── ConfirmationRequired     a command that forgets state was not confirmed (no terminal, no --yes)
@@ -128,7 +129,8 @@ Hierarchy::
         │   ├── AwakeableUnknown         no awakeable holds the token
         │   ├── ProjectNotFound          no such directory, or no contextful.toml at or above it
         │   ├── StoreNotFound            a reading command found no store (it never creates one)
-        │   └── RunNotFound              `contextful run show` names a run no record holds
+        │   ├── RunNotFound              `contextful run show` names a run no record holds
+        │   └── JobNotFound              `contextful job fire|history` names a job the applied version lacks
         ├── RunCanceled                  the Canceled tag: a run marked canceled gave up (canceled)
         └── Permanent                    the store or backend cannot do this (permanent)
             ├── ConditionalWriteUnsupported
@@ -1313,6 +1315,33 @@ class ModelInputUnknown(SpecInvalid):
                          model=model, tables=tables, known=known)
 
 
+class JobNotFound(NotFound):
+    """``contextful job fire|history NAME``: the applied version (``version``) declares no job
+    ``job``; ``known`` are the jobs it declares."""
+
+    job: str
+    version: int
+    known: tuple[str, ...]
+
+    def __init__(self, job: str, version: int, known: tuple[str, ...]) -> None:
+        super().__init__(f"no job {job!r} in applied version v{version} (its jobs: {', '.join(known) or 'none'})",
+                         job=job, version=version, known=known)
+
+
+class JobStoreUnbound(SpecInvalid):
+    """A ``sync-push`` job fired on a store that has no corpus bucket (the container profile's
+    ``CONTEXTFUL_CORPUS_BUCKET``, docs/container-profile.md): there is nothing to push to, and a
+    fire that pushed nothing must not read as a success."""
+
+    job: str
+    store: str
+    needs: str
+
+    def __init__(self, job: str, store: str, needs: str) -> None:
+        super().__init__(f"[[job]] {job!r}: store {store} has no corpus bucket to push to ({needs}); "
+                         "nothing was pushed", job=job, store=store, needs=needs)
+
+
 class RunNotFound(NotFound):
     """``contextful run show RUN``: no run record (``_runs`` or its cache) holds ``run_id``."""
 
@@ -2222,6 +2251,8 @@ __all__ = [
     "InputUnreadable",
     "IssuerKeyInvalid",
     "JobBodyUnregistered",
+    "JobNotFound",
+    "JobStoreUnbound",
     "JobConcurrencyUnset",
     "JobKindUndispatched",
     "JobKindUnknown",
