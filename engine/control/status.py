@@ -57,7 +57,7 @@ def control_status(root: Path, store: Store | None) -> ControlStatus:
     None: no store exists yet, so nothing has run or been dispatched)."""
     from contextful.engine.control.apply import load_applied, snapshot_dir
     from contextful.engine.control.fire import arm_version
-    from contextful.engine.control.history import pulled_starts
+    from contextful.engine.control.history import entry_scope, pulled_starts
     from contextful.storage.clock import SystemClock
 
     applied = load_applied(root)
@@ -71,7 +71,7 @@ def control_status(root: Path, store: Store | None) -> ControlStatus:
     status = ControlStatus(applied.version, unarmed=[{"pipeline": u.id, "reason": u.reason} for u in unarmed])
     for head in armed.ids():
         members = units[head].members
-        owners = [store.journal.owner(f"pipeline:{m}") for m in members] if store is not None else []
+        owners = [store.journal.owner(entry_scope(m)) for m in members] if store is not None else []
         history = armed.history(head)
         status.entries.append(EntryStatus(head, armed.schedule(head).text, members,
                                           history.reference_us if history is not None else None,

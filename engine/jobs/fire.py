@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from contextful.engine.config.manifest import Manifest
     from contextful.engine.run.execution import Execution
     from contextful.storage import Store
+    from contextful.storage.clock import Clock
 
 RUNNERS: dict[str, Runner] = {"build": run_build, "fold": run_fold, "sync-push": run_sync_push}
 """Each dispatched kind's runner (``engine.config.jobs.KINDS``)."""
@@ -105,13 +106,15 @@ def applied_job(root: Path, name: str, version: int | None = None) -> tuple[Mani
 
 
 def fire_job(root: Path, name: str, *, version: int | None = None, force: bool = False, store_url: str | None = None,
-             cancel: threading.Event | None = None, say: Callable[[str], None] | None = None) -> Fired:
-    """Fire the job ``name`` of the applied version (or ``version``) once, in the project's store."""
+             cancel: threading.Event | None = None, say: Callable[[str], None] | None = None,
+             clock: Clock | None = None) -> Fired:
+    """Fire the job ``name`` of the applied version (or ``version``) once, in the project's store
+    (opened on ``clock``: the instants its execution records)."""
     from contextful.engine.project import open_project_store
 
     manifest, version, job = applied_job(root, name, version)
     runner = _runner(job)
-    store = open_project_store(root, store_url, project=manifest.project, create=True)
+    store = open_project_store(root, store_url, project=manifest.project, create=True, clock=clock)
     try:
         return fire_in(store, manifest, version, job, runner=runner, force=force, cancel=cancel, say=say)
     finally:
