@@ -33,12 +33,12 @@ def fire_unit(root: Path, version: int, head: str, store_url: str | None, *, can
     """Run the unit headed by ``head`` of applied version ``version``, then the builds riding it when
     every member succeeded: the outcome document serve reads (``ok``, ``members``, ``failures``)."""
     try:
-        from contextful.engine.control.apply import load_version
+        from contextful.engine.control.arming import load_armable
         from contextful.engine.jobs.after import fire_dependents
         from contextful.engine.project import open_project_store
         from contextful.engine.run.units import run_unit, unit_of
 
-        manifest = load_version(root, version)
+        manifest, _refused = load_armable(root, version)
         unit = unit_of(manifest, head)
         store = open_project_store(manifest.root, store_url, project=manifest.project, create=True, clock=clock)
         try:

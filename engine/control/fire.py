@@ -179,12 +179,13 @@ class ControlPlane:
         return self.armed is not None
 
     def _arm(self, version: int) -> None:
-        from contextful.engine.control.apply import load_version
+        from contextful.engine.control.arming import load_armable
         from contextful.engine.control.history import pulled_starts
 
-        manifest = load_version(self.root, version, self.snapshots)
+        manifest, refused = load_armable(self.root, version, self.snapshots)
         self._pulled = pulled_starts(self.snapshots.path, self.deployment, exclude_node=self._node)
         units, armed, unarmed = arm_version(manifest, self.store, self.deployment, self.clock.now_us(), self._pulled)
+        unarmed += refused
         self.version, self.manifest, self.units, self.armed, self.unarmed = version, manifest, units, armed, unarmed
         for head in units:
             history = armed.history(head)

@@ -80,7 +80,7 @@ class Fired:
             "job": self.job, "identity": f"job:{self.job}", "version": self.version, "execution": self.execution_id,
             "started": rfc3339(self.started_us), "ended": rfc3339(self.ended_us), "status": self.status,
             "duration_s": None if self.ended_us is None else round((self.ended_us - self.started_us) / 1e6, 3),
-            "forced": self.forced,
+            "forced": self.forced, "exit_code": self.exit_code,
         }
         outcome = self.outcome.to_json() if self.outcome is not None else {"summary": None, "rows": None,
                                                                             "failures": [], "detail": {}}
@@ -89,8 +89,10 @@ class Fired:
 
 def applied_job(root: Path, name: str, version: int | None = None) -> tuple[Manifest, int, JobSpec]:
     """The job ``name`` of applied version ``version`` (None: the applied one). Nothing applied yet is
-    ``StoreNotInitialized`` (run ``contextful pipeline import``); a job the version lacks ``JobNotFound``."""
-    from contextful.engine.control.apply import load_version, snapshot_dir
+    ``StoreNotInitialized`` (run ``contextful pipeline import``); a job the version lacks ``JobNotFound``;
+    a job of a kind no job dispatches (only a version written by hand holds one) ``JobKindUndispatched``."""
+    from contextful.engine.control.apply import snapshot_dir
+    from contextful.engine.control.arming import load_armable
     from contextful.storage.errors import JobNotFound, StoreNotInitialized
 
     snapshots = snapshot_dir(root)
@@ -98,8 +100,11 @@ def applied_job(root: Path, name: str, version: int | None = None) -> tuple[Mani
         version = snapshots.applied()
         if version is None:
             raise StoreNotInitialized(snapshots.project, str(snapshots.path))
-    manifest = load_version(root, version, snapshots)
+    manifest, refused = load_armable(root, version, snapshots)
     job = next((j for j in manifest.jobs if j.name == name), None)
+    undispatched = next((u.error for u in refused if u.id == f"job:{name}"), None)
+    if undispatched is not None:  # a version written by hand: no job dispatches that kind
+        raise undispatched
     if job is None:
         raise JobNotFound(name, version, tuple(j.name for j in manifest.jobs))
     return manifest, version, job
