@@ -99,8 +99,8 @@ def job_fire(ctx: click.Context, name: str, version: int | None, force: bool, re
     else:
         outcome = fired.outcome
         click.echo(f"job:{name} v{fired.version}: {fired.status}: {outcome.summary if outcome else ''}")
-        for line in _failures(fired):
-            click.echo(f"error: {line}", err=True)
+    for line in _failures(fired):
+        click.echo(f"error: {line}", err=True)
     if not fired.ok:
         ctx.exit(fired.exit_code or 1)
 
