@@ -207,7 +207,6 @@ class ControlPlane:
         """One head's history after its unit ended: its journaled start, the pulled starts as last
         read, and the dispatch this process recorded (no scan of every entry's records)."""
         from contextful.engine.control.arm import History, latest_start
-
         from contextful.engine.control.history import entry_scope
 
         owner = self.store.journal.owner(entry_scope(head))

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 
 def run_build(context: JobContext) -> JobOutcome:
-    from contextful.engine.guard import mask_message
     from contextful.engine.export.run import run_exports
+    from contextful.engine.guard import mask_message
     from contextful.engine.model.build import build_each
     from contextful.engine.model.status import build_status
 

@@ -120,8 +120,8 @@ def test_a_simulated_day_fires_each_job_at_its_instants_and_a_restart_resumes_fr
     finally:
         plane.close()
     armed_at = to_us(DAY - timedelta(seconds=30))  # never run: every entry is due when armed
-    assert fired["orders"] == [armed_at] + [_at(h / 6) for h in range(0, 24 * 6 + 1)]
-    assert fired["job:hourly_push"] == [armed_at] + [_at(h) for h in range(0, 25)]
+    assert fired["orders"] == [armed_at] + [_at(h / 6) for h in range(24 * 6 + 1)]
+    assert fired["job:hourly_push"] == [armed_at] + [_at(h) for h in range(25)]
     assert fired["job:nightly_fold"] == [armed_at, _at(3)]
     assert "job:build_counts" not in fired  # it rides orders' unit, never an entry of its own
     with open_project_store(project.root) as store:
