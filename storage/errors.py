@@ -59,6 +59,7 @@ Hierarchy::
         │   ├── JobItemKeyInvalid        a store-driven job's input relation serves a null or repeated item key
         │   ├── JobAnswerInvalid         a store-driven body answers no rows mapping, or rows for a table not in `tables`
         │   ├── JobPlanInvalid           a plan job's file is missing, unreadable, altered, or compiled from other declarations
+        │   ├── JobStoreUnbound          a sync-push [[job]] fired on a store with no corpus bucket to push to
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
         │   ├── ConfirmationRequired     a command that forgets state was not confirmed (no terminal, no --yes)
@@ -131,7 +132,8 @@ Hierarchy::
         │   ├── AwakeableUnknown         no awakeable holds the token
         │   ├── ProjectNotFound          no such directory, or no contextful.toml at or above it
         │   ├── StoreNotFound            a reading command found no store (it never creates one)
-        │   └── RunNotFound              `contextful run show` names a run no record holds
+        │   ├── RunNotFound              `contextful run show` names a run no record holds
+        │   └── JobNotFound              `contextful job fire|history` names a job the applied version lacks
         ├── RunCanceled                  the Canceled tag: a run marked canceled gave up (canceled)
         └── Permanent                    the store or backend cannot do this (permanent)
             ├── ConditionalWriteUnsupported
@@ -1354,6 +1356,33 @@ class ModelInputUnknown(SpecInvalid):
                          model=model, tables=tables, known=known)
 
 
+class JobNotFound(NotFound):
+    """``contextful job fire|history NAME``: the applied version (``version``) declares no job
+    ``job``; ``known`` are the jobs it declares."""
+
+    job: str
+    version: int
+    known: tuple[str, ...]
+
+    def __init__(self, job: str, version: int, known: tuple[str, ...]) -> None:
+        super().__init__(f"no job {job!r} in applied version v{version} (its jobs: {', '.join(known) or 'none'})",
+                         job=job, version=version, known=known)
+
+
+class JobStoreUnbound(SpecInvalid):
+    """A ``sync-push`` job fired on a store that has no corpus bucket (the container profile's
+    ``CONTEXTFUL_CORPUS_BUCKET``, docs/container-profile.md): there is nothing to push to, and a
+    fire that pushed nothing must not read as a success."""
+
+    job: str
+    store: str
+    needs: str
+
+    def __init__(self, job: str, store: str, needs: str) -> None:
+        super().__init__(f"[[job]] {job!r}: store {store} has no corpus bucket to push to ({needs}); "
+                         "nothing was pushed", job=job, store=store, needs=needs)
+
+
 class RunNotFound(NotFound):
     """``contextful run show RUN``: no run record (``_runs`` or its cache) holds ``run_id``."""
 
@@ -2268,7 +2297,9 @@ __all__ = [
     "JobItemKeyInvalid",
     "JobKindUndispatched",
     "JobKindUnknown",
+    "JobNotFound",
     "JobPlanInvalid",
+    "JobStoreUnbound",
     "JobTargetUnbound",
     "JournalConflict",
     "LeaseCursorKindMismatch",
