@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contextful.engine.control.dispatch import CadenceLease, ChildLauncher, Launcher, Outcome, Pool
+from contextful.engine.control.fire_credentials import FireIssuer, unit_environment
 from contextful.storage.clock import SystemClock, from_us
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ class ControlPlane:
     def __init__(self, root: Path, open_store: Callable[[], Store], store_url: str | None = None, *,
                  clock: Clock | None = None,
                  launcher: Callable[[int], Launcher] | None = None, holder: str | None = None,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, fire_issuer: FireIssuer | None = None) -> None:
         self.root = root
         self.open_store = open_store
         """Opens a handle on the store (the drain takes its own, beside the beat's)."""
@@ -119,7 +120,9 @@ class ControlPlane:
         self.say = say or log.info
         self._results = Path(tempfile.mkdtemp(prefix="contextful-units-"))
         """Where unit children write their outcomes (removed when the plane closes)."""
-        self._launcher = launcher or (lambda version: ChildLauncher(root, store_url, version, self._results))
+        self._launcher = launcher or (lambda version: ChildLauncher(
+            root, store_url, version, self._results,
+            environment=lambda head: unit_environment(self.manifest, head, fire_issuer)))
         from contextful.engine.control.apply import snapshot_dir
 
         self.snapshots = snapshot_dir(root)
