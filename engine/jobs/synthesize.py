@@ -92,7 +92,7 @@ def run_synthesize(ctx: JobContext) -> JobOutcome:
         fresh_dead = f"SELECT {', '.join(DEAD_LETTER_COLUMNS)} FROM resolved WHERE reason IS NOT NULL"
         live_dead = "_dead" if _view(ctx, con, store, pinned, dead, "_dead", DEAD_LETTER_COLUMNS) else None
         dead_rows = _dead_letters(con, fresh_dead, live_dead)
-        mentions, n_dead = con.execute("SELECT count(*), count(reason) FROM resolved").fetchone()  # type: ignore[misc]
+        (mentions, n_dead), = con.sql("SELECT count(*), count(reason) FROM resolved").fetchall()
     finally:
         con.close()
     if ctx.cancel.is_set():
@@ -144,8 +144,8 @@ def _dead_letters(con: duckdb.DuckDBPyConnection, fresh: str, live: str | None) 
         rows = con.sql(f"{fresh} ORDER BY ALL").to_arrow_table()
         return rows if rows.num_rows else None
     listed = ", ".join(DEAD_LETTER_COLUMNS)
-    differs = con.execute(f"SELECT EXISTS ({fresh} EXCEPT SELECT {listed} FROM {live}) OR "
-                          f"EXISTS (SELECT {listed} FROM {live} EXCEPT {fresh})").fetchone()[0]  # type: ignore[index]
+    differs = con.sql(f"SELECT EXISTS ({fresh} EXCEPT SELECT {listed} FROM {live}) OR "
+                          f"EXISTS (SELECT {listed} FROM {live} EXCEPT {fresh})").fetchall()[0][0]
     return con.sql(f"{fresh} ORDER BY ALL").to_arrow_table() if differs else None
 
 
