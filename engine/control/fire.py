@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contextful.engine.control.dispatch import CadenceLease, ChildLauncher, Launcher, Outcome, Pool
-from contextful.engine.control.fire_credentials import FireIssuer, unit_environment
+from contextful.engine.control.fire_credentials import FireIssuer, check_fire_credentials, unit_environment
 from contextful.storage.clock import SystemClock, from_us
 
 if TYPE_CHECKING:
@@ -120,6 +120,8 @@ class ControlPlane:
         self.say = say or log.info
         self._results = Path(tempfile.mkdtemp(prefix="contextful-units-"))
         """Where unit children write their outcomes (removed when the plane closes)."""
+        self.fire_issuer = fire_issuer
+        """Serve's minting of fire credentials (``--issuer-key``; None: children inherit its token)."""
         self._launcher = launcher or (lambda version: ChildLauncher(
             root, store_url, version, self._results,
             environment=lambda head: unit_environment(self.manifest, head, fire_issuer)))
@@ -154,7 +156,11 @@ class ControlPlane:
 
     def refresh(self) -> bool:
         """Read the applied pointer; (re)arm when it names another version. Whether anything is armed."""
-        from contextful.storage.errors import ControlSnapshotUnreadable
+        from contextful.storage.errors import (
+            ControlSnapshotUnreadable,
+            FireCredentialMissing,
+            FireCredentialZoneUnset,
+        )
 
         try:
             version = self.snapshots.applied()
@@ -169,7 +175,7 @@ class ControlPlane:
         if version != self.version or self.armed is None:
             try:
                 self._arm(version)
-            except ControlSnapshotUnreadable as exc:
+            except (ControlSnapshotUnreadable, FireCredentialMissing, FireCredentialZoneUnset) as exc:
                 return self._keep_armed(exc)
         self._unreadable = None
         return self.armed is not None
@@ -186,6 +192,8 @@ class ControlPlane:
         from contextful.engine.control.history import pulled_starts
 
         manifest = load_version(self.root, version, self.snapshots)
+        # a version whose credentialed fires serve cannot credential arms nothing; the last one stays
+        check_fire_credentials(manifest, self.fire_issuer, version=version)
         self._pulled = pulled_starts(self.snapshots.path, self.deployment, exclude_node=self._node)
         units, armed, unarmed = arm_version(manifest, self.store, self.deployment, self.clock.now_us(), self._pulled)
         self.version, self.manifest, self.units, self.armed, self.unarmed = version, manifest, units, armed, unarmed

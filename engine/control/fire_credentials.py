@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contextful.engine.control.credentials import PIN_VARIABLE, IssuerKey, issue, issuer_key, load_signing_key
+from contextful.engine.project import MANIFEST
 from contextful.storage.errors import FireCredentialMissing, FireCredentialZoneUnset, ManifestValueInvalid
 from contextful.storage.reach import Reach
 
@@ -77,24 +78,25 @@ def fire_reach(job: JobSpec) -> Reach:
 
 @dataclass(frozen=True)
 class FireIssuer:
-    """Serve's minting of fire credentials: its signing key, zone and lifetime."""
+    """Serve's minting of fire credentials under ``--issuer-key``. The zone and the ceiling are read
+    from the applied version each fire belongs to."""
 
     private: Ed25519PrivateKey = field(repr=False)
-    zone: str | None
-    """The project's default zone (None: none declared; minting refuses)."""
-    lifetime_s: int = FIRE_LIFETIME_S
     clock: Clock | None = None
 
     @property
     def pin(self) -> IssuerKey:
         return issuer_key(self.private.public_key())
 
-    def mint(self, job: JobSpec) -> str:
-        """One credential for a fire of ``job`` (``FireCredentialZoneUnset`` without a default zone)."""
-        if self.zone is None:
-            raise FireCredentialZoneUnset((job.name,), "the applied version")
-        return issue(self.private, fire_subject(job), FIRE_AUDIENCE, self.lifetime_s,
-                     claims={"zone": self.zone, "grants": fire_reach(job).grants()}, clock=self.clock)
+    def mint(self, job: JobSpec, manifest: Manifest) -> str:
+        """One credential for a fire of ``job`` of ``manifest`` (``FireCredentialZoneUnset`` when its
+        ``[project.zone]`` declares no default)."""
+        project = manifest.project
+        if project.default_zone is None:
+            raise FireCredentialZoneUnset((job.name,), str(manifest.root / MANIFEST))
+        lifetime = min(FIRE_LIFETIME_S, project.credential_ceiling_s or FIRE_LIFETIME_S)
+        return issue(self.private, fire_subject(job), FIRE_AUDIENCE, lifetime,
+                     claims={"zone": project.default_zone, "grants": fire_reach(job).grants()}, clock=self.clock)
 
 
 def credentialed_jobs(manifest: Manifest) -> tuple[str, ...]:
@@ -102,32 +104,37 @@ def credentialed_jobs(manifest: Manifest) -> tuple[str, ...]:
     return tuple(job.name for job in manifest.jobs if job.kind in FIRE_KINDS and job.schedule is not None)
 
 
+def check_fire_credentials(manifest: Manifest, issuer: FireIssuer | None, *, version: int | None = None,
+                           environ: Mapping[str, str] | None = None) -> None:
+    """``FireCredentialMissing`` / ``FireCredentialZoneUnset`` when serve (holding ``issuer``, or
+    the ``CONTEXTFUL_TOKEN`` of ``environ``) cannot give each credentialed fire of ``manifest``
+    (applied ``version``) a credential: at start, and before arming a newly applied version."""
+    jobs = credentialed_jobs(manifest)
+    if not jobs:
+        return
+    if issuer is None and not (os.environ if environ is None else environ).get(TOKEN_VARIABLE, "").strip():
+        raise FireCredentialMissing(jobs, version)
+    if issuer is not None and manifest.project.default_zone is None:
+        raise FireCredentialZoneUnset(jobs, str(manifest.root / MANIFEST))
+
+
 def serve_fire_issuer(manifest: Manifest, issuer_key_path: Path | None, *, version: int | None = None,
                       environ: Mapping[str, str] | None = None, clock: Clock | None = None) -> FireIssuer | None:
     """Serve's start check over its applied ``manifest`` (``version``), and its issuer under
     ``--issuer-key`` (None: children inherit serve's own ``CONTEXTFUL_TOKEN``)."""
-    env = os.environ if environ is None else environ
-    jobs = credentialed_jobs(manifest)
-    if issuer_key_path is None:
-        if jobs and not env.get(TOKEN_VARIABLE, "").strip():
-            raise FireCredentialMissing(jobs, version)
-        return None
-    private = load_signing_key(issuer_key_path)
-    project = manifest.project
-    if jobs and project.default_zone is None:
-        raise FireCredentialZoneUnset(jobs, str(manifest.root / "contextful.toml"))
-    ceiling = project.credential_ceiling_s
-    return FireIssuer(private, project.default_zone, min(FIRE_LIFETIME_S, ceiling or FIRE_LIFETIME_S), clock)
+    issuer = FireIssuer(load_signing_key(issuer_key_path), clock) if issuer_key_path is not None else None
+    check_fire_credentials(manifest, issuer, version=version, environ=environ)
+    return issuer
 
 
-def child_environment(job: JobSpec | None, issuer: FireIssuer | None,
+def child_environment(job: JobSpec | None, manifest: Manifest, issuer: FireIssuer | None,
                       environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of the child running one fire of ``job`` (None: a pipeline unit): serve's
-    own, with a freshly minted credential and its pins in place of inherited ones when ``issuer``
-    mints for ``job``'s kind."""
+    """The environment of the child running one fire of ``job`` of ``manifest`` (None: a pipeline
+    unit): serve's own, with a freshly minted credential and its pins in place of inherited ones
+    when ``issuer`` mints for ``job``'s kind."""
     env = dict(os.environ if environ is None else environ)
     if issuer is not None and job is not None and job.kind in FIRE_KINDS:
-        env[TOKEN_VARIABLE] = issuer.mint(job)
+        env[TOKEN_VARIABLE] = issuer.mint(job, manifest)
         env[PIN_VARIABLE] = issuer.pin.text
         env[AUDIENCE_VARIABLE] = FIRE_AUDIENCE
     return env
@@ -136,7 +143,7 @@ def child_environment(job: JobSpec | None, issuer: FireIssuer | None,
 def unit_environment(manifest: Manifest | None, head: str, issuer: FireIssuer | None) -> dict[str, str] | None:
     """:func:`child_environment` for the unit ``head`` of ``manifest`` (``job:<name>`` names a job);
     None (inherit serve's environment) when serve mints nothing."""
-    if issuer is None:
+    if issuer is None or manifest is None:
         return None
-    job = next((j for j in manifest.jobs if head in (j.identity, j.name)), None) if manifest is not None else None
-    return child_environment(job, issuer)
+    job = next((j for j in manifest.jobs if head in (j.identity, j.name)), None)
+    return child_environment(job, manifest, issuer)

@@ -257,3 +257,33 @@ def test_serve_under_an_issuer_key_without_a_default_zone_refuses_at_start(tmp_p
     done = _serve_cycle(project, "--issuer-key", str(_key(tmp_path / "zoned")))
     assert done.returncode == 0, done.stderr
     assert project.count("orders") == 3
+
+
+@pytest.mark.clause("surface.dispatch.fire-credential-missing", "surface.dispatch.fire-credential-zone")
+def test_a_running_serve_arms_no_version_whose_fires_it_cannot_credential(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextful.engine.control.fire import ControlPlane
+    from contextful.engine.project import open_project_store
+
+    monkeypatch.delenv("CONTEXTFUL_TOKEN", raising=False)
+    project = _project(tmp_path, zone=None)  # v1: a pipeline, no credentialed job
+    said: list[str] = []
+
+    def open_store() -> Any:
+        return open_project_store(project.root, create=True)
+
+    for issuer_key, error in ((None, "FireCredentialMissing"), (_key(tmp_path), "FireCredentialZoneUnset")):
+        said.clear()
+        plane = ControlPlane(project.root, open_store, say=said.append,
+                             fire_issuer=serve_fire_issuer(load_version(project.root, 1), issuer_key, version=1))
+        try:
+            assert plane.refresh()
+            armed = plane.version
+            project.write(files_pipeline("orders"), SYNTHESIZE)  # the next version schedules a synthesize job
+            project.applied()
+            assert plane.refresh() and plane.version == armed  # the armed one stays; the new one arms nothing
+            assert [line for line in said if line.startswith(f"error: {error}: ")], said
+        finally:
+            plane.close(grace_s=0)
+        project.write(files_pipeline("orders"))
+        project.applied()

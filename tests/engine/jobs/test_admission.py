@@ -27,24 +27,11 @@ from contextful.storage.clock import ManualClock
 from contextful.storage.errors import CredentialExpired, ReachRefused
 
 from tests.engine.control.scenario import ControlProject, files_pipeline
+from tests.engine.control.test_fire_credentials import SYNTHESIZE
 
-JOBS = """
-[[job]]
-name = "resolve"
-kind = "synthesize"
-schedule = "every 1h"
-source = "mentions"
-entities = "people"
-target = "claims"
-
-[[job]]
-name = "other"
-kind = "synthesize"
-schedule = "every 1h"
-source = "users"
-entities = "people"
-target = "profiles"
-"""
+JOBS = SYNTHESIZE + SYNTHESIZE.replace('"resolve"', '"other"').replace('"mentions"', '"users"').replace(
+    '"claims"', '"profiles"')
+"""Two synthesize jobs: ``resolve`` (mentions, people -> claims) and ``other`` (users, people -> profiles)."""
 
 CHILD = r"""
 import json, sys
@@ -116,7 +103,7 @@ def _env(project: ControlProject, key: Path, job: str = "resolve", issuer: FireI
     manifest = load_version(project.root, 1)
     issuer = issuer or serve_fire_issuer(manifest, key, version=1, environ={})
     base = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
-    return child_environment(next(j for j in manifest.jobs if j.name == job), issuer, base)
+    return child_environment(next(j for j in manifest.jobs if j.name == job), manifest, issuer, base)
 
 
 @pytest.mark.clause("surface.dispatch.fire-reach", "surface.dispatch.fire-credential")
@@ -144,7 +131,7 @@ def test_a_fire_child_refuses_at_start_a_credential_it_cannot_admit(project: Con
     # past its lifetime: minted 601 s ago
     past = ManualClock(datetime.now(UTC).replace(microsecond=0))
     past.advance(-601)
-    expired = _env(project, key, issuer=FireIssuer(load_signing_key(key), "eu", 600, past))
+    expired = _env(project, key, issuer=FireIssuer(load_signing_key(key), past))
     got = _child(project, "resolve", "read:mentions", expired)
     assert got["stage"] == "admit" and got["error"] == "CredentialExpired"
     env = _env(project, key)
@@ -162,7 +149,7 @@ def test_a_fire_child_refuses_at_start_a_credential_it_cannot_admit(project: Con
 @pytest.mark.clause("surface.dispatch.fire-credential-lifetime")
 def test_the_credential_is_admitted_once_so_a_fire_outliving_it_finishes(project: ControlProject, key: Path) -> None:
     clock = ManualClock(datetime.now(UTC))
-    env = _env(project, key, issuer=FireIssuer(load_signing_key(key), "eu", 600, clock))
+    env = _env(project, key, issuer=FireIssuer(load_signing_key(key), clock))
     manifest = load_version(project.root, 1)
     job = next(j for j in manifest.jobs if j.name == "resolve")
     with open_fire_store(job, manifest, environ=env, clock=clock) as store:
