@@ -14,6 +14,9 @@ Implements, from the control-plane spec:
 - ``surface.arm.wake-answer``, ``wake-pending-steps``, ``surface.dispatch.refill``: :meth:`ControlPlane.wake`.
 - ``surface.fire.cycle``, ``cycle-exit``, ``cycle-drain``, ``cycle-drain-exit``: :meth:`ControlPlane.cycle`.
 - ``surface.dispatch.lease-gated``: a process that does not hold the cadence lease arms nothing.
+- ``surface.dispatch.fire-credential-missing`` and ``-zone`` for versions applied while serve runs:
+  a version whose store-driven or synthesize fires serve cannot credential arms nothing, and the
+  one armed before stays armed (``engine.control.fire_credentials``).
 
 The daemon loop and its drain (``surface.arm.tick-interval``, ``surface.fire.daemon-drain*``) live
 in ``engine.control.daemon``; the pool, the lease and the children in ``engine.control.dispatch``.
