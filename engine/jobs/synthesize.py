@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
     from contextful.storage.store import Store
+    from contextful.storage.table import Table
 
 SOURCE_COLUMNS = ("mention_id", "entity_key", "attribute", "value", "observed_at")
 ENTITY_COLUMNS = ("entity_id", "entity_key")
@@ -83,14 +84,14 @@ def run_synthesize(ctx: JobContext) -> JobOutcome:
         return JobOutcome(True, f"{source} holds no mention yet: nothing to synthesize")
     con = store.duckdb()
     try:
-        _view(ctx, con, store, pinned, source, "_source", SOURCE_COLUMNS)
-        _view(ctx, con, store, pinned, entities, "_entities", ENTITY_COLUMNS)
+        _view(ctx, con, pinned, source, "_source", SOURCE_COLUMNS)
+        _view(ctx, con, pinned, entities, "_entities", ENTITY_COLUMNS)
         con.execute(_RESOLVED)
         con.execute(_CLAIMS)
-        claims = _changed(con, "fresh", "_claims" if _view(ctx, con, store, pinned, target, "_claims", CLAIM_COLUMNS,
-                                                           CLAIM_KEY) else None, CLAIM_COLUMNS)
+        live_claims = "_claims" if _view(ctx, con, pinned, target, "_claims", CLAIM_COLUMNS, CLAIM_KEY) else None
+        claims = _changed(con, "fresh", live_claims, CLAIM_COLUMNS)
         fresh_dead = f"SELECT {', '.join(DEAD_LETTER_COLUMNS)} FROM resolved WHERE reason IS NOT NULL"
-        live_dead = "_dead" if _view(ctx, con, store, pinned, dead, "_dead", DEAD_LETTER_COLUMNS) else None
+        live_dead = "_dead" if _view(ctx, con, pinned, dead, "_dead", DEAD_LETTER_COLUMNS) else None
         dead_rows = _dead_letters(con, fresh_dead, live_dead)
         (mentions, n_dead), = con.sql("SELECT count(*), count(reason) FROM resolved").fetchall()
     finally:
@@ -106,8 +107,8 @@ def run_synthesize(ctx: JobContext) -> JobOutcome:
                               "dead_letters_replaced": dead_rows is not None})
 
 
-def _view(ctx: JobContext, con: duckdb.DuckDBPyConnection, store: Store, pinned: dict, table: str, view: str,
-          columns: tuple[str, ...], key: tuple[str, ...] | None = None) -> bool:  # type: ignore[type-arg]
+def _view(ctx: JobContext, con: duckdb.DuckDBPyConnection, pinned: dict[str, tuple[Table, int]], table: str,
+          view: str, columns: tuple[str, ...], key: tuple[str, ...] | None = None) -> bool:
     """Attach ``table``'s pinned snapshot as ``view`` (an empty view of ``columns`` when it has no
     commit); SynthesizeTableIncompatible when it lacks one of ``columns`` or is not keyed on ``key``.
     Whether the table holds a commit."""
