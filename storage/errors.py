@@ -56,6 +56,9 @@ Hierarchy::
         │   ├── JobConcurrencyUnset      a store-driven [[job]] without a positive max_in_flight
         │   ├── JobTargetUnbound         a [[job]] target naming no model (build) or produced table (fold)
         │   ├── JobBodyUnregistered      a store-driven [[job]] body no executable registers, no bound delegate
+        │   ├── JobItemKeyInvalid        a store-driven job's input relation serves a null or repeated item key
+        │   ├── JobAnswerInvalid         a store-driven body answers no rows mapping, or rows for a table not in `tables`
+        │   ├── JobPlanInvalid           a plan job's file is missing, unreadable, altered, or compiled from other declarations
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
         │   ├── ConfirmationRequired     a command that forgets state was not confirmed (no terminal, no --yes)
@@ -1303,6 +1306,44 @@ class JobBodyUnregistered(SpecInvalid):
                          f"delegate ({searched})", job=job, body=body, searched=searched)
 
 
+class JobItemKeyInvalid(SpecInvalid):
+    """A store-driven job's input relation serves an item key (its first column) that is null or
+    served twice: an item is named by its key, and nothing silently merges or drops an item."""
+
+    job: str
+    column: str
+    why: str
+
+    def __init__(self, job: str, column: str, why: str) -> None:
+        super().__init__(f"[[job]] {job!r}: the statement's first column {column!r} names the items, and {why}; "
+                         "select one row per item with a non-null key", job=job, column=column, why=why)
+
+
+class JobAnswerInvalid(SpecInvalid):
+    """A store-driven job's body answered something other than ``{table: rows}`` over the job's
+    ``tables``: the item fails permanently, naming what it answered."""
+
+    job: str
+    item: str
+    why: str
+
+    def __init__(self, job: str, item: str, why: str) -> None:
+        super().__init__(f"[[job]] {job!r} item {item!r}: the body's answer {why}", job=job, item=item, why=why)
+
+
+class JobPlanInvalid(SpecInvalid):
+    """A plan job's ``plan`` file cannot be lowered: missing or unreadable, its reference not the
+    SHA-256 of its plan (edited after it was compiled), or compiled from declarations the applied
+    version no longer holds (``surface.fire.plan-job``)."""
+
+    job: str
+    file: str
+    why: str
+
+    def __init__(self, job: str, file: str, why: str) -> None:
+        super().__init__(f"[[job]] {job!r}: plan file {file}: {why}", job=job, file=file, why=why)
+
+
 class ModelInputUnknown(SpecInvalid):
     """A model's SQL reads tables that no pipeline or model of the manifest produces and the store
     does not hold: its build would fail on them."""
@@ -2287,10 +2328,13 @@ __all__ = [
     "InputNotFound",
     "InputUnreadable",
     "IssuerKeyInvalid",
+    "JobAnswerInvalid",
     "JobBodyUnregistered",
     "JobConcurrencyUnset",
+    "JobItemKeyInvalid",
     "JobKindUndispatched",
     "JobKindUnknown",
+    "JobPlanInvalid",
     "JobTargetUnbound",
     "JournalConflict",
     "LeaseCursorKindMismatch",
