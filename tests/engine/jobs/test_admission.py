@@ -159,3 +159,38 @@ def test_the_credential_is_admitted_once_so_a_fire_outliving_it_finishes(project
             store.table("users").count()
     with pytest.raises(CredentialExpired):  # a fire starting now is refused
         open_fire_store(job, manifest, environ=env, clock=clock)
+
+
+@pytest.mark.clause("surface.dispatch.fire-reach")
+def test_a_store_driven_fire_runs_within_the_reach_its_statement_grants(tmp_path: Path, key: Path) -> None:
+    from contextful.engine.jobs.context import JobContext
+    from contextful.engine.jobs.store_driven import run_store_driven
+
+    from tests.engine.jobs.project import applied, reset_bodies, write_project
+
+    statement = ("WITH wanted AS (SELECT doc_id FROM documents EXCEPT SELECT doc_id FROM skipped) "
+                 "SELECT d.doc_id, d.body FROM documents AS d JOIN wanted USING (doc_id) ORDER BY d.doc_id")
+    root = write_project(tmp_path / "sd", statement=statement,
+                         extra='\n[[external]]\nid = "skipped"\ntable = "skipped"\n\n[project.zone]\ndefault = "eu"\n')
+    version = applied(root)
+    with open_project_store(root, create=True) as store:
+        store.append("documents", pa.table({"doc_id": ["d1", "d2", "d3"], "body": ["a", "bb", "ccc"]}))
+        store.append("skipped", pa.table({"doc_id": ["d2"]}))
+        store.append("secrets", pa.table({"doc_id": ["d1"], "token": ["s3cr3t"]}))
+    manifest = load_version(root, version)
+    job = next(j for j in manifest.jobs if j.name == "score-documents")
+    env = child_environment(job, manifest, FireIssuer(load_signing_key(key)),
+                            {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")})
+    reset_bodies()
+    try:
+        with open_fire_store(job, manifest, environ=env) as store:
+            assert store.reach is not None and store.reach.read == {"documents", "skipped"}
+            outcome = run_store_driven(JobContext(job, manifest, version, store))
+            assert outcome.ok, outcome
+            for table in ("secrets", "scores"):  # it writes its tables; it reads only its statement's relations
+                with pytest.raises(ReachRefused):
+                    store.table(table).count()
+    finally:
+        reset_bodies()
+    with open_project_store(root) as store:
+        assert sorted(store.table("scores").to_arrow().column("doc_id").to_pylist()) == ["d1", "d3"]
