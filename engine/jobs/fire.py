@@ -34,6 +34,7 @@ from contextful.engine.jobs.plan_job import plan_opening, run_plan_job
 from contextful.engine.jobs.scope import job_scope
 from contextful.engine.jobs.store_driven import run_store_driven, store_driven_opening
 from contextful.engine.jobs.sync_push import run_sync_push
+from contextful.engine.jobs.synthesize import run_synthesize
 
 if TYPE_CHECKING:
     from contextful.engine.config.jobs import JobSpec
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from contextful.storage.clock import Clock
 
 RUNNERS: dict[str, Runner] = {"build": run_build, "fold": run_fold, "sync-push": run_sync_push,
-                              "store-driven": run_store_driven, "plan": run_plan_job}
+                              "store-driven": run_store_driven, "plan": run_plan_job, "synthesize": run_synthesize}
 """Each dispatched kind's runner (``engine.config.jobs.KINDS``)."""
 OPENINGS: dict[str, Opener] = {"store-driven": store_driven_opening, "plan": plan_opening}
 """The kinds whose execution pins its own structure and resumes (:func:`default_opening` otherwise)."""
@@ -115,11 +116,11 @@ def fire_job(root: Path, name: str, *, version: int | None = None, force: bool =
              clock: Clock | None = None) -> Fired:
     """Fire the job ``name`` of the applied version (or ``version``) once, in the project's store
     (opened on ``clock``: the instants its execution records)."""
-    from contextful.engine.project import open_project_store
+    from contextful.engine.jobs.admission import open_fire_store
 
     manifest, version, job = applied_job(root, name, version)
     runner = _runner(job)
-    store = open_project_store(root, store_url, project=manifest.project, create=True, clock=clock)
+    store = open_fire_store(job, manifest, store_url, clock=clock)  # its credential admitted once, at start
     try:
         return fire_in(store, manifest, version, job, runner=runner, force=force, cancel=cancel, say=say)
     finally:
