@@ -60,6 +60,16 @@ def _project(tmp_path: Path, *jobs: str, zone: str | None = 'default = "eu"',
     return project
 
 
+def _operator(tmp_path: Path) -> dict[str, str]:
+    """The variables a serve holding its own credential runs with: an operator's token (no grants)
+    signed under a key the environment pins, for audience ``store``."""
+    from contextful.engine.control import credentials
+
+    private = credentials.load_signing_key(_key(tmp_path / "operator"))
+    return {"CONTEXTFUL_TOKEN": credentials.issue(private, "svc://operator", "store", 3600),
+            "CONTEXTFUL_ISSUER_PUBKEY": credentials.issuer_key(private.public_key()).text}
+
+
 def _serve_cycle(project: ControlProject, *args: str, env: dict[str, str] | None = None) -> Any:
     return contextful_in(None, "--project", str(project.root), "pipeline", "serve", "--cycle", *args, env=env,
                          check=False)
@@ -206,19 +216,20 @@ read_individual = true
 @pytest.mark.clause("surface.dispatch.fire-credential-inherited")
 def test_without_an_issuer_key_each_child_receives_serves_own_token(tmp_path: Path) -> None:
     project = _project(tmp_path, SYNTHESIZE)
-    got = _launch(tmp_path, project, "job:resolve", None, {"CONTEXTFUL_TOKEN": "serve-own-token",
-                                                           "CONTEXTFUL_AUDIENCE": "store"})
-    assert got["env"]["CONTEXTFUL_TOKEN"] == "serve-own-token" and got["env"]["CONTEXTFUL_AUDIENCE"] == "store"
-    # and through serve itself: a cycle's unit child holds the token serve was started with
+    operator = _operator(tmp_path)  # serve's own credential
+    token, pin = operator["CONTEXTFUL_TOKEN"], operator["CONTEXTFUL_ISSUER_PUBKEY"]
+    got = _launch(tmp_path, project, "job:resolve", None, operator | {"CONTEXTFUL_AUDIENCE": "store"})
+    assert got["env"]["CONTEXTFUL_TOKEN"] == token and got["env"]["CONTEXTFUL_AUDIENCE"] == "store"
+    # and through serve itself: a cycle's job child holds the token serve was started with, and admits it
     dump = tmp_path / "dump"
     for old in dump.glob("*"):
         old.unlink()
-    done = _serve_cycle(project, env={"CONTEXTFUL_TOKEN": "serve-own-token",
+    done = _serve_cycle(project, env={"CONTEXTFUL_TOKEN": token, "CONTEXTFUL_ISSUER_PUBKEY": pin,
                                       "PYTHONPATH": f"{DUMP}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                                       "CONTEXTFUL_TEST_ENV_DUMP": str(dump)})
     assert done.returncode == 0, done.stderr
     (child,) = _dumps(dump)
-    assert "CONTEXTFUL_TOKEN=serve-own-token" in child["environ"]
+    assert f"CONTEXTFUL_TOKEN={token}" in child["environ"]
 
 
 @pytest.mark.clause("surface.dispatch.fire-credential-missing")
@@ -233,7 +244,7 @@ def test_serve_holding_no_credential_for_a_scheduled_synthesize_job_refuses_at_s
     assert daemon.returncode == 3 and "FireCredentialMissing" in daemon.stderr and "listening" not in daemon.stdout
     assert not (project.root / ".contextful" / "store" / "tables" / "orders").exists()
     # either credential source starts it: the pipeline then fires
-    done = _serve_cycle(project, env={"CONTEXTFUL_TOKEN": "serve-own-token"})
+    done = _serve_cycle(project, env=_operator(tmp_path))
     assert done.returncode == 0, done.stderr
     assert project.count("orders") == 3
 

@@ -162,8 +162,7 @@ def test_the_credential_is_admitted_once_so_a_fire_outliving_it_finishes(project
 
 @pytest.mark.clause("surface.dispatch.fire-reach")
 def test_a_store_driven_fire_runs_within_the_reach_its_statement_grants(tmp_path: Path, key: Path) -> None:
-    from contextful.engine.jobs.context import JobContext
-    from contextful.engine.jobs.store_driven import run_store_driven
+    from contextful.engine.jobs.fire import fire_in
 
     from tests.engine.jobs.project import applied, reset_bodies, write_project
 
@@ -184,7 +183,7 @@ def test_a_store_driven_fire_runs_within_the_reach_its_statement_grants(tmp_path
     try:
         with open_fire_store(job, manifest, environ=env) as store:
             assert store.reach is not None and store.reach.read == {"documents", "skipped"}
-            outcome = run_store_driven(JobContext(job, manifest, version, store))
+            outcome = fire_in(store, manifest, version, job).outcome
             assert outcome.ok, outcome
             for table in ("secrets", "scores"):  # it writes its tables; it reads only its statement's relations
                 with pytest.raises(ReachRefused):

@@ -13,8 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from contextful.engine.config.jobs import JobSpec
-from contextful.engine.jobs.context import JobContext
-from contextful.engine.jobs.synthesize import run_synthesize
+from contextful.engine.jobs.fire import fire_in
 from contextful.storage.errors import SynthesizeTableIncompatible
 from contextful.storage.store import Store
 
@@ -86,7 +85,7 @@ def _rows(store: Store, table: str) -> set[tuple]:
 
 
 def _run(store: Store) -> Any:
-    return run_synthesize(JobContext(JOB, None, 1, store))  # type: ignore[arg-type]
+    return fire_in(store, None, 1, JOB).outcome  # type: ignore[arg-type]  # the fire path, as job fire runs it
 
 
 @pytest.mark.clause("surface.dispatch.fire-reach")
@@ -130,7 +129,7 @@ def test_synthesize_refuses_a_source_lacking_a_column_and_lands_nothing(store: S
     store.append("people", pa.table({"entity_id": [1], "entity_key": ["ada"]}))
     store.append("mentions", pa.table({"mention_id": ["m1"], "entity_key": ["ada"], "attribute": ["city"],
                                        "value": ["Paris"]}))
-    with pytest.raises(SynthesizeTableIncompatible) as exc:
-        _run(store)
-    assert exc.value.table == "mentions" and "observed_at" in exc.value.reason
+    refused = _run(store)  # a failed fire, recorded, naming the table and the column it lacks
+    assert not refused.ok and refused.failures[0].startswith(f"{SynthesizeTableIncompatible.__name__}: ")
+    assert "mentions" in refused.failures[0] and "observed_at" in refused.failures[0]
     assert "claims" not in store.table_names() and "claims_dead_letters" not in store.table_names()
