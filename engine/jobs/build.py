@@ -12,10 +12,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from contextful.engine.jobs.context import JobOutcome
+from contextful.engine.jobs.context import JobOutcome, Opening
 
 if TYPE_CHECKING:
     from contextful.engine.jobs.context import JobContext
+
+
+def build_opening(context: JobContext) -> Opening:
+    """What a build fire's execution pins (``surface.fire.executable-pin``): its declaration and the
+    applied definition of each model it builds and of each table they read (``engine.jobs.pinned``).
+    A build resumes nothing: a pending one a dead fire left under another structure is recorded
+    interrupted, and the fire publishes only the definitions it pinned."""
+    from contextful.engine.jobs.fire import plan_of
+    from contextful.engine.jobs.pinned import declaration
+    from contextful.engine.run.execution import plan_reference
+
+    manifest = context.manifest
+    models = manifest.models_in_order(list(context.job.target))
+    read = sorted({t for m in models for t in m.referenced} - {m.name for m in models})
+    return Opening(plan_reference(plan_of(context.job) | {
+        "models": {m.name: declaration(manifest, m.name) for m in models},
+        "reads": {t: declaration(manifest, t) for t in read}}))
 
 
 def run_build(context: JobContext) -> JobOutcome:

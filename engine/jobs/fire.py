@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from contextful.engine.jobs.build import run_build
+from contextful.engine.jobs.build import build_opening, run_build
 from contextful.engine.jobs.context import JobContext, JobOutcome, Opener, Opening, Runner
 from contextful.engine.jobs.fold import run_fold
 from contextful.engine.jobs.plan_job import plan_opening, run_plan_job
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 RUNNERS: dict[str, Runner] = {"build": run_build, "fold": run_fold, "sync-push": run_sync_push,
                               "store-driven": run_store_driven, "plan": run_plan_job, "synthesize": run_synthesize}
 """Each dispatched kind's runner (``engine.config.jobs.KINDS``)."""
-OPENINGS: dict[str, Opener] = {"store-driven": store_driven_opening, "plan": plan_opening}
-"""The kinds whose execution pins its own structure and resumes (:func:`default_opening` otherwise)."""
+OPENINGS: dict[str, Opener] = {"store-driven": store_driven_opening, "plan": plan_opening, "build": build_opening}
+"""The kinds whose execution pins its own structure (:func:`default_opening` otherwise: the declaration)."""
 
 FIRE_STEP = "fire"
 OUTCOME_STEP = "outcome"
