@@ -62,6 +62,10 @@ Hierarchy::
         │   ├── IssuerKeyInvalid         an issuer key (pinned public key, private key file) is not an Ed25519 key
         │   ├── ScheduleUnreadable, TriggerAdapterUnknown, TriggerFaceMissing, DispatchUnitNotAHead,
         │   │   ApplyValidationRefused   the control plane's arm, trigger, dispatch and apply refusals
+        │   ├── AppliedContractMissing   an applied job's version holds no contract of a standalone table it uses
+        │   ├── AppliedAuthorityChanged  a table's writer now differs from the one the job's version pinned
+        │   ├── AppliedModelDisclosureChanged  a model's published contract differs from the job's version's
+        │   ├── CycleControlSourceUnresolved  serve --cycle's configured control source does not resolve
         │   └── DeriveNoStoreRoot, DeriveConfigKeyMissing, DeriveForeignOutputTable, DeriveReservedDiscriminator,
         │       DeriveFailureOffTable, DeriveOutputTablesMismatch, DeriveCycle, DeriveAfterConflict,
         │       DeriveEngineUnbound, DeriveCommandInManifest, DeriveUnknownTask, DeriveTaskNameTaken,
@@ -2144,10 +2148,78 @@ class ControlPointerMalformed(ControlSnapshotUnreadable):
                                  "what is armed keeps running", location=location, reason="malformed", body=body)
 
 
+# --- the control plane II: applied jobs (surface.fire.*; engine/control/contracts.py) -----------
+
+
+class AppliedContractMissing(SpecInvalid):
+    """``surface.fire.applied-contract-missing``: an applied job's version holds no standalone table
+    contract for ``tables`` (a version claimed before contracts were captured, a pipelines-only apply
+    over one, or a table a pipelines-only apply stopped producing); the job refuses until a full
+    ``contextful pipeline apply`` captures them. No live declaration stands in."""
+
+    job: str
+    version: int
+    tables: tuple[str, ...]
+
+    def __init__(self, job: str, version: int, tables: tuple[str, ...] = ()) -> None:
+        what = f"no contract of {', '.join(map(repr, tables))}" if tables else "no standalone table contracts"
+        super().__init__(f"job {job!r}: applied version {version} holds {what}; nothing runs until a full "
+                         "`contextful pipeline apply` captures them", job=job, version=version, tables=tables)
+
+
+class AppliedAuthorityChanged(SpecInvalid):
+    """``surface.fire.applied-current-authority``: the writer of a table an applied job reads or
+    writes (``pipeline:<id>``, ``model:<name>``, ``external:<id>``, ``job:<name>`` or ``store``) is
+    ``current`` now but ``snapshot`` in the job's version; the execution does not open."""
+
+    job: str
+    version: int
+    table: str
+    snapshot: str
+    current: str
+
+    def __init__(self, job: str, version: int, table: str, snapshot: str, current: str) -> None:
+        super().__init__(f"job {job!r}: table {table!r} is written by {snapshot} in applied version {version} but "
+                         f"by {current} now; nothing runs until the job's version is applied again",
+                         job=job, version=version, table=table, snapshot=snapshot, current=current)
+
+
+class AppliedModelDisclosureChanged(SpecInvalid):
+    """``surface.fire.applied-current-authority``: a model an applied job reads publishes a contract
+    (``current``) other than the one the job's version declares (``snapshot``)."""
+
+    job: str
+    version: int
+    model: str
+    snapshot: str
+    current: str
+
+    def __init__(self, job: str, version: int, model: str, snapshot: str, current: str) -> None:
+        super().__init__(f"job {job!r}: model {model!r} discloses {snapshot} in applied version {version} but its "
+                         f"published build discloses {current}; nothing runs until they agree",
+                         job=job, version=version, model=model, snapshot=snapshot, current=current)
+
+
+class CycleControlSourceUnresolved(SpecInvalid):
+    """``surface.fire.cycle-control-source``: ``pipeline serve --cycle`` under a ``[control]``
+    ``snapshot_dir`` or ``url`` that does not resolve (no such directory; a URL whose host is not a
+    loopback address, or that does not answer); nothing is armed or fired."""
+
+    source: str
+    reason: str
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"control source {source}: {reason}; nothing armed, nothing fired",
+                         source=source, reason=reason)
+
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AddressInUse",
     "AnswerTooLarge",
+    "AppliedAuthorityChanged",
+    "AppliedContractMissing",
+    "AppliedModelDisclosureChanged",
     "ApplyValidationRefused",
     "ArgumentInvalid",
     "AwakeableAlreadyResolved",
@@ -2177,6 +2249,7 @@ __all__ = [
     "CredentialUnadmitted",
     "CursorFieldMismatch",
     "CursorPositionUnorderable",
+    "CycleControlSourceUnresolved",
     "DeriveAdvisoryZone",
     "DeriveAfterConflict",
     "DeriveCommandInManifest",

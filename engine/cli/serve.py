@@ -108,11 +108,13 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     from contextful.engine.cli.output import emit_json
     from contextful.engine.control.apply import load_applied, snapshot_dir
     from contextful.engine.control.fire import ControlPlane
+    from contextful.engine.control.source import resolve_source
     from contextful.engine.project import open_project_store
     from contextful.engine.run.script_runtime import refuse_script_runtime
     from contextful.storage.errors import StoreNotInitialized
 
     refuse_script_runtime()
+    resolve_source(manifest.control)  # surface.fire.cycle-control-source: before anything is armed
     applied = load_applied(manifest.root)
     if applied is None:
         raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest.root).path))
