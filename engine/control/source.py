@@ -35,10 +35,10 @@ def resolve_source(control: ControlSpec) -> None:
     """Raise ``CycleControlSourceUnresolved`` when ``control`` configures a source that does not resolve."""
     if control.url is not None:
         _resolve_url(control.url)
-    elif control.source is not None and control.snapshot_dir is not None and "://" not in control.snapshot_dir:
-        if not Path(control.snapshot_dir).is_dir():
-            raise CycleControlSourceUnresolved(f"[control] snapshot_dir {control.source!r}",
-                                               f"no directory {control.snapshot_dir} exists")
+    elif control.source is not None and control.snapshot_dir is not None and "://" not in control.snapshot_dir \
+            and not Path(control.snapshot_dir).is_dir():
+        raise CycleControlSourceUnresolved(f"[control] snapshot_dir {control.source!r}",
+                                           f"no directory {control.snapshot_dir} exists")
 
 
 def is_loopback(host: str) -> bool:

@@ -1,0 +1,272 @@
+"""Standalone table contracts in an applied version and the checks an applied job meets before its
+execution opens (``engine.control.contracts``; docs/jobs.md, "What a job reads: the applied version").
+
+Versions are claimed by ``contextful pipeline import`` / ``apply`` (real child processes) and read
+back with ``load_version``; stores are every adapter's (``store``: local/SQLite, PostgreSQL catalog,
+S3 root). :func:`_version` is the wiring the lead engineer's ``load_version`` takes over: it hands
+a loaded version the ``[snapshot] tables`` that import or apply captured (``manifest.applied``).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+from contextful.engine.config import load_manifest
+from contextful.engine.config.manifest import Manifest
+from contextful.engine.config.toml_writer import dumps
+from contextful.engine.control.apply import load_version
+from contextful.engine.control.contracts import (
+    AppliedContracts,
+    TableContract,
+    applied_contract,
+    capture_contracts,
+    check_applied,
+    job_tables,
+)
+from contextful.engine.jobs.context import JobContext
+from contextful.engine.model.build import build_models
+from contextful.storage import Store
+from contextful.storage.errors import (
+    AppliedAuthorityChanged,
+    AppliedContractMissing,
+    AppliedModelDisclosureChanged,
+)
+
+from tests.support.cli import contextful
+
+HEAD = """\
+[project]
+name = "shop"
+modules = ["contracts_bodies"]
+
+[[pipeline]]
+id = "events"
+primary_key = ["id"]
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["raw/*.ndjson"]
+
+[[external]]
+id = "crm"
+table = "crm_accounts"
+"""
+
+MODEL = """
+[[model]]
+name = "daily"
+sql = "SELECT count(*) AS n FROM events"
+[model.contract]
+version = "1.0"
+grain = []
+[model.contract.columns]
+n = { type = "bigint", nullable = false }
+"""
+
+JOB = """
+[[job]]
+name = "score"
+kind = "store-driven"
+schedule = "every 1h"
+body = "score"
+statement = "SELECT d.id, d.body, e.v, daily.n FROM documents AS d JOIN events AS e ON e.id = d.id CROSS JOIN daily"
+max_in_flight = 2
+tables = ["scores"]
+"""
+
+BODIES = '''\
+from contextful.engine.run.bodies import register_body
+
+
+def score(item):
+    return item
+
+
+register_body("score", score)
+'''
+
+
+def _project(root: Path, text: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "raw").mkdir(exist_ok=True)
+    (root / "contracts_bodies.py").write_text(BODIES)
+    (root / "contextful.toml").write_text(text)
+    return root
+
+
+def _fill(store: Store) -> None:
+    """The tables the job reads and writes: ``documents`` only ``table load`` writes, keyed and ordered;
+    ``scores``, the job's output; ``events``, the pipeline's."""
+    store.create_table("documents", ("id",), order_by="rev").append(
+        pa.table({"id": pa.array([1, 2], pa.int64()), "rev": pa.array([1, 1], pa.int32()), "body": ["a", "b"]}))
+    store.create_table("scores", ("id",)).append(pa.table({"id": pa.array([1], pa.int64()), "score": [0.5]}))
+    store.create_table("events", ("id",)).append(pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["x", "y"]}))
+
+
+def _version(root: Path, version: int, tables: dict[str, Any] | None) -> Manifest:
+    """Version ``version`` as ``load_version`` reads it, holding ``tables`` as its ``[snapshot]``'s."""
+    manifest = load_version(root, version)
+    object.__setattr__(manifest, "applied", SimpleNamespace(version=version, tables=tables))
+    return manifest
+
+
+def _columns(store: Store, table: str) -> tuple[tuple[str, str], ...]:
+    """The oracle: a table's columns as pyarrow reads its rows back."""
+    return tuple((f.name, str(f.type)) for f in store.table(table).to_arrow().schema)
+
+
+@pytest.mark.clause("surface.fire.standalone-snapshot")
+def test_capture_holds_each_standalone_tables_contract_from_the_store_head(tmp_path: Path, store: Store) -> None:
+    manifest = load_manifest(_project(tmp_path / "p", HEAD + MODEL + JOB))
+    _fill(store)
+    captured = capture_contracts(manifest, store)
+    # events is the pipeline's (its [[pipeline]] block pins it); the rest the job reads or writes, or an external declares
+    assert sorted(captured) == ["crm_accounts", "daily", "documents", "scores"]
+    assert captured["documents"] == {"authority": "store", "columns": [list(c) for c in _columns(store, "documents")],
+                                     "primary_key": ["id"], "order_by": "rev"}
+    assert captured["scores"] == {"authority": "job:score", "columns": [["id", "int64"], ["score", "double"]],
+                                  "primary_key": ["id"]}
+    assert captured["crm_accounts"] == {"authority": "external:crm", "primary_key": []}  # not in the store: no columns
+    assert captured["daily"] == {"authority": "model:daily", "primary_key": []}
+    # TOML-ready: what a version file holds reads back the same
+    data = tomllib.loads(dumps({"snapshot": {"tables": captured}}))["snapshot"]["tables"]
+    contracts = AppliedContracts.from_data(3, data)
+    assert contracts.table("Documents") == TableContract("documents", "store", _columns(store, "documents"), ("id",), "rev")
+    assert contracts.table("crm_accounts") == TableContract("crm_accounts", "external:crm")
+
+
+def _imported(root: Path, store: Store) -> dict[int, dict[str, Any]]:
+    """``pipeline import`` of the project at ``root``: v1, with the contracts captured from ``store``."""
+    contextful(root, "pipeline", "import")
+    return {1: capture_contracts(load_version(root, 1), store)}
+
+
+def _applied(root: Path, store: Store, captured: dict[int, dict[str, Any]], text: str) -> int:
+    (root / "contextful.toml").write_text(text)
+    contextful(root, "pipeline", "apply")
+    version = max(captured) + 1
+    captured[version] = capture_contracts(load_version(root, version), store)
+    return version
+
+
+@pytest.mark.clause("surface.fire.applied-data-contract")
+def test_an_applied_job_reads_its_tables_and_statement_from_its_version_never_the_working_file(
+        tmp_path: Path, store: Store) -> None:
+    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
+    _fill(store)
+    captured = _imported(root, store)
+    # unapplied edits: another statement and output, the pipeline's key, the external gone
+    edited = (HEAD + MODEL + JOB).replace("FROM documents AS d", "FROM drafts AS d").replace(
+        'tables = ["scores"]', 'tables = ["scores_v2"]').replace('primary_key = ["id"]', 'primary_key = ["v"]')
+    (root / "contextful.toml").write_text(edited.replace('[[external]]\nid = "crm"\ntable = "crm_accounts"\n', ""))
+    working = load_manifest(root)
+    assert working.jobs[0].tables == ("scores_v2",) and working.pipeline("events").primary_key == ("v",)
+    version = _version(root, 1, captured[1])
+    ctx = JobContext(version.jobs[0], version, 1, store)
+    reads, writes = job_tables(ctx.job, ctx.manifest)
+    assert reads == ("documents", "events", "daily") and writes == ("scores",)
+    assert set(reads) == set(duckdb.get_table_names(JOB.split('statement = "')[1].split('"')[0]))  # the oracle
+    assert applied_contract(ctx, "scores") == TableContract("scores", "job:score", (("id", "int64"), ("score", "double")),
+                                                            ("id",))
+    assert applied_contract(ctx, "documents") == TableContract("documents", "store", _columns(store, "documents"),
+                                                               ("id",), "rev")
+    assert applied_contract(ctx, "events") == TableContract("events", "pipeline:events", None, ("id",))
+    check_applied(ctx.manifest, store, ctx.job)  # the working file's edits are not the version in force
+    # the store moving on changes no contract the version pinned either
+    store.create_table("scores").append(pa.table({"id": pa.array([2], pa.int64()), "score": [0.1], "note": ["n"]}))
+    assert applied_contract(ctx, "scores").columns == (("id", "int64"), ("score", "double"))
+
+
+@pytest.mark.clause("surface.fire.applied-current-authority")
+def test_a_table_whose_writer_changed_since_the_jobs_version_refuses_before_the_execution_opens(
+        tmp_path: Path, store: Store) -> None:
+    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
+    _fill(store)
+    captured = _imported(root, store)
+    # v2 declares documents written from outside: v1's job no longer answers for who writes it
+    _applied(root, store, captured, HEAD + MODEL + JOB + '\n[[external]]\nid = "docs_feed"\ntable = "documents"\n')
+    v1 = _version(root, 1, captured[1])
+    with pytest.raises(AppliedAuthorityChanged) as info:
+        check_applied(v1, store, v1.jobs[0])
+    assert (info.value.job, info.value.version, info.value.table, info.value.snapshot, info.value.current) == (
+        "score", 1, "documents", "store", "external:docs_feed")
+    assert info.value.category == "spec-invalid"  # refused under validation
+    check_applied(_version(root, 2, captured[2]), store, v1.jobs[0])  # v2 pinned the new writer: it runs
+
+
+@pytest.mark.clause("surface.fire.applied-current-authority")
+def test_the_snapshot_never_admits_a_writer_the_version_in_force_does_not(tmp_path: Path, store: Store) -> None:
+    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
+    _fill(store)
+    captured = _imported(root, store)
+    # v2 moves scores to an outside writer and drops the job: v1's job:score may not write it any more
+    v2 = _applied(root, store, captured, HEAD + MODEL + '\n[[external]]\nid = "scores_feed"\ntable = "scores"\n')
+    v1 = _version(root, 1, captured[1])
+    assert captured[1]["scores"]["authority"] == "job:score" and captured[v2]["scores"]["authority"] == "external:scores_feed"
+    with pytest.raises(AppliedAuthorityChanged) as info:
+        check_applied(v1, store, v1.jobs[0])
+    assert (info.value.table, info.value.snapshot, info.value.current) == ("scores", "job:score", "external:scores_feed")
+    assert "'scores' is written by job:score in applied version 1 but by external:scores_feed now" in str(info.value)
+
+
+@pytest.mark.clause("surface.fire.applied-current-authority")
+def test_a_model_publishing_another_contract_than_the_jobs_version_refuses(tmp_path: Path, store: Store) -> None:
+    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
+    _fill(store)
+    captured = _imported(root, store)
+    v1 = _version(root, 1, captured[1])
+    build_models(store, v1)
+    check_applied(v1, store, v1.jobs[0])  # the published build discloses v1's contract
+    bumped = MODEL.replace('version = "1.0"', 'version = "2.0"').replace(
+        "SELECT count(*) AS n FROM events", "SELECT count(*) AS n, max(v) AS top FROM events").replace(
+        'n = { type = "bigint", nullable = false }', 'n = { type = "bigint", nullable = false }\ntop = { type = "string" }')
+    _applied(root, store, captured, HEAD + bumped + JOB)
+    build_models(store, _version(root, 2, captured[2]))
+    with pytest.raises(AppliedModelDisclosureChanged) as info:
+        check_applied(v1, store, v1.jobs[0])
+    assert (info.value.job, info.value.model) == ("score", "daily")
+    assert info.value.snapshot == "contract 1.0 (grain none; columns n bigint not null)"
+    assert info.value.current == "contract 2.0 (grain none; columns n bigint not null, top string)"
+    assert info.value.category == "spec-invalid"
+
+
+@pytest.mark.clause("surface.fire.applied-contract-missing")
+def test_a_version_holding_no_contracts_refuses_every_job_and_no_live_declaration_stands_in(
+        tmp_path: Path, store: Store) -> None:
+    root = _project(tmp_path / "p", HEAD + MODEL + JOB + JOB.replace('"score"\nkind', '"rescore"\nkind')
+                    .replace('tables = ["scores"]', 'tables = ["rescores"]'))
+    _fill(store)
+    contextful(root, "pipeline", "import")
+    bare = _version(root, 1, None)  # claimed before contracts were captured
+    for job in bare.jobs:
+        with pytest.raises(AppliedContractMissing) as info:
+            check_applied(bare, store, job, live=load_manifest(root))
+        assert (info.value.job, info.value.version) == (job.name, 1)
+        assert "full `contextful pipeline apply` captures them" in str(info.value)
+        ctx = JobContext(job, bare, 1, store)
+        with pytest.raises(AppliedContractMissing):
+            applied_contract(ctx, job.tables[0])
+    assert applied_contract(JobContext(bare.jobs[0], bare, 1, store), "events").authority == "pipeline:events"
+
+
+@pytest.mark.clause("surface.fire.applied-contract-missing")
+def test_a_table_a_pipelines_only_apply_stopped_producing_has_no_contract_until_a_full_apply(
+        tmp_path: Path, store: Store) -> None:
+    job = JOB.replace(", daily.n", "").replace(" CROSS JOIN daily", "")
+    root = _project(tmp_path / "p", HEAD + job)
+    _fill(store)
+    captured = _imported(root, store)
+    # pipelines-only: events is landed by no pipeline now; v2 keeps v1's contracts, which never held it
+    (root / "contextful.toml").write_text(HEAD.replace('id = "events"', 'id = "orders"') + job)
+    contextful(root, "pipeline", "apply", "--pipelines-only")
+    v2 = _version(root, 2, captured[1])
+    with pytest.raises(AppliedContractMissing) as info:
+        check_applied(v2, store, v2.jobs[0])
+    assert (info.value.version, info.value.tables) == (2, ("events",))
+    assert "no contract of 'events'" in str(info.value)
