@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from contextful.engine.project import Project
 
 if TYPE_CHECKING:
+    from contextful.engine.config.applied import AppliedSnapshot
     from contextful.engine.config.jobs import JobSpec
     from contextful.engine.export.spec import ExportSpec
     from contextful.engine.land.seed import SeedSpec
@@ -127,6 +128,9 @@ class Manifest:
     """The ``[[external]]`` blocks: tables written from outside Contextful (docs/manifest.md)."""
     jobs: tuple[JobSpec, ...] = ()
     """The ``[[job]]`` blocks (``engine.config.jobs``; docs/jobs.md)."""
+    applied: AppliedSnapshot | None = None
+    """The metadata of the applied version this manifest was read from (``engine.config.applied``);
+    None for the working ``contextful.toml``."""
 
     def export(self, name: str) -> ExportSpec:
         for spec in self.exports:

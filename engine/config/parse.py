@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from contextful.engine.config.applied import AppliedSnapshot
 from contextful.engine.config.control import parse_control
 from contextful.engine.config.manifest import (
     NORMALIZE_MODES,
@@ -109,16 +110,19 @@ def load_manifest(directory: str | os.PathLike[str] = ".") -> Manifest:
     return parse_manifest(read_manifest_document(root), root, str(root / MANIFEST))
 
 
-def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST) -> Manifest:
+def parse_manifest(doc: dict[str, Any], root: Path, path: str = MANIFEST, *,
+                   applied: AppliedSnapshot | None = None) -> Manifest:
     """The manifest ``doc`` declares for the project at ``root``; ``ManifestInvalid`` (naming ``path``)
-    lists every problem found in it."""
-    manifest, problems = read_declarations(doc, root)
+    lists every problem found in it. ``applied``: the metadata of the applied version ``doc`` was
+    read from (``engine.config.applied``)."""
+    manifest, problems = read_declarations(doc, root, applied=applied)
     if problems:
         raise ManifestInvalid(path, problems)
     return manifest
 
 
-def read_declarations(doc: dict[str, Any], root: Path) -> tuple[Manifest, list[ContextfulError]]:
+def read_declarations(doc: dict[str, Any], root: Path, *,
+                      applied: AppliedSnapshot | None = None) -> tuple[Manifest, list[ContextfulError]]:
     """What ``doc`` declares, block by block, and every problem found in it. With problems the
     manifest holds the blocks that parsed and no plan: enough for later checks to find their own
     problems (``engine.config.validate``), never enough to run."""
@@ -139,7 +143,7 @@ def read_declarations(doc: dict[str, Any], root: Path) -> tuple[Manifest, list[C
         problems.add(failure)
     _check_ids_and_order(pipelines, problems)
     pipelines = _derive_chains(pipelines, problems)
-    models = _models(doc.get("model", []), root, pipelines, problems)
+    models = _models(doc.get("model", []), root, pipelines, problems, applied.models if applied else {})
     externals = _externals(doc.get("external", []), pipelines, models, problems)
     _check_table_names(pipelines, models, externals, problems)
     exports = _exports(doc.get("export", []), root, problems)
@@ -157,7 +161,7 @@ def read_declarations(doc: dict[str, Any], root: Path) -> tuple[Manifest, list[C
 
         plan = compile_plan(pipelines, models, exports, doc, problems.add)
     manifest = Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan, control=control,
-                        externals=tuple(externals), jobs=tuple(jobs))
+                        externals=tuple(externals), jobs=tuple(jobs), applied=applied)
     for problem in job_problems(manifest, jobs):
         problems.add(problem)
     if problems.found:
@@ -223,14 +227,15 @@ def _exports(blocks: Any, root: Path, problems: _Problems) -> list[ExportSpec]:
     return exports
 
 
-def _models(blocks: Any, root: Path, pipelines: list[PipelineSpec], problems: _Problems) -> list[ModelSpec]:
+def _models(blocks: Any, root: Path, pipelines: list[PipelineSpec], problems: _Problems,
+            inlined: Mapping[str, str]) -> list[ModelSpec]:
     """The [[model]] blocks: names unique and apart from pipeline tables, no cycle among models."""
     from contextful.engine.model.spec import parse_model
 
     if not isinstance(blocks, list):
         problems.add(ManifestValueInvalid("the manifest", "model", "declare models as [[model]] blocks"))
         return []
-    models = [m for n, block in enumerate(blocks, 1) if (m := parse_model(block, n, root, problems)) is not None]
+    models = [m for n, block in enumerate(blocks, 1) if (m := parse_model(block, n, root, problems, inlined)) is not None]
     tables = {p.table for p in pipelines}  # names differing only in case: _check_table_names
     seen: set[str] = set()
     for model in models:

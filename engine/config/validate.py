@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contextful.engine.config.applied import AppliedSnapshot
 from contextful.engine.config.manifest import Manifest
 from contextful.engine.config.parse import read_declarations
 from contextful.engine.project import MANIFEST, read_manifest_document
@@ -54,13 +55,15 @@ Check = Callable[[Manifest, Validation], list[ContextfulError]]
 
 
 def validated_manifest(root: Path, doc: dict[str, Any] | None = None, *, source: str | None = None,
-                       store: str | None = None, machine: str | None = None) -> Manifest:
+                       store: str | None = None, machine: str | None = None,
+                       applied: AppliedSnapshot | None = None) -> Manifest:
     """The manifest of ``doc`` (default: the working ``contextful.toml`` at ``root``) for the
     project at ``root``, after every check; ``ManifestInvalid`` (naming ``source``, default the
     working file) lists every problem found. ``store`` is the ``--store`` root the model checks
-    read instead of the project's; ``machine`` the ``--machine`` file."""
+    read instead of the project's; ``machine`` the ``--machine`` file; ``applied`` the metadata of
+    the applied version ``doc`` keeps (a pipelines-only apply: its models' inlined SQL)."""
     doc = read_manifest_document(root) if doc is None else doc
-    manifest, found = read_declarations(doc, root)
+    manifest, found = read_declarations(doc, root, applied=applied)
     validation = Validation(root, doc, store, machine, list(found), parsed=not found)
     for check in CHECKS:
         validation.found += check(manifest, validation)

@@ -24,11 +24,16 @@ the path):
   file is never rewritten; a version claimed by an apply that then lost the pointer stays, never
   applied, and the next claim takes the number after the highest claimed.
 
-What a version holds: the manifest document (TOML) as applied. A full apply and an import store
-the working file's text as it is (comments included); a pipelines-only apply whose document
-differs from the working file stores the composed document written by ``engine.config.toml_writer``.
-Files the document refers to (a model's SQL file, the machine configuration) are read from the
-project at run time; a snapshot that inlines them is a later step, at :func:`_claimable`.
+What a version holds: the manifest document (TOML) as applied, then its ``[snapshot]`` table
+(``engine.config.applied``). A full apply and an import store the working file's text as it is
+(comments included) and a ``[snapshot]`` table captured from the project: each model's
+``sql_file`` text inlined (``surface.fire.model-snapshot``), so a version runs the SQL it was
+applied with. A pipelines-only apply whose document differs from the working file stores the
+composed document written by ``engine.config.toml_writer``, and the applied version's
+``[snapshot]`` table as it was (absent when it was absent): it validates with that version's
+model SQL and regenerates nothing from the project's files. Two versions compare equal when
+their documents normalize to one text and their ``[snapshot]`` tables are equal, so editing a
+model's SQL file alone is a change a full apply claims.
 :func:`load_applied` is what serve runs; :func:`versions` lists what was claimed.
 """
 
@@ -41,6 +46,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from contextful.engine.config.applied import KEY as SNAPSHOT_KEY
+from contextful.engine.config.applied import AppliedSnapshot, metadata, split
 from contextful.engine.config.control import read_control
 from contextful.engine.config.manifest import Manifest
 from contextful.engine.config.toml_writer import dumps
@@ -57,6 +64,9 @@ from contextful.storage.errors import (
 
 MAX_ATTEMPTS = 8
 """How many times an apply reloads the winner of a lost race and reapplies before giving up."""
+
+MARKER = "\n# Written by import or apply: what this version was applied with (docs/control.md).\n"
+"""The line between a version's document and its ``[snapshot]`` table."""
 
 Step = Callable[[str, int], None]
 """Called with ``("claim", N)`` before an apply claims version N and ``("advance", N)`` before it
@@ -142,10 +152,10 @@ def import_manifest(directory: str | Path = ".", *, store: str | None = None,
     claimed = False
     if not held:
         text, doc = _working(root)
-        _validate(root, doc, str(root / MANIFEST), store, machine)
+        manifest = _validate(root, doc, str(root / MANIFEST), store, machine)
         snapshots.prepare()
         try:
-            snapshots.claim(1, _claimable(text))
+            snapshots.claim(1, _claimable(text, _captured(manifest, store)))
             claimed = True
         except ManifestVersionConflict:  # a concurrent import claimed v1 first
             pass
@@ -172,16 +182,21 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
     for _attempt in range(MAX_ATTEMPTS):
         applied = snapshots.applied()
         assert applied is not None  # a pointer never goes away
-        base = _parsed(snapshots, applied)
-        doc = _pipelines_over(working, base) if pipelines_only else working
-        _validate(root, doc, source, store, machine)
-        if _normal(doc) == _normal(base):
+        base, base_meta = split(_parsed(snapshots, applied))
+        if pipelines_only:  # everything but the pipelines as applied, its [snapshot] table included
+            doc, kept = _pipelines_over(working, base), AppliedSnapshot.read(applied, base_meta)
+            _validate(root, doc, source, store, machine, kept)
+            meta = base_meta
+        else:
+            doc = working
+            meta = _captured(_validate(root, doc, source, store, machine), store)
+        if _normal(doc) == _normal(base) and meta == base_meta:
             return ApplyOutcome("apply", applied, False, applied, snapshots.file(applied), conflicts)
         version = max(snapshots.versions(), default=applied) + 1
         text = working_text if _normal(doc) == _normal(working) else dumps(doc)
         try:
             _call(step, "claim", version)
-            snapshots.claim(version, _claimable(text))
+            snapshots.claim(version, _claimable(text, meta))
             # The seam of a synced claim (surface.apply.receipt-file): it signs here, before the pointer moves.
             _call(step, "advance", version)
             snapshots.advance(applied, version)
@@ -210,8 +225,9 @@ def load_version(root: Path, version: int, snapshots: SnapshotDir | None = None)
 
     snapshots = snapshots or snapshot_dir(root)
     path = snapshots.file(version)
+    doc, meta = split(_parsed(snapshots, version))
     try:
-        return parse_manifest(_parsed(snapshots, version), root, str(path))
+        return parse_manifest(doc, root, str(path), applied=AppliedSnapshot.read(version, meta))
     except ManifestInvalid as exc:
         raise ControlSnapshotUnreadable(str(path), f"version {version} does not validate: {exc.detail}") from exc
 
@@ -230,9 +246,18 @@ def versions(directory: str | Path = ".") -> list[VersionInfo]:
     return found
 
 
-def _claimable(text: str) -> str:
-    """The text a version file holds for document ``text`` (the seam where model SQL files would be inlined)."""
-    return text
+def _claimable(text: str, meta: dict[str, Any] | None) -> str:
+    """The text a version file holds: the document ``text`` as it is (comments included), then its
+    ``[snapshot]`` table ``meta`` (``engine.config.applied``; None: the version holds none)."""
+    if meta is None:
+        return text
+    return f"{text if text.endswith(chr(10)) else text + chr(10)}{MARKER}{dumps({SNAPSHOT_KEY: meta})}"
+
+
+def _captured(manifest: Manifest, store: str | None) -> dict[str, Any]:
+    """The ``[snapshot]`` table import and a full apply write for ``manifest``: each model's
+    ``sql_file`` text inlined (``surface.fire.model-snapshot``)."""
+    return metadata({m.name: m.sql for m in manifest.models if m.sql_file is not None}, None)
 
 
 def _call(step: Step | None, what: str, version: int) -> None:
@@ -273,10 +298,13 @@ def _normal(doc: dict[str, Any]) -> str:
     return dumps(doc, sort_keys=True)
 
 
-def _validate(root: Path, doc: dict[str, Any], source: str, store: str | None, machine: str | None) -> None:
+def _validate(root: Path, doc: dict[str, Any], source: str, store: str | None, machine: str | None,
+              applied: AppliedSnapshot | None = None) -> Manifest:
+    """The manifest of ``doc`` after the engine's whole validation; ``applied``: the metadata a
+    pipelines-only apply keeps (its models' SQL is the applied version's, not the project's files)."""
     from contextful.engine.config.validate import validated_manifest
 
     try:
-        validated_manifest(root, doc, source=source, store=store, machine=machine)
+        return validated_manifest(root, doc, source=source, store=store, machine=machine, applied=applied)
     except ManifestInvalid as exc:
         raise ApplyValidationRefused(source, exc.problems) from exc

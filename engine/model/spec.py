@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -194,13 +195,16 @@ def case_clash(names: tuple[str, ...]) -> tuple[str, ...]:
     return next((tuple(group) for group in groups.values() if len(group) > 1), ())
 
 
-def parse_model(block: Any, n: int, root: Path, problems: _Problems) -> ModelSpec | None:
+def parse_model(block: Any, n: int, root: Path, problems: _Problems,
+                inlined: Mapping[str, str] | None = None) -> ModelSpec | None:
+    """One ``[[model]]`` block; ``inlined`` (an applied version's ``[snapshot.models]``) holds the
+    text each ``sql_file`` had when the version was claimed, read in place of the file."""
     opened = problems.open_block("model", n, block, "name", MODEL_KEYS, _NAME,
                                  "a table name (a letter, then letters, digits or '_')")
     if opened is None:
         return None
     where, name = opened
-    sql = _statement(block, where, root, problems)
+    sql = _statement(block, where, root, problems, (inlined or {}).get(name or ""))
     referenced: tuple[str, ...] = ()
     if sql is not None:
         parsed = referenced_tables(sql)
@@ -223,8 +227,10 @@ def parse_model(block: Any, n: int, root: Path, problems: _Problems) -> ModelSpe
                      contract=contract, policy=policy, tests=tests, record=record)
 
 
-def _statement(block: dict[str, Any], where: str, root: Path, problems: _Problems) -> str | None:
-    """The statement source: exactly one of ``sql`` and ``sql_file``."""
+def _statement(block: dict[str, Any], where: str, root: Path, problems: _Problems,
+               inlined: str | None) -> str | None:
+    """The statement source: exactly one of ``sql`` and ``sql_file`` (whose text is ``inlined``
+    when an applied version holds it)."""
     if ("sql" in block) == ("sql_file" in block):
         problems.add(ManifestValueInvalid(where, "sql", "declare exactly one of sql and sql_file"))
         return None
@@ -233,6 +239,8 @@ def _statement(block: dict[str, Any], where: str, root: Path, problems: _Problem
     path = problems.string(where, block, "sql_file")
     if path is None:
         return None
+    if inlined is not None:
+        return inlined
     file = root / path
     if not file.is_file():
         problems.add(ManifestValueInvalid(where, "sql_file", f"no file at {file}"))
