@@ -3,15 +3,15 @@ execution opens (``engine.control.contracts``; docs/jobs.md, "What a job reads: 
 
 Versions are claimed by ``contextful pipeline import`` / ``apply`` (real child processes) and read
 back with ``load_version``; stores are every adapter's (``store``: local/SQLite, PostgreSQL catalog,
-S3 root). :func:`_version` is the wiring the lead engineer's ``load_version`` takes over: it hands
-a loaded version the ``[snapshot] tables`` that import or apply captured (``manifest.applied``).
+S3 root): :func:`_version` hands a version the contracts captured from the adapter's store; the
+``contextful`` tests capture them through import and apply from the project's store.
 """
 
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import duckdb
@@ -20,7 +20,7 @@ import pytest
 from contextful.engine.config import load_manifest
 from contextful.engine.config.manifest import Manifest
 from contextful.engine.config.toml_writer import dumps
-from contextful.engine.control.apply import load_version
+from contextful.engine.control.apply import load_applied, load_version
 from contextful.engine.control.contracts import (
     AppliedContracts,
     TableContract,
@@ -31,6 +31,7 @@ from contextful.engine.control.contracts import (
 )
 from contextful.engine.jobs.context import JobContext
 from contextful.engine.model.build import build_models
+from contextful.engine.project import open_project_store
 from contextful.storage import Store
 from contextful.storage.errors import (
     AppliedAuthorityChanged,
@@ -110,10 +111,12 @@ def _fill(store: Store) -> None:
 
 
 def _version(root: Path, version: int, tables: dict[str, Any] | None) -> Manifest:
-    """Version ``version`` as ``load_version`` reads it, holding ``tables`` as its ``[snapshot]``'s."""
+    """Version ``version`` as ``load_version`` reads it, holding ``tables``: the contracts
+    ``capture_contracts`` takes from this adapter's store (import and apply take them from the
+    project's own store, a local one: the ``contextful`` tests below go that way end to end)."""
     manifest = load_version(root, version)
-    object.__setattr__(manifest, "applied", SimpleNamespace(version=version, tables=tables))
-    return manifest
+    assert manifest.applied is not None
+    return replace(manifest, applied=replace(manifest.applied, tables=tables))
 
 
 def _columns(store: Store, table: str) -> tuple[tuple[str, str], ...]:
@@ -270,3 +273,85 @@ def test_a_table_a_pipelines_only_apply_stopped_producing_has_no_contract_until_
         check_applied(v2, store, v2.jobs[0])
     assert (info.value.version, info.value.tables) == (2, ("events",))
     assert "no contract of 'events'" in str(info.value)
+
+
+CSV = "id,rev,body\n1,1,a\n2,1,b\n"
+
+
+def _version_file(root: Path, version: int) -> dict[str, Any]:
+    return tomllib.loads((root / ".contextful" / "control" / "shop" / f"manifest@v{version}.toml").read_text())
+
+
+def _store_columns(root: Path, table: str) -> list[list[str]]:
+    """The oracle: the table's columns as DuckDB's read path describes its rows."""
+    from contextful.engine.read import connect
+
+    with open_project_store(root) as store:
+        con = connect(store)
+        try:
+            arrow = con.execute(f'SELECT * FROM "{table}"').to_arrow_table()
+        finally:
+            con.close()
+    return [[f.name, str(f.type)] for f in arrow.schema]
+
+
+@pytest.mark.clause("surface.fire.standalone-snapshot")
+def test_import_and_full_apply_capture_contracts_and_a_pipelines_only_apply_keeps_them(tmp_path: Path) -> None:
+    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
+    (root / "docs.csv").write_text(CSV)
+    contextful(root, "table", "load", "documents", str(root / "docs.csv"), "--primary-key", "id")
+    contextful(root, "pipeline", "import")
+    v1 = _version_file(root, 1)["snapshot"]["tables"]
+    assert v1 == {"crm_accounts": {"authority": "external:crm", "primary_key": []},
+                  "daily": {"authority": "model:daily", "primary_key": []},
+                  "documents": {"authority": "store", "columns": _store_columns(root, "documents"),
+                                "primary_key": ["id"]},
+                  "scores": {"authority": "job:score", "primary_key": []}}
+    applied = load_applied(root)
+    assert applied is not None and applied.manifest.applied is not None
+    assert AppliedContracts.of(applied.manifest, applied.manifest.jobs[0]).tables["documents"].columns == tuple(
+        tuple(c) for c in _store_columns(root, "documents"))
+    # the output table lands; a full apply of an edited document captures it
+    (root / "scores.csv").write_text("id,score\n1,0.5\n")
+    contextful(root, "table", "load", "scores", str(root / "scores.csv"), "--primary-key", "id")
+    (root / "contextful.toml").write_text(HEAD + MODEL + JOB.replace("max_in_flight = 2", "max_in_flight = 3"))
+    contextful(root, "pipeline", "apply")
+    v2 = _version_file(root, 2)["snapshot"]["tables"]
+    assert v2["scores"] == {"authority": "job:score", "columns": _store_columns(root, "scores"), "primary_key": ["id"]}
+    # the external's table lands; a pipelines-only apply keeps v2's contracts as they were
+    (root / "crm.csv").write_text("account,owner\nx,y\n")
+    contextful(root, "table", "load", "crm_accounts", str(root / "crm.csv"))
+    (root / "contextful.toml").write_text((HEAD + MODEL + JOB).replace("[[pipeline]]\n", '[[pipeline]]\nschedule = "every 5m"\n'))
+    contextful(root, "pipeline", "apply", "--pipelines-only")
+    v3 = _version_file(root, 3)
+    assert v3["pipeline"][0]["schedule"] == "every 5m" and v3["snapshot"]["tables"] == v2
+    contextful(root, "pipeline", "apply")  # a full apply captures what the store holds now
+    assert _version_file(root, 4)["snapshot"]["tables"]["crm_accounts"]["columns"] == _store_columns(root, "crm_accounts")
+
+
+@pytest.mark.clause("surface.fire.standalone-snapshot", "surface.fire.applied-contract-missing")
+def test_a_version_claimed_without_contracts_stays_without_through_pipelines_only_applies_and_refuses_its_jobs(
+        tmp_path: Path) -> None:
+    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
+    # v1 as a version claimed before contracts were captured: the document alone
+    snapshots = root / ".contextful" / "control" / "shop"
+    snapshots.mkdir(parents=True)
+    (snapshots / "manifest@v1.toml").write_text(HEAD + MODEL + JOB)
+    (snapshots / "manifest@current").write_text("1\n")
+    (root / "contextful.toml").write_text((HEAD + MODEL + JOB).replace("[[pipeline]]\n", '[[pipeline]]\nschedule = "every 5m"\n'))
+    contextful(root, "pipeline", "apply", "--pipelines-only")
+    assert "tables" not in _version_file(root, 2).get("snapshot", {})  # the absence is kept
+    applied = load_applied(root)
+    assert applied is not None and applied.version == 2 and applied.manifest.applied is not None
+    assert applied.manifest.applied.tables is None
+    (root / "docs.csv").write_text(CSV)
+    contextful(root, "table", "load", "documents", str(root / "docs.csv"), "--primary-key", "id")
+    with open_project_store(root) as store:
+        with pytest.raises(AppliedContractMissing) as info:  # the working file declares them all: no matter
+            check_applied(applied.manifest, store, applied.manifest.jobs[0], live=load_manifest(root))
+        assert (info.value.job, info.value.version, info.value.tables) == ("score", 2, ())
+        assert "`contextful pipeline apply` captures them" in str(info.value)
+        contextful(root, "pipeline", "apply")  # a full apply captures them: the job runs
+        applied = load_applied(root)
+        assert applied is not None and applied.version == 3
+        check_applied(applied.manifest, store, applied.manifest.jobs[0])
