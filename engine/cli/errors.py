@@ -23,11 +23,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 if TYPE_CHECKING:
+    from contextful.engine.config.manifest import Manifest
     from contextful.storage.errors import ContextfulError
 
 EXIT_INTERNAL = 70
@@ -123,14 +124,36 @@ def _log_dirs(project_dir: str) -> list[Path]:
     return [*inside, state, Path(tempfile.gettempdir()) / "contextful-logs"]
 
 
-def report_problems(ctx: click.Context, problems: list[ContextfulError], exit_code: int) -> None:
+def report_problems(ctx: click.Context, problems: list[ContextfulError], exit_code: int) -> NoReturn:
     """A validation's problems, each on its own ``error:`` line (``--json``: ``{"ok": false,
     "problems": [...]}``), then exit with ``exit_code``."""
     from contextful.engine.cli.output import emit_json
 
     if ctx.obj["json"]:
-        emit_json({"ok": False, "problems": [{"error": p.name, "detail": p.detail} for p in problems]})
+        emit_json({"ok": False, "problems": [{"error": p.name, "detail": _masked(p.detail)} for p in problems]})
     else:
         for problem in problems:
             click.echo(error_line(problem), err=True)
     ctx.exit(exit_code)
+
+
+def validated_or_reported(ctx: click.Context) -> Manifest:
+    """The working manifest after every check ``pipeline validate`` runs (the engine's validation,
+    then each pipeline's and job's schedule read by the grammar); with problems, every one is
+    reported (:func:`report_problems`) and the command exits. ``pipeline validate`` and ``job
+    validate`` both read it."""
+    from contextful.engine.config.validate import validated_manifest
+    from contextful.engine.control.arm import schedule_problems
+    from contextful.engine.project import locate_project, read_manifest_document
+    from contextful.storage.errors import ManifestInvalid
+
+    root = locate_project(ctx.obj["project"])
+    unreadable = schedule_problems(read_manifest_document(root))  # each a problem of its entry alone
+    try:
+        manifest = validated_manifest(root, store=ctx.obj["store"], machine=ctx.obj.get("machine"))
+        if schedules := unreadable + schedule_problems({}, manifest):
+            raise ManifestInvalid(str(root / "contextful.toml"), list(schedules))
+    except ManifestInvalid as exc:
+        report_problems(ctx, list(exc.problems) + [p for p in unreadable if p not in exc.problems], exc.exit_code)
+    return manifest
+

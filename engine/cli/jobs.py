@@ -41,16 +41,11 @@ def job_list(ctx: click.Context) -> None:
 @job.command("validate")
 @click.pass_context
 def job_validate(ctx: click.Context) -> None:
-    """Check contextful.toml as `pipeline validate` does; with no problem, name the jobs."""
-    from contextful.engine.cli.errors import report_problems
-    from contextful.storage.errors import ManifestInvalid
+    """Check contextful.toml as `pipeline validate` does (schedules included); with no problem, name the jobs."""
+    from contextful.engine.cli.errors import validated_or_reported
 
-    try:
-        jobs = _jobs_json(ctx)
-    except ManifestInvalid as exc:
-        report_problems(ctx, list(exc.problems), exc.exit_code)
-        return
+    jobs = [j.name for j in validated_or_reported(ctx).jobs]
     if ctx.obj["json"]:
-        emit_json({"ok": True, "jobs": [j["name"] for j in jobs]})
+        emit_json({"ok": True, "jobs": jobs})
     else:
-        click.echo(f"{len(jobs)} job(s) valid: {', '.join(str(j['name']) for j in jobs) or 'none'}")
+        click.echo(f"{len(jobs)} job(s) valid: {', '.join(jobs) or 'none'}")

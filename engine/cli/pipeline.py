@@ -74,20 +74,9 @@ def pipeline() -> None:
 @click.pass_context
 def validate(ctx: click.Context) -> None:
     """Check contextful.toml; print every problem, each by its spec error."""
-    from contextful.engine.cli.errors import report_problems
-    from contextful.engine.config.validate import validated_manifest
-    from contextful.engine.control.arm import schedule_problems
-    from contextful.engine.project import locate_project, read_manifest_document
-    from contextful.storage.errors import ManifestInvalid
+    from contextful.engine.cli.errors import validated_or_reported
 
-    root = locate_project(ctx.obj["project"])
-    unreadable = schedule_problems(read_manifest_document(root))  # each a problem of its pipeline alone
-    try:
-        manifest = validated_manifest(root, store=ctx.obj["store"], machine=ctx.obj.get("machine"))
-        if schedules := unreadable + schedule_problems({}, manifest):
-            raise ManifestInvalid(str(root / "contextful.toml"), list(schedules))
-    except ManifestInvalid as exc:
-        report_problems(ctx, list(exc.problems) + [p for p in unreadable if p not in exc.problems], exc.exit_code)
+    manifest = validated_or_reported(ctx)
     from contextful.engine.export.preflight import caller_sql_warnings
     from contextful.engine.land.files import unmatched_warnings
     from contextful.engine.land.http import rereads_warning

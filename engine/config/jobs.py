@@ -7,7 +7,8 @@ Implements the declaration half of the control plane's fire stage (../shared/spe
   that pipeline's head schedule and runs only after a successful unit (``surface.fire.build-dependency``);
 - ``fold`` and ``sync-push`` — maintenance, dispatched as ``contextful job fire <name>``
   (``surface.fire.scheduled-maintenance``); a fold's ``target`` names produced tables;
-- ``store-driven`` — a registered body (``body``) or a bound delegate (``delegate``) over a store
+- ``store-driven`` — a registered body (``body = "<name>"``) or a bound delegate
+  (``body = { delegate = "<name>" }``, the spec's spelling) over a store
   input relation (``statement``), writing ``tables``; ``max_in_flight`` is required, no default
   (``surface.fire.store-driven-concurrency``);
 - ``plan`` — a compiled plan file beside the manifest lowered onto one execution (``surface.fire.plan-job``);
@@ -48,7 +49,7 @@ KINDS = ("build", "fold", "sync-push", "store-driven", "plan", "synthesize")
 
 UNDISPATCHED = {
     "sweep": "contextful store collect",
-    "rebuild-catalog": "contextful store provision",
+    "rebuild-catalog": "contextful export run",
     "validate": "contextful pipeline validate",
 }
 """The kinds the spec names that no job dispatches, and the command that does their work."""
@@ -56,7 +57,7 @@ UNDISPATCHED = {
 HOST_COMMAND_KEYS = ("command", "argv", "args", "exec", "shell")
 """Keys that would make a job run a host command or an argument vector: never a job (JobKindUnknown)."""
 
-KEYS = ("name", "kind", "schedule", "after", "target", "body", "delegate", "statement", "tables",
+KEYS = ("name", "kind", "schedule", "after", "target", "body", "statement", "tables",
         "max_in_flight", "plan", "source", "entities", "read_individual", "description")
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,127}")
@@ -143,8 +144,8 @@ def _job(block: Any, n: int, problems: list[ContextfulError]) -> JobSpec | None:
         schedule=_text(where, block, "schedule", problems),
         after=_text(where, block, "after", problems),
         target=_names(where, block, "target", problems),
-        body=_text(where, block, "body", problems),
-        delegate=_text(where, block, "delegate", problems),
+        body=_text(where, block, "body", problems) if not isinstance(block.get("body"), dict) else None,
+        delegate=_delegate(where, block, problems),
         statement=_text(where, block, "statement", problems),
         tables=_names(where, block, "tables", problems),
         max_in_flight=_in_flight(name, kind, block, problems),
@@ -155,6 +156,18 @@ def _job(block: Any, n: int, problems: list[ContextfulError]) -> JobSpec | None:
         description=_text(where, block, "description", problems),
     )
     return job if len(problems) == found else None
+
+
+def _delegate(where: str, block: dict[str, Any], problems: list[ContextfulError]) -> str | None:
+    """``body = { delegate = "<name>" }``: a bound delegate in place of a registered body (the spec's spelling)."""
+    body = block.get("body")
+    if not isinstance(body, dict):
+        return None
+    if set(body) != {"delegate"}:
+        problems.append(ManifestValueInvalid(where, "body", "is a registered body's name or { delegate = \"<name>\" }, "
+                                                            f"not {body!r}"))
+        return None
+    return _text(where, body, "delegate", problems)
 
 
 def _text(where: str, block: dict[str, Any], key: str, problems: list[ContextfulError]) -> str | None:
@@ -242,7 +255,8 @@ def _body_problems(job: JobSpec) -> list[ContextfulError]:
 
     where = f"[[job]] {job.name!r}"
     if (job.body is None) == (job.delegate is None):
-        return [ManifestValueInvalid(where, "body", "a store-driven job names a `body` or a `delegate`, one of them")]
+        return [ManifestValueInvalid(where, "body", "a store-driven job names its body: a registered body's name "
+                                                    "or { delegate = \"<name>\" }")]
     if job.delegate is not None:
         return [JobBodyUnregistered(job.name, f"delegate {job.delegate!r}",
                                     "no [control.delegates] binding names it")]

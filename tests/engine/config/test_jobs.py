@@ -93,6 +93,7 @@ def test_a_kind_outside_the_union_or_a_host_command_is_job_kind_unknown(tmp_path
 
 @pytest.mark.clause("surface.fire.kind-undispatched")
 @pytest.mark.parametrize("kind, command", [("sweep", "contextful store collect"),
+                                           ("rebuild-catalog", "contextful export run"),
                                            ("validate", "contextful pipeline validate")])
 def test_an_undispatched_kind_names_the_command_doing_its_work(tmp_path: Path, kind: str, command: str) -> None:
     code, errors = _validate(tmp_path, f'\n[[job]]\nname = "j"\nkind = "{kind}"\n')
@@ -190,7 +191,7 @@ max_in_flight = 2
 [[job]]
 name = "remote"
 kind = "store-driven"
-delegate = "scorer"
+body = { delegate = "scorer" }
 statement = "SELECT * FROM orders"
 max_in_flight = 1
 """)
@@ -255,8 +256,11 @@ def test_import_and_apply_claim_no_version_over_a_refused_job(tmp_path: Path) ->
     assert [v["version"] for v in versions] == [1]
 
 
-def test_a_jobs_unreadable_schedule_is_a_problem_of_that_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [("pipeline", "validate"), ("job", "validate")])
+def test_a_jobs_unreadable_schedule_is_a_problem_of_that_job(tmp_path: Path, command: tuple[str, str]) -> None:
     code, errors = _validate(tmp_path, '\n[[job]]\nname = "f"\nkind = "fold"\nschedule = "every blue moon"\n'
                                        'target = "orders"\n')
     assert code == 3
     assert len(errors) == 1 and errors[0].startswith("error: ScheduleUnreadable: ") and "job:f" in errors[0]
+    done = contextful_in(tmp_path, *command, check=False)
+    assert done.returncode == 3 and [line for line in done.stderr.splitlines() if line.startswith("error: ")] == errors
