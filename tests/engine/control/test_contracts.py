@@ -289,7 +289,7 @@ def _store_columns(root: Path, table: str) -> list[list[str]]:
     with open_project_store(root) as store:
         con = connect(store)
         try:
-            arrow = con.execute(f'SELECT * FROM "{table}"').to_arrow_table()
+            arrow = con.sql(f'SELECT * FROM "{table}"').to_arrow_table()
         finally:
             con.close()
     return [[f.name, str(f.type)] for f in arrow.schema]
