@@ -1219,8 +1219,9 @@ class TableDeclarationChanged(Conflict):
     ``table load --primary-key``) differs from the one the table landed under: ``pipeline validate``,
     ``plan``, ``run`` and ``table load`` refuse it by name rather than land rows under a mix of the
     two. ``stored`` and ``declared`` are the two values as the manifest spells them; ``pipeline`` the
-    declaring pipeline (None: a ``table load``); ``migrate`` the commands that move the table to the
-    new declaration."""
+    declaring pipeline (None: a ``table load``, or ``declared_in``: an applied job's version, whose
+    output table the store now holds otherwise, ``engine.control.contracts``); ``migrate`` the
+    commands that move the table to the new declaration."""
 
     table: str
     pipeline: str | None
@@ -1230,9 +1231,9 @@ class TableDeclarationChanged(Conflict):
     migrate: str
 
     def __init__(self, table: str, pipeline: str | None, setting: str, stored: str, declared: str,
-                 migrate: str) -> None:
+                 migrate: str, declared_in: str | None = None) -> None:
         who, where = (f" (pipeline {pipeline!r})", "contextful.toml") if pipeline is not None else \
-            ("", "this table load")
+            ("", declared_in or "this table load")
         super().__init__(f"table {table!r}{who}: {setting} is {stored} in the store but {declared} in {where}; "
                          f"nothing lands under a mix of the two. To migrate: {migrate}",
                          table=table, pipeline=pipeline, setting=setting, stored=stored, declared=declared,

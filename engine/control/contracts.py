@@ -17,8 +17,10 @@ its version holds no contract of a standalone table it uses (``AppliedContractMi
 declaration stands in), when a table it reads or writes has another writer now than its version
 pinned (``AppliedAuthorityChanged``; "now" is the version the project's pointer names: an
 unapplied edit of ``contextful.toml`` is no declaration), or when a model it reads publishes a
-contract other than its version declares (``AppliedModelDisclosureChanged``). Passing grants
-nothing: the store's and the fire credential's admission of a writer stay in force.
+contract other than its version declares (``AppliedModelDisclosureChanged``). The store's
+admission of a writer stays in force: a standalone table the job writes that the store now keys or
+orders otherwise than the version captured refuses too (``TableDeclarationChanged``), and so does
+whatever a fire credential does not reach.
 
 The tables a job reads come from its declaration, a statement's relations from DuckDB's own parse
 (:func:`~contextful.engine.model.spec.referenced_tables`).
@@ -35,6 +37,7 @@ from contextful.storage.errors import (
     AppliedContractMissing,
     AppliedModelDisclosureChanged,
     ManifestValueInvalid,
+    TableDeclarationChanged,
 )
 
 if TYPE_CHECKING:
@@ -240,6 +243,32 @@ def check_applied(manifest: Manifest, store: Store, job: JobSpec, *, live: Manif
         if (current := authority(live, table)) != writer:
             raise AppliedAuthorityChanged(job.name, contracts.version, table, writer, current)
     _check_models(manifest, store, job, contracts.version, reads)
+    _check_heads(store, job, contracts, writes)
+
+
+def _check_heads(store: Store, job: JobSpec, contracts: AppliedContracts, writes: tuple[str, ...]) -> None:
+    """The store admits a writer on its own terms: a standalone table the job writes that the store
+    now keys or orders otherwise than the version captured refuses (``TableDeclarationChanged``)
+    rather than land rows under a mix of the two. A table the version captured as not existing, or
+    the store no longer holds, has no key pinned to compare."""
+    from contextful.engine.land.declaration import COMPARED
+
+    for table in writes:  # bounded by the job's declared tables
+        contract = contracts.table(table)
+        head = store.catalog.load_head(contract.table) if contract is not None else None
+        if contract is None or contract.columns is None or head is None:
+            continue  # not captured (a pipeline's table, or none existed then): nothing pinned to compare
+        for c in COMPARED:
+            if c.setting not in ("primary_key", "order_by"):
+                continue
+            stored = c.stored(head, lambda: None)
+            declared = contract.primary_key if c.setting == "primary_key" else contract.order_by
+            if stored is not None and stored != declared:
+                raise TableDeclarationChanged(
+                    head.name, None, c.setting, c.spelled(stored), c.spelled(declared),
+                    f"apply the project again (a full `contextful pipeline apply` captures the table as the store "
+                    f"holds it), or give the table back its {c.setting}",
+                    declared_in=f"job {job.name!r}'s applied version {contracts.version}")
 
 
 def _live(manifest: Manifest) -> Manifest:

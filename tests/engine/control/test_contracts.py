@@ -37,6 +37,7 @@ from contextful.storage.errors import (
     AppliedAuthorityChanged,
     AppliedContractMissing,
     AppliedModelDisclosureChanged,
+    TableDeclarationChanged,
 )
 
 from tests.support.cli import contextful
@@ -216,6 +217,27 @@ def test_the_snapshot_never_admits_a_writer_the_version_in_force_does_not(tmp_pa
         check_applied(v1, store, v1.jobs[0])
     assert (info.value.table, info.value.snapshot, info.value.current) == ("scores", "job:score", "external:scores_feed")
     assert "'scores' is written by job:score in applied version 1 but by external:scores_feed now" in str(info.value)
+
+
+@pytest.mark.clause("surface.fire.applied-current-authority")
+def test_the_store_keeping_an_output_table_otherwise_than_the_version_captured_refuses_the_job(
+        tmp_path: Path, store: Store) -> None:
+    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
+    _fill(store)
+    captured = _imported(root, store)
+    v1 = _version(root, 1, captured[1])
+    # scores is loaded again under another key: the store, not the version, decides how it merges
+    store.drop_table("scores")
+    store.create_table("scores", ("id", "day")).append(
+        pa.table({"id": pa.array([1], pa.int64()), "day": ["mon"], "score": [0.5]}))
+    with pytest.raises(TableDeclarationChanged) as info:
+        check_applied(v1, store, v1.jobs[0])
+    assert (info.value.table, info.value.setting, info.value.stored, info.value.declared) == (
+        "scores", "primary_key", "['id', 'day']", "['id']")
+    assert "in job 'score''s applied version 1" in str(info.value)
+    assert applied_contract(JobContext(v1.jobs[0], v1, 1, store), "scores").primary_key == ("id",)  # pinned as captured
+    v2 = _applied(root, store, captured, HEAD + MODEL + JOB.replace("max_in_flight = 2", "max_in_flight = 3"))
+    check_applied(_version(root, v2, captured[v2]), store, v1.jobs[0])  # a full apply captured the store's key
 
 
 @pytest.mark.clause("surface.fire.applied-current-authority")
