@@ -145,10 +145,13 @@ def test_capture_holds_each_standalone_tables_contract_from_the_store_head(tmp_p
     assert contracts.table("crm_accounts") == TableContract("crm_accounts", "external:crm")
 
 
-def _imported(root: Path, store: Store) -> dict[int, dict[str, Any]]:
-    """``pipeline import`` of the project at ``root``: v1, with the contracts captured from ``store``."""
+def _imported(tmp_path: Path, store: Store, text: str = HEAD + MODEL + JOB) -> tuple[Path, dict[int, dict[str, Any]]]:
+    """A project declaring ``text`` over ``store`` :func:`_fill` filled, and its ``pipeline import``:
+    the project and v1's contracts captured from ``store``."""
+    root = _project(tmp_path / "p", text)
+    _fill(store)
     contextful(root, "pipeline", "import")
-    return {1: capture_contracts(load_version(root, 1), store)}
+    return root, {1: capture_contracts(load_version(root, 1), store)}
 
 
 def _applied(root: Path, store: Store, captured: dict[int, dict[str, Any]], text: str) -> int:
@@ -162,9 +165,7 @@ def _applied(root: Path, store: Store, captured: dict[int, dict[str, Any]], text
 @pytest.mark.clause("surface.fire.applied-data-contract")
 def test_an_applied_job_reads_its_tables_and_statement_from_its_version_never_the_working_file(
         tmp_path: Path, store: Store) -> None:
-    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
-    _fill(store)
-    captured = _imported(root, store)
+    root, captured = _imported(tmp_path, store)
     # unapplied edits: another statement and output, the pipeline's key, the external gone
     edited = (HEAD + MODEL + JOB).replace("FROM documents AS d", "FROM drafts AS d").replace(
         'tables = ["scores"]', 'tables = ["scores_v2"]').replace('primary_key = ["id"]', 'primary_key = ["v"]')
@@ -190,9 +191,7 @@ def test_an_applied_job_reads_its_tables_and_statement_from_its_version_never_th
 @pytest.mark.clause("surface.fire.applied-current-authority")
 def test_a_table_whose_writer_changed_since_the_jobs_version_refuses_before_the_execution_opens(
         tmp_path: Path, store: Store) -> None:
-    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
-    _fill(store)
-    captured = _imported(root, store)
+    root, captured = _imported(tmp_path, store)
     # v2 declares documents written from outside: v1's job no longer answers for who writes it
     _applied(root, store, captured, HEAD + MODEL + JOB + '\n[[external]]\nid = "docs_feed"\ntable = "documents"\n')
     v1 = _version(root, 1, captured[1])
@@ -206,9 +205,7 @@ def test_a_table_whose_writer_changed_since_the_jobs_version_refuses_before_the_
 
 @pytest.mark.clause("surface.fire.applied-current-authority")
 def test_the_snapshot_never_admits_a_writer_the_version_in_force_does_not(tmp_path: Path, store: Store) -> None:
-    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
-    _fill(store)
-    captured = _imported(root, store)
+    root, captured = _imported(tmp_path, store)
     # v2 moves scores to an outside writer and drops the job: v1's job:score may not write it any more
     v2 = _applied(root, store, captured, HEAD + MODEL + '\n[[external]]\nid = "scores_feed"\ntable = "scores"\n')
     v1 = _version(root, 1, captured[1])
@@ -222,9 +219,7 @@ def test_the_snapshot_never_admits_a_writer_the_version_in_force_does_not(tmp_pa
 @pytest.mark.clause("surface.fire.applied-current-authority")
 def test_the_store_keeping_an_output_table_otherwise_than_the_version_captured_refuses_the_job(
         tmp_path: Path, store: Store) -> None:
-    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
-    _fill(store)
-    captured = _imported(root, store)
+    root, captured = _imported(tmp_path, store)
     v1 = _version(root, 1, captured[1])
     # scores is loaded again under another key: the store, not the version, decides how it merges
     store.drop_table("scores")
@@ -242,9 +237,7 @@ def test_the_store_keeping_an_output_table_otherwise_than_the_version_captured_r
 
 @pytest.mark.clause("surface.fire.applied-current-authority")
 def test_a_model_publishing_another_contract_than_the_jobs_version_refuses(tmp_path: Path, store: Store) -> None:
-    root = _project(tmp_path / "p", HEAD + MODEL + JOB)
-    _fill(store)
-    captured = _imported(root, store)
+    root, captured = _imported(tmp_path, store)
     v1 = _version(root, 1, captured[1])
     build_models(store, v1)
     check_applied(v1, store, v1.jobs[0])  # the published build discloses v1's contract
@@ -264,10 +257,8 @@ def test_a_model_publishing_another_contract_than_the_jobs_version_refuses(tmp_p
 @pytest.mark.clause("surface.fire.applied-contract-missing")
 def test_a_version_holding_no_contracts_refuses_every_job_and_no_live_declaration_stands_in(
         tmp_path: Path, store: Store) -> None:
-    root = _project(tmp_path / "p", HEAD + MODEL + JOB + JOB.replace('"score"\nkind', '"rescore"\nkind')
-                    .replace('tables = ["scores"]', 'tables = ["rescores"]'))
-    _fill(store)
-    contextful(root, "pipeline", "import")
+    root, _captured = _imported(tmp_path, store, HEAD + MODEL + JOB + JOB.replace('"score"\nkind', '"rescore"\nkind')
+                                .replace('tables = ["scores"]', 'tables = ["rescores"]'))
     bare = _version(root, 1, None)  # claimed before contracts were captured
     for job in bare.jobs:
         with pytest.raises(AppliedContractMissing) as info:
@@ -284,9 +275,7 @@ def test_a_version_holding_no_contracts_refuses_every_job_and_no_live_declaratio
 def test_a_table_a_pipelines_only_apply_stopped_producing_has_no_contract_until_a_full_apply(
         tmp_path: Path, store: Store) -> None:
     job = JOB.replace(", daily.n", "").replace(" CROSS JOIN daily", "")
-    root = _project(tmp_path / "p", HEAD + job)
-    _fill(store)
-    captured = _imported(root, store)
+    root, captured = _imported(tmp_path, store, HEAD + job)
     # pipelines-only: events is landed by no pipeline now; v2 keeps v1's contracts, which never held it
     (root / "contextful.toml").write_text(HEAD.replace('id = "events"', 'id = "orders"') + job)
     contextful(root, "pipeline", "apply", "--pipelines-only")
