@@ -56,6 +56,10 @@ Hierarchy::
         │   ├── JobConcurrencyUnset      a store-driven [[job]] without a positive max_in_flight
         │   ├── JobTargetUnbound         a [[job]] target naming no model (build) or produced table (fold)
         │   ├── JobBodyUnregistered      a store-driven [[job]] body no executable registers, no bound delegate
+        │   ├── JobItemKeyInvalid        a store-driven job's input relation serves a null or repeated item key
+        │   ├── JobAnswerInvalid         a store-driven body answers no rows mapping, or rows for a table not in `tables`
+        │   ├── JobPlanInvalid           a plan job's file is missing, unreadable, altered, or compiled from other declarations
+        │   ├── JobStoreUnbound          a sync-push [[job]] fired on a store with no corpus bucket to push to
         │   ├── ModelInputUnknown        a model's SQL reads a table nothing produces and the store lacks
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
         │   ├── ConfirmationRequired     a command that forgets state was not confirmed (no terminal, no --yes)
@@ -132,7 +136,8 @@ Hierarchy::
         │   ├── AwakeableUnknown         no awakeable holds the token
         │   ├── ProjectNotFound          no such directory, or no contextful.toml at or above it
         │   ├── StoreNotFound            a reading command found no store (it never creates one)
-        │   └── RunNotFound              `contextful run show` names a run no record holds
+        │   ├── RunNotFound              `contextful run show` names a run no record holds
+        │   └── JobNotFound              `contextful job fire|history` names a job the applied version lacks
         ├── RunCanceled                  the Canceled tag: a run marked canceled gave up (canceled)
         └── Permanent                    the store or backend cannot do this (permanent)
             ├── ConditionalWriteUnsupported
@@ -1304,6 +1309,44 @@ class JobBodyUnregistered(SpecInvalid):
                          f"delegate ({searched})", job=job, body=body, searched=searched)
 
 
+class JobItemKeyInvalid(SpecInvalid):
+    """A store-driven job's input relation serves an item key (its first column) that is null or
+    served twice: an item is named by its key, and nothing silently merges or drops an item."""
+
+    job: str
+    column: str
+    why: str
+
+    def __init__(self, job: str, column: str, why: str) -> None:
+        super().__init__(f"[[job]] {job!r}: the statement's first column {column!r} names the items, and {why}; "
+                         "select one row per item with a non-null key", job=job, column=column, why=why)
+
+
+class JobAnswerInvalid(SpecInvalid):
+    """A store-driven job's body answered something other than ``{table: rows}`` over the job's
+    ``tables``: the item fails permanently, naming what it answered."""
+
+    job: str
+    item: str
+    why: str
+
+    def __init__(self, job: str, item: str, why: str) -> None:
+        super().__init__(f"[[job]] {job!r} item {item!r}: the body's answer {why}", job=job, item=item, why=why)
+
+
+class JobPlanInvalid(SpecInvalid):
+    """A plan job's ``plan`` file cannot be lowered: missing or unreadable, its reference not the
+    SHA-256 of its plan (edited after it was compiled), or compiled from declarations the applied
+    version no longer holds (``surface.fire.plan-job``)."""
+
+    job: str
+    file: str
+    why: str
+
+    def __init__(self, job: str, file: str, why: str) -> None:
+        super().__init__(f"[[job]] {job!r}: plan file {file}: {why}", job=job, file=file, why=why)
+
+
 class ModelInputUnknown(SpecInvalid):
     """A model's SQL reads tables that no pipeline or model of the manifest produces and the store
     does not hold: its build would fail on them."""
@@ -1316,6 +1359,33 @@ class ModelInputUnknown(SpecInvalid):
         super().__init__(f"[[model]] {model!r} reads {', '.join(map(repr, tables))}, which no pipeline or model "
                          f"produces and the store does not hold (known: {', '.join(known) or 'none'})",
                          model=model, tables=tables, known=known)
+
+
+class JobNotFound(NotFound):
+    """``contextful job fire|history NAME``: the applied version (``version``) declares no job
+    ``job``; ``known`` are the jobs it declares."""
+
+    job: str
+    version: int
+    known: tuple[str, ...]
+
+    def __init__(self, job: str, version: int, known: tuple[str, ...]) -> None:
+        super().__init__(f"no job {job!r} in applied version v{version} (its jobs: {', '.join(known) or 'none'})",
+                         job=job, version=version, known=known)
+
+
+class JobStoreUnbound(SpecInvalid):
+    """A ``sync-push`` job fired on a store that has no corpus bucket (the container profile's
+    ``CONTEXTFUL_CORPUS_BUCKET``, docs/container-profile.md): there is nothing to push to, and a
+    fire that pushed nothing must not read as a success."""
+
+    job: str
+    store: str
+    needs: str
+
+    def __init__(self, job: str, store: str, needs: str) -> None:
+        super().__init__(f"[[job]] {job!r}: store {store} has no corpus bucket to push to ({needs}); "
+                         "nothing was pushed", job=job, store=store, needs=needs)
 
 
 class RunNotFound(NotFound):
@@ -2295,10 +2365,15 @@ __all__ = [
     "InputNotFound",
     "InputUnreadable",
     "IssuerKeyInvalid",
+    "JobAnswerInvalid",
     "JobBodyUnregistered",
     "JobConcurrencyUnset",
+    "JobItemKeyInvalid",
     "JobKindUndispatched",
     "JobKindUnknown",
+    "JobNotFound",
+    "JobPlanInvalid",
+    "JobStoreUnbound",
     "JobTargetUnbound",
     "JournalConflict",
     "LeaseCursorKindMismatch",

@@ -45,7 +45,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
                    awake_address: str | None = None, clock: Clock | None = None) -> None:
     """Serve the applied version (the working manifest while none is applied): its schedules
     (``engine.control``), receive pipelines, query gateway and resume route until SIGTERM or SIGINT."""
-    from contextful.engine.control.apply import load_applied
+    from contextful.engine.control.arming import applied_armable
     from contextful.engine.control.daemon import Daemon, select_trigger
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.land.decode import Decoder
@@ -56,8 +56,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
 
     refuse_script_runtime()  # topology.compose.script-runtime: checked before anything is served
     # a manifest built in code (no contextful.toml at its root) has no applied versions: its faces serve it
-    applied = load_applied(manifest.root) if (manifest.root / MANIFEST).is_file() else None
-    served = applied.manifest if applied is not None else manifest
+    applied = applied_armable(manifest.root) if (manifest.root / MANIFEST).is_file() else None
+    served = applied if applied is not None else manifest
     serves_http = address is not None
     trigger = select_trigger(served.control.trigger, serves_http=serves_http, say=_say) if applied else None
     if applied is None and not (address or receive_address or gateway_address or awake_address):
@@ -106,7 +106,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
 def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clock: Clock | None = None) -> int:
     """``pipeline serve --cycle``: one cycle of the applied version; print its answer; the exit status."""
     from contextful.engine.cli.output import emit_json
-    from contextful.engine.control.apply import load_applied, snapshot_dir
+    from contextful.engine.control.apply import snapshot_dir
+    from contextful.engine.control.arming import applied_armable
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.source import resolve_source
     from contextful.engine.project import open_project_store
@@ -115,10 +116,10 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
 
     refuse_script_runtime()
     resolve_source(manifest.control)  # surface.fire.cycle-control-source: before anything is armed
-    applied = load_applied(manifest.root)
+    applied = applied_armable(manifest.root)
     if applied is None:
         raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest.root).path))
-    served = applied.manifest
+    served = applied
 
     def open_store() -> Store:
         return open_project_store(served.root, store_url, project=served.project, create=True)

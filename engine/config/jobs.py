@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from contextful.storage.errors import (
+    ArgumentInvalid,
     BodyUnregistered,
     ContextfulError,
     JobBodyUnregistered,
@@ -37,6 +39,7 @@ from contextful.storage.errors import (
     JobKindUndispatched,
     JobKindUnknown,
     JobTargetUnbound,
+    ManifestInvalid,
     ManifestKeyUnknown,
     ManifestValueInvalid,
 )
@@ -58,7 +61,7 @@ HOST_COMMAND_KEYS = ("command", "argv", "args", "exec", "shell")
 """Keys that would make a job run a host command or an argument vector: never a job (JobKindUnknown)."""
 
 KEYS = ("name", "kind", "schedule", "after", "target", "body", "statement", "tables",
-        "max_in_flight", "plan", "source", "entities", "read_individual", "description")
+        "max_in_flight", "as_of", "retry", "plan", "source", "entities", "read_individual", "description")
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,127}")
 
@@ -81,6 +84,10 @@ class JobSpec:
     tables: tuple[str, ...] = ()
     """The tables a store-driven job writes."""
     max_in_flight: int | None = None
+    as_of: str | None = None
+    """A store-driven job's input instant (ISO 8601, UTC); None: the instant its execution opens."""
+    retry: tuple[tuple[str, Any], ...] = ()
+    """A store-driven job's per-item retry budget (``attempts``, ``base_s``, ``max_s``; engine.run.retry)."""
     plan: str | None = None
     """A plan job's compiled plan file, relative to the manifest."""
     source: str | None = None
@@ -149,6 +156,8 @@ def _job(block: Any, n: int, problems: list[ContextfulError]) -> JobSpec | None:
         statement=_text(where, block, "statement", problems),
         tables=_names(where, block, "tables", problems),
         max_in_flight=_in_flight(name, kind, block, problems),
+        as_of=_as_of(name, kind, block, problems),
+        retry=_retry(name, kind, block, problems),
         plan=_text(where, block, "plan", problems),
         source=_text(where, block, "source", problems),
         entities=_text(where, block, "entities", problems),
@@ -212,6 +221,52 @@ def _in_flight(name: str, kind: Any, block: dict[str, Any], problems: list[Conte
     return value
 
 
+def _store_driven_only(name: str, kind: Any, block: dict[str, Any], key: str,
+                       problems: list[ContextfulError]) -> bool:
+    """Whether ``key`` is declared on a store-driven block (reported as a problem on any other kind)."""
+    if key not in block:
+        return False
+    if kind != "store-driven":
+        problems.append(ManifestValueInvalid(f"[[job]] {name!r}", key, "is a store-driven job's key only"))
+        return False
+    return True
+
+
+def _as_of(name: str, kind: Any, block: dict[str, Any], problems: list[ContextfulError]) -> str | None:
+    """A store-driven job's ``as_of``: an instant (TOML date-time or ISO 8601 text), kept as UTC ISO text."""
+    from contextful.engine.read import parse_instant
+
+    if not _store_driven_only(name, kind, block, "as_of", problems):
+        return None
+    value = block["as_of"]
+    try:
+        instant = parse_instant(value if isinstance(value, str | datetime) else repr(value))
+    except ArgumentInvalid as exc:
+        problems.append(ManifestValueInvalid(f"[[job]] {name!r}", "as_of", exc.reason))
+        return None
+    assert instant is not None
+    return instant.astimezone(UTC).isoformat()  # one instant, one text: the pinned plan hashes it
+
+
+def _retry(name: str, kind: Any, block: dict[str, Any], problems: list[ContextfulError]) -> tuple[tuple[str, Any], ...]:
+    """A store-driven job's ``retry`` table, checked as a retry schedule's configuration."""
+    from contextful.engine.run.retry import RetrySchedule
+
+    if not _store_driven_only(name, kind, block, "retry", problems):
+        return ()
+    value = block["retry"]
+    where = f"[[job]] {name!r} retry"
+    if not isinstance(value, dict):
+        problems.append(ManifestValueInvalid(f"[[job]] {name!r}", "retry", f"must be a table, not {value!r}"))
+        return ()
+    try:
+        RetrySchedule.from_config(value, where=where)
+    except ManifestInvalid as exc:
+        problems.extend(exc.problems)
+        return ()
+    return tuple(sorted(value.items()))
+
+
 def job_problems(manifest: Manifest, jobs: list[JobSpec]) -> list[ContextfulError]:
     """What the rest of the manifest says of ``jobs``: targets bound (``JobTargetUnbound``), a
     dependency naming a pipeline of a build declaring no schedule, and no pipeline sharing a job's
@@ -230,7 +285,13 @@ def job_problems(manifest: Manifest, jobs: list[JobSpec]) -> list[ContextfulErro
             problems += [JobTargetUnbound(job.name, t, "no pipeline, model or external produces it")
                          for t in job.target if t.lower() not in tables]
         if job.kind == "store-driven":
-            problems += _body_problems(job)
+            problems += body_problems(job)
+            if job.statement is None:
+                problems.append(ManifestValueInvalid(where, "statement", "a store-driven job reads its items from a "
+                                                                         "`statement` over store tables"))
+        if job.kind == "plan" and job.plan is None:
+            problems.append(ManifestValueInvalid(where, "plan", "a plan job names its compiled plan file "
+                                                                "(relative to the manifest)"))
         if job.after is not None:
             if job.kind != "build":
                 problems.append(ManifestValueInvalid(where, "after", f"only a build job depends on a pipeline, not a "
@@ -246,7 +307,7 @@ def job_problems(manifest: Manifest, jobs: list[JobSpec]) -> list[ContextfulErro
     return problems
 
 
-def _body_problems(job: JobSpec) -> list[ContextfulError]:
+def body_problems(job: JobSpec) -> list[ContextfulError]:
     """A store-driven job runs a body the executable registers (``[project] modules`` and the
     ``contextful.tasks`` entry points are imported by now: ``engine.registrations``) or a bound
     delegate; ``[control.delegates.<name>]`` bindings arrive with the delegates, so a delegate binds

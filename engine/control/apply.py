@@ -218,14 +218,19 @@ def load_applied(directory: str | Path = ".") -> Applied | None:
     return Applied(version, load_version(root, version, snapshots), snapshots.file(version))
 
 
-def load_version(root: Path, version: int, snapshots: SnapshotDir | None = None) -> Manifest:
+def load_version(root: Path, version: int, snapshots: SnapshotDir | None = None, *,
+                 without_jobs: frozenset[str] = frozenset()) -> Manifest:
     """Version ``version``'s manifest, parsed with ``root`` (the project directory) as its root: what
-    a unit's child process runs, whatever has been applied since it was dispatched."""
+    a unit's child process runs, whatever has been applied since it was dispatched. ``without_jobs``:
+    the ``[[job]]`` blocks of those names are left out (serve arming around the jobs it refuses,
+    ``engine.control.arming``)."""
     from contextful.engine.config.parse import parse_manifest
 
     snapshots = snapshots or snapshot_dir(root)
     path = snapshots.file(version)
     doc, meta = split(_parsed(snapshots, version))
+    if without_jobs and isinstance(doc.get("job"), list):
+        doc["job"] = [b for b in doc["job"] if not (isinstance(b, dict) and b.get("name") in without_jobs)]
     try:
         return parse_manifest(doc, root, str(path), applied=AppliedSnapshot.read(version, meta))
     except ManifestInvalid as exc:

@@ -3,7 +3,8 @@
 Serve (``engine.control.dispatch.ChildLauncher``) starts it in a process group of its own with the
 project, the applied version, the unit's head and a result file. It loads that version of the
 manifest from the snapshot directory (never the working file), runs the unit through
-``engine.run.units`` and writes ``{"ok": …, "members": […], "failures": […]}`` to the result file
+``engine.run.units``, then, when every member succeeded, fires each build job whose ``after`` names
+one of its members (``engine.jobs.after``), and writes ``{"ok": …, "members": […], "failures": […]}`` to the result file
 (written whole, then renamed into place), exiting 0 when every member succeeded and 1 otherwise.
 SIGTERM (serve stopping) cancels the unit at its next boundary, as Ctrl-C cancels ``pipeline run``.
 """
@@ -17,10 +18,46 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from contextful.storage.clock import Clock
 
 
 def _failure_lines(results: list) -> list[str]:  # type: ignore[type-arg]
     return [f"{r.pipeline}: {f.error}: {f.detail}" for r in results for f in r.failures]
+
+
+def fire_unit(root: Path, version: int, head: str, store_url: str | None, *, cancel: threading.Event,
+              clock: Clock | None = None) -> dict[str, Any]:
+    """Run the unit headed by ``head`` of applied version ``version``, then the builds riding it when
+    every member succeeded: the outcome document serve reads (``ok``, ``members``, ``failures``)."""
+    try:
+        from contextful.engine.control.arming import load_armable
+        from contextful.engine.jobs.after import fire_dependents
+        from contextful.engine.project import open_project_store
+        from contextful.engine.run.units import run_unit, unit_of
+
+        manifest, _refused = load_armable(root, version)
+        unit = unit_of(manifest, head)
+        store = open_project_store(manifest.root, store_url, project=manifest.project, create=True, clock=clock)
+        try:
+            outcome = run_unit(store, manifest, unit, cancel=cancel)
+            failures = _failure_lines(outcome.results)
+            fired = (fire_dependents(store, manifest, version, unit.members, cancel=cancel,
+                                     say=lambda line: print(line, file=sys.stderr))
+                     if outcome.ok else [])  # surface.fire.build-dependency: only after a successful unit
+        finally:
+            store.close()
+        failures += [f"job:{f.job}: {line}" for f in fired for line in (f.outcome.failures if f.outcome else ())]
+        return {"ok": outcome.ok and all(f.ok for f in fired),
+                "members": list(unit.members) + [f"job:{f.job}" for f in fired], "failures": failures}
+    except Exception as exc:  # noqa: BLE001 - the unit fails by name; serve reads the line
+        from contextful.engine.guard import mask_message
+        from contextful.storage.errors import ContextfulError
+
+        line = str(exc) if isinstance(exc, ContextfulError) else f"{type(exc).__name__}: {exc}"
+        return {"ok": False, "members": [head], "failures": [f"{head}: {mask_message(line)}"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,26 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: cancel.set())
     signal.signal(signal.SIGINT, lambda *_: cancel.set())
     result = Path(args.result)
-    doc: dict[str, object]
-    try:
-        from contextful.engine.control.apply import load_version
-        from contextful.engine.project import open_project_store
-        from contextful.engine.run.units import run_unit, unit_of
-
-        manifest = load_version(Path(args.project), args.version)
-        unit = unit_of(manifest, args.unit)
-        store = open_project_store(manifest.root, args.store, project=manifest.project, create=True)
-        try:
-            outcome = run_unit(store, manifest, unit, cancel=cancel)
-        finally:
-            store.close()
-        doc = {"ok": outcome.ok, "members": list(unit.members), "failures": _failure_lines(outcome.results)}
-    except Exception as exc:  # noqa: BLE001 - the unit fails by name; serve reads the line
-        from contextful.engine.guard import mask_message
-        from contextful.storage.errors import ContextfulError
-
-        line = str(exc) if isinstance(exc, ContextfulError) else f"{type(exc).__name__}: {exc}"
-        doc = {"ok": False, "members": [args.unit], "failures": [f"{args.unit}: {mask_message(line)}"]}
+    doc = fire_unit(Path(args.project), args.version, args.unit, args.store, cancel=cancel)
     partial = result.with_suffix(".partial")
     partial.write_text(json.dumps(doc))
     os.replace(partial, result)

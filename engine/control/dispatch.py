@@ -184,7 +184,8 @@ class _Child:
 
 class ChildLauncher:
     """Runs each unit as ``python -m contextful.engine.control.child`` in a process group of its own,
-    against the applied version ``version`` of the project at ``root``. The child's stdout joins
+    against the applied version ``version`` of the project at ``root``; a job entry (``job:<name>``)
+    as ``contextful job fire <name> --version <version>``, in a process group of its own too. The child's stdout joins
     serve's stderr (its log), so serve's own stdout stays its answers."""
 
     def __init__(self, root: Path, store_url: str | None, version: int, results: Path) -> None:
@@ -195,11 +196,18 @@ class ChildLauncher:
         """Where each child writes its outcome (its caller's directory: it outlives versions)."""
 
     def launch(self, head: str) -> Launched:
-        result = self.results / f"{head}.{os.urandom(4).hex()}.json"
-        argv = [sys.executable, "-m", "contextful.engine.control.child", "--project", str(self.root),
-                "--version", str(self.version), "--unit", head, "--result", str(result)]
-        if self.store_url:
-            argv += ["--store", self.store_url]
+        from contextful.engine.control.history import JOB_PREFIX
+
+        result = self.results / f"{head.replace(':', '_')}.{os.urandom(4).hex()}.json"
+        if head.startswith(JOB_PREFIX):  # surface.fire.scheduled-maintenance: the job's own command
+            argv = [sys.executable, "-m", "contextful.engine.cli", "--project", str(self.root)]
+            argv += ["--store", self.store_url] if self.store_url else []
+            argv += ["job", "fire", head[len(JOB_PREFIX):], "--version", str(self.version), "--result", str(result)]
+        else:
+            argv = [sys.executable, "-m", "contextful.engine.control.child", "--project", str(self.root),
+                    "--version", str(self.version), "--unit", head, "--result", str(result)]
+            if self.store_url:
+                argv += ["--store", self.store_url]
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                                    start_new_session=True)  # its own session: its own process group
         return _Child(head, process, result)

@@ -179,12 +179,13 @@ class ControlPlane:
         return self.armed is not None
 
     def _arm(self, version: int) -> None:
-        from contextful.engine.control.apply import load_version
+        from contextful.engine.control.arming import load_armable
         from contextful.engine.control.history import pulled_starts
 
-        manifest = load_version(self.root, version, self.snapshots)
+        manifest, refused = load_armable(self.root, version, self.snapshots)
         self._pulled = pulled_starts(self.snapshots.path, self.deployment, exclude_node=self._node)
         units, armed, unarmed = arm_version(manifest, self.store, self.deployment, self.clock.now_us(), self._pulled)
+        unarmed += refused
         self.version, self.manifest, self.units, self.armed, self.unarmed = version, manifest, units, armed, unarmed
         for head in units:
             history = armed.history(head)
@@ -206,11 +207,23 @@ class ControlPlane:
         """One head's history after its unit ended: its journaled start, the pulled starts as last
         read, and the dispatch this process recorded (no scan of every entry's records)."""
         from contextful.engine.control.arm import History, latest_start
+        from contextful.engine.control.history import entry_scope
 
-        owner = self.store.journal.owner(f"pipeline:{head}")
+        owner = self.store.journal.owner(entry_scope(head))
         now = self.clock.now_us()
         start = latest_start(owner.opened_us if owner is not None else None, self._pulled.get(head, ()), now)
         return History(start, self.starts.get(head))
+
+    def members(self, head: str) -> tuple[str, ...]:
+        """What one fire of ``head`` runs, as answers name it: a unit's pipelines, then the build
+        jobs riding it (``job:<name>``, ``surface.fire.build-dependency``); a job entry alone."""
+        from contextful.engine.jobs.after import dependent_builds
+
+        unit = self.units.get(head)
+        if unit is None:
+            return (head,)
+        riding = dependent_builds(self.manifest, unit.members) if self.manifest is not None else []
+        return unit.members + tuple(job.identity for job in riding)
 
     def _record_start(self, head: str, at_us: int) -> None:
         """Keep this node's run state (``engine.control.history``) current: what a pull carries."""
@@ -262,14 +275,14 @@ class ControlPlane:
             from contextful.engine.control.arm import History
 
             assert self.armed is not None
-            fire = Fire(head, self.units[head].members, at_us)
+            fire = Fire(head, self.members(head), at_us)
             self.fires[head] = fire
             started.append(fire)
             due = self.armed.next_fire(head)
             history = self.armed.history(head)
             self.armed.update(head, History(history.last_start_us if history is not None else None, at_us))
             self._record_start(head, at_us)
-            self.say(f"fired {head} (due {rfc3339(due)}; unit: {', '.join(self.units[head].members)})")
+            self.say(f"fired {head} (due {rfc3339(due)}; unit: {', '.join(self.members(head))})")
 
         admission = self.pool.admit(heads, self.lease, started=on_start)
         return started, admission.pending
@@ -357,7 +370,7 @@ class ControlPlane:
                 answer.failed += fire.members
                 answer.failures += fire.outcome.failures
         for head in pending:
-            answer.pending += self.units[head].members if head in self.units else [head]
+            answer.pending += self.members(head)
         answer.armed = len(self.armed) if self.armed is not None else 0
         answer.next_due_us = self.armed.next_due_us() if self.armed is not None else None
         answer.unarmed = [{"pipeline": u.id, "reason": u.reason} for u in self.unarmed]
@@ -403,13 +416,24 @@ class ControlPlane:
 
 def plan_entries(manifest: Manifest) -> tuple[dict[str, Unit], list[Any], list[Unarmed]]:
     """The units of ``manifest`` by head, the armed entries of the heads with a readable schedule, and
-    every pipeline that arms nothing with its reason (``surface.arm.unarmed-named``)."""
+    every pipeline that arms nothing with its reason (``surface.arm.unarmed-named``).
+
+    Each ``[[job]]`` declaring a schedule arms one entry ``job:<name>`` too, a unit of its own
+    (``surface.fire.scheduled-build``, ``scheduled-maintenance``); a build declaring ``after``
+    rides its pipeline's unit instead (``engine.jobs.after``), and a job declaring neither arms
+    nothing (it fires on ``contextful job fire``) and is named so."""
     from contextful.engine.control.arm import Unarmed, arm_entries, not_heads
-    from contextful.engine.run.units import units_of
+    from contextful.engine.run.units import Unit, units_of
 
     units = {unit.head: unit for unit in units_of(manifest)}
+    jobs = {job.identity: job for job in manifest.jobs if job.after is None}
+    units |= {entry: Unit(entry, (), (), (entry,)) for entry in jobs}
     entries, unarmed = arm_entries([(head, manifest.pipeline(head).schedule, manifest.pipeline(head).priority)
-                                    for head in sorted(units)])
+                                    for head in sorted(units) if head not in jobs]
+                                   + [(entry, job.schedule, 0) for entry, job in sorted(jobs.items())])
+    for item in unarmed:
+        if item.id in jobs and item.error is None:
+            unarmed[unarmed.index(item)] = Unarmed(item.id, "declares no schedule: it fires on `contextful job fire`")
     unarmed += [Unarmed(error.entry, f"{error.name}: {error.detail}", error) for error in not_heads(manifest, units.values())]
     return units, entries, unarmed
 

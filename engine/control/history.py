@@ -6,7 +6,8 @@ and ``surface.arm.pulled-future``:
 - the last dispatch is the catalog's record (``Catalog.dispatches``), written under the cadence
   lease before the unit starts;
 - the last journaled run start is the latest of this node's journal (the head's ``pipeline:<id>``
-  execution: when it opened, by serve or by hand with ``contextful pipeline run``) and every pulled
+  execution: when it opened, by serve or by hand with ``contextful pipeline run``; a job's
+  ``job:<name>`` execution, by serve or by ``contextful job fire``, failed fires included) and every pulled
   run state recording the pipeline; a pulled start later than the scheduler's instant counts as no
   start (one node's fast clock must not defer every replica's cadence).
 
@@ -39,6 +40,20 @@ RUN_STATE_DIR = "run-state"
 FORMAT = 1
 
 
+JOB_PREFIX = "job:"
+"""An armed entry id naming a ``[[job]]`` (``job:<name>``); any other id names a head pipeline."""
+
+
+def entry_scope(entry: str) -> str:
+    """The owner scope whose execution records an armed entry's run starts: a head pipeline's
+    ``pipeline:<id>``, a job's host scope ``job:<name>`` (``engine.jobs.fire``)."""
+    if entry.startswith(JOB_PREFIX):
+        from contextful.engine.jobs.fire import job_scope
+
+        return job_scope(entry[len(JOB_PREFIX):])
+    return f"pipeline:{entry}"
+
+
 def histories(store: Store, deployment: str, heads: Iterable[str], now_us: int,
               pulled: Mapping[str, list[int]] | None = None) -> dict[str, History]:
     """Each head's :class:`~engine.control.arm.History` at ``now_us``."""
@@ -48,7 +63,7 @@ def histories(store: Store, deployment: str, heads: Iterable[str], now_us: int,
     journal = store.journal
     found: dict[str, History] = {}
     for head in heads:
-        owner = journal.owner(f"pipeline:{head}")
+        owner = journal.owner(entry_scope(head))
         local = owner.opened_us if owner is not None else None
         start = latest_start(local, (pulled or {}).get(head, ()), now_us)
         found[head] = History(start, dispatched.get(head))

@@ -55,23 +55,26 @@ class ControlStatus:
 def control_status(root: Path, store: Store | None) -> ControlStatus:
     """The control plane's status for the project at ``root`` over ``store`` (see the module docstring;
     None: no store exists yet, so nothing has run or been dispatched)."""
-    from contextful.engine.control.apply import load_applied, snapshot_dir
+    from contextful.engine.control.apply import snapshot_dir
+    from contextful.engine.control.arming import load_armable
     from contextful.engine.control.fire import arm_version
-    from contextful.engine.control.history import pulled_starts
+    from contextful.engine.control.history import entry_scope, pulled_starts
     from contextful.storage.clock import SystemClock
 
-    applied = load_applied(root)
-    if applied is None:
-        return ControlStatus(None)
     snapshots = snapshot_dir(root)
+    version = snapshots.applied()
+    if version is None:
+        return ControlStatus(None)
+    manifest, refused = load_armable(root, version, snapshots)
     deployment = snapshots.project  # as serve names its deployment
     now = (store.clock if store is not None else SystemClock()).now_us()
     pulled = pulled_starts(snapshots.path, deployment)
-    units, armed, unarmed = arm_version(applied.manifest, store, deployment, now, pulled)
-    status = ControlStatus(applied.version, unarmed=[{"pipeline": u.id, "reason": u.reason} for u in unarmed])
+    units, armed, unarmed = arm_version(manifest, store, deployment, now, pulled)
+    unarmed += refused
+    status = ControlStatus(version, unarmed=[{"pipeline": u.id, "reason": u.reason} for u in unarmed])
     for head in armed.ids():
         members = units[head].members
-        owners = [store.journal.owner(f"pipeline:{m}") for m in members] if store is not None else []
+        owners = [store.journal.owner(entry_scope(m)) for m in members] if store is not None else []
         history = armed.history(head)
         status.entries.append(EntryStatus(head, armed.schedule(head).text, members,
                                           history.reference_us if history is not None else None,

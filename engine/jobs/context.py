@@ -33,6 +33,9 @@ class JobContext:
     """Set when the fire should stop at its next boundary (serve stopping, Ctrl-C)."""
     say: Callable[[str], None] = lambda _line: None
     """Progress lines for the person or log watching the fire."""
+    force: bool = False
+    """``job fire --force``: do the work even where the kind finds nothing to do (a build of models
+    that are not stale publishes them anyway)."""
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ class BuildOutcome:
 
     model: str
     status: str
-    """``published``, ``failed`` or ``skipped``."""
+    """``published``, ``failed``, ``skipped``, or ``current`` (not stale, left as it is)."""
     result: BuildResult | None = None
     """The published build (``published`` only)."""
     error: ContextfulError | None = None
@@ -117,18 +117,27 @@ class BuildOutcome:
 
             return {"model": self.model, "status": self.status, "error": self.error.name,
                     "detail": mask_message(self.error.detail)}
+        if self.status == "current":
+            return {"model": self.model, "status": self.status}
         return {"model": self.model, "status": self.status, "after": list(self.after)}
 
 
-def build_each(store: Store, manifest: Manifest, names: list[str] | None = None) -> list[BuildOutcome]:
+def build_each(store: Store, manifest: Manifest, names: list[str] | None = None, *,
+               current: frozenset[str] = frozenset()) -> list[BuildOutcome]:
     """Build the named models (default: all), each after the models it reads, and say what became of
     each: a model failing with a catalogue error does not stop the others, but one reading a failed
-    (or skipped) model is skipped, since it would read a build that did not publish."""
+    (or skipped) model is skipped, since it would read a build that did not publish. A model of
+    ``current`` (its published build is not stale) is left as it is (``current``) unless a model it
+    reads published in this call."""
     known = set(store.table_names()) | {m.name for m in manifest.models}
     broken: set[str] = set()
+    published: set[str] = set()
     outcomes = []
     for spec in manifest.models_in_order(names):
         after = tuple(n for n in spec.input_names(known) if n in broken)
+        if spec.name in current and not after and not published & set(spec.input_names(known)):
+            outcomes.append(BuildOutcome(spec.name, "current"))
+            continue
         if after:
             broken.add(spec.name)
             outcomes.append(BuildOutcome(spec.name, "skipped", after=after))
@@ -139,6 +148,7 @@ def build_each(store: Store, manifest: Manifest, names: list[str] | None = None)
             broken.add(spec.name)
             outcomes.append(BuildOutcome(spec.name, "failed", error=exc))
             continue
+        published.add(spec.name)
         outcomes.append(BuildOutcome(spec.name, "published", result=result))
     return outcomes
 

@@ -98,6 +98,12 @@ def _decode(stored: bytes) -> StepValue:
     raise ValueError(f"a recorded step value starts with tag {tag!r}, neither {_TAG_BYTES!r} nor {_TAG_JSON!r}")
 
 
+def recorded_value(row: StepRow) -> StepValue:
+    """A recorded step's value as it was recorded (bytes, or the JSON object): what a reader of an
+    execution's record (``contextful job history``) reads without opening the execution."""
+    return _decode(row.value)
+
+
 def _never_computed() -> StepValue:
     raise AssertionError("a replayed step is never computed")
 

@@ -98,6 +98,8 @@ def args_for(words: tuple[str, ...], root: Path, port: int) -> list[str]:
         ("pipeline", "reset"): ["events", "--yes"],
         ("build", "hold"): ["by_kind", "1"],
         ("build", "release"): ["by_kind", "1"],
+        ("job", "fire"): ["nightly"],
+        ("job", "history"): ["nightly"],
         ("export", "key", "issue"): ["analysts"],
         ("pipeline", "key", "issue"): ["events"],
         ("pipeline", "key", "revoke"): ["0" * 16],

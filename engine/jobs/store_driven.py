@@ -1,0 +1,324 @@
+"""The store-driven job kind: a registered body over a store input relation, one item per row.
+
+Implements ``surface.fire.scheduled-body`` (a fire runs under ``job:<name>`` with the registered
+body and the applied version's declaration), the resume half of ``surface.fire.scheduled-history``
+(a restarted fire resumes the pending execution through its input pin, redoing no settled item) and
+``surface.fire.executable-pin`` for this kind (``engine.jobs.pinned``). docs/jobs.md, "Store-driven jobs".
+
+One fire:
+
+1. refuses before anything opens when its body is no registered body (a delegate binds nothing
+   until delegates arrive: ``JobBodyUnregistered``, as validation says);
+2. opens, or resumes, the execution under the host scope ``job:<name>`` pinned to the job's
+   structure (``engine.jobs.pinned``): changed structure under a pending execution meets
+   ``OwnerPlanMismatch`` here, before any replay or publication;
+3. reads the statement as of the job's ``as_of``, else the instant the execution first opened,
+   recorded as its first journal step (``engine.run.sweep``), so a resumed execution reads the same rows;
+4. hands each row (an item, named by its first column) to the body, at most ``max_in_flight`` in
+   flight, each under the job's retry budget (``engine.run.retry``): a transient failure is retried,
+   and an item failing for good fails alone, by name;
+5. lands, per batch of settled items, the rows their bodies answered into the job's ``tables`` and
+   one ``_items`` row per item (``engine.run.items``) in ONE commit carrying the attempt's fence;
+6. closes the execution ``closed-ok`` (``closed-failed`` when an item failed), or, when the fire is
+   stopped (its cancel event) or fails, leaves it pending for the next fire to resume: the items
+   whose ``_items`` row names the execution are settled and are not handed to the body again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from contextful.engine.jobs.context import JobContext, JobOutcome
+from contextful.engine.jobs.pinned import pinned_plan
+from contextful.engine.jobs.scope import job_scope
+from contextful.engine.run.execution import open_execution
+from contextful.engine.run.items import ItemOutcomes, ItemTerminal, served_keys, terminal_outcome
+from contextful.engine.run.retry import RetrySchedule
+from contextful.engine.run.sweep import SweepSpec, open_sweep
+from contextful.storage.errors import (
+    ContextfulError,
+    ExecutionWriterFenced,
+    JobAnswerInvalid,
+    JobItemKeyInvalid,
+    QueryInvalid,
+)
+from contextful.storage.reserved import ITEMS_TABLE
+
+if TYPE_CHECKING:
+    from contextful.engine.config.jobs import JobSpec
+    from contextful.engine.run.bodies import RegisteredBody
+    from contextful.engine.run.execution import Execution
+    from contextful.storage.store import Store
+    from contextful.storage.transaction import RunTransaction
+
+INPUT = "input"
+"""The one origin of a store-driven execution's sweep: its input relation."""
+
+
+@dataclass
+class Settled:
+    """One item's last attempt in this fire: its error (None: answered) and the rows it answered."""
+
+    key: str
+    attempts: int
+    error: Exception | None
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    ended_us: int = 0
+
+
+@dataclass
+class Tally:
+    completed: int = 0
+    failures: list[str] = field(default_factory=list)
+    unsettled: int = 0
+    rows: int = 0
+
+
+def registered_body(job: JobSpec) -> RegisteredBody:
+    """The body a fire of ``job`` runs; JobBodyUnregistered (as validation says) for a delegate,
+    which nothing binds yet, or a name no module registers."""
+    from contextful.engine.config.jobs import body_problems
+    from contextful.engine.run.bodies import BODIES
+
+    problems = body_problems(job)
+    if problems:
+        raise problems[0]
+    assert job.body is not None
+    return BODIES.get(job.body)
+
+
+def dispatch_item(body: RegisteredBody, row: dict[str, Any]) -> Any:
+    """Hand one item to its body and return the answer: the one place an item is dispatched (a
+    bound delegate's call replaces this when delegates arrive)."""
+    return body.fn(row)
+
+
+def run_store_driven(ctx: JobContext) -> JobOutcome:
+    """Fire store-driven ``ctx.job`` once (see the module docstring)."""
+    job, store = ctx.job, ctx.store
+    body = registered_body(job)
+    pinned = pinned_plan(ctx.manifest, store, job)
+    execution = open_execution(store.journal, job_scope(job.name), pinned.reference,
+                               pins=body.pins(pinned.input_identity), clock=store.clock, take_over_dead=True)
+    try:
+        return _fire(ctx, body, execution)
+    except ExecutionWriterFenced:
+        raise  # another attempt holds the execution now: it is that attempt's to settle
+    except BaseException:
+        if not execution.closed:
+            try:
+                execution.release()  # pending: the next fire resumes it through its input pin
+            except ContextfulError:
+                pass  # unwritten: nobody renews the lease, so it lapses and the next fire resumes anyway
+        raise
+
+
+def _fire(ctx: JobContext, body: RegisteredBody, execution: Execution) -> JobOutcome:
+    job, store = ctx.job, ctx.store
+    sweep = open_sweep(execution, store, SweepSpec(as_of=job.as_of), outputs=job.tables, origins=[INPUT])
+    served = _served(job, sweep.connect(INPUT))
+    keys = item_keys(job, served)
+    settled_before = 0
+    if execution.resumed:
+        left = pc.invert(pc.is_in(_guarded(keys), value_set=_settled_keys(store, job.name, execution.execution_id)))
+        settled_before = len(keys) - pc.sum(left.cast(pa.int64())).as_py() if len(keys) else 0
+        served, keys = served.filter(left), keys.filter(left)
+    budget = RetrySchedule.from_config(dict(job.retry)).attempts
+    tally = Tally()
+    stopped = _run_items(ctx, body, execution, served, keys, budget, tally)
+    detail = {"execution": execution.execution_id, "attempt": execution.attempt, "resumed": execution.resumed,
+              "as_of": sweep.as_of.isoformat(), "completed": tally.completed, "failed": len(tally.failures),
+              "settled_before": settled_before, "left": tally.unsettled}
+    done = f"{tally.completed} item(s) completed, {len(tally.failures)} failed"
+    if execution.cancel_token.is_set():
+        execution.close_canceled()
+        return JobOutcome(False, f"canceled: {done}", tally.rows, tuple(tally.failures), detail)
+    if stopped or tally.unsettled:
+        execution.release()
+        return JobOutcome(False, f"stopped: {done}; {tally.unsettled} left for the next fire, which resumes "
+                                 f"execution {execution.execution_id}", tally.rows, tuple(tally.failures), detail)
+    execution.close(ok=not tally.failures)
+    return JobOutcome(not tally.failures, done + (f" ({settled_before} settled by an earlier attempt)"
+                                                  if settled_before else ""),
+                      tally.rows, tuple(tally.failures), detail)
+
+
+def _served(job: JobSpec, con: Any) -> pa.Table:
+    """The statement's rows at the sweep's instant."""
+    import duckdb
+
+    assert job.statement is not None
+    try:
+        return con.sql(job.statement).to_arrow_table()
+    except duckdb.Error as exc:
+        raise QueryInvalid(job.statement, f"[[job]] {job.name!r} statement: {exc}") from exc
+    finally:
+        con.close()
+
+
+def item_keys(job: JobSpec, served: pa.Table) -> pa.Array:
+    """Each item's key as text: the statement's first column, non-null and unique (JobItemKeyInvalid)."""
+    if served.num_columns == 0:
+        raise JobItemKeyInvalid(job.name, "", "the statement selects no column")
+    column = served.column_names[0]
+    keys = pc.cast(served.column(0), pa.string()).combine_chunks()
+    if keys.null_count:
+        raise JobItemKeyInvalid(job.name, column, f"{keys.null_count} row(s) serve a null key")
+    if pc.count_distinct(keys).as_py() != len(keys):
+        counts = pc.value_counts(keys)
+        repeated = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")[0].as_py()
+        raise JobItemKeyInvalid(job.name, column, f"key {repeated!r} is served more than once")
+    return keys
+
+
+def _guarded(keys: pa.Array) -> pa.Array:
+    """``keys`` as their ``_items`` rows hold them (the served-key rule of ``engine.run.items``)."""
+    rows = pa.table({"logical_key": keys, "entity_key": pa.nulls(len(keys), pa.string())})
+    return served_keys(rows).column("logical_key").combine_chunks()
+
+
+def _settled_keys(store: Store, job: str, execution_id: str) -> pa.Array:
+    """The keys of the items whose ``_items`` row names ``execution_id``: settled by an earlier attempt."""
+    if ITEMS_TABLE not in store.table_names(include_reserved=True):
+        return pa.array([], pa.string())
+    from contextful.engine.read import connect
+
+    con = connect(store)
+    try:
+        found = con.sql(f"SELECT logical_key FROM {ITEMS_TABLE} WHERE job = ? AND execution_id = ?",
+                        params=[job, execution_id]).to_arrow_table()
+    finally:
+        con.close()
+    return found.column("logical_key").combine_chunks()
+
+
+def _run_items(ctx: JobContext, body: RegisteredBody, execution: Execution, served: pa.Table, keys: pa.Array,
+               budget: int, tally: Tally) -> bool:
+    """Run every item, at most ``max_in_flight`` at once, committing each batch of settled items;
+    whether the fire stopped before handing every item over (its cancel event, or a run cancel)."""
+    job = ctx.job
+    assert job.max_in_flight is not None
+    rows = _items_of(served, keys)
+    pending: set[Future[Settled]] = set()
+    batch: list[Settled] = []
+    stopped = False
+    with ThreadPoolExecutor(max_workers=job.max_in_flight, thread_name_prefix=f"job-{job.name}") as pool:
+        while True:
+            while not stopped and len(pending) < job.max_in_flight:
+                if ctx.cancel.is_set() or execution.cancel_token.is_set():
+                    stopped = True
+                    break
+                item = next(rows, None)
+                if item is None:
+                    break
+                pending.add(pool.submit(_attempt, job, body, item[0], item[1], ctx.cancel, ctx.store))
+            if not pending:
+                break
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            batch += [future.result() for future in done]
+            if len(batch) >= job.max_in_flight or not pending:
+                _commit(ctx, execution, batch, budget, tally)
+                batch = []
+    return stopped
+
+
+def _items_of(served: pa.Table, keys: pa.Array, batch_rows: int = 1024) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each item's key and row, a batch of rows made Python at a time: the body takes one row per
+    call, so this loop is bounded by the items, and memory by the batch, not the input."""
+    offset = 0
+    for batch in served.to_batches(max_chunksize=batch_rows):
+        yield from zip(keys.slice(offset, batch.num_rows).to_pylist(), batch.to_pylist(), strict=True)
+        offset += batch.num_rows
+
+
+def _attempt(job: JobSpec, body: RegisteredBody, key: str, row: dict[str, Any], cancel: threading.Event,
+             store: Store) -> Settled:
+    """One item under the job's retry budget (a worker thread)."""
+    attempts = 0
+
+    def once(attempt: int) -> dict[str, pa.Table]:
+        nonlocal attempts
+        attempts = attempt
+        return answer_tables(job, key, dispatch_item(body, row))
+
+    try:
+        tables = RetrySchedule.from_config(dict(job.retry)).run(f"item {key}", once, cancel=cancel)
+    except Exception as exc:  # noqa: BLE001 - an item's failure is its own: it fails alone, by name
+        return Settled(key, attempts, exc, ended_us=store.clock.now_us())
+    return Settled(key, attempts, None, tables, store.clock.now_us())
+
+
+def answer_tables(job: JobSpec, key: str, answer: Any) -> dict[str, pa.Table]:
+    """A body's answer ``{table: rows}`` (rows: an Arrow table, a Polars frame or a list of dicts),
+    every table one of the job's ``tables``, as Arrow tables; JobAnswerInvalid otherwise."""
+    if not isinstance(answer, Mapping):
+        raise JobAnswerInvalid(job.name, key, f"is a {type(answer).__name__}, not a mapping of table to rows")
+    tables: dict[str, pa.Table] = {}
+    for table, rows in answer.items():
+        if table not in job.tables:
+            raise JobAnswerInvalid(job.name, key, f"names table {table!r}, which is not among the job's tables "
+                                                  f"({', '.join(job.tables)})")
+        if isinstance(rows, pa.Table):
+            tables[table] = rows
+        elif hasattr(rows, "to_arrow"):
+            tables[table] = rows.to_arrow()
+        elif isinstance(rows, list) and all(isinstance(r, Mapping) for r in rows):
+            tables[table] = pa.Table.from_pylist(rows)
+        else:
+            raise JobAnswerInvalid(job.name, key, f"gives table {table!r} a {type(rows).__name__}: answer an Arrow "
+                                                  "table, a Polars frame or a list of rows")
+    return tables
+
+
+def attempt_run_id(execution: Execution, key: str) -> str:
+    """The id of this attempt's run of one item (the ``_items`` row's ``attempt_run_id``)."""
+    digest = hashlib.sha256(f"{execution.execution_id}\0{execution.attempt}\0{key}".encode()).hexdigest()
+    return f"item-{digest[:24]}"
+
+
+def _commit(ctx: JobContext, execution: Execution, batch: list[Settled], budget: int, tally: Tally) -> None:
+    """Land ``batch``: the settled items' output rows and their ``_items`` rows in one fenced commit."""
+    job, store = ctx.job, ctx.store
+    outcomes = ItemOutcomes(store, job.name)
+    parts: dict[str, list[pa.Table]] = {}
+    for item in batch:  # bounded by max_in_flight items
+        terminal = terminal_outcome(item.error, max(item.attempts, 1), budget)
+        if terminal is None:  # a retry wait the fire's cancel ended: the next fire takes the item again
+            tally.unsettled += 1
+            continue
+        outcomes.record(item.key, attempts=max(item.attempts, 1), outcome=terminal,
+                        attempt_run_id=attempt_run_id(execution, item.key), execution_id=execution.execution_id,
+                        ended_us=item.ended_us, error=item.error)
+        if terminal is ItemTerminal.COMPLETED:
+            tally.completed += 1
+            for table, rows in item.tables.items():
+                parts.setdefault(table, []).append(rows)
+        else:
+            tally.failures.append(f"item {item.key!r}: {terminal.value}: "
+                                  f"{outcomes.pending[-1].reason}")
+            ctx.say(f"{job.identity}: {tally.failures[-1]}")
+    if not outcomes.pending:
+        return
+    txns: list[RunTransaction] = []
+    try:
+        for table, tables in parts.items():
+            txn = store.create_table(table, provisional=True).transaction(
+                "append", run_id=f"{outcomes.run_id()}-{table}", meta={"job": job.name,
+                                                                        "execution": execution.execution_id})
+            txns.append(txn)
+            for rows in tables:  # each item's answer reconciles on its own: values land as they arrived
+                txn.stage(rows)
+        with execution.writing():
+            outcomes.commit(*txns)
+    except BaseException:
+        for txn in txns:
+            txn.abort()
+        raise
+    tally.rows += sum(t.num_rows for tables in parts.values() for t in tables)
