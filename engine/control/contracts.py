@@ -23,7 +23,7 @@ orders otherwise than the version captured refuses too (``TableDeclarationChange
 whatever a fire credential does not reach.
 
 The tables a job reads come from its declaration, a statement's relations from DuckDB's own parse
-(:func:`~contextful.engine.model.spec.referenced_tables`).
+(``engine.jobs.pinned.statement_relations``; a statement that does not parse is ``QueryInvalid``).
 """
 
 from __future__ import annotations
@@ -123,26 +123,34 @@ class AppliedContracts:
 
 def authority(manifest: Manifest, table: str) -> str:
     """Who writes ``table`` under ``manifest``'s declarations: the pipeline landing it, else the
-    model building it, the ``[[external]]`` declaring it, the job writing it, else ``store``."""
-    from contextful.engine.derive.chain import producer_of
+    model building it, the ``[[external]]`` declaring it (``engine.jobs.pinned.declaration``), else
+    the job writing it, else ``store``."""
+    from contextful.engine.jobs.pinned import declaration
 
+    declared = declaration(manifest, table)
+    if declared is not None:
+        kind = next(k for k in ("pipeline", "model", "external") if k in declared)
+        return f"{kind}:{declared[kind]}"
     name = table.lower()
-    pipeline = producer_of(manifest.pipelines, table)
-    found = ([f"pipeline:{pipeline}"] if pipeline is not None else []) \
-        + [f"model:{m.name}" for m in manifest.models if m.name.lower() == name] \
-        + [f"external:{e.id}" for e in manifest.externals if e.table.lower() == name] \
-        + [job.identity for job in manifest.jobs if name in {t.lower() for t in job_tables(job)[1]}]
-    return found[0] if found else STORE
+    return next((job.identity for job in manifest.jobs if name in {t.lower() for t in job_tables(job)[1]}), STORE)
+
+
+def pipeline_of(manifest: Manifest, table: str) -> str | None:
+    """The pipeline of ``manifest`` landing ``table``, a relational root's child tables included
+    (None: no pipeline lands it)."""
+    from contextful.engine.jobs.pinned import declaration
+
+    declared = declaration(manifest, table)
+    return None if declared is None else declared.get("pipeline")
 
 
 def job_tables(job: JobSpec, manifest: Manifest | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The tables ``job`` reads and the tables it writes, as declared (a store-driven statement's
     relations by DuckDB's parse; a build's reads are its models' inputs, given ``manifest``)."""
-    from contextful.engine.model.spec import referenced_tables
+    from contextful.engine.jobs.pinned import statement_relations
 
     if job.kind == "store-driven":
-        parsed = referenced_tables(job.statement) if job.statement else ()
-        return (parsed if isinstance(parsed, tuple) else ()), job.tables
+        return statement_relations(job), job.tables
     if job.kind == "synthesize":
         reads = tuple(dict.fromkeys(t for t in (job.source, *job.target, job.entities) if t))
         return reads, job.target
@@ -158,13 +166,11 @@ def job_tables(job: JobSpec, manifest: Manifest | None = None) -> tuple[tuple[st
 def standalone_tables(manifest: Manifest) -> list[str]:
     """The version's standalone tables: what its jobs read or write and its externals declare,
     less what its pipelines produce; sorted, each once whatever its case."""
-    from contextful.engine.derive.chain import producer_of
-
     named = [t for job in manifest.jobs for side in job_tables(job, manifest) for t in side]
     named += [e.table for e in manifest.externals]
     found: dict[str, str] = {}
     for table in named:  # bounded by the declarations' table names
-        if producer_of(manifest.pipelines, table) is None:
+        if pipeline_of(manifest, table) is None:
             found.setdefault(table.lower(), table)
     return sorted(found.values())
 
@@ -205,12 +211,10 @@ def applied_contract(ctx: JobContext, table: str) -> TableContract:
     """The contract ``ctx``'s version pins for ``table``, which its job reads or writes: a pipeline's
     table as that version's ``[[pipeline]]`` declares it, any other as the version captured it. A
     store-driven job lands its output under it; the working ``contextful.toml`` never enters."""
-    from contextful.engine.derive.chain import producer_of
-
     reads, writes = job_tables(ctx.job, ctx.manifest)
     if table.lower() not in {t.lower() for t in reads + writes}:
         raise ManifestValueInvalid(f"[[job]] {ctx.job.name!r}", "tables", f"neither reads nor writes {table!r}")
-    pipeline = producer_of(ctx.manifest.pipelines, table)
+    pipeline = pipeline_of(ctx.manifest, table)
     if pipeline is not None:
         spec = ctx.manifest.pipeline(pipeline)
         return TableContract(table, f"pipeline:{pipeline}", None, spec.primary_key, spec.order_by)
@@ -224,14 +228,12 @@ def check_applied(manifest: Manifest, store: Store, job: JobSpec, *, live: Manif
     """Refuse, before ``job``'s execution opens, what its applied version ``manifest`` no longer
     answers for (module docstring). ``live`` is the version in force now (None: the one the
     project's pointer names)."""
-    from contextful.engine.derive.chain import producer_of
-
     contracts = AppliedContracts.of(manifest, job)
     reads, writes = job_tables(job, manifest)
     used = list(dict.fromkeys(reads + writes))
     pinned: dict[str, str] = {}
     for table in used:  # bounded by the job's declared tables
-        pipeline, contract = producer_of(manifest.pipelines, table), contracts.table(table)
+        pipeline, contract = pipeline_of(manifest, table), contracts.table(table)
         if pipeline is not None:
             pinned[table] = f"pipeline:{pipeline}"
         elif contract is not None:

@@ -59,14 +59,6 @@ def producers(pipelines: Sequence[PipelineSpec]) -> dict[str, str]:
     return made
 
 
-def producer_of(pipelines: Sequence[PipelineSpec], table: str) -> str | None:
-    """The pipeline landing ``table``, a relational root's child tables included, names compared as
-    DuckDB compares them, without case (None: no pipeline lands it)."""
-    made = {name.lower(): pipeline for name, pipeline in producers(pipelines).items()}
-    relational = {p.table.lower(): p.id for p in pipelines if p.normalize == "relational"}
-    return _producer(table.lower(), made, relational)
-
-
 def _producer(table: str, made: Mapping[str, str], relational: Mapping[str, str]) -> str | None:
     if table in made:
         return made[table]
