@@ -133,7 +133,10 @@ def fire_in(store: Store, manifest: Manifest, version: int, job: JobSpec, *, run
     under ``job:<name>``, recorded and closed with the runner's outcome."""
     from contextful.storage.errors import ContextfulError, RunCanceled
 
+    from contextful.engine.control.contracts import check_applied
+
     runner = runner or _runner(job)
+    check_applied(manifest, store, job)
     execution, previous = _open(store, job)
     clock = store.clock
     started = clock.now_us()

@@ -366,3 +366,52 @@ def test_a_version_claimed_without_contracts_stays_without_through_pipelines_onl
         applied = load_applied(root)
         assert applied is not None and applied.version == 3
         check_applied(applied.manifest, store, applied.manifest.jobs[0])
+
+
+FOLD = """\
+[project]
+name = "shop"
+
+[[external]]
+id = "crm"
+table = "crm_accounts"
+
+[[job]]
+name = "nightly_fold"
+kind = "fold"
+schedule = "0 3 * * *"
+target = ["crm_accounts"]
+"""
+
+CRM_PIPELINE = """
+[[pipeline]]
+id = "crm_accounts"
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["raw/*.ndjson"]
+"""
+
+
+@pytest.mark.clause("surface.fire.applied-current-authority", "surface.fire.applied-contract-missing")
+def test_job_fire_refuses_a_version_whose_writer_changed_or_that_holds_no_contracts(tmp_path: Path) -> None:
+    root = _project(tmp_path / "p", FOLD)
+    (root / "crm.csv").write_text("account,owner\nx,y\n")
+    contextful(root, "table", "load", "crm_accounts", str(root / "crm.csv"))
+    contextful(root, "pipeline", "import")
+    assert contextful(root, "job", "fire", "nightly_fold").returncode == 0  # v1 answers for its writer: it folds
+    # v2: a pipeline lands crm_accounts now, no external; v1's fold no longer answers for who writes it
+    (root / "contextful.toml").write_text(FOLD.replace('[[external]]\nid = "crm"\ntable = "crm_accounts"\n', "")
+                                          + CRM_PIPELINE)
+    contextful(root, "pipeline", "apply")
+    proc = contextful(root, "job", "fire", "nightly_fold", "--version", "1", check=False)
+    assert proc.returncode == 3, proc.stderr
+    assert ("error: AppliedAuthorityChanged: job 'nightly_fold': table 'crm_accounts' is written by external:crm in "
+            "applied version 1 but by pipeline:crm_accounts now") in proc.stderr
+    assert contextful(root, "job", "fire", "nightly_fold").returncode == 0  # v2 pinned the pipeline
+    # a version holding no contracts (claimed before they were captured) fires nothing
+    snapshots = root / ".contextful" / "control" / "shop"
+    (snapshots / "manifest@v3.toml").write_text(FOLD)
+    (snapshots / "manifest@current").write_text("3\n")
+    proc = contextful(root, "job", "fire", "nightly_fold", check=False)
+    assert proc.returncode == 3 and "error: AppliedContractMissing: job 'nightly_fold': applied version 3" in proc.stderr
