@@ -274,11 +274,16 @@ def _check_heads(store: Store, job: JobSpec, contracts: AppliedContracts, writes
 
 
 def _live(manifest: Manifest) -> Manifest:
-    """The version the project's pointer names now (``manifest`` itself when none is applied)."""
-    from contextful.engine.control.apply import load_applied
+    """The version the project's pointer names now, as serve arms it (``manifest`` itself when it
+    is that version, or when none is applied)."""
+    from contextful.engine.control.apply import snapshot_dir
+    from contextful.engine.control.arming import load_armable
 
-    applied = load_applied(manifest.root)
-    return applied.manifest if applied is not None else manifest
+    current = snapshot_dir(manifest.root).applied()
+    applied: AppliedMetadata | None = getattr(manifest, "applied", None)
+    if current is None or (applied is not None and applied.version == current):
+        return manifest
+    return load_armable(manifest.root, current)[0]
 
 
 def _check_models(manifest: Manifest, store: Store, job: JobSpec, version: int, reads: tuple[str, ...]) -> None:
