@@ -131,9 +131,8 @@ def fire_in(store: Store, manifest: Manifest, version: int, job: JobSpec, *, run
             say: Callable[[str], None] | None = None) -> Fired:
     """Fire ``job`` of ``manifest`` (applied version ``version``) in an open ``store``: one execution
     under ``job:<name>``, recorded and closed with the runner's outcome."""
-    from contextful.storage.errors import ContextfulError, RunCanceled
-
     from contextful.engine.control.contracts import check_applied
+    from contextful.storage.errors import ContextfulError, RunCanceled
 
     runner = runner or _runner(job)
     check_applied(manifest, store, job)

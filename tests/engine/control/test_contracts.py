@@ -76,7 +76,7 @@ JOB = """
 name = "score"
 kind = "store-driven"
 schedule = "every 1h"
-body = "score"
+body = "contracts_score"
 statement = "SELECT d.id, d.body, e.v, daily.n FROM documents AS d JOIN events AS e ON e.id = d.id CROSS JOIN daily"
 max_in_flight = 2
 tables = ["scores"]
@@ -90,7 +90,7 @@ def score(item):
     return item
 
 
-register_body("score", score)
+register_body("contracts_score", score)
 '''
 
 
