@@ -11,6 +11,7 @@ under the project directory. Reading never writes: only a writer creates the sto
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,11 @@ from contextful.storage.errors import (
 from contextful.storage.store import DEFAULT_STORE
 
 MANIFEST = "contextful.toml"
-PROJECT_KEYS = ("name", "store", "catalog", "issuer_keys", "modules")
+PROJECT_KEYS = ("name", "store", "catalog", "issuer_keys", "modules", "zone")
+ZONE_KEYS = ("default", "ceiling")
+_ZONE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+_DURATION = re.compile(r"([0-9]{1,9})\s*([smhd]?)")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,12 @@ class Project:
     modules: tuple[str, ...] = ()
     """Python modules registering the project's host tasks and bodies, imported with the project
     directory on ``sys.path`` (``engine.registrations``)."""
+    default_zone: str | None = None
+    """``[project.zone] default``: the zone credentials minted for this project assert (a fire
+    credential's; None: none declared)."""
+    credential_ceiling_s: int | None = None
+    """``[project.zone] ceiling``: the longest lifetime, in seconds, of a credential minted for this
+    project (a fire credential lives 600 s or this when lower; None: no ceiling)."""
 
 
 def find_project(start: str | os.PathLike[str] = ".") -> Path | None:
@@ -110,7 +121,39 @@ def parse_project(block: Any, root: Path) -> tuple[Project, list[ContextfulError
         store = str((root / store).resolve())
     if catalog is not None and "://" not in catalog:
         catalog = str((root / catalog).resolve())
-    return Project(root, values["name"] or root.name, store, catalog, issuer_keys, tuple(modules)), problems
+    zone, ceiling = _zone(block.get("zone", {}), problems)
+    return Project(root, values["name"] or root.name, store, catalog, issuer_keys, tuple(modules), zone,
+                   ceiling), problems
+
+
+def _zone(block: Any, problems: list[ContextfulError]) -> tuple[str | None, int | None]:
+    """``[project.zone]``: its ``default`` zone name and its credential lifetime ``ceiling`` (whole
+    seconds: ``600``, ``"90s"``, ``"5m"``, ``"1h"``)."""
+    if not isinstance(block, dict):
+        problems.append(ManifestValueInvalid("[project]", "zone", "must be a [project.zone] table"))
+        return None, None
+    problems += [ManifestKeyUnknown("[project.zone]", k, ZONE_KEYS) for k in block if k not in ZONE_KEYS]
+    default = block.get("default")
+    if default is not None and not (isinstance(default, str) and _ZONE.fullmatch(default)):
+        problems.append(ManifestValueInvalid("[project.zone]", "default", f"must be a zone name (a lowercase letter, "
+                                             f"then lowercase letters, digits, '_' or '-'), not {default!r}"))
+        default = None
+    ceiling = block.get("ceiling")
+    if ceiling is None:
+        return default, None
+    seconds = (duration_seconds(ceiling) if isinstance(ceiling, str)
+               else ceiling if isinstance(ceiling, int) and not isinstance(ceiling, bool) else 0)
+    if seconds < 1:
+        problems.append(ManifestValueInvalid("[project.zone]", "ceiling", f"must be a lifetime of one second or more "
+                                             f"(600, \"90s\", \"5m\", \"1h\"), not {ceiling!r}"))
+        return default, None
+    return default, seconds
+
+
+def duration_seconds(text: str) -> int:
+    """``90``, ``90s``, ``15m``, ``1h`` or ``2d`` as whole seconds (0: it is none of those)."""
+    match = _DURATION.fullmatch(text.strip())
+    return int(match.group(1)) * _UNITS[match.group(2) or "s"] if match else 0
 
 
 def _dotted(name: str) -> bool:

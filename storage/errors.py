@@ -64,6 +64,8 @@ Hierarchy::
         │   ├── ArgumentInvalid          an option's or argument's value cannot be what it names (address, instant, window)
         │   ├── ConfirmationRequired     a command that forgets state was not confirmed (no terminal, no --yes)
         │   ├── IssuerKeyInvalid         an issuer key (pinned public key, private key file) is not an Ed25519 key
+        │   ├── FireCredentialMissing    serve schedules a store-driven or synthesize job and holds no credential to give it
+        │   ├── FireCredentialZoneUnset  serve would mint fire credentials and [project.zone] declares no default
         │   ├── ScheduleUnreadable, TriggerAdapterUnknown, TriggerFaceMissing, DispatchUnitNotAHead,
         │   │   ApplyValidationRefused   the control plane's arm, trigger, dispatch and apply refusals
         │   ├── AppliedContractMissing   an applied job's version holds no contract of a standalone table it uses
@@ -93,6 +95,7 @@ Hierarchy::
         │   ├── ContractMismatch         contract-mismatch: a model's contract or result breaks the published one
         │   ├── ModelTestFailed          a model's data test found offending rows; nothing published
         │   ├── ColumnNamesCollide       two column or field names of a table differ only in case
+        │   ├── SynthesizeTableIncompatible  a synthesize job's table lacks a column it reads, or its claims another key
         │   ├── PipelineTransformArity   a chain operation emitted more rows than it consumed
         │   └── DeriveUnitStatusUnknown, DeriveRemoteUrlUnsupported, DeriveMediaUnreadable,
         │       DeriveConfidenceOutOfRange, DeriveOutputCap, DeriveStepProducedNothing, DeriveHostNotAllowed
@@ -122,6 +125,7 @@ Hierarchy::
         ├── Refused                      an admitted caller asked beyond its grant (refused; HTTP 403)
         │   ├── ExportQueryRefused       a gateway request names a namespace, an undeclared template, ...
         │   ├── WriterPipelineRefused    a writer key posted to a pipeline it does not name
+        │   ├── ReachRefused             a store opened under a fire credential read or wrote a table beyond its reach
         │   └── QueryWriteRefused        `contextful sql` was given a statement that writes (CREATE, INSERT, COPY ... TO)
         ├── Unauthenticated              no admitted credential (unauthenticated; HTTP 401)
         │   ├── ReaderCredentialUnadmitted
@@ -1620,6 +1624,66 @@ class IssuerKeyInvalid(SpecInvalid):
                          reason=reason)
 
 
+class FireCredentialMissing(SpecInvalid):
+    """``surface.dispatch.fire-credential-missing``: serve dispatches to child processes, its applied
+    version schedules store-driven or synthesize jobs, and it holds neither ``--issuer-key`` (to mint
+    each fire a credential) nor ``CONTEXTFUL_TOKEN`` (to pass on): raised at start, nothing fires."""
+
+    jobs: tuple[str, ...]
+    version: int | None
+
+    def __init__(self, jobs: tuple[str, ...], version: int | None) -> None:
+        at = f"v{version}" if version is not None else "the applied version"
+        super().__init__(f"{at} schedules the store-driven or synthesize job(s) {', '.join(jobs)}, and serve holds no "
+                         "fire credential for them: start serve with --issuer-key PATH (it mints one per fire) or "
+                         "with CONTEXTFUL_TOKEN set (passed on to each child)", jobs=jobs, version=version)
+
+
+class FireCredentialZoneUnset(SpecInvalid):
+    """``surface.dispatch.fire-credential-zone``: serve under ``--issuer-key`` would mint fire
+    credentials for scheduled store-driven or synthesize jobs, and the project's ``[project.zone]``
+    declares no ``default``: raised at start, nothing fires."""
+
+    jobs: tuple[str, ...]
+    manifest: str
+
+    def __init__(self, jobs: tuple[str, ...], manifest: str) -> None:
+        super().__init__(f"serve under --issuer-key mints a credential per fire of {', '.join(jobs)} in the project's "
+                         f"default zone, and [project.zone] in {manifest} declares no default: add [project.zone] "
+                         "default = \"<zone>\" and apply it", jobs=jobs, manifest=manifest)
+
+
+class SynthesizeTableIncompatible(Incompatible):
+    """A synthesize job's source, entities or target table lacks a column the kind reads, or its
+    target is keyed otherwise than on ``(entity_id, attribute)`` (docs/jobs.md "Synthesize jobs");
+    the pass lands nothing."""
+
+    job: str
+    table: str
+    reason: str
+
+    def __init__(self, job: str, table: str, reason: str) -> None:
+        super().__init__(f"[[job]] {job!r}: table {table!r} {reason}; a synthesize job reads mentions (mention_id, "
+                         "entity_key, attribute, value, observed_at), entities (entity_id, entity_key) and its "
+                         "claims keyed on (entity_id, attribute)", job=job, table=table, reason=reason)
+
+
+class ReachRefused(Refused):
+    """A store opened under a fire credential (``storage.reach``) was asked to read or write a table
+    its credential's reach does not grant (``surface.dispatch.fire-reach``); nothing was read or
+    written (refused; HTTP 403, exit 8)."""
+
+    subject: str
+    access: str
+    table: str
+    granted: tuple[str, ...]
+
+    def __init__(self, subject: str, access: str, table: str, granted: tuple[str, ...]) -> None:
+        super().__init__(f"the credential of {subject} does not reach {access} on table {table!r} (it grants {access} "
+                         f"on: {', '.join(granted) or 'no table'})", subject=subject, access=access, table=table,
+                         granted=granted)
+
+
 # --- compiled plans (decision "plan-compiled-content") ----------------------------------------
 
 
@@ -2359,6 +2423,8 @@ __all__ = [
     "ExportCommitConflict",
     "ExportNamespaceShared",
     "ExportQueryRefused",
+    "FireCredentialMissing",
+    "FireCredentialZoneUnset",
     "Incompatible",
     "InputChanged",
     "InputMalformed",
@@ -2419,6 +2485,7 @@ __all__ = [
     "QueryInvalid",
     "QueryWriteRefused",
     "RateLimited",
+    "ReachRefused",
     "ReaderCredentialUnadmitted",
     "ReceiveBatchKeyExpired",
     "Refused",
@@ -2444,6 +2511,7 @@ __all__ = [
     "StoreNotInitialized",
     "SweepOriginOutOfOrder",
     "SyncCursorConflict",
+    "SynthesizeTableIncompatible",
     "TableDeclarationChanged",
     "TableNameCollision",
     "TableNameInvalid",

@@ -50,6 +50,7 @@ from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import table_prefix
 from contextful.storage.objects import ObjectStore
 from contextful.storage.outbox import OutboxStore, open_outbox_store
+from contextful.storage.reach import Reach, check_reach, readable
 from contextful.storage.reserved import RESERVED_TABLES, check_table_name
 from contextful.storage.run_record import RunRecord
 from contextful.storage.snapshot import Snapshot
@@ -95,6 +96,9 @@ _CREATE_ATTEMPTS = 5
 class Store:
     container: ContainerBindings | None = None
     """The container profile's bindings when the store opened under it (``storage.container``)."""
+    reach: Reach | None = None
+    """The tables this handle may read and write when it opened under a credential (``storage.reach``;
+    None: every table)."""
 
     def __init__(self, objects: ObjectStore, catalog: Catalog, clock: Clock, store_uuid: str,
                  durable: bool = True) -> None:
@@ -182,11 +186,13 @@ class Store:
     @classmethod
     def open(cls, root: str | os.PathLike[str] = DEFAULT_STORE, *, catalog: Catalog | None = None,
              profile: str | None = None, catalog_path: str | None = None, clock: Clock | None = None,
-             storage_options: dict[str, Any] | None = None, durable: bool = True, create: bool = True) -> Store:
+             storage_options: dict[str, Any] | None = None, durable: bool = True, create: bool = True,
+             reach: Reach | None = None) -> Store:
         """Open the store at ``root``, creating it when new unless ``create`` is False.
 
         ``catalog`` overrides the profile's catalog; ``catalog_path`` places the local profile's
-        SQLite file (required when the root is remote: ``CatalogPathMissing`` otherwise). With
+        SQLite file (required when the root is remote: ``CatalogPathMissing`` otherwise). ``reach``
+        limits the handle to the tables a credential reaches (``storage.reach``). With
         ``create=False`` (a reader or maintainer) nothing is written: a root without ``store.json``,
         or a local profile without its catalog file, raises ``StoreNotFound`` naming it.
         """
@@ -216,6 +222,7 @@ class Store:
             raise
         store = cls(objects, catalog, clock or SystemClock(), store_uuid, durable)
         store.container = container
+        store.reach = reach
         return store
 
     def close(self) -> None:
@@ -290,6 +297,7 @@ class Store:
         for another one raises ``TableNameInvalid`` naming both.
         """
         check_table_name(name)
+        check_reach(self.reach, "write", name)
         key = tuple(primary_key)
         if supersede is not None:
             _check_supersede(name, key, order_by, supersede)
@@ -336,6 +344,7 @@ class Store:
         so a table created again under the name meanwhile keeps its own; what a run still in flight
         writes afterwards, or a failed delete leaves, is an orphan for collection."""
         check_table_name(name)
+        check_reach(self.reach, "write", name)
         head = self.catalog.load_head(name)
         if head is None:
             raise TableNotFound(name)
@@ -359,6 +368,7 @@ class Store:
     # --- maintenance ----------------------------------------------------------------------------
 
     def fold(self, name: str, **kwargs: Any) -> FoldResult | None:
+        check_reach(self.reach, "write", name)
         return fold_table(self, name, **kwargs)
 
     def collect(self, **kwargs: Any) -> CollectResult:
@@ -374,7 +384,9 @@ class Store:
         time — is read in one catalog statement, so no commit lands between two tables' pins: a
         reader of a relational root and its child tables, or a model build over several inputs,
         sees each commit whole (``table.snapshot_at(seq)`` then reads each). A table with no commit
-        by ``as_of`` is left out; a name that is no table raises TableNotFound.
+        by ``as_of`` is left out; a name that is no table raises TableNotFound. Under a reach
+        (``storage.reach``) a named table it does not read is ReachRefused, and every table means
+        every table it reads.
         """
         pinned, _ = self.pin_with_unborn(names, as_of)
         return pinned
@@ -384,7 +396,11 @@ class Store:
         """:meth:`pin`, and apart, read at the same point, the tables with no commit by ``as_of``
         (a reader answers ``SnapshotNotFound`` for them, not "no such table")."""
         as_of_us = None if as_of is None else to_us(as_of) if isinstance(as_of, datetime) else int(as_of)
+        for name in names or ():
+            check_reach(self.reach, "read", name)
         pinned = self.catalog.pin_heads(names, as_of_us)
+        if names is None and self.reach is not None:
+            pinned = {name: pinned[name] for name in readable(self.reach, pinned)}
         roots = {p.head.follows.root for p in pinned.values() if p.head.follows is not None}
         if names is not None and roots - set(pinned):  # pinned again with their roots: one point for all
             pinned = self.catalog.pin_heads([*names, *roots], as_of_us)

@@ -28,6 +28,7 @@ from contextful.storage.errors import (
 from contextful.storage.follows import Follows
 from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text
+from contextful.storage.reach import check_reach
 from contextful.storage.reconcile import conform
 from contextful.storage.snapshot import Snapshot, snapshot_sql
 from contextful.storage.transaction import CommitResult, RunTransaction, new_run_id
@@ -124,6 +125,7 @@ class Table:
 
     def _declare(self, update: Update, name: str) -> int | None:
         """Commit the declaration ``update``; None when another one landed first (``name`` failed)."""
+        check_reach(self.store.reach, "write", self.name)
         head = self.head
         request = CommitRequest(table=self.name, run_id="declare-" + new_run_id(), kind="declare", manifest=None,
                                 requirements=(AssertTableUUID(head.uuid),), updates=(update,))
@@ -209,8 +211,13 @@ class Table:
 
         For a table following a root, ``root_seq`` is the root's commit at the same point (0: the
         root had none); when not given, the one :meth:`Store.pin` pinned with ``seq``, else the
-        root's newest commit at or before the time commit ``seq`` landed.
+        root's newest commit at or before the time commit ``seq`` landed. Reading is within the
+        store handle's reach (``storage.reach``) or ReachRefused.
         """
+        check_reach(self.store.reach, "read", self.name)
+        return self._snapshot_at(seq, root_seq)
+
+    def _snapshot_at(self, seq: int, root_seq: int | None = None) -> Snapshot:
         catalog = self.store.catalog
         schema_id, schema = self._schema_at(seq)
         parts = catalog.live_parts(self.name, seq)
@@ -257,7 +264,8 @@ class Table:
         head = catalog.load_head(follows.root)
         if head is None or not root_seq:
             return None
-        return Table(self.store, head).snapshot_at(root_seq)
+        # the root's row versions filter this table's answer: reading this table is what was admitted
+        return Table(self.store, head)._snapshot_at(root_seq)
 
     def to_arrow(self, commit_seq: int | None = None, as_of: datetime | int | None = None) -> pa.Table:
         """Every row the snapshot answers, in the table's Arrow schema."""

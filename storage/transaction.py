@@ -53,6 +53,7 @@ from contextful.storage.keys import check_keys
 from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
 from contextful.storage.parts import part_key, split_table, write_part
+from contextful.storage.reach import check_reach
 from contextful.storage.reconcile import DowngradeEvent, conform, reconcile
 from contextful.storage.reserved import RESERVED_TABLES, check_modality
 from contextful.storage.staging import StagingLease
@@ -139,6 +140,7 @@ class RunTransaction:
             raise ValueError(f"run kind {kind!r} is not one of {', '.join(KINDS)}")
         if own_schema and kind != "replace":
             raise ValueError("only a replacing run can land in a schema of its own")
+        check_reach(table.store.reach, "write", table.name)  # before anything is staged (storage.reach)
         self.table = table
         self.store = table.store
         self.kind = kind

@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -42,12 +43,16 @@ if TYPE_CHECKING:
 
 def serve_manifest(manifest: Manifest, store_url: str | None, address: str | None, *,
                    receive_address: str | None = None, gateway_address: str | None = None,
-                   awake_address: str | None = None, clock: Clock | None = None) -> None:
+                   awake_address: str | None = None, clock: Clock | None = None,
+                   issuer_key: Path | None = None) -> None:
     """Serve the applied version (the working manifest while none is applied): its schedules
-    (``engine.control``), receive pipelines, query gateway and resume route until SIGTERM or SIGINT."""
+    (``engine.control``), receive pipelines, query gateway and resume route until SIGTERM or SIGINT.
+    ``issuer_key`` mints each store-driven or synthesize fire its credential
+    (``engine.control.fire_credentials``)."""
     from contextful.engine.control.arming import applied_armable
     from contextful.engine.control.daemon import Daemon, select_trigger
     from contextful.engine.control.fire import ControlPlane
+    from contextful.engine.control.fire_credentials import serve_fire_issuer
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.spool import queue_root
     from contextful.engine.project import MANIFEST, open_project_store
@@ -58,6 +63,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     # a manifest built in code (no contextful.toml at its root) has no applied versions: its faces serve it
     applied = applied_armable(manifest.root) if (manifest.root / MANIFEST).is_file() else None
     served = applied if applied is not None else manifest
+    # surface.dispatch.fire-credential-missing and -zone: refused before anything is bound or fired
+    issuer = serve_fire_issuer(applied, issuer_key, version=applied_version(applied)) if applied else None
     serves_http = address is not None
     trigger = select_trigger(served.control.trigger, serves_http=serves_http, say=_say) if applied else None
     if applied is None and not (address or receive_address or gateway_address or awake_address):
@@ -72,7 +79,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    plane = ControlPlane(served.root, open_store, store_url, clock=clock, say=_say) if applied else None
+    plane = (ControlPlane(served.root, open_store, store_url, clock=clock, say=_say, fire_issuer=issuer)
+             if applied else None)
     try:
         with Decoder() as decoder:
             server = None
@@ -103,12 +111,14 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
             signal.signal(sig, handler)
 
 
-def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clock: Clock | None = None) -> int:
+def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clock: Clock | None = None,
+                issuer_key: Path | None = None) -> int:
     """``pipeline serve --cycle``: one cycle of the applied version; print its answer; the exit status."""
     from contextful.engine.cli.output import emit_json
     from contextful.engine.control.apply import snapshot_dir
     from contextful.engine.control.arming import applied_armable
     from contextful.engine.control.fire import ControlPlane
+    from contextful.engine.control.fire_credentials import serve_fire_issuer
     from contextful.engine.control.source import resolve_source
     from contextful.engine.project import open_project_store
     from contextful.engine.run.script_runtime import refuse_script_runtime
@@ -120,13 +130,14 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     if applied is None:
         raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest.root).path))
     served = applied
+    issuer = serve_fire_issuer(served, issuer_key, version=applied_version(served))
 
     def open_store() -> Store:
         return open_project_store(served.root, store_url, project=served.project, create=True)
 
     stop_previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM,)}
     try:
-        answer = ControlPlane(served.root, open_store, store_url, clock=clock, say=_say).cycle()
+        answer = ControlPlane(served.root, open_store, store_url, clock=clock, say=_say, fire_issuer=issuer).cycle()
     finally:
         for sig, handler in stop_previous.items():
             signal.signal(sig, handler)
@@ -184,7 +195,11 @@ def _addresses(command: F) -> F:
             click.option("--gateway-http", "gateway_address", metavar="HOST:PORT",
                          help="Address of the query gateway alone (reader keys)."),
             click.option("--awake-http", "awake_address", metavar="HOST:PORT",
-                         help="Address of the resume route alone (signed credentials)."))):
+                         help="Address of the resume route alone (signed credentials)."),
+            click.option("--issuer-key", "issuer_key", metavar="PATH", default=None,
+                         type=click.Path(dir_okay=False, path_type=Path),
+                         help="Issuer private key (contextful key generate): mint each store-driven or synthesize "
+                              "fire a credential of its own (600 s, or [project.zone] ceiling when lower)."))):
         command = option(command)
     return command
 
@@ -196,7 +211,7 @@ def _addresses(command: F) -> F:
                    "answer and exit (non-zero when a unit or the drain failed): how cron or CI drives Contextful.")
 @click.pass_context
 def serve(ctx: click.Context, address: str | None, receive_address: str | None, gateway_address: str | None,
-          awake_address: str | None, cycle: bool) -> None:
+          awake_address: str | None, issuer_key: Path | None, cycle: bool) -> None:
     """Run the applied version's schedules, and serve 'receive' pipelines, the query gateway, the resume
     route and (trigger = "external") POST /wake over HTTP."""
     from contextful.engine.config import load_manifest
@@ -205,9 +220,9 @@ def serve(ctx: click.Context, address: str | None, receive_address: str | None, 
     if cycle:
         if address or receive_address or gateway_address or awake_address:
             raise click.UsageError("--cycle serves nothing over HTTP: give no address")
-        ctx.exit(serve_cycle(manifest, ctx.obj["store"], as_json=bool(ctx.obj.get("json"))))
+        ctx.exit(serve_cycle(manifest, ctx.obj["store"], as_json=bool(ctx.obj.get("json")), issuer_key=issuer_key))
     serve_manifest(manifest, ctx.obj["store"], address, receive_address=receive_address,
-                   gateway_address=gateway_address, awake_address=awake_address)
+                   gateway_address=gateway_address, awake_address=awake_address, issuer_key=issuer_key)
 
 
 def register_serve(pipeline_group: click.Group) -> None:
@@ -223,15 +238,22 @@ def register_serve(pipeline_group: click.Group) -> None:
 @_addresses
 @click.pass_context
 def main(ctx: click.Context, store_url: str | None, project_dir: str, address: str | None,
-         receive_address: str | None, gateway_address: str | None, awake_address: str | None) -> None:
+         receive_address: str | None, gateway_address: str | None, awake_address: str | None,
+         issuer_key: Path | None) -> None:
     """``contextful pipeline serve``, runnable alone as ``python -m engine.cli.serve``."""
     from contextful.engine.cli.errors import one_line_errors
 
     ctx.obj = {"store": store_url, "project": project_dir, "json": False}
     with one_line_errors(ctx.obj):
         ctx.invoke(serve, address=address, receive_address=receive_address, gateway_address=gateway_address,
-                   awake_address=awake_address, cycle=False)
+                   awake_address=awake_address, issuer_key=issuer_key, cycle=False)
 
 
 if __name__ == "__main__":
     main(prog_name="contextful pipeline serve")
+
+
+def applied_version(manifest: Manifest) -> int:
+    """The number of the applied version ``manifest`` was read from."""
+    assert manifest.applied is not None, "read from an applied version (engine.control.apply.load_version)"
+    return manifest.applied.version

@@ -7,7 +7,6 @@ one catalogue line (``error: ArgumentInvalid: --limit 0: ...``, exit 3) and noth
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import click
@@ -27,15 +26,12 @@ def at_least(minimum: float, unit: str) -> Callable[[click.Context, click.Parame
     return check
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"([0-9]{1,9})\s*([smhd]?)")
-
-
 def duration_seconds(ctx: click.Context, param: click.Parameter, value: str) -> int:
     """A click callback reading ``90``, ``90s``, ``15m``, ``1h`` or ``2d`` as whole seconds (one or
     more); ArgumentInvalid naming the option else."""
-    match = _DURATION.fullmatch(value.strip())
-    seconds = int(match.group(1)) * _UNITS[match.group(2) or "s"] if match else 0
+    from contextful.engine.project import duration_seconds as seconds_of
+
+    seconds = seconds_of(value)
     if seconds < 1:
         from contextful.storage.errors import ArgumentInvalid
 

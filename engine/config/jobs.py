@@ -292,6 +292,11 @@ def job_problems(manifest: Manifest, jobs: list[JobSpec]) -> list[ContextfulErro
         if job.kind == "plan" and job.plan is None:
             problems.append(ManifestValueInvalid(where, "plan", "a plan job names its compiled plan file "
                                                                 "(relative to the manifest)"))
+        if job.kind == "synthesize":
+            problems += _synthesize_problems(job)
+        elif job.read_individual:
+            problems.append(ManifestValueInvalid(where, "read_individual", f"only a synthesize job reads individual "
+                                                 f"rows (surface.dispatch.fire-individual), not a {job.kind} job"))
         if job.after is not None:
             if job.kind != "build":
                 problems.append(ManifestValueInvalid(where, "after", f"only a build job depends on a pipeline, not a "
@@ -304,6 +309,20 @@ def job_problems(manifest: Manifest, jobs: list[JobSpec]) -> list[ContextfulErro
         if job.identity in pipelines or job.name in pipelines:
             problems.append(ManifestValueInvalid(where, "name", f"pipeline {job.name!r} shares its dispatch identity: "
                                                                 "one exclusion key cannot dispatch two operations"))
+    return problems
+
+
+def _synthesize_problems(job: JobSpec) -> list[ContextfulError]:
+    """A synthesize job names its ``source`` (mentions), its ``entities`` table and one ``target``
+    (its claims), three distinct tables (docs/jobs.md "Synthesize jobs")."""
+    where = f"[[job]] {job.name!r}"
+    problems: list[ContextfulError] = [ManifestValueInvalid(where, key, "a synthesize job names it")
+                                       for key in ("source", "entities") if getattr(job, key) is None]
+    if len(job.target) != 1:
+        problems.append(ManifestValueInvalid(where, "target", "a synthesize job names one target table (its claims)"))
+    named = [t.lower() for t in (job.source, job.entities, *job.target) if t]
+    if len(set(named)) != len(named):
+        problems.append(ManifestValueInvalid(where, "target", "source, entities and target are three distinct tables"))
     return problems
 
 

@@ -185,15 +185,19 @@ class _Child:
 class ChildLauncher:
     """Runs each unit as ``python -m contextful.engine.control.child`` in a process group of its own,
     against the applied version ``version`` of the project at ``root``; a job entry (``job:<name>``)
-    as ``contextful job fire <name> --version <version>``, in a process group of its own too. The child's stdout joins
-    serve's stderr (its log), so serve's own stdout stays its answers."""
+    as ``contextful job fire <name> --version <version>``, in a process group of its own too. The
+    child's stdout joins serve's stderr (its log), so serve's own stdout stays its answers.
+    ``environment(head)`` is the child's environment (``engine.control.fire_credentials.unit_environment``;
+    None: serve's own)."""
 
-    def __init__(self, root: Path, store_url: str | None, version: int, results: Path) -> None:
+    def __init__(self, root: Path, store_url: str | None, version: int, results: Path,
+                 environment: Callable[[str], dict[str, str] | None] | None = None) -> None:
         self.root = root
         self.store_url = store_url
         self.version = version
         self.results = results
         """Where each child writes its outcome (its caller's directory: it outlives versions)."""
+        self.environment = environment
 
     def launch(self, head: str) -> Launched:
         from contextful.engine.control.history import JOB_PREFIX
@@ -208,7 +212,8 @@ class ChildLauncher:
                     "--version", str(self.version), "--unit", head, "--result", str(result)]
             if self.store_url:
                 argv += ["--store", self.store_url]
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+        env = self.environment(head) if self.environment is not None else None
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), env=env,
                                    start_new_session=True)  # its own session: its own process group
         return _Child(head, process, result)
 

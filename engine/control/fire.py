@@ -14,6 +14,9 @@ Implements, from the control-plane spec:
 - ``surface.arm.wake-answer``, ``wake-pending-steps``, ``surface.dispatch.refill``: :meth:`ControlPlane.wake`.
 - ``surface.fire.cycle``, ``cycle-exit``, ``cycle-drain``, ``cycle-drain-exit``: :meth:`ControlPlane.cycle`.
 - ``surface.dispatch.lease-gated``: a process that does not hold the cadence lease arms nothing.
+- ``surface.dispatch.fire-credential-missing`` and ``-zone`` for versions applied while serve runs:
+  a version whose store-driven or synthesize fires serve cannot credential arms nothing, and the
+  one armed before stays armed (``engine.control.fire_credentials``).
 
 The daemon loop and its drain (``surface.arm.tick-interval``, ``surface.fire.daemon-drain*``) live
 in ``engine.control.daemon``; the pool, the lease and the children in ``engine.control.dispatch``.
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contextful.engine.control.dispatch import CadenceLease, ChildLauncher, Launcher, Outcome, Pool
+from contextful.engine.control.fire_credentials import FireIssuer, check_fire_credentials, unit_environment
 from contextful.storage.clock import SystemClock, from_us
 
 if TYPE_CHECKING:
@@ -109,7 +113,7 @@ class ControlPlane:
     def __init__(self, root: Path, open_store: Callable[[], Store], store_url: str | None = None, *,
                  clock: Clock | None = None,
                  launcher: Callable[[int], Launcher] | None = None, holder: str | None = None,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, fire_issuer: FireIssuer | None = None) -> None:
         self.root = root
         self.open_store = open_store
         """Opens a handle on the store (the drain takes its own, beside the beat's)."""
@@ -119,7 +123,11 @@ class ControlPlane:
         self.say = say or log.info
         self._results = Path(tempfile.mkdtemp(prefix="contextful-units-"))
         """Where unit children write their outcomes (removed when the plane closes)."""
-        self._launcher = launcher or (lambda version: ChildLauncher(root, store_url, version, self._results))
+        self.fire_issuer = fire_issuer
+        """Serve's minting of fire credentials (``--issuer-key``; None: children inherit its token)."""
+        self._launcher = launcher or (lambda version: ChildLauncher(
+            root, store_url, version, self._results,
+            environment=lambda head: unit_environment(self.manifest, head, fire_issuer)))
         from contextful.engine.control.apply import snapshot_dir
 
         self.snapshots = snapshot_dir(root)
@@ -151,7 +159,11 @@ class ControlPlane:
 
     def refresh(self) -> bool:
         """Read the applied pointer; (re)arm when it names another version. Whether anything is armed."""
-        from contextful.storage.errors import ControlSnapshotUnreadable
+        from contextful.storage.errors import (
+            ControlSnapshotUnreadable,
+            FireCredentialMissing,
+            FireCredentialZoneUnset,
+        )
 
         try:
             version = self.snapshots.applied()
@@ -166,7 +178,7 @@ class ControlPlane:
         if version != self.version or self.armed is None:
             try:
                 self._arm(version)
-            except ControlSnapshotUnreadable as exc:
+            except (ControlSnapshotUnreadable, FireCredentialMissing, FireCredentialZoneUnset) as exc:
                 return self._keep_armed(exc)
         self._unreadable = None
         return self.armed is not None
@@ -183,6 +195,8 @@ class ControlPlane:
         from contextful.engine.control.history import pulled_starts
 
         manifest, refused = load_armable(self.root, version, self.snapshots)
+        # a version whose credentialed fires serve cannot credential arms nothing; the last one stays
+        check_fire_credentials(manifest, self.fire_issuer, version=version)
         self._pulled = pulled_starts(self.snapshots.path, self.deployment, exclude_node=self._node)
         units, armed, unarmed = arm_version(manifest, self.store, self.deployment, self.clock.now_us(), self._pulled)
         unarmed += refused

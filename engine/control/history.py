@@ -48,9 +48,9 @@ def entry_scope(entry: str) -> str:
     """The owner scope whose execution records an armed entry's run starts: a head pipeline's
     ``pipeline:<id>``, a job's host scope ``job:<name>`` (``engine.jobs.fire``)."""
     if entry.startswith(JOB_PREFIX):
-        from contextful.engine.jobs.fire import job_scope
+        from contextful.engine.jobs.scope import job_scope
 
-        return job_scope(entry[len(JOB_PREFIX):])
+        return job_scope(entry[len(JOB_PREFIX):]).key
     return f"pipeline:{entry}"
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from contextful.engine.config.jobs import JobSpec
     from contextful.engine.config.manifest import Manifest
+    from contextful.engine.run.execution import Execution
     from contextful.storage.store import Store
 
 
@@ -36,6 +37,30 @@ class JobContext:
     force: bool = False
     """``job fire --force``: do the work even where the kind finds nothing to do (a build of models
     that are not stale publishes them anyway)."""
+    execution: Execution | None = None
+    """The fire's execution under ``job:<name>``, opened (or resumed) by ``engine.jobs.fire``
+    pinned to the kind's :class:`Opening`; the runner records its steps there and never closes it:
+    its outcome says how the execution ends."""
+
+    @property
+    def opened(self) -> Execution:
+        """:attr:`execution`, which a runner is always called with."""
+        assert self.execution is not None, "a runner runs inside a fire's execution (engine.jobs.fire)"
+        return self.execution
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What a fire's execution is pinned to: a kind that resumes pins its own structure."""
+
+    reference: str
+    """The content-hashed plan reference (``engine.run.execution.plan_reference``)."""
+    pins: dict[str, str] | None = None
+    """Host-supplied identities the execution pins beside it (a body's code, its input)."""
+    resumes: bool = False
+    """Whether a pending execution a stopped or dead fire left is resumed (store-driven and plan
+    jobs: settled items and finished stages are not redone); otherwise it is recorded failed,
+    interrupted, and a new one opens."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +76,10 @@ class JobOutcome:
     """One line per failure, each naming its error."""
     detail: dict[str, Any] = field(default_factory=dict)
     """Kind-specific facts for ``--json`` (models published, parts folded, items settled, ...)."""
+    pending: bool = False
+    """The fire stopped with work left: its execution stays pending for the next fire to resume."""
+    canceled: bool = False
+    """The fire's execution was canceled (``contextful run cancel``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "summary": self.summary, "rows": self.rows, "failures": list(self.failures),
@@ -59,3 +88,6 @@ class JobOutcome:
 
 Runner = Callable[[JobContext], JobOutcome]
 """A kind's runner."""
+
+Opener = Callable[[JobContext], Opening]
+"""A kind's opening: read before the execution opens (a refusal raised here opens nothing)."""

@@ -20,6 +20,7 @@ ended it.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,9 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contextful.engine.jobs.build import run_build
-from contextful.engine.jobs.context import JobContext, JobOutcome, Runner
+from contextful.engine.jobs.context import JobContext, JobOutcome, Opener, Opening, Runner
 from contextful.engine.jobs.fold import run_fold
+from contextful.engine.jobs.plan_job import plan_opening, run_plan_job
+from contextful.engine.jobs.scope import job_scope
+from contextful.engine.jobs.store_driven import run_store_driven, store_driven_opening
 from contextful.engine.jobs.sync_push import run_sync_push
+from contextful.engine.jobs.synthesize import run_synthesize
 
 if TYPE_CHECKING:
     from contextful.engine.config.jobs import JobSpec
@@ -38,19 +43,15 @@ if TYPE_CHECKING:
     from contextful.storage import Store
     from contextful.storage.clock import Clock
 
-RUNNERS: dict[str, Runner] = {"build": run_build, "fold": run_fold, "sync-push": run_sync_push}
+RUNNERS: dict[str, Runner] = {"build": run_build, "fold": run_fold, "sync-push": run_sync_push,
+                              "store-driven": run_store_driven, "plan": run_plan_job, "synthesize": run_synthesize}
 """Each dispatched kind's runner (``engine.config.jobs.KINDS``)."""
+OPENINGS: dict[str, Opener] = {"store-driven": store_driven_opening, "plan": plan_opening}
+"""The kinds whose execution pins its own structure and resumes (:func:`default_opening` otherwise)."""
 
 FIRE_STEP = "fire"
 OUTCOME_STEP = "outcome"
 INTERRUPTED = "interrupted: the fire's process ended before it recorded an outcome"
-
-
-def job_scope(name: str) -> str:
-    """The owner scope a job's fires run under: the host scope ``job:<name>``."""
-    from contextful.engine.run.owners import Scope
-
-    return Scope.host(f"job:{name}").key
 
 
 @dataclass(frozen=True)
@@ -115,11 +116,11 @@ def fire_job(root: Path, name: str, *, version: int | None = None, force: bool =
              clock: Clock | None = None) -> Fired:
     """Fire the job ``name`` of the applied version (or ``version``) once, in the project's store
     (opened on ``clock``: the instants its execution records)."""
-    from contextful.engine.project import open_project_store
+    from contextful.engine.jobs.admission import open_fire_store
 
     manifest, version, job = applied_job(root, name, version)
     runner = _runner(job)
-    store = open_project_store(root, store_url, project=manifest.project, create=True, clock=clock)
+    store = open_fire_store(job, manifest, store_url, clock=clock)  # its credential admitted once, at start
     try:
         return fire_in(store, manifest, version, job, runner=runner, force=force, cancel=cancel, say=say)
     finally:
@@ -130,30 +131,37 @@ def fire_in(store: Store, manifest: Manifest, version: int, job: JobSpec, *, run
             force: bool = False, cancel: threading.Event | None = None,
             say: Callable[[str], None] | None = None) -> Fired:
     """Fire ``job`` of ``manifest`` (applied version ``version``) in an open ``store``: one execution
-    under ``job:<name>``, recorded and closed with the runner's outcome."""
+    under ``job:<name>`` pinned to the kind's opening, recorded and closed with the runner's outcome
+    (left pending when the outcome says so: the next fire resumes it)."""
     from contextful.engine.control.contracts import check_applied
-    from contextful.storage.errors import ContextfulError, RunCanceled
+    from contextful.storage.errors import ContextfulError, ExecutionWriterFenced, RunCanceled
 
     runner = runner or _runner(job)
-    check_applied(manifest, store, job)
-    execution, previous = _open(store, job)
+    check_applied(manifest, store, job)  # surface.fire.applied-*: a refusal opens nothing
+    context = JobContext(job, manifest, version, store, cancel=cancel or threading.Event(),
+                         say=say or (lambda _line: None), force=force)
+    opening = OPENINGS.get(job.kind, default_opening)(context)  # a refusal here opens nothing
+    execution, previous = _open(store, job, opening)
     clock = store.clock
     started = clock.now_us()
     execution.step(FIRE_STEP, lambda: {"version": version, "force": force, "kind": job.kind, "started_us": started,
                                         "previous": previous})
-    context = JobContext(job, manifest, version, store, cancel=cancel or threading.Event(),
-                         say=say or (lambda _line: None), force=force)
     code = 0
     try:
-        outcome = runner(context)
+        outcome = runner(dataclasses.replace(context, execution=execution))
         if not outcome.ok:
-            code = int(outcome.detail.get("exit_code", 1))
+            code = 10 if outcome.canceled else int(outcome.detail.get("exit_code", 1))
+    except ExecutionWriterFenced:
+        raise  # another attempt holds the execution now: it is that attempt's to settle
     except RunCanceled as exc:
         outcome, code = _failed(exc), exc.exit_code
     except ContextfulError as exc:
         outcome, code = _failed(exc), exc.exit_code
     except Exception as exc:  # noqa: BLE001 - the fire fails by name and is recorded; the caller reads it
         outcome, code = _failed(exc), 1
+    if outcome.pending and not outcome.canceled:
+        execution.release()  # the next fire resumes it; the outcome is that fire's to record
+        return Fired(job.name, version, execution.execution_id, started, None, "pending", outcome, force, code or 1)
     ended = clock.now_us()
     execution.step(OUTCOME_STEP, lambda: outcome.to_json() | {"ended_us": ended, "exit_code": code})
     status = "ok" if outcome.ok else ("canceled" if code == 10 else "failed")
@@ -189,19 +197,43 @@ def plan_of(job: JobSpec) -> dict[str, Any]:
     return {"job": f"job:{job.name}", "declaration": asdict(job)}
 
 
-def _open(store: Store, job: JobSpec) -> tuple[Execution, str | None]:
-    """Open the fire's execution; settle a pending one a dead fire left (recorded ``closed-failed``
-    as interrupted) first. The execution and the one before it (None: the job's first fire)."""
-    from contextful.engine.run.execution import open_execution, plan_reference
+def default_opening(context: JobContext) -> Opening:
+    """The opening of a kind that pins its declaration alone and resumes nothing (build, fold, sync-push)."""
+    from contextful.engine.run.execution import plan_reference
 
-    scope = job_scope(job.name)
-    plan = plan_reference(plan_of(job))
+    return Opening(plan_reference(plan_of(context.job)))
+
+
+def _open(store: Store, job: JobSpec, opening: Opening) -> tuple[Execution, str | None]:
+    """Open the fire's execution under ``opening``. A pending one a stopped or dead fire left is
+    resumed when the kind resumes (pinned-plan-changed when its structure changed:
+    ``OwnerPlanMismatch``); otherwise it is settled first (recorded ``closed-failed``, interrupted,
+    under the plan it was pinned to). The execution and the one before it (None: the first fire)."""
+    from contextful.engine.run.execution import open_execution
+    from contextful.storage.journal import PENDING
+
+    scope = job_scope(job.name).key
     before = store.journal.owner(scope)
-    execution = open_execution(store.journal, scope, plan, clock=store.clock, take_over_dead=True)
+    if before is not None and before.status == PENDING and not opening.resumes:
+        dead = open_execution(store.journal, scope, before.plan_ref, pins=before.pin_map() or None,
+                              clock=store.clock, take_over_dead=True)
+        _settle_interrupted(dead)
+    execution = open_execution(store.journal, scope, opening.reference, pins=opening.pins, clock=store.clock,
+                               take_over_dead=True)
     if execution.resumed:
-        _settle_interrupted(execution)
-        return open_execution(store.journal, scope, plan, clock=store.clock), execution.execution_id
+        return execution, _previous(execution)
     return execution, before.execution_id if before is not None else None
+
+
+def _previous(execution: Execution) -> str | None:
+    """The fire before a resumed execution's, as its first fire recorded it."""
+    from contextful.engine.run.execution import recorded_value
+
+    for row in execution.journal.steps(execution.execution_id):
+        if row.label == FIRE_STEP:
+            value = recorded_value(row)
+            return value.get("previous") if isinstance(value, dict) else None
+    return None
 
 
 def _settle_interrupted(execution: Execution) -> None:
@@ -221,7 +253,7 @@ def fire_history(store: Store, name: str, limit: int = 20) -> list[Fired]:
     from contextful.storage.journal import CLOSED_CANCELED, CLOSED_OK, PENDING
 
     journal = store.journal
-    owner = journal.owner(job_scope(name))
+    owner = journal.owner(job_scope(name).key)
     fires: list[Fired] = []
     execution_id = owner.execution_id if owner is not None else None
     seen: set[str] = set()

@@ -30,11 +30,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from contextful.engine.jobs.context import JobContext, JobOutcome
-from contextful.engine.jobs.scope import job_scope
-from contextful.engine.run.execution import open_execution, plan_reference
+from contextful.engine.jobs.context import JobContext, JobOutcome, Opening
+from contextful.engine.run.execution import plan_reference
 from contextful.engine.run.plan import PLAN_FORMAT
-from contextful.storage.errors import ContextfulError, ExecutionWriterFenced, JobPlanInvalid
+from contextful.storage.errors import ContextfulError, JobPlanInvalid
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -78,34 +77,27 @@ def read_plan_file(ctx: JobContext) -> tuple[str, dict[str, Any]]:
     return reference, plan["nodes"]
 
 
-def run_plan_job(ctx: JobContext) -> JobOutcome:
-    """Fire plan job ``ctx.job`` once (see the module docstring)."""
-    reference, nodes = read_plan_file(ctx)
+def plan_opening(ctx: JobContext) -> Opening:
+    """A plan fire's execution is pinned to its plan file's reference (JobPlanInvalid before anything
+    opens for a file missing, edited or compiled from other declarations)."""
+    reference, _nodes = read_plan_file(ctx)
     assert ctx.job.plan is not None
-    execution = open_execution(ctx.store.journal, job_scope(ctx.job.name), reference,
-                               pins={PLAN_FILE_PIN: ctx.job.plan}, clock=ctx.store.clock, take_over_dead=True)
-    try:
-        stages, stopped = _lower(ctx, execution, nodes)
-        if stopped:
-            execution.release()  # pending: the next fire resumes it, replaying the finished stages
-    except ExecutionWriterFenced:
-        raise  # another attempt holds the execution now: it is that attempt's to settle
-    except BaseException:
-        if not execution.closed:
-            try:
-                execution.release()  # pending: the next fire resumes it, replaying the finished stages
-            except ContextfulError:
-                pass  # unwritten: nobody renews the lease, so it lapses and the next fire resumes anyway
-        raise
+    return Opening(reference, {PLAN_FILE_PIN: ctx.job.plan}, resumes=True)
+
+
+def run_plan_job(ctx: JobContext) -> JobOutcome:
+    """Fire plan job ``ctx.job`` once in the execution ``engine.jobs.fire`` opened (see the module docstring)."""
+    reference, nodes = read_plan_file(ctx)
+    execution = ctx.opened
+    stages, stopped = _lower(ctx, execution, nodes)
     failures = tuple(line for stage in stages.values() for line in stage["failures"])
     rows = sum(stage["rows"] for stage in stages.values())
     ran = ", ".join(f"{len(stage['ran'])} {kind}" for kind, stage in stages.items())
     detail = {"execution": execution.execution_id, "attempt": execution.attempt, "resumed": execution.resumed,
               "plan": reference, "stages": stages}
-    if stopped:
+    if stopped:  # pending: the next fire resumes it, replaying the finished stages
         return JobOutcome(False, f"plan {reference[:12]}: stopped after {ran or 'nothing'}; the next fire resumes "
-                                 f"execution {execution.execution_id}", rows, failures, detail)
-    execution.close(ok=not failures)
+                                 f"execution {execution.execution_id}", rows, failures, detail, pending=True)
     return JobOutcome(not failures, f"plan {reference[:12]}: {ran or 'nothing'}; {len(failures)} failed", rows,
                       failures, detail)
 

@@ -35,16 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from contextful.engine.jobs.context import JobContext, JobOutcome
+from contextful.engine.jobs.context import JobContext, JobOutcome, Opening
 from contextful.engine.jobs.pinned import pinned_plan
-from contextful.engine.jobs.scope import job_scope
-from contextful.engine.run.execution import open_execution
 from contextful.engine.run.items import ItemOutcomes, ItemTerminal, served_keys, terminal_outcome
 from contextful.engine.run.retry import RetrySchedule
 from contextful.engine.run.sweep import SweepSpec, open_sweep
 from contextful.storage.errors import (
-    ContextfulError,
-    ExecutionWriterFenced,
     JobAnswerInvalid,
     JobItemKeyInvalid,
     QueryInvalid,
@@ -100,24 +96,17 @@ def dispatch_item(body: RegisteredBody, row: dict[str, Any]) -> Any:
     return body.fn(row)
 
 
+def store_driven_opening(ctx: JobContext) -> Opening:
+    """What a store-driven fire's execution pins (``engine.jobs.pinned``) with the body's and input's
+    identities; JobBodyUnregistered before anything opens when the body is not registered."""
+    body = registered_body(ctx.job)
+    pinned = pinned_plan(ctx.manifest, ctx.store, ctx.job)
+    return Opening(pinned.reference, body.pins(pinned.input_identity), resumes=True)
+
+
 def run_store_driven(ctx: JobContext) -> JobOutcome:
-    """Fire store-driven ``ctx.job`` once (see the module docstring)."""
-    job, store = ctx.job, ctx.store
-    body = registered_body(job)
-    pinned = pinned_plan(ctx.manifest, store, job)
-    execution = open_execution(store.journal, job_scope(job.name), pinned.reference,
-                               pins=body.pins(pinned.input_identity), clock=store.clock, take_over_dead=True)
-    try:
-        return _fire(ctx, body, execution)
-    except ExecutionWriterFenced:
-        raise  # another attempt holds the execution now: it is that attempt's to settle
-    except BaseException:
-        if not execution.closed:
-            try:
-                execution.release()  # pending: the next fire resumes it through its input pin
-            except ContextfulError:
-                pass  # unwritten: nobody renews the lease, so it lapses and the next fire resumes anyway
-        raise
+    """Fire store-driven ``ctx.job`` once in the execution ``engine.jobs.fire`` opened (see the module docstring)."""
+    return _fire(ctx, registered_body(ctx.job), ctx.opened)
 
 
 def _fire(ctx: JobContext, body: RegisteredBody, execution: Execution) -> JobOutcome:
@@ -138,13 +127,11 @@ def _fire(ctx: JobContext, body: RegisteredBody, execution: Execution) -> JobOut
               "settled_before": settled_before, "left": tally.unsettled}
     done = f"{tally.completed} item(s) completed, {len(tally.failures)} failed"
     if execution.cancel_token.is_set():
-        execution.close_canceled()
-        return JobOutcome(False, f"canceled: {done}", tally.rows, tuple(tally.failures), detail)
+        return JobOutcome(False, f"canceled: {done}", tally.rows, tuple(tally.failures), detail, canceled=True)
     if stopped or tally.unsettled:
-        execution.release()
         return JobOutcome(False, f"stopped: {done}; {tally.unsettled} left for the next fire, which resumes "
-                                 f"execution {execution.execution_id}", tally.rows, tuple(tally.failures), detail)
-    execution.close(ok=not tally.failures)
+                                 f"execution {execution.execution_id}", tally.rows, tuple(tally.failures), detail,
+                          pending=True)
     return JobOutcome(not tally.failures, done + (f" ({settled_before} settled by an earlier attempt)"
                                                   if settled_before else ""),
                       tally.rows, tuple(tally.failures), detail)

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from contextful.engine.control.apply import apply_manifest, import_manifest, load_version
-from contextful.engine.jobs.context import JobContext
+from contextful.engine.jobs.context import JobContext, JobOutcome
 from contextful.storage import Store
 
 MODULE = "storedriven_bodies"
@@ -114,6 +114,16 @@ def fire_context(root: Path, version: int, store: Store, job: str = "score-docum
     manifest = load_version(root, version)
     spec = next(j for j in manifest.jobs if j.name == job)
     return JobContext(spec, manifest, version, store, cancel=cancel or threading.Event())
+
+
+def fire(ctx: JobContext) -> JobOutcome:
+    """One fire of ``ctx.job`` as ``job fire`` and serve's job children run it (``engine.jobs.fire``):
+    the execution opened under the kind's opening, the runner's outcome recorded on it."""
+    from contextful.engine.jobs.fire import fire_in
+
+    fired = fire_in(ctx.store, ctx.manifest, ctx.version, ctx.job, cancel=ctx.cancel)
+    assert fired.outcome is not None
+    return fired.outcome
 
 
 def bodies():

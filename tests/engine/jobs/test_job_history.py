@@ -12,14 +12,12 @@ import pytest
 from contextful.engine.control.arm import ArmedEntry, ArmedSet, History
 from contextful.engine.control.schedule import parse_schedule
 from contextful.engine.jobs.scope import job_scope, last_start_us
-from contextful.engine.jobs.store_driven import run_store_driven
 from contextful.storage import Store
 from contextful.storage.clock import ManualClock
-from contextful.storage.errors import QueryInvalid
-from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING
+from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK
 
 from tests.conftest import StoreFactory
-from tests.engine.jobs.project import applied, fire_context, reset_bodies, write_project
+from tests.engine.jobs.project import applied, fire, fire_context, reset_bodies, write_project
 from tests.engine.jobs.test_store_driven import _imported
 
 MINUTE_US = 60_000_000
@@ -58,35 +56,34 @@ def test_the_next_fire_follows_the_recorded_start_of_each_execution_failed_ones_
     assert next_fire(store, "every 1m") == T0
 
     _imported(root).PERMANENT.add("d2")  # the first fire fails an item: its execution closes failed
-    assert not run_store_driven(fire_context(root, version, store)).ok
+    assert not fire(fire_context(root, version, store)).ok
     owner = store.journal.owner(job_scope("score-documents").key)
     assert owner is not None and owner.status == CLOSED_FAILED
     assert last_start_us(store.journal, "score-documents") == T0
     assert next_fire(store, "every 1m") == MINUTE0 + MINUTE_US  # the next minute after the start
 
-    store.clock.advance(150)  # a fire whose statement fails: its execution stays pending, its start recorded
+    store.clock.advance(150)  # a fire whose statement fails: a failed fire, recorded, its start too
     write_project(root, statement="SELECT doc_id, body FROM no_such_table")
     broken = applied(root)
-    with pytest.raises(QueryInvalid):
-        run_store_driven(fire_context(root, broken, store))
+    failed = fire(fire_context(root, broken, store))
+    assert not failed.ok and failed.failures[0].startswith("QueryInvalid")
     owner = store.journal.owner(job_scope("score-documents").key)
-    assert owner is not None and owner.status == PENDING
+    assert owner is not None and owner.status == CLOSED_FAILED
     assert last_start_us(store.journal, "score-documents") == T0 + 150_000_000
     assert next_fire(store, "every 1m") == MINUTE0 + 3 * MINUTE_US  # start at MINUTE0 + 167 s
 
-    store.clock.advance(60)  # a resumption of the pending execution keeps the start it opened at
-    with pytest.raises(QueryInvalid):
-        run_store_driven(fire_context(root, broken, store))
-    assert last_start_us(store.journal, "score-documents") == T0 + 150_000_000
+    store.clock.advance(60)  # the next fire is a new execution: its start is the one recorded
+    assert not fire(fire_context(root, broken, store)).ok
+    assert last_start_us(store.journal, "score-documents") == T0 + 210_000_000
 
 
 @pytest.mark.clause("surface.fire.scheduled-history")
 def test_a_later_successful_execution_moves_the_recorded_start(tmp_path: Path, store: Store) -> None:
     root = write_project(tmp_path / "project")
     version = applied(root)
-    assert run_store_driven(fire_context(root, version, store)).ok
+    assert fire(fire_context(root, version, store)).ok
     store.clock.advance(3600)
-    assert run_store_driven(fire_context(root, version, store)).ok
+    assert fire(fire_context(root, version, store)).ok
     owner = store.journal.owner(job_scope("score-documents").key)
     assert owner is not None and owner.status == CLOSED_OK
     assert last_start_us(store.journal, "score-documents") == T0 + 3_600_000_000

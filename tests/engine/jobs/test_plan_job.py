@@ -14,7 +14,7 @@ import duckdb
 import pytest
 from contextful.engine.control.apply import apply_manifest, import_manifest, load_version
 from contextful.engine.jobs.context import JobContext
-from contextful.engine.jobs.plan_job import read_plan_file, run_plan_job, write_plan_file
+from contextful.engine.jobs.plan_job import read_plan_file, write_plan_file
 from contextful.engine.jobs.scope import job_scope
 from contextful.engine.read import connect
 from contextful.storage import Store
@@ -23,6 +23,7 @@ from contextful.storage.errors import JobPlanInvalid, OwnerPlanMismatch
 from contextful.storage.journal import CLOSED_OK, PENDING
 
 from tests.conftest import StoreFactory
+from tests.engine.jobs.project import fire
 
 MANIFEST = """\
 [project]
@@ -81,7 +82,7 @@ def test_a_plan_job_lowers_its_plan_file_onto_one_execution_pinned_to_the_plans_
     version = import_manifest(root).version
     reference = compiled(root, version)
     assert reference == load_version(root, version).plan.reference  # the plan's version: its content hash
-    outcome = run_plan_job(context(root, version, store))
+    outcome = fire(context(root, version, store))
     assert outcome.ok, outcome
     assert outcome.detail["stages"]["pipelines"]["ran"] == ["orders"]
     assert outcome.detail["stages"]["models"]["ran"] == ["per_customer"]
@@ -108,7 +109,7 @@ def test_a_plan_file_edited_or_compiled_from_other_declarations_refuses_before_a
     doc["plan"]["nodes"]["model:per_customer"]["sql"] = "SELECT 1 AS n"
     path.write_text(json.dumps(doc))
     with pytest.raises(JobPlanInvalid, match="edited after compiling"):
-        run_plan_job(context(root, version, store))
+        fire(context(root, version, store))
     compiled(root, version)
     project(root, key='"id", "customer"')  # the pipeline's declaration changes and is applied
     applied = apply_manifest(root).version
@@ -116,7 +117,7 @@ def test_a_plan_file_edited_or_compiled_from_other_declarations_refuses_before_a
         read_plan_file(context(root, applied, store))
     assert "pipeline:orders differ from the applied version 2" in raised.value.fields["why"]
     with pytest.raises(JobPlanInvalid):
-        run_plan_job(context(root, applied, store))
+        fire(context(root, applied, store))
     assert store.journal.owner(job_scope("nightly").key) is None
     assert "orders" not in store.table_names()
 
@@ -129,7 +130,7 @@ def test_a_stopped_plan_fire_resumes_as_the_same_execution_and_a_recompiled_plan
     reference = compiled(root, version)
     stopped = threading.Event()
     stopped.set()  # serve stopping as the fire starts: nothing runs, the execution stays pending
-    first = run_plan_job(context(root, version, store, cancel=stopped))
+    first = fire(context(root, version, store, cancel=stopped))
     assert not first.ok and first.detail["stages"] == {}
     pending = store.journal.owner(job_scope("nightly").key)
     assert pending is not None and (pending.status, pending.plan_ref) == (PENDING, reference)
@@ -138,13 +139,13 @@ def test_a_stopped_plan_fire_resumes_as_the_same_execution_and_a_recompiled_plan
     changed = apply_manifest(root).version
     compiled(root, changed)  # a new plan version while the old one's execution is pending
     with pytest.raises(OwnerPlanMismatch) as raised:
-        run_plan_job(context(root, changed, store))
+        fire(context(root, changed, store))
     assert (raised.value.fields["pinned"], raised.value.fields["execution"]) == (reference, pending.execution_id)
     assert "orders" not in store.table_names()  # nothing ran, nothing published
 
     project(root)  # back to the pinned declarations: the pending execution resumes
     back = apply_manifest(root).version
     compiled(root, back)
-    second = run_plan_job(context(root, back, store))
+    second = fire(context(root, back, store))
     assert second.ok and (second.detail["execution"], second.detail["resumed"]) == (pending.execution_id, True)
     assert store.journal.owner(job_scope("nightly").key).status == CLOSED_OK

@@ -13,7 +13,6 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from contextful.engine.jobs.scope import job_scope
-from contextful.engine.jobs.store_driven import run_store_driven
 from contextful.engine.read import connect
 from contextful.storage import Store
 from contextful.storage.errors import (
@@ -24,7 +23,7 @@ from contextful.storage.errors import (
 from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING
 
 from tests.conftest import StoreFactory
-from tests.engine.jobs.project import applied, bodies, fire_context, reset_bodies, write_project
+from tests.engine.jobs.project import applied, bodies, fire, fire_context, reset_bodies, write_project
 
 DOCS = pa.table({"doc_id": ["d1", "d2", "d3", "d4", "d5"], "body": ["a", "bb", "ccc", "dddd", "eeeee"]})
 
@@ -59,7 +58,7 @@ def test_a_fire_hands_every_row_to_the_registered_body_of_the_applied_version(tm
     version = applied(root)
     # An unapplied edit of the working file changes nothing a fire reads.
     write_project(root, statement="SELECT doc_id, body FROM documents WHERE doc_id = 'd1'", tables='"other"')
-    outcome = run_store_driven(fire_context(root, version, store))
+    outcome = fire(fire_context(root, version, store))
     assert outcome.ok, outcome
     assert (outcome.rows, outcome.detail["completed"]) == (5, 5)
     assert sorted(bodies().CALLS) == ["d1", "d2", "d3", "d4", "d5"]
@@ -77,7 +76,7 @@ def test_at_most_max_in_flight_items_run_at_once(tmp_path: Path, store: Store) -
     root = write_project(tmp_path / "project", statement="SELECT doc_id, body FROM documents WHERE doc_id < 'd5'")
     bodies_module = _imported(root)
     bodies_module.BARRIER.append(threading.Barrier(2))  # two bodies must meet: a lone one times out and fails
-    outcome = run_store_driven(fire_context(root, applied(root), store))
+    outcome = fire(fire_context(root, applied(root), store))
     assert outcome.ok, outcome
     assert bodies_module.IN_FLIGHT[1] == 2
     assert rows(store, "SELECT count(*) FROM _items WHERE outcome = 'completed'") == [(4,)]
@@ -89,7 +88,7 @@ def test_a_failing_item_fails_alone_by_name_under_the_retry_budget(tmp_path: Pat
     module = _imported(root)
     module.PERMANENT.add("d2")
     module.TRANSIENT.update({"d3": 1, "d4": 5})  # d3 recovers on its 2nd attempt; d4 spends the budget of 2
-    outcome = run_store_driven(fire_context(root, applied(root), store))
+    outcome = fire(fire_context(root, applied(root), store))
     assert not outcome.ok
     assert sorted(line.split(":")[0] for line in outcome.failures) == ["item 'd2'", "item 'd4'"]
     assert any("ValueError: cannot score d2" in line for line in outcome.failures)
@@ -108,7 +107,7 @@ def test_a_stopped_fire_is_resumed_by_the_next_without_redoing_settled_items(tmp
     module = _imported(root)
     stop = threading.Event()
     module.ANSWERED["d2"] = stop  # the fire is stopped (serve stopping) once d2 is answered
-    first = run_store_driven(fire_context(root, version, store, cancel=stop))
+    first = fire(fire_context(root, version, store, cancel=stop))
     assert not first.ok and first.detail["left"] == 0 and first.detail["completed"] == 2
     owner = store.journal.owner(job_scope("score-documents").key)
     assert owner is not None and owner.status == PENDING
@@ -116,7 +115,7 @@ def test_a_stopped_fire_is_resumed_by_the_next_without_redoing_settled_items(tmp
     # Rows landing after the execution opened are not its items: it reads as of its recorded instant.
     store.append("documents", pa.table({"doc_id": ["d0"], "body": ["late"]}))
     module.CALLS.clear()
-    second = run_store_driven(fire_context(root, version, store))
+    second = fire(fire_context(root, version, store))
     assert second.ok, second
     assert module.CALLS == ["d3", "d4", "d5"]
     assert (second.detail["resumed"], second.detail["settled_before"]) == (True, 2)
@@ -136,7 +135,7 @@ def test_changed_structure_under_a_pending_execution_meets_pinned_plan_changed(
     module = _imported(root)
     stop = threading.Event()
     module.ANSWERED["d1"] = stop
-    run_store_driven(fire_context(root, version, store, cancel=stop))
+    fire(fire_context(root, version, store, cancel=stop))
     pending = store.journal.owner(job_scope("score-documents").key)
     assert pending is not None and pending.status == PENDING
     if change == "output membership":
@@ -153,7 +152,7 @@ def test_changed_structure_under_a_pending_execution_meets_pinned_plan_changed(
     module.CALLS.clear()
     before = items(store), rows(store, "SELECT count(*) FROM scores")
     with pytest.raises(OwnerPlanMismatch) as raised:
-        run_store_driven(fire_context(root, version, store))
+        fire(fire_context(root, version, store))
     assert raised.value.fields["execution"] == pending.execution_id
     assert raised.value.fields["pinned"] == pending.plan_ref
     assert module.CALLS == []  # nothing replayed, nothing handed over
@@ -168,9 +167,9 @@ def test_unchanged_structure_under_a_new_version_resumes(tmp_path: Path, store: 
     module = _imported(root)
     stop = threading.Event()
     module.ANSWERED["d1"] = stop
-    first = run_store_driven(fire_context(root, version, store, cancel=stop))
+    first = fire(fire_context(root, version, store, cancel=stop))
     write_project(root, max_in_flight=3)
-    second = run_store_driven(fire_context(root, applied(root), store))
+    second = fire(fire_context(root, applied(root), store))
     assert second.ok and second.detail["execution"] == first.detail["execution"]
     assert second.detail["settled_before"] == 1
 
@@ -183,7 +182,7 @@ def test_a_delegate_refuses_before_anything_opens(tmp_path: Path, store: Store) 
 
     delegated = dataclasses.replace(ctx, job=dataclasses.replace(ctx.job, body=None, delegate="stages"))
     with pytest.raises(JobBodyUnregistered) as raised:
-        run_store_driven(delegated)
+        fire(delegated)
     assert raised.value.fields["body"] == "delegate 'stages'"
     assert store.journal.owner(job_scope("score-documents").key) is None
 
@@ -191,12 +190,12 @@ def test_a_delegate_refuses_before_anything_opens(tmp_path: Path, store: Store) 
 def test_a_repeated_item_key_refuses_and_hands_nothing_over(tmp_path: Path, store: Store) -> None:
     root = write_project(tmp_path / "project",
                          statement="SELECT substr(doc_id, 1, 1) AS k, body FROM documents")
-    with pytest.raises(JobItemKeyInvalid) as raised:
-        run_store_driven(fire_context(root, applied(root), store))
-    assert raised.value.fields["column"] == "k"
+    refused = fire(fire_context(root, applied(root), store))
+    assert not refused.ok and refused.failures[0].startswith(f"{JobItemKeyInvalid.__name__}: ")
+    assert "'k'" in refused.failures[0]
     assert bodies().CALLS == []
     owner = store.journal.owner(job_scope("score-documents").key)
-    assert owner is not None and owner.status == PENDING  # a fixed statement is a changed structure: rewind it
+    assert owner is not None and owner.status == CLOSED_FAILED  # a failed fire, recorded; the next opens anew
 
 
 def _imported(root: Path):
@@ -215,7 +214,7 @@ def test_a_declared_as_of_reads_the_input_relation_as_of_that_instant(tmp_path: 
     store.clock.advance(1)
     store.append("documents", pa.table({"doc_id": ["d6"], "body": ["later"]}))
     root = write_project(tmp_path / "project", extra=f'as_of = "{instant}"')
-    outcome = run_store_driven(fire_context(root, applied(root), store))
+    outcome = fire(fire_context(root, applied(root), store))
     assert outcome.ok and outcome.detail["as_of"] == instant
     con = connect(store, as_of=instant)  # the read path's own as_of over the same store: the oracle
     try:
@@ -230,7 +229,7 @@ def test_an_answer_for_a_table_the_job_does_not_write_fails_that_item_and_lands_
         tmp_path: Path, store: Store) -> None:
     root = write_project(tmp_path / "project")
     _imported(root).ELSEWHERE.add("d3")
-    outcome = run_store_driven(fire_context(root, applied(root), store))
+    outcome = fire(fire_context(root, applied(root), store))
     assert outcome.failures == (("item 'd3': permanent: JobAnswerInvalid: [[job]] 'score-documents' item 'd3': the "
                                  "body's answer names table 'elsewhere', which is not among the job's tables "
                                  "(scores)"),)
@@ -241,15 +240,14 @@ def test_an_answer_for_a_table_the_job_does_not_write_fails_that_item_and_lands_
 CHILD = """
 import sys
 from contextful.engine.control.apply import load_version
-from contextful.engine.jobs.context import JobContext
-from contextful.engine.jobs.store_driven import run_store_driven
+from contextful.engine.jobs.fire import fire_in
 from contextful.storage import Store
 from contextful.storage.catalog.postgres import PostgresCatalog
 
 root, version, store_root, dsn, schema = sys.argv[1:]
 store = Store.open(store_root, catalog=PostgresCatalog(dsn, schema) if dsn else None)
 manifest = load_version(__import__("pathlib").Path(root), int(version))
-run_store_driven(JobContext(manifest.jobs[0], manifest, int(version), store))
+fire_in(store, manifest, int(version), manifest.jobs[0])
 """
 
 
@@ -285,7 +283,7 @@ def test_a_fire_killed_mid_items_is_resumed_at_once_by_the_next_without_redoing_
     assert [k for k, *_ in items(store)] == ["d1", "d2"]
     module = _imported(root)
     module.CALLS.clear()
-    outcome = run_store_driven(fire_context(root, version, store))
+    outcome = fire(fire_context(root, version, store))
     assert outcome.ok, outcome
     assert (outcome.detail["execution"], outcome.detail["attempt"]) == (owner.execution_id, 2)
     assert module.CALLS == ["d3", "d4", "d5"]
