@@ -68,6 +68,10 @@ Hierarchy::
         │   ├── FireCredentialZoneUnset  serve would mint fire credentials and [project.zone] declares no default
         │   ├── ScheduleUnreadable, TriggerAdapterUnknown, TriggerFaceMissing, DispatchUnitNotAHead,
         │   │   ApplyValidationRefused   the control plane's arm, trigger, dispatch and apply refusals
+        │   ├── AppliedContractMissing   an applied job's version holds no contract of a standalone table it uses
+        │   ├── AppliedAuthorityChanged  a table's writer now differs from the one the job's version pinned
+        │   ├── AppliedModelDisclosureChanged  a model's published contract differs from the job's version's
+        │   ├── CycleControlSourceUnresolved  serve --cycle's configured control source does not resolve
         │   └── DeriveNoStoreRoot, DeriveConfigKeyMissing, DeriveForeignOutputTable, DeriveReservedDiscriminator,
         │       DeriveFailureOffTable, DeriveOutputTablesMismatch, DeriveCycle, DeriveAfterConflict,
         │       DeriveEngineUnbound, DeriveCommandInManifest, DeriveUnknownTask, DeriveTaskNameTaken,
@@ -1224,8 +1228,9 @@ class TableDeclarationChanged(Conflict):
     ``table load --primary-key``) differs from the one the table landed under: ``pipeline validate``,
     ``plan``, ``run`` and ``table load`` refuse it by name rather than land rows under a mix of the
     two. ``stored`` and ``declared`` are the two values as the manifest spells them; ``pipeline`` the
-    declaring pipeline (None: a ``table load``); ``migrate`` the commands that move the table to the
-    new declaration."""
+    declaring pipeline (None: a ``table load``, or ``declared_in``: an applied job's version, whose
+    output table the store now holds otherwise, ``engine.control.contracts``); ``migrate`` the
+    commands that move the table to the new declaration."""
 
     table: str
     pipeline: str | None
@@ -1235,9 +1240,9 @@ class TableDeclarationChanged(Conflict):
     migrate: str
 
     def __init__(self, table: str, pipeline: str | None, setting: str, stored: str, declared: str,
-                 migrate: str) -> None:
+                 migrate: str, declared_in: str | None = None) -> None:
         who, where = (f" (pipeline {pipeline!r})", "contextful.toml") if pipeline is not None else \
-            ("", "this table load")
+            ("", declared_in or "this table load")
         super().__init__(f"table {table!r}{who}: {setting} is {stored} in the store but {declared} in {where}; "
                          f"nothing lands under a mix of the two. To migrate: {migrate}",
                          table=table, pipeline=pipeline, setting=setting, stored=stored, declared=declared,
@@ -2278,10 +2283,78 @@ class ControlPointerMalformed(ControlSnapshotUnreadable):
                                  "what is armed keeps running", location=location, reason="malformed", body=body)
 
 
+# --- the control plane II: applied jobs (surface.fire.*; engine/control/contracts.py) -----------
+
+
+class AppliedContractMissing(SpecInvalid):
+    """``surface.fire.applied-contract-missing``: an applied job's version holds no standalone table
+    contract for ``tables`` (a version claimed before contracts were captured, a pipelines-only apply
+    over one, or a table a pipelines-only apply stopped producing); the job refuses until a full
+    ``contextful pipeline apply`` captures them. No live declaration stands in."""
+
+    job: str
+    version: int
+    tables: tuple[str, ...]
+
+    def __init__(self, job: str, version: int, tables: tuple[str, ...] = ()) -> None:
+        what = f"no contract of {', '.join(map(repr, tables))}" if tables else "no standalone table contracts"
+        super().__init__(f"job {job!r}: applied version {version} holds {what}; nothing runs until a full "
+                         "`contextful pipeline apply` captures them", job=job, version=version, tables=tables)
+
+
+class AppliedAuthorityChanged(SpecInvalid):
+    """``surface.fire.applied-current-authority``: the writer of a table an applied job reads or
+    writes (``pipeline:<id>``, ``model:<name>``, ``external:<id>``, ``job:<name>`` or ``store``) is
+    ``current`` now but ``snapshot`` in the job's version; the execution does not open."""
+
+    job: str
+    version: int
+    table: str
+    snapshot: str
+    current: str
+
+    def __init__(self, job: str, version: int, table: str, snapshot: str, current: str) -> None:
+        super().__init__(f"job {job!r}: table {table!r} is written by {snapshot} in applied version {version} but "
+                         f"by {current} now; nothing runs until the job's version is applied again",
+                         job=job, version=version, table=table, snapshot=snapshot, current=current)
+
+
+class AppliedModelDisclosureChanged(SpecInvalid):
+    """``surface.fire.applied-current-authority``: a model an applied job reads publishes a contract
+    (``current``) other than the one the job's version declares (``snapshot``)."""
+
+    job: str
+    version: int
+    model: str
+    snapshot: str
+    current: str
+
+    def __init__(self, job: str, version: int, model: str, snapshot: str, current: str) -> None:
+        super().__init__(f"job {job!r}: model {model!r} discloses {snapshot} in applied version {version} but its "
+                         f"published build discloses {current}; nothing runs until they agree",
+                         job=job, version=version, model=model, snapshot=snapshot, current=current)
+
+
+class CycleControlSourceUnresolved(SpecInvalid):
+    """``surface.fire.cycle-control-source``: ``pipeline serve --cycle`` under a ``[control]``
+    ``snapshot_dir`` or ``url`` that does not resolve (no such directory; a URL whose host is not a
+    loopback address, or that does not answer); nothing is armed or fired."""
+
+    source: str
+    reason: str
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"control source {source}: {reason}; nothing armed, nothing fired",
+                         source=source, reason=reason)
+
+
 # The catalogue's whole surface (contextful.errors re-exports it; a test keeps it complete).
 __all__ = [
     "AddressInUse",
     "AnswerTooLarge",
+    "AppliedAuthorityChanged",
+    "AppliedContractMissing",
+    "AppliedModelDisclosureChanged",
     "ApplyValidationRefused",
     "ArgumentInvalid",
     "AwakeableAlreadyResolved",
@@ -2311,6 +2384,7 @@ __all__ = [
     "CredentialUnadmitted",
     "CursorFieldMismatch",
     "CursorPositionUnorderable",
+    "CycleControlSourceUnresolved",
     "DeriveAdvisoryZone",
     "DeriveAfterConflict",
     "DeriveCommandInManifest",

@@ -119,11 +119,13 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     from contextful.engine.control.arming import applied_armable
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.fire_credentials import serve_fire_issuer
+    from contextful.engine.control.source import resolve_source
     from contextful.engine.project import open_project_store
     from contextful.engine.run.script_runtime import refuse_script_runtime
     from contextful.storage.errors import StoreNotInitialized
 
     refuse_script_runtime()
+    resolve_source(manifest.control)  # surface.fire.cycle-control-source: before anything is armed
     applied = applied_armable(manifest.root)
     if applied is None:
         raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest.root).path))

@@ -1,7 +1,11 @@
 """The ``[control]`` block: this node's own control-plane settings (docs/control.md).
 
 ``snapshot_dir`` is where the node keeps its applied versions (``surface.apply.local-claim``:
-``.contextful/control/<project>/`` unless ``[control] snapshot_dir`` names one), ``pool`` how many
+``.contextful/control/<project>/`` unless ``[control] snapshot_dir`` names one); ``url``, named
+instead of ``snapshot_dir`` (the spec's Shapes), a loopback control URL serving ``manifest@current``
+and each ``manifest@v<N>.toml`` (``surface.reconcile.url-layout``). Either is the node's configured
+control source, which ``serve --cycle`` resolves first (``engine.control.source``); pulling versions
+from a URL is the reconciler's (issue 31). ``pool`` how many
 units serve dispatches at once, ``trigger`` the adapter serve fires through (its value is checked
 when serve starts: ``surface.arm.unknown-trigger``). :func:`parse_control` reads the block for
 :func:`~contextful.engine.config.parse.parse_manifest`; :func:`read_control` reads only ``[project]``
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from contextful.engine.config.manifest import DEFAULT_POOL, DEFAULT_TRIGGER, ControlSpec
 from contextful.engine.project import MANIFEST, Project, parse_project, read_manifest_document
@@ -23,7 +28,7 @@ from contextful.storage.errors import (
     ManifestValueInvalid,
 )
 
-CONTROL_KEYS = ("snapshot_dir", "pool", "trigger")
+CONTROL_KEYS = ("snapshot_dir", "url", "pool", "trigger")
 CONTROL_ROOT = (".contextful", "control")
 """The default snapshot directory's parent, under the project root (one directory per project name)."""
 
@@ -35,6 +40,12 @@ def parse_control(block: Any, root: Path, project: str) -> tuple[ControlSpec, li
         return ControlSpec(), [ManifestValueInvalid("the manifest", "control", "must be a [control] table")]
     problems += [ManifestKeyUnknown("[control]", key, CONTROL_KEYS) for key in block if key not in CONTROL_KEYS]
     snapshot_dir = block.get("snapshot_dir")
+    url, source = _url(block, problems), snapshot_dir if isinstance(snapshot_dir, str) else None
+    if url is not None:
+        source = url
+        if snapshot_dir is not None:
+            problems.append(ManifestValueInvalid("[control]", "url", "names the control source, and so does "
+                                                 "snapshot_dir: name one of them"))
     if snapshot_dir is None:
         if project in ("", ".", "..") or "/" in project or "\\" in project:
             problems.append(ManifestValueInvalid("[project]", "name", f"{project!r} cannot name the default snapshot "
@@ -55,7 +66,20 @@ def parse_control(block: Any, root: Path, project: str) -> tuple[ControlSpec, li
     if not isinstance(trigger, str) or not trigger.strip():
         problems.append(ManifestValueInvalid("[control]", "trigger", f"must be a non-empty string, not {trigger!r}"))
         trigger = DEFAULT_TRIGGER
-    return ControlSpec(snapshot_dir, pool, trigger), problems
+    return ControlSpec(snapshot_dir, pool, trigger, url, source), problems
+
+
+def _url(block: dict[str, Any], problems: list[ContextfulError]) -> str | None:
+    """``[control] url``: an ``http://`` or ``https://`` URL naming a host (whether it is a loopback
+    one, and answers, is asked when it is read: ``engine.control.source``)."""
+    url = block.get("url")
+    if url is None:
+        return None
+    if isinstance(url, str) and urlsplit(url).scheme in ("http", "https") and urlsplit(url).hostname:
+        return url.rstrip("/")
+    problems.append(ManifestValueInvalid("[control]", "url", f"must be an http:// URL naming a loopback host, not "
+                                                             f"{url!r}"))
+    return None
 
 
 def read_control(root: Path) -> tuple[Project, ControlSpec]:

@@ -89,6 +89,13 @@ class ControlSpec:
     """How many units serve dispatches at once (a positive integer)."""
     trigger: str = DEFAULT_TRIGGER
     """The trigger adapter serve fires through; an unknown one is refused when serve starts."""
+    url: str | None = None
+    """The control URL this node reads its applied versions from (``[control] url``, beside no
+    ``snapshot_dir``): the reconciler's source (docs/control.md, "The control source")."""
+    source: str | None = None
+    """The control source the block names, as written: its ``url``, else its ``snapshot_dir`` (None:
+    neither; the default snapshot directory is no configured source). ``serve --cycle`` refuses one
+    that does not resolve (``engine.control.source``)."""
 
 
 @dataclass(frozen=True)

@@ -261,8 +261,12 @@ def _claimable(text: str, meta: dict[str, Any] | None) -> str:
 
 def _captured(manifest: Manifest, store: str | None) -> dict[str, Any]:
     """The ``[snapshot]`` table import and a full apply write for ``manifest``: each model's
-    ``sql_file`` text inlined (``surface.fire.model-snapshot``)."""
-    return metadata({m.name: m.sql for m in manifest.models if m.sql_file is not None}, None)
+    ``sql_file`` text inlined (``surface.fire.model-snapshot``) and the standalone table contracts
+    captured from the store (``surface.fire.standalone-snapshot``; ``engine.control.contracts``)."""
+    from contextful.engine.control.contracts import capture_for_apply
+
+    return metadata({m.name: m.sql for m in manifest.models if m.sql_file is not None},
+                    capture_for_apply(manifest, store))
 
 
 def _call(step: Step | None, what: str, version: int) -> None:

@@ -133,9 +133,11 @@ def fire_in(store: Store, manifest: Manifest, version: int, job: JobSpec, *, run
     """Fire ``job`` of ``manifest`` (applied version ``version``) in an open ``store``: one execution
     under ``job:<name>`` pinned to the kind's opening, recorded and closed with the runner's outcome
     (left pending when the outcome says so: the next fire resumes it)."""
+    from contextful.engine.control.contracts import check_applied
     from contextful.storage.errors import ContextfulError, ExecutionWriterFenced, RunCanceled
 
     runner = runner or _runner(job)
+    check_applied(manifest, store, job)  # surface.fire.applied-*: a refusal opens nothing
     context = JobContext(job, manifest, version, store, cancel=cancel or threading.Event(),
                          say=say or (lambda _line: None), force=force)
     opening = OPENINGS.get(job.kind, default_opening)(context)  # a refusal here opens nothing

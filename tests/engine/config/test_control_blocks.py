@@ -42,7 +42,7 @@ def test_control_keys_are_read_and_snapshot_dir_resolved_against_the_project(tmp
     (tmp_path / "inner").mkdir()
     manifest = load_manifest(write(tmp_path / "inner", text + PIPELINE))
     # trigger is not checked here: serve refuses an unknown adapter when it starts (surface.arm.unknown-trigger)
-    assert manifest.control == ControlSpec(str((tmp_path / "ops" / "v").resolve()), 2, "anything")
+    assert manifest.control == ControlSpec(str((tmp_path / "ops" / "v").resolve()), 2, "anything", source="../ops/v")
 
 
 def test_control_problems_are_reported_with_the_rest(tmp_path: Path) -> None:

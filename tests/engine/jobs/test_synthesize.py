@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from contextful.engine.config.jobs import JobSpec
+from contextful.engine.config.manifest import Manifest
+from contextful.engine.control.apply import load_version
 from contextful.engine.jobs.fire import fire_in
 from contextful.storage.errors import SynthesizeTableIncompatible
 from contextful.storage.store import Store
+
+from tests.support.cli import contextful
 
 JOB = JobSpec("resolve", "synthesize", schedule="every 1h", source="mentions", entities="people", target=("claims",))
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -84,17 +89,30 @@ def _rows(store: Store, table: str) -> set[tuple]:
     return {tuple(r.values()) for r in store.table(table).to_arrow().to_pylist()}
 
 
-def _run(store: Store) -> Any:
-    return fire_in(store, None, 1, JOB).outcome  # type: ignore[arg-type]  # the fire path, as job fire runs it
+@pytest.fixture
+def applied(tmp_path: Path) -> Manifest:
+    """Version 1 of a project declaring :data:`JOB`, claimed by ``pipeline import``: the version a
+    fire reads (its standalone table contracts included, ``engine.control.contracts``)."""
+    (tmp_path / "contextful.toml").write_text(
+        '[project]\nname = "syn"\n\n[[job]]\nname = "resolve"\nkind = "synthesize"\nschedule = "every 1h"\n'
+        'source = "mentions"\nentities = "people"\ntarget = ["claims"]\n')
+    contextful(tmp_path, "pipeline", "import")
+    manifest = load_version(tmp_path, 1)
+    assert manifest.jobs == (JOB,)
+    return manifest
+
+
+def _run(store: Store, applied: Manifest) -> Any:
+    return fire_in(store, applied, 1, JOB).outcome  # the fire path, as job fire runs it
 
 
 @pytest.mark.clause("surface.dispatch.fire-reach")
-def test_synthesize_consolidates_mentions_into_claims_as_the_oracle_does(store: Store) -> None:
+def test_synthesize_consolidates_mentions_into_claims_as_the_oracle_does(store: Store, applied: Manifest) -> None:
     rng = random.Random(29)
     people, mentions = _people(rng), _mentions(rng, 600)
     store.append("people", pa.Table.from_pylist(people))
     store.append("mentions", pa.Table.from_pylist(mentions, schema=MENTION_TYPES))
-    outcome = _run(store)
+    outcome = _run(store, applied)
     claims, dead = _oracle(mentions, people)
     assert outcome.ok and outcome.rows == len(claims) + len(dead)
     assert _rows(store, "claims") == claims
@@ -107,7 +125,7 @@ def test_synthesize_consolidates_mentions_into_claims_as_the_oracle_does(store: 
 
     # a pass finding nothing new commits nothing
     heads = (store.table("claims").head.commit_seq, store.table("claims_dead_letters").head.commit_seq)
-    again = _run(store)
+    again = _run(store, applied)
     assert again.ok and again.rows == 0
     assert (store.table("claims").refresh().commit_seq, store.table("claims_dead_letters").refresh().commit_seq) == heads
 
@@ -115,21 +133,21 @@ def test_synthesize_consolidates_mentions_into_claims_as_the_oracle_does(store: 
     later = {"mention_id": "m99999", "entity_key": "person3", "attribute": "city", "value": "newest",
              "observed_at": START + timedelta(days=30)}
     store.append("mentions", pa.Table.from_pylist([later], schema=MENTION_TYPES))
-    outcome = _run(store)
+    outcome = _run(store, applied)
     assert outcome.rows == 1 and heads[1] == store.table("claims_dead_letters").refresh().commit_seq
     people.append({"entity_id": 41, "entity_key": "person41"})
     store.append("people", pa.Table.from_pylist(people[-1:]))
-    outcome = _run(store)
+    outcome = _run(store, applied)
     claims, dead = _oracle([*mentions, later], people)
     assert _rows(store, "claims") == claims and _rows(store, "claims_dead_letters") == dead
     assert not any(d[1] is not None and d[1].strip(" ").lower() == "person41" for d in dead)
 
 
-def test_synthesize_refuses_a_source_lacking_a_column_and_lands_nothing(store: Store) -> None:
+def test_synthesize_refuses_a_source_lacking_a_column_and_lands_nothing(store: Store, applied: Manifest) -> None:
     store.append("people", pa.table({"entity_id": [1], "entity_key": ["ada"]}))
     store.append("mentions", pa.table({"mention_id": ["m1"], "entity_key": ["ada"], "attribute": ["city"],
                                        "value": ["Paris"]}))
-    refused = _run(store)  # a failed fire, recorded, naming the table and the column it lacks
+    refused = _run(store, applied)  # a failed fire, recorded, naming the table and the column it lacks
     assert not refused.ok and refused.failures[0].startswith(f"{SynthesizeTableIncompatible.__name__}: ")
     assert "mentions" in refused.failures[0] and "observed_at" in refused.failures[0]
     assert "claims" not in store.table_names() and "claims_dead_letters" not in store.table_names()
