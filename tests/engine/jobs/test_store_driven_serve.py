@@ -21,6 +21,8 @@ from tests.support.cli import contextful
 @pytest.mark.clause("surface.fire.scheduled-body", "surface.dispatch.fire-credential")
 def test_serve_fires_a_scheduled_store_driven_job_under_its_identity_with_a_minted_credential(tmp_path: Path) -> None:
     root = write_project(tmp_path / "project", extra='\n[project.zone]\ndefault = "eu"\n')
+    manifest = root / "contextful.toml"  # yearly: due when first armed, then not again for months
+    manifest.write_text(manifest.read_text().replace('schedule = "every 1m"', 'schedule = "0 0 1 1 *"'))
     with open_project_store(root, create=True) as store:
         store.append("documents", pa.table({"doc_id": ["d1", "d2", "d3"], "body": ["a", "bb", "ccc"]}))
     applied(root)
@@ -38,6 +40,6 @@ def test_serve_fires_a_scheduled_store_driven_job_under_its_identity_with_a_mint
     [fire] = json.loads(contextful(root, "--json", "job", "history", "score-documents").stdout)
     assert (fire["status"], fire["version"], fire["identity"]) == ("ok", 1, "job:score-documents")
     assert fire["detail"]["completed"] == 3 and fire["rows"] == 3 and fire["duration_s"] >= 0
-    # the cadence recorded it: a second cycle within the minute finds nothing due
+    # the cadence recorded it: a second cycle finds nothing due
     again = json.loads(contextful(root, "--json", "pipeline", "serve", "--cycle", "--issuer-key", str(key)).stdout)
     assert again["fired"] == [] and again["pending"] == []
