@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from contextful.storage.errors import (
     AppliedAuthorityChanged,
@@ -46,14 +46,6 @@ if TYPE_CHECKING:
     from contextful.engine.jobs.context import JobContext
     from contextful.engine.model.spec import Contract
     from contextful.storage import Store
-
-class AppliedMetadata(Protocol):
-    """What ``manifest.applied`` of a version :func:`~contextful.engine.control.apply.load_version`
-    loaded holds of its ``[snapshot]`` metadata (None on a working manifest)."""
-
-    version: int
-    tables: Mapping[str, Any] | None
-    """The ``tables`` :func:`capture_contracts` captured (None: the version holds none)."""
 
 
 STORE = "store"
@@ -109,7 +101,7 @@ class AppliedContracts:
     def of(cls, manifest: Manifest, job: JobSpec) -> AppliedContracts:
         """The contracts ``manifest.applied`` holds; ``AppliedContractMissing`` for ``job`` when its
         version holds none (claimed before contracts were captured, or a pipelines-only apply over one)."""
-        applied: AppliedMetadata | None = getattr(manifest, "applied", None)
+        applied = manifest.applied
         if applied is None:
             raise ValueError("a working manifest has no applied version: load one with load_version")
         if applied.tables is None:
@@ -280,7 +272,7 @@ def _live(manifest: Manifest) -> Manifest:
     from contextful.engine.control.arming import load_armable
 
     current = snapshot_dir(manifest.root).applied()
-    applied: AppliedMetadata | None = getattr(manifest, "applied", None)
+    applied = manifest.applied
     if current is None or (applied is not None and applied.version == current):
         return manifest
     return load_armable(manifest.root, current)[0]

@@ -272,6 +272,8 @@ def attempt_run_id(execution: Execution, key: str) -> str:
 
 def _commit(ctx: JobContext, execution: Execution, batch: list[Settled], budget: int, tally: Tally) -> None:
     """Land ``batch``: the settled items' output rows and their ``_items`` rows in one fenced commit."""
+    from contextful.engine.control.contracts import applied_contract
+
     job, store = ctx.job, ctx.store
     outcomes = ItemOutcomes(store, job.name)
     parts: dict[str, list[pa.Table]] = {}
@@ -295,8 +297,9 @@ def _commit(ctx: JobContext, execution: Execution, batch: list[Settled], budget:
         return
     txns: list[RunTransaction] = []
     try:
-        for table, tables in parts.items():
-            txn = store.create_table(table, provisional=True).transaction(
+        for table, tables in parts.items():  # each under the contract its version pins (applied-data-contract)
+            contract = applied_contract(ctx, table)
+            txn = store.create_table(table, contract.primary_key, contract.order_by, provisional=True).transaction(
                 "append", run_id=f"{outcomes.run_id()}-{table}", meta={"job": job.name,
                                                                         "execution": execution.execution_id})
             txns.append(txn)
