@@ -190,13 +190,14 @@ def _text(where: str, block: dict[str, Any], key: str, problems: list[Contextful
 
 
 def _names(where: str, block: dict[str, Any], key: str, problems: list[ContextfulError]) -> tuple[str, ...]:
+    from contextful.engine.config.parse import string_list
+
     value = block.get(key, [])
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+    names = string_list(value)
+    if names is None:
         problems.append(ManifestValueInvalid(where, key, f"must be a name or a list of names, not {value!r}"))
         return ()
-    return tuple(value)
+    return names
 
 
 def _flag(where: str, block: dict[str, Any], key: str, problems: list[ContextfulError]) -> bool:

@@ -50,6 +50,15 @@ EXTERNAL_KEYS = ("id", "table", "description")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 
 
+def string_list(value: Any) -> tuple[str, ...] | None:
+    """A key's value as non-empty strings: one string, or a list of them (None: neither)."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        return None
+    return tuple(value)
+
+
 class _Problems:
     def __init__(self) -> None:
         self.found: list[ContextfulError] = []
@@ -96,12 +105,11 @@ class _Problems:
 
     def strings(self, block: str, table: dict[str, Any], key: str) -> tuple[str, ...]:
         value = table.get(key, [])
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        strings = string_list(value)
+        if strings is None:
             self.add(ManifestValueInvalid(block, key, f"must be a string or a list of strings, not {value!r}"))
             return ()
-        return tuple(value)
+        return strings
 
 
 def load_manifest(directory: str | os.PathLike[str] = ".") -> Manifest:
