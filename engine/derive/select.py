@@ -109,7 +109,8 @@ class Selection:
         self.version = version
         """The build's task version (what ``retain_versions`` keeps rows apart by)."""
         self._keyed_columns: list[str] | None = None
-        self._units: str | None = None  # the temporary table of every unit, once a run joined them (units())
+        self._units: str | None = None  # the temporary table of the outstanding units, once a run joined them
+        self._joined: SelectionCounts | None = None  # the counts of that join (units())
         self.digests: MediaDigests | None = None
         self._spill = tempfile.TemporaryDirectory(prefix="contextful-select-")
         self.con = store.duckdb()
@@ -278,28 +279,38 @@ class Selection:
         return replace(self._unit_counts(), retiring=int(count))
 
     def _unit_counts(self) -> SelectionCounts:
-        """Eligible, already-derived and outstanding units, from one query over the join (or the
-        joined units once a run holds them, :meth:`units`), summed over the passes."""
+        """Eligible, already-derived and outstanding units, from one query over each pass's join (or
+        as the run's join counted them, :meth:`units`), summed over the passes."""
         if self.empty:
             return SelectionCounts(0, 0, 0)
-        sources = [self._units] if self._units else [f"({self._joined_sql(False, part)})" for part in range(self.passes)]
+        if self._joined is not None:
+            return self._joined
         eligible = derived = 0
-        for source in sources:
+        for part in range(self.passes):
             [(more_eligible, more_derived)] = self.con.execute(
-                f"SELECT count(*), count(*) FILTER (WHERE settled) FROM {source}").fetchall()
+                f"SELECT count(*), count(*) FILTER (WHERE settled) FROM ({self._joined_sql(False, part)})").fetchall()
             eligible, derived = eligible + int(more_eligible), derived + int(more_derived)
         return SelectionCounts(eligible, derived, eligible - derived)
 
     def units(self) -> SelectionCounts:
-        """Join every unit once, into a temporary table of the selection's connection (DuckDB spills
-        it past the memory limit), and count them: a run's :meth:`counts` and :meth:`outstanding` then
-        read that table instead of joining the parents to the output's stored rows twice. One pass
-        creates it, each further pass adds its units."""
+        """Join every unit once and count them, keeping the outstanding ones in a temporary table of
+        the selection's connection (DuckDB spills it past the memory limit): a run's :meth:`counts`
+        and :meth:`outstanding` then read those instead of joining the parents to the output's stored
+        rows twice. Each pass's units are joined into a table of their own, counted, and their
+        outstanding ones added, so what is held is one pass's units and the outstanding units so far,
+        never every settled unit of the archive."""
         if self._units is None and not self.empty:
+            eligible = derived = 0
             for part in range(self.passes):
+                self.con.execute(f"CREATE OR REPLACE TEMP TABLE __derive_pass AS {self._joined_sql(part=part)}")
+                [(more_eligible, more_derived)] = self.con.execute(
+                    "SELECT count(*), count(*) FILTER (WHERE settled) FROM __derive_pass").fetchall()
+                eligible, derived = eligible + int(more_eligible), derived + int(more_derived)
                 head = "CREATE TEMP TABLE __derive_units AS" if part == 0 else "INSERT INTO __derive_units"
-                self.con.execute(f"{head} {self._joined_sql(part=part)}")
+                self.con.execute(f"{head} SELECT * FROM __derive_pass WHERE NOT settled")
+            self.con.execute("DROP TABLE __derive_pass")
             self._units = "__derive_units"
+            self._joined = SelectionCounts(eligible, derived, eligible - derived)
         return self._unit_counts()
 
     def outstanding(self) -> Iterator[pa.RecordBatch]:
