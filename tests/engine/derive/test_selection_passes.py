@@ -124,37 +124,28 @@ def test_the_passes_settle_and_count_what_one_join_does_on_any_history(ops: list
     those of one join over every unit; the one join is held to a reader under the rule there."""
     every = ("SELECT u AS unit_ref, k AS derivation_key FROM (VALUES ('u0'), ('u1'), ('u3')) AS a(u), "
              "(VALUES ('A'), ('B')) AS b(k)")  # u2 is in the output only: retiring
-    with tempfile.TemporaryDirectory() as root:
-        store = Store.open(root, clock=ManualClock(1_700_000_000_000_000))
-        try:
-            table = store.create_table("out", ("unit_ref", "derivation_key", "cue_seq"),
-                                       supersede=Supersede(("unit_ref",)))
-            for op, rows in ops:
-                if op == "land":
-                    table.append(_batch(rows))
-                else:
-                    store.fold("out", min_parts=2)
-            snap = store.table("out").snapshot()
-            if not snap.parts:
-                return
-            con = store.duckdb()
-            try:
-                def settled(part: str | None) -> set[tuple[str, str]]:
-                    keyed = f"SELECT * FROM ({every}) WHERE {part}" if part else every
-                    sql = settled_sql(keyed, [], snap, ("unit_ref",), None, part=part)
-                    return {(u, k) for u, k, done in con.sql(f"SELECT unit_ref, derivation_key, settled FROM ({sql})"
-                                                             ).fetchall() if done}
+    with tempfile.TemporaryDirectory() as root, Store.open(root, clock=ManualClock(1_700_000_000_000_000)) as store:
+        store.create_table("out", ("unit_ref", "derivation_key", "cue_seq"), supersede=Supersede(("unit_ref",)))
+        for op, rows in ops:  # a landing, or a fold of what landed so far
+            _ = store.append("out", _batch(rows)) if op == "land" else store.fold("out", min_parts=2)
+        snap = store.table("out").snapshot()
+        if not snap.parts:
+            return
+        con = store.duckdb()
 
-                def counts(part: str | None) -> tuple[int, ...]:
-                    keyed = f"SELECT * FROM ({every}) WHERE {part}" if part else every
-                    [row] = con.sql(counts_sql(keyed, snap, ("unit_ref",), None, part=part)).fetchall()
-                    return tuple(row)
+        def settled(part: str | None) -> set[tuple[str, str]]:
+            keyed = f"SELECT * FROM ({every}) WHERE {part}" if part else every
+            sql = settled_sql(keyed, [], snap, ("unit_ref",), None, part=part)
+            return {(u, k) for u, k, done in con.sql(f"SELECT unit_ref, derivation_key, settled FROM ({sql})"
+                                                     ).fetchall() if done}
 
-                parts = [f"hash(unit_ref) % {passes} = {i}" for i in range(passes)]
-                whole = settled(None)
-                assert set().union(*(settled(p) for p in parts)) == whole, (ops, passes)
-                assert tuple(map(sum, zip(*(counts(p) for p in parts)))) == counts(None), (ops, passes)
-            finally:
-                con.close()
-        finally:
-            store.close()
+        def counts(part: str | None) -> tuple[int, ...]:
+            keyed = f"SELECT * FROM ({every}) WHERE {part}" if part else every
+            [row] = con.sql(counts_sql(keyed, snap, ("unit_ref",), None, part=part)).fetchall()
+            return tuple(row)
+
+        parts = [f"hash(unit_ref) % {passes} = {i}" for i in range(passes)]
+        with con:
+            whole = settled(None)
+            assert set().union(*(settled(p) for p in parts)) == whole, (ops, passes)
+            assert tuple(map(sum, zip(*(counts(p) for p in parts)))) == counts(None), (ops, passes)
