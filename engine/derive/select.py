@@ -28,12 +28,15 @@ are copied once, before the anti-join, into the selection's DuckDB (rows landed 
 absent from every unit of the run).
 
 Memory: a parent table of at most :data:`IN_MEMORY_ROWS` rows is selected in memory in one piece;
-a larger one streams from DuckDB in batches of :data:`BATCH_ROWS` rows, one batch held at a time,
-while DuckDB's own join state is bounded by :data:`MEMORY_LIMIT` (it spills past it to a temporary
-directory), so selection memory does not grow with the archive. The limit keeps the selecting process
-under 1.5 GiB (the limit plus ~200 MiB of interpreter, Arrow and DuckDB) while letting a selection of
-4,000,000 settled units run without spilling; spilling there cost 2x the time
-(bench/bench_derive_select.py, bench/README.md "Derive selection").
+a larger one streams from DuckDB in batches of :data:`BATCH_ROWS` rows, one batch held at a time.
+DuckDB's join state (the output's stored rows folded per primary key, the join to the parents' keys,
+the per-unit aggregate) grows with the units joined at once, so past :data:`PASS_UNITS` units (parent
+rows or stored output rows) the units are joined in passes, each over the units whose id hashes to
+it (``hash(unit_ref) % passes``): every row of a unit, parent or output, falls in the same pass, so
+the passes' results add up to the one join's, and the state of one pass holds about
+:data:`PASS_UNITS` units whatever the archive's size. :data:`MEMORY_LIMIT` bounds it besides (DuckDB
+spills past it to a temporary directory). Bench: bench/bench_derive_select.py, bench/README.md
+"Derive selection".
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ if TYPE_CHECKING:
 IN_MEMORY_ROWS = 1_000_000
 BATCH_ROWS = 1_000_000
 MEMORY_LIMIT = "1250MB"
+PASS_UNITS = 1_000_000
+"""Units (parent rows or stored output rows, the larger) one pass of the selection joins at most
+(about: the passes split by a hash of the unit id): 1,000,000 units join in ~350 MiB."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,8 @@ class Selection:
 
     def __init__(self, store: Store | None, pipeline: str | None, output_table: str, config: DeriveConfig,
                  static: str, root: Path, *, task: HostTask | None = None, in_memory_rows: int = IN_MEMORY_ROWS,
-                 batch_rows: int = BATCH_ROWS, memory_limit: str = MEMORY_LIMIT, version: str | None = None) -> None:
+                 batch_rows: int = BATCH_ROWS, memory_limit: str = MEMORY_LIMIT, version: str | None = None,
+                 pass_units: int = PASS_UNITS) -> None:
         absent = [name for name, value in (("store root", store), ("pipeline id", pipeline)) if not value]
         if absent:
             raise DeriveNoStoreRoot(" and ".join(absent))
@@ -102,7 +109,8 @@ class Selection:
         self.version = version
         """The build's task version (what ``retain_versions`` keeps rows apart by)."""
         self._keyed_columns: list[str] | None = None
-        self._units: str | None = None  # the temporary table of every unit, once a run joined them (units())
+        self._units: str | None = None  # the temporary table of the outstanding units, once a run joined them
+        self._joined: SelectionCounts | None = None  # the counts of that join (units())
         self.digests: MediaDigests | None = None
         self._spill = tempfile.TemporaryDirectory(prefix="contextful-select-")
         self.con = store.duckdb()
@@ -121,6 +129,7 @@ class Selection:
         from contextful.engine.read import attach_snapshot
 
         parent_rows = 0
+        parent_schema: pa.Schema | None = None
         attached: set[str] = set()
         self.landed: dict[str, Snapshot] = {}
         """The tables the pipeline lands (a host task's content tables, then its output) holding rows,
@@ -135,7 +144,7 @@ class Selection:
                 continue
             attach_snapshot(self.con, snap, f"__derive_{name}")
             if name == config.source_table:
-                parent_rows = snap.rows_stored
+                parent_rows, parent_schema = snap.rows_stored, snap.schema
         self._output = self.landed.get(output_table)
         self.pinned = {name: seq for name, (_table, seq) in pinned.items()}
         self.joins = [j for j in self.joins if j.table in attached]
@@ -143,6 +152,8 @@ class Selection:
         """The parent has no commit yet (a derive parent that derived nothing so far): no units."""
         self.streams = parent_rows > in_memory_rows
         """Whether the parent scan streams in batches (more than ``in_memory_rows`` rows)."""
+        self.passes = _passes(parent_rows, parent_schema, config.parent_id_column, self._output, pass_units)
+        """How many passes join the units (one per ``hash(unit_ref) % passes``; 1: one join)."""
         if self.empty:
             return
         self._parent_columns = [row[0] for row in self.con.execute(
@@ -182,8 +193,9 @@ class Selection:
 
     # --- the query --------------------------------------------------------------------------------
 
-    def _keyed_sql(self) -> str:
-        """Every unit: its id, its value (media, or declared parent columns), prior state, and key."""
+    def _keyed_sql(self, part: int | None = None) -> str:
+        """Every unit: its id, its value (media, or declared parent columns), prior state, and key;
+        ``part``: only the units of that pass (:meth:`_part`)."""
         cfg = self.config
         parent = quote("__derive_" + cfg.source_table)
         pid = f"p.{quote(cfg.parent_id_column)}"
@@ -209,7 +221,14 @@ class Selection:
                 join_parts.append(f"coalesce({alias}.join_digest, '')")
         join_key = " || chr(31) || ".join(join_parts) if join_parts else None
         key = key_sql(self.static, pid, value, parent_key, content, join_key)
-        return f"SELECT {select}, {key} AS derivation_key FROM {parent} AS p{joins} WHERE {self._unit_filter()}"
+        of_part = self._part(pid, part)
+        return (f"SELECT {select}, {key} AS derivation_key FROM {parent} AS p{joins} WHERE {self._unit_filter()}"
+                + (f" AND {of_part}" if of_part else ""))
+
+    def _part(self, unit: str, part: int | None) -> str | None:
+        """The predicate keeping pass ``part``'s units of the SQL expression ``unit`` (a unit id of the
+        parent's or the output's, the same type: :func:`_passes`); None: every unit."""
+        return f"hash({unit}) % {self.passes} = {part}" if part is not None and self.passes > 1 else None
 
     def _unit_filter(self) -> str:
         """Which parent rows (``p``) are units: those with an id, and of a derive parent its passages."""
@@ -222,68 +241,91 @@ class Selection:
         """The columns naming a unit under the output table's supersede rule."""
         return ("unit_ref", "task_version") if self.config.retain_versions else ("unit_ref",)
 
-    def _joined_sql(self, carry: bool = True) -> str:
+    def _joined_sql(self, carry: bool = True, part: int | None = None) -> str:
         """Every unit with ``settled`` and ``attempts``: the parents' keys joined to the output's stored
         rows of their units and aggregated per unit in one pass. A unit is settled under its current
         key K when its newest settling row under K is no older than the newest ``ok``/``empty``
         landing under another key (of its task version, when versions are retained): exactly what a
         reader under the supersede rule finds (:func:`settled_sql` says why). ``carry``: the units' other
-        columns ride along (counting needs none of them, so its join state holds only ids and keys)."""
-        keyed = self._keyed_sql()
+        columns ride along (counting needs none of them, so its join state holds only ids and keys).
+        ``part``: only the units of that pass."""
+        keyed = self._keyed_sql(part)
         if self._output is None:
             return f"SELECT k.*, false AS settled, 0 AS attempts FROM ({keyed}) AS k"
         if self._keyed_columns is None:
             self._keyed_columns = [r[0] for r in self.con.execute(f"DESCRIBE {keyed}").fetchall()]
         rest = [c for c in self._keyed_columns if c not in ("unit_ref", "derivation_key")] if carry else []
         version = self.version if self.config.retain_versions else None
-        return settled_sql(keyed, rest, self._output, self.unit_columns, version)
+        return settled_sql(keyed, rest, self._output, self.unit_columns, version, part=self._part("unit_ref", part))
 
     def counts(self) -> SelectionCounts:
         """Eligible, already-derived, outstanding and retiring units (``run.select.dry-run``): an
         aggregate of the join with no unit columns carried, and a count of the output's units whose
         parent left (:meth:`retiring_sql`). Before a run joins its units (a dry run), one query
         answers all four (:func:`counts_sql`: the join made full, its unmatched output units the
-        retiring ones)."""
+        retiring ones), summed over the passes."""
         if self._units is None and not self.empty and self._output is not None:
             version = self.version if self.config.retain_versions else None
-            sql = counts_sql(self._keyed_sql(), self._output, self.unit_columns, version)
-            [(eligible, derived, retiring)] = self.con.execute(sql).fetchall()
-            return SelectionCounts(int(eligible), int(derived), int(eligible) - int(derived), int(retiring))
+            totals = [0, 0, 0]
+            for part in range(self.passes):
+                sql = counts_sql(self._keyed_sql(part), self._output, self.unit_columns, version,
+                                 part=self._part("unit_ref", part))
+                [row] = self.con.execute(sql).fetchall()
+                totals = [total + int(n) for total, n in zip(totals, row)]
+            eligible, derived, leaving = totals
+            return SelectionCounts(eligible, derived, eligible - derived, leaving)
         retiring = self.retiring_sql(self.output_table)
         [(count,)] = self.con.execute(f"SELECT count(*) FROM ({retiring})").fetchall() if retiring else [(0,)]
         return replace(self._unit_counts(), retiring=int(count))
 
     def _unit_counts(self) -> SelectionCounts:
-        """Eligible, already-derived and outstanding units, from one query over the join (or the
-        joined units once a run holds them, :meth:`units`)."""
+        """Eligible, already-derived and outstanding units, from one query over each pass's join (or
+        as the run's join counted them, :meth:`units`), summed over the passes."""
         if self.empty:
             return SelectionCounts(0, 0, 0)
-        source = self._units or f"({self._joined_sql(carry=False)})"
-        [(eligible, derived)] = self.con.execute(
-            f"SELECT count(*), count(*) FILTER (WHERE settled) FROM {source}").fetchall()
-        return SelectionCounts(int(eligible), int(derived), int(eligible) - int(derived))
+        if self._joined is not None:
+            return self._joined
+        eligible = derived = 0
+        for part in range(self.passes):
+            [(more_eligible, more_derived)] = self.con.execute(
+                f"SELECT count(*), count(*) FILTER (WHERE settled) FROM ({self._joined_sql(False, part)})").fetchall()
+            eligible, derived = eligible + int(more_eligible), derived + int(more_derived)
+        return SelectionCounts(eligible, derived, eligible - derived)
 
     def units(self) -> SelectionCounts:
-        """Join every unit once, into a temporary table of the selection's connection (DuckDB spills
-        it past the memory limit), and count them: a run's :meth:`counts` and :meth:`outstanding` then
-        read that table instead of joining the parents to the output's stored rows twice."""
+        """Join every unit once and count them, keeping the outstanding ones in a temporary table of
+        the selection's connection (DuckDB spills it past the memory limit): a run's :meth:`counts`
+        and :meth:`outstanding` then read those instead of joining the parents to the output's stored
+        rows twice. Each pass's units are joined into a table of their own, counted, and their
+        outstanding ones added, so what is held is one pass's units and the outstanding units so far,
+        never every settled unit of the archive."""
         if self._units is None and not self.empty:
-            self.con.execute(f"CREATE TEMP TABLE __derive_units AS {self._joined_sql()}")
+            eligible = derived = 0
+            for part in range(self.passes):
+                self.con.execute(f"CREATE OR REPLACE TEMP TABLE __derive_pass AS {self._joined_sql(part=part)}")
+                [(more_eligible, more_derived)] = self.con.execute(
+                    "SELECT count(*), count(*) FILTER (WHERE settled) FROM __derive_pass").fetchall()
+                eligible, derived = eligible + int(more_eligible), derived + int(more_derived)
+                head = "CREATE TEMP TABLE __derive_units AS" if part == 0 else "INSERT INTO __derive_units"
+                self.con.execute(f"{head} SELECT * FROM __derive_pass WHERE NOT settled")
+            self.con.execute("DROP TABLE __derive_pass")
             self._units = "__derive_units"
+            self._joined = SelectionCounts(eligible, derived, eligible - derived)
         return self._unit_counts()
 
     def outstanding(self) -> Iterator[pa.RecordBatch]:
         """The outstanding units (unit_ref, media or p_<column>..., derivation_key, attempts): in one
-        piece from a parent of at most ``in_memory_rows`` rows, else streamed ``batch_rows`` at a time."""
+        piece (a pass's) from a parent of at most ``in_memory_rows`` rows, else streamed ``batch_rows`` at
+        a time, pass after pass."""
         if self.empty:
             return
-        source = self._units or f"({self._joined_sql()})"
-        sql = f"SELECT * EXCLUDE (settled) FROM {source} WHERE NOT settled"
-        if not self.streams:
-            yield from self.con.sql(sql).to_arrow_table().to_batches()
-            return
-        reader = self.con.sql(sql).to_arrow_reader(self.batch_rows)
-        yield from reader
+        sources = [self._units] if self._units else [f"({self._joined_sql(part=part)})" for part in range(self.passes)]
+        for source in sources:
+            sql = f"SELECT * EXCLUDE (settled) FROM {source} WHERE NOT settled"
+            if self.streams:
+                yield from self.con.sql(sql).to_arrow_reader(self.batch_rows)
+            else:
+                yield from self.con.sql(sql).to_arrow_table().to_batches()
 
     def retiring_sql(self, table: str) -> str | None:
         """A SELECT of the units (:attr:`unit_columns`) that ``table`` (one the pipeline lands) answers
@@ -393,13 +435,15 @@ def live_units_sql(output: Snapshot, unit: tuple[str, ...], orphans: str | None 
             f"HAVING max(seq) > coalesce(max(seq) FILTER (WHERE unit_status = {sql_literal(RETIRED)}), -1)")
 
 
-def stored_keys(output: Snapshot, unit: tuple[str, ...], restrict: str | None = None) -> str:
+def stored_keys(output: Snapshot, unit: tuple[str, ...], restrict: str | None = None, part: str | None = None) -> str:
     """The output's stored rows folded to one per primary key (unit, derivation_key, cue_seq), read in
     one scan, no reader's view: whether the key's latest row (the key merge's winner) settles its
     unit for selection (``done``) and its commit (``seq``: the part's ``ord_seq``), the newest commit
     that landed a settling row under the key (``settle_seq``: a landing, whatever overrode its row)
-    and the latest attempts. ``restrict``: a SELECT of the unit_refs to read."""
-    where = "unit_ref IS NOT NULL" + (f" AND unit_ref IN ({restrict})" if restrict else "")
+    and the latest attempts. ``restrict``: a SELECT of the unit_refs to read; ``part``: a predicate
+    over ``unit_ref`` keeping one pass's units."""
+    where = ("unit_ref IS NOT NULL" + (f" AND unit_ref IN ({restrict})" if restrict else "")
+             + (f" AND {part}" if part else ""))
     keys = f"{', '.join(unit)}, derivation_key, cue_seq"
     rows = stored_rows_sql(output, f"{keys}, kind, unit_status, retry, attempts", where)
     return (f"SELECT {keys}, arg_max({DONE}, pos) AS done, max(seq) AS seq, "
@@ -407,11 +451,13 @@ def stored_keys(output: Snapshot, unit: tuple[str, ...], restrict: str | None = 
             f"FROM ({rows}) GROUP BY {keys}")
 
 
-def counts_sql(keyed: str, output: Snapshot, unit: tuple[str, ...], version: str | None) -> str:
+def counts_sql(keyed: str, output: Snapshot, unit: tuple[str, ...], version: str | None,
+               part: str | None = None) -> str:
     """Eligible, settled and retiring unit counts in one query: :func:`settled_sql`'s join of the
     parents' units (``keyed``) to the output's stored keys, made FULL, so the output units no parent
     names come out of the same join — grouped by their unit columns, retiring when their latest
-    landing is not a retirement (as :func:`live_units_sql` decides from the stored rows)."""
+    landing is not a retirement (as :func:`live_units_sql` decides from the stored rows). ``part``: a
+    predicate over ``unit_ref`` keeping one pass's output units (``keyed`` holds that pass's)."""
     same = "o.derivation_key = k.derivation_key"
     of_version = f" AND o.task_version = {sql_literal(version)}" if version is not None else ""
     done = f"max(o.seq) FILTER (WHERE {same} AND o.done)"
@@ -420,14 +466,14 @@ def counts_sql(keyed: str, output: Snapshot, unit: tuple[str, ...], version: str
     orphan = ", ".join(f"CASE WHEN k.unit_ref IS NULL THEN o.{quote(c)} END" for c in unit)
     per_unit = (f"SELECT k.unit_ref IS NOT NULL AS present, coalesce({done} >= coalesce({other}, -1), false) AS settled,"
                 f" max(o.seq) > coalesce({retired}, -1) AS live"
-                f" FROM ({keyed}) AS k FULL JOIN ({stored_keys(output, unit)}) AS o ON o.unit_ref = k.unit_ref"
+                f" FROM ({keyed}) AS k FULL JOIN ({stored_keys(output, unit, part=part)}) AS o ON o.unit_ref = k.unit_ref"
                 f" GROUP BY k.unit_ref, k.derivation_key, {orphan}")
     return (f"SELECT count(*) FILTER (WHERE present), count(*) FILTER (WHERE present AND settled),"
             f" count(*) FILTER (WHERE NOT present AND live) FROM ({per_unit})")
 
 
 def settled_sql(keyed: str, rest: list[str], output: Snapshot, unit: tuple[str, ...], version: str | None,
-                restrict: str | None = None) -> str:
+                restrict: str | None = None, part: str | None = None) -> str:
     """``keyed`` (a SELECT of unit_ref, derivation_key and the ``rest`` columns) with ``settled`` and
     ``attempts`` per unit: its output rows (:func:`stored_keys`) joined and aggregated in one pass,
     exactly as a reader under the table's supersede rule (``storage.supersede``) would find them.
@@ -439,7 +485,8 @@ def settled_sql(keyed: str, rest: list[str], output: Snapshot, unit: tuple[str, 
     (of task version ``version``, when versions are kept); a marker that stopped retrying is withheld
     by a later settling landing under K too, but then K's own landing answers. Each row's commit is
     its part's ``ord_seq``. ``restrict``: a SELECT of the unit_refs whose stored rows are read (the
-    units of ``keyed``, when it is small)."""
+    units of ``keyed``, when it is small); ``part``: a predicate over ``unit_ref`` keeping one pass's
+    units (``keyed`` holds that pass's)."""
     carried = "".join(f", any_value(k.{quote(c)}) AS {quote(c)}" for c in rest)
     same = "o.derivation_key = k.derivation_key"
     of_version = f" AND o.task_version = {sql_literal(version)}" if version is not None else ""
@@ -447,5 +494,19 @@ def settled_sql(keyed: str, rest: list[str], output: Snapshot, unit: tuple[str, 
     other = f"max(o.settle_seq) FILTER (WHERE o.derivation_key <> k.derivation_key{of_version})"
     return (f"SELECT k.unit_ref, k.derivation_key{carried}, coalesce({done} >= coalesce({other}, -1), false) "
             f"AS settled, coalesce(max(o.attempts) FILTER (WHERE {same}), 0) AS attempts "
-            f"FROM ({keyed}) AS k LEFT JOIN ({stored_keys(output, unit, restrict)}) AS o "
+            f"FROM ({keyed}) AS k LEFT JOIN ({stored_keys(output, unit, restrict, part)}) AS o "
             f"ON o.unit_ref = k.unit_ref GROUP BY k.unit_ref, k.derivation_key")
+
+
+def _passes(parent_rows: int, parent: pa.Schema | None, id_column: str, output: Snapshot | None, pass_units: int) -> int:
+    """How many passes join the units: one per ``pass_units`` units (the parent's rows or the output's
+    stored rows, the larger). One when the output's ``unit_ref`` is not of the parent id's type: a
+    hash splits equal values alike only within one type (the join compares across types by casting)."""
+    if output is None or output.schema is None or parent is None:
+        return 1
+    names = output.schema.names
+    if "unit_ref" not in names or id_column not in parent.names:
+        return 1
+    if output.schema.field("unit_ref").type != parent.field(id_column).type:
+        return 1
+    return max(1, -(-max(parent_rows, output.rows_stored) // pass_units))

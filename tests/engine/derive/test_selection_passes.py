@@ -1,0 +1,151 @@
+"""Selection memory stays independent of archive size (decision "selection-stays-bounded"): past
+its pass bound a selection joins its units in passes split by a hash of the unit id, and the passes
+answer what one join answers — counted (a dry run), joined once for a run, and streamed — held here
+to an oracle computed in Python from what the test landed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+from contextful.engine.derive.config import DeriveConfig
+from contextful.engine.derive.keys import SEPARATOR
+from contextful.engine.derive.select import Selection, SelectionCounts, counts_sql, settled_sql
+from contextful.storage import ManualClock, Store
+from contextful.storage.supersede import Supersede
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.engine.derive.test_selection_state import _batch, operation
+
+STATIC = "5" * 64
+STALE = "a" * 64
+OUTPUT = pa.schema({"unit_ref": pa.string(), "derivation_key": pa.string(), "cue_seq": pa.int64(),
+                    "kind": pa.string(), "unit_status": pa.string(), "retry": pa.bool_(), "attempts": pa.int64()})
+UNITS = 150_000
+ORPHANS = 700
+
+
+def _key(unit: str, media: str) -> str:
+    """The unit's current key by the clause's recipe (engine.derive.keys), computed here."""
+    parts = [STATIC, json.dumps(unit), json.dumps(media), "", "", ""]
+    return hashlib.sha256(SEPARATOR.join(parts).encode()).hexdigest()
+
+
+def _url(n: int) -> str:
+    return f"https://example.invalid/{n}"
+
+
+def _landed(store: Store) -> dict[str, int]:
+    """Parents u00000... (the first 500 landed twice: one unit each, and one row without an id) and an
+    output holding, by n mod 5: 0-2 a passage under the current key (settled; for n mod 10 = 0 a
+    passage landed first under a stale key, then again under the current one), 3 a passage under a
+    stale key, 4 a failed marker still retrying under the current key (its attempts carried); and
+    ORPHANS units no parent names (retiring). Returns the outstanding units' attempts."""
+    ids = [f"u{n:06d}" for n in range(UNITS)]
+    store.append("docs", pa.table({"id": ids + ids[:500] + [None], "path": [_url(n) for n in range(UNITS)]
+                                   + [_url(n) for n in range(500)] + [_url(0)]}))
+    out = store.create_table("passages", ("unit_ref", "derivation_key", "cue_seq"),
+                             supersede=Supersede(("unit_ref",)))
+    rows: dict[str, list[object]] = {name: [] for name in OUTPUT.names}
+    first: dict[str, list[object]] = {name: [] for name in OUTPUT.names}
+
+    def add(into: dict[str, list[object]], unit: str, key: str, marker: bool = False, attempts: int = 1) -> None:
+        for name, value in zip(OUTPUT.names, (unit, key, -1 if marker else 0, "marker" if marker else "passage",
+                                              "failed" if marker else "ok", True if marker else None, attempts)):
+            into[name].append(value)
+
+    outstanding: dict[str, int] = {}
+    for n, unit in enumerate(ids):
+        current = _key(unit, _url(n))
+        if n % 5 < 3:
+            add(rows, unit, current)
+            if n % 10 == 0:
+                add(first, unit, STALE)
+        elif n % 5 == 3:
+            add(rows, unit, STALE)
+            outstanding[unit] = 0
+        else:
+            add(rows, unit, current, marker=True, attempts=1 + n % 3)
+            outstanding[unit] = 1 + n % 3
+    for n in range(ORPHANS):
+        add(rows, f"z{n:06d}", STALE)
+    out.append(pa.table(first, schema=OUTPUT))
+    out.append(pa.table(rows, schema=OUTPUT))
+    return outstanding
+
+
+def _selection(store: Store, root: Path, **bounds: Any) -> Selection:
+    config = DeriveConfig("docs", "id", engine="lines", media_column="path")
+    selection = Selection(store, "passages", "passages", config, STATIC, root, **bounds)
+    # two threads, whatever the machine, and no spilling: the join state must fit the memory limit
+    selection.con.execute("SET threads = 2")
+    selection.con.execute("SET max_temp_directory_size = '0KB'")
+    return selection
+
+
+@pytest.mark.clause("run.select.dry-run", "run.select.anti-join")
+def test_a_selection_past_its_pass_bound_joins_in_passes_within_a_memory_one_join_exceeds(
+        store: Store, tmp_path: Path) -> None:
+    outstanding = _landed(store)
+    settled = UNITS - len(outstanding)
+    with _selection(store, tmp_path, pass_units=6_000, memory_limit="50MB") as parted:
+        assert parted.passes == 28  # 165,700 stored output rows, 6,000 units a pass
+        counts = parted.counts()
+        assert (counts.eligible, counts.derived, counts.outstanding, counts.retiring) == (
+            UNITS, settled, len(outstanding), ORPHANS)
+        streamed = {u: a for b in parted.outstanding()
+                    for u, a in zip(b.column("unit_ref").to_pylist(), b.column("attempts").to_pylist())}
+        assert streamed == outstanding
+        # a run joins once and keeps the outstanding units (one pass's units at a time besides)
+        assert parted.units() == SelectionCounts(UNITS, settled, len(outstanding))  # a run: joined once
+        assert parted.counts() == counts
+        joined = {u: a for b in parted.outstanding()
+                  for u, a in zip(b.column("unit_ref").to_pylist(), b.column("attempts").to_pylist())}
+        assert joined == outstanding
+    # the same selection joined in one pass needs more than that memory (and may not spill)
+    with _selection(store, tmp_path, memory_limit="50MB") as whole:
+        assert whole.passes == 1
+        with pytest.raises(duckdb.OutOfMemoryException):
+            whole.counts()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(operation, min_size=1, max_size=6), st.integers(2, 4))
+def test_the_passes_settle_and_count_what_one_join_does_on_any_history(ops: list[tuple[str, Any]], passes: int) -> None:
+    """Any history of landings and folds (tests/engine/derive/test_selection_state.py's): the units
+    each pass settles, and the eligible / settled / retiring counts summed over the passes, are
+    those of one join over every unit; the one join is held to a reader under the rule there."""
+    every = ("SELECT u AS unit_ref, k AS derivation_key FROM (VALUES ('u0'), ('u1'), ('u3')) AS a(u), "
+             "(VALUES ('A'), ('B')) AS b(k)")  # u2 is in the output only: retiring
+    with tempfile.TemporaryDirectory() as root, Store.open(root, clock=ManualClock(1_700_000_000_000_000)) as store:
+        store.create_table("out", ("unit_ref", "derivation_key", "cue_seq"), supersede=Supersede(("unit_ref",)))
+        for op, rows in ops:  # a landing, or a fold of what landed so far
+            _ = store.append("out", _batch(rows)) if op == "land" else store.fold("out", min_parts=2)
+        snap = store.table("out").snapshot()
+        if not snap.parts:
+            return
+        con = store.duckdb()
+
+        def settled(part: str | None) -> set[tuple[str, str]]:
+            keyed = f"SELECT * FROM ({every}) WHERE {part}" if part else every
+            sql = settled_sql(keyed, [], snap, ("unit_ref",), None, part=part)
+            return {(u, k) for u, k, done in con.sql(f"SELECT unit_ref, derivation_key, settled FROM ({sql})"
+                                                     ).fetchall() if done}
+
+        def counts(part: str | None) -> tuple[int, ...]:
+            keyed = f"SELECT * FROM ({every}) WHERE {part}" if part else every
+            [row] = con.sql(counts_sql(keyed, snap, ("unit_ref",), None, part=part)).fetchall()
+            return tuple(row)
+
+        parts = [f"hash(unit_ref) % {passes} = {i}" for i in range(passes)]
+        with con:
+            whole = settled(None)
+            assert set().union(*(settled(p) for p in parts)) == whole, (ops, passes)
+            assert tuple(map(sum, zip(*(counts(p) for p in parts)))) == counts(None), (ops, passes)
