@@ -10,7 +10,7 @@ Layout under the root (docs/store.md)::
     store.json
     catalog.sqlite                       (local profile, local root)
     tables/<table>/parts/<run id>-<n>.parquet
-    tables/<table>/runs/<run id>.json    run manifests
+    tables/<table>/runs/<run id>.json    run manifests over 64 KiB (smaller ones ride in their commits)
     blobs/<aa>/<sha256>                  content-addressed blobs
 """
 
@@ -47,7 +47,7 @@ from contextful.storage.fold import FoldResult, fold_table
 from contextful.storage.follows import Follows
 from contextful.storage.journal import JournalStore, open_journal_store
 from contextful.storage.lazy import lazy_module
-from contextful.storage.manifest import table_prefix
+from contextful.storage.manifest import INLINE_MANIFEST_BYTES, table_prefix
 from contextful.storage.objects import ObjectStore
 from contextful.storage.outbox import OutboxStore, open_outbox_store
 from contextful.storage.reach import Reach, check_reach, readable
@@ -115,6 +115,9 @@ class Store:
         self._outbox: OutboxStore | None = None
         self.write_threads = write_threads()
         """Parts one run writes behind its caller at once (``CONTEXTFUL_WRITE_THREADS``; 0: write inline)."""
+        self.inline_manifest_bytes = INLINE_MANIFEST_BYTES
+        """A run manifest of at most this many bytes rides in its commit's catalog row; a larger one
+        is an object of its own (``storage.manifest``; 0: every manifest is an object)."""
         self._writers: ThreadPoolExecutor | None = None
         self._writers_lock = threading.Lock()
         self._duck: duckdb.DuckDBPyConnection | None = None
