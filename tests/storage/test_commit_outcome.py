@@ -117,7 +117,7 @@ def staged_objects(store: Store, run_id: str) -> list[str]:
 def the_run(store: Store, before: set[str]) -> str:
     """The run id of the one run staged since ``before`` (the object keys then)."""
     new = {o.key for o in store.objects.list("tables/t")} - before
-    runs = {run_of(key) for key in new if "/runs/" in key}
+    runs = {run_of(key) for key in new if "/parts/" in key}
     assert len(runs) == 1, new
     return runs.pop()
 
