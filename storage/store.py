@@ -39,6 +39,7 @@ from contextful.storage.duck import connect
 from contextful.storage.errors import (
     CatalogPathMissing,
     CommitConflict,
+    StoreFormatNewer,
     StoreNotFound,
     TableNameInvalid,
     TableNotFound,
@@ -65,7 +66,9 @@ else:
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT = 1
+STORE_FORMAT = 2
+"""The store format this build writes and the newest it opens (docs/store.md, "Store format"): 2 keeps
+a small run's manifest in its commit's catalog row; a format-1 store keeps every manifest an object."""
 DEFAULT_STORE = os.path.join(".contextful", "store")
 
 
@@ -217,13 +220,15 @@ class Store:
         try:
             if container is not None:
                 require_corpus_state(objects.remote if isinstance(objects, CorpusMirror) else objects, catalog)
-            store_uuid = _store_uuid(objects)
+            store_uuid, store_format = _store_doc(objects)
             catalog.bind_store(store_uuid, objects.url)
         except BaseException:
             if owned:
                 catalog.close()
             raise
         store = cls(objects, catalog, clock or SystemClock(), store_uuid, durable)
+        if store_format < 2:  # an older build reads this store: its manifests stay objects it can read
+            store.inline_manifest_bytes = 0
         store.container = container
         store.reach = reach
         return store
@@ -460,7 +465,13 @@ def _require_existing(objects: ObjectStore, sqlite_path: str | None) -> None:
         raise StoreNotFound(objects.url, f"its catalog file {sqlite_path} is missing")
 
 
-def _store_uuid(objects: ObjectStore) -> str:
+def _store_doc(objects: ObjectStore) -> tuple[str, int]:
+    """The store's uuid and format, ``store.json`` written first when the root has none; a format
+    newer than this build's is refused before anything is written to the store."""
     doc = {"format": STORE_FORMAT, "store_uuid": str(uuidlib.uuid4())}
     objects.put_if_absent("store.json", json.dumps(doc).encode("utf-8"))
-    return json.loads(objects.get_bytes("store.json"))["store_uuid"]
+    found = json.loads(objects.get_bytes("store.json"))
+    store_format = int(found.get("format", 1))
+    if store_format > STORE_FORMAT:
+        raise StoreFormatNewer(objects.url, store_format, STORE_FORMAT)
+    return str(found["store_uuid"]), store_format

@@ -8,6 +8,7 @@ SQLite, PostgreSQL catalog, S3 objects) and checks what the reader answers again
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -15,8 +16,9 @@ import duckdb
 import pyarrow as pa
 import pytest
 from contextful.storage import Store
-from contextful.storage.errors import CommitConflict
+from contextful.storage.errors import CommitConflict, StoreFormatNewer
 from contextful.storage.manifest import INLINE_MANIFEST_BYTES, manifest_key
+from contextful.storage.store import STORE_FORMAT
 
 FORMAT1_STORE = Path(__file__).parent / "data" / "store_format1"
 
@@ -101,7 +103,8 @@ def test_a_commit_that_does_not_land_keeps_no_manifest(store: Store) -> None:
 def test_store_written_with_manifest_objects_still_reads(tmp_path: Path) -> None:
     """A store written by format 1 (every manifest an object; its catalog without ``cf_manifests``,
     made by main at ae41ade, tests/storage/data/store_format1/README.md) opens, answers its rows
-    and manifests, keeps them through collection, and takes new runs in the current format."""
+    and manifests, keeps them through collection, and stays format 1: its new runs' manifests are
+    objects too, so a build that reads only objects still reads every run of it."""
     root = tmp_path / "store"
     shutil.copytree(FORMAT1_STORE / "store", root)
     expected = duckdb.sql(f"SELECT id, name FROM read_parquet('{root}/tables/events/parts/*.parquet')"
@@ -119,7 +122,34 @@ def test_store_written_with_manifest_objects_still_reads(tmp_path: Path) -> None
         assert before == sorted(manifest_key("events", c.run_id) for c in old)
         new = store.append("events", pa.table({"id": pa.array([4], pa.int64()), "name": ["d"]}), cursor=("src", 9))
         store.collect(grace_seconds=0)
-        assert run_objects(store, "events") == before  # the old ones kept, the new one in the catalog
+        assert run_objects(store, "events") == sorted([*before, manifest_key("events", new.run_id)])
+        assert store.catalog.manifest_doc("events", new.run_id) is None
         assert [events.manifest(c.run_id).rows for c in old] == [2, 1]
         assert events.manifest(new.run_id).cursor == {"scope": "src", "value": 9}
         assert events.cursor("src") == (9, new.commit_seq)
+    assert json.loads((root / "store.json").read_text())["format"] == 1
+
+
+def test_a_new_store_is_format_two(tmp_path: Path) -> None:
+    """A store this build creates says so in its ``store.json``: format 2, small manifests in the catalog."""
+    with Store.open(tmp_path / "s") as store:
+        store.append("t", pa.table({"id": [1]}))
+        assert run_objects(store, "t") == []
+    assert json.loads((tmp_path / "s" / "store.json").read_text())["format"] == STORE_FORMAT == 2
+
+
+def test_a_newer_store_format_is_refused(tmp_path: Path) -> None:
+    """A store a newer build wrote (a format this build does not know) opens nothing: it may keep
+    what this build would not find. Refused by name, for a writer and a reader alike, and untouched."""
+    root = tmp_path / "s"
+    with Store.open(root) as store:
+        store.append("t", pa.table({"id": [1]}))
+    doc = json.loads((root / "store.json").read_text())
+    (root / "store.json").write_text(json.dumps({**doc, "format": STORE_FORMAT + 1}))
+    before = sorted(p.name for p in root.rglob("*"))
+    for create in (True, False):
+        with pytest.raises(StoreFormatNewer) as caught:
+            Store.open(root, create=create)
+        assert (caught.value.found, caught.value.supported) == (STORE_FORMAT + 1, STORE_FORMAT)
+        assert "upgrade contextful" in str(caught.value)
+    assert sorted(p.name for p in root.rglob("*")) == before
