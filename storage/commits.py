@@ -175,7 +175,10 @@ class CommitRequest:
     kind: str
     """append, replace, fold or declare."""
     manifest: str | None
-    """Key of the run manifest written before the commit (None for a fold without one)."""
+    """Key of the run manifest (None for a commit without one): written before the commit, or kept
+    in the catalog with it when ``manifest_doc`` is given."""
     requirements: tuple[Requirement, ...]
     updates: tuple[Update, ...]
     rows: int = 0
+    manifest_doc: str | None = None
+    """The manifest's JSON, kept in the catalog by this commit (a small run's; ``storage.manifest``)."""

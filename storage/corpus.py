@@ -9,7 +9,8 @@ bucket; the machine's working directory only caches them:
   snapshot does for every part before its query runs), its bytes or whether it exists, and the
   object is copied from the bucket into the working directory first when it is not there.
 * **push-after-run**: every object a run writes lands whole in the working directory and is then
-  pushed to the bucket before the write returns, so before the run's manifest is written and
+  pushed to the bucket before the write returns, so before the run's manifest is written (a small
+  run's rides in the catalog commit itself, ``storage.manifest``) and
   before the catalog commit that references it: a commit never names an object only a lost disk
   held. ``store.json`` is decided by the bucket (first writer there wins), so a fresh working
   directory binds to the same store uuid as the catalog.

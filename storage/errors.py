@@ -146,6 +146,7 @@ Hierarchy::
         └── Permanent                    the store or backend cannot do this (permanent)
             ├── ConditionalWriteUnsupported
             ├── StoreCatalogMismatch
+            ├── StoreFormatNewer         a store written by a newer build (its store.json format); this build refuses it
             ├── SnapshotCollected
             ├── BlobCorrupt
             ├── QueryFailed              an admitted gateway query failed for a reason not the reader's (error id)
@@ -888,6 +889,19 @@ class StoreCatalogMismatch(Permanent):
             catalog_store_uuid=catalog_store_uuid,
             root=root,
         )
+
+
+class StoreFormatNewer(Permanent):
+    """A store whose ``store.json`` names a format newer than this build knows: it may keep what
+    this build cannot read (a run manifest where it does not look), so it opens nothing."""
+
+    root: str
+    found: int
+    supported: int
+
+    def __init__(self, root: str, found: int, supported: int) -> None:
+        super().__init__(f"store {root} has format {found}, newer than this build's {supported}: "
+                         "upgrade contextful to open it", root=root, found=found, supported=supported)
 
 
 class SnapshotCollected(Permanent):
@@ -2507,6 +2521,7 @@ __all__ = [
     "StorageCapabilityMissing",
     "StorageProfileUnknown",
     "StoreCatalogMismatch",
+    "StoreFormatNewer",
     "StoreNotFound",
     "StoreNotInitialized",
     "SweepOriginOutOfOrder",

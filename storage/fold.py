@@ -56,7 +56,7 @@ from contextful.storage.commits import (
 )
 from contextful.storage.errors import CommitOutcomeUnknown
 from contextful.storage.lazy import lazy_module
-from contextful.storage.manifest import RunManifest, manifest_key, schema_to_text
+from contextful.storage.manifest import RunManifest, place_manifest, schema_to_text
 from contextful.storage.parts import part_key, write_part
 from contextful.storage.reconcile import conform
 from contextful.storage.snapshot import Snapshot, Where, quote, snapshot_sql, stored_rows_sql
@@ -229,10 +229,9 @@ def fold_snapshot(store: Store, table: Table, snap: Snapshot, groups: list[list[
     manifest = RunManifest(table=name, table_uuid=head.uuid, run_id=run_id, kind="fold", parts=tuple(folded.added),
                            landed_schema=schema_to_text(snap.schema), created_us=store.clock.now_us(),
                            meta={"folded": folded.removed})
-    key = manifest_key(name, run_id)
-    store.objects.put_bytes(key, manifest.dumps(), durable=store.durable)
+    key, doc = place_manifest(store.objects, manifest, store.durable, store.inline_manifest_bytes)
     request = CommitRequest(
-        table=name, run_id=run_id, kind="fold", manifest=key,
+        table=name, run_id=run_id, kind="fold", manifest=key, manifest_doc=doc,
         requirements=(AssertTableUUID(head.uuid), AssertSchemaId(head.schema_id),
                       AssertPartsLive(tuple(sorted(read | set(folded.removed)))), AssertStaging(run_id)),
         updates=(RemoveParts(tuple(folded.removed)), AddParts(tuple(folded.added))),

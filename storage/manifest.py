@@ -2,10 +2,17 @@
 
 Implements "table-commit-owns" (``run.record.schema-diff-home``): the manifest holds the run's
 parts with their row and byte counts, the schema that arrived and the schema it landed in, the
-cursor it commits and its downgrade events. It is written atomically under
-``tables/<table>/runs/<run id>.json`` before the catalog commit; a manifest whose commit never
-landed is an orphan that collection removes. Schemas travel as base64 Arrow IPC (exact) beside a
+cursor it commits and its downgrade events. Schemas travel as base64 Arrow IPC (exact) beside a
 readable column list.
+
+Where it is kept (docs/store.md, "Run manifests"): a manifest of at most
+:data:`INLINE_MANIFEST_BYTES` rides in the catalog commit that lands its run (``cf_manifests``,
+written in the same transaction as the commit row), so a small run makes one durable write besides
+its parts instead of two; a larger one is written atomically and durably under
+``tables/<table>/runs/<run id>.json`` before the catalog commit, and one whose commit never landed
+is an orphan that collection removes. Either way the commit row names the manifest by its key, and
+:func:`read_manifest` answers it from the catalog first, then from the object (every store written
+before manifests were kept in the catalog has only objects).
 """
 
 from __future__ import annotations
@@ -22,10 +29,14 @@ from contextful.storage.reconcile import DowngradeEvent
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from contextful.storage.catalog import Catalog
+    from contextful.storage.objects import ObjectStore
 else:
     pa = lazy_module("pyarrow")
 
 FORMAT_VERSION = 1
+INLINE_MANIFEST_BYTES = 64 * 1024
+"""A manifest of at most this many bytes (its JSON) is kept in the catalog row of its commit."""
 
 
 def schema_to_text(schema: pa.Schema) -> str:
@@ -107,3 +118,25 @@ class RunManifest:
             created_us=doc.get("created_us", 0),
             meta=doc.get("meta", {}),
         )
+
+
+def place_manifest(objects: ObjectStore, manifest: RunManifest, durable: bool,
+                   inline_bytes: int = INLINE_MANIFEST_BYTES) -> tuple[str, str | None]:
+    """Where ``manifest`` is kept: its key, and its text when it rides in the commit (at most
+    ``inline_bytes``); otherwise it is written under its key now, durably when ``durable``, and the
+    text is None."""
+    key = manifest_key(manifest.table, manifest.run_id)
+    data = manifest.dumps()
+    if len(data) <= inline_bytes:
+        return key, data.decode("utf-8")
+    objects.put_bytes(key, data, durable=durable)
+    return key, None
+
+
+def read_manifest(catalog: Catalog, objects: ObjectStore, table: str, run_id: str) -> RunManifest:
+    """The manifest of run ``run_id`` on ``table``: the one its commit kept in the catalog, else its
+    object (a large run's, or any run of a store written before manifests were kept in the catalog)."""
+    doc = catalog.manifest_doc(table, run_id)
+    if doc is not None:
+        return RunManifest.loads(doc.encode("utf-8"))
+    return RunManifest.loads(objects.get_bytes(manifest_key(table, run_id)))

@@ -10,7 +10,7 @@ Layout under the root (docs/store.md)::
     store.json
     catalog.sqlite                       (local profile, local root)
     tables/<table>/parts/<run id>-<n>.parquet
-    tables/<table>/runs/<run id>.json    run manifests
+    tables/<table>/runs/<run id>.json    run manifests over 64 KiB (smaller ones ride in their commits)
     blobs/<aa>/<sha256>                  content-addressed blobs
 """
 
@@ -39,6 +39,7 @@ from contextful.storage.duck import connect
 from contextful.storage.errors import (
     CatalogPathMissing,
     CommitConflict,
+    StoreFormatNewer,
     StoreNotFound,
     TableNameInvalid,
     TableNotFound,
@@ -47,7 +48,7 @@ from contextful.storage.fold import FoldResult, fold_table
 from contextful.storage.follows import Follows
 from contextful.storage.journal import JournalStore, open_journal_store
 from contextful.storage.lazy import lazy_module
-from contextful.storage.manifest import table_prefix
+from contextful.storage.manifest import INLINE_MANIFEST_BYTES, table_prefix
 from contextful.storage.objects import ObjectStore
 from contextful.storage.outbox import OutboxStore, open_outbox_store
 from contextful.storage.reach import Reach, check_reach, readable
@@ -65,7 +66,9 @@ else:
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT = 1
+STORE_FORMAT = 2
+"""The store format this build writes and the newest it opens (docs/store.md, "Store format"): 2 keeps
+a small run's manifest in its commit's catalog row; a format-1 store keeps every manifest an object."""
 DEFAULT_STORE = os.path.join(".contextful", "store")
 
 
@@ -115,6 +118,9 @@ class Store:
         self._outbox: OutboxStore | None = None
         self.write_threads = write_threads()
         """Parts one run writes behind its caller at once (``CONTEXTFUL_WRITE_THREADS``; 0: write inline)."""
+        self.inline_manifest_bytes = INLINE_MANIFEST_BYTES
+        """A run manifest of at most this many bytes rides in its commit's catalog row; a larger one
+        is an object of its own (``storage.manifest``; 0: every manifest is an object)."""
         self._writers: ThreadPoolExecutor | None = None
         self._writers_lock = threading.Lock()
         self._duck: duckdb.DuckDBPyConnection | None = None
@@ -214,13 +220,15 @@ class Store:
         try:
             if container is not None:
                 require_corpus_state(objects.remote if isinstance(objects, CorpusMirror) else objects, catalog)
-            store_uuid = _store_uuid(objects)
+            store_uuid, store_format = _store_doc(objects)
             catalog.bind_store(store_uuid, objects.url)
         except BaseException:
             if owned:
                 catalog.close()
             raise
         store = cls(objects, catalog, clock or SystemClock(), store_uuid, durable)
+        if store_format < 2:  # an older build reads this store: its manifests stay objects it can read
+            store.inline_manifest_bytes = 0
         store.container = container
         store.reach = reach
         return store
@@ -457,7 +465,13 @@ def _require_existing(objects: ObjectStore, sqlite_path: str | None) -> None:
         raise StoreNotFound(objects.url, f"its catalog file {sqlite_path} is missing")
 
 
-def _store_uuid(objects: ObjectStore) -> str:
+def _store_doc(objects: ObjectStore) -> tuple[str, int]:
+    """The store's uuid and format, ``store.json`` written first when the root has none; a format
+    newer than this build's is refused before anything is written to the store."""
     doc = {"format": STORE_FORMAT, "store_uuid": str(uuidlib.uuid4())}
     objects.put_if_absent("store.json", json.dumps(doc).encode("utf-8"))
-    return json.loads(objects.get_bytes("store.json"))["store_uuid"]
+    found = json.loads(objects.get_bytes("store.json"))
+    store_format = int(found.get("format", 1))
+    if store_format > STORE_FORMAT:
+        raise StoreFormatNewer(objects.url, store_format, STORE_FORMAT)
+    return str(found["store_uuid"]), store_format

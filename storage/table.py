@@ -27,7 +27,7 @@ from contextful.storage.errors import (
 )
 from contextful.storage.follows import Follows
 from contextful.storage.lazy import lazy_module
-from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text
+from contextful.storage.manifest import RunManifest, read_manifest, schema_from_text
 from contextful.storage.reach import check_reach
 from contextful.storage.reconcile import conform
 from contextful.storage.snapshot import Snapshot, snapshot_sql
@@ -157,7 +157,7 @@ class Table:
         return self.store.catalog.commits(self.name)
 
     def manifest(self, run_id: str) -> RunManifest:
-        return RunManifest.loads(self.store.objects.get_bytes(manifest_key(self.name, run_id)))
+        return read_manifest(self.store.catalog, self.store.objects, self.name, run_id)
 
     def cursor(self, scope: str) -> tuple[Any, int] | None:
         """The committed position of ``scope`` at the head and the commit_seq that landed it

@@ -1,7 +1,8 @@
 """A run's transaction: stage Arrow batches as parts, then land them with one commit.
 
 The sequence is the decision "no representable torn publication": parts are written whole, the
-run manifest is written whole, and only then one catalog commit advances the table head. Until
+run manifest is written whole (a small one rides in the commit itself, ``storage.manifest``), and
+only then one catalog commit advances the table head. Until
 that commit the run is invisible; after it, all of it is. A crash in between leaves unreferenced
 objects for collection and nothing a reader can see. A run that aborts on a table its caller
 just created for it (``Store.create_table(provisional=True)``) drops that table again while
@@ -51,7 +52,13 @@ from contextful.storage.errors import CommitConflict, CommitOutcomeUnknown, Cont
 from contextful.storage.fence import current_fence, verify_current
 from contextful.storage.keys import check_keys
 from contextful.storage.lazy import lazy_module
-from contextful.storage.manifest import RunManifest, manifest_key, schema_from_text, schema_to_text
+from contextful.storage.manifest import (
+    RunManifest,
+    manifest_key,
+    place_manifest,
+    schema_from_text,
+    schema_to_text,
+)
 from contextful.storage.parts import part_key, split_table, write_part
 from contextful.storage.reach import check_reach
 from contextful.storage.reconcile import DowngradeEvent, conform, reconcile
@@ -353,8 +360,7 @@ class RunTransaction:
             arrived_schemas=tuple(self._arrived), cursor=self._cursor,
             downgrade_events=tuple(events), created_us=self.store.clock.now_us(), meta=self.meta,
         )
-        key = manifest_key(name, self.run_id)
-        self.store.objects.put_bytes(key, manifest.dumps(), durable=self.store.durable)
+        key, doc = place_manifest(self.store.objects, manifest, self.store.durable, self.store.inline_manifest_bytes)
         updates: list[Update] = []
         if self.kind == "replace":
             updates.append(RemoveAllParts())
@@ -373,7 +379,7 @@ class RunTransaction:
             table=name, run_id=self.run_id, kind=self.kind, manifest=key,
             requirements=(AssertTableUUID(self._uuid), AssertSchemaId(head.schema_id), AssertStaging(self.run_id),
                           *self._writers(), *self._extra_requirements),
-            updates=tuple(updates), rows=manifest.rows,
+            updates=tuple(updates), rows=manifest.rows, manifest_doc=doc,
         )
         return request, manifest, events
 

@@ -215,6 +215,11 @@ class Catalog(ABC):
     def commits(self, name: str) -> list[CommitRow]: ...
 
     @abstractmethod
+    def manifest_doc(self, name: str, run_id: str) -> str | None:
+        """The manifest JSON the commit of ``run_id`` on ``name`` kept in the catalog (None: it kept
+        none; its manifest, if any, is an object)."""
+
+    @abstractmethod
     def committed_us(self, name: str, commit_seq: int) -> int | None:
         """When the table's commit ``commit_seq`` landed (None: no such commit); one indexed row."""
 

@@ -92,6 +92,10 @@ DDL = (
         recorded_us BIGINT NOT NULL, flushed_seq BIGINT, PRIMARY KEY (run_id, phase))""",
     "CREATE INDEX IF NOT EXISTS cf_run_records_pending ON cf_run_records (flushed_seq)",
     "CREATE INDEX IF NOT EXISTS cf_commits_run ON cf_commits (table_name, run_id)",
+    # a small run's manifest, kept with its commit (storage.manifest); a catalog written before it
+    # gains the table empty, and its runs' manifests stay objects
+    """CREATE TABLE IF NOT EXISTS cf_manifests (
+        table_name TEXT NOT NULL, run_id TEXT NOT NULL, doc TEXT NOT NULL, PRIMARY KEY (table_name, run_id))""",
     """CREATE TABLE IF NOT EXISTS cf_staging (
         table_name TEXT NOT NULL, run_id TEXT NOT NULL, holder TEXT NOT NULL, started_us BIGINT NOT NULL,
         expires_us BIGINT NOT NULL, PRIMARY KEY (table_name, run_id))""",
@@ -208,7 +212,7 @@ class SqlCatalog(SqlDialect, Catalog):
             row = cur.fetchone()
             if row is None or row[0] != uuid or (at_seq is not None and row[1] != at_seq):
                 return False
-            for owned in ("cf_parts", "cf_commits", "cf_schemas", "cf_cursors", "cf_staging"):
+            for owned in ("cf_parts", "cf_commits", "cf_manifests", "cf_schemas", "cf_cursors", "cf_staging"):
                 cur.execute(f"DELETE FROM {owned} WHERE table_name = ?", (name,))
             cur.execute("DELETE FROM cf_tables WHERE name = ?", (name,))
             return True
@@ -307,6 +311,9 @@ class SqlCatalog(SqlDialect, Catalog):
                 (request.table, seq, request.run_id, request.kind, request.manifest, schema_ids[request.table],
                  committed_us, request.rows),
             )
+            if request.manifest_doc is not None:
+                cur.execute("INSERT INTO cf_manifests (table_name, run_id, doc) VALUES (?, ?, ?)",
+                            (request.table, request.run_id, request.manifest_doc))
             cur.execute("DELETE FROM cf_staging WHERE table_name = ? AND run_id = ?", (request.table, request.run_id))
             cur.execute(
                 "UPDATE cf_tables SET commit_seq = ?, schema_id = ?, last_commit_us = ?"
@@ -459,6 +466,10 @@ class SqlCatalog(SqlDialect, Catalog):
             (name,),
         )
         return [CommitRow(*r) for r in rows]
+
+    def manifest_doc(self, name: str, run_id: str) -> str | None:
+        rows = self._read("SELECT doc FROM cf_manifests WHERE table_name = ? AND run_id = ?", (name, run_id))
+        return str(rows[0][0]) if rows else None
 
     def committed_us(self, name: str, commit_seq: int) -> int | None:
         rows = self._read("SELECT committed_us FROM cf_commits WHERE table_name = ? AND commit_seq = ?",

@@ -1,6 +1,6 @@
 """The child process of ``test_crash``: commits numbered runs into a store until it is killed.
 
-    python -m tests.storage.crash_writer ROOT START [--stall EVENT:K] [--marker PATH]
+    python -m tests.storage.crash_writer ROOT START [--stall EVENT:K] [--marker PATH] [--manifest-objects]
 
 Operation ``n`` (from ``START`` on) is a pure function of ``n`` (:func:`operation`): an append of
 ``n``'s rows to ``events`` (no key), a replace of ``latest``, an append to ``keyed`` (primary key
@@ -16,7 +16,9 @@ same object/commit steps of the ``_runs`` flush prefixed ``runs-``). The last ev
 in ``--marker`` (a shared mapping, readable after a SIGKILL) so the parent can tell where a random
 kill landed; ``--stall EVENT:K`` prints ``STALL EVENT`` and sleeps at the K-th ``EVENT``, so the
 parent can kill at exactly that step. The hooks only observe: they wrap store methods and call
-through unchanged.
+through unchanged. A small run's manifest rides in its commit (``storage.manifest``), so it has no
+``manifest-*`` steps; ``--manifest-objects`` writes every manifest as an object of its own (as a
+large run's is), so a kill can land at those steps too.
 """
 
 from __future__ import annotations
@@ -182,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--stall")
     parser.add_argument("--marker")
+    parser.add_argument("--manifest-objects", action="store_true")
     args = parser.parse_args(argv)
 
     from contextful.storage import Store
@@ -194,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     # fold a numbered fold does, whose every crash step the trials cover.)
     set_policy(store, CompactionPolicy(enabled=False))
     store.runs.flush_rows = 1  # flush _runs after every run, so kills land inside the flush too
+    if args.manifest_objects:
+        store.inline_manifest_bytes = 0
     for name in TABLES:
         store.create_table(name, PRIMARY_KEYS[name])
     print("ready", flush=True)

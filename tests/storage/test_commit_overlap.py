@@ -1,5 +1,8 @@
 """A commit writes its manifest while its parts' fsyncs run, and still lands only durable parts.
 
+(A small run's manifest rides in its commit, ``storage.manifest``; these runs write every
+manifest as an object, as a large run's is, to watch that object's write.)
+
 The manifest needs only each part's counts, known once the part's bytes are written; its own
 write and fsync overlap the part's fsyncs on the writer pool. The catalog commit, the only thing
 that makes a part reachable, waits for every part's fsync and rename. A part whose fsync fails
@@ -23,6 +26,7 @@ from contextful.storage.errors import StagingFailed
 def open_store(root: Path) -> Store:
     store = Store.open(str(root))
     set_policy(store, CompactionPolicy(enabled=False))  # only the run's own commits below
+    store.inline_manifest_bytes = 0  # every manifest an object of its own
     return store
 
 

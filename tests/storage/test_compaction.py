@@ -233,8 +233,8 @@ def test_a_fold_losing_a_race_is_dropped_and_no_writer_fails(place: CatalogPlace
         a.append("t", pa.table({"n": [1]}))
         landed: list[int] = []
 
-        def rival_commits() -> None:  # the fold's manifest is written just before its commit
-            if any("/fold-" in o.key for o in a.objects.list("tables/t/runs/")):
+        def rival_commits() -> None:  # the fold's parts are written just before its commit
+            if any("/fold-" in o.key for o in a.objects.list("tables/t/parts/")):
                 hooks.before_write = None
                 table, data = b.table("t"), pa.table({"n": [100]})
                 landed.append((table.replace(data) if rival == "replace" else table.append(data)).commit_seq)

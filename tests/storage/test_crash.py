@@ -5,6 +5,8 @@ replaces of ``latest``, keyed appends to ``keyed``, and folds of all three — i
 the parent SIGKILLs it. Most trials kill after a random delay; some stall the child at one exact
 step (a part or manifest written but not renamed, written but not committed, inside the catalog
 transaction before COMMIT, after the commit but before the run record flush) and kill it there.
+Runs keep their manifests in their commits (small runs, ``storage.manifest``) except in the trials
+stalled at a manifest object's steps, whose child writes every manifest as an object.
 Every trial reopens the same store, so the state and the debris of earlier crashes accumulate.
 
 After each kill the parent checks, from the catalog alone, that every table — at its head and at
@@ -90,6 +92,8 @@ def run_child(root: Path, work: Path, start: int, stall: str | None, delay: floa
     cmd = [sys.executable, "-m", "tests.storage.crash_writer", str(root), str(start), "--marker", str(marker)]
     if stall:
         cmd += ["--stall", stall]
+    if stall and "manifest-" in stall:  # a manifest object's own steps (a small run's rides in its commit)
+        cmd += ["--manifest-objects"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     lines: list[str] = []
     ready, stalled = threading.Event(), threading.Event()

@@ -3,7 +3,6 @@ the PostgreSQL catalog, and an S3 root through s3fs (moto on loopback)."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pyarrow as pa
@@ -59,7 +58,7 @@ def test_manifest_holds_parts_schema_cursor_and_events(store: Store) -> None:
 def test_run_history_reads_downgrade_events_under_the_run_id(store: Store) -> None:
     store.append("events", pa.table({"n": pa.array([1], pa.int64())}))
     widened = store.append("events", pa.table({"n": pa.array([1.5], pa.float64())}))
-    doc = json.loads(store.objects.get_bytes(manifest_key("events", widened.run_id)))
+    doc = store.table("events").manifest(widened.run_id).to_json()
     assert doc["run_id"] == widened.run_id
     assert doc["parts"] and doc["downgrade_events"] == [
         {"table": "events", "path": "n", "source_type": "double", "landed_type": "double",

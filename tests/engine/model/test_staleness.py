@@ -95,7 +95,10 @@ def test_a_waiting_build_whose_manifest_was_collected_counts_as_old(
     between = build_models(store, manifest(tmp_path), ["m1"])[0]  # m2 has read neither this build ...
     build_models(store, manifest(tmp_path), ["m1"])  # ... nor this one, m1's published build
     assert stale(store, tmp_path)["m2"] == []  # both a minute old, under max_lag
-    store.objects.delete([manifest_key("m1", between.run_id)])  # retention collected its manifest
+    # retention collected its manifest: the object of a large run, the catalog row of a small one
+    store.objects.delete([k for k in [manifest_key("m1", between.run_id)] if store.objects.exists(k)])
+    store.catalog._write(lambda cur: cur.execute(  # type: ignore[attr-defined]
+        "DELETE FROM cf_manifests WHERE table_name = ? AND run_id = ?", ("m1", between.run_id)))
     assert stale(store, tmp_path)["m2"] == ["m1"]  # no age to read: it counts as older than max_lag
 
 
