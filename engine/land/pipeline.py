@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -38,12 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from contextful.engine.config.manifest import Manifest, PipelineSpec
-from contextful.engine.land.ahead import DecodeAhead
+from contextful.engine.land.ahead import DecodeAhead, LandAhead
 from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.csv_options import csv_options
 from contextful.engine.land.declaration import refuse_changed_declaration
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs, plan_replace
+from contextful.engine.land.input_landing import LandRequest, land_children, lands_in_children
 from contextful.engine.land.journal import PullJournal
 from contextful.engine.land.results import InputFailure, PipelineResult, Progress
 from contextful.engine.land.sink import LandingSink, load_staging
@@ -233,19 +235,42 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                                                   notes=said,
                                                   on_read=reading.on_read(item) if progress is not None else None))
 
-    ahead = decode_ahead(plan.pull[0]) if plan.pull else None
+    def land_ahead(item: InputFile) -> tuple[LandRequest, LandAhead]:
+        said = notes.setdefault(item.path, [])
+        request = sink.land_request(f"input {item.path}", store.objects)
+        on_read = reading.on_read(item) if progress is not None else None
+        return request, LandAhead(lambda abandon: decoder.land(
+            item.path, request, fmt, window=item.window(), csv=csv, notes=said, on_read=on_read, abandon=abandon))
+
+    children = land_children() if plan.pull and lands_in_children(store) else 0
+    ahead = decode_ahead(plan.pull[0]) if plan.pull and not children else None
+    landing: deque[tuple[LandRequest, LandAhead]] = deque(land_ahead(i) for i in plan.pull[:children])
     try:
         for done, item in enumerate(plan.pull):
             current = ahead
-            assert current is not None
-            # the next input decodes while this one is guarded and staged (engine.land.ahead)
-            ahead = decode_ahead(plan.pull[done + 1]) if done + 1 < len(plan.pull) else None
+            if not children:
+                assert current is not None
+                # the next input decodes while this one is guarded and staged (engine.land.ahead)
+                ahead = decode_ahead(plan.pull[done + 1]) if done + 1 < len(plan.pull) else None
             point = sink.savepoint()
             reading.begin(item)
+            report: dict[str, Any] | None = None
             try:
-                for chunk in coalesce(current.batches(), STAGE_ROWS):
-                    sink.stage(chunk, f"input {item.path}")
-                sink.flush()  # its rows meet the table's schema now, while a clash is still this input's
+                if children:  # its child landed it; the ones after it are landing meanwhile
+                    request, child = landing.popleft()
+                    if done + children < len(plan.pull):
+                        landing.append(land_ahead(plan.pull[done + children]))
+                    try:
+                        report = child.report()
+                        sink.adopt(request, report)
+                    except BaseException:
+                        sink.drop(request, report)  # none of it lands: its parts go, its lease ends
+                        raise
+                else:
+                    assert current is not None
+                    for chunk in coalesce(current.batches(), STAGE_ROWS):
+                        sink.stage(chunk, f"input {item.path}")
+                    sink.flush()  # its rows meet the table's schema now, while a clash is still this input's
             except (Incompatible, NotFound) as exc:  # this input alone fails, by name
                 reading.end(item)
                 failed = _failure(item, exc)
@@ -282,6 +307,8 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     finally:
         if ahead is not None:
             ahead.close()
+        for request, child in landing:  # inputs not taken (a failure, a replace run's first failed input)
+            sink.drop(request, child.close())
     first = result.failures[0] if result.failures else None  # an input failed: the run records it
     sink.abort(RunFailure(first.error, first.detail) if first is not None else None)
     result.tables = sink.results()
