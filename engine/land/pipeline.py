@@ -258,10 +258,12 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
             try:
                 if children:  # its child landed it; the ones after it are landing meanwhile
                     request, child = landing.popleft()
-                    if done + children < len(plan.pull):
-                        landing.append(land_ahead(plan.pull[done + children]))
                     try:
-                        report = child.report()
+                        try:
+                            report = child.report()
+                        finally:  # its child is done: the next input's starts
+                            if done + children < len(plan.pull):
+                                landing.append(land_ahead(plan.pull[done + children]))
                         sink.adopt(request, report)
                     except BaseException:
                         sink.drop(request, report)  # none of it lands: its parts go, its lease ends
