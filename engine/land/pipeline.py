@@ -11,8 +11,13 @@ One ``contextful pipeline run`` of a ``files`` pipeline:
    disposition, or is pulled whole under ``merge`` (its rows merge by key); under ``replace`` a run
    that finds any input new, changed or gone pulls every input (``engine.land.disposition``); a
    re-run with nothing new lands nothing;
-2. decode each remaining input in its own child (``engine.land.decode``: 60 s, 512 MiB), apply the
-   pull's ``types`` (``engine.land.typed``), and stage the batches into the run's transaction;
+2. decode each remaining input in its own child (``engine.land.decode``: 60 s, 512 MiB), which also
+   lands it (``engine.land.input_landing``: the pull's ``types``, the guard, normalization, Parquet
+   parts under a staging lease of the input's own), up to ``CONTEXTFUL_LAND_CHILDREN`` inputs at
+   once; the run takes them in input order and adopts each one's parts into its transactions
+   (``LandingSink.adopt``: names, schema reconcile and downgrade events). With
+   ``CONTEXTFUL_LAND_CHILDREN=0`` the child hands its batches back and the run stages them itself,
+   the next input decoding ahead (``engine.land.ahead``);
 3. an input that fails — parse-crashed, malformed, unreadable, or a value its table's column cannot
    take (``SchemaIrreconcilable``, checked before the next input starts) — fails by name alone:
    everything it staged is rolled back and it stays out of the cursor, so a re-run after the fix
