@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
     from contextful.engine.land.decode import Abandon
 
 _END = object()

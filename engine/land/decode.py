@@ -81,9 +81,8 @@ from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyarrow import ipc
-
     from contextful.engine.land.input_landing import LandRequest
+    from pyarrow import ipc
 else:
     pa = lazy_module("pyarrow")
     ipc = lazy_module("pyarrow.ipc")

@@ -113,10 +113,9 @@ from pyarrow import ipc
 
 if TYPE_CHECKING:  # the landing process imports this module for its constants; the server preloads these
     import fsspec
-
-    from contextful.engine.land.input_landing import InputLanding
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
+    from contextful.engine.land.input_landing import InputLanding
 else:
     fsspec = lazy_module("fsspec")
     pc = lazy_module("pyarrow.compute")
@@ -218,7 +217,7 @@ def _preload_for(request: dict[str, Any]) -> None:
     HTTP client for a page, fsspec for a remote input. Once imported here every later child shares
     it, and a run of local files never pays for either (their imports start a small run's clock)."""
     if request.get("kind") == "http":
-        import contextful.engine.land.http_fetch  # noqa: F401
+        import contextful.engine.land.http_fetch
     elif local_path(request["path"]) is None:
         preload(fsspec)
     land = request.get("land")

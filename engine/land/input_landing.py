@@ -43,7 +43,6 @@ from contextful.storage.manifest import schema_from_text, schema_to_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
     from contextful.engine.config.manifest import PipelineSpec
     from contextful.storage.objects import ObjectStore
     from contextful.storage.store import Store

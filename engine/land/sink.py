@@ -44,11 +44,11 @@ from contextful.engine.land.results import TableLanding
 from contextful.engine.land.typed import apply_types, read_types
 from contextful.storage import Store, Table
 from contextful.storage.commits import AssertStaging, Requirement
-from contextful.storage.manifest import schema_from_text
-from contextful.storage.staging import StagingLease
 from contextful.storage.keys import check_keys
 from contextful.storage.lazy import lazy_module
+from contextful.storage.manifest import schema_from_text
 from contextful.storage.run_record import RunFailure
+from contextful.storage.staging import StagingLease
 from contextful.storage.transaction import (
     CommitResult,
     RunTransaction,
@@ -59,7 +59,6 @@ from contextful.storage.transaction import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
     from contextful.engine.land.input_landing import LandRequest
     from contextful.storage.objects import ObjectStore
 else:
