@@ -217,15 +217,14 @@ def _preload_for(request: dict[str, Any]) -> None:
     HTTP client for a page, fsspec for a remote input. Once imported here every later child shares
     it, and a run of local files never pays for either (their imports start a small run's clock)."""
     if request.get("kind") == "http":
-        import contextful.engine.land.http_fetch
+        import contextful.engine.land.http_fetch  # noqa: F401
     elif local_path(request["path"]) is None:
         preload(fsspec)
     land = request.get("land")
     if land is not None:  # a landing child's chain (engine.land.input_landing): imported once, shared
-        from contextful.engine.land.sink import load_staging
+        from contextful.engine.land.input_landing import load_landing
 
-        load_staging(land.spec)
-        import contextful.storage.parts  # noqa: F401
+        load_landing(land.spec)
         if local_path(land.root) is None:
             preload(fsspec)
 

@@ -99,6 +99,14 @@ class LandRequest:
     tables: dict[str, TableSeed] = field(default_factory=dict)
 
 
+def load_landing(spec: PipelineSpec) -> None:
+    """Import what landing an input of ``spec`` needs (in the decoder's server, before it forks)."""
+    from contextful.engine.land.sink import load_staging
+
+    load_staging(spec)
+    import contextful.storage.parts  # noqa: F401
+
+
 class InputLanding:
     """Stages one input's tables as parts under its lease's run id (runs in the landing child)."""
 

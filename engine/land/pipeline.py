@@ -228,9 +228,11 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     csv = csv_options(spec.id, spec.source.config)[0]  # validated with the manifest
     notes: dict[str, list[str]] = {}  # per input: what its decode decided (a sniffed delimiter)
     pending = int(landed != stored)  # renames and old entries carried forward commit too
+    children = land_children() if plan.pull and lands_in_children(store) else 0
     if plan.pull:
         decoder.start()  # its imports and the ones below run side by side
-        load_staging(spec)
+        if not children:  # else the server imports the landing chain, once, for every child
+            load_staging(spec)
     reading = _Reading(spec.id, plan, started, progress)
     since_commit: list[str] = []  # the inputs the next commit lands: its runs' manifests name them
 
@@ -247,7 +249,6 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
         return request, LandAhead(lambda abandon: decoder.land(
             item.path, request, fmt, window=item.window(), csv=csv, notes=said, on_read=on_read, abandon=abandon))
 
-    children = land_children() if plan.pull and lands_in_children(store) else 0
     ahead = decode_ahead(plan.pull[0]) if plan.pull and not children else None
     landing: deque[tuple[LandRequest, LandAhead]] = deque(land_ahead(i) for i in plan.pull[:children])
     try:
