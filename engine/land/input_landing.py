@@ -97,6 +97,8 @@ class LandRequest:
     types: dict[str, pa.DataType]
     guard: bool
     tables: dict[str, TableSeed] = field(default_factory=dict)
+    group_rows: int = STAGE_ROWS
+    """Rows grouped into one staged table (:data:`STAGE_ROWS`; tests make it small)."""
 
 
 def load_landing(spec: PipelineSpec) -> None:
@@ -124,7 +126,7 @@ class InputLanding:
 
     def land(self, batches: Iterable[pa.RecordBatch]) -> None:
         """Group, prepare and stage every batch of the input, in order."""
-        for group in coalesce(iter(batches), STAGE_ROWS):
+        for group in coalesce(iter(batches), self.request.group_rows):
             self._stage(group)
 
     def _stage(self, group: pa.Table) -> None:

@@ -227,6 +227,7 @@ class LandingSink:
         run, under a staging lease of its own taken now on the root table (before any part exists).
         The lease is the caller's to :meth:`adopt` (the commit that lands the input ends it) or to
         :meth:`drop` (the input failed)."""
+        from contextful.engine.land import input_landing
         from contextful.engine.land.input_landing import LandRequest, TableSeed
 
         tables = {}
@@ -243,7 +244,7 @@ class LandingSink:
         self._landing[lease.run_id] = lease
         return LandRequest(spec=self.spec, root=objects.url, storage_options=objects.options,
                            durable=self.store.durable, run_id=lease.run_id, label=label, types=self.types,
-                           guard=self.guard, tables=tables)
+                           guard=self.guard, tables=tables, group_rows=input_landing.STAGE_ROWS)
 
     def adopt(self, request: LandRequest, report: dict[str, Any]) -> None:
         """Take what a child staged for one input (its :meth:`land_request`) into this sink's runs,
@@ -274,17 +275,28 @@ class LandingSink:
         self._leases.append(self._lease_of(request))
 
     def drop(self, request: LandRequest, report: dict[str, Any] | None = None) -> None:
-        """An input its child staged does not land: delete the parts its report names (a child
-        that failed removed its own) and end its lease (collection takes anything left)."""
+        """An input its child staged does not land: delete its parts (those its report names; with
+        no report, a child that failed or was killed, every part its lease's run id names) and end
+        its lease (collection takes anything left)."""
         from contextful.engine.land.input_landing import landed_parts
 
-        paths = list(landed_parts(report or {}))
+        paths = list(landed_parts(report)) if report is not None else self._parts_named(request.run_id)
         if paths:
             try:
                 self.store.objects.delete(paths)
             except OSError as exc:
                 log.warning("parts of %s left for collection: %s", request.label, exc)
         self._lease_of(request).end()
+
+    def _parts_named(self, run_id: str) -> list[str]:
+        """The part objects of run ``run_id`` on the pipeline's tables (its root and child tables)."""
+        from contextful.storage.collect import run_of
+        from contextful.storage.manifest import table_prefix
+
+        tables = [t for t in self.store.objects.children("tables")
+                  if t == self.spec.table or t.startswith(self.spec.table + "__")]
+        return [o.key for t in tables for o in self.store.objects.list(f"{table_prefix(t)}/parts")
+                if run_of(o.key) == run_id]
 
     def _lease_of(self, request: LandRequest) -> StagingLease:
         return self._landing.pop(request.run_id)

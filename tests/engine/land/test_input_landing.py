@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from contextful.engine.land.decode import Decoder
 from contextful.engine.land.input_landing import LandRequest
 from contextful.engine.run.units import run_pipelines
 from contextful.storage import Store
-from contextful.storage.errors import InputMalformed, SchemaIrreconcilable
+from contextful.storage.errors import InputMalformed, ParseCrashed, SchemaIrreconcilable
 
 MANIFEST = """
 [project]
@@ -202,3 +203,62 @@ def test_an_input_its_table_cannot_take_fails_alone_either_way(tmp_path: Path,
     assert by_children == landed(tmp_path, "0", monkeypatch, "nested", inputs)
     assert by_children["failures"] == [("b.ndjson", SchemaIrreconcilable.__name__)]
     assert len(by_children["ev"]["rows"]) == 100
+
+
+def test_a_child_failing_after_it_wrote_parts_removes_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups of 100 rows: the child has written parts for the root and its child table when it
+    meets the malformed line; none of them stays, and the other input lands."""
+    monkeypatch.setenv("CONTEXTFUL_LAND_CHILDREN", "2")
+    monkeypatch.setattr("contextful.engine.land.input_landing.STAGE_ROWS", 100)
+    root = project(tmp_path, "relational")
+    bad = write_input(root / "raw" / "a.ndjson", events(0, 450), tail="{not json\n")
+    write_input(root / "raw" / "b.ndjson", events(1000, 250))
+    manifest = load_manifest(root)
+    with Decoder(block_bytes=512) as decoder, Store.open(manifest.project.store) as store:
+        [result] = run_pipelines(store, manifest, decoder=decoder)
+        assert [f.input for f in result.failures] == [str(bad)]
+        assert store.table("ev").count() == 250 and unjoined(store) == 0
+        assert len(store.catalog.all_parts("ev")) == 3  # b's groups: 100, 100, 50 rows
+        assert part_paths(store) == live_paths(store)
+
+
+class KillingDecoder(Decoder):
+    """A real decoder that kills the first input's child once it has read into its input (its
+    first groups written), from the thread taking its progress."""
+
+    def land(self, path: str, land: LandRequest, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        told: Callable[[int, bool], None] | None = kwargs.get("on_read")
+        if os.path.basename(path) == "a.ndjson" and told is not None:
+            server = self.server_pid
+
+            def killing(offset: int, scanning: bool) -> None:
+                if offset > 40_000:
+                    for pid in children(server):
+                        os.killpg(pid, signal.SIGKILL)
+                told(offset, scanning)
+            kwargs["on_read"] = killing
+        return super().land(path, land, *args, **kwargs)
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_a_child_killed_mid_input_leaves_none_of_its_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child killed after it wrote parts (as at a bound) cannot remove them: the run does (every
+    part its lease names) and ends its lease; the input fails alone as ParseCrashed."""
+    monkeypatch.setenv("CONTEXTFUL_LAND_CHILDREN", "1")
+    monkeypatch.setattr("contextful.engine.land.input_landing.STAGE_ROWS", 100)
+    root = project(tmp_path, "relational")
+    bad = write_input(root / "raw" / "a.ndjson", events(0, 2000))
+    write_input(root / "raw" / "b.ndjson", events(5000, 120))
+    manifest = load_manifest(root)
+    with KillingDecoder(block_bytes=2048) as decoder, Store.open(manifest.project.store) as store:
+        [result] = run_pipelines(store, manifest, decoder=decoder, progress=lambda _: None)
+        assert [(f.input, f.error) for f in result.failures] == [(str(bad), ParseCrashed.__name__)]
+        assert store.table("ev").count() == 120
+        assert part_paths(store) == live_paths(store)
+        assert store.catalog.staging_runs("ev") == []
