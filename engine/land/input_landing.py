@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from contextful.engine.land.chunks import coalesce
+from contextful.storage.errors import StagingFailed
 from contextful.storage.lazy import lazy_module
 from contextful.storage.manifest import schema_from_text, schema_to_text
 
@@ -171,7 +172,10 @@ class InputLanding:
             self._index[name] = index + 1
             key = part_key(name, self.request.run_id, index)
             self._written.append(key)
-            part = write_part(self.objects, key, piece.to_batches(), rec.schema, durable=self.request.durable)
+            try:
+                part = write_part(self.objects, key, piece.to_batches(), rec.schema, durable=self.request.durable)
+            except OSError as exc:  # disk full, permissions, a lost connection: as a run's own part write
+                raise StagingFailed(name, self.request.run_id, key, exc.strerror or str(exc)) from exc
             parts.append({"path": part.path, "rows": part.rows, "bytes": part.bytes, "schema": written})
         return parts
 
