@@ -22,6 +22,8 @@ from contextful.engine.run.units import run_pipelines
 from contextful.storage import Store
 from contextful.storage.errors import InputMalformed, ParseCrashed, SchemaIrreconcilable
 
+from tests.engine.land.test_decode_ahead import children
+
 MANIFEST = """
 [project]
 name = "landing"
@@ -238,13 +240,6 @@ class KillingDecoder(Decoder):
                 told(offset, scanning)
             kwargs["on_read"] = killing
         return super().land(path, land, *args, **kwargs)
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
 
 
 def test_a_child_killed_mid_input_leaves_none_of_its_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
