@@ -231,3 +231,49 @@ def test_each_pass_reads_only_the_row_groups_that_can_hold_its_units(store: Stor
         joined = {u: a for b in selection.outstanding()
                   for u, a in zip(b.column("unit_ref").to_pylist(), b.column("attempts").to_pylist())}
         assert joined == outstanding
+
+
+landing = st.lists(st.tuples(st.integers(0, 30), st.booleans(), st.sampled_from(["passage", "ok", "failed", "stop"]),
+                             st.integers(1, 3)), min_size=1, max_size=8)
+
+
+@pytest.mark.clause("run.select.dry-run", "run.select.anti-join")
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.integers(0, 24), min_size=1, max_size=12), min_size=1, max_size=3),
+       st.lists(landing, max_size=4), st.integers(1, 6))
+def test_passes_by_range_count_join_and_stream_what_one_join_does(
+        tmp_path: Path, parents: list[list[int]], landings: list[Any], pass_units: int) -> None:
+    """Any parents (ids repeated, landed in runs in any order) and any history of output landings (a
+    passage, an ok marker, a failed one still retrying or one that stopped, under the unit's current
+    key or a stale one, units no parent names among them): a selection split into ranges of ids,
+    however many, counts, joins and streams exactly what one join over every unit does."""
+    with tempfile.TemporaryDirectory() as root, Store.open(root, clock=ManualClock(1_700_000_000_000_000)) as store:
+        for run in parents:
+            store.append("docs", pa.table({"id": [f"u{n:02d}" for n in run], "path": [_url(n) for n in run]}))
+        out = store.create_table("passages", ("unit_ref", "derivation_key", "cue_seq"), supersede=Supersede(("unit_ref",)))
+        for rows in landings:
+            cols: dict[str, list[object]] = {name: [] for name in OUTPUT.names}
+            for n, current, status, attempts in rows:
+                unit = f"u{n:02d}"
+                passage = status == "passage"
+                for name, value in zip(OUTPUT.names, (unit, _key(unit, _url(n)) if current else STALE,
+                                                      0 if passage else -1, "passage" if passage else "marker",
+                                                      "ok" if status in ("passage", "ok") else "failed",
+                                                      None if passage else status == "failed", attempts)):
+                    cols[name].append(value)
+            out.append(pa.table(cols, schema=OUTPUT))
+
+        def answers(**bounds: Any) -> tuple[int, SelectionCounts, dict[str, int], SelectionCounts, dict[str, int]]:
+            with _selection(store, tmp_path, **bounds) as selection:
+                counts = selection.counts()
+                streamed = {u: a for b in selection.outstanding()
+                            for u, a in zip(b.column("unit_ref").to_pylist(), b.column("attempts").to_pylist())}
+                joined = selection.units()
+                kept = {u: a for b in selection.outstanding()
+                        for u, a in zip(b.column("unit_ref").to_pylist(), b.column("attempts").to_pylist())}
+                return selection.passes, counts, streamed, joined, kept
+
+        passes, *parted = answers(pass_units=pass_units)
+        one, *whole = answers()
+        assert one == 1
+        assert parted == whole, (passes, parted, whole)
