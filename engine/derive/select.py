@@ -32,7 +32,7 @@ a larger one streams from DuckDB in batches of :data:`BATCH_ROWS` rows, one batc
 DuckDB's join state (the output's stored rows folded per primary key, the join to the parents' keys,
 the per-unit aggregate) grows with the units joined at once, so past :data:`PASS_UNITS` units (parent
 rows or stored output rows) the units are joined in passes, each over one range of unit ids: the
-ranges split at quantiles of a sample of the ids (the parent's and the output's, :meth:`Selection._bounds`),
+ranges split at quantiles of a sample of the ids (the parent's and the output's, :meth:`Selection._range_bounds`),
 so each holds about as many units, and a pass's scans skip every row group whose ids (Parquet's
 min/max statistics) lie outside its range: ids landed in order, as sequential ids land, are read
 about once over all the passes, not once a pass. Ids of a type other than text or an integer split
@@ -251,7 +251,7 @@ class Selection:
         [(bounds,)] = self.con.execute(
             f"SELECT quantile_disc(u, [{fractions}]) FROM (SELECT u FROM ({ids}) "
             f"USING SAMPLE reservoir({SAMPLE_PER_PASS * self.passes} ROWS) REPEATABLE (0))").fetchall()
-        if bounds is None or any(b is None or (text and "\x00" in b) for b in bounds):
+        if bounds is None or any(b is None or (text and "\x00" in b) for b in bounds):  # no SQL literal holds a NUL
             return None
         return [sql_literal(b) if text else str(int(b)) for b in bounds]
 
