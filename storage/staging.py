@@ -22,12 +22,13 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from contextful.storage.errors import StagingLeaseLost
 from contextful.storage.holders import default_holder
 
 if TYPE_CHECKING:
+    from contextful.storage.catalog import TableHead
     from contextful.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,14 @@ class StagingLease:
     """Taken at construction and held by the process's keeper; :meth:`renew` as the run stages;
     :meth:`end` when it gives up, :meth:`release` once its commit ended it."""
 
-    def __init__(self, store: Store, table: str, run_id: str, lease_s: float = STAGING_LEASE_S) -> None:
+    head: TableHead | None = None
+    """The table's head, read in the transaction that took a run's lease (``run=True``)."""
+
+    def __init__(self, store: Store, table: str, run_id: str, lease_s: float = STAGING_LEASE_S, *,
+                 run: bool = False, plan: dict[str, Any] | None = None) -> None:
+        """Take the lease. ``run``: it opens a run on an existing table (``Catalog.open_run``, one
+        round trip): the head read with it is kept as :attr:`head`, and ``plan``, the run's plan row
+        (``storage.run_record``), is written with it; TableNotFound takes nothing."""
         self.store = store
         self.table = table
         self.run_id = run_id
@@ -55,7 +63,10 @@ class StagingLease:
         """Collection ended the lease: the run may stage and commit nothing more."""
         self._released = False
         now = store.clock.now_us()
-        store.catalog.begin_staging(table, run_id, self.holder, now, self._lease_us)
+        if run:
+            self.head = store.catalog.open_run(table, run_id, self.holder, now, self._lease_us, plan)
+        else:
+            store.catalog.begin_staging(table, run_id, self.holder, now, self._lease_us)
         self.expires_us = now + self._lease_us
         self._keeper = staging_keeper()
         self._keeper.hold(self)
