@@ -132,11 +132,16 @@ class StagingKeeper:
         ref = weakref.ref(lease, lambda _ref: self._dead.append(key))
         with self._cond:
             self._purge()
-            self._held[key] = (ref, time.monotonic() + lease.lease_s / 2)
+            due = time.monotonic() + lease.lease_s / 2
+            earliest = min((at for _ref, at in self._held.values()), default=None)
+            self._held[key] = (ref, due)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="staging-keeper", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif earliest is None or due < earliest:
+                # the thread sleeps until the earliest renewal it knew of (no later than any held
+                # one's): woken only when this one is due sooner, not once per run
+                self._cond.notify()
 
     def drop(self, lease: StagingLease) -> None:
         self._forget(id(lease))
