@@ -116,7 +116,8 @@ class StagingKeeper:
 
     Leases are held by weak reference: a run dropped without commit or abort (its process going
     on) stops being renewed, and its lease lapses as after a crash. The thread sleeps on wall time
-    until the earliest lease's renewal, woken early when a shorter lease is held; a renewal that
+    until the earliest lease's renewal (at most :data:`RENEWAL_RETRY_S` while it holds none), woken
+    early only when a lease due before then is held, so a run's opening wakes no thread; a renewal that
     fails for a passing reason is tried again after :data:`RENEWAL_RETRY_S`, and one finding its
     lease ended marks it lost (the run's next stage or commit fails by name).
     """
@@ -126,6 +127,9 @@ class StagingKeeper:
         self._dead: list[int] = []  # leases collected meanwhile (a weakref callback only appends)
         self._held: dict[int, tuple[weakref.ref[StagingLease], float]] = {}  # id -> (lease, wall due)
         self._thread: threading.Thread | None = None
+        self._wake_at = 0.0
+        """When the thread's sleep ends (monotonic; past while it is awake: it reads the held leases
+        again before it sleeps)."""
 
     def hold(self, lease: StagingLease) -> None:
         key = id(lease)
@@ -133,14 +137,11 @@ class StagingKeeper:
         with self._cond:
             self._purge()
             due = time.monotonic() + lease.lease_s / 2
-            earliest = min((at for _ref, at in self._held.values()), default=None)
             self._held[key] = (ref, due)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="staging-keeper", daemon=True)
                 self._thread.start()
-            elif earliest is None or due < earliest:
-                # the thread sleeps until the earliest renewal it knew of (no later than any held
-                # one's): woken only when this one is due sooner, not once per run
+            elif due < self._wake_at:  # woken only for a lease due before it wakes anyway, not per run
                 self._cond.notify()
 
     def drop(self, lease: StagingLease) -> None:
@@ -177,8 +178,8 @@ class StagingKeeper:
                 now = time.monotonic()
                 due = [ref() for ref, at in self._held.values() if at <= now]
                 if not due:
-                    wait = min((at for _ref, at in self._held.values()), default=now + 3600.0) - now
-                    self._cond.wait(wait)
+                    self._wake_at = min((at for _ref, at in self._held.values()), default=now + RENEWAL_RETRY_S)
+                    self._cond.wait(self._wake_at - now)
                     continue
             self._renew([lease for lease in due if lease is not None])
 
