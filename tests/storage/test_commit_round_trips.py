@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from contextful.storage import ManualClock, Store
+from contextful.storage import ManualClock
 from contextful.storage.compaction import CompactionPolicy, set_policy
 from contextful.storage.errors import CommitConflict, TableNotFound
 
