@@ -137,14 +137,10 @@ class RunRecord:
     # --- writing --------------------------------------------------------------------------------
 
     def plan(self, run_id: str, table: str, kind: str) -> None:
-        payload = self.planned(kind)
-        self.store.catalog.record_run(run_id, "plan", table, payload, payload["recorded_us"])
-
-    def planned(self, kind: str) -> dict[str, Any]:
-        """The plan row's payload of a run of ``kind`` opening now (a run's opening writes it with its
-        staging lease, ``Catalog.open_run``)."""
+        now = self.store.clock.now_us()
         self.wrote = True
-        return {"kind": kind, "status": "planned", "recorded_us": self.store.clock.now_us()}
+        payload = {"kind": kind, "status": "planned", "recorded_us": now}
+        self.store.catalog.record_run(run_id, "plan", table, payload, now)
 
     def fail(self, run_id: str, table: str, kind: str, failure: RunFailure) -> None:
         """The fail row of a run given up on ``failure`` (it landed nothing); a failure to write it is

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from contextful.storage.errors import StagingLeaseLost
 from contextful.storage.holders import default_holder
@@ -49,10 +49,9 @@ class StagingLease:
     """The table's head, read in the transaction that took a run's lease (``run=True``)."""
 
     def __init__(self, store: Store, table: str, run_id: str, lease_s: float = STAGING_LEASE_S, *,
-                 run: bool = False, plan: dict[str, Any] | None = None) -> None:
+                 run: bool = False) -> None:
         """Take the lease. ``run``: it opens a run on an existing table (``Catalog.open_run``, one
-        round trip): the head read with it is kept as :attr:`head`, and ``plan``, the run's plan row
-        (``storage.run_record``), is written with it; TableNotFound takes nothing."""
+        round trip): the head read with it is kept as :attr:`head`; TableNotFound takes nothing."""
         self.store = store
         self.table = table
         self.run_id = run_id
@@ -64,7 +63,7 @@ class StagingLease:
         self._released = False
         now = store.clock.now_us()
         if run:
-            self.head = store.catalog.open_run(table, run_id, self.holder, now, self._lease_us, plan)
+            self.head = store.catalog.open_run(table, run_id, self.holder, now, self._lease_us)
         else:
             store.catalog.begin_staging(table, run_id, self.holder, now, self._lease_us)
         self.expires_us = now + self._lease_us

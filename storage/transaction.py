@@ -153,11 +153,9 @@ class RunTransaction:
         self.kind = kind
         self.run_id = run_id or new_run_id()
         self.meta = dict(meta or {})
-        self._recorded = record and table.name not in RESERVED_TABLES  # record=False: no _runs rows
         # Known to the catalog before the first part exists, so collection never takes its parts; the
-        # head and the plan row are read and written in the same catalog transaction.
-        self._lease = StagingLease(self.store, table.name, self.run_id, run=True,
-                                   plan=self.store.runs.planned(kind) if self._recorded else None)
+        # head is read in the same catalog transaction.
+        self._lease = StagingLease(self.store, table.name, self.run_id, run=True)
         assert self._lease.head is not None
         head = table.head = self._lease.head
         self._uuid = head.uuid
@@ -178,6 +176,9 @@ class RunTransaction:
         self._extra_updates: tuple[Update, ...] = ()
         self._done = False
         self._outcome_unknown = False
+        self._recorded = record and table.name not in RESERVED_TABLES  # record=False: no _runs rows
+        if self._recorded:
+            self.store.runs.plan(self.run_id, table.name, kind)
 
     # --- staging --------------------------------------------------------------------------------
 

@@ -260,13 +260,10 @@ class Catalog(ABC):
         """Register ``run_id`` as staging parts of table ``name`` (before its first part is written)."""
 
     @abstractmethod
-    def open_run(self, name: str, run_id: str, holder: str, now_us: int, lease_us: int,
-                 plan: dict[str, Any] | None = None) -> TableHead:
-        """Open a run on table ``name`` in one transaction: read its head, take the run's staging
-        lease (as :meth:`begin_staging`) and, given ``plan``, write its plan row (as
-        :meth:`record_run`, phase ``plan``, at its ``recorded_us``). A table that does not exist raises
-        TableNotFound and nothing is written. One round trip where three were (a one-row commit's
-        opening, ``bench/README.md``)."""
+    def open_run(self, name: str, run_id: str, holder: str, now_us: int, lease_us: int) -> TableHead:
+        """Open a run on table ``name`` in one transaction: read its head and take the run's staging
+        lease (as :meth:`begin_staging`). A table that does not exist raises TableNotFound and takes
+        nothing. One round trip where two were (a one-row commit's opening, ``bench/README.md``)."""
 
     @abstractmethod
     def renew_staging(self, name: str, run_id: str, expires_us: int) -> bool:

@@ -422,8 +422,14 @@ class SqlCatalog(SqlDialect, Catalog):
                     (table, update.scope, json.dumps(update.value), seq),
                 )
             elif isinstance(update, RecordRun):
-                _put_record(cur, update.run_id, update.phase, update.table, dict(update.payload, commit_seq=seq),
-                            int(update.payload.get("recorded_us", 0)))
+                payload = dict(update.payload, commit_seq=seq)
+                cur.execute(
+                    "INSERT INTO cf_run_records (run_id, phase, table_name, payload, recorded_us, flushed_seq)"
+                    " VALUES (?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, phase) DO UPDATE SET"
+                    " payload = excluded.payload, recorded_us = excluded.recorded_us, flushed_seq = NULL",
+                    (update.run_id, update.phase, update.table, json.dumps(payload),
+                     int(update.payload.get("recorded_us", 0))),
+                )
             elif isinstance(update, MarkRecordsFlushed):
                 # a flushed row leaves the cache: ``_runs`` holds it from this commit on
                 if update.payloads:
@@ -511,19 +517,16 @@ class SqlCatalog(SqlDialect, Catalog):
         self._write(lambda cur: _take_staging(cur, name, run_id, holder, now_us, lease_us),
                     durable=False, rerun_unheard=True)
 
-    def open_run(self, name: str, run_id: str, holder: str, now_us: int, lease_us: int,
-                 plan: dict[str, Any] | None = None) -> TableHead:
+    def open_run(self, name: str, run_id: str, holder: str, now_us: int, lease_us: int) -> TableHead:
         def open_(cur: _Cursor) -> TableHead:
             cur.execute(_SELECT_HEADS.format(pin=_PIN_HEAD) + " WHERE t.name = ?", (name,))
             row = cur.fetchone()
             if row is None:
-                raise TableNotFound(name)  # rolls back: nothing of the run is written
+                raise TableNotFound(name)  # rolls back: no lease is taken
             _take_staging(cur, name, run_id, holder, now_us, lease_us)
-            if plan is not None:
-                _put_record(cur, run_id, "plan", name, plan, int(plan.get("recorded_us", now_us)))
             return _head(row[:-1])
 
-        # not flushed on its own, as begin_staging's and record_run's writes (SqlCatalog._begin_write)
+        # not flushed on its own, as begin_staging's write (SqlCatalog._begin_write)
         return self._write(open_, durable=False, rerun_unheard=True)
 
     def renew_staging(self, name: str, run_id: str, expires_us: int) -> bool:
@@ -598,8 +601,12 @@ class SqlCatalog(SqlDialect, Catalog):
     # --- the run-record cache -------------------------------------------------------------------
 
     def record_run(self, run_id: str, phase: str, table: str, payload: dict[str, Any], now_us: int) -> None:
-        self._write(lambda cur: _put_record(cur, run_id, phase, table, payload, now_us),
-                    durable=False, rerun_unheard=True)
+        self._write(lambda cur: cur.execute(
+            "INSERT INTO cf_run_records (run_id, phase, table_name, payload, recorded_us, flushed_seq)"
+            " VALUES (?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, phase) DO UPDATE SET"
+            " payload = excluded.payload, recorded_us = excluded.recorded_us, flushed_seq = NULL",
+            (run_id, phase, table, json.dumps(payload), now_us),
+        ), durable=False, rerun_unheard=True)
 
     def pending_run_records(self, limit: int) -> list[RunRecordRow]:
         rows = self._read(
@@ -723,14 +730,6 @@ def _take_staging(cur: _Cursor, name: str, run_id: str, holder: str, now_us: int
                 " ON CONFLICT (table_name, run_id) DO UPDATE SET holder = excluded.holder,"
                 " expires_us = excluded.expires_us",
                 (name, run_id, holder, now_us, now_us + lease_us))
-
-
-def _put_record(cur: _Cursor, run_id: str, phase: str, table: str, payload: dict[str, Any], recorded_us: int) -> None:
-    """Write a run record to the cache, pending a flush (a row of the same run and phase is replaced)."""
-    cur.execute("INSERT INTO cf_run_records (run_id, phase, table_name, payload, recorded_us, flushed_seq)"
-                " VALUES (?, ?, ?, ?, ?, NULL) ON CONFLICT (run_id, phase) DO UPDATE SET"
-                " payload = excluded.payload, recorded_us = excluded.recorded_us, flushed_seq = NULL",
-                (run_id, phase, table, json.dumps(payload), recorded_us))
 
 
 def _record(row: tuple[Any, ...]) -> RunRecordRow:

@@ -4,12 +4,12 @@
 On SQLite and on the real PostgreSQL, through hooked catalogs that see every read statement and
 every write transaction the catalog's own paths make (``tests.storage.hooked_catalog``):
 
-- a run opens in one write transaction: its head is read, its staging lease taken and its plan row
-  written together, before anything is staged; opening on a table that does not exist writes none of
-  them;
-- a one-row append to a table that already has commits makes two write transactions (the opening
-  and the commit) and reads nothing the commit does not need: no head read before the commit when
-  nothing moved, no snapshot for a compaction check that finds nothing due.
+- a run's opening reads its table's head in the write transaction that takes its staging lease (no
+  read of its own), then writes its plan row, before anything is staged; opening on a table that
+  does not exist takes no lease and writes no plan row;
+- a one-row append to a table that already has commits makes three write transactions (the
+  opening, the plan row, the commit) and reads nothing the commit does not need: no head read before
+  the commit when nothing moved, no snapshot for a compaction check that finds nothing due.
 
 With the head read once, at the opening, a run commits at that head; what moved since is caught by
 the commit's requirements, on every store (local, PostgreSQL catalog, S3 root): a schema another
@@ -61,14 +61,15 @@ def reads(trips: list[tuple[str, str]]) -> list[str]:
 
 
 @pytest.mark.clause("run.record.reserved-table")
-def test_a_run_opens_in_one_catalog_write_holding_its_lease_and_plan_row(place: CatalogPlace) -> None:
+def test_a_run_reads_its_head_in_the_write_that_takes_its_lease_then_writes_its_plan_row(
+        place: CatalogPlace) -> None:
     trips = Trips()
     store = place.store(ManualClock(), trips.hooks())
     try:
         table = store.create_table("t")
         trips.take()
         txn = table.transaction()
-        assert trips.take() == [("write", "")]  # the head, the lease and the plan row: one transaction
+        assert trips.take() == [("write", ""), ("write", "")]  # the head with the lease; the plan row
         assert [row.run_id for row in store.catalog.staging_runs("t")] == [txn.run_id]
         planned = store.runs.select("SELECT run_id, phase, status FROM __cf_history").to_pylist()
         assert planned == [{"run_id": txn.run_id, "phase": "plan", "status": "planned"}]
@@ -86,7 +87,7 @@ def test_a_run_opens_in_one_catalog_write_holding_its_lease_and_plan_row(place: 
         store.close()
 
 
-def test_a_one_row_append_to_a_warm_table_makes_two_catalog_writes_and_no_needless_read(
+def test_a_one_row_append_to_a_warm_table_makes_three_catalog_writes_and_no_needless_read(
         place: CatalogPlace) -> None:
     trips = Trips()
     store = place.store(ManualClock(), trips.hooks())
@@ -99,7 +100,7 @@ def test_a_one_row_append_to_a_warm_table_makes_two_catalog_writes_and_no_needle
         seen = trips.take()
         live = store.catalog.live_parts("t", store.table("t").head.commit_seq)
         assert len(live) == 4 and store.table("t").commits()[-1].kind == "append"  # a check, no fold due
-        assert writes(seen) == 2, seen  # the run's opening and its commit
+        assert writes(seen) == 3, seen  # the run's opening, its plan row and its commit
         # the head before the append (is the table there), after its commit (the handle's), the run
         # records awaiting a flush, the compaction policy and the live parts it decides on
         assert len(reads(seen)) == 5, reads(seen)
