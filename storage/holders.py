@@ -117,9 +117,8 @@ _identities: dict[int, tuple[str, int, int]] = {}
 
 def _identity(pid: int) -> tuple[str, int, int] | None:
     """This process's (boot id, PID-namespace inode, start ticks), read from ``/proc`` once per pid
-    (a forked child has a pid of its own; none of the three changes while a process lives). Every
-    run's staging lease asks for it, and the reads cost a tenth of a one-row commit. An answer
-    ``/proc`` could not give is asked again next time."""
+    (a forked child has a pid of its own; none of the three changes while a process lives): every
+    run's staging lease asks for it. An answer ``/proc`` could not give is asked again next time."""
     known = _identities.get(pid)
     if known is None:
         here, started = _namespace(), _start_ticks(pid)
