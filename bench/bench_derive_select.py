@@ -23,7 +23,7 @@ interpreter and imports included; its time is the work alone), interleaved (ours
   probe imports no pandas) with ``duckdb`` imported before the clock starts, as the raw side's is: builds the
   tier, pins the tables, attaches their snapshots (the output's with its key merge and supersede
   rule), counts eligible / derived / outstanding / retiring in one query per pass (past
-  ``engine.derive.select.PASS_UNITS`` units, one pass per ``hash(unit_ref) % passes``);
+  ``engine.derive.select.PASS_UNITS`` units, one pass per range of unit ids split at sampled quantiles);
 - raw: a plain ``duckdb.connect()`` running the same anti-join over ``read_parquet`` of the same
   part files: the key by the same ``sha256`` expression (``keys.key_sql``), the output's settled
   (unit_ref, derivation_key) pairs, a LEFT JOIN and two counts. No key merge, no supersede rule.

@@ -177,9 +177,12 @@ def compact(store: Store, table: Table, policy: CompactionPolicy) -> FoldResult 
     parts = store.catalog.live_parts(table.name, head.commit_seq)
     if len(parts) < policy.fanout or not head.commit_seq:
         return None
-    snap = table.snapshot_at(head.commit_seq)
-    group = due_group(list(snap.parts), policy, fold_boundary(snap))
-    return fold_snapshot(store, table, snap, [group]) if group else None
+    # decided on the parts alone (a snapshot's reads, its schema among them, only when one is due):
+    # they are the parts the snapshot at that commit reads, and its order_by is the one in force there
+    group = due_group(parts, policy, fold_boundary(head.order_by_at(head.commit_seq), head.order_by_seq))
+    if not group:
+        return None
+    return fold_snapshot(store, table, table.snapshot_at(head.commit_seq), [group])
 
 
 def compact_after_commit(store: Store, tables: Iterable[Table]) -> None:

@@ -168,13 +168,13 @@ def fold_table(store: Store, name: str, *, small_bytes: int = SMALL_PART_BYTES, 
     snap = table.snapshot()
     if snap.schema is None:
         return None
-    groups = fold_groups(list(snap.parts), small_bytes, min_parts, fold_boundary(snap))
+    groups = fold_groups(list(snap.parts), small_bytes, min_parts, fold_boundary(snap.order_by, snap.order_by_seq))
     return fold_snapshot(store, table, snap, groups, progress)
 
 
-def fold_boundary(snap: Snapshot) -> int:
-    """The commit no fold run may span: the ``order_by`` declaration's (0: none)."""
-    return snap.order_by_seq if snap.order_by is not None else 0
+def fold_boundary(order_by: str | None, order_by_seq: int) -> int:
+    """The commit no fold run may span: the declaration's of ``order_by`` in force (0: none)."""
+    return order_by_seq if order_by is not None else 0
 
 
 @dataclass

@@ -106,10 +106,26 @@ def default_holder() -> str:
     (the older ``host:pid:suffix`` form where ``/proc`` cannot say more: never provably dead)."""
     pid = os.getpid()
     holder = Holder(socket.gethostname(), pid, uuid.uuid4().hex[:8])
-    here, started = _namespace(), _start_ticks(pid)
-    if here is None or started is None:
+    identity = _identity(pid)
+    if identity is None:
         return str(holder)
-    return str(dataclasses.replace(holder, boot_id=here[0], pid_ns=here[1], start_ticks=started))
+    return str(dataclasses.replace(holder, boot_id=identity[0], pid_ns=identity[1], start_ticks=identity[2]))
+
+
+_identities: dict[int, tuple[str, int, int]] = {}
+
+
+def _identity(pid: int) -> tuple[str, int, int] | None:
+    """This process's (boot id, PID-namespace inode, start ticks), read from ``/proc`` once per pid
+    (a forked child has a pid of its own; none of the three changes while a process lives): every
+    run's staging lease asks for it. An answer ``/proc`` could not give is asked again next time."""
+    known = _identities.get(pid)
+    if known is None:
+        here, started = _namespace(), _start_ticks(pid)
+        if here is None or started is None:
+            return None
+        known = _identities[pid] = (here[0], here[1], started)
+    return known
 
 
 def holder_is_dead(holder: str | None) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,10 @@ def schema_to_text(schema: pa.Schema) -> str:
     return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
 
 
+@functools.lru_cache(maxsize=64)
 def schema_from_text(text: str) -> pa.Schema:
+    """The schema ``text`` holds; kept for its next reader (a schema is immutable, and every run
+    opening on a table reads its head's)."""
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 

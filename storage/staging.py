@@ -28,6 +28,7 @@ from contextful.storage.errors import StagingLeaseLost
 from contextful.storage.holders import default_holder
 
 if TYPE_CHECKING:
+    from contextful.storage.catalog import TableHead
     from contextful.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,13 @@ class StagingLease:
     """Taken at construction and held by the process's keeper; :meth:`renew` as the run stages;
     :meth:`end` when it gives up, :meth:`release` once its commit ended it."""
 
-    def __init__(self, store: Store, table: str, run_id: str, lease_s: float = STAGING_LEASE_S) -> None:
+    head: TableHead | None = None
+    """The table's head, read in the transaction that took a run's lease (``run=True``)."""
+
+    def __init__(self, store: Store, table: str, run_id: str, lease_s: float = STAGING_LEASE_S, *,
+                 run: bool = False) -> None:
+        """Take the lease. ``run``: it opens a run on an existing table (``Catalog.open_run``, one
+        round trip): the head read with it is kept as :attr:`head`; TableNotFound takes nothing."""
         self.store = store
         self.table = table
         self.run_id = run_id
@@ -55,7 +62,10 @@ class StagingLease:
         """Collection ended the lease: the run may stage and commit nothing more."""
         self._released = False
         now = store.clock.now_us()
-        store.catalog.begin_staging(table, run_id, self.holder, now, self._lease_us)
+        if run:
+            self.head = store.catalog.open_run(table, run_id, self.holder, now, self._lease_us)
+        else:
+            store.catalog.begin_staging(table, run_id, self.holder, now, self._lease_us)
         self.expires_us = now + self._lease_us
         self._keeper = staging_keeper()
         self._keeper.hold(self)
@@ -105,7 +115,8 @@ class StagingKeeper:
 
     Leases are held by weak reference: a run dropped without commit or abort (its process going
     on) stops being renewed, and its lease lapses as after a crash. The thread sleeps on wall time
-    until the earliest lease's renewal, woken early when a shorter lease is held; a renewal that
+    until the earliest lease's renewal (at most :data:`RENEWAL_RETRY_S` while it holds none), woken
+    early only when a lease due before then is held, so a run's opening wakes no thread; a renewal that
     fails for a passing reason is tried again after :data:`RENEWAL_RETRY_S`, and one finding its
     lease ended marks it lost (the run's next stage or commit fails by name).
     """
@@ -115,17 +126,22 @@ class StagingKeeper:
         self._dead: list[int] = []  # leases collected meanwhile (a weakref callback only appends)
         self._held: dict[int, tuple[weakref.ref[StagingLease], float]] = {}  # id -> (lease, wall due)
         self._thread: threading.Thread | None = None
+        self._wake_at = 0.0
+        """When the thread's sleep ends (monotonic; past while it is awake: it reads the held leases
+        again before it sleeps)."""
 
     def hold(self, lease: StagingLease) -> None:
         key = id(lease)
         ref = weakref.ref(lease, lambda _ref: self._dead.append(key))
         with self._cond:
             self._purge()
-            self._held[key] = (ref, time.monotonic() + lease.lease_s / 2)
+            due = time.monotonic() + lease.lease_s / 2
+            self._held[key] = (ref, due)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="staging-keeper", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif due < self._wake_at:  # woken only for a lease due before it wakes anyway, not per run
+                self._cond.notify()
 
     def drop(self, lease: StagingLease) -> None:
         self._forget(id(lease))
@@ -161,8 +177,8 @@ class StagingKeeper:
                 now = time.monotonic()
                 due = [ref() for ref, at in self._held.values() if at <= now]
                 if not due:
-                    wait = min((at for _ref, at in self._held.values()), default=now + 3600.0) - now
-                    self._cond.wait(wait)
+                    self._wake_at = min((at for _ref, at in self._held.values()), default=now + RENEWAL_RETRY_S)
+                    self._cond.wait(self._wake_at - now)
                     continue
             self._renew([lease for lease in due if lease is not None])
 

@@ -225,14 +225,13 @@ class Table:
             if part.collected_us is not None:
                 raise SnapshotCollected(self.name, seq, part.path)
         head = self.head
-        in_force = head.order_by is not None and seq >= head.order_by_seq
         follows = head.follows if head.follows is not None and seq >= head.follows_seq else None
         return Snapshot(
             table=self.name,
             commit_seq=seq,
             schema=schema,
             primary_key=self.primary_key,
-            order_by=head.order_by if in_force else None,
+            order_by=head.order_by_at(seq),
             order_by_seq=head.order_by_seq,
             parts=tuple(parts),
             uris=tuple(self.store.objects.uri(p.path) for p in parts),

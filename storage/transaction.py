@@ -153,7 +153,11 @@ class RunTransaction:
         self.kind = kind
         self.run_id = run_id or new_run_id()
         self.meta = dict(meta or {})
-        head = table.refresh()
+        # Known to the catalog before the first part exists, so collection never takes its parts; the
+        # head is read in the same catalog transaction.
+        self._lease = StagingLease(self.store, table.name, self.run_id, run=True)
+        assert self._lease.head is not None
+        head = table.head = self._lease.head
         self._uuid = head.uuid
         self._base_schema_id = head.schema_id
         self._order_by = head.order_by if head.primary_key else None  # guarded as keys are (storage.reconcile)
@@ -173,8 +177,6 @@ class RunTransaction:
         self._done = False
         self._outcome_unknown = False
         self._recorded = record and table.name not in RESERVED_TABLES  # record=False: no _runs rows
-        # Known to the catalog before the first part exists, so collection never takes its parts.
-        self._lease = StagingLease(self.store, table.name, self.run_id)
         if self._recorded:
             self.store.runs.plan(self.run_id, table.name, kind)
 
@@ -377,10 +379,12 @@ class RunTransaction:
         self._extra_requirements += requirements
         self._extra_updates += updates
 
-    def _request(self) -> tuple[CommitRequest, RunManifest, list[DowngradeEvent]]:
-        """The commit landing the run at the table's head as it is now; its manifest is written."""
+    def _request(self, refresh: bool) -> tuple[CommitRequest, RunManifest, list[DowngradeEvent]]:
+        """The commit landing the run at the table's head; its manifest is written. ``refresh``: read
+        the head first; else the head this handle last read (the run's opening at the latest), which
+        the commit's requirements check (a schema moved since: AssertSchemaId, and a retry reads it)."""
         name = self.table.name
-        head = self.table.refresh()
+        head = self.table.refresh() if refresh else self.table.head
         if head.uuid != self._uuid:
             raise CommitConflict(name, f"table uuid is {head.uuid}, not {self._uuid}")
         landed, events = self._landed_against(head.schema_id, head.schema)
@@ -395,8 +399,8 @@ class RunTransaction:
         updates: list[Update] = []
         if self.kind == "replace":
             updates.append(RemoveAllParts())
-        if len(landed) and schema_to_text(landed) != head.schema:
-            updates.append(SetSchema(schema_to_text(landed)))
+        if len(landed) and manifest.landed_schema != head.schema:
+            updates.append(SetSchema(manifest.landed_schema))
         if parts:
             updates.append(AddParts(tuple(
                 PartFile(p.path, p.rows, p.bytes, ord_idx=i, exact_schema=written.equals(landed))
@@ -508,10 +512,11 @@ def commit_together(transactions: Sequence[RunTransaction]) -> list[CommitResult
         raise ValueError("runs committed together must be on one store")
     for txn in transactions:
         txn._check_open()
-    for _attempt in range(MAX_COMMIT_ATTEMPTS):
+    for attempt in range(MAX_COMMIT_ATTEMPTS):
         # Each manifest is written while its parts' fsyncs may still run; all of them finish
-        # before the commit that makes the parts reachable.
-        built = [txn._request() for txn in transactions]
+        # before the commit that makes the parts reachable. The first attempt lands at the heads
+        # the runs opened at (no read when nothing moved); a retry reads them.
+        built = [txn._request(refresh=attempt > 0) for txn in transactions]
         for txn in transactions:
             txn._settle()
         try:

@@ -31,9 +31,13 @@ Memory: a parent table of at most :data:`IN_MEMORY_ROWS` rows is selected in mem
 a larger one streams from DuckDB in batches of :data:`BATCH_ROWS` rows, one batch held at a time.
 DuckDB's join state (the output's stored rows folded per primary key, the join to the parents' keys,
 the per-unit aggregate) grows with the units joined at once, so past :data:`PASS_UNITS` units (parent
-rows or stored output rows) the units are joined in passes, each over the units whose id hashes to
-it (``hash(unit_ref) % passes``): every row of a unit, parent or output, falls in the same pass, so
-the passes' results add up to the one join's, and the state of one pass holds about
+rows or stored output rows) the units are joined in passes, each over one range of unit ids: the
+ranges split at quantiles of a sample of the ids (the parent's and the output's, :meth:`Selection._range_bounds`),
+so each holds about as many units, and a pass's scans skip every row group whose ids (Parquet's
+min/max statistics) lie outside its range: ids landed in order, as sequential ids land, are read
+about once over all the passes, not once a pass. Ids of a type other than text or an integer split
+by hash instead (``hash(unit_ref) % passes``). Every row of a unit, parent or output, falls in the
+same pass, so the passes' results add up to the one join's, and the state of one pass holds about
 :data:`PASS_UNITS` units whatever the archive's size. :data:`MEMORY_LIMIT` bounds it besides (DuckDB
 spills past it to a temporary directory). Bench: bench/bench_derive_select.py, bench/README.md
 "Derive selection".
@@ -64,7 +68,10 @@ BATCH_ROWS = 1_000_000
 MEMORY_LIMIT = "1250MB"
 PASS_UNITS = 1_000_000
 """Units (parent rows or stored output rows, the larger) one pass of the selection joins at most
-(about: the passes split by a hash of the unit id): 1,000,000 units join in ~350 MiB."""
+(about: the passes split at sampled quantiles of the unit ids): 1,000,000 units join in ~350 MiB."""
+SAMPLE_PER_PASS = 1_000
+"""Unit ids sampled per pass to place the passes' range bounds (a pass's share is then within a few
+percent of the others')."""
 
 
 @dataclass(frozen=True)
@@ -153,11 +160,14 @@ class Selection:
         self.streams = parent_rows > in_memory_rows
         """Whether the parent scan streams in batches (more than ``in_memory_rows`` rows)."""
         self.passes = _passes(parent_rows, parent_schema, config.parent_id_column, self._output, pass_units)
-        """How many passes join the units (one per ``hash(unit_ref) % passes``; 1: one join)."""
+        """How many passes join the units (one per range of unit ids, :meth:`_part`; 1: one join)."""
+        self._bounds: list[str] | None = None  # the passes' range bounds as SQL literals (None: hash passes)
         if self.empty:
             return
         self._parent_columns = [row[0] for row in self.con.execute(
             f"DESCRIBE SELECT * FROM {quote('__derive_' + config.source_table)}").fetchall()]
+        if self.passes > 1 and parent_schema is not None:
+            self._bounds = self._range_bounds(parent_schema.field(config.parent_id_column).type)
         self._copy_joins()
         if task is None:
             self._register_media_digests()
@@ -225,10 +235,38 @@ class Selection:
         return (f"SELECT {select}, {key} AS derivation_key FROM {parent} AS p{joins} WHERE {self._unit_filter()}"
                 + (f" AND {of_part}" if of_part else ""))
 
+    def _range_bounds(self, id_type: pa.DataType) -> list[str] | None:
+        """The ``passes - 1`` ids splitting the units into the passes' ranges, as SQL literals: quantiles
+        of a sample of the parent's unit ids and the output's stored ``unit_ref`` (so orphans weigh
+        too). None (hash passes) for ids neither text nor an integer, whose literal would stand for a
+        value of another type, or when the sample yields no bound."""
+        text = pa.types.is_string(id_type) or pa.types.is_large_string(id_type) or pa.types.is_string_view(id_type)
+        if not (text or pa.types.is_integer(id_type)):
+            return None
+        ids = (f"SELECT p.{quote(self.config.parent_id_column)} AS u FROM "
+               f"{quote('__derive_' + self.config.source_table)} AS p WHERE {self._unit_filter()}")
+        if self._output is not None:
+            ids += f" UNION ALL SELECT unit_ref FROM ({stored_rows_sql(self._output, 'unit_ref', 'unit_ref IS NOT NULL')})"
+        fractions = ", ".join(repr(i / self.passes) for i in range(1, self.passes))
+        [(bounds,)] = self.con.execute(
+            f"SELECT quantile_disc(u, [{fractions}]) FROM (SELECT u FROM ({ids}) "
+            f"USING SAMPLE reservoir({SAMPLE_PER_PASS * self.passes} ROWS) REPEATABLE (0))").fetchall()
+        if bounds is None or any(b is None or (text and "\x00" in b) for b in bounds):  # no SQL literal holds a NUL
+            return None
+        return [sql_literal(b) if text else str(int(b)) for b in bounds]
+
     def _part(self, unit: str, part: int | None) -> str | None:
         """The predicate keeping pass ``part``'s units of the SQL expression ``unit`` (a unit id of the
-        parent's or the output's, the same type: :func:`_passes`); None: every unit."""
-        return f"hash({unit}) % {self.passes} = {part}" if part is not None and self.passes > 1 else None
+        parent's or the output's, the same type: :func:`_passes`): its range of ids, from the bound
+        below it (inclusive) to the one above (exclusive), the first and last open-ended; or, with no
+        range bounds, the units whose id hashes to it. None: every unit."""
+        if part is None or self.passes <= 1:
+            return None
+        if self._bounds is None:
+            return f"hash({unit}) % {self.passes} = {part}"
+        below = [f"{unit} >= {self._bounds[part - 1]}"] if part > 0 else []
+        above = [f"{unit} < {self._bounds[part]}"] if part < self.passes - 1 else []
+        return " AND ".join(below + above)
 
     def _unit_filter(self) -> str:
         """Which parent rows (``p``) are units: those with an id, and of a derive parent its passages."""

@@ -53,6 +53,10 @@ class TableHead:
     """What its creator declared of the table beside its merge (``("normalize", "relational")``,
     sorted by name), kept as declared; the engine compares a manifest with it (``engine.land.declaration``)."""
 
+    def order_by_at(self, commit_seq: int) -> str | None:
+        """The ``order_by`` in force at ``commit_seq`` (None: none was declared by then)."""
+        return self.order_by if self.order_by is not None and commit_seq >= self.order_by_seq else None
+
 
 @dataclass(frozen=True)
 class PinnedHead:
@@ -254,6 +258,12 @@ class Catalog(ABC):
     @abstractmethod
     def begin_staging(self, name: str, run_id: str, holder: str, now_us: int, lease_us: int) -> None:
         """Register ``run_id`` as staging parts of table ``name`` (before its first part is written)."""
+
+    @abstractmethod
+    def open_run(self, name: str, run_id: str, holder: str, now_us: int, lease_us: int) -> TableHead:
+        """Open a run on table ``name`` in one transaction: read its head and take the run's staging
+        lease (as :meth:`begin_staging`). A table that does not exist raises TableNotFound and takes
+        nothing. One round trip where two were (a one-row commit's opening, ``bench/README.md``)."""
 
     @abstractmethod
     def renew_staging(self, name: str, run_id: str, expires_us: int) -> bool:

@@ -514,11 +514,20 @@ class SqlCatalog(SqlDialect, Catalog):
     # --- runs staging ---------------------------------------------------------------------------
 
     def begin_staging(self, name: str, run_id: str, holder: str, now_us: int, lease_us: int) -> None:
-        self._write(lambda cur: cur.execute(
-            "INSERT INTO cf_staging (table_name, run_id, holder, started_us, expires_us) VALUES (?, ?, ?, ?, ?)"
-            " ON CONFLICT (table_name, run_id) DO UPDATE SET holder = excluded.holder,"
-            " expires_us = excluded.expires_us",
-            (name, run_id, holder, now_us, now_us + lease_us)), durable=False, rerun_unheard=True)
+        self._write(lambda cur: _take_staging(cur, name, run_id, holder, now_us, lease_us),
+                    durable=False, rerun_unheard=True)
+
+    def open_run(self, name: str, run_id: str, holder: str, now_us: int, lease_us: int) -> TableHead:
+        def open_(cur: _Cursor) -> TableHead:
+            cur.execute(_SELECT_HEADS.format(pin=_PIN_HEAD) + " WHERE t.name = ?", (name,))
+            row = cur.fetchone()
+            if row is None:
+                raise TableNotFound(name)  # rolls back: no lease is taken
+            _take_staging(cur, name, run_id, holder, now_us, lease_us)
+            return _head(row[:-1])
+
+        # not flushed on its own, as begin_staging's write (SqlCatalog._begin_write)
+        return self._write(open_, durable=False, rerun_unheard=True)
 
     def renew_staging(self, name: str, run_id: str, expires_us: int) -> bool:
         def renew(cur: _Cursor) -> bool:
@@ -713,6 +722,14 @@ class _Merge:
                    None if rule is None else Supersede.from_json(rule),
                    None if follows is None else Follows.from_json(follows), int(doc.get("follows_seq", 0)),
                    tuple(sorted(doc.get("declared", {}).items())))
+
+
+def _take_staging(cur: _Cursor, name: str, run_id: str, holder: str, now_us: int, lease_us: int) -> None:
+    """Register ``run_id`` as staging on ``name`` until ``now_us + lease_us`` (a second take renews it)."""
+    cur.execute("INSERT INTO cf_staging (table_name, run_id, holder, started_us, expires_us) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (table_name, run_id) DO UPDATE SET holder = excluded.holder,"
+                " expires_us = excluded.expires_us",
+                (name, run_id, holder, now_us, now_us + lease_us))
 
 
 def _record(row: tuple[Any, ...]) -> RunRecordRow:

@@ -8,6 +8,7 @@ filesystem without locks) lets a second writer in, and the catalog refuses to op
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import time
@@ -49,9 +50,10 @@ class SqliteCatalog(SqlCatalog):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         super().__init__()
 
-    @property
+    @functools.cached_property
     def journal_location(self) -> str | None:
-        # the journal store beside this catalog opens the same file (storage.journal.sqlite)
+        # the journal store beside this catalog opens the same file (storage.journal.sqlite); resolved
+        # once: every commit compares its fences' journals with it
         return None if self.path.startswith("file:") else f"sqlite:{os.path.realpath(self.path)}"
 
     def _open(self, timeout: float) -> sqlite3.Connection:

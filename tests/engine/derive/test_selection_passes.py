@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -149,3 +150,130 @@ def test_the_passes_settle_and_count_what_one_join_does_on_any_history(ops: list
             whole = settled(None)
             assert set().union(*(settled(p) for p in parts)) == whole, (ops, passes)
             assert tuple(map(sum, zip(*(counts(p) for p in parts)))) == counts(None), (ops, passes)
+
+
+class _Profiled:
+    """A selection's DuckDB connection that sums, over every query it finishes, what DuckDB's own
+    counters say its scans read: the row groups scanned and the row groups their files hold."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.scanned = 0
+        self.groups: list[int] = []
+        con.execute("PRAGMA enable_profiling = 'no_output'")
+        con.execute("SET profiling_mode = 'detailed'")
+
+    def execute(self, sql: str) -> _Profiled:
+        self.con.execute(sql)
+        return self
+
+    def fetchall(self) -> list[Any]:
+        rows = self.con.fetchall()
+        scans = list(_scans(json.loads(self.con.get_profiling_information(format="json"))))
+        self.scanned += sum(int(s.get("row_groups_scanned", 0)) for s in scans)
+        self.groups.append(sum(int(s.get("total_row_groups_to_scan", 0)) for s in scans))
+        return rows
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.con, name)
+
+
+def _scans(node: dict[str, Any]) -> Any:
+    if node.get("type") == "TABLE_SCAN":
+        yield node
+    for child in node.get("children", node.get("operator", [])):
+        yield from _scans(child)
+
+
+@pytest.mark.clause("run.select.dry-run", "run.select.anti-join")
+@pytest.mark.parametrize("order", ["ids in order", "ids shuffled"])
+def test_each_pass_reads_only_the_row_groups_that_can_hold_its_units(store: Store, tmp_path: Path, order: str) -> None:
+    """Parents landed in four runs and their output in four more, past the pass bound (four passes):
+    with ids landed in order (sequential ids, as most sources land them) the passes together read
+    each row group about once — a pass skips every group whose id range holds none of its units, by
+    DuckDB's own counters — where a pass per hash of the id reads every group each pass; in any
+    order the counts, the joined units and the outstanding stream are exact (a Python oracle)."""
+    runs, per_run = 4, 3_000
+    numbers = list(range(runs * per_run))
+    if order == "ids shuffled":
+        random.Random(7).shuffle(numbers)
+    out = store.create_table("passages", ("unit_ref", "derivation_key", "cue_seq"), supersede=Supersede(("unit_ref",)))
+    outstanding: dict[str, int] = {}
+    for run in range(runs):
+        chunk = numbers[run * per_run:(run + 1) * per_run]
+        ids = [f"u{n:06d}" for n in chunk]
+        store.append("docs", pa.table({"id": ids, "path": [_url(n) for n in chunk]}))
+        rows: dict[str, list[object]] = {name: [] for name in OUTPUT.names}
+        for n, unit in zip(chunk, ids):
+            marker = n % 3 == 0  # a failed marker still retrying: outstanding, its attempts carried
+            for name, value in zip(OUTPUT.names, (unit, _key(unit, _url(n)), -1 if marker else 0,
+                                                  "marker" if marker else "passage", "failed" if marker else "ok",
+                                                  True if marker else None, 1 + n % 2)):
+                rows[name].append(value)
+            if marker:
+                outstanding[unit] = 1 + n % 2
+        out.append(pa.table(rows, schema=OUTPUT))
+    eligible, settled = runs * per_run, runs * per_run - len(outstanding)
+    with _selection(store, tmp_path, pass_units=per_run) as selection:
+        assert selection.passes == runs
+        profiled = _Profiled(selection.con)
+        selection.con = profiled  # type: ignore[assignment]
+        assert selection.counts() == SelectionCounts(eligible, settled, len(outstanding), 0)
+        groups = max(profiled.groups)
+        assert groups >= 2 * runs  # every run landed a part of its own in each table: nothing to prune otherwise
+        if order == "ids in order":
+            # each pass's id range crosses at most one boundary between two runs' groups in each table
+            assert profiled.scanned <= groups + 2 * (runs - 1), (profiled.scanned, groups)
+        streamed = {u: a for b in selection.outstanding()
+                    for u, a in zip(b.column("unit_ref").to_pylist(), b.column("attempts").to_pylist())}
+        assert streamed == outstanding
+        assert selection.units() == SelectionCounts(eligible, settled, len(outstanding))
+        joined = {u: a for b in selection.outstanding()
+                  for u, a in zip(b.column("unit_ref").to_pylist(), b.column("attempts").to_pylist())}
+        assert joined == outstanding
+
+
+landing = st.lists(st.tuples(st.integers(0, 30), st.booleans(), st.sampled_from(["passage", "ok", "failed", "stop"]),
+                             st.integers(1, 3)), min_size=1, max_size=8)
+
+
+@pytest.mark.clause("run.select.dry-run", "run.select.anti-join")
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.integers(0, 24), min_size=1, max_size=12), min_size=1, max_size=3),
+       st.lists(landing, max_size=4), st.integers(1, 6))
+def test_passes_by_range_count_join_and_stream_what_one_join_does(
+        tmp_path: Path, parents: list[list[int]], landings: list[Any], pass_units: int) -> None:
+    """Any parents (ids repeated, landed in runs in any order) and any history of output landings (a
+    passage, an ok marker, a failed one still retrying or one that stopped, under the unit's current
+    key or a stale one, units no parent names among them): a selection split into ranges of ids,
+    however many, counts, joins and streams exactly what one join over every unit does."""
+    with tempfile.TemporaryDirectory() as root, Store.open(root, clock=ManualClock(1_700_000_000_000_000)) as store:
+        for run in parents:
+            store.append("docs", pa.table({"id": [f"u{n:02d}" for n in run], "path": [_url(n) for n in run]}))
+        out = store.create_table("passages", ("unit_ref", "derivation_key", "cue_seq"), supersede=Supersede(("unit_ref",)))
+        for rows in landings:
+            cols: dict[str, list[object]] = {name: [] for name in OUTPUT.names}
+            for n, current, status, attempts in rows:
+                unit = f"u{n:02d}"
+                passage = status == "passage"
+                for name, value in zip(OUTPUT.names, (unit, _key(unit, _url(n)) if current else STALE,
+                                                      0 if passage else -1, "passage" if passage else "marker",
+                                                      "ok" if status in ("passage", "ok") else "failed",
+                                                      None if passage else status == "failed", attempts)):
+                    cols[name].append(value)
+            out.append(pa.table(cols, schema=OUTPUT))
+
+        def answers(**bounds: Any) -> tuple[int, SelectionCounts, dict[str, int], SelectionCounts, dict[str, int]]:
+            with _selection(store, tmp_path, **bounds) as selection:
+                counts = selection.counts()
+                streamed = {u: a for b in selection.outstanding()
+                            for u, a in zip(b.column("unit_ref").to_pylist(), b.column("attempts").to_pylist())}
+                joined = selection.units()
+                kept = {u: a for b in selection.outstanding()
+                        for u, a in zip(b.column("unit_ref").to_pylist(), b.column("attempts").to_pylist())}
+                return selection.passes, counts, streamed, joined, kept
+
+        passes, *parted = answers(pass_units=pass_units)
+        one, *whole = answers()
+        assert one == 1
+        assert parted == whole, (passes, parted, whole)
