@@ -34,8 +34,9 @@ types; the open IPC stream ends before one, and the next batch starts a segment 
 schema), then ``b"E"`` + 4-byte length + a JSON trailer (``{"ok": true}`` or ``{"error": kind, ...}``).
 
 Decoding. NDJSON, JSON documents and CSV are read in blocks of about ``READ_BYTES`` (the request's
-``block_bytes``) that end at a record boundary (a record longer than that grows its block, up to
-the memory bound; the input's last block takes everything left, a last line without its newline
+``block_bytes``; a CSV input of up to ``HOLD_BLOCKS`` blocks is held whole and parsed at once, by
+``engine.land.decode_csv``) that end at a record boundary (a record longer than that grows its
+block, up to the memory bound; the input's last block takes everything left, a last line without its newline
 included). Each block is parsed by pyarrow, ``PARSING`` blocks at a time on worker threads while
 the next is read, and a writer thread sends the tables on. No text is read as a guessed type
 (decision "values land as they arrived"): JSON strings pyarrow types as timestamps are read again
