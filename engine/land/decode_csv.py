@@ -42,6 +42,7 @@ HOLD_BLOCKS = 16
 """A CSV input of up to this many blocks is held whole and parsed at once (:func:`_csv_whole`)."""
 SAMPLE_BYTES = 64 << 10
 """The head of a CSV input whose text and temporal columns are read as text from the start (:func:`_head_text`)."""
+_CHUNK_MIN = 1 << 20  # pyarrow's default block: a test's small decoder blocks do not slow a held parse
 _TRUE = ("true", "True", "TRUE")
 _FALSE = ("false", "False", "FALSE")
 """The booleans an undeclared column reads: 0 and 1 are numbers there (pyarrow's reader reads them as
@@ -76,7 +77,7 @@ def _csv_tables(request: dict[str, Any], block: int, notes: list[str],
     dialect = _dialect(request, head, notes)
     if held.size <= SNIFF_BYTES and not head.strip():  # nothing but blanks: no record, as in blocks
         return
-    table = _csv_whole(held, dialect, declared)
+    table = _csv_whole(held, dialect, declared, block)
     if table is not None:
         yield table
     else:
@@ -107,7 +108,8 @@ def _held(request: dict[str, Any], hold: int, report: _Report | None) -> pa.Buff
     return buffer[:filled]
 
 
-def _csv_whole(data: pa.Buffer, dialect: _Dialect, declared: dict[str, pa.DataType]) -> pa.Table | None:
+def _csv_whole(data: pa.Buffer, dialect: _Dialect, declared: dict[str, pa.DataType],
+               block: int) -> pa.Table | None:
     """All of a held input parsed at once by pyarrow's multithreaded reader, which types each column
     by the whole input (the first of its kinds that reads every field: a later block's text makes
     the column text, and the blocks before it are converted again); None where the blocks decide:
@@ -115,17 +117,19 @@ def _csv_whole(data: pa.Buffer, dialect: _Dialect, declared: dict[str, pa.DataTy
 
     The columns the head (:func:`_head_text`) guesses text or temporal are read as text from the
     start: the whole input's kind for them is that or a later one, text either way. A column that
-    guesses a temporal kind only past the head is parsed again, as text.
+    guesses a temporal kind only past the head is parsed again, as text. pyarrow's blocks are the
+    decoder's (at least ``_CHUNK_MIN``), so the table's chunks are what a read in blocks gives.
     """
+    chunk = max(block, _CHUNK_MIN)
     text = _head_text(data, dialect, declared)
     fixed = _csv_declared(declared)
     try:
-        table = _CsvBlocks(dialect, None, declared, guess=True).parse(data, text, threads=True)
+        table = _CsvBlocks(dialect, None, declared, guess=True).parse(data, text, chunk=chunk)
         guessed = [f for f in table.schema if f.name not in fixed]
         if any(pa.types.is_binary(f.type) for f in guessed):
             return None
         if late := {f.name: pa.string() for f in guessed if pa.types.is_temporal(f.type)}:
-            table = _CsvBlocks(dialect, None, declared, guess=True).parse(data, {**text, **late}, threads=True)
+            table = _CsvBlocks(dialect, None, declared, guess=True).parse(data, {**text, **late}, chunk=chunk)
     except (_Malformed, pa.ArrowInvalid):
         return None
     return table
@@ -339,11 +343,11 @@ class _CsvBlocks:
         return self.parse(bytes(view), self._convert)  # parsing CSV costs far more than this copy
 
     def parse(self, block: bytes | pa.Buffer, convert: pcsv.ConvertOptions | dict[str, pa.DataType], *,
-              threads: bool = False) -> pa.Table:
+              chunk: int | None = None) -> pa.Table:
         """``block`` (the first holding the header) as a table; ``convert`` as options, or the types to
-        read (:meth:`typed`). With ``threads``, pyarrow's reader splits it in blocks of its own and
-        parses them on its threads, typing each column by all of them (a refused record is then not
-        located: the threads may meet a later one first)."""
+        read (:meth:`typed`). Parsed as one pyarrow block on this thread, or with a ``chunk`` size by
+        pyarrow's reader in blocks of that size on its threads, typing each column by all of them (a
+        refused record is then not located: the threads may meet a later one first)."""
         if isinstance(convert, dict):
             convert = self.typed(convert)
         refused: list[str] = []
@@ -355,13 +359,13 @@ class _CsvBlocks:
         try:
             table = pcsv.read_csv(
                 pa.BufferReader(block),
-                read_options=pcsv.ReadOptions(column_names=self._names, use_threads=threads,
-                                              **({} if threads else {"block_size": min(len(block) + 1, _MAX_BLOCK)})),
+                read_options=pcsv.ReadOptions(column_names=self._names, use_threads=chunk is not None,
+                                              block_size=min(chunk or len(block) + 1, _MAX_BLOCK)),
                 parse_options=self._dialect.parse_options(block, invalid_row_handler=refuse),
                 convert_options=convert)
         except pa.ArrowInvalid as exc:
             raise _Malformed(self._dialect.hint(first_line(exc).removeprefix("CSV parse error: ")),
-                             offset=_row_offset(block, refused[0]) if refused and not threads else None) from exc
+                             offset=_row_offset(block, refused[0]) if refused and chunk is None else None) from exc
         table = self._exact(block, table, self._names)  # names None: the block holds the header
         if self._names is None:
             self._names = table.column_names
