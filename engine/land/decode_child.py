@@ -34,17 +34,17 @@ types; the open IPC stream ends before one, and the next batch starts a segment 
 schema), then ``b"E"`` + 4-byte length + a JSON trailer (``{"ok": true}`` or ``{"error": kind, ...}``).
 
 Decoding. NDJSON, JSON documents and CSV are read in blocks of about ``READ_BYTES`` (the request's
-``block_bytes``) that end at a record boundary (a record longer than that grows its block, up to
-the memory bound; the input's last block takes everything left, a last line without its newline
+``block_bytes``; a CSV input of up to ``HOLD_BLOCKS`` blocks is held whole and parsed at once, by
+``engine.land.decode_csv``) that end at a record boundary (a record longer than that grows its
+block, up to the memory bound; the input's last block takes everything left, a last line without its newline
 included). Each block is parsed by pyarrow, ``PARSING`` blocks at a time on worker threads while
 the next is read, and a writer thread sends the tables on. No text is read as a guessed type
 (decision "values land as they arrived"): JSON strings pyarrow types as timestamps are read again
-as strings (:class:`_JsonBlocks`); a CSV input's columns take the types of the whole input (each
-block's guess, temporal guesses as text, merged), decided in one reading whose tables are held to
-its end (:class:`_CsvOnePass`) or, past ``HOLD_BLOCKS`` blocks, in a first reading of their own
-(:func:`_csv_types`) before the second (:class:`_CsvBlocks`). JSON blocks otherwise type their values
-on their own: the first non-empty block fixes the
-stream's schema; a later block that fits it (missing columns, a null or narrower type) is cast to
+as strings (:class:`_JsonBlocks`); a CSV input's columns take the types of the whole input
+(``engine.land.decode_csv``). The input's bytes come from ``engine.land.decode_source``, its
+blocks from ``engine.land.decode_blocks``, and blocks' types merge by ``engine.land.decode_schema``.
+JSON blocks otherwise type their values on their own: the first non-empty block fixes the stream's
+schema; a later block that fits it (missing columns, a null or narrower type) is cast to
 it, and a block that does not (a new column, int meeting float or string) starts a new IPC segment
 whose schema widens the last one: columns keep their order and new ones follow, int and float widen
 to float64 (to text where an integer beyond 2**53 arrived), int and decimal(38, 0) to decimal(38, 0),
@@ -62,10 +62,7 @@ reading the input again up to the record (only a failing input pays).
 from __future__ import annotations
 
 import base64
-import codecs
 import ctypes
-import dataclasses
-import functools
 import gc
 import io
 import json
@@ -76,35 +73,30 @@ import re
 import select
 import signal
 import socket
-import stat
 import sys
 import threading
 import time
 import traceback
-from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pcsv
 import pyarrow.json as pjson
-from contextful.engine.land.csv_options import SNIFF_BYTES, sniff_delimiter
+from contextful.engine.land.decode_blocks import _MAX_BLOCK, _LastNewline, _records
+from contextful.engine.land.decode_csv import _csv_tables
+from contextful.engine.land.decode_schema import _temporal_as_text, merged_schema
+from contextful.engine.land.decode_source import _line_at, _Malformed, _open, _reader, _Report, _rereadable
 from contextful.engine.land.decode_wire import (
     READ,
     READ_BYTES,
     SEGMENT,
     TRAILER,
     local_path,
-    split_compression,
 )
 from contextful.engine.land.json_numbers import (
     exact_numbers,
-    literal_type,
-    lost_columns,
-    wide_integer,
     wide_integer_paths,
 )
 from contextful.storage.errors import ContextfulError, first_line
@@ -121,16 +113,9 @@ else:
     pc = lazy_module("pyarrow.compute")
     pq = lazy_module("pyarrow.parquet")
 
-PARSING = min(4, max(2, os.cpu_count() or 2))
-"""Blocks parsing at once, one thread each: a decode uses up to 4 cores and a bounded memory."""
-HOLD_BLOCKS = 16
-"""A CSV input of up to this many blocks is read once, its tables held until its end shows the types."""
-SAMPLE_BYTES = 64 << 10
-"""The head of a CSV input whose guessed types its first block reads with (:class:`_CsvOnePass`)."""
 WATCH_S = 0.01
 """How often the server checks its children's deadlines and resident memory."""
 
-_MAX_BLOCK = (1 << 31) - 1  # pyarrow's block sizes are 32-bit
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
 
@@ -304,20 +289,6 @@ def _child(request: dict[str, Any], data_fd: int, inherited: list[int], server: 
 # --- one input -----------------------------------------------------------------------------------
 
 
-class _Malformed(Exception):
-    """The input is not the format it claims. ``offset`` locates the record in its block, ``at`` in
-    the (decompressed) input; the line is counted from ``at`` once, when the error is reported."""
-
-    def __init__(self, reason: str, *, offset: int | None = None, at: int | None = None,
-                 line: int | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.offset = offset
-        self.at = at
-        self.line = line
-        """The 1-based line, when the reader that found it knew it (``at`` is counted otherwise)."""
-
-
 def decode_input(request: dict[str, Any], data_fd: int) -> None:
     """Decode one input to ``data_fd`` as IPC segments and a trailer (runs in the child)."""
     sink = _Sink(data_fd, request["batch_rows"])
@@ -399,11 +370,6 @@ def _fetch(request: dict[str, Any], sink: _Sink) -> dict[str, Any]:
         return {"error": "crash", "reason": f"{type(exc).__name__}: {first_line(exc)}"}
 
 
-_Report = Callable[[int, bool], None]
-"""Told the input's bytes read so far after each read, and whether the reading is a CSV's first
-(:func:`_csv_types`); the sink sends it on as a progress frame."""
-
-
 def _tables(request: dict[str, Any], notes: list[str] | None = None,
             report: _Report | None = None) -> Iterator[pa.Table]:
     """The input's tables; what the decode decided on its own (a sniffed delimiter) goes to ``notes``."""
@@ -422,313 +388,6 @@ def _tables(request: dict[str, Any], notes: list[str] | None = None,
         raise ValueError(f"format {fmt!r}")
 
 
-def _csv_tables(request: dict[str, Any], block: int, notes: list[str],
-                report: _Report | None = None) -> Iterator[pa.Table]:
-    """A CSV input's tables, each column of one type for the whole input: the merge of every block's
-    guess, temporal guesses as text (an input read only once, a FIFO, lands every undeclared column
-    as text rather than guess a type per block).
-
-    An input of up to ``csv_hold_bytes`` (default ``HOLD_BLOCKS`` blocks) is read once
-    (:class:`_CsvOnePass`: its tables are held until its end shows the types); a larger one is read
-    twice, the first time for the types (:func:`_csv_types`), so memory stays bounded. The input's
-    dialect (``engine.land.csv_options``) is read from its head first: a sniffed delimiter other than
-    the name's default goes to ``notes``.
-    """
-    path = request["path"]
-    declared = request.get("declared") or {}
-    hold = request.get("csv_hold_bytes", HOLD_BLOCKS * block)
-    rereadable = _rereadable(path)
-    size = None
-    if rereadable:
-        local, window = local_path(path), request.get("window")
-        size = (window[1] - window[0] if window else os.path.getsize(local)) if local is not None else None
-    one_pass = not rereadable or size is None or split_compression(path)[1] is not None or size <= hold
-    # the head read for the dialect is read again by the first pass: a scan for the types when the
-    # input is too large to hold (its progress is reported as the scan's)
-    first = _Peeked(_reader(request, report, scanning=not one_pass), SNIFF_BYTES)
-    dialect = _dialect(request, first.head, notes)
-    readers = iter([first.readinto])
-
-    def reader(scanning: bool = False) -> Callable[[memoryview], int]:
-        return next(readers, None) or _reader(request, report, scanning=scanning)
-
-    header = dialect.names is None
-    if not rereadable:
-        yield from _records(reader(), _CsvCut(dialect.quote), _CsvBlocks(dialect, None, declared), header=header,
-                            block=block)
-        return
-    if one_pass:
-        tables = _csv_one_pass(reader(), dialect, declared, block, hold)
-        if tables is not None:
-            yield from tables
-            return
-    types = _csv_types(reader(scanning=True), dialect, declared, block)
-    yield from _records(reader(), _CsvCut(dialect.quote), _CsvBlocks(dialect, types, declared), header=header,
-                        block=block)
-
-def _dialect(request: dict[str, Any], head: bytes, notes: list[str]) -> _Dialect:
-    """The input's dialect: as declared, the delimiter sniffed from ``head`` when undeclared, and
-    with no header the generated column names, one per field of the first record."""
-    options = request.get("csv") or {}
-    default = "\t" if split_compression(request["path"])[0].endswith(".tsv") else ","
-    quote = options.get("quote", '"')
-    delimiter = options.get("delimiter")
-    sniffed = delimiter is None
-    if delimiter is None:
-        delimiter = sniff_delimiter(head, quote, default)
-        if delimiter != default:
-            notes.append(f"delimiter {delimiter!r} sniffed")
-    nulls = options.get("null_values")
-    dialect = _Dialect(delimiter, quote, None, None if nulls is None else tuple(nulls), sniffed)
-    if options.get("header", True):
-        return dialect
-    end = _CsvCut(quote)(bytearray(head), 0, len(head))
-    record = head[:end] if end > 0 else head
-    count = pcsv.read_csv(pa.BufferReader(record), read_options=pcsv.ReadOptions(autogenerate_column_names=True),
-                          parse_options=dialect.parse_options(record)).num_columns if record.strip() else 0
-    return dataclasses.replace(dialect, names=[f"column_{i + 1}" for i in range(count)])
-
-
-@dataclass(frozen=True)
-class _Dialect:
-    """How one CSV input is read (``engine.land.csv_options``), as the child decided it."""
-
-    delimiter: str
-    quote: str
-    """The quote character; empty: no quoting."""
-    names: list[str] | None
-    """The column names when the input has no header (None: its first line is the header)."""
-    nulls: tuple[str, ...] | None
-    """The declared null texts, null in every column (None: pyarrow's, in typed columns only)."""
-    sniffed: bool = False
-
-    def parse_options(self, block: bytes, **more: Any) -> pcsv.ParseOptions:
-        return pcsv.ParseOptions(delimiter=self.delimiter, quote_char=self.quote or False,
-                                 newlines_in_values=bool(self.quote) and self.quote.encode() in block, **more)
-
-    def convert(self, **more: Any) -> pcsv.ConvertOptions:
-        if self.nulls is not None:
-            more.update(null_values=list(self.nulls), strings_can_be_null=True)
-        return pcsv.ConvertOptions(**more)
-
-    def null_texts(self) -> pa.Array:
-        return _csv_nulls() if self.nulls is None else pa.array(list(self.nulls), pa.string())
-
-    def hint(self, reason: str) -> str:
-        """``reason`` with a hint when a row's field count disagrees (the delimiter read may be wrong)
-        or its text is not UTF-8 (the file's encoding is another)."""
-        if "invalid UTF8" in reason:
-            return f"{reason} (the file is not UTF-8: declare its `encoding`, e.g. latin-1 or cp1252)"
-        if not _FIELD_COUNT.search(reason):
-            return reason
-        how = "sniffed" if self.sniffed else "declared"
-        return (f"{reason} (delimiter {self.delimiter!r} {how}; if the file uses another, declare it: `delimiter` "
-                "in [pipeline.source.config], `--delimiter` on table load)")
-
-
-_FIELD_COUNT = re.compile(r"Expected \d+ columns, got \d+")
-
-
-class _Peeked:
-    """A reader whose first ``size`` bytes are read at once into ``head`` (fewer if the input is shorter)
-    and then read again through :meth:`readinto`, so a FIFO's head serves both the sniff and the parse."""
-
-    def __init__(self, readinto: Callable[[memoryview], int], size: int) -> None:
-        buffer = bytearray(size)
-        filled = 0
-        while filled < size and (n := readinto(memoryview(buffer)[filled:])):
-            filled += n
-        self.head = bytes(buffer[:filled])
-        self._at = 0
-        self._rest = readinto
-
-    def readinto(self, target: memoryview) -> int:
-        if self._at < len(self.head):
-            n = min(len(target), len(self.head) - self._at)
-            target[:n] = self.head[self._at:self._at + n]
-            self._at += n
-            return n
-        return self._rest(target)
-
-
-def _csv_one_pass(readinto: Callable[[memoryview], int], dialect: _Dialect, declared: dict[str, pa.DataType],
-                  block: int, hold: int) -> Iterator[pa.Table] | None:
-    """The input's tables from one reading, or None once it holds more than ``hold`` bytes."""
-    parse = _CsvOnePass(dialect, declared)
-    held: list[tuple[pa.Table, bytes]] = []
-    size = 0
-    blocks = _records(readinto, _CsvCut(dialect.quote), parse, header=dialect.names is None, block=block)
-    try:
-        for table, text in blocks:
-            size += len(text)
-            if size > hold:
-                return None
-            held.append((table, text))
-    finally:
-        blocks.close()
-    return (parse.conformed(table, text, first=i == 0) for i, (table, text) in enumerate(held))
-
-
-def _csv_declared(declared: dict[str, pa.DataType]) -> dict[str, pa.DataType]:
-    """The type a CSV reader gives each declared column: the declared one where the reader converts
-    text to it exactly, text for a zoned timestamp (typed landing reads zone-less text as UTC,
-    which the reader refuses) and for a decimal (typed landing converts the text as written and
-    names a value the decimal does not hold, which the reader does not), and no declaration for
-    nested types (the guess is cast)."""
-    direct = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_date,
-              pa.types.is_string, pa.types.is_large_string)
-    read: dict[str, pa.DataType] = {}
-    for name, t in declared.items():
-        if any(f(t) for f in direct) or (pa.types.is_timestamp(t) and t.tz is None):
-            read[name] = t
-        elif _read_as_text(t):
-            read[name] = pa.string()
-    return read
-
-
-def _read_as_text(t: pa.DataType) -> bool:
-    """Whether a CSV column declared ``t`` is read as text for typed landing to convert."""
-    return pa.types.is_decimal(t) or (pa.types.is_timestamp(t) and t.tz is not None)
-
-
-def _csv_types(readinto: Callable[[memoryview], int], dialect: _Dialect, declared: dict[str, pa.DataType],
-               block: int) -> dict[str, pa.DataType]:
-    """Every CSV column's type for the whole input: each block's guess, temporal guesses as text,
-    merged as the decoder widens (int and float to float64, mixed kinds to text)."""
-    schema: pa.Schema | None = None
-    wide: set[str] = set()  # columns where an integer beyond ±2**53 arrived: they meet a float as text
-    for table in _records(readinto, _CsvCut(dialect.quote), _CsvBlocks(dialect, None, declared, guess=True),
-                          header=dialect.names is None, block=block):
-        wide |= wide_integer_paths(table)
-        guessed = pa.schema([f.with_type(_temporal_as_text(f.type) or f.type) for f in table.schema])
-        schema = guessed if schema is None else merged_schema(schema, guessed, wide)
-    return {} if schema is None else {f.name: f.type for f in schema if not pa.types.is_null(f.type)}
-
-
-def _open(path: str, options: dict[str, Any]) -> pa.NativeFile:
-    """The input as an Arrow file: native for a local file, a FIFO included, else through fsspec."""
-    local = local_path(path)
-    if local is None:
-        return pa.PythonFile(fsspec.open(path, "rb", **options).open(), mode="r")
-    if stat.S_ISREG(os.stat(local).st_mode):
-        return pa.OSFile(local)
-    return pa.PythonFile(open(local, "rb", buffering=0), mode="r")  # OSFile would seek
-
-
-def _reader(request: dict[str, Any], report: _Report | None = None, *,
-            scanning: bool = False) -> Callable[[memoryview], int]:
-    """``readinto`` of the input's bytes, decompressed by its name's suffix, and transcoded to UTF-8
-    from a CSV input's declared ``encoding`` (``engine.land.csv_options``) as it streams; after each
-    read it tells ``report`` the input's bytes read so far (:func:`_bytes_reader`)."""
-    read = _bytes_reader(request, report, scanning=scanning)
-    encoding = (request.get("csv") or {}).get("encoding", "utf-8")
-    return read if encoding == "utf-8" else _Transcoded(read, encoding).readinto
-
-
-def _bytes_reader(request: dict[str, Any], report: _Report | None = None, *,
-                  scanning: bool = False) -> Callable[[memoryview], int]:
-    """``readinto`` of the input's bytes, decompressed by its name's suffix; after each read it
-    tells ``report`` the input's bytes read so far (of the file as stored: a compressed input's
-    compressed bytes; a window's bytes from its start). An input that cannot tell (a FIFO) reports nothing."""
-    stream = _open(request["path"], request["storage_options"])
-    readinto = _decoded(stream, request)
-    if report is None or not stream.seekable():
-        return readinto
-    start = request["window"][0] if request.get("window") else 0
-
-    def counted(target: memoryview) -> int:
-        size = readinto(target)
-        report(stream.tell() - start, scanning)
-        return size
-    return counted
-
-
-def _decoded(stream: pa.NativeFile, request: dict[str, Any]) -> Callable[[memoryview], int]:
-    codec = split_compression(request["path"])[1]
-    if request.get("window"):
-        return _window(stream, *request["window"])
-    if codec is None:
-        return stream.readinto
-    decompressed = pa.CompressedInputStream(stream, codec)
-
-    def readinto(target: memoryview) -> int:
-        try:
-            return decompressed.readinto(target)
-        except OSError as exc:
-            if exc.errno is not None:
-                raise  # the system's error reading the file, not the codec's
-            raise _Malformed(f"compressed stream: {first_line(exc)}") from exc
-    return readinto
-
-
-class _Transcoded:
-    """A reader's bytes, decoded from ``encoding`` and encoded as UTF-8 a chunk at a time (the
-    codec's incremental decoder: a character split between chunks is completed by the next), so
-    memory stays one chunk. Bytes that do not read as ``encoding`` are malformed, at their line."""
-
-    CHUNK = 1 << 20
-
-    def __init__(self, read: Callable[[memoryview], int], encoding: str) -> None:
-        self._read = read
-        self._encoding = encoding
-        self._decoder = codecs.getincrementaldecoder(encoding)()
-        self._raw = bytearray(self.CHUNK)
-        self._pending = memoryview(b"")
-        self._lines = 0  # newlines read so far: a bad byte's line
-        self._done = False
-
-    def readinto(self, target: memoryview) -> int:
-        while not self._pending and not self._done:
-            size = self._read(memoryview(self._raw)[: min(len(target), self.CHUNK)])
-            raw = bytes(self._raw[:size])
-            self._done = size == 0
-            try:
-                text = self._decoder.decode(raw, final=self._done)
-            except UnicodeDecodeError as exc:
-                line = self._lines + raw.count(b"\n", 0, exc.start) + 1
-                raise _Malformed(f"byte 0x{raw[exc.start]:02x} does not read as {self._encoding} (declare the "
-                                 "file's `encoding`)", line=line) from exc
-            self._lines += raw.count(b"\n")
-            self._pending = memoryview(text.encode("utf-8"))
-        size = min(len(target), len(self._pending))
-        target[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
-
-
-def _window(stream: pa.NativeFile, start: int, stop: int) -> Callable[[memoryview], int]:
-    """``readinto`` of bytes ``start`` to ``stop`` of an uncompressed file (what a cursor has not landed)."""
-    stream.seek(start)
-    left = [stop - start]
-
-    def readinto(target: memoryview) -> int:
-        size = stream.readinto(target[: left[0]]) if left[0] > 0 else 0
-        left[0] -= size
-        return size
-    return readinto
-
-
-def _rereadable(path: str) -> bool:
-    local = local_path(path)
-    return local is None or stat.S_ISREG(os.stat(local).st_mode)  # not a FIFO
-
-
-def _line_at(request: dict[str, Any], at: int) -> int:
-    """The 1-based line of the file holding byte ``at`` of the decompressed input: counted again
-    from the file's start, since only a failing input needs it (a JSON document's rewrite keeps byte
-    positions). A window's byte ``at`` is ``start + at`` of the file: its line is the file's line,
-    as an editor shows it, not its place in the appended bytes."""
-    if request.get("window"):
-        at += request["window"][0]
-        request = {**request, "window": None}
-    readinto, buffer = _reader(request), bytearray(READ_BYTES)
-    line = 1
-    while at > 0 and (size := readinto(memoryview(buffer))):
-        line += buffer.count(b"\n", 0, min(size, at))
-        at -= size
-    return line
-
-
 def _parquet_tables(source: pa.NativeFile, batch_rows: int) -> Iterator[pa.Table]:
     try:
         parquet = pq.ParquetFile(source)
@@ -736,104 +395,6 @@ def _parquet_tables(source: pa.NativeFile, batch_rows: int) -> Iterator[pa.Table
         raise _Malformed(f"not a Parquet file: {first_line(exc)}") from exc
     for batch in parquet.iter_batches(batch_size=batch_rows):
         yield pa.Table.from_batches([batch])
-
-
-# --- blocks of whole records ------------------------------------------------------------------
-
-
-class _LastNewline:
-    """Where the last whole line in ``buffer[start:stop]`` ends (-1: none)."""
-
-    def __call__(self, buffer: bytearray, start: int, stop: int) -> int:
-        at = buffer.rfind(b"\n", start, stop)
-        return at + 1 if at >= 0 else -1
-
-
-class _CsvCut:
-    """Where the last whole CSV record in ``buffer[start:stop]`` ends: after a newline outside quotes."""
-
-    def __init__(self, quote: str = '"') -> None:
-        self._open = False  # inside a quoted field at ``start``
-        self._quote = quote.encode()
-
-    def __call__(self, buffer: bytearray, start: int, stop: int) -> int:
-        quote = self._quote
-        if not quote:  # no quoting: every newline ends a record
-            at = buffer.rfind(b"\n", start, stop)
-            return at + 1 if at >= 0 else -1
-        parity = (self._open + buffer.count(quote, start, stop)) & 1
-        end = stop
-        # Walks back over newlines inside a quoted field only, so the walk is bounded by one record.
-        while (newline := buffer.rfind(b"\n", start, end)) >= 0:
-            parity ^= buffer.count(quote, newline, end) & 1
-            if not parity:
-                self._open = bool(buffer.count(quote, newline + 1, stop) & 1)
-                return newline + 1
-            end = newline
-        self._open = bool(parity)
-        return -1
-
-
-_Parsed = TypeVar("_Parsed")
-
-
-def _records(readinto: Callable[[memoryview], int], cut: Callable[[bytearray, int, int], int],
-             parse: Callable[[memoryview], _Parsed], *, header: bool = False,
-             block: int = READ_BYTES) -> Generator[_Parsed, None, None]:
-    """Parse the stream in blocks of whole records, read into a ring of reused buffers of ``block`` bytes.
-
-    ``PARSING`` blocks parse at once, each on a worker thread of its own, while the next is read
-    (and decompressed). A buffer is filled before it is cut, so the input's end is known when its
-    last block is: that block takes everything left, a last record without its newline included
-    (a record alone in a block of its own would be typed on its own). A block's tail (a record it
-    does not end) moves to the front of the next buffer; the parsers copy what they keep, so a
-    buffer is reused once its block's table is out. With a ``header``, the first block parses
-    alone: the later blocks need its column names.
-    """
-    buffers = [bytearray(block)]  # grows to PARSING + 1 buffers as blocks come
-    current, held, consumed = 0, 0, 0  # held: bytes at the front of the current buffer
-    yielded = not header
-    pending: deque[tuple[Future[_Parsed], int]] = deque()
-    with ThreadPoolExecutor(PARSING, thread_name_prefix="decode-parse") as parser:
-        while True:
-            buffer = buffers[current]
-            if held == len(buffer):  # one record longer than the buffer: it grows, up to the memory bound
-                buffer = buffers[current] = buffer + bytearray(len(buffer))
-            filled = held
-            while filled < len(buffer) and (size := readinto(memoryview(buffer)[filled:])):
-                filled += size
-            last = filled < len(buffer)  # the input ended
-            end = filled if last else cut(buffer, held, filled)
-            if end < 0:
-                held = filled
-                continue
-            following = (current + 1) % (PARSING + 1)
-            if following == len(buffers):
-                buffers.append(bytearray(block))
-            if pending and len(pending) == (PARSING if yielded else 1):
-                yield _parsed(*pending.popleft())  # frees ``following``, the oldest buffer in use
-                yielded = True
-            tail = filled - end
-            if len(buffers[following]) <= tail:
-                buffers[following] = bytearray(tail + block)
-            buffers[following][:tail] = buffer[end:filled]
-            if not last or buffer[:end].strip():
-                pending.append((parser.submit(parse, memoryview(buffer)[:end]), consumed))
-            if last:
-                break
-            consumed += end
-            current, held = following, tail
-        while pending:
-            yield _parsed(*pending.popleft())
-
-
-def _parsed(block: Future[_Parsed], consumed: int) -> _Parsed:
-    try:
-        return block.result()
-    except _Malformed as exc:
-        if exc.at is None and exc.offset is not None:
-            exc.at = consumed + exc.offset
-        raise
 
 
 # --- JSON ------------------------------------------------------------------------------------------
@@ -932,19 +493,6 @@ def _read_json(block: memoryview, explicit: pa.Schema | None) -> pa.Table:
     options = pjson.ReadOptions(use_threads=False, block_size=min(len(block) + 1, _MAX_BLOCK))
     return pjson.read_json(pa.BufferReader(block), read_options=options,
                            parse_options=pjson.ParseOptions(explicit_schema=explicit))
-
-
-def _temporal_as_text(t: pa.DataType) -> pa.DataType | None:
-    """``t`` reduced to its temporal parts, each as a string (None: ``t`` holds none)."""
-    if pa.types.is_temporal(t):
-        return pa.string()
-    if pa.types.is_struct(t):
-        fields = [pa.field(f.name, u) for f in t if (u := _temporal_as_text(f.type)) is not None]
-        return pa.struct(fields) if fields else None
-    if pa.types.is_list(t):
-        value = _temporal_as_text(t.value_type)
-        return None if value is None else pa.list_(value)
-    return None
 
 
 def _text_schema(schema: pa.Schema) -> pa.Schema | None:
@@ -1130,186 +678,6 @@ class _DocumentRows:
         raise _Malformed(reason, at=self._consumed + int(position))
 
 
-# --- CSV -------------------------------------------------------------------------------------------
-
-
-class _CsvBlocks:
-    """Parses CSV blocks: the first holds the header, later ones reuse its column names.
-
-    Every field of a CSV file is text, so a block must not guess its own types: ``types`` holds the
-    whole input's (:func:`_csv_types`), ``None`` reads every column as text, and the ``declared``
-    columns (:func:`_csv_declared`) are read as declared; a field the reader takes for null
-    ("", "NA", "null", ...) is null in those even where they are read as text. ``guess`` lets
-    pyarrow guess (the first reading of :func:`_csv_types`).
-    """
-
-    def __init__(self, dialect: _Dialect, types: dict[str, pa.DataType] | None,
-                 declared: dict[str, pa.DataType] | None = None, *, guess: bool = False) -> None:
-        self._dialect = dialect
-        self._names: list[str] | None = dialect.names
-        self._read = _csv_declared(declared or {})
-        # zoned timestamps and decimals, read as text for typed landing: their null fields are null, not text
-        self._as_text = [name for name, t in (declared or {}).items() if _read_as_text(t)]
-        if types is None and not guess:
-            self._convert = dialect.convert(default_column_type=pa.string(), column_types=self._read)
-        else:
-            self._convert = self.typed({} if guess else types or {})
-
-    def typed(self, types: dict[str, pa.DataType]) -> pcsv.ConvertOptions:
-        """Options reading ``types`` and the declared columns as such, guessing the others."""
-        return self._dialect.convert(column_types={**types, **self._read})
-
-    def __call__(self, view: memoryview) -> pa.Table:
-        return self.parse(bytes(view), self._convert)  # parsing CSV costs far more than this copy
-
-    def parse(self, block: bytes, convert: pcsv.ConvertOptions) -> pa.Table:
-        refused: list[str] = []
-
-        def refuse(row: Any) -> str:
-            refused.append(row.text)
-            return "error"
-
-        try:
-            table = pcsv.read_csv(
-                pa.BufferReader(block),
-                read_options=pcsv.ReadOptions(column_names=self._names, use_threads=False,
-                                              block_size=min(len(block) + 1, _MAX_BLOCK)),
-                parse_options=self._dialect.parse_options(block, invalid_row_handler=refuse),
-                convert_options=convert)
-        except pa.ArrowInvalid as exc:
-            raise _Malformed(self._dialect.hint(first_line(exc).removeprefix("CSV parse error: ")),
-                             offset=_row_offset(block, refused[0]) if refused else None) from exc
-        table = self._exact(block, table, self._names)  # names None: the block holds the header
-        if self._names is None:
-            self._names = table.column_names
-        for name in self._as_text:
-            at = table.schema.get_field_index(name)
-            if at >= 0:
-                column = table.column(at)
-                table = table.set_column(at, name, pc.if_else(pc.is_in(column, value_set=self._dialect.null_texts()), None, column))
-        return table
-
-
-    def _exact(self, block: bytes, table: pa.Table, names: list[str] | None) -> pa.Table:
-        """``table`` with each undeclared float column where an integer may have been rounded typed
-        from its text (``engine.land.json_numbers.literal_type``: int64, decimal(38, 0) or text)."""
-        lost = [name for name in lost_columns(table) if name not in self._read]
-        if not lost:
-            return table
-        text = pcsv.read_csv(
-            pa.BufferReader(block),
-            read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
-                                          block_size=min(len(block) + 1, _MAX_BLOCK)),
-            parse_options=self._dialect.parse_options(block),
-            convert_options=self._dialect.convert(column_types=dict.fromkeys(lost, pa.string()), include_columns=lost))
-        for name in lost:
-            at = table.schema.get_field_index(name)
-            raw = text.column(name).combine_chunks()
-            typed = literal_type(pc.if_else(pc.is_in(raw, value_set=self._dialect.null_texts()), None, raw))
-            if pa.types.is_string(typed.type):
-                typed = raw  # as a text column reads: "" and "NA" are text
-            table = table.set_column(at, pa.field(name, typed.type), typed)
-        return table
-
-
-class _CsvOnePass:
-    """Parses CSV blocks for a reading that decides the types as it goes: each block with the types
-    the blocks before it showed, ``schema`` the merge of every block's own guess so far (temporal
-    guesses as text), which at the input's end is what :func:`_csv_types` decides.
-
-    A column so far int64, float64 or text is read as that: a block that reads so would have guessed
-    a type the merge keeps (a block's guess is the first of pyarrow's kinds that reads all its
-    values, so int64 reads only values guessed null or int64, float64 only null, int64 or float64),
-    and a block that does not (text in a number column) is parsed again, guessing. A column so far
-    null or boolean is guessed per block: "0" and "1" read as booleans but guess int64, and int64
-    meeting boolean is text. The first block reads with the types guessed on its head
-    (``SAMPLE_BYTES``), so a timestamp column is text from the start rather than parsed twice: the
-    head's rows are the block's, so the block guesses the head's kind or a later one.
-    :meth:`conformed` gives a held table the final types: a column of nulls is cast, and a block a
-    later one widened (int64 meeting float64 or text) is parsed again with the input's types.
-    """
-
-    def __init__(self, dialect: _Dialect, declared: dict[str, pa.DataType]) -> None:
-        self._dialect = dialect
-        self._declared = declared
-        self._blocks = _CsvBlocks(dialect, None, declared, guess=True)
-        self._fixed = set(_csv_declared(declared))
-        self._lock = threading.Lock()
-        self._wide: set[str] = set()  # columns where an integer beyond ±2**53 arrived (json_numbers)
-        self.schema: pa.Schema | None = None
-
-    def __call__(self, view: memoryview) -> tuple[pa.Table, bytes]:
-        block = bytes(view)
-        with self._lock:
-            schema = self.schema
-        known = self._known(self._head_schema(block) if schema is None else schema)
-        try:
-            table = self._blocks.parse(block, self._blocks.typed(known))
-        except _Malformed:
-            table = self._blocks.parse(block, self._blocks.typed({}))  # malformed indeed, or a type it widens
-            known = {}
-        guessed = pa.schema([f if f.name in known or f.name in self._fixed
-                             else f.with_type(_temporal_as_text(f.type) or f.type) for f in table.schema])
-        with self._lock:
-            self._wide |= wide_integer_paths(table)
-            self.schema = guessed if self.schema is None else merged_schema(self.schema, guessed, self._wide)
-        return table, block
-
-    def conformed(self, table: pa.Table, block: bytes, *, first: bool) -> pa.Table:
-        """``table`` (of ``block``, the ``first`` holding the header) as the input's types read it."""
-        schema = self.schema
-        assert schema is not None
-        if table.schema.equals(schema):
-            return table
-        columns = []
-        for f in schema:
-            column = table.column(f.name)
-            if column.type.equals(f.type):
-                columns.append(column)
-            elif pa.types.is_null(column.type) and not _is_text(f.type):  # text reads "" and "NA" as text
-                columns.append(pa.chunked_array([pa.nulls(table.num_rows, f.type)], type=f.type))
-            else:
-                types = {f.name: f.type for f in schema if not pa.types.is_null(f.type)}
-                blocks = _CsvBlocks(self._dialect, None, self._declared) if first else self._blocks
-                return blocks.parse(block, blocks.typed(types))
-        return pa.Table.from_arrays(columns, schema=schema)
-
-    def _head_schema(self, block: bytes) -> pa.Schema:
-        """The types guessed on the block's first records (its header's columns, null without records)."""
-        end = _CsvCut(self._dialect.quote)(bytearray(block[:SAMPLE_BYTES]), 0, min(len(block), SAMPLE_BYTES))
-        if end < 0:
-            return pa.schema([])
-        try:
-            head = _CsvBlocks(self._dialect, None, self._declared, guess=True).parse(block[:end], self._blocks.typed({}))
-        except _Malformed:
-            return pa.schema([])  # the block's own parse names it
-        return pa.schema([f.with_type(_temporal_as_text(f.type) or f.type) for f in head.schema])
-
-    def _known(self, schema: pa.Schema) -> dict[str, pa.DataType]:
-        return {f.name: f.type for f in schema
-                if f.name not in self._fixed and (pa.types.is_int64(f.type) or pa.types.is_float64(f.type)
-                                                  or pa.types.is_string(f.type))}
-
-
-def _is_text(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
-
-
-@functools.cache
-def _csv_nulls() -> pa.Array:
-    """The texts pyarrow's CSV reader reads as null (built on first use: ``pa.array`` of a list
-    imports pandas, 0.3 s of every start otherwise)."""
-    return pa.array(pcsv.ConvertOptions().null_values)
-
-
-def _row_offset(block: bytes, text: str) -> int | None:
-    row = text.encode()
-    if block.startswith(row):
-        return 0
-    at = block.find(b"\n" + row)
-    return None if at < 0 else at + 1
-
-
 # --- to the parent ---------------------------------------------------------------------------------
 
 
@@ -1410,39 +778,6 @@ class Widening:
         for table in tables:
             if table.num_rows:
                 yield from self(table).to_batches()
-
-
-def merged_schema(a: pa.Schema, b: pa.Schema, wide: set[str] | frozenset[str] = frozenset()) -> pa.Schema:
-    """The narrowest schema both ``a`` and ``b`` cast to; ``a``'s columns first. ``wide``: the paths
-    where an integer beyond ±2**53 arrived, which a float64 would round (they meet a float as text)."""
-    if a.equals(b):
-        return a
-    merged = _merged_type(pa.struct(list(a)), pa.struct(list(b)), wide, "")
-    return pa.schema([merged.field(i) for i in range(merged.num_fields)])
-
-
-def _merged_type(a: pa.DataType, b: pa.DataType, wide: set[str] | frozenset[str], path: str) -> pa.DataType:
-    if a.equals(b) or pa.types.is_null(b):
-        return a
-    if pa.types.is_null(a):
-        return b
-    if pa.types.is_struct(a) and pa.types.is_struct(b):
-        fields = {a.field(i).name: a.field(i).type for i in range(a.num_fields)}
-        for f in (b.field(i) for i in range(b.num_fields)):
-            within = f"{path}.{f.name}" if path else f.name
-            fields[f.name] = _merged_type(fields[f.name], f.type, wide, within) if f.name in fields else f.type
-        return pa.struct(list(fields.items()))
-    if pa.types.is_list(a) and pa.types.is_list(b):
-        return pa.list_(_merged_type(a.value_type, b.value_type, wide, f"{path}[]"))
-    if pa.types.is_integer(a) and pa.types.is_integer(b):
-        return pa.int64()
-    exact = (pa.types.is_integer, pa.types.is_decimal)  # the JSON decoder's integers (json_numbers)
-    if any(f(a) for f in exact) and any(f(b) for f in exact):
-        return wide_integer()
-    numeric = (pa.types.is_integer, pa.types.is_floating)
-    if any(f(a) for f in numeric) and any(f(b) for f in numeric) and path not in wide:
-        return pa.float64()
-    return pa.string()  # mixed kinds, or an integer float64 would round meeting a float: each as text
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

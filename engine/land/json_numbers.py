@@ -15,7 +15,7 @@ each is typed from its literals by :func:`literal_type`, the rule of docs/normal
   else text (each number as written);
 - numbers meeting strings or booleans: text, as any column mixing kinds.
 
-The same rule joins blocks (``decode_child._merged_type``): an integer column meeting a float
+The same rule joins blocks (``decode_schema._merged_type``): an integer column meeting a float
 column is float64 unless one of its integers is beyond ±2**53 (:func:`wide_integer_paths`), then
 text; decimal(38, 0) meeting an integer is decimal(38, 0), meeting a float text. So one input lands
 one column type however its blocks fall. Only blocks with a float of magnitude 2**53 or more pay

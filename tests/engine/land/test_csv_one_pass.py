@@ -1,12 +1,13 @@
-"""A CSV input read once (tables held to its end) lands exactly as read twice (types first).
+"""A CSV input held and parsed at once lands exactly as read twice in blocks (types first).
 
-The decoder types a CSV column by the whole input: each block's guess, temporal guesses as text,
-merged. An input of up to ``HOLD_BLOCKS`` blocks decides that in one reading, each block parsed
-with the types the earlier ones showed; a larger one reads the input once for the types and again
-for the values. ``csv_hold_bytes: 0`` forces the second path: both must give the same tables, value
-for value (``-0`` stays ``-0.0``, ``007`` stays text where a later block makes the column text),
-whatever the kinds the blocks mix and wherever they fall. In process: ``_tables`` is the child's
-decode, without the fork server.
+The decoder types a CSV column by the whole input. An input of up to ``HOLD_BLOCKS`` blocks is held
+and parsed at once by pyarrow's multithreaded reader, which types a column by all of it; a larger
+one reads the input in blocks once for the types (each block's guess, temporal guesses as text,
+merged) and again for the values. ``csv_hold_bytes: 0`` forces the second path: both must give the
+same rows in the same types, value for value (``-0`` stays ``-0.0``, ``007`` stays text where a
+later block makes the column text), whatever the kinds the blocks mix and wherever they fall; how
+the rows are split in tables may differ. In process: ``_tables`` is the child's decode, without
+the fork server.
 """
 
 from __future__ import annotations
@@ -44,12 +45,18 @@ def columns(draw: st.DrawFn) -> list[str]:
     return values
 
 
-def tables(path: Path, block: int, hold: int | None, declared: dict[str, pa.DataType] | None = None) -> list[Any]:
+def tables(path: Path, block: int, hold: int | None,
+           declared: dict[str, pa.DataType] | None = None) -> tuple[pa.Schema, str] | None:
+    """The input's rows as the decoder's tables hold them, in one table (its tables share one schema)."""
     request: dict[str, Any] = {"path": str(path), "fmt": "csv", "storage_options": {}, "block_bytes": block,
                                "declared": declared or {}}
     if hold is not None:
         request["csv_hold_bytes"] = hold
-    return [(t.schema, repr(t.to_pylist())) for t in _tables(request)]
+    decoded = list(_tables(request))
+    if not decoded:
+        return None
+    table = pa.concat_tables(decoded)
+    return table.schema, repr(table.to_pylist())
 
 
 def write(path: Path, cols: list[list[str]], newline: bool) -> None:
@@ -85,11 +92,11 @@ def test_a_later_block_of_text_makes_an_earlier_number_column_text(tmp_path: Pat
     lines = ["n,x,flag"] + [f"00{i},{'-0' if i == 0 else i},{i % 2}" for i in range(300)] + ["late,2.5,True"]
     (tmp_path / "late.csv").write_text("\n".join(lines) + "\n")
     once = tables(tmp_path / "late.csv", 256, hold=None)
-    assert once == tables(tmp_path / "late.csv", 256, hold=0)
-    schema = once[-1][0]
+    assert once is not None and once == tables(tmp_path / "late.csv", 256, hold=0)
+    schema, rows = once
     assert schema == pa.schema([("n", pa.string()), ("x", pa.float64()), ("flag", pa.string())])
-    assert "{'n': '000', 'x': -0.0, 'flag': '0'}" in once[0][1] and "'n': '007', 'x': 7.0, 'flag': '1'" in once[0][1]
-    assert once[-1][1].endswith("{'n': 'late', 'x': 2.5, 'flag': 'True'}]")
+    assert rows.startswith("[{'n': '000', 'x': -0.0, 'flag': '0'}") and "'n': '007', 'x': 7.0, 'flag': '1'" in rows
+    assert rows.endswith("{'n': 'late', 'x': 2.5, 'flag': 'True'}]")
 
 
 def test_declared_columns_and_a_large_input_read_as_before(tmp_path: Path) -> None:
@@ -99,4 +106,4 @@ def test_declared_columns_and_a_large_input_read_as_before(tmp_path: Path) -> No
     once = tables(tmp_path / "zips.csv", 300, hold=None, declared=declared)
     assert once == tables(tmp_path / "zips.csv", 300, hold=0, declared=declared)
     assert once == tables(tmp_path / "zips.csv", 300, hold=1000, declared=declared)  # held past its bound
-    assert once[0][0] == pa.schema([("zip", pa.string()), ("at", pa.string()), ("n", pa.int64())])
+    assert once is not None and once[0] == pa.schema([("zip", pa.string()), ("at", pa.string()), ("n", pa.int64())])
