@@ -59,11 +59,14 @@ def collect(store: Store, *, retain_seconds: float = DEFAULT_RETAIN_SECONDS,
     now_us = store.clock.now_us()
     # A dropped table's prefix has no head; what its drop left (a failed delete, a run in flight)
     # is collected like any table's orphans: its catalog rows are gone, so nothing references it.
-    for name in sorted(set(store.table_names(include_reserved=True)) | set(store.objects.children("tables"))):
-        # List first: an object listed now was written after its run registered as staging, so the
-        # staging rows and commits read below know of it (as staging, or as committed).
-        listed = store.objects.list(table_prefix(name))
-        staging = set()
+    names = sorted(set(store.table_names(include_reserved=True)) | set(store.objects.children("tables")))
+    # List first: an object listed now was written after its run registered as staging, so the
+    # staging rows and commits read below know of it (as staging, or as committed).
+    listings = {name: store.objects.list(table_prefix(name)) for name in names}
+    # A lease keeps its run's objects on every table: an input landed by its decoder child stages
+    # parts for the root and its child tables under one lease on the root (engine.land.input_landing).
+    staging = set()
+    for name in names:
         for run in catalog.staging_runs(name):
             if holder_is_dead(run.holder):
                 catalog.end_staging(name, run.run_id)  # abandoned: its objects age out as orphans
@@ -73,6 +76,8 @@ def collect(store: Store, *, retain_seconds: float = DEFAULT_RETAIN_SECONDS,
                 catalog.end_staging(name, run.run_id, lapsed_at_us=now_us)
                 if any(r.run_id == run.run_id for r in catalog.staging_runs(name)):
                     staging.add(run.run_id)
+    for name in names:
+        listed = listings[name]
         committed = {c.commit_seq: c for c in catalog.commits(name)}
         parts = catalog.all_parts(name)
         held = {h.build_id for h in holds(store, name)}

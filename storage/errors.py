@@ -237,6 +237,17 @@ class ContextfulError(Exception):
     def __str__(self) -> str:
         return f"{self.name}: {self.detail}"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its class, detail and fields (subclasses take other constructor arguments): a
+        child process that lands an input raises the same error in its parent (``engine.land.decode``)."""
+        return _rebuilt, (type(self), self.detail, self.fields)
+
+
+def _rebuilt(kind: type[ContextfulError], detail: str, fields: dict[str, Any]) -> ContextfulError:
+    error = kind.__new__(kind)
+    ContextfulError.__init__(error, detail, **fields)
+    return error
+
 
 class TransientError(ContextfulError):
     """A later attempt of the same work may succeed."""

@@ -86,6 +86,12 @@ class ObjectStore:
         self.root = path.rstrip("/")
         self.url = self.root if self.is_local else f"{protocol}://{self.root}"
 
+    @property
+    def options(self) -> dict[str, Any]:
+        """The storage options the root was bound with: another process opens the same root with
+        ``ObjectStore(self.url, self.options)``."""
+        return dict(self._options)
+
     @functools.cached_property
     def fs(self) -> fsspec.AbstractFileSystem:
         """The fsspec filesystem of the root (built on first use)."""

@@ -213,6 +213,37 @@ class RunTransaction:
             self._part_schemas.append(rec.schema)
             self._rows += piece.num_rows
 
+    @property
+    def schema_text(self) -> str | None:
+        """The run's schema so far (``schema_to_text``; None before its first rows)."""
+        return schema_to_text(self._schema) if self._schema is not None else None
+
+    @property
+    def merge_order_by(self) -> str | None:
+        """The ``order_by`` column a keyed table's staged rows are guarded by (``storage.reconcile``)."""
+        return self._order_by
+
+    def adopt(self, arrived: pa.Schema, parts: Sequence[tuple[PartFile, pa.Schema]]) -> None:
+        """Take into the run parts another process staged for one arriving table, as :meth:`stage`
+        would have staged it: ``arrived`` is reconciled into the run's schema (its downgrade events
+        recorded) and each part (with the schema it was written in, which the run's widens) joins
+        the run in order. Collection keeps them meanwhile by a staging lease their writer
+        named them by (``engine.land.input_landing``); its commit checks that lease
+        (:meth:`add_to_commit`)."""
+        self._check_open()
+        self._lease.renew()
+        rec = reconcile(self.table.name, self._schema, arrived, self.table.primary_key, self._order_by)
+        self._settle()  # parts keep their order: the ones in flight are placed first
+        self._schema = rec.schema
+        self._events.extend(rec.events)
+        text = schema_to_text(arrived)
+        if text not in self._arrived:
+            self._arrived.append(text)
+        for part, written in parts:
+            self._parts.append(part)
+            self._part_schemas.append(written)
+            self._rows += part.rows
+
     def _writer(self, key: str, piece: pa.Table, schema: pa.Schema,
                 encoded: Future[PartFile]) -> Callable[[], PartFile]:
         """The write of one part; ``encoded`` is resolved with its counts before its fsyncs (the

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from contextful.engine.land.decode import Abandon
 
 _END = object()
 
@@ -68,3 +69,37 @@ class DecodeAhead:
                 self._batches.close()  # type: ignore[union-attr]
             except ValueError:  # still being read by batches(): its reader closes it
                 pass
+
+
+class LandAhead:
+    """One input landed by its child (``Decoder.land``), started now on a thread of its own: a
+    files run keeps several in flight and takes them in input order (``engine.land.pipeline``)."""
+
+    def __init__(self, land: Callable[[Abandon], dict[str, Any]]) -> None:
+        from contextful.engine.land.decode import Abandon
+
+        self._abandon = Abandon()
+        self._report: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._land, args=(land,), name="land-ahead", daemon=True)
+        self._thread.start()
+
+    def _land(self, land: Callable[[Abandon], dict[str, Any]]) -> None:
+        try:
+            self._report = land(self._abandon)
+        except BaseException as exc:  # noqa: BLE001 - raised where the input is taken
+            self._error = exc
+
+    def report(self) -> dict[str, Any]:
+        """What the child staged; its failure is raised here."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._report is not None
+        return self._report
+
+    def close(self) -> dict[str, Any] | None:
+        """Give the input up: its child is killed if it still runs; what it staged, if it finished."""
+        self._abandon()
+        self._thread.join()
+        return self._report

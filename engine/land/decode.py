@@ -42,6 +42,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -80,6 +81,7 @@ from contextful.storage.lazy import lazy_module
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from contextful.engine.land.input_landing import LandRequest
     from pyarrow import ipc
 else:
     pa = lazy_module("pyarrow")
@@ -157,6 +159,12 @@ class Decoder:
         a first time for its column types (then read again from its start). A Parquet input or a
         FIFO reports nothing.
         """
+        request = self._request(path, fmt, storage_options, declared, window, csv, on_read is not None)
+        return self._run(request, notes=notes, on_read=on_read)
+
+    def _request(self, path: str, fmt: str | None, storage_options: dict[str, Any] | None,
+                 declared: Mapping[str, pa.DataType] | None, window: tuple[int, int] | None,
+                 csv: CsvOptions | None, progress: bool) -> dict[str, Any]:
         fmt = fmt or detect_format(path)
         if fmt not in FORMATS:
             raise InputUnreadable(path, f"format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -170,8 +178,28 @@ class Decoder:
         request = {"path": path, "fmt": fmt, "storage_options": storage_options or {}, "window": window,
                    "deadline_s": self.deadline_s, "memory_bytes": self.memory_bytes, "batch_rows": self.batch_rows,
                    "block_bytes": self.block_bytes, "declared": dict(declared or {}),
-                   "csv": (csv or CsvOptions()).to_request(), "progress": on_read is not None}
-        return self._run(request, notes=notes, on_read=on_read)
+                   "csv": (csv or CsvOptions()).to_request(), "progress": progress}
+        return request
+
+    def land(self, path: str, land: LandRequest, fmt: str | None = None, *,
+             storage_options: dict[str, Any] | None = None, window: tuple[int, int] | None = None,
+             csv: CsvOptions | None = None, notes: list[str] | None = None,
+             on_read: Callable[[int, bool], None] | None = None, abandon: Abandon | None = None) -> dict[str, Any]:
+        """Decode the input and land it, both in a fresh child (``engine.land.input_landing``);
+        return what the child staged (its report: per group, each table's arrived schema, the
+        guard's counts and the parts it wrote under ``land.run_id``).
+
+        Fails as :meth:`decode` does, and with the landing's own error (a refused type, key or
+        schema) raised here by name; a failed input's parts are removed by the child, or (a child
+        killed at a bound) left to its lease's end and collection. ``abandon``, called from another
+        thread, kills the child: this call then raises :class:`ParseCrashed`.
+        """
+        request = self._request(path, fmt, storage_options, land.types, window, csv, on_read is not None)
+        request["land"] = land
+        outcome: dict[str, Any] = {}
+        for _ in self._run(request, notes=notes, on_read=on_read, outcome=outcome, abandon=abandon):
+            raise ParseCrashed(path, "crash", "a landing child sent rows back")
+        return dict(outcome.get("landed") or {"groups": [], "rows": 0})
 
     def fetch(self, url: str, *, step: str, headers: dict[str, str] | None = None, timeout_s: float = 30.0,
               records: str | None = None, next_key: str | None = None,
@@ -256,7 +284,8 @@ class Decoder:
     # --- one input -----------------------------------------------------------------------------
 
     def _run(self, request: dict[str, Any], page: PageFetch | None = None, *, notes: list[str] | None = None,
-             on_read: Callable[[int, bool], None] | None = None) -> Iterator[pa.RecordBatch]:
+             on_read: Callable[[int, bool], None] | None = None,
+             outcome: dict[str, Any] | None = None, abandon: Abandon | None = None) -> Iterator[pa.RecordBatch]:
         read_fd, write_fd = os.pipe()
         try:
             fcntl.fcntl(read_fd, _F_SETPIPE_SZ, _PIPE_BYTES)  # fewer wake-ups per batch
@@ -271,6 +300,8 @@ class Decoder:
             finally:
                 theirs.close()
                 os.close(write_fd)
+            if abandon is not None:
+                abandon.bind(status)
             hello = _receive(status)
             if hello is None or "pid" not in hello:
                 finished = True
@@ -288,6 +319,8 @@ class Decoder:
                 self._raise_for(request["path"], hello["pid"], trailer, final)
                 if notes is not None:
                     notes.extend((trailer or {}).get("notes", ()))
+                if outcome is not None and trailer is not None:
+                    outcome.update(trailer)
         finally:
             if not finished:  # abandoned: the server kills the child; wait until its group is gone
                 try:
@@ -310,6 +343,8 @@ class Decoder:
                 raise InputNotFound(path)
             if error == "unreadable":
                 raise InputUnreadable(path, trailer["reason"])
+            if error == "landing":  # the landing child's own refusal, as it raised it
+                raise pickle.loads(base64.b64decode(trailer["exception"]))
             raise ParseCrashed(path, "memory" if error == "memory" else "crash", trailer["reason"])
         if final is None:
             raise ParseCrashed(path, "crash", _SERVER_GONE)
@@ -320,6 +355,35 @@ class Decoder:
             raise ParseCrashed(path, "memory", f"resident {_mib(final['rss'])} over the {_mib(self.memory_bytes)} "
                                                f"bound; process group {pid} killed")
         raise ParseCrashed(path, "crash", f"child {pid} {_exit_text(final['status'])} before finishing")
+
+
+class Abandon:
+    """Gives up one input being decoded on another thread: its child is killed (now, or as soon as
+    it is forked) and the decode raises :class:`ParseCrashed`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._status: socket.socket | None = None
+        self._called = False
+
+    def bind(self, status: socket.socket) -> None:
+        with self._lock:
+            self._status = status
+            if self._called:
+                self._hang_up()
+
+    def __call__(self) -> None:
+        with self._lock:
+            self._called = True
+            if self._status is not None:
+                self._hang_up()
+
+    def _hang_up(self) -> None:
+        assert self._status is not None
+        try:
+            self._status.shutdown(socket.SHUT_WR)  # the server kills the child on this hang-up
+        except OSError:  # the decode finished and closed it
+            pass
 
 
 class PageFetch:

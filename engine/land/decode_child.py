@@ -61,6 +61,7 @@ reading the input again up to the record (only a failing input pays).
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import gc
 import io
@@ -98,7 +99,7 @@ from contextful.engine.land.json_numbers import (
     exact_numbers,
     wide_integer_paths,
 )
-from contextful.storage.errors import first_line
+from contextful.storage.errors import ContextfulError, first_line
 from contextful.storage.lazy import lazy_module, preload
 from pyarrow import ipc
 
@@ -106,6 +107,7 @@ if TYPE_CHECKING:  # the landing process imports this module for its constants; 
     import fsspec
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
+    from contextful.engine.land.input_landing import InputLanding
 else:
     fsspec = lazy_module("fsspec")
     pc = lazy_module("pyarrow.compute")
@@ -203,6 +205,13 @@ def _preload_for(request: dict[str, Any]) -> None:
         import contextful.engine.land.http_fetch  # noqa: F401
     elif local_path(request["path"]) is None:
         preload(fsspec)
+    land = request.get("land")
+    if land is not None:  # a landing child's chain (engine.land.input_landing): imported once, shared
+        from contextful.engine.land.input_landing import load_landing
+
+        load_landing(land.spec)
+        if local_path(land.root) is None:
+            preload(fsspec)
 
 
 def _reap(child: _Child) -> None:
@@ -288,10 +297,18 @@ def decode_input(request: dict[str, Any], data_fd: int) -> None:
         sink.finish(_fetch(request, sink))
         return
     notes: list[str] = []  # what the decode decided that its caller reports (a sniffed delimiter)
+    landing = _landing(request)
     try:
-        for table in _tables(request, notes, sink.read if request.get("progress") else None):
-            sink.send(table)
-        trailer = {"ok": True, "notes": notes}
+        tables = _tables(request, notes, sink.read if request.get("progress") else None)
+        if landing is None:
+            for table in tables:
+                sink.send(table)
+            trailer = {"ok": True, "notes": notes}
+        else:  # the child lands its input itself (engine.land.input_landing)
+            landing.land(Widening().batches(tables))
+            trailer = {"ok": True, "notes": notes, "landed": landing.report()}
+    except ContextfulError as exc:  # a landing child's typed landing, guard, keys or schema refused it
+        trailer = {"error": "landing", "exception": base64.b64encode(pickle.dumps(exc)).decode("ascii")}
     except _Malformed as exc:
         line = exc.line if exc.line is not None else \
             _line_at(request, exc.at) if exc.at is not None and _rereadable(request["path"]) else None
@@ -313,7 +330,18 @@ def decode_input(request: dict[str, Any], data_fd: int) -> None:
     except Exception as exc:  # noqa: BLE001 - any other failure is a crash the parent names
         trailer = {"error": "crash", "reason": f"{type(exc).__name__}: {first_line(exc)}"}
         traceback.print_exc()
+    if landing is not None and "error" in trailer:
+        landing.remove()  # none of a failed input lands
     sink.finish(trailer)
+
+
+def _landing(request: dict[str, Any]) -> InputLanding | None:
+    """The landing of a request that asks the child to land its input (None: send the batches back)."""
+    if request.get("land") is None:
+        return None
+    from contextful.engine.land.input_landing import InputLanding
+
+    return InputLanding(request["land"])
 
 
 def _fetch(request: dict[str, Any], sink: _Sink) -> dict[str, Any]:
@@ -664,8 +692,7 @@ class _Sink:
         self._file = os.fdopen(fd, "wb", buffering=1 << 20)
         self._out = pa.PythonFile(self._file, mode="w")
         self._batch_rows = batch_rows
-        self._schema: pa.Schema | None = None
-        self._wide: set[str] = set()  # paths where an integer beyond ±2**53 arrived (json_numbers)
+        self._widening = Widening()
         self._queue: queue.Queue[tuple[pa.Schema | None, pa.Table] | bytes | None] = queue.Queue(maxsize=2)
         self._told = (-1, False)  # the last progress frame sent: a read that moved nothing sends none
         self._failure: BaseException | None = None
@@ -675,11 +702,10 @@ class _Sink:
     def send(self, table: pa.Table) -> None:
         if not table.num_rows:
             return  # a source reporting no rows offers no guessed columns
-        self._wide |= wide_integer_paths(table)
-        schema = table.schema if self._schema is None else merged_schema(self._schema, table.schema, self._wide)
-        segment = schema if self._schema is None or not schema.equals(self._schema) else None
-        self._schema = schema
-        self._put((segment, conform(table, schema)))
+        before = self._widening.schema
+        table = self._widening(table)
+        segment = table.schema if before is None or not table.schema.equals(before) else None
+        self._put((segment, table))
 
     def read(self, offset: int, scanning: bool) -> None:
         """A progress frame: the input's bytes read so far, ``scanning`` in a CSV's first reading."""
@@ -732,6 +758,26 @@ class _Sink:
                 writer.close()
         except BaseException as exc:  # noqa: BLE001 - handed to the decoding thread at its next send
             self._failure = exc
+
+
+class Widening:
+    """An input's tables conformed to the schema of every table so far (a later table widens it)."""
+
+    def __init__(self) -> None:
+        self.schema: pa.Schema | None = None
+        self._wide: set[str] = set()  # paths where an integer beyond ±2**53 arrived (json_numbers)
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        self._wide |= wide_integer_paths(table)
+        schema = table.schema if self.schema is None else merged_schema(self.schema, table.schema, self._wide)
+        self.schema = schema
+        return conform(table, schema)
+
+    def batches(self, tables: Iterable[pa.Table]) -> Iterator[pa.RecordBatch]:
+        """``tables`` widened, as batches (a table with no rows offers no guessed columns)."""
+        for table in tables:
+            if table.num_rows:
+                yield from self(table).to_batches()
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

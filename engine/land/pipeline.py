@@ -11,8 +11,13 @@ One ``contextful pipeline run`` of a ``files`` pipeline:
    disposition, or is pulled whole under ``merge`` (its rows merge by key); under ``replace`` a run
    that finds any input new, changed or gone pulls every input (``engine.land.disposition``); a
    re-run with nothing new lands nothing;
-2. decode each remaining input in its own child (``engine.land.decode``: 60 s, 512 MiB), apply the
-   pull's ``types`` (``engine.land.typed``), and stage the batches into the run's transaction;
+2. decode each remaining input in its own child (``engine.land.decode``: 60 s, 512 MiB), which also
+   lands it (``engine.land.input_landing``: the pull's ``types``, the guard, normalization, Parquet
+   parts under a staging lease of the input's own), up to ``CONTEXTFUL_LAND_CHILDREN`` inputs at
+   once; the run takes them in input order and adopts each one's parts into its transactions
+   (``LandingSink.adopt``: names, schema reconcile and downgrade events). With
+   ``CONTEXTFUL_LAND_CHILDREN=0`` the child hands its batches back and the run stages them itself,
+   the next input decoding ahead (``engine.land.ahead``);
 3. an input that fails — parse-crashed, malformed, unreadable, or a value its table's column cannot
    take (``SchemaIrreconcilable``, checked before the next input starts) — fails by name alone:
    everything it staged is rolled back and it stays out of the cursor, so a re-run after the fix
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -38,12 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from contextful.engine.config.manifest import Manifest, PipelineSpec
-from contextful.engine.land.ahead import DecodeAhead
+from contextful.engine.land.ahead import DecodeAhead, LandAhead
 from contextful.engine.land.chunks import coalesce
 from contextful.engine.land.csv_options import csv_options
 from contextful.engine.land.declaration import refuse_changed_declaration
 from contextful.engine.land.decode import Decoder
 from contextful.engine.land.files import InputFile, InputPlan, list_inputs, plan_inputs, plan_replace
+from contextful.engine.land.input_landing import LandRequest, land_children, lands_in_children
 from contextful.engine.land.journal import PullJournal
 from contextful.engine.land.results import InputFailure, PipelineResult, Progress
 from contextful.engine.land.sink import LandingSink, load_staging
@@ -221,9 +228,11 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     csv = csv_options(spec.id, spec.source.config)[0]  # validated with the manifest
     notes: dict[str, list[str]] = {}  # per input: what its decode decided (a sniffed delimiter)
     pending = int(landed != stored)  # renames and old entries carried forward commit too
+    children = land_children() if plan.pull and lands_in_children(store) else 0
     if plan.pull:
         decoder.start()  # its imports and the ones below run side by side
-        load_staging(spec)
+        if not children:  # else the server imports the landing chain, once, for every child
+            load_staging(spec)
     reading = _Reading(spec.id, plan, started, progress)
     since_commit: list[str] = []  # the inputs the next commit lands: its runs' manifests name them
 
@@ -233,19 +242,43 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
                                                   notes=said,
                                                   on_read=reading.on_read(item) if progress is not None else None))
 
-    ahead = decode_ahead(plan.pull[0]) if plan.pull else None
+    def land_ahead(item: InputFile) -> tuple[LandRequest, LandAhead]:
+        said = notes.setdefault(item.path, [])
+        request = sink.land_request(f"input {item.path}", store.objects)
+        on_read = reading.on_read(item) if progress is not None else None
+        return request, LandAhead(lambda abandon: decoder.land(
+            item.path, request, fmt, window=item.window(), csv=csv, notes=said, on_read=on_read, abandon=abandon))
+
+    ahead = decode_ahead(plan.pull[0]) if plan.pull and not children else None
+    landing: deque[tuple[LandRequest, LandAhead]] = deque(land_ahead(i) for i in plan.pull[:children])
     try:
         for done, item in enumerate(plan.pull):
             current = ahead
-            assert current is not None
-            # the next input decodes while this one is guarded and staged (engine.land.ahead)
-            ahead = decode_ahead(plan.pull[done + 1]) if done + 1 < len(plan.pull) else None
+            if not children:
+                assert current is not None
+                # the next input decodes while this one is guarded and staged (engine.land.ahead)
+                ahead = decode_ahead(plan.pull[done + 1]) if done + 1 < len(plan.pull) else None
             point = sink.savepoint()
             reading.begin(item)
+            report: dict[str, Any] | None = None
             try:
-                for chunk in coalesce(current.batches(), STAGE_ROWS):
-                    sink.stage(chunk, f"input {item.path}")
-                sink.flush()  # its rows meet the table's schema now, while a clash is still this input's
+                if children:  # its child landed it; the ones after it are landing meanwhile
+                    request, child = landing.popleft()
+                    try:
+                        try:
+                            report = child.report()
+                        finally:  # its child is done: the next input's starts
+                            if done + children < len(plan.pull):
+                                landing.append(land_ahead(plan.pull[done + children]))
+                        sink.adopt(request, report)
+                    except BaseException:
+                        sink.drop(request, report)  # none of it lands: its parts go, its lease ends
+                        raise
+                else:
+                    assert current is not None
+                    for chunk in coalesce(current.batches(), STAGE_ROWS):
+                        sink.stage(chunk, f"input {item.path}")
+                    sink.flush()  # its rows meet the table's schema now, while a clash is still this input's
             except (Incompatible, NotFound) as exc:  # this input alone fails, by name
                 reading.end(item)
                 failed = _failure(item, exc)
@@ -282,6 +315,8 @@ def _run_files(store: Store, manifest: Manifest, spec: PipelineSpec, decoder: De
     finally:
         if ahead is not None:
             ahead.close()
+        for request, child in landing:  # inputs not taken (a failure, a replace run's first failed input)
+            sink.drop(request, child.close())
     first = result.failures[0] if result.failures else None  # an input failed: the run records it
     sink.abort(RunFailure(first.error, first.detail) if first is not None else None)
     result.tables = sink.results()

@@ -43,10 +43,12 @@ from contextful.engine.land.names import LandedNames
 from contextful.engine.land.results import TableLanding
 from contextful.engine.land.typed import apply_types, read_types
 from contextful.storage import Store, Table
-from contextful.storage.commits import Requirement
+from contextful.storage.commits import AssertStaging, Requirement
 from contextful.storage.keys import check_keys
 from contextful.storage.lazy import lazy_module
+from contextful.storage.manifest import schema_from_text
 from contextful.storage.run_record import RunFailure
+from contextful.storage.staging import StagingLease
 from contextful.storage.transaction import (
     CommitResult,
     RunTransaction,
@@ -57,6 +59,8 @@ from contextful.storage.transaction import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from contextful.engine.land.input_landing import LandRequest
+    from contextful.storage.objects import ObjectStore
 else:
     pa = lazy_module("pyarrow")
 
@@ -107,7 +111,8 @@ def load_staging(spec: PipelineSpec) -> None:
 
 
 def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types: dict[str, pa.DataType] | None,
-                  guard: bool = True, pull: str = "", first_row: int = 0) -> tuple[dict[str, pa.Table], dict[str, int]]:
+                  guard: bool = True, pull: str = "", first_row: int = 0,
+                  renamed: list[str] | None = None) -> tuple[dict[str, pa.Table], dict[str, int]]:
     """One decoded batch as the tables it lands in, and the cells the guard masked per column.
 
     Typed landing (when ``types`` is given), then the pipeline's transform chain
@@ -116,7 +121,9 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
     its list index. ``id_prefix`` makes the relational row ids of an unkeyed root unique (a run id
     and a counter). A keyed root's rows are checked for their key (``storage.keys``): a missing key
     column or a null key fails the batch naming ``pull`` and the row (``first_row`` is the batch's
-    first row's position in the pull).
+    first row's position in the pull). The guard's counts are logged for ``pull``, unless
+    ``renamed`` is given: then the paths whose names it masked are appended to it and the caller
+    logs (a landing child reports them to its parent, which logs).
     """
     table = apply_types(spec.table, batch, types, first_row) if types is not None else batch
     if spec.transform:
@@ -130,7 +137,10 @@ def prepare_batch(spec: PipelineSpec, batch: pa.Table, id_prefix: str, *, types:
 
         guarded = guard_table(table)
         table, masked = distinct_key_cells(table, guarded.table, spec.primary_key), dict(guarded.masked)
-        log_masked(spec.id, pull, masked, guarded.renamed)
+        if renamed is None:
+            log_masked(spec.id, pull, masked, guarded.renamed)
+        else:
+            renamed.extend(guarded.renamed)
     if spec.normalize != "relational":
         check_keys(spec.table, spec.primary_key, table, input=pull or None, first_row=first_row)
         return {spec.table: table}, masked
@@ -184,6 +194,8 @@ class LandingSink:
         self._names: dict[str, LandedNames] = {}
         self._batches = 0
         self._pull = ("", 0)  # the last pull staged and the rows staged from it so far
+        self._leases: list[StagingLease] = []  # inputs their children staged, adopted since the last commit
+        self._landing: dict[str, StagingLease] = {}  # inputs their children are staging, by lease run id
         self._failures: set[RunFailure] = set()  # the failures some run of this sink recorded
 
     # --- staging --------------------------------------------------------------------------------
@@ -207,6 +219,87 @@ class LandingSink:
                 counts[column] = counts.get(column, 0) + n
         for name, table in tables.items():
             self._buffer(name, table)
+
+    # --- inputs landed by their children (engine.land.input_landing) ------------------------------
+
+    def land_request(self, label: str, objects: ObjectStore) -> LandRequest:
+        """A request for a child to land one input (``label``: ``input <path>``) into this sink's
+        run, under a staging lease of its own taken now on the root table (before any part exists).
+        The lease is the caller's to :meth:`adopt` (the commit that lands the input ends it) or to
+        :meth:`drop` (the input failed)."""
+        from contextful.engine.land import input_landing
+        from contextful.engine.land.input_landing import LandRequest, TableSeed
+
+        tables = {}
+        for name, staging in self._staging.items():
+            staging.flush()
+            txn = staging.txn
+            tables[name] = TableSeed(txn.schema_text, txn.table.primary_key, txn.merge_order_by)
+        for name in self.store.table_names():
+            if name not in tables and (name == self.spec.table or name.startswith(self.spec.table + "__")):
+                table = self.store.table(name)
+                head = table.head
+                tables[name] = TableSeed(head.schema, head.primary_key, head.order_by if head.primary_key else None)
+        lease = StagingLease(self.store, self.spec.table, new_run_id())
+        self._landing[lease.run_id] = lease
+        return LandRequest(spec=self.spec, root=objects.url, storage_options=objects.options,
+                           durable=self.store.durable, run_id=lease.run_id, label=label, types=self.types,
+                           guard=self.guard, tables=tables, group_rows=input_landing.STAGE_ROWS)
+
+    def adopt(self, request: LandRequest, report: dict[str, Any]) -> None:
+        """Take what a child staged for one input (its :meth:`land_request`) into this sink's runs,
+        group by group in order, as :meth:`stage` would have staged those groups: names admitted,
+        the guard's counts kept and logged, each table's arrived schema reconciled (its events
+        recorded) and its parts adopted. A refusal raises before anything of the group is taken; the
+        caller rolls the input back (:meth:`rollback_to`) and :meth:`drop` s it."""
+        from contextful.engine.guard import log_masked
+        from contextful.storage.commits import PartFile
+
+        label = request.label
+        for group in report["groups"]:
+            arrived = {name: schema_from_text(staged["arrived"]) for name, staged in group["tables"].items()}
+            for name, schema in arrived.items():  # every table checked before any is taken
+                self._names_of(name).admit(schema, label)
+            masked = group["masked"]
+            if self.guard:
+                log_masked(self.spec.id, label, masked, group["renamed"])
+            if masked:
+                counts = self._masked.setdefault(self.spec.table, {})
+                for column, n in masked.items():
+                    counts[column] = counts.get(column, 0) + n
+            for name, staged in group["tables"].items():
+                if staged["parts"]:
+                    self._transaction(name).adopt(arrived[name], [
+                        (PartFile(p["path"], p["rows"], p["bytes"]), schema_from_text(p["schema"]))
+                        for p in staged["parts"]])
+        self._leases.append(self._lease_of(request))
+
+    def drop(self, request: LandRequest, report: dict[str, Any] | None = None) -> None:
+        """An input its child staged does not land: delete its parts (those its report names; with
+        no report, a child that failed or was killed, every part its lease's run id names) and end
+        its lease (collection takes anything left)."""
+        from contextful.engine.land.input_landing import landed_parts
+
+        paths = list(landed_parts(report)) if report is not None else self._parts_named(request.run_id)
+        if paths:
+            try:
+                self.store.objects.delete(paths)
+            except OSError as exc:
+                log.warning("parts of %s left for collection: %s", request.label, exc)
+        self._lease_of(request).end()
+
+    def _parts_named(self, run_id: str) -> list[str]:
+        """The part objects of run ``run_id`` on the pipeline's tables (its root and child tables)."""
+        from contextful.storage.collect import run_of
+        from contextful.storage.manifest import table_prefix
+
+        tables = [t for t in self.store.objects.children("tables")
+                  if t == self.spec.table or t.startswith(self.spec.table + "__")]
+        return [o.key for t in tables for o in self.store.objects.list(f"{table_prefix(t)}/parts")
+                if run_of(o.key) == run_id]
+
+    def _lease_of(self, request: LandRequest) -> StagingLease:
+        return self._landing.pop(request.run_id)
 
     def _buffer(self, name: str, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -325,12 +418,17 @@ class LandingSink:
                 staging.txn.set_cursor(scope, position)
             if name == self.spec.table and requirements:
                 staging.txn.add_to_commit(requirements)
+            if name == self.spec.table and self._leases:  # every adopted input's parts are still there
+                staging.txn.add_to_commit(tuple(AssertStaging(lease.run_id) for lease in self._leases))
         return [self._staging[name].txn for name in names]
 
     def _landed(self, committed: list[CommitResult]) -> CommitResult | None:
         """Record the commits of this sink's runs (in :meth:`_prepare`'s order); the root's, if any."""
         names = list(self._staging)
         self._staging.clear()
+        leases, self._leases = self._leases, []
+        for lease in leases:  # its parts are the commit's now
+            lease.end()
         result: CommitResult | None = None
         for name, landed in zip(names, committed):
             landing = self.landings[name]
@@ -350,6 +448,9 @@ class LandingSink:
         """
         for staging in self._staging.values():
             self._give_up(staging.txn, failure)
+        for lease in self._leases:  # the adopted inputs' parts go with their runs: their leases end
+            lease.end()
+        self._leases = []
         if failure is not None and failure not in self._failures:
             self.store.runs.fail(new_run_id(), self.spec.table, self.kind, failure)
             self._failures.add(failure)

@@ -13,10 +13,12 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 
 import click
@@ -128,6 +130,11 @@ def directory_instead(path: Path) -> None:
     (path / "stray").write_text("x")
 
 
+def manifests_garbled(catalog: Path) -> None:
+    with closing(sqlite3.connect(catalog)) as con, con:
+        assert con.execute("UPDATE cf_manifests SET doc = '{not json'").rowcount > 0
+
+
 def truncate_parts(root: Path) -> None:
     for part in (root / ".contextful" / "store" / "tables").glob("[!_]*/parts/*.parquet"):
         part.write_bytes(part.read_bytes()[:64])
@@ -146,8 +153,8 @@ BREAKAGES: dict[str, tuple[Callable[[Path], object], list[tuple[str, ...]]]] = {
     "store-json-invalid": (lambda root: (root / ".contextful" / "store" / "store.json").write_text("{not json"),
                            [("table", "list"), ("pipeline", "run"), ("build", "hold")]),
     "parts-truncated": (truncate_parts, [("sql",), ("build", "run")]),
-    "run-manifest-a-directory": (
-        lambda root: directory_instead(next((root / ".contextful" / "store" / "tables" / "events" / "runs").glob("*.json"))),
+    "run-manifest-garbage": (  # a small run's manifest rides in its commit's catalog row (docs/store.md)
+        lambda root: manifests_garbled(root / ".contextful" / "store" / "catalog.sqlite"),
         [("run", "history")]),
     "reader-key-a-directory": (
         lambda root: directory_instead(next((root / ".contextful" / "readers").glob("*.json"))),

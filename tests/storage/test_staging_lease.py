@@ -151,3 +151,23 @@ def test_a_renewal_landing_after_collection_read_the_lapsed_lease_keeps_the_run(
     finally:
         collector.close()
         runner.close()
+
+
+def test_a_lease_keeps_its_runs_parts_on_every_table(make_store: StoreFactory, store_kind: str) -> None:
+    """An input landed by its decoder child (``engine.land.input_landing``) stages parts for the
+    root and its child tables under one lease on the root, and the landing process adopts them into
+    each table's run: collection keeps every object named by a live lease's run id, on any table,
+    and takes them once the lease ends and nothing references them."""
+    from contextful.storage.parts import part_key, write_part
+
+    store: Store = make_store()
+    store.create_table("events")
+    lease = StagingLease(store, "events", "r20261205T000000-input000001")
+    keys = [part_key(name, lease.run_id, 0) for name in ("events", "events__tags", "events__tags__more")]
+    for key in keys:
+        write_part(store.objects, key, pa.table({"id": [1]}).to_batches(), pa.schema([("id", pa.int64())]))
+    assert store.collect(grace_seconds=0).orphans == []
+    assert all(store.objects.exists(key) for key in keys)
+    lease.end()
+    assert sorted(store.collect(grace_seconds=0).orphans) == sorted(keys)
+    assert not any(store.objects.exists(key) for key in keys)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import contextful
+from tests.support.cli import contextful, contextful_in
 
 MANIFEST = """\
 [project]
@@ -66,18 +66,22 @@ def test_a_failed_run_shows_failed_with_its_masked_error_line(project: Path) -> 
     assert detail["status"] == "failed" and detail["failure"] == last["failure"] and detail["rows"] is None
 
 
-def test_a_run_given_up_after_it_opened_is_failed_not_planned(tmp_path: Path) -> None:
-    """A null key refuses the batch after the run opened (its plan row): the run is given up and
-    history says failed, never a run forever planned."""
+@pytest.mark.parametrize("children", ["0", "2"])
+def test_a_run_given_up_after_it_opened_is_failed_not_planned(tmp_path: Path, children: str) -> None:
+    """A null key refuses the batch: landed by the run process (``CONTEXTFUL_LAND_CHILDREN=0``) after
+    the run opened (its plan row), and the run is given up; landed by the input's child, before it
+    opened. Either way history says failed, never a run forever planned."""
     (tmp_path / "contextful.toml").write_text(MANIFEST.replace('normalize = "relational"', 'primary_key = ["id"]'))
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "a.ndjson").write_text('{"id": null, "note": "x"}\n')
-    failed = contextful(tmp_path, "pipeline", "run", check=False)
+    failed = contextful_in(None, "--project", str(tmp_path), "pipeline", "run", check=False,
+                           env={"CONTEXTFUL_LAND_CHILDREN": children})
     assert failed.returncode == 4 and "PrimaryKeyNull" in failed.stderr
     history = json.loads(contextful(tmp_path, "--json", "run", "history").stdout)
     assert [(r["status"], r["failure"]["error"]) for r in history] == [("failed", "PrimaryKeyNull")]
     detail = json.loads(contextful(tmp_path, "--json", "run", "show", history[0]["run_id"]).stdout)
-    assert detail["planned_at"] is not None and detail["finished_at"] is not None  # it had opened
+    assert detail["finished_at"] is not None
+    assert (detail["planned_at"] is not None) == (children == "0")  # it had opened in the run process
 
 
 def test_run_show_shows_one_run_whole(project: Path) -> None:

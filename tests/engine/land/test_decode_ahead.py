@@ -1,4 +1,5 @@
-"""The next input decodes while this one is staged (``engine.land.ahead``), and nothing else changes:
+"""With inputs landed by the landing process (``CONTEXTFUL_LAND_CHILDREN=0``), the next input
+decodes while this one is staged (``engine.land.ahead``), and nothing else changes:
 inputs land in order, a failing input fails alone and by name, and a given-up decode's child dies."""
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class RecordingDecoder(Decoder):
 
 def test_the_next_input_decodes_while_this_one_is_staged_and_inputs_land_in_order(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONTEXTFUL_LAND_CHILDREN", "0")  # the landing process stages every batch itself
     (tmp_path / "contextful.toml").write_text(MANIFEST)
     write_inputs(tmp_path / "raw", 4)
     events: list[str] = []
