@@ -14,7 +14,7 @@ One ``contextful pipeline run`` of a ``files`` pipeline:
 2. decode each remaining input in its own child (``engine.land.decode``: 60 s, 512 MiB), which also
    lands it (``engine.land.input_landing``: the pull's ``types``, the guard, normalization, Parquet
    parts under a staging lease of the input's own), up to ``CONTEXTFUL_LAND_CHILDREN`` inputs at
-   once; the run takes them in input order and adopts each one's parts into its transactions
+   once (``input_landing.land_children``: none by default on two cores or fewer); the run takes them in input order and adopts each one's parts into its transactions
    (``LandingSink.adopt``: names, schema reconcile and downgrade events). With
    ``CONTEXTFUL_LAND_CHILDREN=0`` the child hands its batches back and the run stages them itself,
    the next input decoding ahead (``engine.land.ahead``);
