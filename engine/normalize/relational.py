@@ -301,9 +301,18 @@ def child_order_by(root_primary_key: tuple[str, ...], root_order_by: str | None)
     return ORDER if root_primary_key and root_order_by else None
 
 
-def _child_ids(parents: pa.Array, list_idx: pa.Array) -> pa.Array:
-    """A child row's id: its parent's id, ``.``, its list index."""
-    return pc.binary_join_element_wise(parents, pc.cast(list_idx, pa.string()), ".")
+def _child_ids(parents: pa.Array, list_idx: np.ndarray) -> pa.Array:
+    """A child row's id: its parent's id, ``.``, its list index.
+
+    The suffixes ``.0`` … ``.<longest list - 1>`` are printed once and taken per row: a take of
+    short strings costs a quarter of printing every row's index.
+
+    >>> _child_ids(pa.array(["r.0", "r.0", "r.1"]), np.array([0, 1, 0], dtype=np.int32)).to_pylist()
+    ['r.0.0', 'r.0.1', 'r.1.0']
+    """
+    longest = int(list_idx.max()) + 1 if len(list_idx) else 0
+    suffixes = pc.binary_join_element_wise(".", pc.cast(pa.array(np.arange(longest, dtype=np.int32)), pa.string()), "")
+    return pc.binary_join_element_wise(parents, suffixes.take(pa.array(list_idx)), "")
 
 
 class _Shredder:
@@ -352,12 +361,13 @@ class _Shredder:
         counts = pc.fill_null(lengths, 0).to_numpy()
         values = pc.list_flatten(array)  # skips null lists even when their offsets span values
         n = len(values)
-        parent_pos = pa.array(np.repeat(np.arange(len(array), dtype=np.int64), counts))
+        positions = np.repeat(np.arange(len(array), dtype=np.int64), counts)
+        parent_pos = pa.array(positions)
         starts = np.cumsum(counts) - counts
-        list_idx = np.arange(n, dtype=np.int32) - np.repeat(starts, counts).astype(np.int32)
+        list_idx = (np.arange(n, dtype=np.int64) - starts[positions]).astype(np.int32)
         parents = parent_ids.take(parent_pos)
         indexes = pa.array(list_idx, pa.int32())
-        ids = _child_ids(parents, indexes)
+        ids = _child_ids(parents, list_idx)
         # a list of the root row: its parent is its root, so one take serves both keys
         inherited = [(column, parents if values_of is parent_ids else values_of.take(parent_pos))
                      for column, values_of in parent_inherited]
