@@ -18,6 +18,7 @@ Hierarchy::
     │   ├── SourceUnavailable            a source is unreachable or answered 5xx
     │   ├── AddressInUse                 serve's address is held by another socket (the port may free up)
     │   ├── ControlSnapshotUnreadable, ControlPointerMalformed  the applied pointer or snapshot cannot be read
+    │   ├── ControlUnavailable       a served control request failed for no refusal (HTTP 503, no internal text)
     │   ├── ExecutionSuspended           an execution stopped waiting on a pending awakeable; reopen to resume
     │   └── DeriveStepExit, DeriveStepTimeout  a derive engine step exited non-zero or passed its deadline
     └── TerminalError                    marker: retrying the same input fails the same way
@@ -72,6 +73,8 @@ Hierarchy::
         │   ├── AppliedAuthorityChanged  a table's writer now differs from the one the job's version pinned
         │   ├── AppliedModelDisclosureChanged  a model's published contract differs from the job's version's
         │   ├── CycleControlSourceUnresolved  serve --cycle's configured control source does not resolve
+        │   ├── ControlSourceNotLoopback, ControlRequestMalformed, SecretMaterialInDocument, EnforceRegionMismatch
+        │   │                            synced control, served control and residency refusals (docs/control.md)
         │   └── DeriveNoStoreRoot, DeriveConfigKeyMissing, DeriveForeignOutputTable, DeriveReservedDiscriminator,
         │       DeriveFailureOffTable, DeriveOutputTablesMismatch, DeriveCycle, DeriveAfterConflict,
         │       DeriveEngineUnbound, DeriveCommandInManifest, DeriveUnknownTask, DeriveTaskNameTaken,
@@ -118,6 +121,7 @@ Hierarchy::
         │   ├── StagingLeaseLost         a run's staging lease was ended by collection before it committed
         │   ├── ManifestVersionConflict  an apply lost the version claim to another apply (it reapplies)
         │   ├── StoreNotInitialized      an apply before the guarded import claimed v1 (HTTP 409)
+        │   ├── ResidencySitesDiverge    a push found another site's residency allow-set differing from this one's
         │   └── DeriveSettledUnitRevived  a unit settled under its key by another run while this one derived it
         ├── Expired                      a window closed (expired; HTTP 410)
         │   ├── ReceiveBatchKeyExpired
@@ -126,12 +130,16 @@ Hierarchy::
         │   ├── ExportQueryRefused       a gateway request names a namespace, an undeclared template, ...
         │   ├── WriterPipelineRefused    a writer key posted to a pipeline it does not name
         │   ├── ReachRefused             a store opened under a fire credential read or wrote a table beyond its reach
-        │   └── QueryWriteRefused        `contextful sql` was given a statement that writes (CREATE, INSERT, COPY ... TO)
+        │   ├── QueryWriteRefused        `contextful sql` was given a statement that writes (CREATE, INSERT, COPY ... TO)
+        │   ├── ControlAdminGrantMissing  a served /control/* credential without an Admin grant over * (untenanted)
+        │   └── ConnectorUploadRefused   an artifact uploaded through the operator surface
         ├── Unauthenticated              no admitted credential (unauthenticated; HTTP 401)
         │   ├── ReaderCredentialUnadmitted
         │   ├── WriterCredentialUnadmitted
-        │   └── CredentialUnadmitted     a signed credential missing, malformed, unpinned, badly signed, other audience
-        │       └── CredentialExpired    its exp has passed
+        │   ├── CredentialUnadmitted     a signed credential missing, malformed, unpinned, badly signed, other audience
+        │   │   └── CredentialExpired    its exp has passed
+        │   └── ControlSnapshotUntrusted, ControlAttestationUnavailable, ControlOperatorAttestationInvalid
+        │                                a pulled head, an apply or a console mutation whose signature is missing or bad
         ├── NotFound                     (not-found)
         │   ├── TableNotFound
         │   ├── SnapshotNotFound
@@ -141,7 +149,8 @@ Hierarchy::
         │   ├── ProjectNotFound          no such directory, or no contextful.toml at or above it
         │   ├── StoreNotFound            a reading command found no store (it never creates one)
         │   ├── RunNotFound              `contextful run show` names a run no record holds
-        │   └── JobNotFound              `contextful job fire|history` names a job the applied version lacks
+        │   ├── JobNotFound              `contextful job fire|history` names a job the applied version lacks
+        │   └── ControlDraftAbsent       an Admin apply found no validated store draft
         ├── RunCanceled                  the Canceled tag: a run marked canceled gave up (canceled)
         └── Permanent                    the store or backend cannot do this (permanent)
             ├── ConditionalWriteUnsupported
@@ -154,7 +163,8 @@ Hierarchy::
             ├── CatalogRejected           the catalog database refused a write (integrity)
             ├── ScriptRuntimeLinked      a JavaScript engine is importable where plans are served
             ├── StorageCapabilityMissing  the profile lacks a binding an execution needs (before admission)
-            └── ExecutionRecoveryMismatch no execution tables, or another project recovery identity
+            ├── ExecutionRecoveryMismatch no execution tables, or another project recovery identity
+            └── ConfigOwnerUnconfigured  the configuration owner has no storage or credential (HTTP 503)
 
 Messages are built from structured fields, so callers and tests read the fields, and the text
 names what the spec says it names.
@@ -2308,6 +2318,164 @@ class ControlPointerMalformed(ControlSnapshotUnreadable):
                                  "what is armed keeps running", location=location, reason="malformed", body=body)
 
 
+# --- the control plane III: synced control, reconcile, served control, residency ----------------
+# (surface.apply.*, surface.reconcile.*, surface.edit.*, surface.reside.*; engine/control/receipts.py,
+# reconcile.py, drafts.py, residency.py, engine/served/control.py)
+
+
+class ControlSnapshotUntrusted(Unauthenticated):
+    """``surface.reconcile.pulled-control-untrusted``: a pulled control head whose signature, project,
+    digest, predecessor chain, signer pin or local validation fails; ``reason`` names which, and none
+    of that version is armed."""
+
+    location: str
+    reason: str
+
+    def __init__(self, location: str, reason: str) -> None:
+        super().__init__(f"{location}: untrusted: {reason}; nothing of it is armed", location=location, reason=reason)
+
+
+class ControlAttestationUnavailable(Unauthenticated):
+    """``surface.apply.attestation-unavailable``: a synced import or apply holds no admitted Admin
+    capability or no issuer signing key; no version is claimed."""
+
+    project: str
+    missing: str
+
+    def __init__(self, project: str, missing: str) -> None:
+        super().__init__(f"project {project!r} syncs its control: {missing}; no version is claimed",
+                         project=project, missing=missing)
+
+
+class ControlOperatorAttestationInvalid(Unauthenticated):
+    """``surface.apply.operator-attestation``: an Admin mutation without a fresh console signature over
+    its verified operator, route and body, or reusing a nonce; the document is unchanged."""
+
+    reason: str
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"operator attestation refused: {reason}; nothing changed", reason=reason)
+
+
+class ControlSourceNotLoopback(SpecInvalid):
+    """``surface.reconcile.loopback-only``: a control URL whose host is not a loopback address; nothing
+    is armed."""
+
+    url: str
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"[control] url {url!r}: its host is not a loopback address (localhost, 127.0.0.0/8, "
+                         "::1); nothing is armed", url=url)
+
+
+class ControlRequestMalformed(SpecInvalid):
+    """``surface.apply.served-malformed``: a served Admin edit or apply whose body is not a JSON object
+    holding exactly its route's fields (HTTP 400); nothing changed."""
+
+    route: str
+    reason: str
+
+    def __init__(self, route: str, reason: str) -> None:
+        super().__init__(f"{route}: {reason}; nothing changed", route=route, reason=reason)
+
+
+class SecretMaterialInDocument(SpecInvalid):
+    """``surface.edit.secret-in-document``: a credential value typed into a configuration field; the
+    document holds ``${secret:NAME}`` references, the backend holds material. ``where`` names the
+    field; the value is never echoed."""
+
+    where: str
+    kind: str
+
+    def __init__(self, where: str, kind: str) -> None:
+        super().__init__(f"{where} holds credential material ({kind}); write a ${{secret:NAME}} reference and keep "
+                         "the value in the secret backend", where=where, kind=kind)
+
+
+class EnforceRegionMismatch(SpecInvalid):
+    """``surface.reside.region-mismatch``: a configured resource resolves to a region the residency
+    allow-set omits; the runtime serves nothing. Also a ``[residency] regions`` list the spec refuses
+    (``surface.reside.region-entries``: more than 16 entries)."""
+
+    resource: str
+    region: str
+
+    def __init__(self, resource: str, region: str, allowed: tuple[str, ...] = ()) -> None:
+        super().__init__(f"{resource} resolves to region {region!r}, outside [residency] regions "
+                         f"{list(allowed)!r}; nothing is served", resource=resource, region=region, allowed=allowed)
+
+
+class ResidencySitesDiverge(Conflict):
+    """``surface.reside.site-regions``: a push finding another site's recorded residency allow-set
+    (an absent one included) differing from this site's; nothing is committed."""
+
+    ours: tuple[str, ...] | None
+    theirs: tuple[str, ...] | None
+
+    def __init__(self, location: str, ours: tuple[str, ...] | None, theirs: tuple[str, ...] | None) -> None:
+        def spelled(regions: tuple[str, ...] | None) -> str:
+            return "none recorded" if regions is None else repr(list(regions))
+        super().__init__(f"{location}: this site resides in {spelled(ours)} but the bucket records "
+                         f"{spelled(theirs)}; nothing is pushed", location=location, ours=ours, theirs=theirs)
+
+
+class ControlAdminGrantMissing(Refused):
+    """``surface.apply.served-admin-grant``: a served ``/control/*`` request whose admitted credential
+    holds no Admin grant over ``*`` without a tenant scope (HTTP 403), refused before its handler."""
+
+    subject: str
+
+    def __init__(self, subject: str, reason: str = "it holds no Admin grant over '*' without a tenant scope") -> None:
+        super().__init__(f"credential of {subject!r}: {reason}", subject=subject, reason=reason)
+
+
+class ConnectorUploadRefused(Refused):
+    """``surface.edit.connector-upload``: an artifact uploaded through the operator surface; the surface
+    references registered connectors by id and version (publishing runs a separate signed path)."""
+
+    what: str
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: the operator surface takes no uploaded artifact; reference a registered "
+                         "connector by id and version", what=what)
+
+
+class ControlDraftAbsent(NotFound):
+    """``surface.apply.draft-absent``: an Admin apply finding no validated store draft; no applied
+    version changes."""
+
+    project: str
+
+    def __init__(self, project: str, reason: str = "no validated draft is saved") -> None:
+        super().__init__(f"project {project!r}: {reason}; nothing is applied", project=project, reason=reason)
+
+
+class ControlUnavailable(TransientError):
+    """``surface.apply.served-unavailable``: a served control request failing with no authority or
+    surface refusal (HTTP 503). Its detail carries no internal error text: the cause is logged, the
+    answer names only an error id."""
+
+    error_id: str
+
+    def __init__(self, error_id: str) -> None:
+        super().__init__(f"the control plane could not complete the request (error id {error_id})", error_id=error_id)
+
+
+class ConfigOwnerUnconfigured(Permanent):
+    """``surface.apply.owner-unconfigured``: the configuration owner has no storage configured or no
+    credential (HTTP 503); no local writer substitutes for the store-scoped API."""
+
+    missing: str
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(f"the configuration owner is unconfigured: {missing}; no draft or version is written",
+                         missing=missing)
+
+    @property
+    def http_status(self) -> int:
+        return 503
+
+
 # --- the control plane II: applied jobs (surface.fire.*; engine/control/contracts.py) -----------
 
 
@@ -2398,13 +2566,23 @@ __all__ = [
     "CommitConflict",
     "CommitOutcomeUnknown",
     "ConditionalWriteUnsupported",
+    "ConfigOwnerUnconfigured",
     "ConfirmationRequired",
     "Conflict",
     "ConnectorBoundHit",
+    "ConnectorUploadRefused",
     "ContextfulError",
     "ContractMismatch",
+    "ControlAdminGrantMissing",
+    "ControlAttestationUnavailable",
+    "ControlDraftAbsent",
+    "ControlOperatorAttestationInvalid",
     "ControlPointerMalformed",
+    "ControlRequestMalformed",
     "ControlSnapshotUnreadable",
+    "ControlSnapshotUntrusted",
+    "ControlSourceNotLoopback",
+    "ControlUnavailable",
     "CredentialExpired",
     "CredentialUnadmitted",
     "CursorFieldMismatch",
@@ -2438,6 +2616,7 @@ __all__ = [
     "DeriveUnitStatusUnknown",
     "DeriveUnknownTask",
     "DispatchUnitNotAHead",
+    "EnforceRegionMismatch",
     "ExecutionHeld",
     "ExecutionNotFound",
     "ExecutionRecoveryMismatch",
@@ -2515,11 +2694,13 @@ __all__ = [
     "ReceiveBatchKeyExpired",
     "Refused",
     "RequestBodyTooLarge",
+    "ResidencySitesDiverge",
     "RunCanceled",
     "RunNotFound",
     "ScheduleUnreadable",
     "SchemaIrreconcilable",
     "ScriptRuntimeLinked",
+    "SecretMaterialInDocument",
     "SecretUnresolved",
     "SnapshotCollected",
     "SnapshotNotFound",

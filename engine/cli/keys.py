@@ -63,14 +63,34 @@ def key_public(ctx: click.Context, key_path: Path) -> None:
 @click.option("--ttl", default="1h", show_default=True, callback=duration_seconds,
               help="Lifetime: seconds, or a number with s, m, h or d.")
 @click.option("--key", "key_path", type=_KEY_FILE, required=True, help="The issuer's private key file.")
+@click.option("--admin", is_flag=True, help="An Admin grant over '*' (audience 'control'): may edit, apply and sign "
+                                            "the control document (docs/control.md).")
+@click.option("--console-key", default=None, help="The operator's console public key (ed25519:...), which signs "
+                                                  "each console mutation (with --admin).")
 @click.pass_context
 def key_issue(ctx: click.Context, subject: str, on_behalf_of: str | None, audience: str, ttl: int,
-              key_path: Path) -> None:
+              key_path: Path, admin: bool, console_key: str | None) -> None:
     """Print one signed credential; send it as 'Authorization: Bearer <credential>'."""
-    from contextful.engine.control.credentials import issue, issuer_key, load_signing_key, verify
+    from contextful.engine.control.admin import AUDIENCE, admin_claims
+    from contextful.engine.control.credentials import (
+        issue,
+        issuer_key,
+        load_signing_key,
+        parse_public_key,
+        verify,
+    )
+    from contextful.storage.errors import ArgumentInvalid
 
+    if (admin or console_key is not None) and audience != AUDIENCE:
+        raise ArgumentInvalid("--audience", audience, f"an Admin credential is for audience {AUDIENCE!r}")
+    if console_key is not None and not admin:
+        raise ArgumentInvalid("--console-key", console_key, "a console key is bound only by an Admin credential "
+                                                            "(--admin)")
+    if console_key is not None:
+        parse_public_key(console_key, "--console-key")
     private = load_signing_key(key_path)
-    token = issue(private, subject, audience, ttl, on_behalf_of=on_behalf_of)
+    claims = admin_claims(console_key) if admin else None
+    token = issue(private, subject, audience, ttl, on_behalf_of=on_behalf_of, claims=claims)
     if ctx.obj["json"]:
         credential = verify(token, [issuer_key(private.public_key())], audience)
         emit_json({"token": token, "key_id": credential.issuer, "sub": credential.subject,

@@ -111,11 +111,11 @@ class Credential:
     """Every claim, the issuer's extra ones included."""
 
 
-def _b64encode(data: bytes) -> str:
+def b64url_encode(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
-def _b64decode(text: str) -> bytes:
+def b64url_decode(text: str) -> bytes:
     """Unpadded base64url; ValueError when it is not."""
     if not _SEGMENT.fullmatch(text) or len(text) % 4 == 1:
         raise ValueError("not base64url")
@@ -137,7 +137,7 @@ def _raw(public: Ed25519PublicKey) -> bytes:
 def issuer_key(public: Ed25519PublicKey) -> IssuerKey:
     """The pin of a public key."""
     raw = _raw(public)
-    return IssuerKey(key_id(raw), KEY_SPELLING + _b64encode(raw), public)
+    return IssuerKey(key_id(raw), KEY_SPELLING + b64url_encode(raw), public)
 
 
 def public_key_problem(text: object) -> str | None:
@@ -146,7 +146,7 @@ def public_key_problem(text: object) -> str | None:
     if match is None:
         return f"{text!r} is not spelled ed25519:<43 base64url characters>"
     try:
-        raw = _b64decode(match.group(1))
+        raw = b64url_decode(match.group(1))
         Ed25519PublicKey.from_public_bytes(raw)
     except ValueError:
         return f"{text!r} does not decode to a 32-byte Ed25519 public key"
@@ -158,7 +158,7 @@ def parse_public_key(text: str, source: str) -> IssuerKey:
     problem = public_key_problem(text)
     if problem is not None:
         raise IssuerKeyInvalid(source, problem)
-    raw = _b64decode(text[len(KEY_SPELLING):])
+    raw = b64url_decode(text[len(KEY_SPELLING):])
     return IssuerKey(key_id(raw), text, Ed25519PublicKey.from_public_bytes(raw))
 
 
@@ -271,8 +271,8 @@ def issue(private: Ed25519PrivateKey, subject: str, audience: str, ttl_s: int, *
             "on_behalf_of": _text("on_behalf_of", on_behalf_of if on_behalf_of is not None else subject),
             "aud": _text("audience", audience), "iat": now_s, "exp": now_s + int(ttl_s),
             "jti": secrets.token_urlsafe(16)}
-    signed = f"{FORMAT}.{_b64encode(json.dumps(body, sort_keys=True, separators=(',', ':'), ensure_ascii=False).encode())}"
-    return f"{signed}.{_b64encode(private.sign(signed.encode('ascii')))}"
+    signed = f"{FORMAT}.{b64url_encode(json.dumps(body, sort_keys=True, separators=(',', ':'), ensure_ascii=False).encode())}"
+    return f"{signed}.{b64url_encode(private.sign(signed.encode('ascii')))}"
 
 
 def _instant(seconds: int) -> str:
@@ -290,7 +290,7 @@ def verify(token: str, pins: Sequence[IssuerKey], audience: str, *, clock: Clock
     if len(parts) != 3 or parts[0] != FORMAT:
         raise CredentialUnadmitted(audience, f"the bearer token is not a signed credential ({FORMAT}.<claims>.<signature>)")
     try:
-        claims_bytes, signature = _b64decode(parts[1]), _b64decode(parts[2])
+        claims_bytes, signature = b64url_decode(parts[1]), b64url_decode(parts[2])
     except ValueError:
         raise CredentialUnadmitted(audience, "the bearer token's segments are not base64url") from None
     signed = f"{parts[0]}.{parts[1]}".encode("ascii")
