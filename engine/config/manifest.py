@@ -11,6 +11,7 @@ from contextful.engine.project import Project
 if TYPE_CHECKING:
     from contextful.engine.config.applied import AppliedSnapshot
     from contextful.engine.config.jobs import JobSpec
+    from contextful.engine.config.sync import SyncSpec
     from contextful.engine.export.spec import ExportSpec
     from contextful.engine.land.seed import SeedSpec
     from contextful.engine.model.spec import ModelSpec
@@ -131,6 +132,9 @@ class Manifest:
     applied: AppliedSnapshot | None = None
     """The metadata of the applied version this manifest was read from (``engine.config.applied``);
     None for the working ``contextful.toml``."""
+    sync: SyncSpec | None = None
+    """The ``[sync]`` block (``engine.config.sync``; docs/control.md "Synced control"); None: the project
+    does not sync its control."""
 
     def export(self, name: str) -> ExportSpec:
         for spec in self.exports:

@@ -39,6 +39,7 @@ model's SQL file alone is a change a full apply claims.
 
 from __future__ import annotations
 
+import contextlib
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,8 +51,10 @@ from contextful.engine.config.applied import KEY as SNAPSHOT_KEY
 from contextful.engine.config.applied import AppliedSnapshot, metadata, split
 from contextful.engine.config.control import read_control
 from contextful.engine.config.manifest import Manifest
+from contextful.engine.config.sync import read_sync
 from contextful.engine.config.toml_writer import dumps
 from contextful.engine.control.snapshots import POINTER, SnapshotDir
+from contextful.engine.control.synced import Offered, SyncedClaim, admit
 from contextful.engine.project import MANIFEST, locate_project
 from contextful.storage.errors import (
     ApplyValidationRefused,
@@ -137,11 +140,13 @@ def _claiming_dir(root: Path) -> SnapshotDir:
         raise ApplyValidationRefused(exc.path, [exc]) from exc
 
 
-def import_manifest(directory: str | Path = ".", *, store: str | None = None,
-                    machine: str | None = None) -> ApplyOutcome:
-    """``contextful pipeline import``: claim v1 from the working document while no version is held."""
+def import_manifest(directory: str | Path = ".", *, store: str | None = None, machine: str | None = None,
+                    offered: Offered | None = None) -> ApplyOutcome:
+    """``contextful pipeline import``: claim v1 from the working document while no version is held
+    (synced: first adopt the bucket's head when it has one, and claim nothing then)."""
     root = locate_project(directory)
     snapshots = _claiming_dir(root)
+    synced = _synced(root, offered)
     applied = snapshots.applied()
     if applied is not None:
         return ApplyOutcome("import", applied, False, applied, snapshots.file(applied))
@@ -149,30 +154,45 @@ def import_manifest(directory: str | Path = ".", *, store: str | None = None,
     if held not in ([], [1]):
         raise ControlSnapshotUnreadable(str(snapshots.path), f"it holds versions {held[0]} to {held[-1]} and no "
                                         f"applied pointer ({POINTER}); write the applied version's number there")
+    if synced is not None and not held and (adopted := synced.adopt_head(snapshots)) is not None:
+        return ApplyOutcome("import", adopted, False, None, snapshots.file(adopted))
     claimed = False
     if not held:
         text, doc = _working(root)
         manifest = _validate(root, doc, str(root / MANIFEST), store, machine)
+        content = _claimable(text, _captured(manifest, store))
+        receipt = synced.sign(snapshots, 1, content) if synced is not None else None  # before anything is written
         snapshots.prepare()
         try:
-            snapshots.claim(1, _claimable(text, _captured(manifest, store)))
+            snapshots.claim(1, content)
             claimed = True
         except ManifestVersionConflict:  # a concurrent import claimed v1 first
             pass
+        if claimed and receipt is not None:
+            snapshots.claim_receipt(1, receipt)
     else:
         snapshots.prepare()
+    if synced is not None and snapshots.receipt(1) is None:  # v1 claimed by an import that died before its receipt
+        with contextlib.suppress(ManifestVersionConflict):
+            snapshots.claim_receipt(1, synced.sign(snapshots, 1, snapshots.text(1)))
     try:  # v1 held and no pointer: a concurrent import between its claim and its advance, or one that died there
         snapshots.advance(None, 1)
     except ManifestVersionConflict:
         pass
+    if claimed and synced is not None:
+        synced.push(snapshots)
     return ApplyOutcome("import", 1, claimed, None, snapshots.file(1))
 
 
 def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False, store: str | None = None,
-                   machine: str | None = None, step: Step | None = None) -> ApplyOutcome:
-    """``contextful pipeline apply [--pipelines-only]``: claim and apply the next version."""
+                   machine: str | None = None, step: Step | None = None, offered: Offered | None = None) -> ApplyOutcome:
+    """``contextful pipeline apply [--pipelines-only]``: claim and apply the next version (synced: sign
+    it, and push it after the claim)."""
     root = locate_project(directory)
     snapshots = _claiming_dir(root)
+    synced = _synced(root, offered)
+    if synced is not None and not snapshots.versions():
+        synced.adopt_head(snapshots)
     if snapshots.applied() is None:
         raise StoreNotInitialized(snapshots.project, str(snapshots.path))
     snapshots.prepare()
@@ -193,16 +213,21 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
         if _normal(doc) == _normal(base) and meta == base_meta:
             return ApplyOutcome("apply", applied, False, applied, snapshots.file(applied), conflicts)
         version = max(snapshots.versions(), default=applied) + 1
-        text = working_text if _normal(doc) == _normal(working) else dumps(doc)
+        content = _claimable(working_text if _normal(doc) == _normal(working) else dumps(doc), meta)
+        # A synced claim signs first (surface.apply.receipt-file): a signing failure leaves nothing written.
+        receipt = synced.sign(snapshots, version, content, applied) if synced is not None else None
         try:
             _call(step, "claim", version)
-            snapshots.claim(version, _claimable(text, meta))
-            # The seam of a synced claim (surface.apply.receipt-file): it signs here, before the pointer moves.
+            snapshots.claim(version, content)
+            if receipt is not None:
+                snapshots.claim_receipt(version, receipt)
             _call(step, "advance", version)
             snapshots.advance(applied, version)
         except ManifestVersionConflict:
             conflicts += 1
             continue
+        if synced is not None:
+            synced.push(snapshots)
         return ApplyOutcome("apply", version, True, applied, snapshots.file(version), conflicts)
     raise ManifestVersionConflict(snapshots.project, version, snapshots.applied() or 0)
 
@@ -249,6 +274,20 @@ def versions(directory: str | Path = ".") -> list[VersionInfo]:
             raise ControlSnapshotUnreadable(str(snapshots.file(version)), f"cannot be read: {exc}") from exc
         found.append(VersionInfo(version, datetime.fromtimestamp(mtime, UTC), version == applied))
     return found
+
+
+def _synced(root: Path, offered: Offered | None) -> SyncedClaim | None:
+    """The synced claim of a project with ``[sync]``, its authority admitted first (None: it does not
+    sync); a ``[sync]`` block that does not validate is refused under validation."""
+    try:
+        sync = read_sync(root)
+        project, _control = read_control(root)
+    except ManifestInvalid as exc:
+        raise ApplyValidationRefused(exc.path, exc.problems) from exc
+    if sync is None:
+        return None
+    authority = admit(project, offered or Offered())
+    return SyncedClaim(root, project, sync, authority.pins, authority.signer)
 
 
 def _claimable(text: str, meta: dict[str, Any] | None) -> str:
