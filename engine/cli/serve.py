@@ -53,6 +53,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     from contextful.engine.control.daemon import Daemon, select_trigger
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.fire_credentials import serve_fire_issuer
+    from contextful.engine.control.residency import enforce_residency
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.spool import queue_root
     from contextful.engine.project import MANIFEST, open_project_store
@@ -63,6 +64,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     # a manifest built in code (no contextful.toml at its root) has no applied versions: its faces serve it
     applied = applied_armable(manifest.root) if (manifest.root / MANIFEST).is_file() else None
     served = applied if applied is not None else manifest
+    enforce_residency(served, store_url)  # surface.reside.region-mismatch: before anything is bound or armed
     # surface.dispatch.fire-credential-missing and -zone: refused before anything is bound or fired
     issuer = serve_fire_issuer(applied, issuer_key, version=applied_version(applied)) if applied else None
     serves_http = address is not None
@@ -119,6 +121,7 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     from contextful.engine.control.arming import applied_armable
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.fire_credentials import serve_fire_issuer
+    from contextful.engine.control.residency import enforce_residency
     from contextful.engine.control.source import resolve_source
     from contextful.engine.project import open_project_store
     from contextful.engine.run.script_runtime import refuse_script_runtime
@@ -130,6 +133,7 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     if applied is None:
         raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest.root).path))
     served = applied
+    enforce_residency(served, store_url)  # surface.reside.region-mismatch: before anything is armed
     issuer = serve_fire_issuer(served, issuer_key, version=applied_version(served))
 
     def open_store() -> Store:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contextful.engine.config.residency import ResidencySpec
 from contextful.engine.project import Project
 
 if TYPE_CHECKING:
@@ -132,6 +133,8 @@ class Manifest:
     applied: AppliedSnapshot | None = None
     """The metadata of the applied version this manifest was read from (``engine.config.applied``);
     None for the working ``contextful.toml``."""
+    residency: ResidencySpec = field(default_factory=ResidencySpec)
+    """The ``[residency]`` block: the regions this site may reside in (``engine.config.residency``)."""
     sync: SyncSpec | None = None
     """The ``[sync]`` block (``engine.config.sync``; docs/control.md "Synced control"); None: the project
     does not sync its control."""

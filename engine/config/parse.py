@@ -25,6 +25,7 @@ from contextful.engine.config.manifest import (
     PipelineSpec,
     SourceSpec,
 )
+from contextful.engine.config.residency import parse_residency
 from contextful.engine.config.sync import parse_sync
 from contextful.engine.export.spec import ExportSpec
 from contextful.engine.model.spec import ModelSpec
@@ -44,7 +45,7 @@ from contextful.storage.errors import (
     TableNameCollision,
 )
 
-TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external", "job", "sync")
+TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external", "job", "residency", "sync")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
                  "write_disposition", "schedule", "after", "priority", "seed", "transform")
 EXTERNAL_KEYS = ("id", "table", "description")
@@ -160,6 +161,9 @@ def read_declarations(doc: dict[str, Any], root: Path, *,
     sync, sync_problems = parse_sync(doc.get("sync"))
     for problem in found + sync_problems:
         problems.add(problem)
+    residency, found = parse_residency(doc.get("residency", {}))
+    for problem in found:
+        problems.add(problem)
     from contextful.engine.config.jobs import job_problems, parse_jobs
 
     jobs, found = parse_jobs(doc.get("job", []))
@@ -171,7 +175,8 @@ def read_declarations(doc: dict[str, Any], root: Path, *,
 
         plan = compile_plan(pipelines, models, exports, doc, problems.add)
     manifest = Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan, control=control,
-                        externals=tuple(externals), jobs=tuple(jobs), applied=applied, sync=sync)
+                        externals=tuple(externals), jobs=tuple(jobs), applied=applied, residency=residency,
+                        sync=sync)
     for problem in job_problems(manifest, jobs):
         problems.add(problem)
     if problems.found:

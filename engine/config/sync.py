@@ -9,7 +9,10 @@ the storage options of the environment (``CONTEXTFUL_S3_ENDPOINT_URL``, the AWS 
 the snapshot directory (``engine.control.bucket``). ``site`` names this node's site in the bucket
 head (default: the machine's host name). :func:`parse_sync` reads the block for
 :func:`~contextful.engine.config.parse.parse_manifest`; :func:`read_sync` reads only ``[sync]`` of the
-working document, as apply and push find the bucket whatever else it holds.
+working document, as apply and push find the bucket whatever else it holds. The bucket is one of
+the site's remote resources serve checks against ``[residency] regions``
+(``surface.reside.region-mismatch``): :func:`sync_resources` is registered in
+``engine.control.residency.RESOURCE_FINDERS``.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from contextful.engine.control.residency import RESOURCE_FINDERS, Resource
 from contextful.engine.project import MANIFEST, read_manifest_document
 from contextful.storage.errors import (
     ContextfulError,
@@ -27,6 +31,9 @@ from contextful.storage.errors import (
     ManifestKeyUnknown,
     ManifestValueInvalid,
 )
+
+if TYPE_CHECKING:
+    from contextful.engine.config.manifest import Manifest
 
 SYNC_KEYS = ("bucket", "site")
 BUCKET_PROTOCOLS = ("s3",)
@@ -84,3 +91,11 @@ def read_sync(root: Path) -> SyncSpec | None:
     if problems:
         raise ManifestInvalid(str(root / MANIFEST), problems)
     return sync
+
+
+def sync_resources(manifest: Manifest, store_url: str | None) -> list[Resource]:
+    """The ``[sync]`` bucket, as a resource whose region residency gates (none without ``[sync]``)."""
+    return [] if manifest.sync is None else [Resource("the [sync] bucket", manifest.sync.bucket)]
+
+
+RESOURCE_FINDERS.append(sync_resources)

@@ -54,7 +54,7 @@ from contextful.engine.config.manifest import Manifest
 from contextful.engine.config.sync import read_sync
 from contextful.engine.config.toml_writer import dumps
 from contextful.engine.control.snapshots import POINTER, SnapshotDir
-from contextful.engine.control.synced import Offered, SyncedClaim, admit
+from contextful.engine.control.synced import Offered, SyncedClaim, admit, working_site_regions
 from contextful.engine.project import MANIFEST, locate_project
 from contextful.storage.errors import (
     ApplyValidationRefused,
@@ -282,12 +282,13 @@ def _synced(root: Path, offered: Offered | None) -> SyncedClaim | None:
     try:
         sync = read_sync(root)
         project, _control = read_control(root)
+        regions = working_site_regions(root, project) if sync is not None else None
     except ManifestInvalid as exc:
         raise ApplyValidationRefused(exc.path, exc.problems) from exc
     if sync is None:
         return None
     authority = admit(project, offered or Offered())
-    return SyncedClaim(root, project, sync, authority.pins, authority.signer)
+    return SyncedClaim(root, project, sync, authority.pins, regions, authority.signer)
 
 
 def _claimable(text: str, meta: dict[str, Any] | None) -> str:

@@ -37,6 +37,7 @@ from contextful.storage.errors import (
     ContextfulError,
     ControlAttestationUnavailable,
     ControlSnapshotUntrusted,
+    ManifestInvalid,
     ManifestValueInvalid,
 )
 
@@ -116,6 +117,9 @@ class SyncedProject:
     project: Project
     sync: SyncSpec
     pins: tuple[IssuerKey, ...]
+    regions: tuple[str, ...] | None
+    """This site's residency allow-set (``engine.control.residency.site_regions`` of the working
+    document's ``[residency]``), which a push records (``surface.reside.site-regions``)."""
 
     @classmethod
     def at(cls, directory: str | Path, public_keys: Sequence[str] = ()) -> SyncedProject:
@@ -130,7 +134,7 @@ class SyncedProject:
         if sync is None:
             raise ManifestValueInvalid("the manifest", "sync", "is absent: declare [sync] bucket = "
                                                                "\"s3://bucket/prefix\" to push or pull its control")
-        return cls(root, project, sync, verb_pins(project, public_keys))
+        return cls(root, project, sync, verb_pins(project, public_keys), working_site_regions(root, project))
 
     def bucket(self) -> ControlBucket:
         from contextful.engine.control.bucket import ControlBucket
@@ -139,7 +143,7 @@ class SyncedProject:
 
     def push(self, snapshots: SnapshotDir, step: Step | None = None) -> PushOutcome:
         """Push the applied version, and the chain below it, to the bucket (``engine.control.bucket``)."""
-        return self.bucket().push(snapshots, site=self.sync.site, regions=None, pins=self.pins, step=step)
+        return self.bucket().push(snapshots, site=self.sync.site, regions=self.regions, pins=self.pins, step=step)
 
     def adopt_head(self, snapshots: SnapshotDir) -> int | None:
         """``surface.apply.adopt-before-claim``: over a snapshot directory holding no version, adopt the
@@ -170,6 +174,19 @@ class SyncedClaim(SyncedProject):
                                                "descends from a signed version")
             parent = sha256_hex(data)
         return sign_receipt(self.signer, self.project.name, version, parent, content.encode("utf-8")).to_bytes()
+
+
+def working_site_regions(root: Path, project: Project) -> tuple[str, ...] | None:
+    """This site's residency allow-set: the working document's ``[residency]`` block, read alone."""
+    from contextful.engine.config.manifest import Manifest
+    from contextful.engine.config.residency import parse_residency
+    from contextful.engine.control.residency import site_regions
+    from contextful.engine.project import MANIFEST, read_manifest_document
+
+    residency, problems = parse_residency(read_manifest_document(root).get("residency", {}))
+    if problems:
+        raise ManifestInvalid(str(root / MANIFEST), problems)
+    return site_regions(Manifest(root, project, residency=residency))
 
 
 def push_control(directory: str | Path = ".", *, public_keys: Sequence[str] = ()) -> PushOutcome:
