@@ -59,6 +59,8 @@ def _emit(ctx: click.Context, outcome: ApplyOutcome) -> None:
         emit_json(outcome.to_json() | {"warnings": warnings})
     elif outcome.claimed:
         click.echo(f"claimed v{outcome.version} (applied)")
+    elif outcome.adopted:
+        click.echo(f"adopted v{outcome.version} from the bucket (applied); import claims nothing")
     elif outcome.verb == "import":
         click.echo(f"v{outcome.version} is applied already; import claims nothing")
     else:

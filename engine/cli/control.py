@@ -27,3 +27,22 @@ def push(ctx: click.Context, public_keys: tuple[str, ...]) -> None:
         click.echo(f"pushed v{', v'.join(str(v) for v in outcome.pushed)}: the bucket head is v{outcome.head.version}")
     else:
         click.echo(f"nothing to push: the bucket head is v{outcome.head.version}, this node's applied version")
+
+
+@control.command("pull")
+@public_key_option
+@click.pass_context
+def pull(ctx: click.Context, public_keys: tuple[str, ...]) -> None:
+    """Adopt the bucket head when it descends from the applied version: receipts verified, snapshot self-valid."""
+    from contextful.engine.control.synced import pull_control
+
+    adoption = pull_control(ctx.obj["project"], public_keys=public_keys, store=ctx.obj["store"],
+                            machine=ctx.obj.get("machine"))
+    if ctx.obj["json"]:
+        emit_json(adoption.to_json())
+    elif adoption.installed is not None:
+        click.echo(f"adopted v{adoption.installed} (applied)")
+    elif adoption.head is None:
+        click.echo("nothing to pull: the bucket holds no head")
+    else:
+        click.echo(f"nothing to pull: the bucket head is v{adoption.head}, this node's is v{adoption.local}")

@@ -92,10 +92,12 @@ class ApplyOutcome:
     """The file of ``version``."""
     conflicts: int = 0
     """How many races this call lost and reapplied after."""
+    adopted: bool = False
+    """Whether this call adopted ``version`` from the ``[sync]`` bucket (``surface.apply.adopt-before-claim``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"verb": self.verb, "version": self.version, "claimed": self.claimed, "previous": self.previous,
-                "snapshot": str(self.snapshot), "conflicts": self.conflicts}
+                "snapshot": str(self.snapshot), "conflicts": self.conflicts, "adopted": self.adopted}
 
 
 @dataclass(frozen=True)
@@ -154,8 +156,9 @@ def import_manifest(directory: str | Path = ".", *, store: str | None = None, ma
     if held not in ([], [1]):
         raise ControlSnapshotUnreadable(str(snapshots.path), f"it holds versions {held[0]} to {held[-1]} and no "
                                         f"applied pointer ({POINTER}); write the applied version's number there")
-    if synced is not None and not held and (adopted := synced.adopt_head(snapshots)) is not None:
-        return ApplyOutcome("import", adopted, False, None, snapshots.file(adopted))
+    if synced is not None and not held and (adopted := synced.adopt_head(snapshots, store=store,
+                                                                         machine=machine)) is not None:
+        return ApplyOutcome("import", adopted, False, None, snapshots.file(adopted), adopted=True)
     claimed = False
     if not held:
         text, doc = _working(root)
@@ -192,7 +195,7 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
     snapshots = _claiming_dir(root)
     synced = _synced(root, offered)
     if synced is not None and not snapshots.versions():
-        synced.adopt_head(snapshots)
+        synced.adopt_head(snapshots, store=store, machine=machine)
     if snapshots.applied() is None:
         raise StoreNotInitialized(snapshots.project, str(snapshots.path))
     snapshots.prepare()

@@ -42,6 +42,7 @@ from contextful.storage.errors import (
 )
 
 if TYPE_CHECKING:
+    from contextful.engine.control.adopt import Adoption
     from contextful.engine.control.bucket import ControlBucket, PushOutcome, Step
 
 TOKEN_VARIABLE = "CONTEXTFUL_TOKEN"
@@ -145,14 +146,28 @@ class SyncedProject:
         """Push the applied version, and the chain below it, to the bucket (``engine.control.bucket``)."""
         return self.bucket().push(snapshots, site=self.sync.site, regions=self.regions, pins=self.pins, step=step)
 
-    def adopt_head(self, snapshots: SnapshotDir) -> int | None:
+    def pull(self, snapshots: SnapshotDir, *, store: str | None = None, machine: str | None = None) -> Adoption:
+        """Adopt the bucket head into ``snapshots`` when it descends from the local head: each receipt
+        verified under the pins, the head's snapshot self-valid on this node (``engine.control.adopt``)."""
+        bucket = self.bucket()
+        bucket.head()  # the head this adoption reads, once
+        return self._adopt(bucket, snapshots, store, machine)
+
+    def adopt_head(self, snapshots: SnapshotDir, *, store: str | None = None, machine: str | None = None) -> int | None:
         """``surface.apply.adopt-before-claim``: over a snapshot directory holding no version, adopt the
-        bucket's head (verified under the verb's pins, self-valid); the version adopted (None: the
-        bucket holds no head)."""
+        bucket's head (verified under the verb's pins, self-valid, whatever the working document
+        declares); the version adopted (None: the bucket holds no head)."""
         bucket = self.bucket()
         if bucket.head() is None:
             return None
-        raise NotImplementedError("adoption lands with engine.control.adopt")
+        return self._adopt(bucket, snapshots, store, machine).installed
+
+    def _adopt(self, bucket: ControlBucket, snapshots: SnapshotDir, store: str | None,
+               machine: str | None) -> Adoption:
+        from contextful.engine.control.adopt import adopt, node_validation
+
+        return adopt(bucket, snapshots, project=self.project.name, pins=self.pins, signed=True,
+                     validate=node_validation(self.root, store=store, machine=machine))
 
 
 @dataclass(frozen=True)
@@ -194,6 +209,14 @@ def push_control(directory: str | Path = ".", *, public_keys: Sequence[str] = ()
     bucket, each receipt verified under the pins and ``public_keys`` before it is published."""
     synced = SyncedProject.at(directory, public_keys)
     return synced.push(_snapshots(synced))
+
+
+def pull_control(directory: str | Path = ".", *, public_keys: Sequence[str] = (), store: str | None = None,
+                 machine: str | None = None) -> Adoption:
+    """``contextful control pull``: adopt the ``[sync]`` bucket's head when it descends from this node's
+    applied version, verified under the pins and ``public_keys``."""
+    synced = SyncedProject.at(directory, public_keys)
+    return synced.pull(_snapshots(synced), store=store, machine=machine)
 
 
 def _snapshots(synced: SyncedProject) -> SnapshotDir:

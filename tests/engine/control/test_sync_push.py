@@ -18,7 +18,7 @@ from contextful.engine.control.synced import SyncedProject, push_control
 from contextful.storage.errors import ManifestVersionConflict
 
 from tests.engine.control.test_apply import SECOND_PIPELINE
-from tests.engine.control.test_sync import BucketView, Keys, Node, make_node, sha256
+from tests.engine.control.test_sync import BucketView, Node, make_keys, make_node, sha256
 from tests.support.s3_server import S3Server
 
 pytestmark = pytest.mark.s3
@@ -45,7 +45,8 @@ def shared_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_push_whose_head_moved_meanwhile_is_refused_and_the_head_stays_the_winners(
-        tmp_path: Path, s3_server: S3Server, keys: Keys, shared_env: None) -> None:
+        tmp_path: Path, s3_server: S3Server, shared_env: None) -> None:
+    keys = make_keys(tmp_path / "keys")
     shared, aside = s3_server.new_bucket(), s3_server.new_bucket()
     a = make_node(tmp_path / "a", s3_server, shared, keys)
     a.run("pipeline", "import")  # the shared head: v1
@@ -69,7 +70,8 @@ def test_a_push_whose_head_moved_meanwhile_is_refused_and_the_head_stays_the_win
 
 
 def test_a_push_whose_version_another_push_claimed_meanwhile_overwrites_nothing(
-        tmp_path: Path, s3_server: S3Server, keys: Keys, shared_env: None) -> None:
+        tmp_path: Path, s3_server: S3Server, shared_env: None) -> None:
+    keys = make_keys(tmp_path / "keys")
     shared, aside = s3_server.new_bucket(), s3_server.new_bucket()
     d = make_node(tmp_path / "d", s3_server, shared, keys)
     d.run("pipeline", "import")
