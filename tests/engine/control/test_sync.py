@@ -111,6 +111,11 @@ class BucketView:
     def get(self, name: str) -> bytes:
         return bytes(self.fs.cat_file(f"{self.base}/{name}"))
 
+    def put(self, name: str, data: bytes, metadata: dict[str, str] | None = None) -> None:
+        """Write ``name`` unconditionally, as any writer holding the bucket's credentials can."""
+        bucket, key, _ = self.fs.split_path(f"{self.base}/{name}")
+        self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, Metadata=metadata or {})
+
     def head(self) -> tuple[bytes, dict[str, str]]:
         self.fs.invalidate_cache()
         return self.get("manifest@current"), dict(self.fs.metadata(f"{self.base}/manifest@current"))

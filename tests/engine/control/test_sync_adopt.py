@@ -105,6 +105,22 @@ def test_a_cold_node_adopts_the_signed_head_and_its_apply_claims_the_heads_succe
     assert bucket_head(colder)[0] == b"3\n"
 
 
+@pytest.mark.clause("surface.apply.receipt-digest")
+def test_a_pull_refuses_a_head_naming_another_receipt_digest(tmp_path: Path, s3_server: S3Server) -> None:
+    keys = make_keys(tmp_path / "keys")
+    warm = make_node(tmp_path / "warm", s3_server, s3_server.new_bucket(), keys)
+    warm.run("pipeline", "import")
+    view = BucketView(s3_server, warm.bucket)
+    body, meta = view.head()
+    view.put("manifest@current", body, meta | {"receipt": sha256(b"another receipt")})  # a bucket writer's edit
+    cold = make_node(tmp_path / "cold", s3_server, warm.bucket, keys)
+    line = one_error(cold.run("control", "pull", check=False), "ControlSnapshotUntrusted", 9)
+    assert "receipt@v1.json" in line and "its digest is not the one the bucket head names" in line
+    assert not cold.snapshots.exists() or not list(cold.snapshots.glob("*@*"))
+    view.put("manifest@current", body, meta)  # the head as pushed is adopted
+    assert cold.run("control", "pull").stdout == "adopted v1 (applied)\n"
+
+
 @pytest.mark.clause("surface.apply.adopt-before-claim")
 def test_a_cold_node_adopts_a_head_only_under_the_verbs_public_key(
         tmp_path: Path, s3_server: S3Server) -> None:
