@@ -69,3 +69,17 @@ def test_a_push_records_its_sites_regions_and_a_differing_set_of_another_site_is
     as_site(sited, "sited", ["eu-west-1"], SECOND_PIPELINE)
     line = one_error(sited.run("pipeline", "apply", check=False), "ResidencySitesDiverge", 5)
     assert "this site resides in ['eu-west-1'] but the bucket records none recorded" in line
+
+
+@pytest.mark.clause("surface.reside.region-mismatch")
+def test_serve_refuses_a_sync_bucket_in_a_region_the_allow_set_omits(tmp_path: Path, s3_server: S3Server) -> None:
+    node = make_node(tmp_path / "shop", s3_server, s3_server.new_bucket(), make_keys(tmp_path / "keys"))
+    as_site(node, "eu-1", ["eu-west-1"])
+    node.run("pipeline", "import")
+    cycle = node.run("pipeline", "serve", "--cycle", check=False)
+    assert cycle.returncode == 3, cycle.stderr
+    assert (f"EnforceRegionMismatch: the [sync] bucket s3://{node.bucket}/sync resolves to region 'us-east-1', "
+            "outside [residency] regions ['eu-west-1']; nothing is served") in cycle.stderr
+    as_site(node, "eu-1", ["eu-west-1", "us-east-1"])  # the bucket's region allowed: the cycle runs
+    node.run("pipeline", "apply")
+    assert node.run("pipeline", "serve", "--cycle").returncode == 0
