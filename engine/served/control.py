@@ -224,7 +224,7 @@ def _answer(exchange: Exchange, exc: ContextfulError) -> None:
     """A refusal as the face's usual JSON, plus what it names for the console."""
     doc: dict[str, Any] = {"error": exc.name, "detail": mask_message(exc.detail)}
     if isinstance(exc, ApplyValidationRefused):
-        doc["problems"] = [{"error": p.name, "detail": mask_message(p.detail)} for p in exc.problems]
+        doc["problems"] = [{"error": p.name, "detail": mask_message(p.detail)} for p in exc.fields["problems"]]
     exchange.send_json(exc.http_status, doc)
 
 

@@ -13,7 +13,8 @@ import json
 import logging
 import secrets
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from contextful.storage.clock import ManualClock
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.engine.served.control_face import EXTERNAL, PIPELINE, Console, manifest_text, pointer, version_text
+from tests.storage.catalog_place import CatalogPlace
 from tests.support.cli import contextful
 
 T0_US = 1_800_000_000_000_000
@@ -66,8 +68,9 @@ class Plane:
         return self.store.catalog.draft("shop")
 
 
-@pytest.fixture
-def plane(tmp_path: Path, decoder: object) -> Iterator[Plane]:
+@contextmanager
+def serving(tmp_path: Path, decoder: object, open_store: Callable[[ManualClock], Store]) -> Iterator[Plane]:
+    """A project pinning an issuer key, v1 imported, served with the store ``open_store`` opens."""
     issuer = Ed25519PrivateKey.generate()
     root = tmp_path / "project"
     root.mkdir()
@@ -75,16 +78,25 @@ def plane(tmp_path: Path, decoder: object) -> Iterator[Plane]:
     import_manifest(root)
     manifest = load_manifest(root)
     clock = ManualClock(T0_US)
-    store = Store.open(manifest.project.store, clock=clock)
+    store = open_store(clock)
     served = serve_project(manifest, lambda: store, "127.0.0.1:0", decoder=decoder,  # type: ignore[arg-type]
                            queue_root=tmp_path / "queues")
     assert served.control is not None
     served.control.clock = clock
     console = Console(issuer, served.urls["control"], now_s=lambda: clock.now_us() // 1_000_000)
     console.token = console.credential(clock=clock)
-    yield Plane(root, clock, store, served, console)
-    served.shutdown(5)
-    store.close()
+    try:
+        yield Plane(root, clock, store, served, console)
+    finally:
+        served.shutdown(5)
+        store.close()
+
+
+@pytest.fixture
+def plane(tmp_path: Path, decoder: object) -> Iterator[Plane]:
+    with serving(tmp_path, decoder, lambda clock: Store.open(load_manifest(tmp_path / "project").project.store,
+                                                            clock=clock)) as served:
+        yield served
 
 
 def error(answer: tuple[int, dict]) -> tuple[int, str]:
@@ -205,7 +217,7 @@ def test_an_admin_apply_claims_the_saved_draft_through_the_version_cas(plane: Pl
     assert load_manifest(plane.root).project.name == "shop"
 
     # the draft is validated again: a saved row no longer valid is refused, though its digest matches
-    draft = plane.draft(plane.edited())[1]["draft"]
+    draft = plane.draft(plane.edited(SECOND_PIPELINE.replace("orders", "carts")), version=2)[1]["draft"]
     row = plane.saved()
     assert row is not None
     invalid = row.document + 'after = ["nowhere"]\n'
@@ -379,3 +391,19 @@ def test_a_credential_typed_into_the_document_is_refused_naming_the_field(plane:
             "(aws-access-key-id)") in proc.stderr
     assert AWS_KEY not in proc.stderr + proc.stdout
     assert pointer(plane.root) == "1\n"
+
+
+@pytest.mark.clause("surface.edit.store-draft", "surface.apply.draft-claim")
+def test_drafts_and_nonces_live_in_the_catalog_of_either_profile(tmp_path: Path, decoder: object,
+                                                                 place: CatalogPlace) -> None:
+    with serving(tmp_path, decoder, place.store) as plane:
+        document = plane.edited()
+        nonce = secrets.token_hex(16)
+        draft = plane.draft(document, nonce=nonce)[1]["draft"]
+        with place.store(plane.clock) as other:  # another serve's handle on the same catalog
+            row = other.catalog.draft("shop")
+            assert row is not None and (row.draft_id, row.operator, row.version) == (draft, "dana", 1)
+        assert error(plane.draft(document, nonce=nonce)) == (401, "ControlOperatorAttestationInvalid")
+        assert plane.console.post("/control/apply", {"draft": draft})[1] == \
+            {"version": 2, "previous": 1, "claimed": True}
+        assert pointer(plane.root) == "2\n" and plane.saved() is None

@@ -69,7 +69,7 @@ def test_a_serve_with_no_issuer_key_or_no_store_answers_owner_unconfigured(tmp_p
     console.token = console.credential()
     with serving(project) as url:
         console.url = url
-        for status, answer in (console.get(), console.post("/control/draft", {"document": "", "version": 1}),
+        for status, answer in (console.get(), console.post("/control/draft", {"document": "[project]\n", "version": 1}),
                                console.post("/control/apply", {"draft": "d1"})):
             assert (status, answer["error"]) == (503, "ConfigOwnerUnconfigured")
             assert "no issuer key is pinned" in answer["detail"]
@@ -81,7 +81,7 @@ def test_a_serve_with_no_issuer_key_or_no_store_answers_owner_unconfigured(tmp_p
     (alone / "contextful.toml").write_text(manifest_text(pin.text, ""))
     with serving(alone) as url:
         console.url = url
-        for status, answer in (console.get(), console.post("/control/draft", {"document": "", "version": 1}),
+        for status, answer in (console.get(), console.post("/control/draft", {"document": "[project]\n", "version": 1}),
                                console.post("/control/apply", {"draft": "d1"})):
             assert (status, answer["error"]) == (503, "ConfigOwnerUnconfigured")
             assert "no store" in answer["detail"]
