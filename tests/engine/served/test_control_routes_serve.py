@@ -69,10 +69,7 @@ def test_a_serve_with_no_issuer_key_or_no_store_answers_owner_unconfigured(tmp_p
     console.token = console.credential()
     with serving(project) as url:
         console.url = url
-        for status, answer in (console.get(), console.post("/control/draft", {"document": "[project]\n", "version": 1}),
-                               console.post("/control/apply", {"draft": "d1"})):
-            assert (status, answer["error"]) == (503, "ConfigOwnerUnconfigured")
-            assert "no issuer key is pinned" in answer["detail"]
+        assert_unconfigured(console, "no issuer key is pinned")
     assert pointer(project) == "1\n"
 
     # an issuer key pinned, but no store to hold the control state: no local writer stands in
@@ -81,16 +78,21 @@ def test_a_serve_with_no_issuer_key_or_no_store_answers_owner_unconfigured(tmp_p
     (alone / "contextful.toml").write_text(manifest_text(pin.text, ""))
     with serving(alone) as url:
         console.url = url
-        for status, answer in (console.get(), console.post("/control/draft", {"document": "[project]\n", "version": 1}),
-                               console.post("/control/apply", {"draft": "d1"})):
-            assert (status, answer["error"]) == (503, "ConfigOwnerUnconfigured")
-            assert "no store" in answer["detail"]
+        assert_unconfigured(console, "no store")
         assert error_of(request(url, "GET", "/control/document")) == (401, "CredentialUnadmitted")  # admission first
     assert not (alone / ".contextful").exists()
 
 
 def error_of(answer: tuple[int, dict]) -> tuple[int, str]:
     return answer[0], answer[1]["error"]
+
+
+def assert_unconfigured(console: Console, missing: str) -> None:
+    """Every control route answers 503 ConfigOwnerUnconfigured naming what is ``missing``."""
+    for status, answer in (console.get(), console.post("/control/draft", {"document": "[project]\n", "version": 1}),
+                           console.post("/control/apply", {"draft": "d1"})):
+        assert (status, answer["error"]) == (503, "ConfigOwnerUnconfigured")
+        assert missing in answer["detail"]
 
 
 @pytest.mark.clause("surface.apply.operator-attestation", "surface.edit.store-draft", "surface.apply.draft-claim")
