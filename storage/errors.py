@@ -2308,6 +2308,9 @@ class ControlSnapshotUnreadable(TransientError):
     """``surface.reconcile.fail-static``: the applied pointer or snapshot cannot be read; what is
     armed stays armed and running."""
 
+    location: str
+    reason: str
+
     def __init__(self, location: str, reason: str) -> None:
         super().__init__(f"{location}: {reason}; what is armed keeps running", location=location, reason=reason)
 

@@ -9,7 +9,8 @@ way to drive Contextful); its answer is printed in a few lines, or as JSON under
 It also hosts the receive source for ``receive`` pipelines (``engine.land.receive``, docs/receive.md),
 the Iceberg query gateway for the manifest's exports (``engine.export.gateway``, docs/exports.md),
 when an issuer key is pinned the resume route of awakeables (``engine.served.awake``,
-docs/served.md), and under ``[control] trigger = "external"`` the wake route (``engine.served.wake``):
+docs/served.md), under ``[control] trigger = "external"`` the wake route (``engine.served.wake``),
+and on the shared ``--http`` face the control routes (``engine.served.control``, docs/served.md):
 all on ``--http``, or each on its own address with ``--receive-http``, ``--gateway-http`` and
 ``--awake-http`` (a service with no address is not served). With no applied version yet the faces
 serve the working manifest and nothing is armed. Once the sockets are bound it prints on stdout
@@ -90,7 +91,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
                 server = serve_project(served, open_store, address, queue_root=queue_root(served.root),
                                        decoder=decoder, receive_address=receive_address,
                                        gateway_address=gateway_address, awake_address=awake_address,
-                                       awake_store=read_store, wake=plane if trigger == "external" else None)
+                                       awake_store=read_store, wake=plane if trigger == "external" else None,
+                                       store_url=store_url)
             try:
                 if server is not None:
                     for label, face in server.faces.items():

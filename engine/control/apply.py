@@ -71,6 +71,9 @@ MAX_ATTEMPTS = 8
 MARKER = "\n# Written by import or apply: what this version was applied with (docs/control.md).\n"
 """The line between a version's document and its ``[snapshot]`` table."""
 
+Sign = Callable[[int, str], bytes]
+"""Signs version N's receipt over its content before the claim: the receipt's canonical bytes."""
+
 Step = Callable[[str, int], None]
 """Called with ``("claim", N)`` before an apply claims version N and ``("advance", N)`` before it
 moves the pointer to N: tests hold an apply there to make a race happen deterministically."""
@@ -202,6 +205,7 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
     working_text, working = _working(root)
     source = str(root / MANIFEST) + (" ([[pipeline]] blocks over the applied version)" if pipelines_only else "")
     conflicts = 0
+    lost: ManifestVersionConflict | None = None
     for _attempt in range(MAX_ATTEMPTS):
         applied = snapshots.applied()
         assert applied is not None  # a pointer never goes away
@@ -215,24 +219,41 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
             meta = _captured(_validate(root, doc, source, store, machine), store)
         if _normal(doc) == _normal(base) and meta == base_meta:
             return ApplyOutcome("apply", applied, False, applied, snapshots.file(applied), conflicts)
-        version = max(snapshots.versions(), default=applied) + 1
-        content = _claimable(working_text if _normal(doc) == _normal(working) else dumps(doc), meta)
-        # A synced claim signs first (surface.apply.receipt-file): a signing failure leaves nothing written.
-        receipt = synced.sign(snapshots, version, content, applied) if synced is not None else None
+        text = working_text if _normal(doc) == _normal(working) else dumps(doc)
         try:
-            _call(step, "claim", version)
-            snapshots.claim(version, content)
-            if receipt is not None:
-                snapshots.claim_receipt(version, receipt)
-            _call(step, "advance", version)
-            snapshots.advance(applied, version)
-        except ManifestVersionConflict:
+            version = claim_next(snapshots, applied, text, meta, step,
+                                 sign=synced.receipt_signer(snapshots, applied) if synced is not None else None)
+        except ManifestVersionConflict as exc:
             conflicts += 1
+            lost = exc
             continue
         if synced is not None:
             synced.push(snapshots)
         return ApplyOutcome("apply", version, True, applied, snapshots.file(version), conflicts)
-    raise ManifestVersionConflict(snapshots.project, version, snapshots.applied() or 0)
+    assert lost is not None  # every attempt that did not return lost a race
+    raise lost
+
+
+def claim_next(snapshots: SnapshotDir, applied: int, text: str, meta: dict[str, Any] | None,
+               step: Step | None = None, sign: Sign | None = None) -> int:
+    """Claim the version after the highest claimed, holding ``text`` and its ``[snapshot]`` table
+    ``meta``, and advance the pointer to it from ``applied``: the version compare-and-swap every
+    apply claims through (the CLI's and a served draft's, ``engine.control.drafts``).
+    ``ManifestVersionConflict`` when the version is claimed first or the pointer moved.
+
+    ``sign`` (a synced claim's, ``surface.apply.receipt-file``) signs the version's receipt before
+    anything is written, so a signing failure leaves neither snapshot nor pointer naming it; the
+    receipt is claimed beside the snapshot, and only then does the pointer move."""
+    version = max(snapshots.versions(), default=applied) + 1
+    content = _claimable(text, meta)
+    receipt = sign(version, content) if sign is not None else None
+    _call(step, "claim", version)
+    snapshots.claim(version, content)
+    if receipt is not None:
+        snapshots.claim_receipt(version, receipt)
+    _call(step, "advance", version)
+    snapshots.advance(applied, version)
+    return version
 
 
 def load_applied(directory: str | Path = ".") -> Applied | None:
@@ -355,7 +376,9 @@ def _validate(root: Path, doc: dict[str, Any], source: str, store: str | None, m
     """The manifest of ``doc`` after the engine's whole validation; ``applied``: the metadata a
     pipelines-only apply keeps (its models' SQL is the applied version's, not the project's files)."""
     from contextful.engine.config.validate import validated_manifest
+    from contextful.engine.control.document_secrets import refuse_secret_material
 
+    refuse_secret_material(doc)  # surface.edit.secret-in-document: before validation can quote a value
     try:
         return validated_manifest(root, doc, source=source, store=store, machine=machine, applied=applied)
     except ManifestInvalid as exc:

@@ -40,9 +40,14 @@ from typing import Any
 
 from contextful.engine.control.credentials import IssuerKey
 from contextful.engine.control.receipts import parse_receipt, sha256_hex, verify_receipt
-from contextful.engine.control.snapshots import POINTER, SnapshotDir, receipt_name, version_name
+from contextful.engine.control.snapshots import (
+    POINTER,
+    SnapshotDir,
+    parse_pointer,
+    receipt_name,
+    version_name,
+)
 from contextful.storage.errors import (
-    ControlPointerMalformed,
     ControlSnapshotUnreadable,
     ControlSnapshotUntrusted,
     ManifestVersionConflict,
@@ -53,7 +58,6 @@ from contextful.storage.objects import ObjectStore
 
 HEAD = POINTER
 CONTROL_PREFIX = "control"
-_POINTER_BODY = re.compile(rb"([1-9][0-9]*)\n")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _LOST = ("PreconditionFailed", "ConditionalRequestConflict")
 """What an S3-compatible server answers a conditional PUT whose condition another writer broke."""
@@ -115,12 +119,11 @@ class ControlBucket:
             return None
         body, etag, meta = got
         where = f"{self.location}/{HEAD}"
-        if (match := _POINTER_BODY.fullmatch(body)) is None:
-            raise ControlPointerMalformed(where, body.decode("utf-8", errors="replace"))
+        version = parse_pointer(body, where)
         receipt, site, regions = meta.get("receipt", ""), meta.get("site", ""), meta.get("regions")
         if not _DIGEST.fullmatch(receipt) or not site:
             raise ControlSnapshotUntrusted(where, "the bucket head names no receipt digest or no site")
-        self._seen = BucketHead(int(match.group(1)), receipt, site, _regions(regions, where), etag)
+        self._seen = BucketHead(version, receipt, site, _regions(regions, where), etag)
         return self._seen
 
     def read(self, name: str) -> bytes | None:

@@ -66,6 +66,15 @@ def receipt_name(version: int) -> str:
     return f"receipt@v{version}.json"
 
 
+def parse_pointer(body: bytes, location: str) -> int:
+    """The version a pointer body names; ``ControlPointerMalformed`` naming ``location`` unless the
+    body is wholly a version (``surface.reconcile.pointer-malformed``)."""
+    text = body.decode("utf-8", errors="replace")
+    if (match := _POINTER_BODY.fullmatch(text)) is None:
+        raise ControlPointerMalformed(location, text)
+    return int(match.group(1))
+
+
 class SnapshotDir:
     """The snapshot directory at ``path`` of project ``project`` (named in conflicts)."""
 
@@ -84,10 +93,7 @@ class SnapshotDir:
             return None
         except OSError as exc:
             raise ControlSnapshotUnreadable(str(self.path / POINTER), f"the pointer cannot be read: {exc}") from exc
-        text = body.decode("utf-8", errors="replace")
-        if (match := _POINTER_BODY.fullmatch(text)) is None:
-            raise ControlPointerMalformed(str(self.path / POINTER), text)
-        return int(match.group(1))
+        return parse_pointer(body, str(self.path / POINTER))
 
     def versions(self) -> list[int]:
         """Every claimed version, ascending (empty when the directory does not exist)."""

@@ -21,8 +21,9 @@ its ``--public-key`` keys.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -175,6 +176,10 @@ class SyncedClaim(SyncedProject):
     """A synced import's or apply's claim: its receipt signed through the admitted signing port."""
 
     signer: SigningPort | None = None
+
+    def receipt_signer(self, snapshots: SnapshotDir, parent_version: int) -> Callable[[int, str], bytes]:
+        """What signs a version claimed after ``parent_version`` (``engine.control.apply.claim_next``'s ``sign``)."""
+        return functools.partial(self.sign, snapshots, parent_version=parent_version)
 
     def sign(self, snapshots: SnapshotDir, version: int, content: str, parent_version: int | None = None) -> bytes:
         """The canonical bytes of the receipt of ``content`` claimed as ``version`` after
