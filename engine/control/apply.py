@@ -192,12 +192,12 @@ def import_manifest(directory: str | Path = ".", *, store: str | None = None, ma
 
 def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False, store: str | None = None,
                    machine: str | None = None, step: Step | None = None, offered: Offered | None = None) -> ApplyOutcome:
-    """``contextful pipeline apply [--pipelines-only]``: claim and apply the next version (synced: sign
-    it, and push it after the claim)."""
+    """``contextful pipeline apply [--pipelines-only]``: claim and apply the next version (synced: adopt
+    the bucket's head first when it descends from the applied version, sign the claim, push it)."""
     root = locate_project(directory)
     snapshots = _claiming_dir(root)
     synced = _synced(root, offered)
-    if synced is not None and not snapshots.versions():
+    if synced is not None:  # the bucket's head first (adopt-before-claim), so the claim descends from it
         synced.adopt_head(snapshots, store=store, machine=machine)
     if snapshots.applied() is None:
         raise StoreNotInitialized(snapshots.project, str(snapshots.path))

@@ -105,6 +105,22 @@ def test_a_cold_node_adopts_the_signed_head_and_its_apply_claims_the_heads_succe
     assert bucket_head(colder)[0] == b"3\n"
 
 
+def test_a_synced_apply_adopts_a_newer_head_before_it_claims(tmp_path: Path, s3_server: S3Server) -> None:
+    keys, bucket = make_keys(tmp_path / "keys"), s3_server.new_bucket()
+    east = make_node(tmp_path / "east", s3_server, bucket, keys)
+    east.run("pipeline", "import")
+    west = make_node(tmp_path / "west", s3_server, bucket, keys)
+    assert adopted(west.run("pipeline", "import").stdout, 1)
+    east.write(east.root.joinpath("contextful.toml").read_text() + SECOND_PIPELINE)
+    east.run("pipeline", "apply")  # the bucket head: v2, which west has not pulled
+    west.write(east.root.joinpath("contextful.toml").read_text() + THIRD_PIPELINE)
+    assert west.run("pipeline", "apply").stdout == "claimed v3 (applied)\n"
+    assert (west.snapshots / "manifest@v2.toml").read_bytes() == (east.snapshots / "manifest@v2.toml").read_bytes()
+    third = json.loads((west.snapshots / "receipt@v3.json").read_bytes())
+    assert third["parent"] == sha256((east.snapshots / "receipt@v2.json").read_bytes())
+    assert bucket_head(west)[0] == b"3\n"
+
+
 @pytest.mark.clause("surface.apply.receipt-digest")
 def test_a_pull_refuses_a_head_naming_another_receipt_digest(tmp_path: Path, s3_server: S3Server) -> None:
     keys = make_keys(tmp_path / "keys")
