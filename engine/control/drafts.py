@@ -18,6 +18,10 @@ Implements ``surface.edit.store-draft``, ``surface.apply.draft-claim``,
   immutable file, validates the document again, and claims it through the one version
   compare-and-swap every apply uses (``engine.control.apply.claim_next``): from N, so a pointer that
   moved since raises ``ManifestVersionConflict`` and claims nothing. A claimed draft is forgotten.
+  In a project with ``[sync]`` the claim is a synced one (``surface.apply.synced-attestation``): the
+  request's Admin credential and the serve's issuer signing key (``CONTEXTFUL_CONTROL_SIGNING_KEY``)
+  are admitted first (``ControlAttestationUnavailable`` else), the bucket's head adopted as apply
+  adopts it, the version's receipt signed before anything is written, and the claim pushed.
   A document that normalizes to version N's claims nothing ("unchanged") and is forgotten too.
 """
 
@@ -32,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from contextful.engine.config.applied import AppliedSnapshot, split
-from contextful.engine.control.apply import MARKER, _normal, _parsed, _validate, claim_next
+from contextful.engine.control.apply import MARKER, _normal, _parsed, _synced, _validate, claim_next
 from contextful.engine.control.document_secrets import refuse_secret_material, refuse_secret_text
 from contextful.engine.control.snapshots import SnapshotDir
+from contextful.engine.control.synced import Offered
 from contextful.storage.catalog import Catalog, DraftRow
 from contextful.storage.clock import Clock, from_us
 from contextful.storage.errors import (
@@ -135,8 +140,12 @@ def save_draft(root: Path, snapshots: SnapshotDir, catalog: Catalog, *, text: st
 
 
 def claim_draft(root: Path, snapshots: SnapshotDir, catalog: Catalog, draft_id: str, *,
-                store: str | None = None) -> Claimed:
-    """Claim the saved draft ``draft_id`` as the next version (module docstring)."""
+                store: str | None = None, token: str | None = None) -> Claimed:
+    """Claim the saved draft ``draft_id`` as the next version (module docstring). ``token``: the
+    request's Admin credential, the capability a synced claim admits (``engine.control.synced``)."""
+    synced = _synced(root, Offered(token=token))
+    if synced is not None:  # the bucket's head first, as apply adopts it: a draft of an older version then conflicts
+        synced.adopt_head(snapshots, store=store)
     row = catalog.draft(snapshots.project)
     if row is None:
         raise ControlDraftAbsent(snapshots.project)
@@ -158,6 +167,9 @@ def claim_draft(root: Path, snapshots: SnapshotDir, catalog: Catalog, draft_id: 
     if _normal(doc) == _normal(split(_parsed(snapshots, row.version))[0]):
         catalog.drop_draft(row.project, row.draft_id)
         return Claimed(row.version, row.version, False)
-    version = claim_next(snapshots, row.version, row.document, meta)
+    version = claim_next(snapshots, row.version, row.document, meta,
+                         sign=synced.receipt_signer(snapshots, row.version) if synced is not None else None)
     catalog.drop_draft(row.project, row.draft_id)
+    if synced is not None:
+        synced.push(snapshots)
     return Claimed(version, row.version, True)

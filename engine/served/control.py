@@ -286,8 +286,9 @@ def control_routes(service: ControlService) -> list[Route]:
         verify_attestation(exchange.headers.get(HEADER), credential, "POST", "/control/apply", raw,
                            catalog=store.catalog, clock=service.clock)
         service.admit(exchange)  # surface.apply.draft-claim: the owner and the credential, checked again
+        token = (exchange.headers.get("Authorization") or "").strip().partition(" ")[2].strip()
         claimed = claim_draft(service.root, snapshot_dir(service.root), service.store().catalog, body["draft"],
-                              store=service.store_url)
+                              store=service.store_url, token=token)
         exchange.send_json(200, claimed.to_json())
 
     routes = []

@@ -22,6 +22,8 @@ from contextful.engine.config import load_manifest
 from contextful.engine.control.credentials import generate_key, load_signing_key
 from contextful.storage import Store
 
+from tests.engine.control.test_apply import SECOND_PIPELINE
+from tests.engine.control.test_sync import BucketView, make_keys, make_node, sha256, signature_holds
 from tests.engine.served.control_face import (
     PIPELINE,
     Console,
@@ -32,6 +34,7 @@ from tests.engine.served.control_face import (
     version_text,
 )
 from tests.support.cli import contextful
+from tests.support.s3_server import S3Server
 
 RECEIVE = """
 [[pipeline]]
@@ -41,9 +44,10 @@ source = { kind = "receive", config = { key_retention_secs = 3600 } }
 
 
 @contextmanager
-def serving(project: Path) -> Iterator[str]:
-    """``contextful pipeline serve --http 127.0.0.1:0`` in a child process; its URL. SIGTERM at the end."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")}
+def serving(project: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``contextful pipeline serve --http 127.0.0.1:0`` in a child process, with no ``CONTEXTFUL_*``
+    variable but ``env``'s; its URL. SIGTERM at the end."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")} | (env or {})
     proc = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(project), "pipeline",
                              "serve", "--http", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=clean)
@@ -123,3 +127,29 @@ def test_a_nonce_stays_spent_across_a_restart_of_serve(tmp_path: Path) -> None:
         assert console.post("/control/apply", {"draft": saved["draft"]})[1] == \
             {"version": 2, "previous": 1, "claimed": True}
     assert pointer(project) == "2\n" and 'id = "clicks"' in version_text(project, 2)
+
+
+@pytest.mark.s3
+@pytest.mark.clause("surface.apply.draft-claim")
+def test_a_served_claim_in_a_synced_project_is_signed_and_pushed(tmp_path: Path, s3_server: S3Server) -> None:
+    keys = make_keys(tmp_path / "keys")
+    node = make_node(tmp_path / "shop", s3_server, s3_server.new_bucket(), keys)
+    node.run("pipeline", "import")
+    Store.open(load_manifest(node.root).project.store).close()
+    console = Console(load_signing_key(keys.pem), "")
+    console.token = console.credential()
+    served_env = {k: v for k, v in node.env.items() if k != "CONTEXTFUL_TOKEN"}  # the request's credential admits
+    with serving(node.root, served_env) as url:
+        console.url = url
+        shown = console.get()[1]
+        first = (node.snapshots / "receipt@v1.json").read_bytes()
+        assert shown["receipt"]["digest"] == sha256(first) and shown["receipt"]["version"] == 1
+        status, saved = console.post("/control/draft", {"document": shown["document"] + SECOND_PIPELINE,
+                                                        "version": 1})
+        assert status == 200, saved
+        assert console.post("/control/apply", {"draft": saved["draft"]})[1] == \
+            {"version": 2, "previous": 1, "claimed": True}
+    receipt = json.loads((node.snapshots / "receipt@v2.json").read_bytes())
+    assert receipt["parent"] == sha256(first) and receipt["signer"] == keys.pin and signature_holds(receipt)
+    assert receipt["snapshot"] == sha256((node.snapshots / "manifest@v2.toml").read_bytes())
+    assert BucketView(s3_server, node.bucket).head()[0] == b"2\n"
