@@ -129,7 +129,8 @@ def save_draft(root: Path, snapshots: SnapshotDir, catalog: Catalog, *, text: st
     if applied is None:
         raise StoreNotInitialized(snapshots.project, "its snapshot directory")
     if version != applied:
-        raise ManifestVersionConflict(snapshots.project, version, applied)
+        raise ManifestVersionConflict(snapshots.project, version, applied,
+                                      f"is not the applied version (v{applied}); load v{applied} and edit it again")
     meta = _kept(snapshots, version)
     _validated(root, snapshots, text, version, meta, store)
     row = DraftRow(snapshots.project, f"d{secrets.token_hex(8)}", version, operator, secrets.token_hex(16),
@@ -163,7 +164,9 @@ def claim_draft(root: Path, snapshots: SnapshotDir, catalog: Catalog, draft_id: 
     doc = _validated(root, snapshots, row.document, row.version, meta, store)
     current = snapshots.applied()
     if current != row.version:  # checked before a claim too, so a stale draft leaves no claimed file behind
-        raise ManifestVersionConflict(snapshots.project, row.version + 1, current or 0)
+        raise ManifestVersionConflict(snapshots.project, row.version + 1, current or 0,
+                                      f"was claimed by another apply (applied: v{current}); the draft edits "
+                                      f"v{row.version}: load v{current} and edit it again")
     if _normal(doc) == _normal(split(_parsed(snapshots, row.version))[0]):
         catalog.drop_draft(row.project, row.draft_id)
         return Claimed(row.version, row.version, False)
