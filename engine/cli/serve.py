@@ -9,7 +9,8 @@ way to drive Contextful); its answer is printed in a few lines, or as JSON under
 It also hosts the receive source for ``receive`` pipelines (``engine.land.receive``, docs/receive.md),
 the Iceberg query gateway for the manifest's exports (``engine.export.gateway``, docs/exports.md),
 when an issuer key is pinned the resume route of awakeables (``engine.served.awake``,
-docs/served.md), and under ``[control] trigger = "external"`` the wake route (``engine.served.wake``):
+docs/served.md) and, on ``--http``, the operator console (``engine.served.console_routes``,
+docs/console.md), and under ``[control] trigger = "external"`` the wake route (``engine.served.wake``):
 all on ``--http``, or each on its own address with ``--receive-http``, ``--gateway-http`` and
 ``--awake-http`` (a service with no address is not served). With no applied version yet the faces
 serve the working manifest and nothing is armed. Once the sockets are bound it prints on stdout

@@ -3,7 +3,9 @@
 - the receive source, when a ``[[pipeline]]`` has a source of kind ``receive`` (docs/receive.md);
 - the Iceberg query gateway, when the manifest declares an ``[[export]]`` (docs/exports.md);
 - the resume route of awakeables, when an issuer key is pinned (``[project] issuer_keys`` or
-  ``CONTEXTFUL_ISSUER_PUBKEY``; docs/served.md).
+  ``CONTEXTFUL_ISSUER_PUBKEY``; docs/served.md);
+- the operator console (``GET /console/``, ``engine.served.console_routes``; docs/console.md) on the
+  shared address, when an issuer key is pinned: every reader of it proves a signed credential.
 
 :func:`serve_project` serves each service on its own address when given one (``receive_address``,
 ``gateway_address``, ``awake_address``) and the others on the shared ``address``; a service with no address is not
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.server import ReceiveServer
     from contextful.engine.served.awake import AwakeService
+    from contextful.engine.served.console_routes import ConsoleService
     from contextful.storage import Store
 
 Address = str | tuple[str, int]
@@ -44,6 +47,7 @@ class Served:
     receive: ReceiveServer | None
     gateway: Gateway | None
     awake: AwakeService | None = None
+    console: ConsoleService | None = None
 
     @property
     def url(self) -> str:
@@ -69,9 +73,10 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
                   decoder: Decoder, queue_root: str | Path, receive_address: Address | None = None,
                   gateway_address: Address | None = None, awake_address: Address | None = None,
                   awake_store: Callable[[], Store] | None = None, wake: ControlPlane | None = None) -> Served:
-    """Serve the manifest's receive pipelines, its exports' query gateway and the resume route
-    (see the module docstring). The resume route opens its store with ``awake_store`` (default
-    ``store_factory``); ``contextful pipeline serve`` passes one that never creates a store.
+    """Serve the manifest's receive pipelines, its exports' query gateway, the resume route and the
+    console (see the module docstring). The resume route and the console open their store with
+    ``awake_store`` (default ``store_factory``); ``contextful pipeline serve`` passes one that never
+    creates a store.
 
     Every address given is read first and every face bound before the store or the receive queues
     open, so an address that cannot be served (ArgumentInvalid, AddressInUse) leaves nothing behind.
@@ -80,10 +85,11 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
     from contextful.engine.export.gateway import Gateway, gateway_routes
     from contextful.engine.land.receive.server import open_receivers
     from contextful.engine.served.awake import AwakeService, awake_routes
+    from contextful.engine.served.console_routes import ConsoleService, console_routes
     from contextful.engine.served.wake import wake_routes
 
     given = {"": address, "receive": receive_address, "gateway": gateway_address, "awake": awake_address,
-             "wake": None}
+             "wake": None, "console": None}
     for label, at in given.items():
         if at is not None:
             parse_address(at, OPTIONS[label])
@@ -95,12 +101,13 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
                           "CONTEXTFUL_ISSUER_PUBKEY; `contextful key generate` makes one)")
     awake = AwakeService(awake_store or store_factory, pins) if pins else None
     waking = wake is not None and address is not None  # the external trigger's route, on the shared face
+    console = ConsoleService(manifest, awake_store or store_factory, pins) if pins and address is not None else None
     if not receiving and gateway is None and awake is None and not waking:
         raise SpecInvalid("nothing to serve: no [[pipeline]] of kind 'receive', [[export]] or pinned issuer key "
                           "has an address (--http, --receive-http, --gateway-http, --awake-http)")
     wanted: dict[str, list[str]] = {}  # face label -> the services it serves
     for name, serving in (("receive", receiving), ("gateway", gateway is not None), ("awake", awake is not None),
-                          ("wake", waking)):
+                          ("wake", waking), ("console", console is not None)):
         if serving:
             wanted.setdefault(name if given[name] is not None else "", []).append(name)
     faces: dict[str, ServedFace] = {}
@@ -112,7 +119,8 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
             faces[label] = bind_face(at, OPTIONS[label])
         receive = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder) if receiving else None
         routes = {"receive": receive.routes() if receive else [], "gateway": gateway_routes(gateway) if gateway else [],
-                  "awake": awake_routes(awake) if awake else [], "wake": wake_routes(wake) if waking and wake else []}
+                  "awake": awake_routes(awake) if awake else [], "wake": wake_routes(wake) if waking and wake else [],
+                  "console": console_routes(console) if console else []}
         urls: dict[str, str] = {}
         for label, names in wanted.items():
             faces[label].serve([route for name in names for route in routes[name]])
@@ -125,4 +133,4 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
         raise
     if receive is not None:
         receive.start()
-    return Served(faces, urls, receive, gateway, awake)
+    return Served(faces, urls, receive, gateway, awake, console)
