@@ -47,8 +47,10 @@ def overview(working: Manifest, open_store: Callable[[], Store], credential: Cre
     applied, else ``working`` itself, as serve runs it), for the holder of ``credential``."""
     from contextful.engine.control.apply import load_applied
     from contextful.engine.control.fire import rfc3339
+    from contextful.engine.project import MANIFEST
 
-    applied = load_applied(working.root)
+    # a manifest built in code (no contextful.toml at its root) has no applied versions: serve runs it
+    applied = load_applied(working.root) if (working.root / MANIFEST).is_file() else None
     manifest = applied.manifest if applied is not None else working
     try:
         store: Store | None = open_store()

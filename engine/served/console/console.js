@@ -348,10 +348,14 @@ function renderExports(exports) {
 const W = 520;
 const PAD = { left: 60, right: 14, top: 14, bottom: 30 };
 
-function timeTicks(lo, hi, n) {
-  const ticks = [];
-  for (let i = 0; i <= n; i += 1) ticks.push(lo + ((hi - lo) * i) / n);
-  return ticks;
+function timeTicks(box, x, lo, hi, y) {
+  // first and last labels kept inside the plot; a span of seconds shows only its two ends
+  const n = hi - lo < 10e3 ? 1 : 3;
+  for (let i = 0; i <= n; i += 1) {
+    const t = lo + ((hi - lo) * i) / n;
+    const anchor = i === 0 ? "start" : i === n ? "end" : "middle";
+    box.append(svg("text", { x: x(t), y, "text-anchor": anchor }, shortTime(t, hi - lo)));
+  }
 }
 
 function shortTime(ms, span) {
@@ -369,30 +373,44 @@ function emptyChart(target, text) {
   chart(target, 60, text, (box) => box.append(svg("text", { x: 12, y: 34 }, text)));
 }
 
+function legendRows(names) {
+  // the legend above the plot, wrapped into rows: where each name's swatch goes
+  const at = [];
+  let lx = PAD.left;
+  let row = 0;
+  for (const name of names) {
+    const width = 24 + 7 * Math.min(name.length, 24);
+    if (lx + width > W - PAD.right && lx > PAD.left) { row += 1; lx = PAD.left; }
+    at.push([lx, PAD.top - 8 + row * 16]);
+    lx += width;
+  }
+  return { at, rows: row + 1 };
+}
+
 function drawRows(runs) {
   const points = runs.filter((r) => r.status === "committed" && r.rows !== null)
     .map((r) => ({ t: Date.parse(r.recorded_at), rows: r.rows, table: r.table, id: r.run_id }))
     .filter((p) => !Number.isNaN(p.t));
   if (!points.length) return emptyChart("rows-chart", "No committed run yet: nothing to draw.");
-  const H = 240;
   const tables = [...new Set(points.map((p) => p.table))];
+  const legend = legendRows(tables);
+  const top0 = PAD.top + legend.rows * 16;
+  const H = 240 + legend.rows * 16;
   let lo = Math.min(...points.map((p) => p.t));
   let hi = Math.max(...points.map((p) => p.t));
   if (hi === lo) { lo -= 60e3; hi += 60e3; }
   const top = Math.max(1, ...points.map((p) => p.rows));
   const x = (t) => PAD.left + ((t - lo) / (hi - lo)) * (W - PAD.left - PAD.right);
-  const y = (v) => H - PAD.bottom - (v / top) * (H - PAD.top - PAD.bottom);
+  const y = (v) => H - PAD.bottom - (v / top) * (H - top0 - PAD.bottom);
   const total = points.reduce((sum, p) => sum + p.rows, 0);
   chart("rows-chart", H, `Rows landed per run: ${points.length} committed runs of ${tables.length} tables, ` +
         `${total.toLocaleString("en")} rows in all, at most ${top.toLocaleString("en")} in one run`, (box) => {
-    for (const v of [0, top / 2, top]) {
+    for (const v of new Set([0, Math.round(top / 2), top])) {
       box.append(svg("line", { class: "grid", x1: PAD.left, x2: W - PAD.right, y1: y(v), y2: y(v) }),
                  svg("text", { x: PAD.left - 6, y: y(v) + 4, "text-anchor": "end" }, Math.round(v).toLocaleString("en")));
     }
     box.append(svg("line", { class: "axis", x1: PAD.left, x2: W - PAD.right, y1: H - PAD.bottom, y2: H - PAD.bottom }));
-    for (const t of timeTicks(lo, hi, 3)) {
-      box.append(svg("text", { x: x(t), y: H - PAD.bottom + 16, "text-anchor": "middle" }, shortTime(t, hi - lo)));
-    }
+    timeTicks(box, x, lo, hi, H - PAD.bottom + 16);
     tables.forEach((table, i) => {
       const color = PALETTE[i % PALETTE.length];
       const mine = points.filter((p) => p.table === table);
@@ -402,8 +420,9 @@ function drawRows(runs) {
         box.append(svg("circle", { cx: x(p.t), cy: y(p.rows), r: 4, fill: color },
                        svg("title", {}, `${table}, run ${p.id}: ${p.rows.toLocaleString("en")} rows at ${when(p.t)}`)));
       }
-      box.append(svg("rect", { x: PAD.left + 8, y: PAD.top + i * 16, width: 10, height: 10, fill: color }),
-                 svg("text", { x: PAD.left + 22, y: PAD.top + i * 16 + 9 }, table));
+      const [lx, ly] = legend.at[i];
+      box.append(svg("rect", { x: lx, y: ly, width: 10, height: 10, fill: color }),
+                 svg("text", { x: lx + 14, y: ly + 9 }, table));
     });
   });
 }
@@ -457,9 +476,7 @@ function drawFires(pipelines, runs, now) {
     box.append(svg("line", { class: "axis", x1: left, x2: W - PAD.right, y1: bottom, y2: bottom }),
                svg("line", { class: "now", x1: x(nowMs), x2: x(nowMs), y1: PAD.top, y2: bottom },
                    svg("title", {}, `now: ${when(nowMs)}`)));
-    for (const t of timeTicks(lo, hi, 3)) {
-      box.append(svg("text", { x: x(t), y: bottom + 16, "text-anchor": "middle" }, shortTime(t, hi - lo)));
-    }
+    timeTicks(box, x, lo, hi, bottom + 16);
   });
 }
 
