@@ -27,7 +27,7 @@ from contextful.engine.control.credentials import b64url_decode
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from playwright.sync_api import Browser, BrowserContext, Page, Route, expect, sync_playwright
 
-from tests.engine.served.console_site import Site, console_served, landed_site
+from tests.engine.served.console_site import Site
 
 CHROMIUM = Path("/usr/bin/chromium")
 DESKTOP = {"width": 1280, "height": 900}
@@ -52,17 +52,6 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     print(f"console screenshots: {folder}")
     return folder
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
-    return landed_site(tmp_path_factory.mktemp("console-browser"))
-
-
-@pytest.fixture(scope="module")
-def url(site: Site) -> Iterator[str]:
-    with console_served(site) as serve:
-        yield serve.url
 
 
 @pytest.fixture

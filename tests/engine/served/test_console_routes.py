@@ -11,26 +11,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from contextful.engine.control.apply import snapshot_dir
 from contextful.engine.control.receipts import KeySigner, sign_receipt
 
-from tests.engine.served.console_site import Answer, Site, console_served, get, landed_site
+from tests.engine.served.console_site import Answer, Site, console_served, get
 from tests.support.cli import contextful
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
-    return landed_site(tmp_path_factory.mktemp("console"))
-
-
-@pytest.fixture(scope="module")
-def url(site: Site) -> Iterator[str]:
-    with console_served(site) as serve:
-        yield serve.url
 
 
 def refused(answer: Answer) -> tuple[int, str]:
