@@ -74,14 +74,33 @@ class Site:
         return contextful_in(self.base, *args).stdout.strip()
 
 
+MODEL_AND_EXPORT = """
+[[model]]
+name = "order_count"
+sql = "SELECT count(*) AS n FROM orders"
+
+[[export]]
+name = "order_count"
+source = "order_count"
+namespace = "bi"
+credential = "analysts"
+"""
+"""A model over ``orders`` and its Iceberg export."""
+
+
 def landed_site(base: Path) -> Site:
-    """``orders`` (every 1h; two runs of 5 and 7 rows) and ``customers`` (no schedule; 3 rows), applied as v1."""
+    """``orders`` (every 1h; two runs of 5 and 7 rows), ``customers`` (no schedule; 3 rows) and a model
+    over ``orders`` exported to Iceberg, applied as v1; the model built and exported after the first
+    ``orders`` run, so the second leaves it stale."""
     site = Site(base)
-    site.write(files_pipeline("orders", schedule="every 1h"), files_pipeline("customers", schedule=None))
+    site.write(files_pipeline("orders", schedule="every 1h"), files_pipeline("customers", schedule=None),
+               MODEL_AND_EXPORT)
     site.project.rows("orders", 5, file="a")
     site.project.rows("customers", 3)
     site.project.imported()
     site.project.cli("pipeline", "run")
+    site.project.cli("build", "run")
+    site.project.cli("export", "run")
     site.project.rows("orders", 7, file="b")
     site.project.cli("pipeline", "run", "orders")
     return site

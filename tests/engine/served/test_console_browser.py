@@ -112,8 +112,12 @@ def test_a_reader_signs_in_and_reads_the_pipelines_table_by_keyboard_alone(
     assert rows["customers"][2] == "—" and rows["customers"][3].startswith("not armed")
     assert rows["customers"][6].startswith("committed, 3 rows at ")
     runs = [(r[1], r[4]) for r in table(page, "#runs")]
-    assert runs[0] == ("orders", "7") and sorted(runs) == [("customers", "3"), ("orders", "5"), ("orders", "7")]
-    assert page.locator("#rows-chart svg circle").count() == 3
+    assert runs[0] == ("orders", "7")  # newest first
+    assert sorted(runs) == [("customers", "3"), ("order_count", "1"), ("orders", "5"), ("orders", "7")]
+    assert page.locator("#rows-chart svg circle").count() == 4
+    assert table(page, "#models")[0][:3] == ["order_count", "build 1", "stale"]
+    [export] = table(page, "#exports")
+    assert export[:2] == ["order_count", "bi.order_count"] and export[3] == "model order_count build 1"
     assert page.locator("#fires-chart svg path").count() == 1  # one next fire: orders's
 
     # Tab on through the page to its last table: every stop shows its focus, each table's region is a stop

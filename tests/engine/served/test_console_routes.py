@@ -86,7 +86,13 @@ def test_a_reader_sees_the_status_the_cli_prints_and_is_told_it_holds_no_admin_g
         [(r["run_id"], r["rows"], r["bytes"]) for r in history]
     assert sorted(r["rows"] for r in doc["runs"] if r["table"] == "orders") == [5, 7]
     assert all(r["bytes"] > 0 and r["status"] == "committed" for r in doc["runs"])
-    assert (doc["derive"], doc["models"], doc["exports"]) == ([], [], [])
+    assert doc["derive"] == []
+    [model] = doc["models"]
+    assert model == json.loads(contextful(site.project.root, "--json", "build", "status").stdout)[0]
+    assert model["build_id"] is not None and model["stale"] and model["stale_inputs"] == ["orders"]
+    [export] = doc["exports"]
+    assert export == json.loads(contextful(site.project.root, "--json", "export", "status").stdout)[0]
+    assert export["snapshot_id"] is not None and export["source"]["name"] == "order_count"
 
 
 def test_an_admin_is_told_so_with_the_console_key_its_credential_binds(site: Site, url: str) -> None:
