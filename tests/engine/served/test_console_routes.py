@@ -123,3 +123,22 @@ def test_the_overview_of_a_project_with_no_store_creates_none(tmp_path: Path) ->
     assert doc["applied"]["version"] is None and doc["runs"] == []
     assert [(p["id"], p["last_outcome"]) for p in doc["pipelines"]] == [("orders", None)]
     assert not (site.project.root / ".contextful").exists()
+
+
+def test_the_overview_counts_each_derive_pipelines_units_as_a_dry_run_does(tmp_path: Path) -> None:
+    """The example's speech pipelines (datasets/example): six recordings, transcribed offline."""
+    import shutil
+
+    example = Path(__file__).parents[3] / "datasets"
+    shutil.copytree(example / "speech", tmp_path / "speech", ignore=shutil.ignore_patterns("__pycache__"))
+    site = Site(tmp_path)
+    shutil.copy(example / "example" / "contextful.machine.toml", site.project.root)
+    manifest = (example / "example" / "contextful.toml").read_text()
+    site.write(manifest[manifest.index('[[pipeline]]\nid = "recordings"'):])  # the speech blocks, as they are
+    site.project.cli("pipeline", "run")
+    with console_served(site) as serve:
+        doc = get(serve.url, "/console/api/overview", site.credential("ops")).json()
+    dry = json.loads(contextful(site.project.root, "--json", "pipeline", "run", "--dry-run", "transcripts").stdout)
+    assert doc["derive"] == [{k: dry[0][k] for k in ("pipeline", "table", "eligible", "derived", "outstanding",
+                                                      "retiring")}]
+    assert (doc["derive"][0]["eligible"], doc["derive"][0]["derived"]) == (6, 6)
