@@ -2306,6 +2306,9 @@ class ControlSnapshotUnreadable(TransientError):
     """``surface.reconcile.fail-static``: the applied pointer or snapshot cannot be read; what is
     armed stays armed and running."""
 
+    location: str
+    reason: str
+
     def __init__(self, location: str, reason: str) -> None:
         super().__init__(f"{location}: {reason}; what is armed keeps running", location=location, reason=reason)
 
@@ -2394,8 +2397,7 @@ class SecretMaterialInDocument(SpecInvalid):
 
 class EnforceRegionMismatch(SpecInvalid):
     """``surface.reside.region-mismatch``: a configured resource resolves to a region the residency
-    allow-set omits; the runtime serves nothing. Also a ``[residency] regions`` list the spec refuses
-    (``surface.reside.region-entries``: more than 16 entries)."""
+    allow-set omits (or whose region cannot be learned); the runtime serves nothing."""
 
     resource: str
     region: str

@@ -9,8 +9,9 @@ way to drive Contextful); its answer is printed in a few lines, or as JSON under
 It also hosts the receive source for ``receive`` pipelines (``engine.land.receive``, docs/receive.md),
 the Iceberg query gateway for the manifest's exports (``engine.export.gateway``, docs/exports.md),
 when an issuer key is pinned the resume route of awakeables (``engine.served.awake``,
-docs/served.md) and, on ``--http``, the operator console (``engine.served.console_routes``,
-docs/console.md), and under ``[control] trigger = "external"`` the wake route (``engine.served.wake``):
+docs/served.md), under ``[control] trigger = "external"`` the wake route (``engine.served.wake``),
+and on the shared ``--http`` face the control routes (``engine.served.control``, docs/served.md) and
+the operator console (``engine.served.console_routes``, docs/console.md):
 all on ``--http``, or each on its own address with ``--receive-http``, ``--gateway-http`` and
 ``--awake-http`` (a service with no address is not served). With no applied version yet the faces
 serve the working manifest and nothing is armed. Once the sockets are bound it prints on stdout
@@ -54,6 +55,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     from contextful.engine.control.daemon import Daemon, select_trigger
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.fire_credentials import serve_fire_issuer
+    from contextful.engine.control.residency import enforce_residency
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.spool import queue_root
     from contextful.engine.project import MANIFEST, open_project_store
@@ -64,6 +66,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     # a manifest built in code (no contextful.toml at its root) has no applied versions: its faces serve it
     applied = applied_armable(manifest.root) if (manifest.root / MANIFEST).is_file() else None
     served = applied if applied is not None else manifest
+    enforce_residency(served, store_url)  # surface.reside.region-mismatch: before anything is bound or armed
     # surface.dispatch.fire-credential-missing and -zone: refused before anything is bound or fired
     issuer = serve_fire_issuer(applied, issuer_key, version=applied_version(applied)) if applied else None
     serves_http = address is not None
@@ -89,7 +92,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
                 server = serve_project(served, open_store, address, queue_root=queue_root(served.root),
                                        decoder=decoder, receive_address=receive_address,
                                        gateway_address=gateway_address, awake_address=awake_address,
-                                       awake_store=read_store, wake=plane if trigger == "external" else None)
+                                       awake_store=read_store, wake=plane if trigger == "external" else None,
+                                       store_url=store_url)
             try:
                 if server is not None:
                     for label, face in server.faces.items():
@@ -120,6 +124,7 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     from contextful.engine.control.arming import applied_armable
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.fire_credentials import serve_fire_issuer
+    from contextful.engine.control.residency import enforce_residency
     from contextful.engine.control.source import resolve_source
     from contextful.engine.project import open_project_store
     from contextful.engine.run.script_runtime import refuse_script_runtime
@@ -131,6 +136,7 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     if applied is None:
         raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest.root).path))
     served = applied
+    enforce_residency(served, store_url)  # surface.reside.region-mismatch: before anything is armed
     issuer = serve_fire_issuer(served, issuer_key, version=applied_version(served))
 
     def open_store() -> Store:

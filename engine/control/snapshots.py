@@ -5,6 +5,8 @@ unchanged)::
 
     <snapshot_dir>/manifest@v<N>.toml   immutable: the document version N claimed, N from 1
     <snapshot_dir>/manifest@current     the applied pointer: the text "<N>\\n"
+    <snapshot_dir>/receipt@v<N>.json    immutable: version N's signed receipt, when the project syncs
+                                        (``engine.control.receipts``; written before the pointer names N)
 
 Two primitives carry every change (``surface.apply.version-race``):
 
@@ -59,6 +61,20 @@ def version_name(version: int) -> str:
     return f"manifest@v{version}.toml"
 
 
+def receipt_name(version: int) -> str:
+    """The file name of version ``version``'s receipt: ``receipt@v<N>.json``."""
+    return f"receipt@v{version}.json"
+
+
+def parse_pointer(body: bytes, location: str) -> int:
+    """The version a pointer body names; ``ControlPointerMalformed`` naming ``location`` unless the
+    body is wholly a version (``surface.reconcile.pointer-malformed``)."""
+    text = body.decode("utf-8", errors="replace")
+    if (match := _POINTER_BODY.fullmatch(text)) is None:
+        raise ControlPointerMalformed(location, text)
+    return int(match.group(1))
+
+
 class SnapshotDir:
     """The snapshot directory at ``path`` of project ``project`` (named in conflicts)."""
 
@@ -77,10 +93,7 @@ class SnapshotDir:
             return None
         except OSError as exc:
             raise ControlSnapshotUnreadable(str(self.path / POINTER), f"the pointer cannot be read: {exc}") from exc
-        text = body.decode("utf-8", errors="replace")
-        if (match := _POINTER_BODY.fullmatch(text)) is None:
-            raise ControlPointerMalformed(str(self.path / POINTER), text)
-        return int(match.group(1))
+        return parse_pointer(body, str(self.path / POINTER))
 
     def versions(self) -> list[int]:
         """Every claimed version, ascending (empty when the directory does not exist)."""
@@ -103,6 +116,16 @@ class SnapshotDir:
             raise ControlSnapshotUnreadable(str(self.file(version)), f"version {version} cannot be read: "
                                                                      f"{exc}") from exc
 
+    def receipt(self, version: int) -> bytes | None:
+        """The bytes of ``receipt@v<version>.json`` (None: the version holds no receipt)."""
+        path = self.path / receipt_name(version)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ControlSnapshotUnreadable(str(path), f"version {version}'s receipt cannot be read: {exc}") from exc
+
     def prepare(self) -> None:
         """Make the directory and probe the lock, before a writer claims anything."""
         self.path.mkdir(parents=True, exist_ok=True)
@@ -112,8 +135,15 @@ class SnapshotDir:
     def claim(self, version: int, text: str) -> Path:
         """Create ``manifest@v<version>.toml`` holding ``text``, exclusively; ``ManifestVersionConflict``
         when that version exists."""
-        final = self.file(version)
-        temp = self._temp(text)
+        return self._create(self.file(version), text.encode("utf-8"), version)
+
+    def claim_receipt(self, version: int, data: bytes) -> Path:
+        """Create ``receipt@v<version>.json`` holding ``data``, exclusively (``surface.apply.receipt-file``);
+        ``ManifestVersionConflict`` when it exists."""
+        return self._create(self.path / receipt_name(version), data, version)
+
+    def _create(self, final: Path, data: bytes, version: int) -> Path:
+        temp = self._temp(data)
         try:
             os.link(temp, final)
         except FileExistsError:
@@ -134,14 +164,14 @@ class SnapshotDir:
             current = self.applied()
             if current != expected:
                 raise ManifestVersionConflict(self.project, version, current or 0)
-            os.replace(self._temp(f"{version}\n"), self.path / POINTER)
+            os.replace(self._temp(f"{version}\n".encode()), self.path / POINTER)
             self._sync_directory()
 
-    def _temp(self, text: str) -> Path:
-        """A new hidden file in the directory holding ``text``, on disk (fsynced)."""
+    def _temp(self, data: bytes) -> Path:
+        """A new hidden file in the directory holding ``data``, on disk (fsynced)."""
         temp = self.path / f".tmp-{uuid.uuid4().hex}"
-        with open(temp, "x", encoding="utf-8") as out:
-            out.write(text)
+        with open(temp, "xb") as out:
+            out.write(data)
             out.flush()
             os.fsync(out.fileno())
         return temp

@@ -4,6 +4,9 @@
 - the Iceberg query gateway, when the manifest declares an ``[[export]]`` (docs/exports.md);
 - the resume route of awakeables, when an issuer key is pinned (``[project] issuer_keys`` or
   ``CONTEXTFUL_ISSUER_PUBKEY``; docs/served.md);
+- the control routes (``GET /control/document``, ``POST /control/draft``, ``POST /control/apply``;
+  ``engine.served.control``) on the shared address, beside whatever else it serves: with no
+  issuer key pinned they answer ``ConfigOwnerUnconfigured``;
 - the operator console (``GET /console/``, ``engine.served.console_routes``; docs/console.md) on the
   shared address, when an issuer key is pinned: every reader of it proves a signed credential.
 
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
     from contextful.engine.land.receive.server import ReceiveServer
     from contextful.engine.served.awake import AwakeService
     from contextful.engine.served.console_routes import ConsoleService
+    from contextful.engine.served.control import ControlService
     from contextful.storage import Store
 
 Address = str | tuple[str, int]
@@ -47,6 +51,7 @@ class Served:
     receive: ReceiveServer | None
     gateway: Gateway | None
     awake: AwakeService | None = None
+    control: ControlService | None = None
     console: ConsoleService | None = None
 
     @property
@@ -63,6 +68,8 @@ class Served:
             self.receive.close(grace_s, idle=idle)
         if self.awake is not None:
             self.awake.close()
+        if self.control is not None:
+            self.control.close()
 
 
 OPTIONS = {"": "--http", "receive": "--receive-http", "gateway": "--gateway-http", "awake": "--awake-http"}
@@ -72,11 +79,13 @@ OPTIONS = {"": "--http", "receive": "--receive-http", "gateway": "--gateway-http
 def serve_project(manifest: Manifest, store_factory: Callable[[], Store], address: Address | None, *,
                   decoder: Decoder, queue_root: str | Path, receive_address: Address | None = None,
                   gateway_address: Address | None = None, awake_address: Address | None = None,
-                  awake_store: Callable[[], Store] | None = None, wake: ControlPlane | None = None) -> Served:
-    """Serve the manifest's receive pipelines, its exports' query gateway, the resume route and the
-    console (see the module docstring). The resume route and the console open their store with
-    ``awake_store`` (default ``store_factory``); ``contextful pipeline serve`` passes one that never
-    creates a store.
+                  awake_store: Callable[[], Store] | None = None, wake: ControlPlane | None = None,
+                  store_url: str | None = None) -> Served:
+    """Serve the manifest's receive pipelines, its exports' query gateway, the resume route, the
+    control routes and the console (see the module docstring). The resume route, the control routes
+    and the console open their store with ``awake_store`` (default ``store_factory``); ``contextful
+    pipeline serve`` passes one that never creates a store. ``store_url`` is the ``--store`` root a
+    control draft's validation reads.
 
     Every address given is read first and every face bound before the store or the receive queues
     open, so an address that cannot be served (ArgumentInvalid, AddressInUse) leaves nothing behind.
@@ -86,6 +95,7 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
     from contextful.engine.land.receive.server import open_receivers
     from contextful.engine.served.awake import AwakeService, awake_routes
     from contextful.engine.served.console_routes import ConsoleService, console_routes
+    from contextful.engine.served.control import ControlService, control_routes
     from contextful.engine.served.wake import wake_routes
 
     given = {"": address, "receive": receive_address, "gateway": gateway_address, "awake": awake_address,
@@ -110,6 +120,8 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
                           ("wake", waking), ("console", console is not None)):
         if serving:
             wanted.setdefault(name if given[name] is not None else "", []).append(name)
+    control = (ControlService(manifest.root, manifest.project.name, awake_store or store_factory, pins,
+                              store_url=store_url) if "" in wanted else None)
     faces: dict[str, ServedFace] = {}
     receive: ReceiveServer | None = None
     try:
@@ -120,8 +132,11 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
         receive = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder) if receiving else None
         routes = {"receive": receive.routes() if receive else [], "gateway": gateway_routes(gateway) if gateway else [],
                   "awake": awake_routes(awake) if awake else [], "wake": wake_routes(wake) if waking and wake else [],
+                  "control": control_routes(control) if control else [],
                   "console": console_routes(console) if console else []}
         urls: dict[str, str] = {}
+        if control is not None:
+            wanted[""].append("control")
         for label, names in wanted.items():
             faces[label].serve([route for name in names for route in routes[name]])
             urls.update(dict.fromkeys(names, faces[label].url))
@@ -133,4 +148,4 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
         raise
     if receive is not None:
         receive.start()
-    return Served(faces, urls, receive, gateway, awake, console)
+    return Served(faces, urls, receive, gateway, awake, control, console)
