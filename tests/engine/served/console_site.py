@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from tests.engine.control.scenario import ControlProject, Serve, files_pipeline, serving
 from tests.support.cli import contextful_in
@@ -34,16 +35,26 @@ class Answer:
         return json.loads(self.body)
 
 
-def get(url: str, path: str, token: str | None = None) -> Answer:
-    """One GET on its own connection (the path sent as written: nothing normalizes it)."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
+def request(method: str, url: str, path: str, body: bytes | None = None,
+            headers: dict[str, str] | None = None) -> Answer:
+    """One request on its own connection (the path sent as written: nothing normalizes it)."""
+    host, port = urlsplit(url).netloc.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
     try:
-        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()
         return Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
     finally:
         conn.close()
+
+
+def get(url: str, path: str, token: str | None = None) -> Answer:
+    return request("GET", url, path, headers={"Authorization": f"Bearer {token}"} if token else {})
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
+    """POST ``body`` to the whole ``url`` (the address and the path)."""
+    return request("POST", url, urlsplit(url).path, body, headers)
 
 
 class Site:

@@ -27,7 +27,9 @@ from contextful.engine.control.credentials import b64url_decode
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from playwright.sync_api import Browser, BrowserContext, Page, Route, expect, sync_playwright
 
-from tests.engine.served.console_site import Site
+from tests.engine.control.scenario import Serve
+from tests.engine.served.console_site import Site, console_served, landed_site, post
+from tests.support.cli import contextful
 
 CHROMIUM = Path("/usr/bin/chromium")
 DESKTOP = {"width": 1280, "height": 900}
@@ -212,3 +214,58 @@ def test_each_change_is_signed_by_the_browsers_non_extractable_console_key(
         key.verify(b64url_decode(found["sig"]), message)  # raises InvalidSignature when it does not hold
         nonces.add(found["nonce"])
     assert len(nonces) == 2
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> Iterator[tuple[Site, Serve]]:
+    """A project of its own (the test applies a version to it), served."""
+    site = landed_site(tmp_path)
+    with console_served(site) as serve:
+        yield site, serve
+
+
+@pytest.mark.clause("surface.edit.store-draft", "surface.apply.operator-attestation")
+def test_an_admin_edits_a_schedule_sees_the_problem_fixes_it_applies_and_sees_the_new_version_armed(
+        fresh: tuple[Site, Serve], context: BrowserContext, shots: Path) -> None:
+    site, serve = fresh
+    page = opened(context, serve.url)
+    public = page.locator("#console-public-key").inner_text().strip()
+    sign_in(page, site.credential("ops", operator="ada", admin=True, console_key=public))
+    expect(page.locator("#holder")).to_contain_text("Admin: edits and applies")
+    editor = page.get_by_label(re.compile("Manifest document"))
+    expect(editor).to_have_value(re.compile('schedule = "every 1h"'))
+    applied = editor.input_value()
+    signed: list[tuple[str, dict[str, str], bytes]] = []
+    page.on("request", lambda r: signed.append((r.url, r.headers, r.post_data_buffer or b""))
+            if r.method == "POST" else None)
+
+    editor.fill(applied.replace('schedule = "every 1h"', "schedule = 15"))  # a number where a schedule goes
+    page.get_by_role("button", name="Save draft").click()
+    problems = page.locator("#problem-list li")
+    expect(problems.first).to_be_visible()
+    assert "schedule" in problems.first.inner_text()
+    expect(page.get_by_role("button", name="Apply draft")).to_be_disabled()
+    page.screenshot(path=str(shots / "console-problem.png"), full_page=True)
+
+    editor.fill(applied.replace('schedule = "every 1h"', 'schedule = "every 15m"'))
+    page.get_by_role("button", name="Save draft").click()
+    expect(page.locator("#draft-state")).to_contain_text("saved by ada, based on v1")
+    expect(page.locator("#problems")).to_be_hidden()
+    draft = json.loads(contextful(site.project.root, "--json", "pipeline", "status").stdout)
+    assert draft["version"] == 1  # a saved draft leaves the applied pointer where it was
+    page.get_by_role("button", name="Apply draft").click()
+    expect(page.locator("#status")).to_contain_text("Applied v2 (v1 before)")
+    expect(page.locator("#applied-version")).to_have_text("v2")
+    orders = next(cells for cells in table(page, "#pipelines") if cells[0] == "orders")
+    assert orders[2:4] == ["every 15m", "armed"]
+    serve.wait_line("armed v2")  # serve re-armed on the version the console applied
+    status = json.loads(contextful(site.project.root, "--json", "pipeline", "status").stdout)
+    assert status["version"] == 2 and [(e["id"], e["schedule"]) for e in status["armed"]] == [("orders", "every 15m")]
+    page.screenshot(path=str(shots / "console-applied.png"), full_page=True)
+
+    # the page signed each mutation; the same signed request sent again is refused and changes nothing
+    [*_, (url, headers, body)] = [s for s in signed if s[0].endswith("/control/apply")]
+    replay = {k: v for k, v in headers.items() if k in ("authorization", "content-type", "contextful-attestation")}
+    answer = post(url, body, replay)
+    assert (answer.status, answer.json()["error"]) == (401, "ControlOperatorAttestationInvalid")
+    assert json.loads(contextful(site.project.root, "--json", "pipeline", "status").stdout)["version"] == 2
