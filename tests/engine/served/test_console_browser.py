@@ -95,7 +95,13 @@ def focus_ring(page: Page) -> dict[str, Any]:
 
 def test_a_reader_signs_in_and_reads_the_pipelines_table_by_keyboard_alone(
         site: Site, url: str, context: BrowserContext, shots: Path) -> None:
+    fetched: list[str] = []
+    context.on("request", lambda r: fetched.append(r.url))
     page = opened(context, url)
+    unnamed = page.evaluate("""() => Array.from(document.querySelectorAll('input, textarea, select, button'))
+        .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label') && !e.textContent.trim())
+        .map(e => e.outerHTML)""")
+    assert unnamed == []  # every control is labelled
     for _ in range(4):  # the skip link, then the credential field
         page.keyboard.press("Tab")
         if focus_ring(page)["id"] == "credential":
@@ -134,6 +140,7 @@ def test_a_reader_signs_in_and_reads_the_pipelines_table_by_keyboard_alone(
     page.keyboard.press("Shift+Tab")  # and back: the keyboard moves both ways
     assert focus_ring(page)["label"] == "models-caption"
     page.screenshot(path=str(shots / "console-reader.png"), full_page=True)
+    assert fetched and all(u.startswith(f"{url}/") for u in fetched), fetched  # served from the package alone
 
 
 def test_the_console_works_at_360_px(site: Site, url: str, browser: Browser, shots: Path) -> None:
