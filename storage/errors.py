@@ -2281,9 +2281,11 @@ class DispatchUnitNotAHead(SpecInvalid):
 class ManifestVersionConflict(Conflict):
     """``surface.apply.version-race``: another apply claimed the version this one meant to claim."""
 
-    def __init__(self, project: str, version: int, winner: int) -> None:
-        super().__init__(f"project {project!r}: version {version} was claimed by another apply (applied: "
-                         f"v{winner}); reapplying onto it", project=project, version=version, winner=winner)
+    def __init__(self, project: str, version: int, winner: int, detail: str | None = None) -> None:
+        # ``detail``: what a synced push found instead (engine.control.bucket), in place of the local race's words.
+        said = detail or f"was claimed by another apply (applied: v{winner}); reapplying onto it"
+        super().__init__(f"project {project!r}: version {version} {said}", project=project, version=version,
+                         winner=winner)
 
 
 class ApplyValidationRefused(SpecInvalid):

@@ -12,6 +12,7 @@ from contextful.engine.project import Project
 if TYPE_CHECKING:
     from contextful.engine.config.applied import AppliedSnapshot
     from contextful.engine.config.jobs import JobSpec
+    from contextful.engine.config.sync import SyncSpec
     from contextful.engine.export.spec import ExportSpec
     from contextful.engine.land.seed import SeedSpec
     from contextful.engine.model.spec import ModelSpec
@@ -134,6 +135,9 @@ class Manifest:
     None for the working ``contextful.toml``."""
     residency: ResidencySpec = field(default_factory=ResidencySpec)
     """The ``[residency]`` block: the regions this site may reside in (``engine.config.residency``)."""
+    sync: SyncSpec | None = None
+    """The ``[sync]`` block (``engine.config.sync``; docs/control.md "Synced control"); None: the project
+    does not sync its control."""
 
     def export(self, name: str) -> ExportSpec:
         for spec in self.exports:

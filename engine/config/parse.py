@@ -26,6 +26,7 @@ from contextful.engine.config.manifest import (
     SourceSpec,
 )
 from contextful.engine.config.residency import parse_residency
+from contextful.engine.config.sync import parse_sync
 from contextful.engine.export.spec import ExportSpec
 from contextful.engine.model.spec import ModelSpec
 from contextful.engine.project import MANIFEST, locate_project, parse_project, read_manifest_document
@@ -44,7 +45,7 @@ from contextful.storage.errors import (
     TableNameCollision,
 )
 
-TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external", "job", "residency")
+TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external", "job", "residency", "sync")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
                  "write_disposition", "schedule", "after", "priority", "seed", "transform")
 EXTERNAL_KEYS = ("id", "table", "description")
@@ -157,7 +158,8 @@ def read_declarations(doc: dict[str, Any], root: Path, *,
     _check_table_names(pipelines, models, externals, problems)
     exports = _exports(doc.get("export", []), root, problems)
     control, found = parse_control(doc.get("control", {}), root, project.name)
-    for problem in found:
+    sync, sync_problems = parse_sync(doc.get("sync"))
+    for problem in found + sync_problems:
         problems.add(problem)
     residency, found = parse_residency(doc.get("residency", {}))
     for problem in found:
@@ -173,7 +175,8 @@ def read_declarations(doc: dict[str, Any], root: Path, *,
 
         plan = compile_plan(pipelines, models, exports, doc, problems.add)
     manifest = Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan, control=control,
-                        externals=tuple(externals), jobs=tuple(jobs), applied=applied, residency=residency)
+                        externals=tuple(externals), jobs=tuple(jobs), applied=applied, residency=residency,
+                        sync=sync)
     for problem in job_problems(manifest, jobs):
         problems.add(problem)
     if problems.found:

@@ -39,6 +39,7 @@ model's SQL file alone is a change a full apply claims.
 
 from __future__ import annotations
 
+import contextlib
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,8 +51,10 @@ from contextful.engine.config.applied import KEY as SNAPSHOT_KEY
 from contextful.engine.config.applied import AppliedSnapshot, metadata, split
 from contextful.engine.config.control import read_control
 from contextful.engine.config.manifest import Manifest
+from contextful.engine.config.sync import read_sync
 from contextful.engine.config.toml_writer import dumps
 from contextful.engine.control.snapshots import POINTER, SnapshotDir
+from contextful.engine.control.synced import Offered, SyncedClaim, admit, working_site_regions
 from contextful.engine.project import MANIFEST, locate_project
 from contextful.storage.errors import (
     ApplyValidationRefused,
@@ -67,6 +70,9 @@ MAX_ATTEMPTS = 8
 
 MARKER = "\n# Written by import or apply: what this version was applied with (docs/control.md).\n"
 """The line between a version's document and its ``[snapshot]`` table."""
+
+Sign = Callable[[int, str], bytes]
+"""Signs version N's receipt over its content before the claim: the receipt's canonical bytes."""
 
 Step = Callable[[str, int], None]
 """Called with ``("claim", N)`` before an apply claims version N and ``("advance", N)`` before it
@@ -89,10 +95,12 @@ class ApplyOutcome:
     """The file of ``version``."""
     conflicts: int = 0
     """How many races this call lost and reapplied after."""
+    adopted: bool = False
+    """Whether this call adopted ``version`` from the ``[sync]`` bucket (``surface.apply.adopt-before-claim``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"verb": self.verb, "version": self.version, "claimed": self.claimed, "previous": self.previous,
-                "snapshot": str(self.snapshot), "conflicts": self.conflicts}
+                "snapshot": str(self.snapshot), "conflicts": self.conflicts, "adopted": self.adopted}
 
 
 @dataclass(frozen=True)
@@ -137,11 +145,13 @@ def _claiming_dir(root: Path) -> SnapshotDir:
         raise ApplyValidationRefused(exc.path, [exc]) from exc
 
 
-def import_manifest(directory: str | Path = ".", *, store: str | None = None,
-                    machine: str | None = None) -> ApplyOutcome:
-    """``contextful pipeline import``: claim v1 from the working document while no version is held."""
+def import_manifest(directory: str | Path = ".", *, store: str | None = None, machine: str | None = None,
+                    offered: Offered | None = None) -> ApplyOutcome:
+    """``contextful pipeline import``: claim v1 from the working document while no version is held
+    (synced: first adopt the bucket's head when it has one, and claim nothing then)."""
     root = locate_project(directory)
     snapshots = _claiming_dir(root)
+    synced = _synced(root, offered)
     applied = snapshots.applied()
     if applied is not None:
         return ApplyOutcome("import", applied, False, applied, snapshots.file(applied))
@@ -149,30 +159,46 @@ def import_manifest(directory: str | Path = ".", *, store: str | None = None,
     if held not in ([], [1]):
         raise ControlSnapshotUnreadable(str(snapshots.path), f"it holds versions {held[0]} to {held[-1]} and no "
                                         f"applied pointer ({POINTER}); write the applied version's number there")
+    if synced is not None and not held and (adopted := synced.adopt_head(snapshots, store=store,
+                                                                         machine=machine)) is not None:
+        return ApplyOutcome("import", adopted, False, None, snapshots.file(adopted), adopted=True)
     claimed = False
     if not held:
         text, doc = _working(root)
         manifest = _validate(root, doc, str(root / MANIFEST), store, machine)
+        content = _claimable(text, _captured(manifest, store))
+        receipt = synced.sign(snapshots, 1, content) if synced is not None else None  # before anything is written
         snapshots.prepare()
         try:
-            snapshots.claim(1, _claimable(text, _captured(manifest, store)))
+            snapshots.claim(1, content)
             claimed = True
         except ManifestVersionConflict:  # a concurrent import claimed v1 first
             pass
+        if claimed and receipt is not None:
+            snapshots.claim_receipt(1, receipt)
     else:
         snapshots.prepare()
+    if synced is not None and snapshots.receipt(1) is None:  # v1 claimed by an import that died before its receipt
+        with contextlib.suppress(ManifestVersionConflict):
+            snapshots.claim_receipt(1, synced.sign(snapshots, 1, snapshots.text(1)))
     try:  # v1 held and no pointer: a concurrent import between its claim and its advance, or one that died there
         snapshots.advance(None, 1)
     except ManifestVersionConflict:
         pass
+    if claimed and synced is not None:
+        synced.push(snapshots)
     return ApplyOutcome("import", 1, claimed, None, snapshots.file(1))
 
 
 def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False, store: str | None = None,
-                   machine: str | None = None, step: Step | None = None) -> ApplyOutcome:
-    """``contextful pipeline apply [--pipelines-only]``: claim and apply the next version."""
+                   machine: str | None = None, step: Step | None = None, offered: Offered | None = None) -> ApplyOutcome:
+    """``contextful pipeline apply [--pipelines-only]``: claim and apply the next version (synced: adopt
+    the bucket's head first when it descends from the applied version, sign the claim, push it)."""
     root = locate_project(directory)
     snapshots = _claiming_dir(root)
+    synced = _synced(root, offered)
+    if synced is not None:  # the bucket's head first (adopt-before-claim), so the claim descends from it
+        synced.adopt_head(snapshots, store=store, machine=machine)
     if snapshots.applied() is None:
         raise StoreNotInitialized(snapshots.project, str(snapshots.path))
     snapshots.prepare()
@@ -195,26 +221,36 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
             return ApplyOutcome("apply", applied, False, applied, snapshots.file(applied), conflicts)
         text = working_text if _normal(doc) == _normal(working) else dumps(doc)
         try:
-            version = claim_next(snapshots, applied, text, meta, step)
+            version = claim_next(snapshots, applied, text, meta, step,
+                                 sign=synced.receipt_signer(snapshots, applied) if synced is not None else None)
         except ManifestVersionConflict as exc:
             conflicts += 1
             lost = exc
             continue
+        if synced is not None:
+            synced.push(snapshots)
         return ApplyOutcome("apply", version, True, applied, snapshots.file(version), conflicts)
     assert lost is not None  # every attempt that did not return lost a race
     raise lost
 
 
 def claim_next(snapshots: SnapshotDir, applied: int, text: str, meta: dict[str, Any] | None,
-               step: Step | None = None) -> int:
+               step: Step | None = None, sign: Sign | None = None) -> int:
     """Claim the version after the highest claimed, holding ``text`` and its ``[snapshot]`` table
     ``meta``, and advance the pointer to it from ``applied``: the version compare-and-swap every
     apply claims through (the CLI's and a served draft's, ``engine.control.drafts``).
-    ``ManifestVersionConflict`` when the version is claimed first or the pointer moved."""
+    ``ManifestVersionConflict`` when the version is claimed first or the pointer moved.
+
+    ``sign`` (a synced claim's, ``surface.apply.receipt-file``) signs the version's receipt before
+    anything is written, so a signing failure leaves neither snapshot nor pointer naming it; the
+    receipt is claimed beside the snapshot, and only then does the pointer move."""
     version = max(snapshots.versions(), default=applied) + 1
+    content = _claimable(text, meta)
+    receipt = sign(version, content) if sign is not None else None
     _call(step, "claim", version)
-    snapshots.claim(version, _claimable(text, meta))
-    # The seam of a synced claim (surface.apply.receipt-file): it signs here, before the pointer moves.
+    snapshots.claim(version, content)
+    if receipt is not None:
+        snapshots.claim_receipt(version, receipt)
     _call(step, "advance", version)
     snapshots.advance(applied, version)
     return version
@@ -262,6 +298,21 @@ def versions(directory: str | Path = ".") -> list[VersionInfo]:
             raise ControlSnapshotUnreadable(str(snapshots.file(version)), f"cannot be read: {exc}") from exc
         found.append(VersionInfo(version, datetime.fromtimestamp(mtime, UTC), version == applied))
     return found
+
+
+def _synced(root: Path, offered: Offered | None) -> SyncedClaim | None:
+    """The synced claim of a project with ``[sync]``, its authority admitted first (None: it does not
+    sync); a ``[sync]`` block that does not validate is refused under validation."""
+    try:
+        sync = read_sync(root)
+        project, _control = read_control(root)
+        regions = working_site_regions(root, project) if sync is not None else None
+    except ManifestInvalid as exc:
+        raise ApplyValidationRefused(exc.path, exc.problems) from exc
+    if sync is None:
+        return None
+    authority = admit(project, offered or Offered())
+    return SyncedClaim(root, project, sync, authority.pins, regions, authority.signer)
 
 
 def _claimable(text: str, meta: dict[str, Any] | None) -> str:

@@ -90,7 +90,7 @@ def test_import_and_apply_claim_versions_in_the_default_snapshot_directory(tmp_p
     assert held(snapshots) == {"manifest@current": "1\n", "manifest@v1.toml": BASE}
     (project / "contextful.toml").write_text(BASE + SECOND_PIPELINE)
     out = json.loads(contextful(project, "--json", "pipeline", "apply").stdout)
-    assert out == {"verb": "apply", "version": 2, "claimed": True, "previous": 1, "conflicts": 0,
+    assert out == {"verb": "apply", "version": 2, "claimed": True, "previous": 1, "conflicts": 0, "adopted": False,
                    "snapshot": str(snapshots / "manifest@v2.toml"), "warnings": []}
     assert held(snapshots) == {"manifest@current": "2\n", "manifest@v1.toml": BASE,
                                "manifest@v2.toml": BASE + SECOND_PIPELINE}
