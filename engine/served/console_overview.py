@@ -84,16 +84,16 @@ def applied_version(root: Path, version: int | None) -> dict[str, Any]:
     """The applied version, when it was claimed, and its receipt (None: the claim wrote none)."""
     from contextful.engine.control.apply import snapshot_dir, versions
     from contextful.engine.control.receipts import parse_receipt
+    from contextful.engine.control.snapshots import receipt_name
 
     if version is None:
         return {"version": None, "claimed_at": None, "receipt": None}
     claimed = next((v.claimed_at.isoformat() for v in versions(root) if v.version == version), None)
-    path = Path(snapshot_dir(root).path) / f"receipt@v{version}.json"
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    snapshots = snapshot_dir(root)
+    data = snapshots.receipt(version)
+    if data is None:
         return {"version": version, "claimed_at": claimed, "receipt": None}
-    receipt = parse_receipt(data, str(path))
+    receipt = parse_receipt(data, str(snapshots.path / receipt_name(version)))
     return {"version": version, "claimed_at": claimed,
             "receipt": {**receipt.document(), "digest": receipt.digest()}}
 
