@@ -246,8 +246,11 @@ def test_an_admin_edits_a_schedule_sees_the_problem_fixes_it_applies_and_sees_th
     page.on("request", lambda r: signed.append((r.url, r.headers, r.post_data_buffer or b""))
             if r.method == "POST" else None)
 
+    # by keyboard: from the editor Tab reaches "Save draft", Enter saves
     editor.fill(applied.replace('schedule = "every 1h"', "schedule = 15"))  # a number where a schedule goes
-    page.get_by_role("button", name="Save draft").click()
+    editor.press("Tab")
+    expect(page.get_by_role("button", name="Save draft")).to_be_focused()
+    page.keyboard.press("Enter")
     problems = page.locator("#problem-list li")
     expect(problems.first).to_be_visible()
     assert "schedule" in problems.first.inner_text()
@@ -255,12 +258,14 @@ def test_an_admin_edits_a_schedule_sees_the_problem_fixes_it_applies_and_sees_th
     page.screenshot(path=str(shots / "console-problem.png"), full_page=True)
 
     editor.fill(applied.replace('schedule = "every 1h"', 'schedule = "every 15m"'))
-    page.get_by_role("button", name="Save draft").click()
+    editor.press("Tab")
+    page.keyboard.press("Enter")
     expect(page.locator("#draft-state")).to_contain_text("saved by ada, based on v1")
     expect(page.locator("#problems")).to_be_hidden()
     draft = json.loads(contextful(site.project.root, "--json", "pipeline", "status").stdout)
     assert draft["version"] == 1  # a saved draft leaves the applied pointer where it was
-    page.get_by_role("button", name="Apply draft").click()
+    expect(page.get_by_role("button", name="Apply draft")).to_be_focused()  # a saved draft: focus on Apply
+    page.keyboard.press("Enter")
     expect(page.locator("#status")).to_contain_text("Applied v2 (v1 before)")
     expect(page.locator("#applied-version")).to_have_text("v2")
     orders = next(cells for cells in table(page, "#pipelines") if cells[0] == "orders")
