@@ -13,5 +13,6 @@ MAPPED = ("engine", "storage", "iceberg", "datasets")
 setup(
     packages=["contextful"] + [f"contextful.{name}" for name in find_packages(include=[f"{m}*" for m in MAPPED])],
     package_dir={"contextful": "contextful", **{f"contextful.{m}": m for m in MAPPED}},
-    package_data={"contextful.datasets": ["samples/*.ndjson"]},
+    # the operator console's page, script and style sheet (engine/served/console_routes.py serves them)
+    package_data={"contextful.datasets": ["samples/*.ndjson"], "contextful.engine.served": ["console/*"]},
 )

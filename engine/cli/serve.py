@@ -10,7 +10,8 @@ It also hosts the receive source for ``receive`` pipelines (``engine.land.receiv
 the Iceberg query gateway for the manifest's exports (``engine.export.gateway``, docs/exports.md),
 when an issuer key is pinned the resume route of awakeables (``engine.served.awake``,
 docs/served.md), under ``[control] trigger = "external"`` the wake route (``engine.served.wake``),
-and on the shared ``--http`` face the control routes (``engine.served.control``, docs/served.md):
+and on the shared ``--http`` face the control routes (``engine.served.control``, docs/served.md) and
+the operator console (``engine.served.console_routes``, docs/console.md):
 all on ``--http``, or each on its own address with ``--receive-http``, ``--gateway-http`` and
 ``--awake-http`` (a service with no address is not served). With no applied version yet the faces
 serve the working manifest and nothing is armed. Once the sockets are bound it prints on stdout

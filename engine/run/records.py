@@ -51,7 +51,7 @@ def _failure(row: dict[str, Any]) -> dict[str, str] | None:
 
 
 def run_history(store: Store, table: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    """The newest ``limit`` runs (of ``table``), oldest first: state, rows, downgrade events, failure."""
+    """The newest ``limit`` runs (of ``table``), oldest first: state, rows, bytes, downgrade events, failure."""
     runs = _select(store, "table_name = ?" if table is not None else "true", [table] if table is not None else [],
                    limit)
     out = []
@@ -62,7 +62,7 @@ def run_history(store: Store, table: str | None = None, limit: int = 50) -> list
             events = [e.to_json() for e in store.table(row["table_name"]).manifest(row["run_id"]).downgrade_events]
         out.append({"run_id": row["run_id"], "table": row["table_name"], "kind": row["kind"],
                     "status": row["status"], "recorded_at": row["recorded_at"], "commit_seq": row["commit_seq"],
-                    "rows": row["rows"], "downgrade_events": events, "failure": _failure(row)})
+                    "rows": row["rows"], "bytes": row["bytes"], "downgrade_events": events, "failure": _failure(row)})
     return out
 
 

@@ -32,7 +32,7 @@ import re
 import socket
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -264,22 +264,27 @@ class Exchange:
         self.copy_body(buffer, what, limit)  # type: ignore[arg-type]
         return b"".join(buffer)
 
-    def send_json(self, status: int, doc: Any, *, close: bool = False) -> None:
-        self.send_bytes(status, json.dumps(doc, default=str).encode(), "application/json", close=close)
+    def send_json(self, status: int, doc: Any, *, close: bool = False, headers: Mapping[str, str] | None = None) -> None:
+        self.send_bytes(status, json.dumps(doc, default=str).encode(), "application/json", close=close,
+                        headers=headers)
 
     def send_error(self, exc: ContextfulError, *, status: int | None = None, close: bool = False) -> None:
         """``{"error", "detail"}`` at the error's HTTP status, the detail masked by the secret guard."""
         self.send_json(status or exc.http_status, {"error": exc.name, "detail": mask_message(exc.detail)},
                        close=close)
 
-    def send_bytes(self, status: int, payload: bytes, content_type: str, *, close: bool = False) -> None:
-        """One answer; it closes the connection when asked to or when body bytes stay unread."""
+    def send_bytes(self, status: int, payload: bytes, content_type: str, *, close: bool = False,
+                   headers: Mapping[str, str] | None = None) -> None:
+        """One answer (with ``headers`` besides its type and length: caching, a page's security policy);
+        it closes the connection when asked to or when body bytes stay unread."""
         handler = self._handler
         close = close or self.body_pending
         try:
             handler.send_response(status)
             handler.send_header("Content-Type", content_type)
             handler.send_header("Content-Length", str(len(payload)))
+            for name, value in (headers or {}).items():
+                handler.send_header(name, value)
             if close:
                 handler.close_connection = True
                 handler.send_header("Connection", "close")

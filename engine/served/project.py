@@ -6,7 +6,9 @@
   ``CONTEXTFUL_ISSUER_PUBKEY``; docs/served.md);
 - the control routes (``GET /control/document``, ``POST /control/draft``, ``POST /control/apply``;
   ``engine.served.control``) on the shared address, beside whatever else it serves: with no
-  issuer key pinned they answer ``ConfigOwnerUnconfigured``.
+  issuer key pinned they answer ``ConfigOwnerUnconfigured``;
+- the operator console (``GET /console/``, ``engine.served.console_routes``; docs/console.md) on the
+  shared address, when an issuer key is pinned: every reader of it proves a signed credential.
 
 :func:`serve_project` serves each service on its own address when given one (``receive_address``,
 ``gateway_address``, ``awake_address``) and the others on the shared ``address``; a service with no address is not
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.server import ReceiveServer
     from contextful.engine.served.awake import AwakeService
+    from contextful.engine.served.console_routes import ConsoleService
     from contextful.engine.served.control import ControlService
     from contextful.storage import Store
 
@@ -49,6 +52,7 @@ class Served:
     gateway: Gateway | None
     awake: AwakeService | None = None
     control: ControlService | None = None
+    console: ConsoleService | None = None
 
     @property
     def url(self) -> str:
@@ -77,10 +81,11 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
                   gateway_address: Address | None = None, awake_address: Address | None = None,
                   awake_store: Callable[[], Store] | None = None, wake: ControlPlane | None = None,
                   store_url: str | None = None) -> Served:
-    """Serve the manifest's receive pipelines, its exports' query gateway and the resume route
-    (see the module docstring). The resume route and the control routes open their store with
-    ``awake_store`` (default ``store_factory``); ``contextful pipeline serve`` passes one that never
-    creates a store. ``store_url`` is the ``--store`` root a control draft's validation reads.
+    """Serve the manifest's receive pipelines, its exports' query gateway, the resume route, the
+    control routes and the console (see the module docstring). The resume route, the control routes
+    and the console open their store with ``awake_store`` (default ``store_factory``); ``contextful
+    pipeline serve`` passes one that never creates a store. ``store_url`` is the ``--store`` root a
+    control draft's validation reads.
 
     Every address given is read first and every face bound before the store or the receive queues
     open, so an address that cannot be served (ArgumentInvalid, AddressInUse) leaves nothing behind.
@@ -89,11 +94,12 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
     from contextful.engine.export.gateway import Gateway, gateway_routes
     from contextful.engine.land.receive.server import open_receivers
     from contextful.engine.served.awake import AwakeService, awake_routes
+    from contextful.engine.served.console_routes import ConsoleService, console_routes
     from contextful.engine.served.control import ControlService, control_routes
     from contextful.engine.served.wake import wake_routes
 
     given = {"": address, "receive": receive_address, "gateway": gateway_address, "awake": awake_address,
-             "wake": None}
+             "wake": None, "console": None}
     for label, at in given.items():
         if at is not None:
             parse_address(at, OPTIONS[label])
@@ -105,12 +111,13 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
                           "CONTEXTFUL_ISSUER_PUBKEY; `contextful key generate` makes one)")
     awake = AwakeService(awake_store or store_factory, pins) if pins else None
     waking = wake is not None and address is not None  # the external trigger's route, on the shared face
+    console = ConsoleService(manifest, awake_store or store_factory, pins) if pins and address is not None else None
     if not receiving and gateway is None and awake is None and not waking:
         raise SpecInvalid("nothing to serve: no [[pipeline]] of kind 'receive', [[export]] or pinned issuer key "
                           "has an address (--http, --receive-http, --gateway-http, --awake-http)")
     wanted: dict[str, list[str]] = {}  # face label -> the services it serves
     for name, serving in (("receive", receiving), ("gateway", gateway is not None), ("awake", awake is not None),
-                          ("wake", waking)):
+                          ("wake", waking), ("console", console is not None)):
         if serving:
             wanted.setdefault(name if given[name] is not None else "", []).append(name)
     control = (ControlService(manifest.root, manifest.project.name, awake_store or store_factory, pins,
@@ -125,7 +132,8 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
         receive = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder) if receiving else None
         routes = {"receive": receive.routes() if receive else [], "gateway": gateway_routes(gateway) if gateway else [],
                   "awake": awake_routes(awake) if awake else [], "wake": wake_routes(wake) if waking and wake else [],
-                  "control": control_routes(control) if control else []}
+                  "control": control_routes(control) if control else [],
+                  "console": console_routes(console) if console else []}
         urls: dict[str, str] = {}
         if control is not None:
             wanted[""].append("control")
@@ -140,4 +148,4 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
         raise
     if receive is not None:
         receive.start()
-    return Served(faces, urls, receive, gateway, awake, control)
+    return Served(faces, urls, receive, gateway, awake, control, console)

@@ -92,3 +92,17 @@ def test_the_readme_main_job_runs_from_another_directory(installed: tuple[Path, 
                 "print(con.sql('SELECT count(*) FROM gh_events').fetchall()[0][0])\n")
     proc = sh(python, "-c", notebook, cwd=elsewhere, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "400", proc.stderr
+
+
+def test_the_wheel_serves_the_console_without_node(installed: tuple[Path, Path, dict[str, str]]) -> None:
+    """The console's page, script and style sheet are package data: an installed wheel serves them."""
+    bin_dir, elsewhere, env = installed
+    listing = ("from contextful.engine.served.console_routes import ASSETS, load_assets\n"
+               "print(ASSETS)\n"
+               "print(' '.join(sorted(load_assets())))\n")
+    proc = sh(bin_dir / "python", "-c", listing, cwd=elsewhere, env=env)
+    assert proc.returncode == 0, proc.stderr
+    folder, names = proc.stdout.splitlines()
+    assert Path(folder).is_relative_to(bin_dir.parent)  # the wheel's files, not the repository's
+    assert set(names.split()) == {p.name for p in (REPO / "engine" / "served" / "console").iterdir()
+                                  if p.suffix in {".html", ".js", ".css", ".svg", ".png", ".txt"}}
