@@ -118,7 +118,7 @@ def test_snapshot_bytes_replaced_without_a_matching_signature_arm_none_of_that_v
     code, answer, err = cycle(node)
     assert code == 0, err
     assert f"error: poll of {server.control_url} failed: ControlSnapshotUntrusted: {server.control_url}/" \
-           "manifest@v2.toml: untrusted: the snapshot's digest is not the one its receipt signs" in err
+           "receipt@v2.json: untrusted: the snapshot's digest is not the one its receipt signs" in err
     assert answer["version"] == 1 and answer["armed"] == 1 and answer["fired"] == []
     assert local_files(node) == before
     with pytest.raises(Exception, match="returns"):
