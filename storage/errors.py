@@ -2397,8 +2397,7 @@ class SecretMaterialInDocument(SpecInvalid):
 
 class EnforceRegionMismatch(SpecInvalid):
     """``surface.reside.region-mismatch``: a configured resource resolves to a region the residency
-    allow-set omits; the runtime serves nothing. Also a ``[residency] regions`` list the spec refuses
-    (``surface.reside.region-entries``: more than 16 entries)."""
+    allow-set omits (or whose region cannot be learned); the runtime serves nothing."""
 
     resource: str
     region: str

@@ -12,7 +12,8 @@ lines, or as JSON under ``--json``.
 It also hosts the receive source for ``receive`` pipelines (``engine.land.receive``, docs/receive.md),
 the Iceberg query gateway for the manifest's exports (``engine.export.gateway``, docs/exports.md),
 when an issuer key is pinned the resume route of awakeables (``engine.served.awake``,
-docs/served.md), and under ``[control] trigger = "external"`` the wake route (``engine.served.wake``):
+docs/served.md), under ``[control] trigger = "external"`` the wake route (``engine.served.wake``),
+and on the shared ``--http`` face the control routes (``engine.served.control``, docs/served.md):
 all on ``--http``, or each on its own address with ``--receive-http``, ``--gateway-http`` and
 ``--awake-http`` (a service with no address is not served). With no applied version yet the faces
 serve the working manifest and nothing is armed. Once the sockets are bound it prints on stdout
@@ -58,6 +59,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.fire_credentials import FireIssuer, serve_fire_issuer
     from contextful.engine.control.reconcile import node_reconciler
+    from contextful.engine.control.residency import enforce_residency
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.spool import queue_root
     from contextful.engine.project import MANIFEST, open_project_store
@@ -75,6 +77,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
         reconciler.poll()  # surface.reconcile.learns-by-reading: what the source holds, before arming
     applied = applied_armable(manifest.root) if in_file else None
     served = applied if applied is not None else manifest
+    enforce_residency(served, store_url)  # surface.reside.region-mismatch: before anything is bound or armed
     # surface.dispatch.fire-credential-missing and -zone: refused before anything is bound or fired
     issuer = (serve_fire_issuer(applied, issuer_key, version=applied_version(applied)) if applied
               else FireIssuer(load_signing_key(issuer_key)) if issuer_key is not None and reconciler else None)
@@ -102,7 +105,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
                 server = serve_project(served, open_store, address, queue_root=queue_root(served.root),
                                        decoder=decoder, receive_address=receive_address,
                                        gateway_address=gateway_address, awake_address=awake_address,
-                                       awake_store=read_store, wake=plane if trigger == "external" else None)
+                                       awake_store=read_store, wake=plane if trigger == "external" else None,
+                                       store_url=store_url)
             try:
                 if server is not None:
                     for label, face in server.faces.items():
@@ -136,6 +140,7 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.fire_credentials import serve_fire_issuer
     from contextful.engine.control.reconcile import node_reconciler
+    from contextful.engine.control.residency import enforce_residency
     from contextful.engine.control.source import resolve_source
     from contextful.engine.project import open_project_store
     from contextful.engine.run.script_runtime import refuse_script_runtime
@@ -151,6 +156,7 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     if applied is None:
         raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest.root).path))
     served = applied
+    enforce_residency(served, store_url)  # surface.reside.region-mismatch: before anything is armed
     issuer = serve_fire_issuer(served, issuer_key, version=applied_version(served))
 
     def open_store() -> Store:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contextful.engine.config.residency import ResidencySpec
 from contextful.engine.project import Project
 
 if TYPE_CHECKING:
@@ -135,6 +136,8 @@ class Manifest:
     applied: AppliedSnapshot | None = None
     """The metadata of the applied version this manifest was read from (``engine.config.applied``);
     None for the working ``contextful.toml``."""
+    residency: ResidencySpec = field(default_factory=ResidencySpec)
+    """The ``[residency]`` block: the regions this site may reside in (``engine.config.residency``)."""
 
     def export(self, name: str) -> ExportSpec:
         for spec in self.exports:

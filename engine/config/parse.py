@@ -25,6 +25,7 @@ from contextful.engine.config.manifest import (
     PipelineSpec,
     SourceSpec,
 )
+from contextful.engine.config.residency import parse_residency
 from contextful.engine.export.spec import ExportSpec
 from contextful.engine.model.spec import ModelSpec
 from contextful.engine.project import MANIFEST, locate_project, parse_project, read_manifest_document
@@ -43,7 +44,7 @@ from contextful.storage.errors import (
     TableNameCollision,
 )
 
-TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external", "job")
+TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external", "job", "residency")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
                  "write_disposition", "schedule", "after", "priority", "seed", "transform")
 EXTERNAL_KEYS = ("id", "table", "description")
@@ -158,6 +159,9 @@ def read_declarations(doc: dict[str, Any], root: Path, *,
     control, found = parse_control(doc.get("control", {}), root, project.name)
     for problem in found:
         problems.add(problem)
+    residency, found = parse_residency(doc.get("residency", {}))
+    for problem in found:
+        problems.add(problem)
     from contextful.engine.config.jobs import job_problems, parse_jobs
 
     jobs, found = parse_jobs(doc.get("job", []))
@@ -169,7 +173,7 @@ def read_declarations(doc: dict[str, Any], root: Path, *,
 
         plan = compile_plan(pipelines, models, exports, doc, problems.add)
     manifest = Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan, control=control,
-                        externals=tuple(externals), jobs=tuple(jobs), applied=applied)
+                        externals=tuple(externals), jobs=tuple(jobs), applied=applied, residency=residency)
     for problem in job_problems(manifest, jobs):
         problems.add(problem)
     if problems.found:

@@ -179,6 +179,7 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
     working_text, working = _working(root)
     source = str(root / MANIFEST) + (" ([[pipeline]] blocks over the applied version)" if pipelines_only else "")
     conflicts = 0
+    lost: ManifestVersionConflict | None = None
     for _attempt in range(MAX_ATTEMPTS):
         applied = snapshots.applied()
         assert applied is not None  # a pointer never goes away
@@ -192,19 +193,31 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
             meta = _captured(_validate(root, doc, source, store, machine), store)
         if _normal(doc) == _normal(base) and meta == base_meta:
             return ApplyOutcome("apply", applied, False, applied, snapshots.file(applied), conflicts)
-        version = max(snapshots.versions(), default=applied) + 1
         text = working_text if _normal(doc) == _normal(working) else dumps(doc)
         try:
-            _call(step, "claim", version)
-            snapshots.claim(version, _claimable(text, meta))
-            # The seam of a synced claim (surface.apply.receipt-file): it signs here, before the pointer moves.
-            _call(step, "advance", version)
-            snapshots.advance(applied, version)
-        except ManifestVersionConflict:
+            version = claim_next(snapshots, applied, text, meta, step)
+        except ManifestVersionConflict as exc:
             conflicts += 1
+            lost = exc
             continue
         return ApplyOutcome("apply", version, True, applied, snapshots.file(version), conflicts)
-    raise ManifestVersionConflict(snapshots.project, version, snapshots.applied() or 0)
+    assert lost is not None  # every attempt that did not return lost a race
+    raise lost
+
+
+def claim_next(snapshots: SnapshotDir, applied: int, text: str, meta: dict[str, Any] | None,
+               step: Step | None = None) -> int:
+    """Claim the version after the highest claimed, holding ``text`` and its ``[snapshot]`` table
+    ``meta``, and advance the pointer to it from ``applied``: the version compare-and-swap every
+    apply claims through (the CLI's and a served draft's, ``engine.control.drafts``).
+    ``ManifestVersionConflict`` when the version is claimed first or the pointer moved."""
+    version = max(snapshots.versions(), default=applied) + 1
+    _call(step, "claim", version)
+    snapshots.claim(version, _claimable(text, meta))
+    # The seam of a synced claim (surface.apply.receipt-file): it signs here, before the pointer moves.
+    _call(step, "advance", version)
+    snapshots.advance(applied, version)
+    return version
 
 
 def load_applied(directory: str | Path = ".") -> Applied | None:
@@ -312,7 +325,9 @@ def _validate(root: Path, doc: dict[str, Any], source: str, store: str | None, m
     """The manifest of ``doc`` after the engine's whole validation; ``applied``: the metadata a
     pipelines-only apply keeps (its models' SQL is the applied version's, not the project's files)."""
     from contextful.engine.config.validate import validated_manifest
+    from contextful.engine.control.document_secrets import refuse_secret_material
 
+    refuse_secret_material(doc)  # surface.edit.secret-in-document: before validation can quote a value
     try:
         return validated_manifest(root, doc, source=source, store=store, machine=machine, applied=applied)
     except ManifestInvalid as exc:

@@ -3,7 +3,10 @@
 - the receive source, when a ``[[pipeline]]`` has a source of kind ``receive`` (docs/receive.md);
 - the Iceberg query gateway, when the manifest declares an ``[[export]]`` (docs/exports.md);
 - the resume route of awakeables, when an issuer key is pinned (``[project] issuer_keys`` or
-  ``CONTEXTFUL_ISSUER_PUBKEY``; docs/served.md).
+  ``CONTEXTFUL_ISSUER_PUBKEY``; docs/served.md);
+- the control routes (``GET /control/document``, ``POST /control/draft``, ``POST /control/apply``;
+  ``engine.served.control``) on the shared address, beside whatever else it serves: with no
+  issuer key pinned they answer ``ConfigOwnerUnconfigured``.
 
 :func:`serve_project` serves each service on its own address when given one (``receive_address``,
 ``gateway_address``, ``awake_address``) and the others on the shared ``address``; a service with no address is not
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.server import ReceiveServer
     from contextful.engine.served.awake import AwakeService
+    from contextful.engine.served.control import ControlService
     from contextful.storage import Store
 
 Address = str | tuple[str, int]
@@ -44,6 +48,7 @@ class Served:
     receive: ReceiveServer | None
     gateway: Gateway | None
     awake: AwakeService | None = None
+    control: ControlService | None = None
 
     @property
     def url(self) -> str:
@@ -59,6 +64,8 @@ class Served:
             self.receive.close(grace_s, idle=idle)
         if self.awake is not None:
             self.awake.close()
+        if self.control is not None:
+            self.control.close()
 
 
 OPTIONS = {"": "--http", "receive": "--receive-http", "gateway": "--gateway-http", "awake": "--awake-http"}
@@ -68,10 +75,12 @@ OPTIONS = {"": "--http", "receive": "--receive-http", "gateway": "--gateway-http
 def serve_project(manifest: Manifest, store_factory: Callable[[], Store], address: Address | None, *,
                   decoder: Decoder, queue_root: str | Path, receive_address: Address | None = None,
                   gateway_address: Address | None = None, awake_address: Address | None = None,
-                  awake_store: Callable[[], Store] | None = None, wake: ControlPlane | None = None) -> Served:
+                  awake_store: Callable[[], Store] | None = None, wake: ControlPlane | None = None,
+                  store_url: str | None = None) -> Served:
     """Serve the manifest's receive pipelines, its exports' query gateway and the resume route
-    (see the module docstring). The resume route opens its store with ``awake_store`` (default
-    ``store_factory``); ``contextful pipeline serve`` passes one that never creates a store.
+    (see the module docstring). The resume route and the control routes open their store with
+    ``awake_store`` (default ``store_factory``); ``contextful pipeline serve`` passes one that never
+    creates a store. ``store_url`` is the ``--store`` root a control draft's validation reads.
 
     Every address given is read first and every face bound before the store or the receive queues
     open, so an address that cannot be served (ArgumentInvalid, AddressInUse) leaves nothing behind.
@@ -80,6 +89,7 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
     from contextful.engine.export.gateway import Gateway, gateway_routes
     from contextful.engine.land.receive.server import open_receivers
     from contextful.engine.served.awake import AwakeService, awake_routes
+    from contextful.engine.served.control import ControlService, control_routes
     from contextful.engine.served.wake import wake_routes
 
     given = {"": address, "receive": receive_address, "gateway": gateway_address, "awake": awake_address,
@@ -103,6 +113,8 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
                           ("wake", waking)):
         if serving:
             wanted.setdefault(name if given[name] is not None else "", []).append(name)
+    control = (ControlService(manifest.root, manifest.project.name, awake_store or store_factory, pins,
+                              store_url=store_url) if "" in wanted else None)
     faces: dict[str, ServedFace] = {}
     receive: ReceiveServer | None = None
     try:
@@ -112,8 +124,11 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
             faces[label] = bind_face(at, OPTIONS[label])
         receive = open_receivers(store_factory, manifest, queue_root=queue_root, decoder=decoder) if receiving else None
         routes = {"receive": receive.routes() if receive else [], "gateway": gateway_routes(gateway) if gateway else [],
-                  "awake": awake_routes(awake) if awake else [], "wake": wake_routes(wake) if waking and wake else []}
+                  "awake": awake_routes(awake) if awake else [], "wake": wake_routes(wake) if waking and wake else [],
+                  "control": control_routes(control) if control else []}
         urls: dict[str, str] = {}
+        if control is not None:
+            wanted[""].append("control")
         for label, names in wanted.items():
             faces[label].serve([route for name in names for route in routes[name]])
             urls.update(dict.fromkeys(names, faces[label].url))
@@ -125,4 +140,4 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
         raise
     if receive is not None:
         receive.start()
-    return Served(faces, urls, receive, gateway, awake)
+    return Served(faces, urls, receive, gateway, awake, control)

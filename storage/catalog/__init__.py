@@ -124,6 +124,27 @@ class CadenceHolder:
     expires_us: int
 
 
+@dataclass(frozen=True)
+class DraftRow:
+    """A project's saved draft of its control document (``engine.control.drafts``)."""
+
+    project: str
+    draft_id: str
+    version: int
+    """The applied version the draft edits."""
+    operator: str
+    """The verified operator who saved it."""
+    nonce: str
+    """A random nonce the draft was saved under."""
+    saved_us: int
+    document: str
+    """The document's TOML text, without a ``[snapshot]`` table."""
+    snapshot: str | None
+    """The ``[snapshot]`` table kept from ``version``, as canonical JSON (None: that version holds none)."""
+    digest: str
+    """The SHA-256 of what was validated (``engine.control.drafts.draft_digest``)."""
+
+
 class Catalog(ABC):
     """What the store asks of its catalog. Every method is safe across processes."""
 
@@ -301,6 +322,22 @@ class Catalog(ABC):
     @abstractmethod
     def dispatches(self, deployment: str) -> dict[str, int]:
         """Each entry's last recorded dispatch instant."""
+
+    @abstractmethod
+    def save_draft(self, draft: DraftRow) -> None:
+        """Save ``draft`` as its project's one draft, replacing the one saved before."""
+
+    @abstractmethod
+    def draft(self, project: str) -> DraftRow | None:
+        """The project's saved draft (None: none)."""
+
+    @abstractmethod
+    def drop_draft(self, project: str, draft_id: str) -> bool:
+        """Forget the project's draft if it is still ``draft_id``; whether this call forgot it."""
+
+    @abstractmethod
+    def accept_nonce(self, nonce: str, operator: str, now_us: int) -> bool:
+        """Record ``nonce`` as accepted, once ever: False when it was accepted before."""
 
     @abstractmethod
     def record_run(self, run_id: str, phase: str, table: str, payload: dict[str, Any], now_us: int) -> None:

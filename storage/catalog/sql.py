@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from contextful.storage.catalog import (
     CadenceHolder,
     Catalog,
     CommitRow,
+    DraftRow,
     PartRow,
     PinnedHead,
     RunRecordRow,
@@ -107,6 +109,13 @@ DDL = (
     """CREATE TABLE IF NOT EXISTS cf_dispatches (
         deployment TEXT NOT NULL, entry TEXT NOT NULL, dispatched_us BIGINT NOT NULL, holder TEXT NOT NULL,
         PRIMARY KEY (deployment, entry))""",
+    # the served control plane's state (engine.control.drafts, engine.control.attestation): each
+    # project's one saved draft of its control document, and every operator nonce ever accepted
+    """CREATE TABLE IF NOT EXISTS cf_control_drafts (
+        project TEXT PRIMARY KEY, draft_id TEXT NOT NULL, version BIGINT NOT NULL, operator TEXT NOT NULL,
+        nonce TEXT NOT NULL, saved_us BIGINT NOT NULL, document TEXT NOT NULL, snapshot TEXT, digest TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS cf_control_nonces (
+        nonce TEXT PRIMARY KEY, operator TEXT NOT NULL, accepted_us BIGINT NOT NULL, claim TEXT NOT NULL)""",
     # a catalog written before the clock existed starts it at its newest commit
     ("INSERT INTO cf_clock (id, last_commit_us) SELECT 1, COALESCE(MAX(committed_us), 0) FROM cf_commits"
      " WHERE 1 = 1 ON CONFLICT (id) DO NOTHING"),
@@ -597,6 +606,43 @@ class SqlCatalog(SqlDialect, Catalog):
     def dispatches(self, deployment: str) -> dict[str, int]:
         rows = self._read("SELECT entry, dispatched_us FROM cf_dispatches WHERE deployment = ?", (deployment,))
         return {str(entry): int(at) for entry, at in rows}
+
+    # --- the served control plane's state -------------------------------------------------------
+
+    def save_draft(self, draft: DraftRow) -> None:
+        self._write(lambda cur: cur.execute(
+            "INSERT INTO cf_control_drafts (project, draft_id, version, operator, nonce, saved_us, document, snapshot,"
+            " digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project) DO UPDATE SET"
+            " draft_id = excluded.draft_id, version = excluded.version, operator = excluded.operator,"
+            " nonce = excluded.nonce, saved_us = excluded.saved_us, document = excluded.document,"
+            " snapshot = excluded.snapshot, digest = excluded.digest",
+            (draft.project, draft.draft_id, draft.version, draft.operator, draft.nonce, draft.saved_us, draft.document,
+             draft.snapshot, draft.digest)), rerun_unheard=True)
+
+    def draft(self, project: str) -> DraftRow | None:
+        rows = self._read("SELECT project, draft_id, version, operator, nonce, saved_us, document, snapshot, digest"
+                          " FROM cf_control_drafts WHERE project = ?", (project,))
+        return DraftRow(*rows[0]) if rows else None
+
+    def drop_draft(self, project: str, draft_id: str) -> bool:
+        def drop(cur: _Cursor) -> bool:
+            cur.execute("DELETE FROM cf_control_drafts WHERE project = ? AND draft_id = ?", (project, draft_id))
+            return bool(cur.rowcount)
+
+        return self._write(drop, rerun_unheard=True)
+
+    def accept_nonce(self, nonce: str, operator: str, now_us: int) -> bool:
+        claim = uuid.uuid4().hex  # tells this call's own row from a replay's when a rerun finds it
+
+        def accept(cur: _Cursor) -> bool:
+            cur.execute("INSERT INTO cf_control_nonces (nonce, operator, accepted_us, claim) VALUES (?, ?, ?, ?)"
+                        " ON CONFLICT (nonce) DO NOTHING", (nonce, operator, now_us, claim))
+            if cur.rowcount == 1:
+                return True
+            cur.execute("SELECT claim FROM cf_control_nonces WHERE nonce = ?", (nonce,))
+            return str(cur.fetchone()[0]) == claim  # this call's, when its first commit went unheard
+
+        return self._write(accept, rerun_unheard=True)
 
     # --- the run-record cache -------------------------------------------------------------------
 
