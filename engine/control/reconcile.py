@@ -13,7 +13,8 @@ Implements ``surface.reconcile.poll-cadence``, ``learns-by-reading``, ``fail-sta
   expression); a block declaring none polls ``every 30s``. Serve polls when it starts, at each
   instant its poll schedule admits after the previous poll (read on the plane's clock, so a test
   moves an injected one), and on each wake (``POST /wake``) before it evaluates; ``serve --cycle``
-  polls once before it arms. Nothing else reaches a daemon: no route takes a snapshot.
+  polls once before it arms. Nothing else reaches a daemon: no route hands it a snapshot (an apply,
+  served ones included, claims into the snapshot directory, which the daemon reads).
 - What: :func:`~contextful.engine.control.adopt.adopt` the source's head when it descends from
   the local head; a project that syncs (its working file holds a ``[sync]`` block) adopts only a
   chain of receipts signed under the node's pinned issuer keys
