@@ -3,8 +3,11 @@
 Serve runs the APPLIED version of the manifest (``contextful pipeline import`` / ``apply``;
 ``engine.control.apply``), never the working file: it arms the version's schedules and dispatches
 due units from its pool under the deployment's cadence lease (``engine.control``; docs/control.md),
-re-arming when the applied pointer moves. ``--cycle`` does that once and exits (cron's and CI's
-way to drive Contextful); its answer is printed in a few lines, or as JSON under ``--json``.
+re-arming when the applied pointer moves. A node whose ``[control] url`` names a control URL polls
+it when serve starts, on its ``[control] poll`` cadence and on each wake, adopting what it serves
+into its snapshot directory (``engine.control.reconcile``). ``--cycle`` polls once, then does the
+rest once and exits (cron's and CI's way to drive Contextful); its answer is printed in a few
+lines, or as JSON under ``--json``.
 
 It also hosts the receive source for ``receive`` pipelines (``engine.land.receive``, docs/receive.md),
 the Iceberg query gateway for the manifest's exports (``engine.export.gateway``, docs/exports.md),
@@ -52,26 +55,37 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     ``issuer_key`` mints each store-driven or synthesize fire its credential
     (``engine.control.fire_credentials``)."""
     from contextful.engine.control.arming import applied_armable
+    from contextful.engine.control.credentials import load_signing_key
     from contextful.engine.control.daemon import Daemon, select_trigger
     from contextful.engine.control.fire import ControlPlane
-    from contextful.engine.control.fire_credentials import serve_fire_issuer
+    from contextful.engine.control.fire_credentials import FireIssuer, serve_fire_issuer
+    from contextful.engine.control.reconcile import node_reconciler
     from contextful.engine.control.residency import enforce_residency
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.spool import queue_root
     from contextful.engine.project import MANIFEST, open_project_store
     from contextful.engine.run.script_runtime import refuse_script_runtime
     from contextful.engine.served.project import serve_project
+    from contextful.storage.clock import SystemClock
 
     refuse_script_runtime()  # topology.compose.script-runtime: checked before anything is served
+    clock = clock or SystemClock()
     # a manifest built in code (no contextful.toml at its root) has no applied versions: its faces serve it
-    applied = applied_armable(manifest.root) if (manifest.root / MANIFEST).is_file() else None
+    in_file = (manifest.root / MANIFEST).is_file()
+    # surface.reconcile.loopback-only: a control URL off loopback is refused here, before anything is armed
+    reconciler = node_reconciler(manifest.root, store=store_url, clock=clock, say=_say) if in_file else None
+    if reconciler is not None:
+        reconciler.poll()  # surface.reconcile.learns-by-reading: what the source holds, before arming
+    applied = applied_armable(manifest.root) if in_file else None
     served = applied if applied is not None else manifest
     enforce_residency(served, store_url)  # surface.reside.region-mismatch: before anything is bound or armed
     # surface.dispatch.fire-credential-missing and -zone: refused before anything is bound or fired
-    issuer = serve_fire_issuer(applied, issuer_key, version=applied_version(applied)) if applied else None
+    issuer = (serve_fire_issuer(applied, issuer_key, version=applied_version(applied)) if applied
+              else FireIssuer(load_signing_key(issuer_key)) if issuer_key is not None and reconciler else None)
     serves_http = address is not None
-    trigger = select_trigger(served.control.trigger, serves_http=serves_http, say=_say) if applied else None
-    if applied is None and not (address or receive_address or gateway_address or awake_address):
+    arms = applied is not None or reconciler is not None
+    trigger = select_trigger(served.control.trigger, serves_http=serves_http, say=_say) if arms else None
+    if not arms and not (address or receive_address or gateway_address or awake_address):
         raise click.UsageError("nothing to serve: no applied version to schedule and no address; run "
                                "contextful pipeline import, or give --http")
 
@@ -83,8 +97,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    plane = (ControlPlane(served.root, open_store, store_url, clock=clock, say=_say, fire_issuer=issuer)
-             if applied else None)
+    plane = (ControlPlane(served.root, open_store, store_url, clock=clock, say=_say, fire_issuer=issuer,
+                          reconciler=reconciler) if arms else None)
     try:
         with Decoder() as decoder:
             server = None
@@ -99,8 +113,10 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
                     for label, face in server.faces.items():
                         click.echo(f"listening on {face.url}" + (f" ({label})" if label else ""))
                 sys.stdout.flush()
-                if applied is None:
+                if applied is None and reconciler is None:
                     _say("no applied version: nothing armed (contextful pipeline import claims v1 from contextful.toml)")
+                elif applied is None:
+                    _say("no applied version yet: nothing armed until a poll adopts one")
                 if plane is not None:
                     Daemon(plane, trigger, stop, say=_say).run()
                 else:
@@ -124,14 +140,19 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     from contextful.engine.control.arming import applied_armable
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.fire_credentials import serve_fire_issuer
+    from contextful.engine.control.reconcile import node_reconciler
     from contextful.engine.control.residency import enforce_residency
     from contextful.engine.control.source import resolve_source
     from contextful.engine.project import open_project_store
     from contextful.engine.run.script_runtime import refuse_script_runtime
+    from contextful.storage.clock import SystemClock
     from contextful.storage.errors import StoreNotInitialized
 
     refuse_script_runtime()
     resolve_source(manifest.control)  # surface.fire.cycle-control-source: before anything is armed
+    reconciler = node_reconciler(manifest.root, store=store_url, clock=clock or SystemClock(), say=_say)
+    if reconciler is not None:
+        reconciler.poll()  # surface.reconcile.learns-by-reading: once, before the cycle arms
     applied = applied_armable(manifest.root)
     if applied is None:
         raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest.root).path))

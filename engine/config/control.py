@@ -4,8 +4,9 @@
 ``.contextful/control/<project>/`` unless ``[control] snapshot_dir`` names one); ``url``, named
 instead of ``snapshot_dir`` (the spec's Shapes), a loopback control URL serving ``manifest@current``
 and each ``manifest@v<N>.toml`` (``surface.reconcile.url-layout``). Either is the node's configured
-control source, which ``serve --cycle`` resolves first (``engine.control.source``); pulling versions
-from a URL is the reconciler's (issue 31). ``pool`` how many
+control source, which ``serve --cycle`` resolves first (``engine.control.source``); the reconciler
+reads a URL and adopts what it serves (``engine.control.reconcile``). ``poll`` how often it reads it,
+a schedule string (``surface.reconcile.poll-cadence``: ``every 30s`` when the block names none). ``pool`` how many
 units serve dispatches at once, ``trigger`` the adapter serve fires through (its value is checked
 when serve starts: ``surface.arm.unknown-trigger``). :func:`parse_control` reads the block for
 :func:`~contextful.engine.config.parse.parse_manifest`; :func:`read_control` reads only ``[project]``
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from contextful.engine.config.manifest import DEFAULT_POOL, DEFAULT_TRIGGER, ControlSpec
+from contextful.engine.config.manifest import DEFAULT_POLL, DEFAULT_POOL, DEFAULT_TRIGGER, ControlSpec
 from contextful.engine.project import MANIFEST, Project, parse_project, read_manifest_document
 from contextful.storage.errors import (
     ContextfulError,
@@ -28,7 +29,7 @@ from contextful.storage.errors import (
     ManifestValueInvalid,
 )
 
-CONTROL_KEYS = ("snapshot_dir", "url", "pool", "trigger")
+CONTROL_KEYS = ("snapshot_dir", "url", "poll", "pool", "trigger")
 CONTROL_ROOT = (".contextful", "control")
 """The default snapshot directory's parent, under the project root (one directory per project name)."""
 
@@ -66,7 +67,24 @@ def parse_control(block: Any, root: Path, project: str) -> tuple[ControlSpec, li
     if not isinstance(trigger, str) or not trigger.strip():
         problems.append(ManifestValueInvalid("[control]", "trigger", f"must be a non-empty string, not {trigger!r}"))
         trigger = DEFAULT_TRIGGER
-    return ControlSpec(snapshot_dir, pool, trigger, url, source), problems
+    return ControlSpec(snapshot_dir, pool, trigger, url, source, _poll(block, problems)), problems
+
+
+def _poll(block: dict[str, Any], problems: list[ContextfulError]) -> str:
+    """``[control] poll``: a schedule string of the schedule grammar (``engine.control.schedule``)."""
+    from contextful.engine.control.schedule import parse_schedule
+    from contextful.storage.errors import ScheduleUnreadable
+
+    poll = block.get("poll", DEFAULT_POLL)
+    if not isinstance(poll, str):
+        problems.append(ManifestValueInvalid("[control]", "poll", f"must be a schedule string, not {poll!r}"))
+        return DEFAULT_POLL
+    try:
+        parse_schedule(poll, "[control] poll")
+    except ScheduleUnreadable as exc:
+        problems.append(ManifestValueInvalid("[control]", "poll", f"{poll!r} is not a schedule: {exc.diagnostic}"))
+        return DEFAULT_POLL
+    return poll
 
 
 def _url(block: dict[str, Any], problems: list[ContextfulError]) -> str | None:

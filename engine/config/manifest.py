@@ -78,6 +78,7 @@ class PipelineSpec:
 
 DEFAULT_POOL = 4
 DEFAULT_TRIGGER = "in-process"
+DEFAULT_POLL = "every 30s"
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,9 @@ class ControlSpec:
     """The control source the block names, as written: its ``url``, else its ``snapshot_dir`` (None:
     neither; the default snapshot directory is no configured source). ``serve --cycle`` refuses one
     that does not resolve (``engine.control.source``)."""
+    poll: str = DEFAULT_POLL
+    """How often serve reads its control URL (a schedule string, ``surface.reconcile.poll-cadence``;
+    ``engine.control.reconcile``)."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Implements, from the control-plane spec:
 
 - ``surface.arm.*`` as serve meets them: the armed set is built from the APPLIED version of the
   manifest (``engine.control.apply``), never the working file, and rebuilt when the applied
-  pointer moves (read on each tick and each wake). Each head pipeline of a unit
+  pointer moves (read on each tick and each wake; a node pulling from a control URL polls it
+  first, on its cadence and on each wake: ``engine.control.reconcile``). Each head pipeline of a unit
   (``engine.run.units``) with a readable schedule arms one entry; a pipeline with none, one whose
   schedule is unreadable (``ScheduleUnreadable``) and a step or tier declaring a schedule of its own
   (``DispatchUnitNotAHead``: its cadence rides its head) arm nothing and are named once per applied
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from contextful.engine.config.manifest import Manifest
     from contextful.engine.control.arm import ArmedSet, Unarmed
     from contextful.engine.control.drain import DrainResult
+    from contextful.engine.control.reconcile import Reconciler
     from contextful.engine.run.units import Unit
     from contextful.storage import Store
     from contextful.storage.clock import Clock
@@ -113,7 +115,8 @@ class ControlPlane:
     def __init__(self, root: Path, open_store: Callable[[], Store], store_url: str | None = None, *,
                  clock: Clock | None = None,
                  launcher: Callable[[int], Launcher] | None = None, holder: str | None = None,
-                 say: Callable[[str], None] | None = None, fire_issuer: FireIssuer | None = None) -> None:
+                 say: Callable[[str], None] | None = None, fire_issuer: FireIssuer | None = None,
+                 reconciler: Reconciler | None = None) -> None:
         self.root = root
         self.open_store = open_store
         """Opens a handle on the store (the drain takes its own, beside the beat's)."""
@@ -125,6 +128,8 @@ class ControlPlane:
         """Where unit children write their outcomes (removed when the plane closes)."""
         self.fire_issuer = fire_issuer
         """Serve's minting of fire credentials (``--issuer-key``; None: children inherit its token)."""
+        self.reconciler = reconciler
+        """Polls the node's control URL into its snapshot directory (None: it reads its own directory)."""
         self._launcher = launcher or (lambda version: ChildLauncher(
             root, store_url, version, self._results,
             environment=lambda head: unit_environment(self.manifest, head, fire_issuer)))
@@ -157,14 +162,19 @@ class ControlPlane:
 
     # --- arming ---------------------------------------------------------------------------------
 
-    def refresh(self) -> bool:
-        """Read the applied pointer; (re)arm when it names another version. Whether anything is armed."""
+    def refresh(self, *, poll: bool = False) -> bool:
+        """Poll the control source when due (``poll``: now), read the applied pointer; (re)arm when it
+        names another version. Whether anything is armed."""
         from contextful.storage.errors import (
             ControlSnapshotUnreadable,
             FireCredentialMissing,
             FireCredentialZoneUnset,
         )
 
+        if self.reconciler is not None and poll:
+            self.reconciler.poll()
+        elif self.reconciler is not None:
+            self.reconciler.poll_if_due()
         try:
             version = self.snapshots.applied()
         except ControlSnapshotUnreadable as exc:
@@ -350,7 +360,7 @@ class ControlPlane:
                     self._disarm_for_lease()
                     answer.lease_held_by = self.lease.held_by
                     return answer
-                if not self.refresh():
+                if not self.refresh(poll=True):  # surface.reconcile.learns-by-reading: each wake reads the source
                     return self._finish(answer, [], [])
                 self._reap()
                 assert self.armed is not None

@@ -46,14 +46,30 @@ def test_control_keys_are_read_and_snapshot_dir_resolved_against_the_project(tmp
 
 
 def test_control_problems_are_reported_with_the_rest(tmp_path: Path) -> None:
-    text = '[project]\nname = "shop"\n\n[control]\npool = 0\ntrigger = 5\nsnapshot_dir = ""\npoll = "every 30s"\n'
+    text = ('[project]\nname = "shop"\n\n[control]\npool = 0\ntrigger = 5\nsnapshot_dir = ""\nrefresh = "every 30s"\n'
+            'poll = "every 0s"\n')
     with pytest.raises(ManifestInvalid) as info:
         load_manifest(write(tmp_path, text + PIPELINE.replace('"relational"', '"flat"')))
     problems = info.value.problems
-    assert {(p.block, p.key) for p in problems if isinstance(p, ManifestKeyUnknown)} == {("[control]", "poll")}
+    assert {(p.block, p.key) for p in problems if isinstance(p, ManifestKeyUnknown)} == {("[control]", "refresh")}
     assert {(p.block, p.key) for p in problems if isinstance(p, ManifestValueInvalid)} == {
-        ("[control]", "pool"), ("[control]", "trigger"), ("[control]", "snapshot_dir")}
+        ("[control]", "pool"), ("[control]", "trigger"), ("[control]", "snapshot_dir"), ("[control]", "poll")}
     assert any(p.name == "PipelineNormalizeModeUnknown" for p in problems)
+
+
+@pytest.mark.clause("surface.reconcile.poll-cadence")
+def test_poll_takes_a_schedule_string_and_defaults_to_every_30_s(tmp_path: Path) -> None:
+    head = '[project]\nname = "shop"\n\n[control]\nurl = "http://127.0.0.1:8787/control"\n'
+    assert load_manifest(write(tmp_path, head + PIPELINE)).control.poll == "every 30s"
+    for poll in ("every 5s", "every 2m", "*/5 * * * *", "0 3 * * 1-5"):
+        assert load_manifest(write(tmp_path, head + f'poll = "{poll}"\n' + PIPELINE)).control.poll == poll
+    for poll, problem in (('"@hourly"', "'@hourly' is not a schedule"), ('"every 0s"', "'every 0s' is not a schedule"),
+                          ("30", "must be a schedule string, not 30")):
+        with pytest.raises(ManifestInvalid) as info:
+            load_manifest(write(tmp_path, head + f"poll = {poll}\n" + PIPELINE))
+        [found] = info.value.problems
+        assert isinstance(found, ManifestValueInvalid) and (found.block, found.key) == ("[control]", "poll")
+        assert problem in found.problem
 
 
 def test_a_project_name_that_is_no_directory_name_needs_a_snapshot_dir(tmp_path: Path) -> None:

@@ -84,7 +84,8 @@ def test_a_control_url_resolves_when_its_pointer_answers_and_not_when_it_fails(t
         proc, answer = project.cycle()  # resolved: the cycle runs the snapshot directory's applied version
         assert proc.returncode == 0, proc.stderr
         assert answer["fired"] == ["orders"]
-        assert [r.path for r in api.requests] == ["/control/manifest@current"]
+        # resolved, then polled once (the URL's head is the node's own v1: nothing to adopt)
+        assert [r.path for r in api.requests] == ["/control/manifest@current"] * 2
         status["code"] = 503
         code, err = _cycle(project)
         assert code == 3 and "its pointer manifest@current answered HTTP 503" in err, err
