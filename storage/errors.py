@@ -19,6 +19,7 @@ Hierarchy::
     │   ├── AddressInUse                 serve's address is held by another socket (the port may free up)
     │   ├── ControlSnapshotUnreadable, ControlPointerMalformed  the applied pointer or snapshot cannot be read
     │   ├── ControlUnavailable       a served control request failed for no refusal (HTTP 503, no internal text)
+    │   ├── DelegateAnswerRejected   a delegate's answer unsigned, skewed or malformed (its attempt closes)
     │   ├── ExecutionSuspended           an execution stopped waiting on a pending awakeable; reopen to resume
     │   └── DeriveStepExit, DeriveStepTimeout  a derive engine step exited non-zero or passed its deadline
     └── TerminalError                    marker: retrying the same input fails the same way
@@ -75,6 +76,8 @@ Hierarchy::
         │   ├── CycleControlSourceUnresolved  serve --cycle's configured control source does not resolve
         │   ├── ControlSourceNotLoopback, ControlRequestMalformed, SecretMaterialInDocument, EnforceRegionMismatch
         │   │                            synced control, served control and residency refusals (docs/control.md)
+        │   ├── StepResultRefused, JobDelegateUnbound, DelegateHostRefused, DelegateTimeoutRefused,
+        │   │   DelegateSubmitUnfilled, ConnectionRequestMalformed  workers', delegates' and connections' refusals
         │   └── DeriveNoStoreRoot, DeriveConfigKeyMissing, DeriveForeignOutputTable, DeriveReservedDiscriminator,
         │       DeriveFailureOffTable, DeriveOutputTablesMismatch, DeriveCycle, DeriveAfterConflict,
         │       DeriveEngineUnbound, DeriveCommandInManifest, DeriveUnknownTask, DeriveTaskNameTaken,
@@ -122,6 +125,7 @@ Hierarchy::
         │   ├── ManifestVersionConflict  an apply lost the version claim to another apply (it reapplies)
         │   ├── StoreNotInitialized      an apply before the guarded import claimed v1 (HTTP 409)
         │   ├── ResidencySitesDiverge    a push found another site's residency allow-set differing from this one's
+        │   ├── ConnectionIdConflict     a connection create repeating an id with another declaration
         │   └── DeriveSettledUnitRevived  a unit settled under its key by another run while this one derived it
         ├── Expired                      a window closed (expired; HTTP 410)
         │   ├── ReceiveBatchKeyExpired
@@ -132,6 +136,8 @@ Hierarchy::
         │   ├── ReachRefused             a store opened under a fire credential read or wrote a table beyond its reach
         │   ├── QueryWriteRefused        `contextful sql` was given a statement that writes (CREATE, INSERT, COPY ... TO)
         │   ├── ControlAdminGrantMissing  a served /control/* credential without an Admin grant over * (untenanted)
+        │   ├── DispatchSubmitRejected, DispatchCallbackRejected  a worker submission or callback not signed as it must be
+        │   ├── ConnectionScopeDenied    a connection mutation by another tenant's or principal's credential
         │   └── ConnectorUploadRefused   an artifact uploaded through the operator surface
         ├── Unauthenticated              no admitted credential (unauthenticated; HTTP 401)
         │   ├── ReaderCredentialUnadmitted
@@ -150,6 +156,7 @@ Hierarchy::
         │   ├── StoreNotFound            a reading command found no store (it never creates one)
         │   ├── RunNotFound              `contextful run show` names a run no record holds
         │   ├── JobNotFound              `contextful job fire|history` names a job the applied version lacks
+        │   ├── ConnectionUnknown        a pause or delete naming no standing connection
         │   └── ControlDraftAbsent       an Admin apply found no validated store draft
         ├── RunCanceled                  the Canceled tag: a run marked canceled gave up (canceled)
         └── Permanent                    the store or backend cannot do this (permanent)
@@ -2480,6 +2487,144 @@ class ConfigOwnerUnconfigured(Permanent):
         return 503
 
 
+# --- the control plane IV: workers, delegates, connections ---------------------------------------
+# (surface.dispatch.worker-*/submit-*/heartbeat-*/callback-*/step-result, surface.delegate.*,
+# surface.connection.*; engine/control/worker_key.py, worker.py, delegate.py, connection.py)
+
+
+class DispatchSubmitRejected(Refused):
+    """``surface.dispatch.submit-signed``: a worker's ``POST /submit`` without a valid HMAC under the
+    worker key within the skew, or naming a callback outside its own relay; nothing starts."""
+
+    reason: str
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"submission refused: {reason}; nothing started", reason=reason)
+
+
+class DispatchCallbackRejected(Refused):
+    """``surface.dispatch.callback-rejected``: a heartbeat or callback whose signature fails, whose
+    attempt is not the step's current one, whose timestamp is outside the skew, or whose step has
+    closed; no step changes."""
+
+    reason: str
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"callback refused: {reason}; no step changed", reason=reason)
+
+
+class StepResultRefused(SpecInvalid):
+    """``surface.dispatch.step-result``: a completion callback body that is not a pointer, an
+    object-store key, a catalog row id or a failed step's last error line as JSON of at most 1 MiB;
+    nothing is recorded."""
+
+    reason: str
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"step result refused: {reason}; nothing recorded", reason=reason)
+
+
+class JobDelegateUnbound(SpecInvalid):
+    """``surface.delegate.binding``: a store-driven body ``{ delegate = "<name>" }`` naming no
+    ``[control.delegates.<name>]`` binding (at arm or fire)."""
+
+    job: str
+    delegate: str
+
+    def __init__(self, job: str, delegate: str) -> None:
+        super().__init__(f"job {job!r}: its body names delegate {delegate!r}, which no [control.delegates] "
+                         "binding declares; nothing fires", job=job, delegate=delegate)
+
+
+class DelegateHostRefused(SpecInvalid):
+    """``surface.delegate.host``: a delegate url that is not http to a loopback host or the
+    ``contextful.delegate`` virtual host, or that carries a credential; nothing is armed."""
+
+    delegate: str
+    url: str
+
+    def __init__(self, delegate: str, url: str, reason: str) -> None:
+        super().__init__(f"[control.delegates.{delegate}] url {url!r}: {reason}; nothing is armed",
+                         delegate=delegate, url=url, reason=reason)
+
+
+class DelegateTimeoutRefused(SpecInvalid):
+    """``surface.delegate.call-timeout-ceiling``: a call delegate's timeout above 3600 s."""
+
+    delegate: str
+
+    def __init__(self, delegate: str, timeout_s: float, ceiling_s: int = 3600) -> None:
+        super().__init__(f"[control.delegates.{delegate}] timeout {timeout_s:g} s is above the {ceiling_s} s "
+                         "ceiling", delegate=delegate, timeout_s=timeout_s, ceiling_s=ceiling_s)
+
+
+class DelegateSubmitUnfilled(SpecInvalid):
+    """``surface.delegate.submit-unfilled``: a store-driven fire whose delegate binds ``mode = "submit"``;
+    ``call`` is the mode that dispatches. Raised before any execution opens."""
+
+    job: str
+    delegate: str
+
+    def __init__(self, job: str, delegate: str) -> None:
+        super().__init__(f"job {job!r}: delegate {delegate!r} binds mode \"submit\", which no engine path drives; "
+                         "bind mode = \"call\" to dispatch its items", job=job, delegate=delegate)
+
+
+class DelegateAnswerRejected(TransientError):
+    """``surface.delegate.rejected``: a delegate answer unsigned or skewed (the attempt closes
+    Transient), or outside the outcome vocabulary or over the step-result bound (``permanent``: the
+    attempt closes Permanent)."""
+
+    delegate: str
+    reason: str
+    permanent: bool
+
+    def __init__(self, delegate: str, reason: str, *, permanent: bool = False) -> None:
+        super().__init__(f"delegate {delegate!r}: answer rejected: {reason}", delegate=delegate, reason=reason,
+                         permanent=permanent)
+
+
+class ConnectionRequestMalformed(SpecInvalid):
+    """``surface.connection.malformed``: a create body outside the declaration (an OAuth code or token
+    beside the secret name included), an unreadable schedule, or a pause or delete body other than
+    ``{}`` (HTTP 400); no version is claimed."""
+
+    reason: str
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"connection request malformed: {reason}; nothing claimed", reason=reason)
+
+
+class ConnectionScopeDenied(Refused):
+    """``surface.connection.authority``: a connection mutation whose admitted write credential is not
+    for the connection's tenant and principal (HTTP 403)."""
+
+    connection: str
+
+    def __init__(self, connection: str, reason: str) -> None:
+        super().__init__(f"connection {connection!r}: {reason}", connection=connection, reason=reason)
+
+
+class ConnectionUnknown(NotFound):
+    """``surface.connection.unknown``: a pause or delete naming no standing connection (HTTP 404)."""
+
+    connection: str
+
+    def __init__(self, connection: str) -> None:
+        super().__init__(f"no standing connection {connection!r}", connection=connection)
+
+
+class ConnectionIdConflict(Conflict):
+    """``surface.connection.idempotent-create``: a create repeating a connection id (a retired one
+    included) with a differing declaration (HTTP 409); the standing record stays."""
+
+    connection: str
+
+    def __init__(self, connection: str, reason: str) -> None:
+        super().__init__(f"connection {connection!r}: {reason}; the standing record stays", connection=connection,
+                         reason=reason)
+
+
 # --- the control plane II: applied jobs (surface.fire.*; engine/control/contracts.py) -----------
 
 
@@ -2573,6 +2718,10 @@ __all__ = [
     "ConfigOwnerUnconfigured",
     "ConfirmationRequired",
     "Conflict",
+    "ConnectionIdConflict",
+    "ConnectionRequestMalformed",
+    "ConnectionScopeDenied",
+    "ConnectionUnknown",
     "ConnectorBoundHit",
     "ConnectorUploadRefused",
     "ContextfulError",
@@ -2592,6 +2741,10 @@ __all__ = [
     "CursorFieldMismatch",
     "CursorPositionUnorderable",
     "CycleControlSourceUnresolved",
+    "DelegateAnswerRejected",
+    "DelegateHostRefused",
+    "DelegateSubmitUnfilled",
+    "DelegateTimeoutRefused",
     "DeriveAdvisoryZone",
     "DeriveAfterConflict",
     "DeriveCommandInManifest",
@@ -2619,6 +2772,8 @@ __all__ = [
     "DeriveTaskNameTaken",
     "DeriveUnitStatusUnknown",
     "DeriveUnknownTask",
+    "DispatchCallbackRejected",
+    "DispatchSubmitRejected",
     "DispatchUnitNotAHead",
     "EnforceRegionMismatch",
     "ExecutionHeld",
@@ -2642,6 +2797,7 @@ __all__ = [
     "JobAnswerInvalid",
     "JobBodyUnregistered",
     "JobConcurrencyUnset",
+    "JobDelegateUnbound",
     "JobItemKeyInvalid",
     "JobKindUndispatched",
     "JobKindUnknown",
@@ -2714,6 +2870,7 @@ __all__ = [
     "SpecInvalid",
     "StagingFailed",
     "StagingLeaseLost",
+    "StepResultRefused",
     "StorageCapabilityMissing",
     "StorageProfileUnknown",
     "StoreCatalogMismatch",
