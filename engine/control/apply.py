@@ -23,6 +23,9 @@ the path):
   working pipelines over the winner's document), at most :data:`MAX_ATTEMPTS` times. A claimed
   file is never rewritten; a version claimed by an apply that then lost the pointer stays, never
   applied, and the next claim takes the number after the highest claimed.
+  In a project with ``[sync]`` the bucket head decides instead (``SyncedClaim.claim``): a version
+  is published to the bucket first and claimed locally only once the head is won; a loser adopts
+  the winner from the bucket and reapplies onto it.
 
 What a version holds: the manifest document (TOML) as applied, then its ``[snapshot]`` table
 (``engine.config.applied``). A full apply and an import store the working file's text as it is

@@ -25,6 +25,9 @@ verifies each receipt under the pins (signer pinned, signature, project, version
 snapshot digest: a receipt altered after signing is never published), checks the residency record,
 uploads each missing version and receipt with put-if-absent (an object of that name holding other
 bytes is another site's claim: ``ManifestVersionConflict``), then advances the head.
+:meth:`ControlBucket.publish` is a synced claim's compare-and-swap (``surface.apply.version-race``):
+one new version as the head's successor, put-if-absent then the head's conditional write; finding
+another push's version whole and signed above the head it advances the head to it first.
 :meth:`ControlBucket.read` presents the layout to adoption (``engine.control.adopt``'s chain source):
 the pointer as the version the head read names, and that version's receipt only when its digest is
 the one the head names.

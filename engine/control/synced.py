@@ -1,7 +1,9 @@
 """The authority a synced import or apply holds before it claims: an Admin capability and an issuer
 signing port (docs/control.md, "Synced control").
 
-Implements ``surface.apply.synced-attestation`` (admission) and ``surface.apply.attestation-unavailable``.
+Implements ``surface.apply.synced-attestation`` (admission), ``surface.apply.attestation-unavailable``
+and ``surface.apply.version-race`` on the synced path (:meth:`SyncedClaim.claim`: the bucket head's
+conditional write decides a version; only a version won there is claimed locally).
 In a project with ``[sync]`` (``engine.config.sync``), ``pipeline import`` and ``pipeline apply``
 first admit:
 

@@ -21,7 +21,15 @@ from contextful.engine.control.apply import ApplyOutcome, apply_manifest
 from contextful.engine.control.synced import Offered
 
 from tests.engine.control.test_apply import SECOND_PIPELINE
-from tests.engine.control.test_sync import BucketView, Keys, Node, make_keys, make_node, sha256, signature_holds
+from tests.engine.control.test_sync import (
+    BucketView,
+    Keys,
+    Node,
+    make_keys,
+    make_node,
+    sha256,
+    signature_holds,
+)
 from tests.engine.control.test_sync_push import THIRD_PIPELINE, claim_aside
 from tests.support.s3_server import S3Server
 
