@@ -150,3 +150,20 @@ def test_a_node_holding_a_version_the_bucket_does_not_is_told_how_to_recover(
     assert west.run("pipeline", "import").stdout.startswith("adopted v2")
     assert (west.root / "rejoined" / "manifest@v2.toml").read_bytes() == (east.snapshots / "manifest@v2.toml").read_bytes()
     assert held(west) == stuck  # the old directory is left as it was
+
+
+@pytest.mark.clause("surface.apply.version-race")
+def test_a_version_published_without_its_head_is_rolled_forward_and_the_apply_reapplies_after_it(
+        tmp_path: Path, s3_server: S3Server) -> None:
+    _keys, control, east, west = two_nodes(tmp_path, s3_server)
+    claim_aside(west, control, s3_server.new_bucket(), THIRD_PIPELINE)  # west's signed v2, after v1
+    view = BucketView(s3_server, control)
+    for name in ("manifest@v2.toml", "receipt@v2.json"):  # a push that died between its objects and its head
+        view.put(name, (west.snapshots / name).read_bytes())
+    assert view.head()[0] == b"1\n"
+    east.write(east.root.joinpath("contextful.toml").read_text() + SECOND_PIPELINE)
+    answer = json.loads(east.run("--json", "pipeline", "apply").stdout)
+    assert (answer["version"], answer["previous"], answer["conflicts"]) == (3, 2, 1)
+    chain = bucket_chain(s3_server, control)  # the head went to west's v2, then to east's v3
+    assert chain["manifest@v2.toml"] == (west.snapshots / "manifest@v2.toml").read_bytes()
+    assert held(east) == chain
