@@ -6,6 +6,9 @@ Each node is a project directory of its own syncing through one bucket (moto on 
 applies are held at one barrier at their ``step`` seam ("claim": signed, nothing published or
 written yet) so each has read the same head before either publishes: the race is real. What lands is
 read back from both snapshot directories and the bucket; every command after the race is the CLI.
+The other tests lose through the command alone: to a push that ran whole, to a push that died
+between its objects and its head (rolled forward), and a node whose chain parted from the bucket's
+by the earlier claim-then-push order (refused, naming the recovery).
 """
 
 from __future__ import annotations
