@@ -196,9 +196,9 @@ def _install(snapshots: SnapshotDir, local: int | None, head: int, data: bytes, 
     ``head``, is that adoption done; anything else is the race a local apply won."""
     snapshots.prepare()
     if receipt is not None:
-        _claimed(lambda: snapshots.claim_receipt(head, receipt), snapshots.path / receipt_name(head), receipt)
+        claim_once(lambda: snapshots.claim_receipt(head, receipt), snapshots.path / receipt_name(head), receipt)
     # ``data`` decoded as UTF-8 (``_document``): encoding the text again gives back the bytes verified
-    _claimed(lambda: snapshots.claim(head, data.decode("utf-8")), snapshots.file(head), data)
+    claim_once(lambda: snapshots.claim(head, data.decode("utf-8")), snapshots.file(head), data)
     try:
         snapshots.advance(local, head)
     except ManifestVersionConflict:
@@ -206,8 +206,9 @@ def _install(snapshots: SnapshotDir, local: int | None, head: int, data: bytes, 
             raise
 
 
-def _claimed(claim: Callable[[], Path], path: Path, data: bytes) -> None:
-    """Run ``claim``; a file already at ``path`` holding ``data`` is the same claim made before."""
+def claim_once(claim: Callable[[], Path], path: Path, data: bytes) -> None:
+    """Run ``claim``; a file already at ``path`` holding ``data`` is the same claim made before (an
+    adopter of the same head, or a synced claim whose published version this node adopted first)."""
     try:
         claim()
     except ManifestVersionConflict:

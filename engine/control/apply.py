@@ -23,6 +23,9 @@ the path):
   working pipelines over the winner's document), at most :data:`MAX_ATTEMPTS` times. A claimed
   file is never rewritten; a version claimed by an apply that then lost the pointer stays, never
   applied, and the next claim takes the number after the highest claimed.
+  In a project with ``[sync]`` the bucket head decides instead (``SyncedClaim.claim``): a version
+  is published to the bucket first and claimed locally only once the head is won; a loser adopts
+  the winner from the bucket and reapplies onto it.
 
 What a version holds: the manifest document (TOML) as applied, then its ``[snapshot]`` table
 (``engine.config.applied``). A full apply and an import store the working file's text as it is
@@ -159,23 +162,19 @@ def import_manifest(directory: str | Path = ".", *, store: str | None = None, ma
     if held not in ([], [1]):
         raise ControlSnapshotUnreadable(str(snapshots.path), f"it holds versions {held[0]} to {held[-1]} and no "
                                         f"applied pointer ({POINTER}); write the applied version's number there")
-    if synced is not None and not held and (adopted := synced.adopt_head(snapshots, store=store,
-                                                                         machine=machine)) is not None:
-        return ApplyOutcome("import", adopted, False, None, snapshots.file(adopted), adopted=True)
+    if synced is not None and not held:
+        return _synced_import(root, snapshots, synced, store, machine)
     claimed = False
     if not held:
         text, doc = _working(root)
         manifest = _validate(root, doc, str(root / MANIFEST), store, machine)
         content = _claimable(text, _captured(manifest, store))
-        receipt = synced.sign(snapshots, 1, content) if synced is not None else None  # before anything is written
         snapshots.prepare()
         try:
             snapshots.claim(1, content)
             claimed = True
         except ManifestVersionConflict:  # a concurrent import claimed v1 first
             pass
-        if claimed and receipt is not None:
-            snapshots.claim_receipt(1, receipt)
     else:
         snapshots.prepare()
     if synced is not None and snapshots.receipt(1) is None:  # v1 claimed by an import that died before its receipt
@@ -185,9 +184,30 @@ def import_manifest(directory: str | Path = ".", *, store: str | None = None, ma
         snapshots.advance(None, 1)
     except ManifestVersionConflict:
         pass
-    if claimed and synced is not None:
-        synced.push(snapshots)
     return ApplyOutcome("import", 1, claimed, None, snapshots.file(1))
+
+
+def _synced_import(root: Path, snapshots: SnapshotDir, synced: SyncedClaim, store: str | None,
+                   machine: str | None) -> ApplyOutcome:
+    """A synced import over a snapshot directory holding no version: adopt the bucket's head when it
+    has one (claiming nothing), else claim v1 through the bucket (``SyncedClaim.claim``); an import
+    that loses v1 to another node's adopts the winner's."""
+    content: str | None = None
+    lost: ManifestVersionConflict | None = None
+    for attempt in range(MAX_ATTEMPTS):
+        if (adopted := synced.adopt_head(snapshots, store=store, machine=machine)) is not None:
+            return ApplyOutcome("import", adopted, False, None, snapshots.file(adopted), attempt, adopted=True)
+        if content is None:
+            text, doc = _working(root)
+            content = _claimable(text, _captured(_validate(root, doc, str(root / MANIFEST), store, machine), store))
+        try:
+            synced.claim(snapshots, None, content)
+        except ManifestVersionConflict as exc:
+            lost = exc
+            continue
+        return ApplyOutcome("import", 1, True, None, snapshots.file(1), attempt)
+    assert lost is not None
+    raise lost
 
 
 def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False, store: str | None = None,
@@ -199,6 +219,7 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
     synced = _synced(root, offered)
     if synced is not None:  # the bucket's head first (adopt-before-claim), so the claim descends from it
         synced.adopt_head(snapshots, store=store, machine=machine)
+        synced.publish_pending(snapshots)
     if snapshots.applied() is None:
         raise StoreNotInitialized(snapshots.project, str(snapshots.path))
     snapshots.prepare()
@@ -221,14 +242,16 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
             return ApplyOutcome("apply", applied, False, applied, snapshots.file(applied), conflicts)
         text = working_text if _normal(doc) == _normal(working) else dumps(doc)
         try:
-            version = claim_next(snapshots, applied, text, meta, step,
-                                 sign=synced.receipt_signer(snapshots, applied) if synced is not None else None)
+            if synced is not None:  # the bucket head's conditional write decides the version
+                version = synced.claim(snapshots, applied, _claimable(text, meta), step)
+            else:
+                version = claim_next(snapshots, applied, text, meta, step)
         except ManifestVersionConflict as exc:
             conflicts += 1
             lost = exc
+            if synced is not None:  # the winner is the bucket's head: adopt it, then reapply onto it
+                synced.adopt_head(snapshots, store=store, machine=machine)
             continue
-        if synced is not None:
-            synced.push(snapshots)
         return ApplyOutcome("apply", version, True, applied, snapshots.file(version), conflicts)
     assert lost is not None  # every attempt that did not return lost a race
     raise lost

@@ -25,6 +25,9 @@ verifies each receipt under the pins (signer pinned, signature, project, version
 snapshot digest: a receipt altered after signing is never published), checks the residency record,
 uploads each missing version and receipt with put-if-absent (an object of that name holding other
 bytes is another site's claim: ``ManifestVersionConflict``), then advances the head.
+:meth:`ControlBucket.publish` is a synced claim's compare-and-swap (``surface.apply.version-race``):
+one new version as the head's successor, put-if-absent then the head's conditional write; finding
+another push's version whole and signed above the head it advances the head to it first.
 :meth:`ControlBucket.read` presents the layout to adoption (``engine.control.adopt``'s chain source):
 the pointer as the version the head read names, and that version's receipt only when its digest is
 the one the head names.
@@ -146,9 +149,7 @@ class ControlBucket:
         applied = snapshots.applied()
         if applied is None:
             raise StoreNotInitialized(self.project, str(snapshots.path))
-        head = self.head()
-        if head is not None and head.site != site and head.regions != regions:
-            raise ResidencySitesDiverge(f"{self.location}/{HEAD} (pushed by site {head.site!r})", regions, head.regions)
+        head = self._residency_checked(self.head(), site, regions)
         chain = self._chain(snapshots, applied, head, pins)
         if not chain:
             assert head is not None
@@ -162,6 +163,55 @@ class ControlBucket:
         self._advance(head, applied, digest, site, regions)
         return PushOutcome(BucketHead(applied, digest, site, regions, ""), tuple(v for v, _, _ in chain),
                            self.location)
+
+    def publish(self, version: int, content: bytes, receipt: bytes, *, parent: int | None, site: str,
+                regions: tuple[str, ...] | None, pins: Sequence[IssuerKey]) -> BucketHead:
+        """Publish version ``version`` (its snapshot bytes and signed receipt) as the successor of the
+        bucket head ``parent`` (None: the bucket holds no head): the compare-and-swap that decides a
+        synced claim (``surface.apply.version-race``). Both objects are put-if-absent, then the head
+        is advanced by its conditional write. ``ManifestVersionConflict`` when the head is not
+        ``parent`` any more, when another push put an object of ``version`` with other bytes, or when
+        the head moved meanwhile: nothing is overwritten, and the caller adopts the winner. Finding the
+        other push's version whole (snapshot and a receipt verified under ``pins`` descending from the
+        head) but the head not yet moved, it first advances the head to that version on its behalf, so
+        a push that died between its objects and its head never wedges the bucket."""
+        head = self._residency_checked(self.head(), site, regions)
+        now = None if head is None else head.version
+        if now != parent:
+            raise ManifestVersionConflict(self.project, version, now or 0, f"was not published: the bucket head is "
+                                          f"v{now or 0}, not v{parent or 0} it was claimed after; nothing was "
+                                          "overwritten")
+        try:
+            self._put_once(version_name(version), content, version)
+            self._put_once(receipt_name(version), receipt, version)
+        except ManifestVersionConflict:
+            self._roll_forward(head, version, pins, site, regions)
+            raise
+        digest = sha256_hex(receipt)
+        self._advance(head, version, digest, site, regions)
+        return BucketHead(version, digest, site, regions, "")
+
+    def _roll_forward(self, head: BucketHead | None, version: int, pins: Sequence[IssuerKey], site: str,
+                      regions: tuple[str, ...] | None) -> None:
+        """Advance the head from ``head`` to another push's ``version`` when the bucket holds it whole
+        and signed as ``head``'s successor; else leave the head as it is."""
+        snapshot, receipt = self._get_bytes(version_name(version)), self._get_bytes(receipt_name(version))
+        if snapshot is None or receipt is None:
+            return  # that push is between its objects: its head write follows
+        where = f"{self.location}/{receipt_name(version)}"
+        try:
+            verify_receipt(parse_receipt(receipt, where), pins, where, project=self.project, version=version,
+                           parent=None if head is None else head.receipt, snapshot=snapshot)
+            self._advance(head, version, sha256_hex(receipt), site, regions)
+        except (ControlSnapshotUntrusted, ControlSnapshotUnreadable, ManifestVersionConflict):
+            return  # not a successor this node trusts, or its own push advanced the head first
+
+    def _residency_checked(self, head: BucketHead | None, site: str,
+                           regions: tuple[str, ...] | None) -> BucketHead | None:
+        """``head``, unless another site recorded a residency allow-set differing from ``regions``."""
+        if head is not None and head.site != site and head.regions != regions:
+            raise ResidencySitesDiverge(f"{self.location}/{HEAD} (pushed by site {head.site!r})", regions, head.regions)
+        return head
 
     def _chain(self, snapshots: SnapshotDir, applied: int, head: BucketHead | None,
                pins: Sequence[IssuerKey]) -> list[tuple[int, bytes, bytes]]:

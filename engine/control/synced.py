@@ -1,7 +1,9 @@
 """The authority a synced import or apply holds before it claims: an Admin capability and an issuer
 signing port (docs/control.md, "Synced control").
 
-Implements ``surface.apply.synced-attestation`` (admission) and ``surface.apply.attestation-unavailable``.
+Implements ``surface.apply.synced-attestation`` (admission), ``surface.apply.attestation-unavailable``
+and ``surface.apply.version-race`` on the synced path (:meth:`SyncedClaim.claim`: the bucket head's
+conditional write decides a version; only a version won there is claimed locally).
 In a project with ``[sync]`` (``engine.config.sync``), ``pipeline import`` and ``pipeline apply``
 first admit:
 
@@ -40,11 +42,12 @@ from contextful.storage.errors import (
     ControlSnapshotUntrusted,
     ManifestInvalid,
     ManifestValueInvalid,
+    ManifestVersionConflict,
 )
 
 if TYPE_CHECKING:
     from contextful.engine.control.adopt import Adoption
-    from contextful.engine.control.bucket import ControlBucket, PushOutcome, Step
+    from contextful.engine.control.bucket import BucketHead, ControlBucket, PushOutcome, Step
 
 TOKEN_VARIABLE = "CONTEXTFUL_TOKEN"
 SIGNING_KEY_VARIABLE = "CONTEXTFUL_CONTROL_SIGNING_KEY"
@@ -151,7 +154,7 @@ class SyncedProject:
         """Adopt the bucket head into ``snapshots`` when it descends from the local head: each receipt
         verified under the pins, the head's snapshot self-valid on this node (``engine.control.adopt``)."""
         bucket = self.bucket()
-        bucket.head()  # the head this adoption reads, once
+        self._refuse_diverged(bucket, bucket.head(), snapshots)  # the head this adoption reads, once
         return self._adopt(bucket, snapshots, store, machine)
 
     def adopt_head(self, snapshots: SnapshotDir, *, store: str | None = None, machine: str | None = None) -> int | None:
@@ -159,9 +162,34 @@ class SyncedProject:
         bucket's head (verified under the verb's pins, self-valid, whatever the working document
         declares); the version adopted (None: the bucket holds no head)."""
         bucket = self.bucket()
-        if bucket.head() is None:
+        if (head := bucket.head()) is None:
             return None
+        self._refuse_diverged(bucket, head, snapshots)
         return self._adopt(bucket, snapshots, store, machine).installed
+
+    def publish_pending(self, snapshots: SnapshotDir) -> None:
+        """Push the applied version when the bucket head is below it (a claim whose push never
+        happened, a node claiming by the older order): the chain is the bucket's before a claim."""
+        head, applied = self.bucket().head(), snapshots.applied()
+        if applied is not None and (head is None or head.version < applied):
+            self.push(snapshots)
+
+    def _refuse_diverged(self, bucket: ControlBucket, head: BucketHead | None, snapshots: SnapshotDir) -> None:
+        """``ManifestVersionConflict`` naming the recovery when this node's applied chain and the
+        bucket's part at a version both hold: a version this node claimed and never published, which
+        another node published first (a node that claimed locally before publishing)."""
+        local = snapshots.applied()
+        if head is None or local is None:
+            return
+        at = min(head.version, local)
+        mine = snapshots.receipt(at)
+        if at == head.version:
+            same = mine is not None and sha256_hex(mine) == head.receipt
+        else:
+            same = mine is not None and bucket.read(receipt_name(at)) == mine
+        if not same:
+            raise ManifestVersionConflict(self.project.name, at, head.version, DIVERGED.format(
+                at=at, head=head.version, directory=snapshots.path))
 
     def _adopt(self, bucket: ControlBucket, snapshots: SnapshotDir, store: str | None,
                machine: str | None) -> Adoption:
@@ -169,6 +197,13 @@ class SyncedProject:
 
         return adopt(bucket, snapshots, project=self.project.name, pins=self.pins, signed=True,
                      validate=node_validation(self.root, store=store, machine=machine))
+
+
+DIVERGED = ("in {directory} is not the bucket's v{at} (the bucket head is v{head}): this node claimed it and "
+            "never published it, and another node's v{at} was published first. A claimed file is never rewritten, "
+            "so this directory cannot rejoin the bucket's chain: name an empty directory in [control] snapshot_dir "
+            "and run `contextful pipeline import`, which adopts the bucket head; apply your edits again there")
+"""What a node whose chain parted from the bucket's is told (docs/control.md, "Synced control")."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +215,34 @@ class SyncedClaim(SyncedProject):
     def receipt_signer(self, snapshots: SnapshotDir, parent_version: int) -> Callable[[int, str], bytes]:
         """What signs a version claimed after ``parent_version`` (``engine.control.apply.claim_next``'s ``sign``)."""
         return functools.partial(self.sign, snapshots, parent_version=parent_version)
+
+    def claim(self, snapshots: SnapshotDir, applied: int | None, content: str, step: Step | None = None) -> int:
+        """Claim ``content`` as the version after ``applied`` (None: as v1), deciding it in the bucket
+        (``surface.apply.version-race`` on the synced path): sign its receipt before anything is
+        written, publish snapshot and receipt and win the bucket head's conditional write
+        (``ControlBucket.publish``), and only then claim the same bytes here, the receipt beside the
+        snapshot before the pointer advances (``surface.apply.receipt-file``). A lost publish raises
+        ``ManifestVersionConflict`` having written nothing locally: the caller adopts the winner and
+        reapplies onto it."""
+        from contextful.engine.control.adopt import claim_once
+
+        version = (applied or 0) + 1
+        receipt = self.sign(snapshots, version, content, parent_version=applied)
+        if step is not None:
+            step("claim", version)
+        self.bucket().publish(version, content.encode("utf-8"), receipt, parent=applied, site=self.sync.site,
+                              regions=self.regions, pins=self.pins)
+        snapshots.prepare()
+        claim_once(lambda: snapshots.claim(version, content), snapshots.file(version), content.encode("utf-8"))
+        claim_once(lambda: snapshots.claim_receipt(version, receipt), snapshots.path / receipt_name(version), receipt)
+        if step is not None:
+            step("advance", version)
+        try:
+            snapshots.advance(applied, version)
+        except ManifestVersionConflict:
+            if snapshots.applied() != version:  # another process of this node adopted it first: the same claim
+                raise
+        return version
 
     def sign(self, snapshots: SnapshotDir, version: int, content: str, parent_version: int | None = None) -> bytes:
         """The canonical bytes of the receipt of ``content`` claimed as ``version`` after
