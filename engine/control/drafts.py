@@ -21,7 +21,8 @@ Implements ``surface.edit.store-draft``, ``surface.apply.draft-claim``,
   In a project with ``[sync]`` the claim is a synced one (``surface.apply.synced-attestation``): the
   request's Admin credential and the serve's issuer signing key (``CONTEXTFUL_CONTROL_SIGNING_KEY``)
   are admitted first (``ControlAttestationUnavailable`` else), the bucket's head adopted as apply
-  adopts it, the version's receipt signed before anything is written, and the claim pushed.
+  adopts it, the version's receipt signed before anything is written, and the version decided in the
+  bucket before it is claimed here (``SyncedClaim.claim``): a lost race claims nothing locally.
   A document that normalizes to version N's claims nothing ("unchanged") and is forgotten too.
 """
 
@@ -36,7 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from contextful.engine.config.applied import AppliedSnapshot, split
-from contextful.engine.control.apply import MARKER, _normal, _parsed, _synced, _validate, claim_next
+from contextful.engine.control.apply import (
+    MARKER,
+    _claimable,
+    _normal,
+    _parsed,
+    _synced,
+    _validate,
+    claim_next,
+)
 from contextful.engine.control.document_secrets import refuse_secret_material, refuse_secret_text
 from contextful.engine.control.snapshots import SnapshotDir
 from contextful.engine.control.synced import Offered
@@ -170,9 +179,9 @@ def claim_draft(root: Path, snapshots: SnapshotDir, catalog: Catalog, draft_id: 
     if _normal(doc) == _normal(split(_parsed(snapshots, row.version))[0]):
         catalog.drop_draft(row.project, row.draft_id)
         return Claimed(row.version, row.version, False)
-    version = claim_next(snapshots, row.version, row.document, meta,
-                         sign=synced.receipt_signer(snapshots, row.version) if synced is not None else None)
+    if synced is not None:  # decided in the bucket first, as a synced apply is (surface.apply.version-race)
+        version = synced.claim(snapshots, row.version, _claimable(row.document, meta))
+    else:
+        version = claim_next(snapshots, row.version, row.document, meta)
     catalog.drop_draft(row.project, row.draft_id)
-    if synced is not None:
-        synced.push(snapshots)
     return Claimed(version, row.version, True)
