@@ -7,8 +7,10 @@ Implements ``surface.reconcile.poll-cadence``, ``learns-by-reading``, ``fail-sta
 
 - A node whose ``[control]`` names a ``url`` keeps the versions it adopts in its own snapshot
   directory (the default one, ``.contextful/control/<project>/``) and arms them from there, as any
-  node arms its applied version (``engine.control.fire``). A node whose source is its own snapshot
-  directory has nothing to pull: serve reads that directory's pointer on each beat.
+  node arms its applied version (``engine.control.fire``). A node with ``[sync]`` and no ``url``
+  polls its ``[sync]`` bucket the same way (:class:`BucketSource`): the versions other nodes
+  publish reach it without a ``contextful control pull``. Any other node's source is its own
+  snapshot directory, with nothing to pull: serve reads that directory's pointer on each beat.
 - When: ``[control] poll`` is a schedule string of the schedule grammar (``every 30s``, a cron
   expression); a block declaring none polls ``every 30s``. Serve polls when it starts, at each
   instant its poll schedule admits after the previous poll (read on the plane's clock, so a test
@@ -44,6 +46,7 @@ from contextful.storage.errors import (
 )
 
 if TYPE_CHECKING:
+    from contextful.engine.control.bucket import ControlBucket
     from contextful.engine.control.credentials import IssuerKey
     from contextful.engine.control.schedule import Schedule
     from contextful.engine.control.snapshots import SnapshotDir
@@ -102,6 +105,22 @@ def _verified(versions: tuple[int, ...]) -> str:
     return f" (receipts of v{versions[0]}..v{versions[-1]} verified)"
 
 
+class BucketSource:
+    """A synced node's ``[sync]`` bucket as its control source: each poll reads the bucket head
+    first (one GET), and the chain as of that head (``engine.control.bucket``)."""
+
+    def __init__(self, bucket: ControlBucket) -> None:
+        self.bucket = bucket
+        self.location = bucket.location
+
+    def read(self, name: str) -> bytes | None:
+        from contextful.engine.control.snapshots import POINTER
+
+        if name == POINTER:
+            self.bucket.head()
+        return self.bucket.read(name)
+
+
 def node_reconciler(root: Path, *, store: str | None, clock: Clock,
                     say: Callable[[str], None] | None = None) -> Reconciler | None:
     """The reconciler of the node at ``root`` as its working ``[project]`` and ``[control]`` configure it
@@ -113,13 +132,22 @@ def node_reconciler(root: Path, *, store: str | None, clock: Clock,
     from contextful.engine.project import read_manifest_document
 
     project, control = read_control(root)
-    if control.url is None:
-        return None
-    source = UrlSource(control.url)
-    assert control.snapshot_dir is not None  # a url node keeps its versions in the default directory
     # [sync] (engine.config.sync) marks a project whose control is signed; read from the document so
     # that this holds whatever else reads the block
     signed = isinstance(read_manifest_document(root).get("sync"), dict)
+    source: ChainSource
+    if control.url is not None:
+        source = UrlSource(control.url)
+    elif signed:  # no control URL: a synced node learns the versions other nodes publish from its bucket
+        from contextful.engine.config.sync import read_sync
+        from contextful.engine.control.bucket import ControlBucket
+
+        sync = read_sync(root)
+        assert sync is not None
+        source = BucketSource(ControlBucket(sync.bucket, project.name))
+    else:
+        return None
+    assert control.snapshot_dir is not None  # a url node keeps its versions in the default directory
     return Reconciler(source, SnapshotDir(control.snapshot_dir, project.name), signed=signed,
                       pins=node_pins(root) if signed else (), validate=node_validation(root, store=store),
                       poll=parse_schedule(control.poll, "[control] poll"), clock=clock, say=say)
