@@ -154,7 +154,7 @@ def import_manifest(directory: str | Path = ".", *, store: str | None = None, ma
     (synced: first adopt the bucket's head when it has one, and claim nothing then)."""
     root = locate_project(directory)
     snapshots = _claiming_dir(root)
-    synced = _synced(root, offered)
+    synced = synced_claim(root, offered)
     applied = snapshots.applied()
     if applied is not None:
         return ApplyOutcome("import", applied, False, applied, snapshots.file(applied))
@@ -167,8 +167,8 @@ def import_manifest(directory: str | Path = ".", *, store: str | None = None, ma
     claimed = False
     if not held:
         text, doc = _working(root)
-        manifest = _validate(root, doc, str(root / MANIFEST), store, machine)
-        content = _claimable(text, _captured(manifest, store))
+        manifest = validate_document(root, doc, str(root / MANIFEST), store, machine)
+        content = claimable_text(text, _captured(manifest, store))
         snapshots.prepare()
         try:
             snapshots.claim(1, content)
@@ -199,7 +199,7 @@ def _synced_import(root: Path, snapshots: SnapshotDir, synced: SyncedClaim, stor
             return ApplyOutcome("import", adopted, False, None, snapshots.file(adopted), attempt, adopted=True)
         if content is None:
             text, doc = _working(root)
-            content = _claimable(text, _captured(_validate(root, doc, str(root / MANIFEST), store, machine), store))
+            content = claimable_text(text, _captured(validate_document(root, doc, str(root / MANIFEST), store, machine), store))
         try:
             synced.claim(snapshots, None, content)
         except ManifestVersionConflict as exc:
@@ -216,7 +216,7 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
     the bucket's head first when it descends from the applied version, sign the claim, push it)."""
     root = locate_project(directory)
     snapshots = _claiming_dir(root)
-    synced = _synced(root, offered)
+    synced = synced_claim(root, offered)
     if synced is not None:  # the bucket's head first (adopt-before-claim), so the claim descends from it
         synced.adopt_head(snapshots, store=store, machine=machine)
         synced.publish_pending(snapshots)
@@ -230,20 +230,20 @@ def apply_manifest(directory: str | Path = ".", *, pipelines_only: bool = False,
     for _attempt in range(MAX_ATTEMPTS):
         applied = snapshots.applied()
         assert applied is not None  # a pointer never goes away
-        base, base_meta = split(_parsed(snapshots, applied))
+        base, base_meta = split(parsed_version(snapshots, applied))
         if pipelines_only:  # everything but the pipelines as applied, its [snapshot] table included
             doc, kept = _pipelines_over(working, base), AppliedSnapshot.read(applied, base_meta)
-            _validate(root, doc, source, store, machine, kept)
+            validate_document(root, doc, source, store, machine, kept)
             meta = base_meta
         else:
             doc = working
-            meta = _captured(_validate(root, doc, source, store, machine), store)
-        if _normal(doc) == _normal(base) and meta == base_meta:
+            meta = _captured(validate_document(root, doc, source, store, machine), store)
+        if normal_text(doc) == normal_text(base) and meta == base_meta:
             return ApplyOutcome("apply", applied, False, applied, snapshots.file(applied), conflicts)
-        text = working_text if _normal(doc) == _normal(working) else dumps(doc)
+        text = working_text if normal_text(doc) == normal_text(working) else dumps(doc)
         try:
             if synced is not None:  # the bucket head's conditional write decides the version
-                version = synced.claim(snapshots, applied, _claimable(text, meta), step)
+                version = synced.claim(snapshots, applied, claimable_text(text, meta), step)
             else:
                 version = claim_next(snapshots, applied, text, meta, step)
         except ManifestVersionConflict as exc:
@@ -268,7 +268,7 @@ def claim_next(snapshots: SnapshotDir, applied: int, text: str, meta: dict[str, 
     anything is written, so a signing failure leaves neither snapshot nor pointer naming it; the
     receipt is claimed beside the snapshot, and only then does the pointer move."""
     version = max(snapshots.versions(), default=applied) + 1
-    content = _claimable(text, meta)
+    content = claimable_text(text, meta)
     receipt = sign(version, content) if sign is not None else None
     _call(step, "claim", version)
     snapshots.claim(version, content)
@@ -300,7 +300,7 @@ def load_version(root: Path, version: int, snapshots: SnapshotDir | None = None,
 
     snapshots = snapshots or snapshot_dir(root)
     path = snapshots.file(version)
-    doc, meta = split(_parsed(snapshots, version))
+    doc, meta = split(parsed_version(snapshots, version))
     if without_jobs and isinstance(doc.get("job"), list):
         doc["job"] = [b for b in doc["job"] if not (isinstance(b, dict) and b.get("name") in without_jobs)]
     try:
@@ -323,7 +323,7 @@ def versions(directory: str | Path = ".") -> list[VersionInfo]:
     return found
 
 
-def _synced(root: Path, offered: Offered | None) -> SyncedClaim | None:
+def synced_claim(root: Path, offered: Offered | None) -> SyncedClaim | None:
     """The synced claim of a project with ``[sync]``, its authority admitted first (None: it does not
     sync); a ``[sync]`` block that does not validate is refused under validation."""
     try:
@@ -338,7 +338,7 @@ def _synced(root: Path, offered: Offered | None) -> SyncedClaim | None:
     return SyncedClaim(root, project, sync, authority.pins, regions, authority.signer)
 
 
-def _claimable(text: str, meta: dict[str, Any] | None) -> str:
+def claimable_text(text: str, meta: dict[str, Any] | None) -> str:
     """The text a version file holds: the document ``text`` as it is (comments included), then its
     ``[snapshot]`` table ``meta`` (``engine.config.applied``; None: the version holds none)."""
     if meta is None:
@@ -371,7 +371,7 @@ def _working(root: Path) -> tuple[str, dict[str, Any]]:
         raise ApplyValidationRefused(str(path), [ProjectInvalid(str(path), f"not valid TOML: {exc}")]) from exc
 
 
-def _parsed(snapshots: SnapshotDir, version: int) -> dict[str, Any]:
+def parsed_version(snapshots: SnapshotDir, version: int) -> dict[str, Any]:
     try:
         return tomllib.loads(snapshots.text(version))
     except tomllib.TOMLDecodeError as exc:
@@ -389,12 +389,12 @@ def _pipelines_over(working: dict[str, Any], base: dict[str, Any]) -> dict[str, 
     return composed
 
 
-def _normal(doc: dict[str, Any]) -> str:
+def normal_text(doc: dict[str, Any]) -> str:
     """The normal form two documents are compared in: TOML with every table's keys sorted."""
     return dumps(doc, sort_keys=True)
 
 
-def _validate(root: Path, doc: dict[str, Any], source: str, store: str | None, machine: str | None,
+def validate_document(root: Path, doc: dict[str, Any], source: str, store: str | None, machine: str | None,
               applied: AppliedSnapshot | None = None) -> Manifest:
     """The manifest of ``doc`` after the engine's whole validation; ``applied``: the metadata a
     pipelines-only apply keeps (its models' SQL is the applied version's, not the project's files)."""

@@ -39,12 +39,12 @@ from typing import Any
 from contextful.engine.config.applied import AppliedSnapshot, split
 from contextful.engine.control.apply import (
     MARKER,
-    _claimable,
-    _normal,
-    _parsed,
-    _synced,
-    _validate,
     claim_next,
+    claimable_text,
+    normal_text,
+    parsed_version,
+    synced_claim,
+    validate_document,
 )
 from contextful.engine.control.document_secrets import refuse_secret_material, refuse_secret_text
 from contextful.engine.control.snapshots import SnapshotDir
@@ -108,7 +108,7 @@ def _source(version: int) -> str:
 
 def _kept(snapshots: SnapshotDir, version: int) -> dict[str, Any] | None:
     """Version ``version``'s ``[snapshot]`` table, read from its immutable file (None: it holds none)."""
-    return split(_parsed(snapshots, version))[1]
+    return split(parsed_version(snapshots, version))[1]
 
 
 def _meta_text(meta: dict[str, Any] | None) -> str | None:
@@ -126,7 +126,7 @@ def _validated(root: Path, snapshots: SnapshotDir, text: str, version: int, meta
         raise ApplyValidationRefused(source, [ProjectInvalid(source, f"not valid TOML: {exc}")]) from exc
     refuse_secret_material(doc)  # a field names where a credential sits better than a line does
     refuse_secret_text(text, source)
-    _validate(root, doc, source, store, None, AppliedSnapshot.read(version, meta))
+    validate_document(root, doc, source, store, None, AppliedSnapshot.read(version, meta))
     return doc
 
 
@@ -153,7 +153,7 @@ def claim_draft(root: Path, snapshots: SnapshotDir, catalog: Catalog, draft_id: 
                 store: str | None = None, token: str | None = None) -> Claimed:
     """Claim the saved draft ``draft_id`` as the next version (module docstring). ``token``: the
     request's Admin credential, the capability a synced claim admits (``engine.control.synced``)."""
-    synced = _synced(root, Offered(token=token))
+    synced = synced_claim(root, Offered(token=token))
     if synced is not None:  # the bucket's head first, as apply adopts it: a draft of an older version then conflicts
         synced.adopt_head(snapshots, store=store)
     row = catalog.draft(snapshots.project)
@@ -176,11 +176,11 @@ def claim_draft(root: Path, snapshots: SnapshotDir, catalog: Catalog, draft_id: 
         raise ManifestVersionConflict(snapshots.project, row.version + 1, current or 0,
                                       f"was claimed by another apply (applied: v{current}); the draft edits "
                                       f"v{row.version}: load v{current} and edit it again")
-    if _normal(doc) == _normal(split(_parsed(snapshots, row.version))[0]):
+    if normal_text(doc) == normal_text(split(parsed_version(snapshots, row.version))[0]):
         catalog.drop_draft(row.project, row.draft_id)
         return Claimed(row.version, row.version, False)
     if synced is not None:  # decided in the bucket first, as a synced apply is (surface.apply.version-race)
-        version = synced.claim(snapshots, row.version, _claimable(row.document, meta))
+        version = synced.claim(snapshots, row.version, claimable_text(row.document, meta))
     else:
         version = claim_next(snapshots, row.version, row.document, meta)
     catalog.drop_draft(row.project, row.draft_id)
