@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from contextful.storage.errors import (
     ConditionalWriteUnsupported,
@@ -125,6 +126,17 @@ class SnapshotDir:
             return None
         except OSError as exc:
             raise ControlSnapshotUnreadable(str(path), f"version {version}'s receipt cannot be read: {exc}") from exc
+
+    def receipt_summary(self, version: int | None) -> dict[str, Any] | None:
+        """Version ``version``'s receipt as JSON with its digest (``surface.apply.receipt-digest``), as the
+        control routes and the console show it; None when the version holds none (a local claim)."""
+        from contextful.engine.control.receipts import parse_receipt
+
+        data = None if version is None else self.receipt(version)
+        if version is None or data is None:
+            return None
+        receipt = parse_receipt(data, str(self.path / receipt_name(version)))
+        return {**receipt.document(), "digest": receipt.digest()}
 
     def prepare(self) -> None:
         """Make the directory and probe the lock, before a writer claims anything."""

@@ -83,19 +83,11 @@ def holder(credential: Credential) -> dict[str, Any]:
 def applied_version(root: Path, version: int | None) -> dict[str, Any]:
     """The applied version, when it was claimed, and its receipt (None: the claim wrote none)."""
     from contextful.engine.control.apply import snapshot_dir, versions
-    from contextful.engine.control.receipts import parse_receipt
-    from contextful.engine.control.snapshots import receipt_name
 
     if version is None:
         return {"version": None, "claimed_at": None, "receipt": None}
     claimed = next((v.claimed_at.isoformat() for v in versions(root) if v.version == version), None)
-    snapshots = snapshot_dir(root)
-    data = snapshots.receipt(version)
-    if data is None:
-        return {"version": version, "claimed_at": claimed, "receipt": None}
-    receipt = parse_receipt(data, str(snapshots.path / receipt_name(version)))
-    return {"version": version, "claimed_at": claimed,
-            "receipt": {**receipt.document(), "digest": receipt.digest()}}
+    return {"version": version, "claimed_at": claimed, "receipt": snapshot_dir(root).receipt_summary(version)}
 
 
 def pipelines(manifest: Manifest, store: Store | None) -> list[dict[str, Any]]:

@@ -74,7 +74,6 @@ from contextful.storage.errors import (
 )
 
 if TYPE_CHECKING:
-    from contextful.engine.control.snapshots import SnapshotDir
     from contextful.storage import Store
 
 log = logging.getLogger(__name__)
@@ -205,21 +204,6 @@ def _refuse_artifacts(text: str, route: str) -> None:
         raise ConnectorUploadRefused(f"{route}: {found[0]} carries {found[1]}")
 
 
-def _receipt(snapshots: SnapshotDir, version: int | None) -> dict[str, Any] | None:
-    """Version ``version``'s receipt (a synced claim writes ``receipt@v<N>.json`` beside it), with its digest."""
-    from contextful.engine.control.receipts import parse_receipt
-
-    if version is None:
-        return None
-    path = snapshots.path / f"receipt@v{version}.json"
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    receipt = parse_receipt(data, str(path))
-    return {**receipt.document(), "digest": receipt.digest()}
-
-
 def _answer(exchange: Exchange, exc: ContextfulError) -> None:
     """A refusal as the face's usual JSON, plus what it names for the console."""
     doc: dict[str, Any] = {"error": exc.name, "detail": mask_message(exc.detail)}
@@ -266,7 +250,7 @@ def control_routes(service: ControlService) -> list[Route]:
         version = snapshots.applied()
         exchange.send_json(200, {"version": version,
                                  "document": applied_document(snapshots, version) if version is not None else "",
-                                 "receipt": _receipt(snapshots, version),
+                                 "receipt": snapshots.receipt_summary(version),
                                  "draft": draft_json(store.catalog.draft(service.project))})
 
     def draft(exchange: Exchange, credential: Credential) -> None:
