@@ -1,0 +1,73 @@
+"""The connection scenarios end to end: ``contextful pipeline serve --http`` in a child process,
+credentials from ``contextful key issue``, records read back with ``contextful connection list|show``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from contextful.engine.config import load_manifest
+from contextful.engine.control.credentials import generate_key
+from contextful.storage import Store
+
+from tests.engine.served.connection_app import DECLARATION, declaration
+from tests.engine.served.control_face import PIPELINE, manifest_text, request
+from tests.engine.served.test_control_routes_serve import serving
+from tests.support.cli import contextful
+
+
+def project_with_store(tmp_path: Path) -> tuple[Path, Path]:
+    """A project pinning an issuer key, v1 imported and its store made; the issuer's key file."""
+    pin, key_file = generate_key(tmp_path / "keys" / "issuer.pem")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "contextful.toml").write_text(manifest_text(pin.text, PIPELINE))
+    contextful(project, "pipeline", "import")
+    Store.open(load_manifest(project).project.store).close()  # the store the records live in
+    return project, key_file
+
+
+def write_credential(project: Path, key_file: Path, tenant: str = "acme", principal: str = "ana") -> str:
+    return contextful(project, "key", "issue", "--subject", "app", "--audience", "connections", "--tenant", tenant,
+                      "--principal", principal, "--key", str(key_file)).stdout.strip()
+
+
+def listed(project: Path) -> list[dict]:
+    return json.loads(contextful(project, "--json", "connection", "list").stdout)
+
+
+def post(url: str, token: str, body: object) -> tuple[int, dict]:
+    return request(url, "POST", "/connections", json.dumps(body).encode(),
+                   {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+
+
+@pytest.mark.clause("surface.connection.idempotent-create")
+def test_scenario_a_consent_callback_retrying_the_same_declaration_leaves_one_connection(tmp_path: Path) -> None:
+    project, key_file = project_with_store(tmp_path)
+    token = write_credential(project, key_file)
+    with serving(project) as url:
+        status, created = post(url, token, DECLARATION)
+        assert (status, created["version"], created["state"]) == (201, 1, "active"), created
+        assert post(url, token, DECLARATION) == (200, created)  # the retried callback
+    with serving(project) as url:  # and after serve restarts: the record is the catalog's
+        assert post(url, token, DECLARATION) == (200, created)
+        status, conflict = post(url, token, declaration(secret="ANOTHER_TOKEN"))
+        assert (status, conflict["error"]) == (409, "ConnectionIdConflict")
+    assert listed(project) == [created]
+    shown = contextful(project, "connection", "show", "acme-drive").stdout
+    assert "version: 1" in shown and "state: active" in shown and "secret: ACME_DRIVE_TOKEN" in shown
+    assert "schedule: every 15m" in shown and "pipeline: events" in shown
+
+
+@pytest.mark.clause("surface.connection.malformed", "surface.connection.consent-boundary")
+def test_scenario_a_create_carrying_an_oauth_code_beside_its_secret_name_claims_no_version(tmp_path: Path) -> None:
+    project, key_file = project_with_store(tmp_path)
+    token = write_credential(project, key_file)
+    with serving(project) as url:
+        status, answer = post(url, token, declaration(code="4/0AfJohXkOAuthCode"))
+        assert (status, answer["error"]) == (400, "ConnectionRequestMalformed"), answer
+        assert "'code'" in answer["detail"] and "4/0AfJohXk" not in answer["detail"]
+    assert listed(project) == []
+    refused = contextful(project, "connection", "show", "acme-drive", check=False)
+    assert refused.returncode != 0 and "ConnectionUnknown" in refused.stderr
