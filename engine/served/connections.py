@@ -26,7 +26,15 @@ import json
 import re
 from typing import Any
 
-from contextful.engine.control.connection import AUDIENCE, Outcome, create, delete, parse_declaration, pause, scope
+from contextful.engine.control.connection import (
+    AUDIENCE,
+    Outcome,
+    create,
+    delete,
+    parse_declaration,
+    pause,
+    scope,
+)
 from contextful.engine.control.credentials import Credential, admit
 from contextful.engine.served.control import ControlService, answer_unavailable
 from contextful.engine.served.face import Exchange, Route
