@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from contextful.engine.control.connection import (
@@ -36,6 +37,7 @@ from contextful.engine.control.connection import (
     scope,
 )
 from contextful.engine.control.credentials import Credential, admit
+from contextful.engine.guard import mask_message
 from contextful.engine.served.control import ControlService, answer_unavailable
 from contextful.engine.served.face import Exchange, Route
 from contextful.storage.errors import (
@@ -57,6 +59,7 @@ REFUSALS: tuple[type[ContextfulError], ...] = (
     ConfigOwnerUnconfigured, CredentialUnadmitted, ConnectionScopeDenied, RequestBodyTooLarge,
     ConnectionRequestMalformed, ConnectionUnknown, ConnectionIdConflict, StoreNotInitialized)
 _ID = r"(?P<id>[^/]+)"
+Handler = Callable[[Exchange, re.Match[str]], None]
 
 
 def _admit(service: ControlService, exchange: Exchange, connection: str) -> Credential:
@@ -101,36 +104,34 @@ def connection_routes(service: ControlService) -> list[Route]:
         exchange.send_json(status, outcome.to_json())
 
     def create_route(exchange: Exchange, _match: re.Match[str]) -> None:
-        credential = _admit(service, exchange, "<new>")
+        credential = _admit(service, exchange, "(to create)")
         declaration = parse_declaration(_body(exchange, CREATE), _applied_pipelines(service))
         outcome = create(service.store().catalog, service.project, declaration, credential, service.clock)
         answer(exchange, 201 if outcome.claims else 200, outcome)
 
-    def pause_route(exchange: Exchange, match: re.Match[str]) -> None:
-        credential = _admit(service, exchange, match["id"])
-        if _body(exchange, PAUSE) != {}:
-            raise ConnectionRequestMalformed(f"{PAUSE}: the body is not {{}}")
-        answer(exchange, 200, pause(service.store().catalog, service.project, match["id"], credential,
-                                    service.clock))
+    def mutation(describe: str, claim: Callable[..., Outcome]) -> Handler:
+        """A pause or delete route: the body ``{}``, then ``claim`` on the record the path names."""
 
-    def delete_route(exchange: Exchange, match: re.Match[str]) -> None:
-        credential = _admit(service, exchange, match["id"])
-        if _body(exchange, DELETE) != {}:
-            raise ConnectionRequestMalformed(f"{DELETE}: the body is not {{}}")
-        answer(exchange, 200, delete(service.store().catalog, service.project, match["id"], credential,
-                                     service.clock))
+        def route(exchange: Exchange, match: re.Match[str]) -> None:
+            credential = _admit(service, exchange, match["id"])
+            if _body(exchange, describe) != {}:
+                raise ConnectionRequestMalformed(f"{describe}: the body is not {{}}")
+            answer(exchange, 200, claim(service.store().catalog, service.project, match["id"], credential,
+                                        service.clock))
 
-    def guarded(describe: str, handle: Any) -> Any:
+        return route
+
+    def guarded(describe: str, handle: Handler) -> Handler:
         def run(exchange: Exchange, match: re.Match[str]) -> None:
             try:
                 handle(exchange, match)
             except REFUSALS as exc:
-                exchange.send_json(exc.http_status, {"error": exc.name, "detail": exc.detail})
+                exchange.send_json(exc.http_status, {"error": exc.name, "detail": mask_message(exc.detail)})
             except Exception:  # noqa: BLE001 - logged under an id, answered 503 as the control routes do
                 answer_unavailable(exchange, f"served connections: {describe}")
 
         return run
 
     return [Route("POST", re.compile("/connections"), guarded(CREATE, create_route), CREATE),
-            Route("POST", re.compile(f"/connections/{_ID}/pause"), guarded(PAUSE, pause_route), PAUSE),
-            Route("DELETE", re.compile(f"/connections/{_ID}"), guarded(DELETE, delete_route), DELETE)]
+            Route("POST", re.compile(f"/connections/{_ID}/pause"), guarded(PAUSE, mutation(PAUSE, pause)), PAUSE),
+            Route("DELETE", re.compile(f"/connections/{_ID}"), guarded(DELETE, mutation(DELETE, delete)), DELETE)]

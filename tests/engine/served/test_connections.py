@@ -64,9 +64,12 @@ def serving(tmp_path: Path, decoder: object, open_store: Callable[[ManualClock],
 
 @pytest.fixture
 def site(tmp_path: Path, decoder: object) -> Iterator[Site]:
-    with serving(tmp_path, decoder, lambda clock: Store.open(load_manifest(tmp_path / "project").project.store,
-                                                            clock=clock)) as served:
-        yield served
+    """The project's own store (the embedded default), on the site's clock."""
+    def project_store(clock: ManualClock) -> Store:
+        return Store.open(load_manifest(tmp_path / "project").project.store, clock=clock)
+
+    with serving(tmp_path, decoder, project_store) as opened:
+        yield opened
 
 
 def shown(version: int, state: str, **changes: Any) -> dict[str, Any]:
