@@ -13,7 +13,7 @@ from contextful.storage import Store
 
 from tests.engine.served.connection_app import DECLARATION, declaration
 from tests.engine.served.control_face import PIPELINE, manifest_text, request
-from tests.engine.served.test_control_routes_serve import serving
+from tests.engine.served.test_control_routes_serve import RECEIVE, serving
 from tests.support.cli import contextful
 
 
@@ -71,3 +71,24 @@ def test_scenario_a_create_carrying_an_oauth_code_beside_its_secret_name_claims_
     assert listed(project) == []
     refused = contextful(project, "connection", "show", "acme-drive", check=False)
     assert refused.returncode != 0 and "ConnectionUnknown" in refused.stderr
+
+
+@pytest.mark.clause("surface.connection.routes")
+def test_with_no_issuer_key_or_no_store_the_routes_answer_owner_unconfigured(tmp_path: Path) -> None:
+    pin, key_file = generate_key(tmp_path / "keys" / "issuer.pem")
+    alone = tmp_path / "alone"  # an issuer key pinned, but no store yet to hold the records
+    alone.mkdir()
+    (alone / "contextful.toml").write_text(manifest_text(pin.text, ""))
+    token = write_credential(alone, key_file)
+    with serving(alone) as url:
+        status, answer = request(url, "POST", "/connections/acme-drive/pause", b"{}",
+                                 {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+        assert (status, answer["error"]) == (503, "ConfigOwnerUnconfigured") and "no store" in answer["detail"]
+    assert not (alone / ".contextful").exists()  # the routes never create one
+    unpinned = tmp_path / "unpinned"  # no issuer key: no credential can be admitted
+    unpinned.mkdir()
+    (unpinned / "contextful.toml").write_text(manifest_text(None, RECEIVE))
+    contextful(unpinned, "pipeline", "import")
+    with serving(unpinned) as url:
+        status, answer = post(url, token, DECLARATION)
+        assert (status, answer["error"]) == (503, "ConfigOwnerUnconfigured") and "issuer key" in answer["detail"]
