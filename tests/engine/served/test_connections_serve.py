@@ -3,6 +3,7 @@ credentials from ``contextful key issue``, records read back with ``contextful c
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -92,3 +93,17 @@ def test_with_no_issuer_key_or_no_store_the_routes_answer_owner_unconfigured(tmp
     with serving(unpinned) as url:
         status, answer = post(url, token, DECLARATION)
         assert (status, answer["error"]) == (503, "ConfigOwnerUnconfigured") and "issuer key" in answer["detail"]
+
+
+def test_a_connection_write_credential_names_both_tenant_and_principal_for_audience_connections(
+        tmp_path: Path) -> None:
+    _pin, key_file = generate_key(tmp_path / "keys" / "issuer.pem")
+    for args in (["--audience", "connections", "--tenant", "acme"], ["--audience", "connections", "--principal", "ana"],
+                 ["--audience", "awake", "--tenant", "acme", "--principal", "ana"]):
+        refused = contextful(tmp_path, "key", "issue", "--subject", "app", "--key", str(key_file), *args, check=False)
+        assert refused.returncode != 0 and "ArgumentInvalid" in refused.stderr, refused.stderr
+    issued = json.loads(contextful(tmp_path, "--json", "key", "issue", "--subject", "app", "--key", str(key_file),
+                                   "--audience", "connections", "--tenant", "acme", "--principal", "ana").stdout)
+    part = issued["token"].split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    assert (claims["aud"], claims["tenant"], claims["principal"]) == ("connections", "acme", "ana")
