@@ -24,7 +24,7 @@ from contextful.storage.catalog import ConnectionRow
 from contextful.storage.clock import ManualClock
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.engine.served.connection_app import DECLARATION, App, declaration, error
+from tests.engine.served.connection_app import DECLARATION, App, claims_of, declaration, error
 from tests.engine.served.control_face import PIPELINE, Console, manifest_text
 from tests.storage.catalog_place import CatalogPlace
 
@@ -165,20 +165,12 @@ def test_a_mutation_needs_a_write_credential_for_its_tenant_and_principal(site: 
     assert row is not None and (row.version, row.state, row.secret) == (1, "active", "ACME_DRIVE_TOKEN")
 
 
-def _claims(token: str) -> dict[str, Any]:
-    import base64
-    import json
-
-    part = token.split(".")[1]
-    return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
-
-
 def token_tenant(token: str) -> str:
-    return str(_claims(token)["tenant"])
+    return str(claims_of(token)["tenant"])
 
 
 def token_principal(token: str) -> str:
-    return str(_claims(token)["principal"])
+    return str(claims_of(token)["principal"])
 
 
 @pytest.mark.clause("surface.connection.idempotent-create")

@@ -3,7 +3,6 @@ credentials from ``contextful key issue``, records read back with ``contextful c
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from contextful.engine.config import load_manifest
 from contextful.engine.control.credentials import generate_key
 from contextful.storage import Store
 
-from tests.engine.served.connection_app import DECLARATION, declaration
+from tests.engine.served.connection_app import DECLARATION, claims_of, declaration
 from tests.engine.served.control_face import PIPELINE, manifest_text, request
 from tests.engine.served.test_control_routes_serve import RECEIVE, serving
 from tests.support.cli import contextful
@@ -104,6 +103,5 @@ def test_a_connection_write_credential_names_both_tenant_and_principal_for_audie
         assert refused.returncode != 0 and "ArgumentInvalid" in refused.stderr, refused.stderr
     issued = json.loads(contextful(tmp_path, "--json", "key", "issue", "--subject", "app", "--key", str(key_file),
                                    "--audience", "connections", "--tenant", "acme", "--principal", "ana").stdout)
-    part = issued["token"].split(".")[1]
-    claims = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    claims = claims_of(issued["token"])
     assert (claims["aud"], claims["tenant"], claims["principal"]) == ("connections", "acme", "ana")
