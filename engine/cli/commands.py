@@ -126,6 +126,7 @@ def store_provision(ctx: click.Context) -> None:
 
 def register(cli: click.Group) -> None:
     from contextful.engine.cli.build import build
+    from contextful.engine.cli.connection import connection
     from contextful.engine.cli.control import control
     from contextful.engine.cli.export import export
     from contextful.engine.cli.init import init
@@ -136,5 +137,5 @@ def register(cli: click.Group) -> None:
     from contextful.engine.cli.sql import sql
     from contextful.engine.cli.table import table
 
-    for command in (init, sql, table, store_group, run, pipeline, build, export, key, job, control):
+    for command in (init, sql, table, store_group, run, pipeline, build, export, key, job, control, connection):
         cli.add_command(command)

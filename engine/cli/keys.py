@@ -59,7 +59,8 @@ def key_public(ctx: click.Context, key_path: Path) -> None:
 @click.option("--subject", required=True, help="Who holds the credential (its sub claim).")
 @click.option("--on-behalf-of", default=None,
               help="Whom it acts for (default: the subject): the caller subject a route records.")
-@click.option("--audience", required=True, help="What it admits: 'awake' for the resume route.")
+@click.option("--audience", required=True, help="What it admits: 'awake' for the resume route, 'connections' for "
+                                                "the connection routes.")
 @click.option("--ttl", default="1h", show_default=True, callback=duration_seconds,
               help="Lifetime: seconds, or a number with s, m, h or d.")
 @click.option("--key", "key_path", type=_KEY_FILE, required=True, help="The issuer's private key file.")
@@ -67,11 +68,16 @@ def key_public(ctx: click.Context, key_path: Path) -> None:
                                             "the control document (docs/control.md).")
 @click.option("--console-key", default=None, help="The operator's console public key (ed25519:...), which signs "
                                                   "each console mutation (with --admin).")
+@click.option("--tenant", default=None, help="A connection write credential's tenant (audience 'connections', "
+                                             "with --principal; docs/served.md, \"Connections\").")
+@click.option("--principal", default=None, help="A connection write credential's principal (with --tenant).")
 @click.pass_context
 def key_issue(ctx: click.Context, subject: str, on_behalf_of: str | None, audience: str, ttl: int,
-              key_path: Path, admin: bool, console_key: str | None) -> None:
+              key_path: Path, admin: bool, console_key: str | None, tenant: str | None,
+              principal: str | None) -> None:
     """Print one signed credential; send it as 'Authorization: Bearer <credential>'."""
     from contextful.engine.control.admin import AUDIENCE, admin_claims
+    from contextful.engine.control.connection import AUDIENCE as CONNECTIONS
     from contextful.engine.control.credentials import (
         issue,
         issuer_key,
@@ -88,8 +94,13 @@ def key_issue(ctx: click.Context, subject: str, on_behalf_of: str | None, audien
                                                             "(--admin)")
     if console_key is not None:
         parse_public_key(console_key, "--console-key")
+    if (tenant is None) != (principal is None) or (tenant is not None and audience != CONNECTIONS):
+        raise ArgumentInvalid("--tenant" if tenant is not None else "--principal", tenant or principal,
+                              f"a connection write credential names both --tenant and --principal, for audience "
+                              f"{CONNECTIONS!r}")
     private = load_signing_key(key_path)
-    claims = admin_claims(console_key) if admin else None
+    claims = admin_claims(console_key) if admin else (
+        {"tenant": tenant, "principal": principal} if tenant is not None else None)
     token = issue(private, subject, audience, ttl, on_behalf_of=on_behalf_of, claims=claims)
     if ctx.obj["json"]:
         credential = verify(token, [issuer_key(private.public_key())], audience)

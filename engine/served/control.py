@@ -228,14 +228,19 @@ def _guarded(service: ControlService, describe: str, handle: Handler) -> Callabl
         except REFUSALS as exc:
             _answer(exchange, exc)
         except Exception:  # noqa: BLE001 - surface.apply.served-unavailable: logged under an id, answered 503
-            error_id = secrets.token_hex(8)
-            log.error("%s", mask_log(f"served control: {describe} failed (error id {error_id})\n"
-                                     f"{traceback.format_exc().rstrip()}"))
-            unavailable = ControlUnavailable(error_id)
-            exchange.send_json(unavailable.http_status, {"error": unavailable.name, "detail": unavailable.detail,
-                                                         "error_id": error_id}, close=True)
+            answer_unavailable(exchange, f"served control: {describe}")
 
     return guarded
+
+
+def answer_unavailable(exchange: Exchange, what: str) -> None:
+    """Answer the exception being handled as 503 ``ControlUnavailable`` under a random error id; its
+    cause and trace go to the log under that id, and the answer holds no internal text."""
+    error_id = secrets.token_hex(8)
+    log.error("%s", mask_log(f"{what} failed (error id {error_id})\n{traceback.format_exc().rstrip()}"))
+    unavailable = ControlUnavailable(error_id)
+    exchange.send_json(unavailable.http_status, {"error": unavailable.name, "detail": unavailable.detail,
+                                                 "error_id": error_id}, close=True)
 
 
 def control_routes(service: ControlService) -> list[Route]:

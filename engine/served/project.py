@@ -7,6 +7,8 @@
 - the control routes (``GET /control/document``, ``POST /control/draft``, ``POST /control/apply``;
   ``engine.served.control``) on the shared address, beside whatever else it serves: with no
   issuer key pinned they answer ``ConfigOwnerUnconfigured``;
+- the connection routes (``POST /connections``, ``POST /connections/{id}/pause``,
+  ``DELETE /connections/{id}``; ``engine.served.connections``) beside them, outside ``/control/*``;
 - the operator console (``GET /console/``, ``engine.served.console_routes``; docs/console.md) on the
   shared address, when an issuer key is pinned: every reader of it proves a signed credential.
 
@@ -94,6 +96,7 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
     from contextful.engine.export.gateway import Gateway, gateway_routes
     from contextful.engine.land.receive.server import open_receivers
     from contextful.engine.served.awake import AwakeService, awake_routes
+    from contextful.engine.served.connections import connection_routes
     from contextful.engine.served.console_routes import ConsoleService, console_routes
     from contextful.engine.served.control import ControlService, control_routes
     from contextful.engine.served.wake import wake_routes
@@ -133,10 +136,11 @@ def serve_project(manifest: Manifest, store_factory: Callable[[], Store], addres
         routes = {"receive": receive.routes() if receive else [], "gateway": gateway_routes(gateway) if gateway else [],
                   "awake": awake_routes(awake) if awake else [], "wake": wake_routes(wake) if waking and wake else [],
                   "control": control_routes(control) if control else [],
+                  "connections": connection_routes(control) if control else [],
                   "console": console_routes(console) if console else []}
         urls: dict[str, str] = {}
         if control is not None:
-            wanted[""].append("control")
+            wanted[""] += ["control", "connections"]
         for label, names in wanted.items():
             faces[label].serve([route for name in names for route in routes[name]])
             urls.update(dict.fromkeys(names, faces[label].url))

@@ -145,6 +145,31 @@ class DraftRow:
     """The SHA-256 of what was validated (``engine.control.drafts.draft_digest``)."""
 
 
+@dataclass(frozen=True)
+class ConnectionRow:
+    """One tenant's connection as its last versioned claim left it (``engine.control.connection``)."""
+
+    project: str
+    connection_id: str
+    version: int
+    """Advanced by one by each claim, through a compare-and-swap on the standing version."""
+    state: str
+    """``active``, ``paused`` or ``retired``."""
+    tenant: str
+    principal: str
+    pipeline: str
+    """The id of the applied version's ``[[pipeline]]`` the connection instantiates."""
+    selection: str
+    """The tenant's source selection, as canonical JSON."""
+    secret: str | None
+    """The secret name the pipeline's ``${secret:NAME}`` resolves to; None once deleted (revoked)."""
+    schedule: str
+    declared: str
+    """The SHA-256 of the declaration created (what an idempotent create compares)."""
+    claimed_us: int
+    """When the last claim was made."""
+
+
 class Catalog(ABC):
     """What the store asks of its catalog. Every method is safe across processes."""
 
@@ -334,6 +359,20 @@ class Catalog(ABC):
     @abstractmethod
     def drop_draft(self, project: str, draft_id: str) -> bool:
         """Forget the project's draft if it is still ``draft_id``; whether this call forgot it."""
+
+    @abstractmethod
+    def claim_connection(self, row: ConnectionRow) -> bool:
+        """Claim ``row`` as its connection's version ``row.version``: inserted when it is version 1
+        and the id is free, else replacing version ``row.version - 1``; False (nothing written)
+        when another claim got there first."""
+
+    @abstractmethod
+    def connection(self, project: str, connection_id: str) -> ConnectionRow | None:
+        """The connection's record as its last claim left it (None: never created)."""
+
+    @abstractmethod
+    def connections(self, project: str) -> list[ConnectionRow]:
+        """Every connection of the project (retired ones included), by id."""
 
     @abstractmethod
     def accept_nonce(self, nonce: str, operator: str, now_us: int) -> bool:

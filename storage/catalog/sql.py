@@ -29,6 +29,7 @@ from contextful.storage.catalog import (
     CadenceHolder,
     Catalog,
     CommitRow,
+    ConnectionRow,
     DraftRow,
     PartRow,
     PinnedHead,
@@ -114,6 +115,12 @@ DDL = (
     """CREATE TABLE IF NOT EXISTS cf_control_drafts (
         project TEXT PRIMARY KEY, draft_id TEXT NOT NULL, version BIGINT NOT NULL, operator TEXT NOT NULL,
         nonce TEXT NOT NULL, saved_us BIGINT NOT NULL, document TEXT NOT NULL, snapshot TEXT, digest TEXT NOT NULL)""",
+    # each tenant connection's record (engine.control.connection), its version advanced by compare-and-swap
+    """CREATE TABLE IF NOT EXISTS cf_connections (
+        project TEXT NOT NULL, connection_id TEXT NOT NULL, version BIGINT NOT NULL, state TEXT NOT NULL,
+        tenant TEXT NOT NULL, principal TEXT NOT NULL, pipeline TEXT NOT NULL, selection TEXT NOT NULL, secret TEXT,
+        schedule TEXT NOT NULL, declared TEXT NOT NULL, claimed_us BIGINT NOT NULL,
+        PRIMARY KEY (project, connection_id))""",
     """CREATE TABLE IF NOT EXISTS cf_control_nonces (
         nonce TEXT PRIMARY KEY, operator TEXT NOT NULL, accepted_us BIGINT NOT NULL, claim TEXT NOT NULL)""",
     # a catalog written before the clock existed starts it at its newest commit
@@ -121,6 +128,8 @@ DDL = (
      " WHERE 1 = 1 ON CONFLICT (id) DO NOTHING"),
 )
 
+_CONNECTION_COLUMNS = ("project, connection_id, version, state, tenant, principal, pipeline, selection, secret,"
+                       " schedule, declared, claimed_us")
 _HEAD_COLUMNS = "t.name, t.table_uuid, t.commit_seq, t.schema_id, t.primary_key, t.created_us, t.last_commit_us"
 _PART_COLUMNS = "path, rows_count, bytes, added_seq, removed_seq, ord_seq, ord_idx, collected_us"
 _SELECT_PARTS = f"SELECT {_PART_COLUMNS}, schema_id FROM cf_parts"
@@ -630,6 +639,33 @@ class SqlCatalog(SqlDialect, Catalog):
             return bool(cur.rowcount)
 
         return self._write(drop, rerun_unheard=True)
+
+    def claim_connection(self, row: ConnectionRow) -> bool:
+        values = dataclasses.astuple(row)
+
+        def claim(cur: _Cursor) -> bool:
+            if row.version == 1:
+                cur.execute(f"INSERT INTO cf_connections ({_CONNECTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                            " ?, ?) ON CONFLICT (project, connection_id) DO NOTHING", values)
+            else:
+                cur.execute("UPDATE cf_connections SET version = ?, state = ?, tenant = ?, principal = ?, pipeline = ?,"
+                            " selection = ?, secret = ?, schedule = ?, declared = ?, claimed_us = ?"
+                            " WHERE project = ? AND connection_id = ? AND version = ?",
+                            (*values[2:], row.project, row.connection_id, row.version - 1))
+            return cur.rowcount == 1
+
+        # not rerun when unheard: a rerun of a claim that landed would find its own row and answer False
+        return self._write(claim)
+
+    def connection(self, project: str, connection_id: str) -> ConnectionRow | None:
+        rows = self._read(f"SELECT {_CONNECTION_COLUMNS} FROM cf_connections WHERE project = ? AND connection_id = ?",
+                          (project, connection_id))
+        return ConnectionRow(*rows[0]) if rows else None
+
+    def connections(self, project: str) -> list[ConnectionRow]:
+        rows = self._read(f"SELECT {_CONNECTION_COLUMNS} FROM cf_connections WHERE project = ?"
+                          " ORDER BY connection_id", (project,))
+        return [ConnectionRow(*r) for r in rows]
 
     def accept_nonce(self, nonce: str, operator: str, now_us: int) -> bool:
         claim = uuid.uuid4().hex  # tells this call's own row from a replay's when a rerun finds it

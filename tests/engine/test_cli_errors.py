@@ -102,6 +102,7 @@ def args_for(words: tuple[str, ...], root: Path, port: int) -> list[str]:
         ("build", "release"): ["by_kind", "1"],
         ("job", "fire"): ["nightly"],
         ("job", "history"): ["nightly"],
+        ("connection", "show"): ["acme-drive"],
         ("export", "key", "issue"): ["analysts"],
         ("pipeline", "key", "issue"): ["events"],
         ("pipeline", "key", "revoke"): ["0" * 16],
