@@ -60,6 +60,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.fire_credentials import FireIssuer, serve_fire_issuer
     from contextful.engine.control.reconcile import node_reconciler
+    from contextful.engine.control.relay import check_workers
     from contextful.engine.control.residency import enforce_residency
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.spool import queue_root
@@ -79,6 +80,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     applied = applied_armable(manifest.root) if in_file else None
     served = applied if applied is not None else manifest
     enforce_residency(served, store_url)  # surface.reside.region-mismatch: before anything is bound or armed
+    check_workers(served.control.workers, served.control.relay)  # surface.dispatch.worker-key: before any bind
     # surface.dispatch.fire-credential-missing and -zone: refused before anything is bound or fired
     issuer = (serve_fire_issuer(applied, issuer_key, version=applied_version(applied)) if applied
               else FireIssuer(load_signing_key(issuer_key)) if issuer_key is not None and reconciler else None)
