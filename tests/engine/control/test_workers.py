@@ -51,7 +51,25 @@ class Worker:
         if not line.startswith("listening on "):
             self.proc.wait(30)
             raise AssertionError(f"worker did not start: {line!r} {self.proc.stderr.read() if self.proc.stderr else ''}")
+        # its log is read as it comes, so a chatty worker never blocks on a full pipe
         self.url = line.split()[-1]
+        self.log: list[str] = []
+        self._logged = threading.Condition()
+        threading.Thread(target=self._read_log, daemon=True).start()
+
+    def _read_log(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._logged:
+                self.log.append(line)
+                self._logged.notify_all()
+
+    def wait_log(self, needle: str, timeout: float = 120) -> str:
+        """The first stderr line holding ``needle``, once the worker wrote it."""
+        with self._logged:
+            if not self._logged.wait_for(lambda: any(needle in line for line in self.log), timeout):
+                raise AssertionError(f"no {needle!r} in the worker's log: {self.log}")
+            return next(line for line in self.log if needle in line)
 
     def steps(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(self.url + "/steps", timeout=30) as answer:
@@ -306,3 +324,30 @@ def test_worker_list_shows_in_flight_steps_and_heartbeats(deployment: Deployment
     assert (step["run"], step["step"], step["attempt"]) == ("r6", "s", 1) and step["last_heartbeat"] is not None
     threading.Thread(target=deployment.gates.open, args=("held",)).start()
     assert deployment.relay.wait_for(remote.closed.is_set, 120)
+
+
+@pytest.mark.clause("surface.dispatch.heartbeat-lapse", "surface.dispatch.callback-rejected")
+def test_a_stopped_worker_resumed_after_its_step_moved_changes_nothing(tmp_path: Path) -> None:
+    """Fault: SIGSTOP a worker mid-step (its heartbeats stop), move its step, SIGCONT it: its late
+    callback is rejected, the successor's outcome stays, and the step's rows land once."""
+    clock = ManualClock(int(time.time() * 1_000_000))
+    with contextmanager(_deploy)(tmp_path, workers=2, clock=clock) as deployment:
+        relay = deployment.relay
+        remote = relay.submit("r7", "s", 1)
+        assert relay.wait_for(lambda: remote.heartbeats >= 1, 60)
+        [stopped] = [w for w in deployment.workers if w.url == remote.worker]
+        stopped.proc.send_signal(signal.SIGSTOP)
+        try:
+            clock.advance(61)
+            assert relay.reschedule_lapsed() == [remote] and remote.attempt == 2
+            deployment.gates.open("held")
+            assert relay.wait_for(remote.closed.is_set, 180)  # the successor answered
+            successor = dict(remote.result or {})
+        finally:
+            stopped.proc.send_signal(signal.SIGCONT)
+        refused = stopped.wait_log("callback POST of step r7/s/1 refused: 403")
+        assert "DispatchCallbackRejected" in refused
+        assert remote.result == successor and remote.attempt == 2  # no late answer overwrote it
+        # whichever worker's run owned the pipeline landed its rows; the other landed nothing
+        assert "ExecutionHeld" in successor.get("error", "") or successor.get("pointer", "").startswith("s@")
+        assert deployment.project.count("s") == 1
