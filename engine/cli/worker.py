@@ -44,7 +44,7 @@ def worker_serve(ctx: click.Context, address: str) -> None:
     _project, control = read_control(root)
     key = check_workers([address], control.relay)  # a worker needs what serve listing workers needs
     assert key is not None and control.relay is not None
-    service = WorkerService(root, ctx.obj["store"], control.relay, key)
+    service = WorkerService(root, ctx.obj["store"], control.relay, key, say=lambda line: click.echo(line, err=True))
     face = bind_face(address, "--http")
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -28,8 +28,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+from contextful.engine.control.dispatch import Launched, Launcher, Outcome
 from contextful.engine.control.worker_key import (
     KEY_VARIABLE,
     SIGNATURE_HEADER,
@@ -38,7 +40,7 @@ from contextful.engine.control.worker_key import (
     worker_key,
     worker_key_problem,
 )
-from contextful.engine.served.face import Exchange, Route
+from contextful.engine.served.face import Exchange, Route, ServedFace
 from contextful.storage.clock import Clock, SystemClock
 from contextful.storage.errors import (
     ArgumentInvalid,
@@ -47,6 +49,10 @@ from contextful.storage.errors import (
     RequestBodyTooLarge,
     StepResultRefused,
 )
+
+if TYPE_CHECKING:
+    from contextful.engine.config.manifest import ControlSpec, Manifest
+    from contextful.engine.control.fire import ControlPlane
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,8 @@ LAPSE_S = 60
 RESULT_KEYS = ("pointer", "object_key", "row_id", "error")
 """What a step result names: a pointer, an object-store key, a catalog row id, or the failed step's last error line."""
 SUBMIT_TIMEOUT_S = 30.0
+LAPSE_CHECK_S = 1.0
+"""How often a unit waiting on a remote step looks for lapsed workers."""
 
 
 def check_workers(workers: Sequence[str], relay: str | None, environ: Mapping[str, str] | None = None) -> WorkerKey | None:
@@ -240,6 +248,11 @@ class Relay:
             self._lock.notify_all()
         return remote
 
+    def wake(self) -> None:
+        """Wake every :meth:`wait_for` to look at its predicate again."""
+        with self._lock:
+            self._lock.notify_all()
+
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Wait until ``predicate()`` holds after a heartbeat or callback (or ``timeout_s``); whether it holds."""
         with self._lock:
@@ -288,3 +301,115 @@ def relay_routes(relay: Relay) -> list[Route]:
     pattern = re.compile(r"/awake/(?P<token>[A-Za-z0-9_-]{16,128})")
     return [Route("GET", pattern, heartbeat, "GET /awake/<token>"),
             Route("POST", pattern, callback, "POST /awake/<token>")]
+
+
+class RelayLauncher:
+    """``surface.dispatch.worker-target``: serve's launcher while ``[control] workers`` lists workers.
+
+    A unit made only of landing pipelines (its head and its landing steps) runs in serve itself: each
+    member, in the unit's order, is submitted through the relay under one run id, keyed by run, step
+    and attempt, and waited for (rescheduling lapsed workers meanwhile); a member following a failed
+    one is not run. A unit with derive tiers or riding build jobs, and a job entry, runs in a child
+    process as without workers (``fallback``)."""
+
+    def __init__(self, relay: Relay, manifest: Manifest, version: int, fallback: Launcher) -> None:
+        self.relay = relay
+        self.manifest = manifest
+        self.version = version
+        self.fallback = fallback
+
+    def launch(self, head: str) -> Launched:
+        from contextful.engine.jobs.after import dependent_builds
+        from contextful.engine.run.units import unit_of
+
+        if head in {p.id for p in self.manifest.pipelines}:
+            unit = unit_of(self.manifest, head)
+            if not unit.tiers and not dependent_builds(self.manifest, unit.members):
+                return _RemoteUnit(self, head, unit.members)
+        return self.fallback.launch(head)
+
+
+class _RemoteUnit:
+    """One unit whose landing members run on workers (a thread of serve's)."""
+
+    def __init__(self, launcher: RelayLauncher, head: str, members: tuple[str, ...]) -> None:
+        self.head = head
+        self._launcher = launcher
+        self._members = members
+        self._stop = threading.Event()
+        self._outcome: Outcome | None = None
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"remote unit {head}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        relay, manifest = self._launcher.relay, self._launcher.manifest
+        run = f"{self.head}-{secrets.token_hex(6)}"
+        failed: set[str] = set()
+        failures: list[str] = []
+        for member in self._members:
+            upstream = sorted(failed.intersection(manifest.pipeline(member).after))
+            if upstream or self._stop.is_set():
+                failed.add(member)
+                failures.append(f"{member}: UpstreamFailed: not run: pipeline(s) {', '.join(upstream)} it runs "
+                                "after failed" if upstream else f"{member}: not run: serve is stopping")
+                continue
+            try:
+                remote = relay.submit(run, member, self._launcher.version)
+            except DispatchSubmitRejected as exc:  # surface.dispatch.submit-exhausted: the unit fails by name
+                failed.add(member)
+                failures.append(f"{member}: {exc}")
+                continue
+            self._await(remote)
+            if not remote.ok:
+                failed.add(member)
+                why = remote.result["error"] if remote.result else "serve stopped while it ran on a worker"
+                failures.append(why if why.startswith(f"{member}:") else f"{member}: {why}")
+        self._outcome = Outcome(self.head, not failed, tuple(failures))
+        self._ended.set()
+
+    def _await(self, remote: RemoteStep) -> None:
+        """Wait for ``remote`` to close (or serve to stop), rescheduling lapsed workers meanwhile."""
+        relay = self._launcher.relay
+        while not relay.wait_for(lambda: remote.closed.is_set() or self._stop.is_set(), LAPSE_CHECK_S):
+            relay.reschedule_lapsed()
+
+    def poll(self) -> Outcome | None:
+        return self._outcome if self._ended.is_set() else None
+
+    def wait(self, timeout_s: float | None) -> Outcome | None:
+        self._ended.wait(timeout_s)
+        return self.poll()
+
+    def terminate(self) -> None:
+        """Stop waiting for the worker (it cannot be signalled): the unit ends failed at once."""
+        self._stop.set()
+        self._launcher.relay.wake()
+
+    def kill(self) -> None:
+        self.terminate()
+
+
+def serve_relay(control: ControlSpec, key: WorkerKey, clock: Clock | None = None) -> tuple[Relay, ServedFace]:
+    """Serve's relay for ``[control] workers``, its ``/awake/<token>`` route bound on ``[control] relay``'s address."""
+    from contextful.engine.served.face import bind_face
+
+    assert control.relay is not None
+    parts = urlsplit(control.relay)
+    relay = Relay(control.workers, control.relay, key, clock=clock)
+    face = bind_face(f"{parts.hostname}:{parts.port or 80}", "[control] relay").serve(relay_routes(relay))
+    return relay, face
+
+
+def relay_launcher(relay: Relay | None, plane: Callable[[], ControlPlane]) -> Callable[[int], Launcher] | None:
+    """The launcher factory a :class:`~engine.control.fire.ControlPlane` takes when ``relay`` serves
+    workers (None: no workers, the plane's own children)."""
+    if relay is None:
+        return None
+
+    def launcher(version: int) -> Launcher:
+        current = plane()
+        assert current.manifest is not None  # a plane builds its launcher once a version is armed
+        return RelayLauncher(relay, current.manifest, version, current.child_launcher(version))
+
+    return launcher

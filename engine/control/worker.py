@@ -30,6 +30,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,13 +110,16 @@ class WorkerService:
     """The worker's state: its key, relay, project and store, and the steps it holds in flight."""
 
     def __init__(self, root: Path, store_url: str | None, relay: str, key: WorkerKey, *,
-                 clock: Clock | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
+                 clock: Clock | None = None, heartbeat_s: float = HEARTBEAT_S,
+                 say: Callable[[str], None] | None = None) -> None:
         self.root = root
         self.store_url = store_url
         self.relay = relay.rstrip("/")
         self.key = key
         self.clock = clock or SystemClock()
         self.heartbeat_s = heartbeat_s
+        self.say = say or log.info
+        """Where a line per admitted step and per outcome goes (the CLI: stderr)."""
         self._lock = threading.Lock()
         self._in_flight: dict[str, _InFlight] = {}
         self._threads: list[threading.Thread] = []
@@ -134,6 +138,7 @@ class WorkerService:
             if submission.key in self._in_flight:
                 raise DispatchSubmitRejected(f"step {submission.key} is already in flight here")
             self._in_flight[submission.key] = _InFlight(submission, time.time())
+        self.say(f"step {submission.key}: admitted (version {submission.version})")
         return submission
 
     def start(self, submission: Submission) -> None:
@@ -156,6 +161,7 @@ class WorkerService:
         finally:
             done.set()
             beating.join()
+        self.say(f"step {submission.key}: {result.decode()[:500]}")
         self._call(submission, "POST", result)
         with self._lock:
             self._in_flight.pop(submission.key, None)

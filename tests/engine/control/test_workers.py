@@ -351,3 +351,65 @@ def test_a_stopped_worker_resumed_after_its_step_moved_changes_nothing(tmp_path:
         # whichever worker's run owned the pipeline landed its rows; the other landed nothing
         assert "ExecutionHeld" in successor.get("error", "") or successor.get("pointer", "").startswith("s@")
         assert deployment.project.count("s") == 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.clause("surface.dispatch.worker-target")
+def test_serve_lands_each_landing_step_on_a_worker_through_its_relay(tmp_path: Path) -> None:
+    from tests.engine.control.scenario import files_pipeline
+
+    project = ControlProject(tmp_path / "p")
+    relay = f'relay = "http://127.0.0.1:{_free_port()}"'
+    blocks = (files_pipeline("a"), files_pipeline("s", schedule=None, after="a"))
+    project.rows("a", 3)
+    project.rows("s", 2)
+    project.write(*blocks, control=relay)
+    worker = Worker(project.root)
+    try:
+        project.write(*blocks, control=f'{relay}\nworkers = ["{worker.url}"]')
+        project.imported()
+        proc = contextful_in(None, "--project", str(project.root), "--json", "pipeline", "serve", "--cycle",
+                             env={"CONTEXTFUL_WORKER_KEY": KEY}, check=False, timeout=300)
+        answer = json.loads(proc.stdout)
+        assert proc.returncode == 0 and answer["fired"] == ["a", "s"], (proc.stdout, proc.stderr)
+        # each landing member went to the worker's POST /submit, keyed by run, step and attempt 1
+        admitted = [worker.wait_log(f"/{member}/1: admitted") for member in ("a", "s")]
+        run = admitted[0].split()[1].split("/")[0]
+        assert run.startswith("a-") and f"step {run}/s/1" in admitted[1]
+        assert "pointer" in worker.wait_log(f"step {run}/s/1: {{")
+        assert (project.count("a"), project.count("s")) == (3, 2)
+    finally:
+        worker.stop()
+
+
+@pytest.mark.clause("surface.dispatch.submit-exhausted")
+def test_serve_fails_a_unit_every_worker_refuses_naming_the_last_refusal(tmp_path: Path) -> None:
+    from tests.engine.control.scenario import files_pipeline
+
+    project = ControlProject(tmp_path / "p")
+    blocks = (files_pipeline("a"),)
+    project.rows("a", 3)
+    project.write(*blocks, control='relay = "http://127.0.0.1:9"')  # the workers' relay is not serve's
+    workers = [Worker(project.root), Worker(project.root)]
+    try:
+        listed = ", ".join(f'"{w.url}"' for w in workers)
+        project.write(*blocks, control=f'relay = "http://127.0.0.1:{_free_port()}"\nworkers = [{listed}]')
+        project.imported()
+        proc = contextful_in(None, "--project", str(project.root), "--json", "pipeline", "serve", "--cycle",
+                             env={"CONTEXTFUL_WORKER_KEY": KEY}, check=False, timeout=300)
+        answer = json.loads(proc.stdout)
+        assert proc.returncode == 1 and answer["failed"] == ["a"], (proc.stdout, proc.stderr)
+        [failure] = answer["failures"]
+        assert "DispatchSubmitRejected" in failure and "2 tried, each once" in failure
+        assert f"the last refusal: {workers[1].url}: 403" in failure or f"the last refusal: {workers[0].url}: 403" in failure
+        assert not any("admitted" in line for w in workers for line in w.log)
+    finally:
+        for w in workers:
+            w.stop()
