@@ -29,6 +29,7 @@ from contextful.engine.served.face import ServedFace, bind_face
 from contextful.storage.clock import ManualClock, SystemClock
 
 from tests.engine.control.scenario import ControlProject, Gates, http_pipeline
+from tests.engine.control.test_control_source import _closed_port
 from tests.support.cli import contextful_in
 
 KEY = "k" * 40
@@ -353,20 +354,12 @@ def test_a_stopped_worker_resumed_after_its_step_moved_changes_nothing(tmp_path:
         assert deployment.project.count("s") == 1
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.mark.clause("surface.dispatch.worker-target")
 def test_serve_lands_each_landing_step_on_a_worker_through_its_relay(tmp_path: Path) -> None:
     from tests.engine.control.scenario import files_pipeline
 
     project = ControlProject(tmp_path / "p")
-    relay = f'relay = "http://127.0.0.1:{_free_port()}"'
+    relay = f'relay = "http://127.0.0.1:{_closed_port()}"'
     blocks = (files_pipeline("a"), files_pipeline("s", schedule=None, after="a"))
     project.rows("a", 3)
     project.rows("s", 2)
@@ -400,7 +393,7 @@ def test_serve_fails_a_unit_every_worker_refuses_naming_the_last_refusal(tmp_pat
     workers = [Worker(project.root), Worker(project.root)]
     try:
         listed = ", ".join(f'"{w.url}"' for w in workers)
-        project.write(*blocks, control=f'relay = "http://127.0.0.1:{_free_port()}"\nworkers = [{listed}]')
+        project.write(*blocks, control=f'relay = "http://127.0.0.1:{_closed_port()}"\nworkers = [{listed}]')
         project.imported()
         proc = contextful_in(None, "--project", str(project.root), "--json", "pipeline", "serve", "--cycle",
                              env={"CONTEXTFUL_WORKER_KEY": KEY}, check=False, timeout=300)
