@@ -406,3 +406,12 @@ def test_serve_fails_a_unit_every_worker_refuses_naming_the_last_refusal(tmp_pat
     finally:
         for w in workers:
             w.stop()
+
+
+def test_control_workers_and_relay_must_be_http_urls(tmp_path: Path) -> None:
+    project = ControlProject(tmp_path / "p")
+    project.write(http_pipeline("a", "http://127.0.0.1:9/a"), control='workers = ["ftp://w"]\nrelay = 7')
+    proc = project.cli("pipeline", "validate", check=False)
+    assert proc.returncode != 0
+    assert "ManifestValueInvalid" in proc.stderr + proc.stdout
+    assert "workers" in proc.stderr + proc.stdout and "relay" in proc.stderr + proc.stdout
