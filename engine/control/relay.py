@@ -63,6 +63,8 @@ LAPSE_S = 60
 RESULT_KEYS = ("pointer", "object_key", "row_id", "error")
 """What a step result names: a pointer, an object-store key, a catalog row id, or the failed step's last error line."""
 SUBMIT_TIMEOUT_S = 30.0
+KEPT_TOKENS = 10_000
+"""How many attempts' routes the relay remembers, so a replay after its step closed names the closure."""
 LAPSE_CHECK_S = 1.0
 """How often a unit waiting on a remote step looks for lapsed workers."""
 
@@ -245,8 +247,16 @@ class Relay:
             remote.result = result
             remote.closed.set()
             self._open.remove(remote)
+            self._forget_closed()
             self._lock.notify_all()
         return remote
+
+    def _forget_closed(self) -> None:
+        """Keep at most :data:`KEPT_TOKENS` routes: the oldest closed steps' go first (their replays
+        are then rejected as naming no step, which changes no step either)."""
+        excess = len(self._by_token) - KEPT_TOKENS
+        for token in [t for t, r in self._by_token.items() if r.closed.is_set()][:max(excess, 0)]:
+            del self._by_token[token]
 
     def wake(self) -> None:
         """Wake every :meth:`wait_for` to look at its predicate again."""
@@ -264,6 +274,8 @@ class Relay:
         now = self.clock.now_us()
         with self._lock:
             lapsed = [r for r in self._open if r.token and now - r.last_beat_us > LAPSE_S * 1_000_000]
+            for remote in lapsed:  # claimed here: a concurrent look does not move it a second time
+                remote.last_beat_us = now
         moved = []
         for remote in lapsed:
             silent = remote.worker
