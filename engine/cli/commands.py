@@ -136,6 +136,8 @@ def register(cli: click.Group) -> None:
     from contextful.engine.cli.runs import run
     from contextful.engine.cli.sql import sql
     from contextful.engine.cli.table import table
+    from contextful.engine.cli.worker import worker
 
-    for command in (init, sql, table, store_group, run, pipeline, build, export, key, job, control, connection):
+    for command in (init, sql, table, store_group, run, pipeline, build, export, key, job, control, connection,
+                    worker):
         cli.add_command(command)

@@ -41,7 +41,7 @@ import click
 
 if TYPE_CHECKING:
     from contextful.engine.config import Manifest
-    from contextful.engine.control.fire import Answer
+    from contextful.engine.control.fire import Answer, ControlPlane
     from contextful.storage import Store
     from contextful.storage.clock import Clock
 
@@ -60,6 +60,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.fire_credentials import FireIssuer, serve_fire_issuer
     from contextful.engine.control.reconcile import node_reconciler
+    from contextful.engine.control.relay import check_workers, relay_launcher, serve_relay
     from contextful.engine.control.residency import enforce_residency
     from contextful.engine.land.decode import Decoder
     from contextful.engine.land.receive.spool import queue_root
@@ -79,6 +80,7 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     applied = applied_armable(manifest.root) if in_file else None
     served = applied if applied is not None else manifest
     enforce_residency(served, store_url)  # surface.reside.region-mismatch: before anything is bound or armed
+    worker_key = check_workers(served.control.workers, served.control.relay)  # surface.dispatch.worker-key
     # surface.dispatch.fire-credential-missing and -zone: refused before anything is bound or fired
     issuer = (serve_fire_issuer(applied, issuer_key, version=applied_version(applied)) if applied
               else FireIssuer(load_signing_key(issuer_key)) if issuer_key is not None and reconciler else None)
@@ -97,8 +99,11 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # surface.dispatch.worker-target: landing steps go to [control] workers through serve's relay
+    relay, relay_face = serve_relay(served.control, worker_key) if worker_key is not None and arms else (None, None)
     plane = (ControlPlane(served.root, open_store, store_url, clock=clock, say=_say, fire_issuer=issuer,
-                          reconciler=reconciler) if arms else None)
+                          reconciler=reconciler, launcher=relay_launcher(relay, lambda: _present(plane)))
+             if arms else None)
     try:
         with Decoder() as decoder:
             server = None
@@ -128,6 +133,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     finally:
         if plane is not None:
             plane.close()
+        if relay_face is not None:
+            relay_face.shutdown(5)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -141,6 +148,7 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     from contextful.engine.control.fire import ControlPlane
     from contextful.engine.control.fire_credentials import serve_fire_issuer
     from contextful.engine.control.reconcile import node_reconciler
+    from contextful.engine.control.relay import check_workers, relay_launcher, serve_relay
     from contextful.engine.control.residency import enforce_residency
     from contextful.engine.control.source import resolve_source
     from contextful.engine.project import open_project_store
@@ -158,15 +166,22 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
         raise StoreNotInitialized(manifest.project.name, str(snapshot_dir(manifest.root).path))
     served = applied
     enforce_residency(served, store_url)  # surface.reside.region-mismatch: before anything is armed
+    worker_key = check_workers(served.control.workers, served.control.relay)  # surface.dispatch.worker-key
     issuer = serve_fire_issuer(served, issuer_key, version=applied_version(served))
 
     def open_store() -> Store:
         return open_project_store(served.root, store_url, project=served.project, create=True)
 
+    relay, relay_face = serve_relay(served.control, worker_key) if worker_key is not None else (None, None)
     stop_previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM,)}
     try:
-        answer = ControlPlane(served.root, open_store, store_url, clock=clock, say=_say, fire_issuer=issuer).cycle()
+        plane: ControlPlane | None = None
+        plane = ControlPlane(served.root, open_store, store_url, clock=clock, say=_say, fire_issuer=issuer,
+                             launcher=relay_launcher(relay, lambda: _present(plane)))
+        answer = plane.cycle()
     finally:
+        if relay_face is not None:
+            relay_face.shutdown(5)
         for sig, handler in stop_previous.items():
             signal.signal(sig, handler)
     if as_json:
@@ -201,6 +216,12 @@ def describe_answer(answer: Answer) -> list[str]:
                      + (f", {len(answer.drained.failures)} failed" if answer.drained.failures else ""))
         lines += [f"error: drain: {line}" for line in answer.drained.failures]
     return lines
+
+
+def _present(plane: ControlPlane | None) -> ControlPlane:
+    """The control plane a launcher factory asks for (built by then: it arms before it launches)."""
+    assert plane is not None
+    return plane
 
 
 def _say(line: str) -> None:

@@ -29,7 +29,7 @@ from contextful.storage.errors import (
     ManifestValueInvalid,
 )
 
-CONTROL_KEYS = ("snapshot_dir", "url", "poll", "pool", "trigger")
+CONTROL_KEYS = ("snapshot_dir", "url", "poll", "pool", "trigger", "workers", "relay")
 CONTROL_ROOT = (".contextful", "control")
 """The default snapshot directory's parent, under the project root (one directory per project name)."""
 
@@ -67,7 +67,30 @@ def parse_control(block: Any, root: Path, project: str) -> tuple[ControlSpec, li
     if not isinstance(trigger, str) or not trigger.strip():
         problems.append(ManifestValueInvalid("[control]", "trigger", f"must be a non-empty string, not {trigger!r}"))
         trigger = DEFAULT_TRIGGER
-    return ControlSpec(snapshot_dir, pool, trigger, url, source, _poll(block, problems)), problems
+    workers, relay = _workers(block, problems)
+    return ControlSpec(snapshot_dir, pool, trigger, url, source, _poll(block, problems), workers, relay), problems
+
+
+def _http_url(value: Any) -> str | None:
+    """``value`` as an ``http://``/``https://`` URL naming a host, without its trailing slash (None: not one)."""
+    if isinstance(value, str) and urlsplit(value).scheme in ("http", "https") and urlsplit(value).hostname:
+        return value.rstrip("/")
+    return None
+
+
+def _workers(block: dict[str, Any], problems: list[ContextfulError]) -> tuple[tuple[str, ...], str | None]:
+    """``[control] workers`` (a list of worker URLs) and ``[control] relay`` (the URL whose
+    ``/awake/<token>`` route serve binds): ``surface.dispatch.worker-target``. Whether serve may run
+    with them (a relay and the worker key) is asked when it starts (``engine.control.relay``)."""
+    listed = block.get("workers", [])
+    urls = [_http_url(url) for url in listed] if isinstance(listed, list) else [None]
+    if None in urls:
+        problems.append(ManifestValueInvalid("[control]", "workers", f"must be a list of http:// worker URLs, not "
+                                                                     f"{listed!r}"))
+    relay = block.get("relay")
+    if relay is not None and _http_url(relay) is None:
+        problems.append(ManifestValueInvalid("[control]", "relay", f"must be an http:// URL, not {relay!r}"))
+    return tuple(url for url in urls if url is not None), _http_url(relay)
 
 
 def _poll(block: dict[str, Any], problems: list[ContextfulError]) -> str:
@@ -93,8 +116,8 @@ def _url(block: dict[str, Any], problems: list[ContextfulError]) -> str | None:
     url = block.get("url")
     if url is None:
         return None
-    if isinstance(url, str) and urlsplit(url).scheme in ("http", "https") and urlsplit(url).hostname:
-        return url.rstrip("/")
+    if _http_url(url) is not None:
+        return _http_url(url)
     problems.append(ManifestValueInvalid("[control]", "url", f"must be an http:// URL naming a loopback host, not "
                                                              f"{url!r}"))
     return None

@@ -102,6 +102,10 @@ class ControlSpec:
     poll: str = DEFAULT_POLL
     """How often serve reads its control URL (a schedule string, ``surface.reconcile.poll-cadence``;
     ``engine.control.reconcile``)."""
+    workers: tuple[str, ...] = ()
+    """The worker URLs landing steps are submitted to (``[control] workers``, ``engine.control.relay``)."""
+    relay: str | None = None
+    """The URL whose ``/awake/<token>`` route receives workers' heartbeats and callbacks (``[control] relay``)."""
 
 
 @dataclass(frozen=True)

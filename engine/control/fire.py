@@ -130,9 +130,7 @@ class ControlPlane:
         """Serve's minting of fire credentials (``--issuer-key``; None: children inherit its token)."""
         self.reconciler = reconciler
         """Polls the node's control URL into its snapshot directory (None: it reads its own directory)."""
-        self._launcher = launcher or (lambda version: ChildLauncher(
-            root, store_url, version, self._results,
-            environment=lambda head: unit_environment(self.manifest, head, fire_issuer)))
+        self._launcher = launcher or self.child_launcher
         from contextful.engine.control.apply import snapshot_dir
 
         self.snapshots = snapshot_dir(root)
@@ -159,6 +157,11 @@ class ControlPlane:
         self._closed = False
         self._named: int | None = None
         self._unreadable: str | None = None
+
+    def child_launcher(self, version: int) -> ChildLauncher:
+        """What runs a unit of ``version`` by default: a child process of serve's (``engine.control.child``)."""
+        return ChildLauncher(self.root, self.store_url, version, self._results,
+                             environment=lambda head: unit_environment(self.manifest, head, self.fire_issuer))
 
     # --- arming ---------------------------------------------------------------------------------
 

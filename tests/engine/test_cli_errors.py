@@ -97,6 +97,7 @@ def args_for(words: tuple[str, ...], root: Path, port: int) -> list[str]:
         ("key", "public"): ["--key", str(root.parent / "issuer.pem")],
         ("key", "issue"): ["--subject", "ops", "--audience", "awake", "--key", str(root.parent / "issuer.pem")],
         ("pipeline", "serve"): ["--http", f"127.0.0.1:{port}"],
+        ("worker", "serve"): ["--http", f"127.0.0.1:{port}"],
         ("pipeline", "reset"): ["events", "--yes"],
         ("build", "hold"): ["by_kind", "1"],
         ("build", "release"): ["by_kind", "1"],
