@@ -16,7 +16,7 @@ from contextful.engine.jobs.scope import job_scope
 from contextful.engine.read import connect
 from contextful.storage import Store
 from contextful.storage.errors import (
-    JobBodyUnregistered,
+    JobDelegateUnbound,
     JobItemKeyInvalid,
     OwnerPlanMismatch,
 )
@@ -174,16 +174,17 @@ def test_unchanged_structure_under_a_new_version_resumes(tmp_path: Path, store: 
     assert second.detail["settled_before"] == 1
 
 
-def test_a_delegate_refuses_before_anything_opens(tmp_path: Path, store: Store) -> None:
+@pytest.mark.clause("surface.delegate.binding")
+def test_an_unbound_delegate_refuses_at_fire_before_anything_opens(tmp_path: Path, store: Store) -> None:
     root = write_project(tmp_path / "project")
     version = applied(root)
     ctx = fire_context(root, version, store)
     import dataclasses
 
     delegated = dataclasses.replace(ctx, job=dataclasses.replace(ctx.job, body=None, delegate="stages"))
-    with pytest.raises(JobBodyUnregistered) as raised:
+    with pytest.raises(JobDelegateUnbound) as raised:
         fire(delegated)
-    assert raised.value.fields["body"] == "delegate 'stages'"
+    assert (raised.value.fields["job"], raised.value.fields["delegate"]) == ("score-documents", "stages")
     assert store.journal.owner(job_scope("score-documents").key) is None
 
 
