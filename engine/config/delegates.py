@@ -72,11 +72,12 @@ def parse_delegates(block: Any) -> tuple[dict[str, DelegateBinding], list[Contex
 
 
 def _binding(name: str, spec: Any, problems: list[ContextfulError]) -> DelegateBinding | None:
+    """One binding (None: its block is no table)."""
     where = f"[control.delegates.{name}]"
     if not isinstance(spec, dict):
         problems.append(ManifestValueInvalid("[control.delegates]", name, "must be a table (url, mode, timeout)"))
         return None
-    found = len(problems)
+    found = len(problems)  # this binding's problems start here
     problems += [ManifestKeyUnknown(where, key, DELEGATE_KEYS) for key in spec if key not in DELEGATE_KEYS]
     url = spec.get("url")
     if not isinstance(url, str):
@@ -94,8 +95,8 @@ def _binding(name: str, spec: Any, problems: list[ContextfulError]) -> DelegateB
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         problems.append(ManifestValueInvalid(where, "dedup_window_secs", f"must be a whole number of seconds >= 1, "
                                                                          f"not {window!r}"))
-    if len(problems) > found:
-        return None
+    if len(problems) > found:  # kept, so a job naming it is not also unbound; a manifest with problems never runs
+        return DelegateBinding(name, url if isinstance(url, str) else "", mode if mode in MODES else CALL)
     assert isinstance(url, str) and isinstance(mode, str)
     return DelegateBinding(name, url, mode, timeout_s, version, window)
 
@@ -105,7 +106,7 @@ def _timeout(name: str, where: str, spec: dict[str, Any], mode: Any, problems: l
     timeout = spec.get("timeout")
     if timeout is None:
         return DEFAULT_TIMEOUT_S
-    if mode != CALL:
+    if mode == "submit":
         problems.append(ManifestValueInvalid(where, "timeout", "only a mode = \"call\" binding has a timeout"))
         return DEFAULT_TIMEOUT_S
     seconds = (duration_seconds(timeout) if isinstance(timeout, str)
