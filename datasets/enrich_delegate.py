@@ -12,7 +12,8 @@ loopback. It holds no state of its own beyond its request log and a script of an
 ``--log FILE`` appends one JSON line per request received (its headers of note and its envelope);
 ``--script FILE`` names a JSON object ``{item key: [behaviour, ...]}``, each request for that key
 taking the next behaviour (then ``ok``): ``ok``, ``transient``, ``permanent``, ``defer:<retry_at>``,
-``status:<code>``, ``unsigned``, ``skewed``, ``oversize``, ``outcome:<word>``, ``hold:<seconds>``
+``status:<code>``, ``unsigned``, ``skewed`` (301 s old), ``rebound`` (bound to another
+request's key), ``oversize``, ``outcome:<word>``, ``hold:<seconds>``
 (answer ok after that long: a delegate slower than its timeout). It prints ``listening <url>``
 once it accepts requests, then serves until terminated::
 
@@ -103,8 +104,8 @@ class Handler(BaseHTTPRequestHandler):
         if kind == "oversize":
             raw = b" " * OVERSIZE_BYTES + raw
         stamp = int(time.time()) - (301 if kind == "skewed" else 0)
-        headers = {} if kind == "unsigned" else delegate.key.headers("answer", stamp, raw,
-                                                                     bound=envelope["idempotency_key"])
+        bound = "0" * 64 if kind == "rebound" else envelope["idempotency_key"]  # rebound: another request's
+        headers = {} if kind == "unsigned" else delegate.key.headers("answer", stamp, raw, bound=bound)
         self._send(int(arg) if kind == "status" else 200, raw, headers)
 
     def _send(self, status: int, raw: bytes, headers: dict[str, str]) -> None:
