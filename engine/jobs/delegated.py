@@ -7,7 +7,9 @@ binding raises ``DelegateSubmitUnfilled`` before any execution opens), ``surface
 pending execution as pinned-plan-changed), and the record half of ``surface.delegate.call-mode``:
 an ok answer is journaled as the execution's step ``row/<key>/delegate/<attempt>`` before its rows
 land, so a fire resuming the execution lands the recorded rows and sends that item no second
-request. The request and its answer are ``engine.control.delegate``'s. docs/jobs.md, "Delegates".
+request; and ``surface.delegate.dedup-window``: each request's guard, journaled as step
+``row/<key>/delegate/<attempt>/guard`` before the request leaves, records the binding's
+``dedup_window_secs`` under its identity (None when the binding declares none). The request and its answer are ``engine.control.delegate``'s. docs/jobs.md, "Delegates".
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class DelegateCalls:
         self._lock = threading.Lock()  # the execution records one journal step at a time
         self.recorded: dict[str, Mapping[str, Any]] = {}
         for label, value in execution.replay_recorded():
-            if label.startswith("row/") and "/delegate/" in label and isinstance(value, dict):
+            if label.startswith("row/") and isinstance(value, dict) and "rows" in value:
                 self.recorded[label[len("row/"):label.rindex("/delegate/")]] = value["rows"]
 
     def answer(self, key: str, row: Mapping[str, Any], attempt: int) -> Mapping[str, Any]:
@@ -108,10 +110,21 @@ class DelegateCalls:
             entity={"namespace": ctx.job.identity, "key": key, "fence": execution.attempt},
             as_of=_rfc3339(self.as_of), version=ctx.version, pins=json.loads(execution.pins),
             tables=ctx.job.tables, row=row, deadline=_rfc3339(deadline))
+        with self._lock:
+            execution.step(f"{step}/guard", lambda: guard(execution, envelope, binding, ctx.store.clock.now_us()))
         rows = completion(binding.name, call(binding, self.body.key, envelope))
         with self._lock:
             execution.step(step, lambda: {"rows": dict(rows)})
         return rows
+
+
+def guard(execution: Execution, envelope: Envelope, binding: DelegateBinding, now_us: int) -> dict[str, Any]:
+    """The call request's guard, journaled before the request leaves (``surface.delegate.dedup-window``):
+    its identity (execution, attempt, holder, journal entry, the key ``Idempotency-Key`` sends, the
+    admission instant) and the whole seconds the delegate deduplicates that key (None: it declares none)."""
+    return {"execution": execution.execution_id, "attempt": execution.attempt, "holder": execution.holder,
+            "journal_entry": envelope.step, "idempotency_key": envelope.idempotency_key,
+            "admitted_at": _rfc3339(from_us(now_us)), "dedup_window_secs": binding.dedup_window_secs}
 
 
 def _rfc3339(instant: datetime) -> str:

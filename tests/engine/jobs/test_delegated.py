@@ -287,7 +287,35 @@ def test_an_answer_after_the_timeout_closes_transient_and_its_late_body_records_
     assert rows(store, "SELECT doc_id FROM enriched ORDER BY doc_id") == [("d1",), ("d3",)]
     owner = store.journal.owner(job_scope(JOB).key)
     assert owner is not None
-    assert not [s.label for s in store.journal.steps(owner.execution_id) if s.label.startswith("row/d2/")]
+    assert [s.label for s in store.journal.steps(owner.execution_id) if s.label.startswith("row/d2/")] == \
+        ["row/d2/delegate/1/guard"]  # the request's guard, and no answer
+
+
+def guards(store: Store) -> list[dict]:
+    """The guards the fire's call requests journaled, in order."""
+    owner = store.journal.owner(job_scope(JOB).key)
+    assert owner is not None
+    # a JSON step value is stored behind a one-byte tag (engine.run.execution)
+    return [json.loads(s.value[1:]) for s in store.journal.steps(owner.execution_id) if s.label.endswith("/guard")]
+
+
+@pytest.mark.clause("surface.delegate.dedup-window")
+@pytest.mark.parametrize(("binding", "window"), [("dedup_window_secs = 86400", 86400), ("", None)])
+def test_each_call_requests_guard_records_the_dedup_window_under_its_identity(
+        tmp_path: Path, store: Store, delegate_of, binding: str, window: int | None) -> None:  # noqa: ANN001
+    delegate = delegate_of({"d2": ["transient"]})
+    version = project(tmp_path / "project", delegate.url, binding=binding, attempts=2)
+    assert fire(tmp_path / "project", version, store).ok
+    owner = store.journal.owner(job_scope(JOB).key)
+    assert owner is not None
+    sent = delegate.requests()
+    recorded = guards(store)
+    assert len(recorded) == len(sent) == 4  # one guard per call request, the retried one included
+    assert sorted((g["journal_entry"], g["idempotency_key"]) for g in recorded) == \
+        sorted((r["envelope"]["step"], r["idempotency_key_header"]) for r in sent)
+    for entry in recorded:
+        assert (entry["execution"], entry["attempt"], entry["dedup_window_secs"]) == (owner.execution_id, 1, window)
+        assert entry["holder"] and entry["admitted_at"].endswith("Z")
 
 
 @pytest.mark.clause("surface.delegate.submit-unfilled")
@@ -371,7 +399,8 @@ def test_scenario_a_restart_before_landing_lands_the_recorded_rows_with_no_secon
             assert time.monotonic() < deadline and child.poll() is None, "the child never recorded d1's answer"
             owner = store.journal.owner(job_scope(JOB).key)
             if owner is not None and "d2" in delegate.keys():
-                recorded = [s.label for s in store.journal.steps(owner.execution_id) if s.label.startswith("row/")]
+                recorded = [s.label for s in store.journal.steps(owner.execution_id)
+                            if s.label.startswith("row/") and not s.label.endswith("/guard")]
             threading.Event().wait(0.05)
     finally:
         child.send_signal(signal.SIGKILL)
