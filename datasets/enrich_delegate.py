@@ -76,10 +76,10 @@ class Delegate:
 class Handler(BaseHTTPRequestHandler):
     server: Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the request log is the --log file."""
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         delegate = self.server.delegate
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         problem = delegate.key.problem("call", self.headers.get(TIMESTAMP_HEADER), self.headers.get(SIGNATURE_HEADER),

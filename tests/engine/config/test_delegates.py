@@ -66,8 +66,8 @@ timeout = "90s"
     assert (binding.url, binding.mode, binding.timeout_s) == ("http://127.0.0.1:9005/enrich", "call", 90)
     other = bound.replace("enricher", "scorer")
     assert _validate(tmp_path / "unbound", other) == (3, [
-        "error: JobDelegateUnbound: job 'enrich-orders': its body names delegate 'enricher', which no "
-        "[control.delegates] binding declares; nothing fires"])
+        ("error: JobDelegateUnbound: job 'enrich-orders': its body names delegate 'enricher', which no "
+         "[control.delegates] binding declares; nothing fires")])
     assert _validate(tmp_path / "mode", bound.replace('"call"', '"push"')) == (3, [
         "error: ManifestValueInvalid: [control.delegates.enricher].mode: must be \"call\" or \"submit\", not 'push'"])
 
@@ -75,13 +75,13 @@ timeout = "90s"
 @pytest.mark.clause("surface.delegate.host")
 @pytest.mark.parametrize(("url", "reason"), [
     ("https://127.0.0.1:9005/enrich", "its scheme is 'https': a delegate is reached over http:// on this host"),
-    ("http://delegates.example.com/enrich", "host 'delegates.example.com' is neither a loopback address nor the "
-                                             "contextful.delegate virtual host"),
-    ("http://10.0.0.7:9005/enrich", "host '10.0.0.7' is neither a loopback address nor the contextful.delegate "
-                                    "virtual host"),
+    ("http://delegates.example.com/enrich", ("host 'delegates.example.com' is neither a loopback address nor the "
+                                             "contextful.delegate virtual host")),
+    ("http://10.0.0.7:9005/enrich", ("host '10.0.0.7' is neither a loopback address nor the contextful.delegate "
+                                     "virtual host")),
     ("http://svc:hunter2@127.0.0.1:9005/enrich", "it carries a credential (user info): a delegate url carries none"),
-    ("http://127.0.0.1:9005/enrich?token=abc", "it carries a query or fragment: a delegate url carries no credential, "
-                                               "and nothing else beside its path"),
+    ("http://127.0.0.1:9005/enrich?token=abc", ("it carries a query or fragment: a delegate url carries no "
+                                                "credential, and nothing else beside its path")),
 ])
 def test_a_delegate_url_off_loopback_or_carrying_a_credential_is_refused_and_serve_arms_nothing(
         tmp_path: Path, url: str, reason: str) -> None:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,14 +25,16 @@ import pyarrow as pa
 import pytest
 from contextful.engine.control.apply import apply_manifest, import_manifest, load_version
 from contextful.engine.control.worker_key import KEY_VARIABLE, WorkerKey
+from contextful.engine.jobs.context import JobOutcome
 from contextful.engine.jobs.fire import fire_in
 from contextful.engine.jobs.scope import job_scope
-from contextful.engine.read import connect
 from contextful.engine.run.items import ItemOutcomes
 from contextful.storage import Store
 from contextful.storage.clock import ManualClock, from_us
 from contextful.storage.errors import DelegateSubmitUnfilled, OwnerPinsMismatch
 from contextful.storage.journal import CLOSED_OK, PENDING
+
+from tests.engine.jobs.project import rows
 
 KEY = "k" * 40
 JOB = "enrich-documents"
@@ -82,7 +84,7 @@ class Delegate:
     def requests(self) -> list[dict]:
         return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
 
-    def keys(self) -> list[str]:
+    def sent_keys(self) -> list[str]:
         return [r["envelope"]["entity"]["key"] for r in self.requests()]
 
     def stop(self) -> None:
@@ -90,8 +92,12 @@ class Delegate:
         self.proc.wait(timeout=30)
 
 
+Start = Callable[..., "Delegate"]
+"""Start a reference delegate with a script of behaviours."""
+
+
 @pytest.fixture
-def delegate_of(tmp_path: Path) -> Iterator:
+def delegate_of(tmp_path: Path) -> Iterator[Start]:
     started: list[Delegate] = []
 
     def start(script: dict[str, list[str]] | None = None) -> Delegate:
@@ -123,19 +129,11 @@ def project(root: Path, url: str, *, mode: str = "call", binding: str = "", max_
     return outcome.version
 
 
-def fire(root: Path, version: int, store: Store, cancel: threading.Event | None = None):  # noqa: ANN201
+def fire(root: Path, version: int, store: Store, cancel: threading.Event | None = None) -> JobOutcome:
     manifest = load_version(root, version)
     fired = fire_in(store, manifest, version, manifest.jobs[0], cancel=cancel or threading.Event())
     assert fired.outcome is not None
     return fired.outcome
-
-
-def rows(store: Store, sql: str) -> list[tuple]:
-    con = connect(store)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def items(store: Store) -> list[tuple]:
@@ -149,7 +147,7 @@ ENRICHED = [("d1", "one", 5, 2), ("d2", "two words", 11, 3), ("d3", "three more 
 @pytest.mark.clause("surface.delegate.envelope", "surface.delegate.signed", "surface.delegate.outcome",
                     "surface.delegate.clocks")
 def test_each_item_is_one_signed_call_whose_ok_answer_lands_as_completion(
-        tmp_path: Path, store: Store, delegate_of) -> None:  # noqa: ANN001
+        tmp_path: Path, store: Store, delegate_of: Start) -> None:
     delegate = delegate_of()
     version = project(tmp_path / "project", delegate.url + "/enrich")
     opened_at = from_us(store.clock.now_us())
@@ -177,7 +175,7 @@ def test_each_item_is_one_signed_call_whose_ok_answer_lands_as_completion(
     assert len({r["envelope"]["idempotency_key"] for r in sent}) == 3
 
 
-def test_a_request_signed_otherwise_is_refused_by_the_reference_delegate(tmp_path: Path, delegate_of) -> None:  # noqa: ANN001
+def test_a_request_signed_otherwise_is_refused_by_the_reference_delegate(tmp_path: Path, delegate_of: Start) -> None:
     """The reference delegate verifies ``call`` signatures: a request signed under another key gets 401."""
     import urllib.error
     import urllib.request
@@ -199,7 +197,7 @@ def test_a_request_signed_otherwise_is_refused_by_the_reference_delegate(tmp_pat
     ("rebound", "its signature does not verify as a answer under the worker key"),
 ])
 def test_an_unsigned_skewed_or_misbound_answer_closes_the_attempt_transient(
-        tmp_path: Path, store: Store, delegate_of, behaviour: str, why: str) -> None:  # noqa: ANN001
+        tmp_path: Path, store: Store, delegate_of: Start, behaviour: str, why: str) -> None:
     delegate = delegate_of({"d2": [behaviour, behaviour]})
     version = project(tmp_path / "project", delegate.url, attempts=2)
     outcome = fire(tmp_path / "project", version, store)
@@ -209,7 +207,7 @@ def test_an_unsigned_skewed_or_misbound_answer_closes_the_attempt_transient(
                                                    ("d3", "completed", 1)]
     assert found[1][3].startswith("DelegateAnswerRejected: delegate 'enricher': answer rejected: ")
     assert why in found[1][3]
-    assert delegate.keys().count("d2") == 2  # transient: retried under the budget
+    assert delegate.sent_keys().count("d2") == 2  # transient: retried under the budget
     assert rows(store, "SELECT doc_id FROM enriched ORDER BY doc_id") == [("d1",), ("d3",)]
 
 
@@ -219,20 +217,20 @@ def test_an_unsigned_skewed_or_misbound_answer_closes_the_attempt_transient(
     ("oversize", "the answer is over the step-result bound of 1048576 bytes"),
 ])
 def test_an_answer_outside_the_vocabulary_or_over_step_result_closes_the_attempt_permanent(
-        tmp_path: Path, store: Store, delegate_of, behaviour: str, why: str) -> None:  # noqa: ANN001
+        tmp_path: Path, store: Store, delegate_of: Start, behaviour: str, why: str) -> None:
     delegate = delegate_of({"d2": [behaviour, behaviour]})
     version = project(tmp_path / "project", delegate.url, attempts=2)
     fire(tmp_path / "project", version, store)
     found = items(store)
     assert (found[1][0], found[1][1], found[1][2]) == ("d2", "permanent", 1)
     assert found[1][3] == f"DelegateAnswerRejected: delegate 'enricher': answer rejected: {why}"
-    assert delegate.keys().count("d2") == 1  # permanent: no retry
+    assert delegate.sent_keys().count("d2") == 1  # permanent: no retry
     assert ItemOutcomes(store, JOB).receipt("d2")["outcome"] == "permanent"
 
 
 @pytest.mark.clause("surface.delegate.status")
 def test_a_status_other_than_200_closes_transient_whatever_its_body(
-        tmp_path: Path, store: Store, delegate_of) -> None:  # noqa: ANN001
+        tmp_path: Path, store: Store, delegate_of: Start) -> None:
     # status:503 and status:201 carry a signed ok body: the status decides, not the body
     delegate = delegate_of({"d1": ["status:503"], "d2": ["status:201", "status:201"]})
     version = project(tmp_path / "project", delegate.url, attempts=2)
@@ -247,7 +245,7 @@ def test_a_status_other_than_200_closes_transient_whatever_its_body(
 
 @pytest.mark.clause("surface.delegate.status", "surface.delegate.outcome")
 def test_transient_and_permanent_answers_follow_the_retry_budget_and_a_permanent_answer_is_terminal(
-        tmp_path: Path, store: Store, delegate_of) -> None:  # noqa: ANN001
+        tmp_path: Path, store: Store, delegate_of: Start) -> None:
     delegate = delegate_of({"d1": ["transient"], "d2": ["permanent"], "d3": ["transient", "transient"]})
     version = project(tmp_path / "project", delegate.url, attempts=2)
     outcome = fire(tmp_path / "project", version, store)
@@ -257,32 +255,32 @@ def test_transient_and_permanent_answers_follow_the_retry_budget_and_a_permanent
         ("d2", "permanent", 1, "DelegateAnsweredPermanent: delegate 'enricher' answered permanent: scripted permanent"),
         ("d3", "exhausted", 2, "DelegateAnsweredTransient: delegate 'enricher' answered transient: scripted transient"),
     ]
-    assert delegate.keys() == ["d1", "d1", "d2", "d3", "d3"]
+    assert delegate.sent_keys() == ["d1", "d1", "d2", "d3", "d3"]
     assert ItemOutcomes(store, JOB).receipt("d2")["outcome"] == "permanent"
     assert rows(store, "SELECT doc_id, chars, words FROM enriched") == [("d1", 5, 2)]
 
 
 @pytest.mark.clause("surface.delegate.outcome")
 def test_a_defer_of_a_job_without_isolated_items_closes_transient(
-        tmp_path: Path, store: Store, delegate_of) -> None:  # noqa: ANN001
+        tmp_path: Path, store: Store, delegate_of: Start) -> None:
     delegate = delegate_of({"d1": ["defer:2030-01-01T00:10:00Z"]})
     version = project(tmp_path / "project", delegate.url, attempts=2)
     assert fire(tmp_path / "project", version, store).ok
     assert [(k, o, a) for k, o, a, _ in items(store)] == [("d1", "completed", 2), ("d2", "completed", 1),
                                                           ("d3", "completed", 1)]
-    assert delegate.keys() == ["d1", "d1", "d2", "d3"]
+    assert delegate.sent_keys() == ["d1", "d1", "d2", "d3"]
 
 
 @pytest.mark.clause("surface.delegate.call-mode")
 def test_an_answer_after_the_timeout_closes_transient_and_its_late_body_records_nothing(
-        tmp_path: Path, store: Store, delegate_of) -> None:  # noqa: ANN001
+        tmp_path: Path, store: Store, delegate_of: Start) -> None:
     delegate = delegate_of({"d2": ["hold:4"]})  # the delegate answers ok, 4 s late for a 1 s timeout
     version = project(tmp_path / "project", delegate.url, binding='timeout = "1s"', attempts=1)
     outcome = fire(tmp_path / "project", version, store)
     found = items(store)
-    assert (found[1][1], found[1][3]) == ("exhausted", "DelegateAnswerRejected: delegate 'enricher': answer "
-                                                       "rejected: no answer within its 1 s timeout; the attempt "
-                                                       "closes Transient")
+    assert (found[1][1], found[1][3]) == ("exhausted", ("DelegateAnswerRejected: delegate 'enricher': answer "
+                                                        "rejected: no answer within its 1 s timeout; the attempt "
+                                                        "closes Transient"))
     assert not outcome.ok
     assert rows(store, "SELECT doc_id FROM enriched ORDER BY doc_id") == [("d1",), ("d3",)]
     owner = store.journal.owner(job_scope(JOB).key)
@@ -302,7 +300,7 @@ def guards(store: Store) -> list[dict]:
 @pytest.mark.clause("surface.delegate.dedup-window")
 @pytest.mark.parametrize(("binding", "window"), [("dedup_window_secs = 86400", 86400), ("", None)])
 def test_each_call_requests_guard_records_the_dedup_window_under_its_identity(
-        tmp_path: Path, store: Store, delegate_of, binding: str, window: int | None) -> None:  # noqa: ANN001
+        tmp_path: Path, store: Store, delegate_of: Start, binding: str, window: int | None) -> None:
     delegate = delegate_of({"d2": ["transient"]})
     version = project(tmp_path / "project", delegate.url, binding=binding, attempts=2)
     assert fire(tmp_path / "project", version, store).ok
@@ -320,7 +318,7 @@ def test_each_call_requests_guard_records_the_dedup_window_under_its_identity(
 
 @pytest.mark.clause("surface.delegate.submit-unfilled")
 def test_a_submit_binding_refuses_before_any_execution_opens(
-        tmp_path: Path, store: Store, delegate_of) -> None:  # noqa: ANN001
+        tmp_path: Path, store: Store, delegate_of: Start) -> None:
     delegate = delegate_of()
     version = project(tmp_path / "project", delegate.url, mode="submit")
     with pytest.raises(DelegateSubmitUnfilled) as raised:
@@ -332,12 +330,12 @@ def test_a_submit_binding_refuses_before_any_execution_opens(
     # the same items are all due once the binding names call
     version = project(tmp_path / "project", delegate.url, mode="call")
     assert fire(tmp_path / "project", version, store).ok
-    assert delegate.keys() == ["d1", "d2", "d3"]
+    assert delegate.sent_keys() == ["d1", "d2", "d3"]
 
 
 @pytest.mark.clause("surface.delegate.version")
 def test_a_changed_version_meets_a_pending_execution_as_pinned_plan_changed(
-        tmp_path: Path, store: Store, delegate_of) -> None:  # noqa: ANN001
+        tmp_path: Path, store: Store, delegate_of: Start) -> None:
     delegate = delegate_of()
     root = tmp_path / "project"
     version = project(root, delegate.url, binding='version = "prompts-v1"')
@@ -369,6 +367,7 @@ def test_a_changed_version_meets_a_pending_execution_as_pinned_plan_changed(
 CHILD = """
 import sys, threading
 from contextful.engine.control.apply import load_version
+from contextful.engine.jobs.context import JobOutcome
 from contextful.engine.jobs.fire import fire_in
 from contextful.storage import Store
 root, version, store_root = sys.argv[1:4]
@@ -380,7 +379,7 @@ fire_in(Store.open(store_root), manifest, int(version), manifest.jobs[0])
 @pytest.mark.slow
 @pytest.mark.clause("surface.delegate.call-mode")
 def test_scenario_a_restart_before_landing_lands_the_recorded_rows_with_no_second_request(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delegate_of) -> None:  # noqa: ANN001
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delegate_of: Start) -> None:
     """WHEN a delegate answers ok with rows for one item and the daemon restarts before that item's
     landing commits, THEN the resumed item lands the recorded rows and the delegate receives no
     second request."""
@@ -398,7 +397,7 @@ def test_scenario_a_restart_before_landing_lands_the_recorded_rows_with_no_secon
         while not recorded:  # a condition with a deadline: d1's ok answer journaled, d2 in flight
             assert time.monotonic() < deadline and child.poll() is None, "the child never recorded d1's answer"
             owner = store.journal.owner(job_scope(JOB).key)
-            if owner is not None and "d2" in delegate.keys():
+            if owner is not None and "d2" in delegate.sent_keys():
                 recorded = [s.label for s in store.journal.steps(owner.execution_id)
                             if s.label.startswith("row/") and not s.label.endswith("/guard")]
             threading.Event().wait(0.05)
@@ -411,5 +410,5 @@ def test_scenario_a_restart_before_landing_lands_the_recorded_rows_with_no_secon
     assert outcome.ok, outcome
     assert outcome.detail["execution"] == owner.execution_id
     assert rows(store, "SELECT doc_id, body, chars, words FROM enriched ORDER BY doc_id") == ENRICHED[:2]
-    assert delegate.keys() == ["d1", "d2", "d2"] or delegate.keys() == ["d2", "d1", "d2"]
+    assert delegate.sent_keys() == ["d1", "d2", "d2"] or delegate.sent_keys() == ["d2", "d1", "d2"]
     store.close()

@@ -23,7 +23,7 @@ from contextful.storage.errors import (
 from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING
 
 from tests.conftest import StoreFactory
-from tests.engine.jobs.project import applied, bodies, fire, fire_context, reset_bodies, write_project
+from tests.engine.jobs.project import applied, bodies, fire, fire_context, reset_bodies, rows, write_project
 
 DOCS = pa.table({"doc_id": ["d1", "d2", "d3", "d4", "d5"], "body": ["a", "bb", "ccc", "dddd", "eeeee"]})
 
@@ -38,14 +38,6 @@ def store(make_store: StoreFactory, store_kind: str) -> Iterator[Store]:
     reset_bodies()
     yield store
     reset_bodies()
-
-
-def rows(store: Store, sql: str) -> list[tuple]:
-    con = connect(store)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def items(store: Store) -> list[tuple]:
