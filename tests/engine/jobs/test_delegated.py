@@ -175,6 +175,25 @@ def test_each_item_is_one_signed_call_whose_ok_answer_lands_as_completion(
     assert len({r["envelope"]["idempotency_key"] for r in sent}) == 3
 
 
+@pytest.mark.clause("surface.delegate.host")
+def test_the_virtual_host_reaches_the_loopback_address_the_operator_maps_it_to(
+        tmp_path: Path, store: Store, delegate_of: Start, monkeypatch: pytest.MonkeyPatch) -> None:
+    delegate = delegate_of()
+    root = tmp_path / "project"
+    version = project(root, "http://contextful.delegate/enrich", attempts=1)
+    unmapped = fire(root, version, store)  # no mapping: deployment drift, each attempt closes Transient
+    assert [o for _, o, _, _ in items(store)] == ["exhausted"] * 3 and delegate.requests() == []
+    assert "CONTEXTFUL_DELEGATE_HOST maps the contextful.delegate virtual host to no loopback host:port" in \
+        items(store)[0][3]
+    assert not unmapped.ok
+    monkeypatch.setenv("CONTEXTFUL_DELEGATE_HOST", delegate.url.removeprefix("http://"))
+    store.append("documents", pa.table({"doc_id": ["d4"], "body": ["four"]}))
+    assert fire(root, version, store).ok
+    sent = delegate.requests()
+    assert [(r["host"], r["path"], r["envelope"]["entity"]["key"]) for r in sent] == \
+        [("contextful.delegate", "/enrich", k) for k in ["d1", "d2", "d3", "d4"]]
+
+
 def test_a_request_signed_otherwise_is_refused_by_the_reference_delegate(tmp_path: Path, delegate_of: Start) -> None:
     """The reference delegate verifies ``call`` signatures: a request signed under another key gets 401."""
     import urllib.error
