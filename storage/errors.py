@@ -20,6 +20,7 @@ Hierarchy::
     │   ├── ControlSnapshotUnreadable, ControlPointerMalformed  the applied pointer or snapshot cannot be read
     │   ├── ControlUnavailable       a served control request failed for no refusal (HTTP 503, no internal text)
     │   ├── DelegateAnswerRejected   a delegate's answer unsigned, skewed or malformed (its attempt closes)
+    │   ├── DelegateAnsweredTransient  a delegate answered transient (or defer, with no isolated items)
     │   ├── ExecutionSuspended           an execution stopped waiting on a pending awakeable; reopen to resume
     │   └── DeriveStepExit, DeriveStepTimeout  a derive engine step exited non-zero or passed its deadline
     └── TerminalError                    marker: retrying the same input fails the same way
@@ -171,6 +172,7 @@ Hierarchy::
             ├── ScriptRuntimeLinked      a JavaScript engine is importable where plans are served
             ├── StorageCapabilityMissing  the profile lacks a binding an execution needs (before admission)
             ├── ExecutionRecoveryMismatch no execution tables, or another project recovery identity
+            ├── DelegateAnsweredPermanent  a delegate answered permanent (the item closes Permanent)
             └── ConfigOwnerUnconfigured  the configuration owner has no storage or credential (HTTP 503)
 
 Messages are built from structured fields, so callers and tests read the fields, and the text
@@ -2584,6 +2586,27 @@ class DelegateAnswerRejected(TransientError):
                          permanent=permanent)
 
 
+class DelegateAnsweredTransient(TransientError):
+    """``surface.delegate.outcome``: a delegate answered ``transient`` (or ``defer`` for a job without
+    isolated items): the attempt closes Transient under the retry budget."""
+
+    delegate: str
+    reason: str
+
+    def __init__(self, delegate: str, reason: str) -> None:
+        super().__init__(f"delegate {delegate!r} answered transient: {reason}", delegate=delegate, reason=reason)
+
+
+class DelegateAnsweredPermanent(Permanent):
+    """``surface.delegate.outcome``: a delegate answered ``permanent``: the item closes Permanent."""
+
+    delegate: str
+    reason: str
+
+    def __init__(self, delegate: str, reason: str) -> None:
+        super().__init__(f"delegate {delegate!r} answered permanent: {reason}", delegate=delegate, reason=reason)
+
+
 class ConnectionRequestMalformed(SpecInvalid):
     """``surface.connection.malformed``: a create body outside the declaration (an OAuth code or token
     beside the secret name included), an unreadable schedule, or a pause or delete body other than
@@ -2742,6 +2765,8 @@ __all__ = [
     "CursorPositionUnorderable",
     "CycleControlSourceUnresolved",
     "DelegateAnswerRejected",
+    "DelegateAnsweredPermanent",
+    "DelegateAnsweredTransient",
     "DelegateHostRefused",
     "DelegateSubmitUnfilled",
     "DelegateTimeoutRefused",

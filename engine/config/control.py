@@ -8,7 +8,8 @@ control source, which ``serve --cycle`` resolves first (``engine.control.source`
 reads a URL and adopts what it serves (``engine.control.reconcile``). ``poll`` how often it reads it,
 a schedule string (``surface.reconcile.poll-cadence``: ``every 30s`` when the block names none). ``pool`` how many
 units serve dispatches at once, ``trigger`` the adapter serve fires through (its value is checked
-when serve starts: ``surface.arm.unknown-trigger``). :func:`parse_control` reads the block for
+when serve starts: ``surface.arm.unknown-trigger``); ``[control.delegates.<name>]`` the delegates a
+store-driven body calls (``engine.config.delegates``). :func:`parse_control` reads the block for
 :func:`~contextful.engine.config.parse.parse_manifest`; :func:`read_control` reads only ``[project]``
 and ``[control]`` of the working document, which is how apply and serve find the snapshot directory
 whatever the rest of the document holds.
@@ -29,7 +30,7 @@ from contextful.storage.errors import (
     ManifestValueInvalid,
 )
 
-CONTROL_KEYS = ("snapshot_dir", "url", "poll", "pool", "trigger", "workers", "relay")
+CONTROL_KEYS = ("snapshot_dir", "url", "poll", "pool", "trigger", "workers", "relay", "delegates")
 CONTROL_ROOT = (".contextful", "control")
 """The default snapshot directory's parent, under the project root (one directory per project name)."""
 
@@ -68,7 +69,12 @@ def parse_control(block: Any, root: Path, project: str) -> tuple[ControlSpec, li
         problems.append(ManifestValueInvalid("[control]", "trigger", f"must be a non-empty string, not {trigger!r}"))
         trigger = DEFAULT_TRIGGER
     workers, relay = _workers(block, problems)
-    return ControlSpec(snapshot_dir, pool, trigger, url, source, _poll(block, problems), workers, relay), problems
+    from contextful.engine.config.delegates import parse_delegates
+
+    delegates, found = parse_delegates(block.get("delegates", {}))
+    problems += found
+    return ControlSpec(snapshot_dir, pool, trigger, url, source, _poll(block, problems), workers, relay,
+                       tuple(delegates.values())), problems
 
 
 def _http_url(value: Any) -> str | None:

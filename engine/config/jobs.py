@@ -286,7 +286,7 @@ def job_problems(manifest: Manifest, jobs: list[JobSpec]) -> list[ContextfulErro
             problems += [JobTargetUnbound(job.name, t, "no pipeline, model or external produces it")
                          for t in job.target if t.lower() not in tables]
         if job.kind == "store-driven":
-            problems += body_problems(job)
+            problems += body_problems(job, manifest)
             if job.statement is None:
                 problems.append(ManifestValueInvalid(where, "statement", "a store-driven job reads its items from a "
                                                                          "`statement` over store tables"))
@@ -327,11 +327,10 @@ def _synthesize_problems(job: JobSpec) -> list[ContextfulError]:
     return problems
 
 
-def body_problems(job: JobSpec) -> list[ContextfulError]:
+def body_problems(job: JobSpec, manifest: Manifest) -> list[ContextfulError]:
     """A store-driven job runs a body the executable registers (``[project] modules`` and the
-    ``contextful.tasks`` entry points are imported by now: ``engine.registrations``) or a bound
-    delegate; ``[control.delegates.<name>]`` bindings arrive with the delegates, so a delegate binds
-    nothing yet."""
+    ``contextful.tasks`` entry points are imported by now: ``engine.registrations``) or a delegate a
+    ``[control.delegates.<name>]`` block binds (``JobDelegateUnbound``: ``surface.delegate.binding``)."""
     from contextful.engine.run.bodies import BODIES
 
     where = f"[[job]] {job.name!r}"
@@ -339,8 +338,10 @@ def body_problems(job: JobSpec) -> list[ContextfulError]:
         return [ManifestValueInvalid(where, "body", "a store-driven job names its body: a registered body's name "
                                                     "or { delegate = \"<name>\" }")]
     if job.delegate is not None:
-        return [JobBodyUnregistered(job.name, f"delegate {job.delegate!r}",
-                                    "no [control.delegates] binding names it")]
+        from contextful.engine.jobs.delegated import unbound_delegate
+
+        unbound = unbound_delegate(job, manifest)
+        return [] if unbound is None else [unbound]
     assert job.body is not None
     try:
         BODIES.get(job.body)

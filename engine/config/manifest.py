@@ -11,6 +11,7 @@ from contextful.engine.project import Project
 
 if TYPE_CHECKING:
     from contextful.engine.config.applied import AppliedSnapshot
+    from contextful.engine.config.delegates import DelegateBinding
     from contextful.engine.config.jobs import JobSpec
     from contextful.engine.config.sync import SyncSpec
     from contextful.engine.export.spec import ExportSpec
@@ -106,6 +107,12 @@ class ControlSpec:
     """The worker URLs landing steps are submitted to (``[control] workers``, ``engine.control.relay``)."""
     relay: str | None = None
     """The URL whose ``/awake/<token>`` route receives workers' heartbeats and callbacks (``[control] relay``)."""
+    delegates: tuple[DelegateBinding, ...] = ()
+    """``[control.delegates.<name>]``: the delegates store-driven bodies call (``engine.config.delegates``)."""
+
+    def delegate(self, name: str) -> DelegateBinding | None:
+        """The binding ``[control.delegates.<name>]`` declares (None: none)."""
+        return next((binding for binding in self.delegates if binding.name == name), None)
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,15 @@ body and the applied version's declaration), the resume half of ``surface.fire.s
 
 One fire:
 
-1. refuses before anything opens when its body is no registered body (a delegate binds nothing
-   until delegates arrive: ``JobBodyUnregistered``, as validation says);
+1. refuses before anything opens when its body is no registered body (``JobBodyUnregistered``, as
+   validation says) or no delegate a ``call`` binding names (``engine.jobs.delegated``);
 2. opens, or resumes, the execution under the host scope ``job:<name>`` pinned to the job's
    structure (``engine.jobs.pinned``): changed structure under a pending execution meets
    ``OwnerPlanMismatch`` here, before any replay or publication;
 3. reads the statement as of the job's ``as_of``, else the instant the execution first opened,
    recorded as its first journal step (``engine.run.sweep``), so a resumed execution reads the same rows;
-4. hands each row (an item, named by its first column) to the body, at most ``max_in_flight`` in
+4. hands each row (an item, named by its first column) to the body or, one signed call per attempt,
+   to the delegate, at most ``max_in_flight`` in
    flight, each under the job's retry budget (``engine.run.retry``): a transient failure is retried,
    and an item failing for good fails alone, by name;
 5. lands, per batch of settled items, the rows their bodies answered into the job's ``tables`` and
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from contextful.engine.jobs.context import JobContext, JobOutcome, Opening
+from contextful.engine.jobs.delegated import DelegateBody, DelegateCalls
 from contextful.engine.jobs.pinned import pinned_plan
+from contextful.engine.run.bodies import RegisteredBody
 from contextful.engine.run.items import ItemOutcomes, ItemTerminal, served_keys, terminal_outcome
 from contextful.engine.run.retry import RetrySchedule
 from contextful.engine.run.sweep import SweepSpec, open_sweep
@@ -49,10 +52,13 @@ from contextful.storage.reserved import ITEMS_TABLE
 
 if TYPE_CHECKING:
     from contextful.engine.config.jobs import JobSpec
-    from contextful.engine.run.bodies import RegisteredBody
+    from contextful.engine.config.manifest import Manifest
     from contextful.engine.run.execution import Execution
     from contextful.storage.store import Store
     from contextful.storage.transaction import RunTransaction
+
+ItemBody = Callable[[str, dict[str, Any], int], Any]
+"""What an item is handed to: its key, its row and the attempt (1-based), answering ``{table: rows}``."""
 
 INPUT = "input"
 """The one origin of a store-driven execution's sweep: its input relation."""
@@ -77,41 +83,49 @@ class Tally:
     rows: int = 0
 
 
-def registered_body(job: JobSpec) -> RegisteredBody:
-    """The body a fire of ``job`` runs; JobBodyUnregistered (as validation says) for a delegate,
-    which nothing binds yet, or a name no module registers."""
+def chosen_body(job: JobSpec, manifest: Manifest) -> RegisteredBody | DelegateBody:
+    """The body a fire of ``job`` runs: its bound delegate (``engine.jobs.delegated``) or its
+    registered body; JobBodyUnregistered or JobDelegateUnbound (as validation says) otherwise."""
     from contextful.engine.config.jobs import body_problems
     from contextful.engine.run.bodies import BODIES
 
-    problems = body_problems(job)
+    if job.delegate is not None:
+        from contextful.engine.jobs.delegated import delegate_body
+
+        return delegate_body(job, manifest)
+    problems = body_problems(job, manifest)
     if problems:
         raise problems[0]
     assert job.body is not None
     return BODIES.get(job.body)
 
 
-def dispatch_item(body: RegisteredBody, row: dict[str, Any]) -> Any:
-    """Hand one item to its body and return the answer: the one place an item is dispatched (a
-    bound delegate's call replaces this when delegates arrive)."""
-    return body.fn(row)
-
-
 def store_driven_opening(ctx: JobContext) -> Opening:
     """What a store-driven fire's execution pins (``engine.jobs.pinned``) with the body's and input's
-    identities; JobBodyUnregistered before anything opens when the body is not registered."""
-    body = registered_body(ctx.job)
+    identities; the body's refusal before anything opens when it is not registered or bound."""
+    body = chosen_body(ctx.job, ctx.manifest)
     pinned = pinned_plan(ctx.manifest, ctx.store, ctx.job)
     return Opening(pinned.reference, body.pins(pinned.input_identity), resumes=True)
 
 
+def _registered(body: RegisteredBody) -> ItemBody:
+    """A registered body as an item body: it takes the row alone."""
+    return lambda key, row, attempt: body.fn(row)
+
+
 def run_store_driven(ctx: JobContext) -> JobOutcome:
     """Fire store-driven ``ctx.job`` once in the execution ``engine.jobs.fire`` opened (see the module docstring)."""
-    return _fire(ctx, registered_body(ctx.job), ctx.opened)
+    return _fire(ctx, chosen_body(ctx.job, ctx.manifest), ctx.opened)
 
 
-def _fire(ctx: JobContext, body: RegisteredBody, execution: Execution) -> JobOutcome:
+def _fire(ctx: JobContext, chosen: RegisteredBody | DelegateBody, execution: Execution) -> JobOutcome:
     job, store = ctx.job, ctx.store
     sweep = open_sweep(execution, store, SweepSpec(as_of=job.as_of), outputs=job.tables, origins=[INPUT])
+    body: ItemBody
+    if isinstance(chosen, DelegateBody):
+        body = DelegateCalls(ctx, chosen, execution, sweep.as_of).answer
+    else:
+        body = _registered(chosen)
     served = _served(job, sweep.connect(INPUT))
     keys = item_keys(job, served)
     settled_before = 0
@@ -186,7 +200,7 @@ def _settled_keys(store: Store, job: str, execution_id: str) -> pa.Array:
     return found.column("logical_key").combine_chunks()
 
 
-def _run_items(ctx: JobContext, body: RegisteredBody, execution: Execution, served: pa.Table, keys: pa.Array,
+def _run_items(ctx: JobContext, body: ItemBody, execution: Execution, served: pa.Table, keys: pa.Array,
                budget: int, tally: Tally) -> bool:
     """Run every item, at most ``max_in_flight`` at once, committing each batch of settled items;
     whether the fire stopped before handing every item over (its cancel event, or a run cancel)."""
@@ -225,7 +239,7 @@ def _items_of(served: pa.Table, keys: pa.Array, batch_rows: int = 1024) -> Itera
         offset += batch.num_rows
 
 
-def _attempt(job: JobSpec, body: RegisteredBody, key: str, row: dict[str, Any], cancel: threading.Event,
+def _attempt(job: JobSpec, body: ItemBody, key: str, row: dict[str, Any], cancel: threading.Event,
              store: Store) -> Settled:
     """One item under the job's retry budget (a worker thread)."""
     attempts = 0
@@ -233,7 +247,7 @@ def _attempt(job: JobSpec, body: RegisteredBody, key: str, row: dict[str, Any], 
     def once(attempt: int) -> dict[str, pa.Table]:
         nonlocal attempts
         attempts = attempt
-        return answer_tables(job, key, dispatch_item(body, row))
+        return answer_tables(job, key, body(key, row, attempt))  # the one place an item is dispatched
 
     try:
         tables = RetrySchedule.from_config(dict(job.retry)).run(f"item {key}", once, cancel=cancel)

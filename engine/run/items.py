@@ -111,7 +111,7 @@ def terminal_outcome(error: BaseException | None, attempt: int, budget: int) -> 
                               "attempts and the retry budget count from 1")
     if error is None:
         return ItemTerminal.COMPLETED
-    if isinstance(error, TransientError):
+    if isinstance(error, TransientError) and not getattr(error, "permanent", False):
         return ItemTerminal.EXHAUSTED if attempt >= budget else None
     return ItemTerminal.PERMANENT
 

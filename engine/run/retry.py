@@ -154,6 +154,9 @@ class RetrySchedule:
             try:
                 return self._call(label, attempt, fn)
             except TransientError as exc:
+                if getattr(exc, "permanent", False):  # DelegateAnswerRejected: this attempt closes Permanent
+                    self.attempts_log.append(Attempt(label, attempt, exc.name, 0.0))
+                    raise
                 if isinstance(exc, ConnectorBoundHit):
                     self.bound_hits.append(BoundHit(label, attempt, exc.fields["bound"]))
                 if attempt == self.attempts:

@@ -200,8 +200,8 @@ max_in_flight = 1
         ("error: JobBodyUnregistered: [[job]] 'lost': body 'score' is neither a body this executable registers nor a "
         "bound delegate (registered: enrich; [project] modules imported: shop.bodies; contextful.tasks entry "
         "points: none)"),
-        ("error: JobBodyUnregistered: [[job]] 'remote': delegate 'scorer' is neither a body this executable registers "
-        "nor a bound delegate (no [control.delegates] binding names it)"),
+        ("error: JobDelegateUnbound: job 'remote': its body names delegate 'scorer', which no [control.delegates] "
+         "binding declares; nothing fires"),
     ]
 
 

@@ -126,6 +126,17 @@ def fire(ctx: JobContext) -> JobOutcome:
     return fired.outcome
 
 
+def rows(store: Store, sql: str) -> list[tuple]:
+    """``sql``'s rows over the store, read through the DuckDB read path."""
+    from contextful.engine.read import connect
+
+    con = connect(store)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
 def bodies():
     """The imported registration module (its recorders)."""
     return sys.modules[MODULE]

@@ -16,14 +16,14 @@ from contextful.engine.jobs.scope import job_scope
 from contextful.engine.read import connect
 from contextful.storage import Store
 from contextful.storage.errors import (
-    JobBodyUnregistered,
+    JobDelegateUnbound,
     JobItemKeyInvalid,
     OwnerPlanMismatch,
 )
 from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING
 
 from tests.conftest import StoreFactory
-from tests.engine.jobs.project import applied, bodies, fire, fire_context, reset_bodies, write_project
+from tests.engine.jobs.project import applied, bodies, fire, fire_context, reset_bodies, rows, write_project
 
 DOCS = pa.table({"doc_id": ["d1", "d2", "d3", "d4", "d5"], "body": ["a", "bb", "ccc", "dddd", "eeeee"]})
 
@@ -38,14 +38,6 @@ def store(make_store: StoreFactory, store_kind: str) -> Iterator[Store]:
     reset_bodies()
     yield store
     reset_bodies()
-
-
-def rows(store: Store, sql: str) -> list[tuple]:
-    con = connect(store)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def items(store: Store) -> list[tuple]:
@@ -174,16 +166,17 @@ def test_unchanged_structure_under_a_new_version_resumes(tmp_path: Path, store: 
     assert second.detail["settled_before"] == 1
 
 
-def test_a_delegate_refuses_before_anything_opens(tmp_path: Path, store: Store) -> None:
+@pytest.mark.clause("surface.delegate.binding")
+def test_an_unbound_delegate_refuses_at_fire_before_anything_opens(tmp_path: Path, store: Store) -> None:
     root = write_project(tmp_path / "project")
     version = applied(root)
     ctx = fire_context(root, version, store)
     import dataclasses
 
     delegated = dataclasses.replace(ctx, job=dataclasses.replace(ctx.job, body=None, delegate="stages"))
-    with pytest.raises(JobBodyUnregistered) as raised:
+    with pytest.raises(JobDelegateUnbound) as raised:
         fire(delegated)
-    assert raised.value.fields["body"] == "delegate 'stages'"
+    assert (raised.value.fields["job"], raised.value.fields["delegate"]) == ("score-documents", "stages")
     assert store.journal.owner(job_scope("score-documents").key) is None
 
 
