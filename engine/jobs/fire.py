@@ -64,7 +64,8 @@ class Fired:
     started_us: int
     ended_us: int | None
     status: str
-    """``ok``, ``failed``, ``canceled`` or ``running`` (its execution still pending)."""
+    """``ok``, ``failed``, ``canceled``, ``running`` (its execution still pending), ``pending`` (stopped
+    with work left) or ``parked`` (nothing failed; items wait for their retry_at, engine.jobs.isolated)."""
     outcome: JobOutcome | None
     forced: bool = False
     exit_code: int = 0
@@ -72,7 +73,7 @@ class Fired:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status in ("ok", "parked")
 
     def to_json(self) -> dict[str, Any]:
         from contextful.engine.control.fire import rfc3339
@@ -161,6 +162,8 @@ def fire_in(store: Store, manifest: Manifest, version: int, job: JobSpec, *, run
         outcome, code = _failed(exc), 1
     if outcome.pending and not outcome.canceled:
         execution.release()  # the next fire resumes it; the outcome is that fire's to record
+        if outcome.ok:  # items parked, nothing failed: not a failure
+            return Fired(job.name, version, execution.execution_id, started, None, "parked", outcome, force, 0)
         return Fired(job.name, version, execution.execution_id, started, None, "pending", outcome, force, code or 1)
     ended = clock.now_us()
     execution.step(OUTCOME_STEP, lambda: outcome.to_json() | {"ended_us": ended, "exit_code": code})
