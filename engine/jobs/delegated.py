@@ -27,8 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from contextful.engine.config.delegates import CALL, DelegateBinding
 from contextful.engine.control.delegate import Envelope, call, completion, defer_instant, idempotency_key
-from contextful.engine.jobs.isolated import Admission, Deferral, ItemParked, admission, defer_exhausted, item_entity
 from contextful.engine.control.worker_key import KEY_VARIABLE, WorkerKey, worker_key, worker_key_problem
+from contextful.engine.jobs.isolated import (
+    Admission,
+    Deferral,
+    ItemParked,
+    admission,
+    defer_exhausted,
+    item_entity,
+)
 from contextful.storage.clock import from_us
 from contextful.storage.errors import DelegateSubmitUnfilled, JobDelegateUnbound, ManifestValueInvalid
 

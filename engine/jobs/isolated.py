@@ -65,7 +65,7 @@ class Deferral:
         return cls(int(value["attempt"]), datetime.fromisoformat(value[DEFER]))
 
 
-class ItemParked(Exception):  # noqa: N818 - a signal between the call and the item loop, never reported
+class ItemParked(Exception):
     """An isolated item's attempt was answered defer: the item is parked, not failed."""
 
     def __init__(self, deferral: Deferral) -> None:

@@ -40,7 +40,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from contextful.engine.jobs.context import JobContext, JobOutcome, Opening
 from contextful.engine.jobs.delegated import DelegateBody, DelegateCalls
-from contextful.engine.jobs.isolated import Admission, Deferral, ItemParked, item_budget, item_entity, key_column, rfc3339
+from contextful.engine.jobs.isolated import (
+    Admission,
+    Deferral,
+    ItemParked,
+    item_budget,
+    item_entity,
+    key_column,
+    rfc3339,
+)
 from contextful.engine.jobs.pinned import pinned_plan
 from contextful.engine.run.bodies import RegisteredBody
 from contextful.engine.run.items import ItemOutcomes, ItemTerminal, served_keys, terminal_outcome
@@ -134,7 +142,7 @@ def _fire(ctx: JobContext, chosen: RegisteredBody | DelegateBody, execution: Exe
     sweep = open_sweep(execution, store, SweepSpec(as_of=job.as_of), outputs=job.tables, origins=[INPUT])
     body: ItemBody
     budget = item_budget(job)
-    admit: Admit = lambda _key: Admission()  # noqa: E731 - a registered body is never deferred
+    admit: Admit = lambda _key: Admission()
     if isinstance(chosen, DelegateBody):
         calls = DelegateCalls(ctx, chosen, execution, sweep.as_of, budget)
         body, admit = calls.answer, calls.admission

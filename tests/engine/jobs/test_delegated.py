@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,9 +34,9 @@ from contextful.storage.clock import ManualClock, from_us
 from contextful.storage.errors import DelegateSubmitUnfilled, OwnerPinsMismatch
 from contextful.storage.journal import CLOSED_OK, PENDING
 
+from tests.engine.jobs.delegates import KEY, Start
 from tests.engine.jobs.project import rows
 
-KEY = "k" * 40
 JOB = "enrich-documents"
 DOCS = pa.table({"doc_id": ["d1", "d2", "d3"], "body": ["one", "two words", "three more words"]})
 
@@ -63,50 +63,6 @@ max_in_flight = {max_in_flight}
 tables = ["enriched"]
 retry = {{ attempts = {attempts}, base_s = 0, max_s = 0 }}
 """
-
-
-class Delegate:
-    """The reference delegate as a child process: its url and the requests it logged."""
-
-    def __init__(self, root: Path, script: dict[str, list[str]]) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        self.log = root / "requests.ndjson"
-        (root / "script.json").write_text(json.dumps(script))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "contextful.datasets.enrich_delegate", "--log", str(self.log),
-             "--script", str(root / "script.json")],
-            stdout=subprocess.PIPE, text=True, env={**os.environ, KEY_VARIABLE: KEY})
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()  # printed once it accepts requests
-        assert line.startswith("listening "), line
-        self.url = line.removeprefix("listening ")
-
-    def requests(self) -> list[dict]:
-        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
-
-    def sent_keys(self) -> list[str]:
-        return [r["envelope"]["entity"]["key"] for r in self.requests()]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
-Start = Callable[..., "Delegate"]
-"""Start a reference delegate with a script of behaviours."""
-
-
-@pytest.fixture
-def delegate_of(tmp_path: Path) -> Iterator[Start]:
-    started: list[Delegate] = []
-
-    def start(script: dict[str, list[str]] | None = None) -> Delegate:
-        started.append(Delegate(tmp_path / f"delegate-{len(started)}", script or {}))
-        return started[-1]
-
-    yield start
-    for delegate in started:
-        delegate.stop()
 
 
 @pytest.fixture
