@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,6 +32,7 @@ from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING
 
 from tests.engine.jobs.delegates import KEY, Delegate, Start
 from tests.engine.jobs.project import rows
+from tests.support.cli import contextful_in
 
 JOB = "stage-screen"
 DUE = pa.table({"entity_id": ["e-1", "e-2", "e-3"], "pass_id": ["p-1", "p-2", "p-3"]})
@@ -260,3 +261,68 @@ def test_a_statement_not_selecting_the_named_columns_fails_the_fire_by_name(
                                 "non-null key",)
     assert delegate.requests() == [] and "_items" not in store.table_names(include_reserved=True)
 
+
+
+def cli_project(root: Path, url: str, isolated: str = ISOLATED) -> dict[str, str]:
+    """The project as a user has it: written, imported by ``contextful pipeline import``, its input
+    landed in its store; the environment ``contextful`` runs with (the worker key)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "contextful.toml").write_text(MANIFEST.format(url=url, isolated=isolated, statement=STATEMENT,
+                                                          max_in_flight=1))
+    env = {KEY_VARIABLE: KEY}
+    contextful_in(root, "pipeline", "import", env=env)
+    store = Store.open(str(root / ".contextful" / "store"))
+    try:
+        store.append("due_items", DUE)
+    finally:
+        store.close()
+    return env
+
+
+def wall(seconds: int) -> str:
+    """The system clock (the engine's instant under ``contextful``) ``seconds`` from now, whole seconds."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    return (now + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+@pytest.mark.clause("surface.delegate.defer-parks")
+def test_job_fire_parks_deferred_items_without_failing_and_sends_a_parked_item_nothing_before_its_retry_at(
+        tmp_path: Path, delegate_of: Start) -> None:
+    later, past = wall(600), wall(-60)
+    delegate = delegate_of({"e-2": [f"defer:{later}"], "e-3": [f"defer:{past}"]})
+    root = tmp_path / "project"
+    env = cli_project(root, delegate.url)
+    first = contextful_in(root, "--json", "job", "fire", JOB, env=env)  # exit 0: parking is no failure
+    doc = json.loads(first.stdout)
+    assert (doc["status"], doc["ok"], doc["exit_code"]) == ("parked", True, 0)
+    assert doc["summary"] == f"1 item(s) completed, 0 failed; 2 item(s) parked until {past}"
+    assert sent(delegate) == [("e-1", 1), ("e-2", 1), ("e-3", 1)]
+    second = contextful_in(root, "job", "fire", JOB, env=env)
+    # the past retry_at re-admits p-3 under attempt 2; p-2 stays parked and is sent nothing
+    assert second.stdout.strip() == (f"job:{JOB} v1: parked: 1 item(s) completed, 0 failed; 1 item(s) parked "
+                                     f"until {later}")
+    assert sent(delegate) == [("e-1", 1), ("e-2", 1), ("e-3", 1), ("e-3", 2)]
+    landed = json.loads(contextful_in(root, "--json", "sql", "SELECT logical_key, attempts FROM _items "
+                                                             "ORDER BY logical_key", env=env).stdout)
+    assert landed == [{"logical_key": "p-1", "attempts": 1}, {"logical_key": "p-3", "attempts": 2}]
+
+
+@pytest.mark.clause("surface.delegate.defer-parks")
+def test_validation_names_every_isolated_items_problem_with_its_job_and_key(tmp_path: Path) -> None:
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "contextful.toml").write_text(MANIFEST.format(
+        url="http://127.0.0.1:9/", statement=STATEMENT, max_in_flight=1,
+        isolated='isolated_items = { entity_key = "entity_id", entity_namespace = "", shard = 1, max_attempts = 0 }'
+    ) + '\n[[job]]\nname = "nightly"\nkind = "fold"\ntarget = ["due_items"]\nisolated_items = { logical_key = "x" }\n')
+    proc = contextful_in(root, "job", "validate", check=False)
+    assert proc.returncode != 0
+    for line in ["[[job]] 'stage-screen'.isolated_items.shard: is no key of isolated_items (keys: logical_key, "
+                 "entity_key, entity_namespace, max_attempts)",
+                 "[[job]] 'stage-screen'.isolated_items.logical_key: is required: the statement's column naming "
+                 "each item",
+                 "[[job]] 'stage-screen'.isolated_items.entity_namespace: must be a non-empty string, not ''",
+                 "[[job]] 'stage-screen'.isolated_items.max_attempts: must be an integer >= 1, not 0",
+                 "[[job]] 'nightly'.isolated_items: is a store-driven job's key only"]:
+        assert line in proc.stderr, proc.stderr
+    assert proc.stderr.count("ManifestValueInvalid") == 5
