@@ -94,8 +94,8 @@ def pinned_plan(manifest: Manifest, store: Store, job: JobSpec) -> PinnedPlan:
         shape = None if name.lower() in outputs or head is None else head.schema
         read[name] = {"declared": declaration(manifest, name), "schema": shape}
     identity = plan_reference({"statement": job.statement, "as_of": job.as_of, "relations": read})
-    plan = {"kind": "store-driven", "job": job.name, "body": job.body, "delegate": job.delegate,
-            "input": identity, "tables": {t: declaration(manifest, t) for t in job.tables}}
+    plan: dict[str, Any] = {"kind": "store-driven", "job": job.name, "body": job.body, "delegate": job.delegate,
+                            "input": identity, "tables": {t: declaration(manifest, t) for t in job.tables}}
     if job.isolated_items is not None:  # what names an item and its entity (its budget is how often it runs)
         items = job.isolated_items
         plan["items"] = {"logical_key": items.logical_key, "entity_key": items.entity_key,

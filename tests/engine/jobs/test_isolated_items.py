@@ -11,8 +11,13 @@ sees (the exit code, the "parked until" line, validation) runs through ``context
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -27,7 +32,7 @@ from contextful.engine.read import connect
 from contextful.engine.run.execution import recorded_value
 from contextful.engine.run.items import ItemOutcomes
 from contextful.storage import Store
-from contextful.storage.clock import ManualClock, from_us
+from contextful.storage.clock import ManualClock, from_us, to_us
 from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING
 
 from tests.engine.jobs.delegates import KEY, Delegate, Start
@@ -203,10 +208,10 @@ def test_a_retry_at_already_past_parks_the_item_until_the_next_fire(
 @pytest.mark.clause("surface.delegate.defer-parks", "surface.delegate.rejected")
 @pytest.mark.parametrize(("retry_at", "why"), [
     ("tomorrow", "a defer answer's retry_at is an RFC 3339 UTC instant, not 'tomorrow'"),
-    ("2023-11-15T00:23:20+02:00", "a defer answer's retry_at is an RFC 3339 UTC instant, not "
-                                  "'2023-11-15T00:23:20+02:00'"),
-    ("2023-11-14T23:13:22Z", "a defer's retry_at 2023-11-14T23:13:22Z lies more than 3600 s past the engine's "
-                             "instant 2023-11-14T22:13:21Z"),
+    ("2023-11-15T00:23:20+02:00", ("a defer answer's retry_at is an RFC 3339 UTC instant, not "
+                                  "'2023-11-15T00:23:20+02:00'")),
+    ("2023-11-14T23:13:22Z", ("a defer's retry_at 2023-11-14T23:13:22Z lies more than 3600 s past the engine's "
+                             "instant 2023-11-14T22:13:21Z")),
 ])
 def test_an_unreadable_or_too_distant_retry_at_closes_the_item_permanent(
         tmp_path: Path, store: Store, delegate_of: Start, retry_at: str, why: str) -> None:
@@ -215,8 +220,8 @@ def test_an_unreadable_or_too_distant_retry_at_closes_the_item_permanent(
     root = tmp_path / "project"
     outcome = fire(root, project(root, delegate.url), store)
     assert not outcome.pending and not outcome.ok
-    assert items(store)[1][3:] == ("permanent", 1, f"DelegateAnswerRejected: delegate 'stages': answer rejected: "
-                                                   f"{why}")
+    assert items(store)[1][3:] == ("permanent", 1, (f"DelegateAnswerRejected: delegate 'stages': answer rejected: "
+                                                   f"{why}"))
     assert sent(delegate).count(("e-2", 1)) == 1 and len(sent(delegate)) == 3  # permanent: never retried
     assert steps(store, "row/p-2/delegate/1") == [("row/p-2/delegate/1/guard",
                                                    steps(store, "row/p-2/delegate/1/guard")[0][1])]
@@ -256,9 +261,9 @@ def test_a_statement_not_selecting_the_named_columns_fails_the_fire_by_name(
     version = project(root, delegate.url, statement="SELECT pass_id FROM due_items")
     outcome = fire(root, version, store)
     assert not outcome.ok
-    assert outcome.failures == ("JobItemKeyInvalid: [[job]] 'stage-screen': key column 'entity_id': the statement "
+    assert outcome.failures == (("JobItemKeyInvalid: [[job]] 'stage-screen': key column 'entity_id': the statement "
                                 "selects no column 'entity_id' (it selects pass_id); select one row per item with a "
-                                "non-null key",)
+                                "non-null key"),)
     assert delegate.requests() == [] and "_items" not in store.table_names(include_reserved=True)
 
 
@@ -317,12 +322,78 @@ def test_validation_names_every_isolated_items_problem_with_its_job_and_key(tmp_
     ) + '\n[[job]]\nname = "nightly"\nkind = "fold"\ntarget = ["due_items"]\nisolated_items = { logical_key = "x" }\n')
     proc = contextful_in(root, "job", "validate", check=False)
     assert proc.returncode != 0
-    for line in ["[[job]] 'stage-screen'.isolated_items.shard: is no key of isolated_items (keys: logical_key, "
-                 "entity_key, entity_namespace, max_attempts)",
-                 "[[job]] 'stage-screen'.isolated_items.logical_key: is required: the statement's column naming "
-                 "each item",
+    for line in [("[[job]] 'stage-screen'.isolated_items.shard: is no key of isolated_items (keys: logical_key, "
+                 "entity_key, entity_namespace, max_attempts)"),
+                 ("[[job]] 'stage-screen'.isolated_items.logical_key: is required: the statement's column naming "
+                 "each item"),
                  "[[job]] 'stage-screen'.isolated_items.entity_namespace: must be a non-empty string, not ''",
                  "[[job]] 'stage-screen'.isolated_items.max_attempts: must be an integer >= 1, not 0",
                  "[[job]] 'nightly'.isolated_items: is a store-driven job's key only"]:
         assert line in proc.stderr, proc.stderr
     assert proc.stderr.count("ManifestValueInvalid") == 5
+
+
+CHILD = """
+import sys
+from pathlib import Path
+from contextful.engine.control.apply import load_version
+from contextful.engine.jobs.fire import fire_in
+from contextful.storage import Store
+root, version, store_root = sys.argv[1:4]
+manifest = load_version(Path(root), int(version))
+fire_in(Store.open(store_root), manifest, int(version), manifest.jobs[0])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.clause("surface.delegate.defer-parks")
+def test_a_fire_killed_after_a_defer_was_journaled_loses_nothing_and_repeats_no_answered_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delegate_of: Start) -> None:
+    monkeypatch.setenv(KEY_VARIABLE, KEY)
+    store_root = tmp_path / "store"
+    setup = Store.open(str(store_root))
+    setup.append("due_items", DUE)
+    setup.close()
+    retry_at = wall(600)
+    # p-1 answers ok, p-2 defers, p-3's answer never comes before the kill: all three in flight together
+    delegate = delegate_of({"e-2": [f"defer:{retry_at}"], "e-3": ["hold:600"]})
+    root = tmp_path / "project"
+    version = project(root, delegate.url, max_in_flight=3)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(version), str(store_root)],
+                             env={**os.environ})
+    watch = Store.open(str(store_root))
+    try:
+        deadline = time.monotonic() + 120
+        answered: list[str] = []
+        while len(answered) < 2 or "e-3" not in [k for k, _ in sent(delegate)]:  # a condition with a deadline
+            assert time.monotonic() < deadline and child.poll() is None, "the child never journaled both answers"
+            owner = watch.journal.owner(job_scope(JOB).key)
+            if owner is not None:
+                answered = [s.label for s in watch.journal.steps(owner.execution_id)
+                            if s.label.startswith("row/") and not s.label.endswith("/guard")]
+            threading.Event().wait(0.05)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        watch.close()
+    assert sorted(answered) == ["row/p-1/delegate/1", "row/p-2/delegate/1"]
+    store = Store.open(str(store_root), clock=ManualClock(to_us(datetime.fromisoformat(retry_at)) - 60_000_000))
+    try:
+        assert "screen_result" not in store.table_names()  # p-1's landing never committed
+        before = fire(root, version, store)  # a minute before retry_at: the defer survived the kill
+        assert before.ok and before.pending and before.summary.endswith(f"1 item(s) parked until {retry_at}")
+        assert sorted(sent(delegate)[3:]) == [("e-3", 1)]  # only the call whose answer never came, again
+        store.clock.advance(60)
+        after = fire(root, version, store)
+        assert after.ok and not after.pending, after
+        assert sent(delegate)[4:] == [("e-2", 2)]
+        assert items(store) == [("p-1", "entity", "e-1", "completed", 1, None),
+                                ("p-2", "entity", "e-2", "completed", 2, None),
+                                ("p-3", "entity", "e-3", "completed", 1, None)]
+        assert rows(store, "SELECT pass_id FROM screen_result ORDER BY pass_id") == [("p-1",), ("p-2",), ("p-3",)]
+        requests = delegate.requests()
+        assert [r["envelope"]["attempt"] for r in requests if r["envelope"]["entity"]["key"] == "e-1"] == [1]
+        assert [r["envelope"]["attempt"] for r in requests if r["envelope"]["entity"]["key"] == "e-2"] == [1, 2]
+        assert len({r["envelope"]["idempotency_key"] for r in requests if r["envelope"]["entity"]["key"] == "e-3"}) == 1
+    finally:
+        store.close()
