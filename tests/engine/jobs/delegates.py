@@ -1,5 +1,6 @@
-"""The reference delegate (datasets/enrich_delegate.py) as a real child process on loopback, shared
-by the delegate and isolated-item tests (``delegate_of`` lives in this package's conftest)."""
+"""What the delegate and isolated-item tests share: the reference delegate (datasets/enrich_delegate.py)
+as a real child process on loopback (``delegate_of`` lives in this package's conftest), a project
+applied and fired, a store on the engine's injected clock, and a fire as a child process to kill."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 from contextful.engine.control.worker_key import KEY_VARIABLE
+from contextful.engine.jobs.context import JobOutcome
+from contextful.storage import Store
+from contextful.storage.clock import ManualClock
 
 KEY = "k" * 40
 """The worker key the tests' engine and delegate share."""
@@ -45,3 +51,48 @@ class Delegate:
 
 Start = Callable[..., Delegate]
 """Start a reference delegate with a script of behaviours."""
+
+
+def applied(root: Path, manifest: str) -> int:
+    """Write ``manifest`` as the project's ``contextful.toml`` and import it (apply it, once imported):
+    the version applied."""
+    from contextful.engine.control.apply import apply_manifest, import_manifest
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "contextful.toml").write_text(manifest)
+    outcome = import_manifest(root) if not (root / ".contextful" / "control").exists() else apply_manifest(root)
+    return outcome.version
+
+
+def fire(root: Path, version: int, store: Store, cancel: threading.Event | None = None) -> JobOutcome:
+    """Fire the project's one job of applied ``version`` in ``store``, as ``job fire`` and serve's job
+    children do (``engine.jobs.fire``): its outcome."""
+    from contextful.engine.control.apply import load_version
+    from contextful.engine.jobs.fire import fire_in
+
+    manifest = load_version(root, version)
+    fired = fire_in(store, manifest, version, manifest.jobs[0], cancel=cancel or threading.Event())
+    assert fired.outcome is not None
+    return fired.outcome
+
+
+def clocked_store(path: Path, table: str, rows: pa.Table) -> Store:
+    """A store on a :class:`ManualClock` (the engine's instant) holding ``rows`` as ``table``, a
+    second before now."""
+    store = Store.open(str(path), clock=ManualClock())
+    store.append(table, rows)
+    store.clock.advance(1)
+    return store
+
+
+CHILD = """
+import sys
+from pathlib import Path
+from contextful.engine.control.apply import load_version
+from contextful.engine.jobs.fire import fire_in
+from contextful.storage import Store
+root, version, store_root = sys.argv[1:4]
+manifest = load_version(Path(root), int(version))
+fire_in(Store.open(store_root), manifest, int(version), manifest.jobs[0])
+"""
+"""A daemon's fire of a project's one job, as a child process a test SIGKILLs (on the system clock)."""

@@ -23,18 +23,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from contextful.engine.control.apply import apply_manifest, import_manifest, load_version
 from contextful.engine.control.worker_key import KEY_VARIABLE, WorkerKey
-from contextful.engine.jobs.context import JobOutcome
-from contextful.engine.jobs.fire import fire_in
 from contextful.engine.jobs.scope import job_scope
 from contextful.engine.run.items import ItemOutcomes
 from contextful.storage import Store
-from contextful.storage.clock import ManualClock, from_us
+from contextful.storage.clock import from_us
 from contextful.storage.errors import DelegateSubmitUnfilled, OwnerPinsMismatch
 from contextful.storage.journal import CLOSED_OK, PENDING
 
-from tests.engine.jobs.delegates import KEY, Start
+from tests.engine.jobs.delegates import CHILD, KEY, Start, applied, clocked_store, fire
 from tests.engine.jobs.project import rows
 
 JOB = "enrich-documents"
@@ -68,9 +65,7 @@ retry = {{ attempts = {attempts}, base_s = 0, max_s = 0 }}
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
     monkeypatch.setenv(KEY_VARIABLE, KEY)
-    store = Store.open(str(tmp_path / "store"), clock=ManualClock())
-    store.append("documents", DOCS)
-    store.clock.advance(1)
+    store = clocked_store(tmp_path / "store", "documents", DOCS)
     yield store
     store.close()
 
@@ -78,18 +73,8 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
 def project(root: Path, url: str, *, mode: str = "call", binding: str = "", max_in_flight: int = 1,
             attempts: int = 1) -> int:
     """Write the project and import or apply it: the version applied."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "contextful.toml").write_text(MANIFEST.format(url=url, mode=mode, binding=binding,
-                                                          max_in_flight=max_in_flight, attempts=attempts))
-    outcome = import_manifest(root) if not (root / ".contextful" / "control").exists() else apply_manifest(root)
-    return outcome.version
-
-
-def fire(root: Path, version: int, store: Store, cancel: threading.Event | None = None) -> JobOutcome:
-    manifest = load_version(root, version)
-    fired = fire_in(store, manifest, version, manifest.jobs[0], cancel=cancel or threading.Event())
-    assert fired.outcome is not None
-    return fired.outcome
+    return applied(root, MANIFEST.format(url=url, mode=mode, binding=binding, max_in_flight=max_in_flight,
+                                         attempts=attempts))
 
 
 def items(store: Store) -> list[tuple]:
@@ -337,18 +322,6 @@ def test_a_changed_version_meets_a_pending_execution_as_pinned_plan_changed(
     fresh = fire(root, changed, store)
     assert fresh.ok and fresh.detail["execution"] != pending.execution_id
     assert store.journal.owner(job_scope(JOB).key).pin_map()["body_dependency_delegate_version"] == "prompts-v2"
-
-
-CHILD = """
-import sys, threading
-from contextful.engine.control.apply import load_version
-from contextful.engine.jobs.context import JobOutcome
-from contextful.engine.jobs.fire import fire_in
-from contextful.storage import Store
-root, version, store_root = sys.argv[1:4]
-manifest = load_version(__import__("pathlib").Path(root), int(version))
-fire_in(Store.open(store_root), manifest, int(version), manifest.jobs[0])
-"""
 
 
 @pytest.mark.slow

@@ -18,15 +18,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from contextful.engine.control.apply import apply_manifest, import_manifest, load_version
 from contextful.engine.control.worker_key import KEY_VARIABLE
-from contextful.engine.jobs.context import JobOutcome
-from contextful.engine.jobs.fire import fire_in
 from contextful.engine.jobs.scope import job_scope
 from contextful.engine.read import connect
 from contextful.engine.run.execution import recorded_value
@@ -35,7 +33,7 @@ from contextful.storage import Store
 from contextful.storage.clock import ManualClock, from_us, to_us
 from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING
 
-from tests.engine.jobs.delegates import KEY, Delegate, Start
+from tests.engine.jobs.delegates import CHILD, KEY, Delegate, Start, applied, clocked_store, fire
 from tests.engine.jobs.project import rows
 from tests.support.cli import contextful_in
 
@@ -75,28 +73,16 @@ STATEMENT = "SELECT entity_id, pass_id FROM due_items ORDER BY pass_id"
 def project(root: Path, url: str, *, isolated: str = ISOLATED, statement: str = STATEMENT,
             max_in_flight: int = 1) -> int:
     """Write the project and import (or apply) it: the version applied."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "contextful.toml").write_text(MANIFEST.format(url=url, isolated=isolated, statement=statement,
-                                                          max_in_flight=max_in_flight))
-    outcome = import_manifest(root) if not (root / ".contextful" / "control").exists() else apply_manifest(root)
-    return outcome.version
+    return applied(root, MANIFEST.format(url=url, isolated=isolated, statement=statement,
+                                         max_in_flight=max_in_flight))
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
     monkeypatch.setenv(KEY_VARIABLE, KEY)
-    store = Store.open(str(tmp_path / "store"), clock=ManualClock())
-    store.append("due_items", DUE)
-    store.clock.advance(1)
+    store = clocked_store(tmp_path / "store", "due_items", DUE)
     yield store
     store.close()
-
-
-def fire(root: Path, version: int, store: Store) -> JobOutcome:
-    manifest = load_version(root, version)
-    fired = fire_in(store, manifest, version, manifest.jobs[0], cancel=threading.Event())
-    assert fired.outcome is not None
-    return fired.outcome
 
 
 def at(store: Store, seconds: float) -> str:
@@ -331,18 +317,6 @@ def test_validation_names_every_isolated_items_problem_with_its_job_and_key(tmp_
                  "[[job]] 'nightly'.isolated_items: is a store-driven job's key only"]:
         assert line in proc.stderr, proc.stderr
     assert proc.stderr.count("ManifestValueInvalid") == 5
-
-
-CHILD = """
-import sys
-from pathlib import Path
-from contextful.engine.control.apply import load_version
-from contextful.engine.jobs.fire import fire_in
-from contextful.storage import Store
-root, version, store_root = sys.argv[1:4]
-manifest = load_version(Path(root), int(version))
-fire_in(Store.open(store_root), manifest, int(version), manifest.jobs[0])
-"""
 
 
 @pytest.mark.slow
