@@ -254,12 +254,13 @@ def test_a_statement_not_selecting_the_named_columns_fails_the_fire_by_name(
 
 
 
-def cli_project(root: Path, url: str, isolated: str = ISOLATED) -> dict[str, str]:
+def cli_project(root: Path, url: str, schedule: str = "every 15m") -> dict[str, str]:
     """The project as a user has it: written, imported by ``contextful pipeline import``, its input
     landed in its store; the environment ``contextful`` runs with (the worker key)."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "contextful.toml").write_text(MANIFEST.format(url=url, isolated=isolated, statement=STATEMENT,
-                                                          max_in_flight=1))
+    (root / "contextful.toml").write_text(MANIFEST.format(url=url, isolated=ISOLATED, statement=STATEMENT,
+                                                          max_in_flight=1).replace("every 15m", schedule)
+                                          + '\n[project.zone]\ndefault = "eu"\n')
     env = {KEY_VARIABLE: KEY}
     contextful_in(root, "pipeline", "import", env=env)
     store = Store.open(str(root / ".contextful" / "store"))
@@ -371,3 +372,23 @@ def test_a_fire_killed_after_a_defer_was_journaled_loses_nothing_and_repeats_no_
         assert len({r["envelope"]["idempotency_key"] for r in requests if r["envelope"]["entity"]["key"] == "e-3"}) == 1
     finally:
         store.close()
+
+
+@pytest.mark.clause("surface.delegate.defer-parks")
+def test_serve_counts_a_fire_that_parked_items_as_fired_not_failed(tmp_path: Path, delegate_of: Start) -> None:
+    from contextful.engine.control.credentials import generate_key
+
+    later = wall(600)
+    delegate = delegate_of({"e-1": [f"defer:{later}"]})
+    root = tmp_path / "project"  # yearly: due when first armed, then not again for months
+    env = cli_project(root, delegate.url, schedule="0 0 1 1 *")
+    _pin, key = generate_key(tmp_path / "keys" / "issuer.pem")  # serve mints each fire's credential
+    done = contextful_in(root, "--json", "pipeline", "serve", "--cycle", "--issuer-key", str(key), env=env,
+                         check=False)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["fired"] == [f"job:{JOB}"] and answer["failed"] == []
+    assert sent(delegate) == [("e-1", 1), ("e-2", 1), ("e-3", 1)]
+    landed = json.loads(contextful_in(root, "--json", "sql", "SELECT logical_key FROM _items ORDER BY logical_key",
+                                      env=env).stdout)
+    assert landed == [{"logical_key": "p-2"}, {"logical_key": "p-3"}]  # p-1 parked: no row until it ends
