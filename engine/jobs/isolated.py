@@ -78,7 +78,7 @@ class Admission:
     """What a fire does with an item an earlier fire of its execution deferred."""
 
     first: int = 1
-    """The attempt the item is handed over under."""
+    """The attempt the item is handed over under (exhausted: the attempt its last defer spent)."""
     parked_until: datetime | None = None
     """Set: the item stays parked until then and is sent nothing."""
     exhausted: DelegateAnsweredTransient | None = None
@@ -93,7 +93,7 @@ def admission(deferral: Deferral | None, budget: int, now: datetime, delegate: s
     if deferral is None:
         return Admission()
     if deferral.attempt >= budget:
-        return Admission(exhausted=defer_exhausted(delegate, deferral, budget))
+        return Admission(deferral.attempt, exhausted=defer_exhausted(delegate, deferral, budget))
     if deferral.retry_at > now and not answered:
         return Admission(parked_until=deferral.retry_at)
     return Admission(first=deferral.attempt + 1)

@@ -263,7 +263,7 @@ def _run_items(ctx: JobContext, body: ItemBody, admit: Admit, execution: Executi
                     continue
                 entity = item_entity(job, key, row)
                 if admitted.exhausted is not None:
-                    batch.append(Settled(key, budget, admitted.exhausted, ended_us=ctx.store.clock.now_us(),
+                    batch.append(Settled(key, admitted.first, admitted.exhausted, ended_us=ctx.store.clock.now_us(),
                                          entity=entity))
                     continue
                 pending.add(pool.submit(_attempt, job, body, key, row, ctx.cancel, ctx.store,

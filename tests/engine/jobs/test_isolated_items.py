@@ -320,23 +320,18 @@ def test_validation_names_every_isolated_items_problem_with_its_job_and_key(tmp_
     assert proc.stderr.count("ManifestValueInvalid") == 5
 
 
-@pytest.mark.slow
-@pytest.mark.clause("surface.delegate.defer-parks")
-def test_a_fire_killed_after_a_defer_was_journaled_loses_nothing_and_repeats_no_answered_call(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delegate_of: Start) -> None:
-    monkeypatch.setenv(KEY_VARIABLE, KEY)
-    store_root = tmp_path / "store"
-    setup = Store.open(str(store_root))
+def killed_after_two_answers(tmp_path: Path, delegate: Delegate, isolated: str = ISOLATED) -> tuple[Path, int]:
+    """Fire the project in a child process (the daemon, on the system clock) with p-1, p-2 and p-3 in
+    flight together; SIGKILL it once p-1's and p-2's answers are journaled and p-3's request (whose
+    answer never comes in time) was sent: the project and its version."""
+    setup = Store.open(str(tmp_path / "store"))
     setup.append("due_items", DUE)
     setup.close()
-    retry_at = wall(600)
-    # p-1 answers ok, p-2 defers, p-3's answer never comes before the kill: all three in flight together
-    delegate = delegate_of({"e-2": [f"defer:{retry_at}"], "e-3": ["hold:600"]})
     root = tmp_path / "project"
-    version = project(root, delegate.url, max_in_flight=3)
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(version), str(store_root)],
+    version = project(root, delegate.url, isolated=isolated, max_in_flight=3)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(version), str(tmp_path / "store")],
                              env={**os.environ})
-    watch = Store.open(str(store_root))
+    watch = Store.open(str(tmp_path / "store"))
     try:
         deadline = time.monotonic() + 120
         answered: list[str] = []
@@ -352,6 +347,19 @@ def test_a_fire_killed_after_a_defer_was_journaled_loses_nothing_and_repeats_no_
         child.wait()
         watch.close()
     assert sorted(answered) == ["row/p-1/delegate/1", "row/p-2/delegate/1"]
+    return root, version
+
+
+@pytest.mark.slow
+@pytest.mark.clause("surface.delegate.defer-parks")
+def test_a_fire_killed_after_a_defer_was_journaled_loses_nothing_and_repeats_no_answered_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delegate_of: Start) -> None:
+    monkeypatch.setenv(KEY_VARIABLE, KEY)
+    retry_at = wall(600)
+    # p-1 answers ok, p-2 defers, p-3's answer never comes before the kill
+    delegate = delegate_of({"e-2": [f"defer:{retry_at}"], "e-3": ["hold:600"]})
+    root, version = killed_after_two_answers(tmp_path, delegate)
+    store_root = tmp_path / "store"
     store = Store.open(str(store_root), clock=ManualClock(to_us(datetime.fromisoformat(retry_at)) - 60_000_000))
     try:
         assert "screen_result" not in store.table_names()  # p-1's landing never committed
@@ -392,3 +400,27 @@ def test_serve_counts_a_fire_that_parked_items_as_fired_not_failed(tmp_path: Pat
     landed = json.loads(contextful_in(root, "--json", "sql", "SELECT logical_key FROM _items ORDER BY logical_key",
                                       env=env).stdout)
     assert landed == [{"logical_key": "p-2"}, {"logical_key": "p-3"}]  # p-1 parked: no row until it ends
+
+
+@pytest.mark.slow
+@pytest.mark.clause("surface.delegate.defer-parks", "run.items.terminal-outcome")
+def test_a_defer_on_the_last_attempt_journaled_before_a_kill_closes_the_item_exhausted_without_a_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delegate_of: Start) -> None:
+    monkeypatch.setenv(KEY_VARIABLE, KEY)
+    retry_at = wall(600)
+    delegate = delegate_of({"e-2": [f"defer:{retry_at}"], "e-3": ["hold:600"]})
+    root, version = killed_after_two_answers(tmp_path, delegate, ISOLATED.replace("max_attempts = 3",
+                                                                                  "max_attempts = 1"))
+    store = Store.open(str(tmp_path / "store"), clock=ManualClock())  # long before retry_at: it does not matter
+    try:
+        outcome = fire(root, version, store)
+        assert not outcome.ok and not outcome.pending  # nothing parked: the execution closes
+        reason = (f"DelegateAnsweredTransient: delegate 'stages' answered transient: deferred to {retry_at} on "
+                  "attempt 1 of 1, the last its budget allows")
+        assert items(store) == [("p-1", "entity", "e-1", "completed", 1, None),
+                                ("p-2", "entity", "e-2", "exhausted", 1, reason),
+                                ("p-3", "entity", "e-3", "completed", 1, None)]
+        assert sorted(sent(delegate)[3:]) == [("e-3", 1)]  # p-2 is sent nothing again; p-1 lands as recorded
+        assert store.journal.owner(job_scope(JOB).key).status == CLOSED_FAILED
+    finally:
+        store.close()
