@@ -220,7 +220,7 @@ def test_transient_and_permanent_answers_follow_the_retry_budget_and_a_permanent
     assert rows(store, "SELECT doc_id, chars, words FROM enriched") == [("d1", 5, 2)]
 
 
-@pytest.mark.clause("surface.delegate.outcome")
+@pytest.mark.clause("surface.delegate.outcome", "surface.delegate.defer-parks")
 def test_a_defer_of_a_job_without_isolated_items_closes_transient(
         tmp_path: Path, store: Store, delegate_of: Start) -> None:
     delegate = delegate_of({"d1": ["defer:2030-01-01T00:10:00Z"]})

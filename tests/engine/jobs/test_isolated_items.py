@@ -213,7 +213,6 @@ def test_an_unreadable_or_too_distant_retry_at_closes_the_item_permanent(
                                                    steps(store, "row/p-2/delegate/1/guard")[0][1])]
 
 
-@pytest.mark.clause("surface.delegate.defer-parks")
 def test_an_isolated_items_run_ids_and_receipt_name_no_key_a_reader_could_invert(
         tmp_path: Path, store: Store, delegate_of: Start) -> None:
     """Decision terminal-item-s: an isolated item's run ids are digests no reader inverts, and its
@@ -239,7 +238,6 @@ def test_an_isolated_items_run_ids_and_receipt_name_no_key_a_reader_could_invert
     assert "_items" in relations
 
 
-@pytest.mark.clause("surface.delegate.defer-parks")
 def test_a_statement_not_selecting_the_named_columns_fails_the_fire_by_name(
         tmp_path: Path, store: Store, delegate_of: Start) -> None:
     delegate = delegate_of()
@@ -299,7 +297,6 @@ def test_job_fire_parks_deferred_items_without_failing_and_sends_a_parked_item_n
     assert landed == [{"logical_key": "p-1", "attempts": 1}, {"logical_key": "p-3", "attempts": 2}]
 
 
-@pytest.mark.clause("surface.delegate.defer-parks")
 def test_validation_names_every_isolated_items_problem_with_its_job_and_key(tmp_path: Path) -> None:
     root = tmp_path / "project"
     root.mkdir()
