@@ -292,6 +292,9 @@ def test_job_fire_parks_deferred_items_without_failing_and_sends_a_parked_item_n
     assert second.stdout.strip() == (f"job:{JOB} v1: parked: 1 item(s) completed, 0 failed; 1 item(s) parked "
                                      f"until {later}")
     assert sent(delegate) == [("e-1", 1), ("e-2", 1), ("e-3", 1), ("e-3", 2)]
+    [fired] = json.loads(contextful_in(root, "--json", "job", "history", JOB, env=env).stdout)  # one execution
+    assert (fired["status"], fired["ok"], fired["summary"]) == (
+        "parked", True, f"1 item(s) completed, 0 failed; 1 item(s) parked until {later}")
     landed = json.loads(contextful_in(root, "--json", "sql", "SELECT logical_key, attempts FROM _items "
                                                              "ORDER BY logical_key", env=env).stdout)
     assert landed == [{"logical_key": "p-1", "attempts": 1}, {"logical_key": "p-3", "attempts": 2}]
