@@ -23,7 +23,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from contextful.engine.config.delegates import CALL, DelegateBinding
 from contextful.engine.control.delegate import Envelope, call, completion, defer_instant, idempotency_key
@@ -149,7 +149,7 @@ class DelegateCalls:
         return rows
 
 
-    def _park(self, step: str, deferral: Deferral) -> None:
+    def _park(self, step: str, deferral: Deferral) -> NoReturn:
         """Journal ``deferral`` as the attempt's step, then park the item, or close it exhausted on
         the last attempt its budget allows; either way nothing waits in this fire."""
         with self._lock:
