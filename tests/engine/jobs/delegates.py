@@ -56,24 +56,22 @@ Start = Callable[..., Delegate]
 def applied(root: Path, manifest: str) -> int:
     """Write ``manifest`` as the project's ``contextful.toml`` and import it (apply it, once imported):
     the version applied."""
-    from contextful.engine.control.apply import apply_manifest, import_manifest
+    from tests.engine.jobs import project
 
     root.mkdir(parents=True, exist_ok=True)
     (root / "contextful.toml").write_text(manifest)
-    outcome = import_manifest(root) if not (root / ".contextful" / "control").exists() else apply_manifest(root)
-    return outcome.version
+    return project.applied(root)
 
 
 def fire(root: Path, version: int, store: Store, cancel: threading.Event | None = None) -> JobOutcome:
     """Fire the project's one job of applied ``version`` in ``store``, as ``job fire`` and serve's job
     children do (``engine.jobs.fire``): its outcome."""
     from contextful.engine.control.apply import load_version
-    from contextful.engine.jobs.fire import fire_in
 
-    manifest = load_version(root, version)
-    fired = fire_in(store, manifest, version, manifest.jobs[0], cancel=cancel or threading.Event())
-    assert fired.outcome is not None
-    return fired.outcome
+    from tests.engine.jobs import project
+
+    job = load_version(root, version).jobs[0].name
+    return project.fire(project.fire_context(root, version, store, job, cancel))
 
 
 def clocked_store(path: Path, table: str, rows: pa.Table) -> Store:
