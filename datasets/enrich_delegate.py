@@ -10,7 +10,9 @@ loopback. It holds no state of its own beyond its request log and a script of an
   signed as ``answer`` bound to the request's ``idempotency_key``.
 
 ``--log FILE`` appends one JSON line per request received (its headers of note and its envelope);
-``--script FILE`` names a JSON object ``{item key: [behaviour, ...]}``, each request for that key
+``--script FILE`` names a JSON object ``{entity key: [behaviour, ...]}`` (the envelope's
+``entity.key``: the item's key, or the ``entity_key`` column its job's ``isolated_items`` names),
+each request for that key
 taking the next behaviour (then ``ok``): ``ok``, ``transient``, ``permanent``, ``defer:<retry_at>``,
 ``status:<code>``, ``unsigned``, ``skewed`` (301 s old), ``rebound`` (bound to another
 request's key), ``oversize``, ``outcome:<word>``, ``hold:<seconds>``

@@ -1358,16 +1358,17 @@ class JobBodyUnregistered(SpecInvalid):
 
 
 class JobItemKeyInvalid(SpecInvalid):
-    """A store-driven job's input relation serves an item key (its first column) that is null or
-    served twice: an item is named by its key, and nothing silently merges or drops an item."""
+    """A store-driven job's input relation serves an item key (its first column, or its isolated
+    items' logical or entity key column) that is null or served twice, or does not select it: an
+    item is named by its key, and nothing silently merges or drops an item."""
 
     job: str
     column: str
     why: str
 
     def __init__(self, job: str, column: str, why: str) -> None:
-        super().__init__(f"[[job]] {job!r}: the statement's first column {column!r} names the items, and {why}; "
-                         "select one row per item with a non-null key", job=job, column=column, why=why)
+        super().__init__(f"[[job]] {job!r}: key column {column!r}: {why}; select one row per item with a non-null "
+                         "key", job=job, column=column, why=why)
 
 
 class JobAnswerInvalid(SpecInvalid):

@@ -10,7 +10,9 @@ Implements the declaration half of the control plane's fire stage (../shared/spe
 - ``store-driven`` — a registered body (``body = "<name>"``) or a bound delegate
   (``body = { delegate = "<name>" }``, the spec's spelling) over a store
   input relation (``statement``), writing ``tables``; ``max_in_flight`` is required, no default
-  (``surface.fire.store-driven-concurrency``);
+  (``surface.fire.store-driven-concurrency``); ``isolated_items`` names each item's logical key, its
+  entity and its attempt budget (:class:`IsolatedItems`; a delegate's defer parks such an item:
+  ``surface.delegate.defer-parks``, ``engine.jobs.parking``);
 - ``plan`` — a compiled plan file beside the manifest lowered onto one execution (``surface.fire.plan-job``);
 - ``synthesize`` — reads ``source``, ``target`` and ``entities``, writes ``target``; ``read_individual``
   widens its fire credential (``surface.dispatch.fire-individual``).
@@ -61,9 +63,26 @@ HOST_COMMAND_KEYS = ("command", "argv", "args", "exec", "shell")
 """Keys that would make a job run a host command or an argument vector: never a job (JobKindUnknown)."""
 
 KEYS = ("name", "kind", "schedule", "after", "target", "body", "statement", "tables",
-        "max_in_flight", "as_of", "retry", "plan", "source", "entities", "read_individual", "description")
+        "max_in_flight", "as_of", "retry", "isolated_items", "plan", "source", "entities", "read_individual", "description")
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,127}")
+
+
+ISOLATED_KEYS = ("logical_key", "entity_key", "entity_namespace", "max_attempts")
+
+
+@dataclass(frozen=True)
+class IsolatedItems:
+    """A store-driven job's ``isolated_items``: what names each item and how often it may be tried."""
+
+    logical_key: str
+    """The statement's column naming each item (its ``_items`` row's logical key)."""
+    entity_key: str | None = None
+    """The column naming the entity the item writes for (None: the logical key's column)."""
+    entity_namespace: str | None = None
+    """The entity's namespace (None: the job's identity ``job:<name>``)."""
+    max_attempts: int | None = None
+    """The item's attempt budget, a defer's attempt included (None: the job's ``retry`` attempts)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +107,8 @@ class JobSpec:
     """A store-driven job's input instant (ISO 8601, UTC); None: the instant its execution opens."""
     retry: tuple[tuple[str, Any], ...] = ()
     """A store-driven job's per-item retry budget (``attempts``, ``base_s``, ``max_s``; engine.run.retry)."""
+    isolated_items: IsolatedItems | None = None
+    """A store-driven job's isolated items (None: each item is named by the statement's first column)."""
     plan: str | None = None
     """A plan job's compiled plan file, relative to the manifest."""
     source: str | None = None
@@ -158,6 +179,7 @@ def _job(block: Any, n: int, problems: list[ContextfulError]) -> JobSpec | None:
         max_in_flight=_in_flight(name, kind, block, problems),
         as_of=_as_of(name, kind, block, problems),
         retry=_retry(name, kind, block, problems),
+        isolated_items=_isolated(name, kind, block, problems),
         plan=_text(where, block, "plan", problems),
         source=_text(where, block, "source", problems),
         entities=_text(where, block, "entities", problems),
@@ -266,6 +288,41 @@ def _retry(name: str, kind: Any, block: dict[str, Any], problems: list[Contextfu
         problems.extend(exc.problems)
         return ()
     return tuple(sorted(value.items()))
+
+
+def _isolated(name: str, kind: Any, block: dict[str, Any], problems: list[ContextfulError]) -> IsolatedItems | None:
+    """A store-driven job's ``isolated_items`` table: a ``logical_key`` column, optional ``entity_key``
+    and ``entity_namespace`` text, ``max_attempts`` an integer >= 1; every problem named."""
+    if not _store_driven_only(name, kind, block, "isolated_items", problems):
+        return None
+    value = block["isolated_items"]
+    where = f"[[job]] {name!r}"
+    if not isinstance(value, dict):
+        problems.append(ManifestValueInvalid(where, "isolated_items", "must be a table { logical_key = \"<column>\", "
+                                                                      f"... }}, not {value!r}"))
+        return None
+    found = len(problems)
+    problems += [ManifestValueInvalid(where, f"isolated_items.{key}", f"is no key of isolated_items (keys: "
+                                                                     f"{', '.join(ISOLATED_KEYS)})")
+                 for key in value if key not in ISOLATED_KEYS]
+    if "logical_key" not in value:
+        problems.append(ManifestValueInvalid(where, "isolated_items.logical_key", "is required: the statement's "
+                                                                                  "column naming each item"))
+    texts: dict[str, str | None] = {}
+    for key in ("logical_key", "entity_key", "entity_namespace"):
+        text = value.get(key)
+        texts[key] = text if isinstance(text, str) and text.strip() else None
+        if text is not None and texts[key] is None:
+            problems.append(ManifestValueInvalid(where, f"isolated_items.{key}",
+                                                 f"must be a non-empty string, not {text!r}"))
+    attempts = value.get("max_attempts")
+    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1):
+        problems.append(ManifestValueInvalid(where, "isolated_items.max_attempts",
+                                             f"must be an integer >= 1, not {attempts!r}"))
+    logical_key = texts["logical_key"]
+    if len(problems) != found or logical_key is None:
+        return None
+    return IsolatedItems(logical_key, texts["entity_key"], texts["entity_namespace"], attempts)
 
 
 def job_problems(manifest: Manifest, jobs: list[JobSpec]) -> list[ContextfulError]:

@@ -11,7 +11,8 @@ outcome vocabulary or over the step-result bound: ``DelegateAnswerRejected`` wit
 timeout the attempt closes Transient and the late body records nothing), the status half of
 ``surface.delegate.status`` (any status but 200 closes the attempt Transient, whatever its body),
 ``surface.delegate.outcome`` (ok lands as completion; transient and permanent follow the retry
-budget; a defer closes Transient, since no job here declares isolated items to park) and
+budget; a defer of a job without isolated items closes Transient, one of an isolated item parks it:
+``engine.jobs.isolated``, whose retry_at :func:`defer_instant` reads), and
 ``surface.delegate.clocks`` (signature timestamps ride this process's system clock, the envelope's
 deadline the engine's instant). docs/jobs.md, "Delegates".
 
@@ -27,13 +28,15 @@ import http.client
 import ipaddress
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from contextful.engine.config.delegates import VIRTUAL_HOST, DelegateBinding
+from contextful.engine.config.delegates import TIMEOUT_CEILING_S, VIRTUAL_HOST, DelegateBinding
 from contextful.engine.control.worker_key import SIGNATURE_HEADER, TIMESTAMP_HEADER, WorkerKey
 from contextful.storage.errors import (
     DelegateAnsweredPermanent,
@@ -47,6 +50,10 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 STEP_RESULT_BYTES = 1 << 20
 """The step-result bound (``surface.dispatch.step-result``): an answer body holds at most 1 MiB."""
 OUTCOMES = ("ok", "defer", "transient", "permanent")
+DEFER_HORIZON_S = TIMEOUT_CEILING_S
+"""How far past the engine's instant a defer's retry_at may lie: a parked item keeps its execution
+pending, so a longer wait holds every new item of the job behind it (the call timeout's ceiling)."""
+_RFC3339_UTC = re.compile(r"(\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|\+00:00)")
 
 
 @dataclass(frozen=True)
@@ -194,10 +201,42 @@ def parse_answer(delegate: str, body: bytes) -> Answer:
             isinstance(r, list) and all(isinstance(x, dict) for x in r) for r in rows.values())):
         raise DelegateAnswerRejected(delegate, "an ok answer's rows are {table: [row, ...]}", permanent=True)
     retry_at = value.get("retry_at")
-    if outcome == "defer" and not isinstance(retry_at, str):
-        raise DelegateAnswerRejected(delegate, "a defer answer names its retry_at", permanent=True)
+    if outcome == "defer" and (not isinstance(retry_at, str) or retry_instant(retry_at) is None):
+        raise DelegateAnswerRejected(delegate, f"a defer answer's retry_at is an RFC 3339 UTC instant, not "
+                                               f"{retry_at!r}", permanent=True)
     reason = value.get("reason")
     return Answer(outcome, rows if outcome == "ok" else {}, retry_at, reason if isinstance(reason, str) else None)
+
+
+def retry_instant(text: str) -> datetime | None:
+    """``text`` as an instant when it is RFC 3339 in UTC (``Z`` or ``+00:00``), else None.
+
+    >>> retry_instant("2030-01-01T00:10:00Z"), retry_instant("2030-01-01T02:10:00+02:00")
+    (datetime.datetime(2030, 1, 1, 0, 10, tzinfo=datetime.timezone.utc), None)
+    """
+    match = _RFC3339_UTC.fullmatch(text)
+    if match is None:
+        return None
+    fraction = (match.group(2) or "")[:7]  # microseconds: the engine's instants are whole microseconds
+    try:
+        return datetime.fromisoformat(f"{match.group(1).upper()}{fraction}+00:00")
+    except ValueError:  # a date or time out of range (month 13, second 61)
+        return None
+
+
+def defer_instant(delegate: str, answer: Answer, now: datetime) -> datetime:
+    """The instant a defer ``answer`` parks its item until, read against the engine's instant ``now``:
+    a retry_at at or before ``now`` re-admits the item on the next fire; one more than
+    :data:`DEFER_HORIZON_S` past it is ``DelegateAnswerRejected`` (permanent: the same answer
+    cannot change on retry)."""
+    assert answer.retry_at is not None
+    instant = retry_instant(answer.retry_at)
+    assert instant is not None  # parse_answer admitted it
+    if instant - now > timedelta(seconds=DEFER_HORIZON_S):
+        raise DelegateAnswerRejected(delegate, f"a defer's retry_at {answer.retry_at} lies more than "
+                                               f"{DEFER_HORIZON_S} s past the engine's instant "
+                                               f"{now.isoformat().replace('+00:00', 'Z')}", permanent=True)
+    return instant
 
 
 def completion(delegate: str, answer: Answer) -> Mapping[str, list[dict[str, Any]]]:

@@ -9,7 +9,11 @@ an ok answer is journaled as the execution's step ``row/<key>/delegate/<attempt>
 land, so a fire resuming the execution lands the recorded rows and sends that item no second
 request; and ``surface.delegate.dedup-window``: each request's guard, journaled as step
 ``row/<key>/delegate/<attempt>/guard`` before the request leaves, records the binding's
-``dedup_window_secs`` under its identity (None when the binding declares none). The request and its answer are ``engine.control.delegate``'s. docs/jobs.md, "Delegates".
+``dedup_window_secs`` under its identity (None when the binding declares none); and, for a job
+with ``isolated_items``, ``surface.delegate.defer-parks``: a defer answer is journaled as the
+attempt's step (``engine.jobs.isolated.Deferral``) and parks the item, and a later fire reads it back
+to admit the item (:meth:`DelegateCalls.admission`). The request and its answer are
+``engine.control.delegate``'s. docs/jobs.md, "Delegates".
 """
 
 from __future__ import annotations
@@ -19,11 +23,19 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from contextful.engine.config.delegates import CALL, DelegateBinding
-from contextful.engine.control.delegate import Envelope, call, completion, idempotency_key
+from contextful.engine.control.delegate import Envelope, call, completion, defer_instant, idempotency_key
 from contextful.engine.control.worker_key import KEY_VARIABLE, WorkerKey, worker_key, worker_key_problem
+from contextful.engine.jobs.isolated import (
+    Admission,
+    Deferral,
+    ItemParked,
+    admission,
+    defer_exhausted,
+    item_entity,
+)
 from contextful.storage.clock import from_us
 from contextful.storage.errors import DelegateSubmitUnfilled, JobDelegateUnbound, ManifestValueInvalid
 
@@ -87,35 +99,64 @@ class DelegateCalls:
     """One fire's calls to its delegate: the answers an earlier attempt of the execution recorded,
     and one signed request per new attempt of an item (worker threads call :meth:`answer`)."""
 
-    def __init__(self, ctx: JobContext, body: DelegateBody, execution: Execution, as_of: datetime) -> None:
-        self.ctx, self.body, self.execution, self.as_of = ctx, body, execution, as_of
+    def __init__(self, ctx: JobContext, body: DelegateBody, execution: Execution, as_of: datetime,
+                 budget: int) -> None:
+        self.ctx, self.body, self.execution, self.as_of, self.budget = ctx, body, execution, as_of, budget
         self._lock = threading.Lock()  # the execution records one journal step at a time
         self.recorded: dict[str, Mapping[str, Any]] = {}
+        self.deferred: dict[str, Deferral] = {}
+        """Each isolated item's last recorded defer (a later recorded ok answer lands regardless)."""
         for label, value in execution.replay_recorded():
-            if label.startswith("row/") and isinstance(value, dict) and "rows" in value:
-                self.recorded[label[len("row/"):label.rindex("/delegate/")]] = value["rows"]
+            if not label.startswith("row/") or label.endswith("/guard") or not isinstance(value, dict):
+                continue
+            key = label[len("row/"):label.rindex("/delegate/")]
+            if "rows" in value:
+                self.recorded[key] = value["rows"]
+            elif (deferral := Deferral.recorded(value)) is not None:
+                self.deferred[key] = deferral
+
+    def admission(self, key: str) -> Admission:
+        """How this fire admits item ``key`` (``engine.jobs.isolated.admission``), at the engine's instant."""
+        return admission(self.deferred.get(key), self.budget, from_us(self.ctx.store.clock.now_us()),
+                         self.body.binding.name, answered=key in self.recorded)
 
     def answer(self, key: str, row: Mapping[str, Any], attempt: int) -> Mapping[str, Any]:
         """Item ``key``'s rows: recorded by an earlier attempt, else the delegate's ok answer to
         this attempt's call (journaled before they land); a failed call or an answer other than
-        ok raises what closes the attempt."""
+        ok raises what closes the attempt, and an isolated item's defer, journaled, parks it
+        (:class:`ItemParked`) or, on the budget's last attempt, closes it exhausted."""
         if key in self.recorded:
             return self.recorded[key]
         ctx, binding, execution = self.ctx, self.body.binding, self.execution
         step = f"row/{key}/delegate/{attempt}"
+        namespace, entity_key = item_entity(ctx.job, key, dict(row)) or (ctx.job.identity, key)
         deadline = from_us(ctx.store.clock.now_us()) + timedelta(seconds=binding.timeout_s)  # the engine's instant
         envelope = Envelope(
             job=ctx.job.name, execution_id=execution.execution_id, step=step,
             idempotency_key=idempotency_key(ctx.job.name, execution.execution_id, key), attempt=attempt,
-            entity={"namespace": ctx.job.identity, "key": key, "fence": execution.attempt},
+            entity={"namespace": namespace, "key": entity_key, "fence": execution.attempt},
             as_of=_rfc3339(self.as_of), version=ctx.version, pins=json.loads(execution.pins),
             tables=ctx.job.tables, row=row, deadline=_rfc3339(deadline))
         with self._lock:
             execution.step(f"{step}/guard", lambda: guard(execution, envelope, binding, ctx.store.clock.now_us()))
-        rows = completion(binding.name, call(binding, self.body.key, envelope))
+        answer = call(binding, self.body.key, envelope)
+        if answer.outcome == "defer" and ctx.job.isolated_items is not None:
+            self._park(step, Deferral(attempt, defer_instant(binding.name, answer,
+                                                             from_us(ctx.store.clock.now_us()))))
+        rows = completion(binding.name, answer)
         with self._lock:
             execution.step(step, lambda: {"rows": dict(rows)})
         return rows
+
+
+    def _park(self, step: str, deferral: Deferral) -> NoReturn:
+        """Journal ``deferral`` as the attempt's step, then park the item, or close it exhausted on
+        the last attempt its budget allows; either way nothing waits in this fire."""
+        with self._lock:
+            self.execution.step(step, deferral.step)
+        if deferral.attempt >= self.budget:
+            raise defer_exhausted(self.body.binding.name, deferral, self.budget)
+        raise ItemParked(deferral)
 
 
 def guard(execution: Execution, envelope: Envelope, binding: DelegateBinding, now_us: int) -> dict[str, Any]:

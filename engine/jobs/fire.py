@@ -9,6 +9,8 @@ record (docs/jobs.md, "Fire history"):
 - step ``fire``: the version, ``--force``, the kind, when it started, and the execution of the
   fire before it (``previous``), so the fires of a job read back as a chain from its owner row;
 - step ``outcome``: the :class:`~engine.jobs.context.JobOutcome`, when it ended and its exit code;
+- step ``parked``: the same, for a fire that ended with items parked (the execution stays pending;
+  the fire that closes it records its ``outcome``);
 - the owner row: ``opened_us`` is the fire's start (what serve's next fire is computed from,
   ``surface.arm.next-fire-from-history``), its status ``closed-ok`` or ``closed-failed``.
 
@@ -51,6 +53,7 @@ OPENINGS: dict[str, Opener] = {"store-driven": store_driven_opening, "plan": pla
 
 FIRE_STEP = "fire"
 OUTCOME_STEP = "outcome"
+PARKED_STEP = "parked"
 INTERRUPTED = "interrupted: the fire's process ended before it recorded an outcome"
 
 
@@ -64,7 +67,8 @@ class Fired:
     started_us: int
     ended_us: int | None
     status: str
-    """``ok``, ``failed``, ``canceled`` or ``running`` (its execution still pending)."""
+    """``ok``, ``failed``, ``canceled``, ``running`` (its execution still pending), ``pending`` (stopped
+    with work left) or ``parked`` (nothing failed; items wait for their retry_at, engine.jobs.isolated)."""
     outcome: JobOutcome | None
     forced: bool = False
     exit_code: int = 0
@@ -72,7 +76,7 @@ class Fired:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status in ("ok", "parked")
 
     def to_json(self) -> dict[str, Any]:
         from contextful.engine.control.fire import rfc3339
@@ -160,6 +164,11 @@ def fire_in(store: Store, manifest: Manifest, version: int, job: JobSpec, *, run
     except Exception as exc:  # noqa: BLE001 - the fire fails by name and is recorded; the caller reads it
         outcome, code = _failed(exc), 1
     if outcome.pending and not outcome.canceled:
+        if outcome.ok:  # items parked, nothing failed: not a failure
+            ended = clock.now_us()
+            execution.step(PARKED_STEP, lambda: outcome.to_json() | {"ended_us": ended, "exit_code": 0})
+            execution.release()
+            return Fired(job.name, version, execution.execution_id, started, ended, "parked", outcome, force, 0)
         execution.release()  # the next fire resumes it; the outcome is that fire's to record
         return Fired(job.name, version, execution.execution_id, started, None, "pending", outcome, force, code or 1)
     ended = clock.now_us()
@@ -260,11 +269,14 @@ def fire_history(store: Store, name: str, limit: int = 20) -> list[Fired]:
     while execution_id is not None and execution_id not in seen and len(fires) < limit:
         seen.add(execution_id)
         steps = {row.label: recorded_value(row) for row in journal.steps(execution_id)}
-        fire, outcome = steps.get(FIRE_STEP), steps.get(OUTCOME_STEP)
+        fire, outcome, parked = steps.get(FIRE_STEP), steps.get(OUTCOME_STEP), steps.get(PARKED_STEP)
         if not isinstance(fire, dict):
             break  # a record older than what was collected
         done = outcome if isinstance(outcome, dict) else None
-        if done is None:
+        if (done is None and isinstance(parked, dict) and owner is not None and owner.execution_id == execution_id
+                and owner.status == PENDING):
+            done, status = parked, "parked"  # its latest fire parked items; the execution waits for them
+        elif done is None:
             status = "running"
         elif owner is not None and owner.execution_id == execution_id and owner.status != PENDING:
             status = {CLOSED_OK: "ok", CLOSED_CANCELED: "canceled"}.get(owner.status, "failed")

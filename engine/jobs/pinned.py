@@ -3,8 +3,9 @@
 Implements ``surface.fire.executable-pin`` for store-driven jobs: the execution's plan reference is
 the SHA-256 (:func:`~contextful.engine.run.execution.plan_reference`) of a plan holding
 
-- the job's structural declaration: its body (or delegate), its ``statement``, its ``as_of`` and its
-  output membership (``tables``) — not its schedule, ``max_in_flight``, retry budget or description,
+- the job's structural declaration: its body (or delegate), its ``statement``, its ``as_of``, its
+  output membership (``tables``) and what names its isolated items (``isolated_items`` less
+  ``max_attempts``) — not its schedule, ``max_in_flight``, retry budget or description,
   which change when and how fast items run, not what an item reads or lands;
 - the declaration of every table it reads and writes, from the **applied** version the fire reads
   (never the working file): a pipeline's table by that pipeline's plan reference
@@ -93,6 +94,10 @@ def pinned_plan(manifest: Manifest, store: Store, job: JobSpec) -> PinnedPlan:
         shape = None if name.lower() in outputs or head is None else head.schema
         read[name] = {"declared": declaration(manifest, name), "schema": shape}
     identity = plan_reference({"statement": job.statement, "as_of": job.as_of, "relations": read})
-    plan = {"kind": "store-driven", "job": job.name, "body": job.body, "delegate": job.delegate,
-            "input": identity, "tables": {t: declaration(manifest, t) for t in job.tables}}
+    plan: dict[str, Any] = {"kind": "store-driven", "job": job.name, "body": job.body, "delegate": job.delegate,
+                            "input": identity, "tables": {t: declaration(manifest, t) for t in job.tables}}
+    if job.isolated_items is not None:  # what names an item and its entity (its budget is how often it runs)
+        items = job.isolated_items
+        plan["items"] = {"logical_key": items.logical_key, "entity_key": items.entity_key,
+                         "entity_namespace": items.entity_namespace}
     return PinnedPlan(plan, identity, relations)

@@ -14,15 +14,17 @@ One fire:
    ``OwnerPlanMismatch`` here, before any replay or publication;
 3. reads the statement as of the job's ``as_of``, else the instant the execution first opened,
    recorded as its first journal step (``engine.run.sweep``), so a resumed execution reads the same rows;
-4. hands each row (an item, named by its first column) to the body or, one signed call per attempt,
-   to the delegate, at most ``max_in_flight`` in
-   flight, each under the job's retry budget (``engine.run.retry``): a transient failure is retried,
-   and an item failing for good fails alone, by name;
+4. hands each row (an item, named by its first column, or by ``isolated_items.logical_key``:
+   ``engine.jobs.isolated``) to the body or, one signed call per attempt, to the delegate, at most
+   ``max_in_flight`` in flight, each under the job's retry budget (``engine.run.retry``; an isolated
+   item's ``max_attempts``): a transient failure is retried, an item failing for good fails alone,
+   by name, and an isolated item its delegate defers is parked (``surface.delegate.defer-parks``);
 5. lands, per batch of settled items, the rows their bodies answered into the job's ``tables`` and
    one ``_items`` row per item (``engine.run.items``) in ONE commit carrying the attempt's fence;
 6. closes the execution ``closed-ok`` (``closed-failed`` when an item failed), or, when the fire is
-   stopped (its cancel event) or fails, leaves it pending for the next fire to resume: the items
-   whose ``_items`` row names the execution are settled and are not handed to the body again.
+   stopped (its cancel event) or fails, or an item is parked, leaves it pending for the next fire to
+   resume: the items whose ``_items`` row names the execution are settled and are not handed to the
+   body again, and a parked item is re-admitted by the first fire at or after its retry_at.
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from contextful.engine.jobs.context import JobContext, JobOutcome, Opening
 from contextful.engine.jobs.delegated import DelegateBody, DelegateCalls
+from contextful.engine.jobs.isolated import (
+    Admission,
+    Deferral,
+    ItemParked,
+    item_budget,
+    item_entity,
+    key_column,
+    rfc3339,
+)
 from contextful.engine.jobs.pinned import pinned_plan
 from contextful.engine.run.bodies import RegisteredBody
 from contextful.engine.run.items import ItemOutcomes, ItemTerminal, served_keys, terminal_outcome
@@ -51,6 +62,8 @@ from contextful.storage.errors import (
 from contextful.storage.reserved import ITEMS_TABLE
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from contextful.engine.config.jobs import JobSpec
     from contextful.engine.config.manifest import Manifest
     from contextful.engine.run.execution import Execution
@@ -59,6 +72,8 @@ if TYPE_CHECKING:
 
 ItemBody = Callable[[str, dict[str, Any], int], Any]
 """What an item is handed to: its key, its row and the attempt (1-based), answering ``{table: rows}``."""
+Admit = Callable[[str], Admission]
+"""How the fire admits an item by its key (an earlier fire may have parked it)."""
 
 INPUT = "input"
 """The one origin of a store-driven execution's sweep: its input relation."""
@@ -73,6 +88,9 @@ class Settled:
     error: Exception | None
     tables: dict[str, pa.Table] = field(default_factory=dict)
     ended_us: int = 0
+    entity: tuple[str, str] | None = None
+    parked: Deferral | None = None
+    """Set: the item's delegate deferred it; it is neither terminal nor retried in this fire."""
 
 
 @dataclass
@@ -81,6 +99,7 @@ class Tally:
     failures: list[str] = field(default_factory=list)
     unsettled: int = 0
     rows: int = 0
+    parked: list[datetime] = field(default_factory=list)
 
 
 def chosen_body(job: JobSpec, manifest: Manifest) -> RegisteredBody | DelegateBody:
@@ -122,8 +141,11 @@ def _fire(ctx: JobContext, chosen: RegisteredBody | DelegateBody, execution: Exe
     job, store = ctx.job, ctx.store
     sweep = open_sweep(execution, store, SweepSpec(as_of=job.as_of), outputs=job.tables, origins=[INPUT])
     body: ItemBody
+    budget = item_budget(job)
+    admit: Admit = lambda _key: Admission()
     if isinstance(chosen, DelegateBody):
-        body = DelegateCalls(ctx, chosen, execution, sweep.as_of).answer
+        calls = DelegateCalls(ctx, chosen, execution, sweep.as_of, budget)
+        body, admit = calls.answer, calls.admission
     else:
         body = _registered(chosen)
     served = _served(job, sweep.connect(INPUT))
@@ -133,12 +155,13 @@ def _fire(ctx: JobContext, chosen: RegisteredBody | DelegateBody, execution: Exe
         left = pc.invert(pc.is_in(_guarded(keys), value_set=_settled_keys(store, job.name, execution.execution_id)))
         settled_before = len(keys) - pc.sum(left.cast(pa.int64())).as_py() if len(keys) else 0
         served, keys = served.filter(left), keys.filter(left)
-    budget = RetrySchedule.from_config(dict(job.retry)).attempts
     tally = Tally()
-    stopped = _run_items(ctx, body, execution, served, keys, budget, tally)
+    stopped = _run_items(ctx, body, admit, execution, served, keys, budget, tally)
+    parked = sorted(tally.parked)
     detail = {"execution": execution.execution_id, "attempt": execution.attempt, "resumed": execution.resumed,
               "as_of": sweep.as_of.isoformat(), "completed": tally.completed, "failed": len(tally.failures),
-              "settled_before": settled_before, "left": tally.unsettled}
+              "settled_before": settled_before, "left": tally.unsettled, "parked": len(parked),
+              "parked_until": rfc3339(parked[0]) if parked else None}
     done = f"{tally.completed} item(s) completed, {len(tally.failures)} failed"
     if execution.cancel_token.is_set():
         return JobOutcome(False, f"canceled: {done}", tally.rows, tuple(tally.failures), detail, canceled=True)
@@ -146,6 +169,9 @@ def _fire(ctx: JobContext, chosen: RegisteredBody | DelegateBody, execution: Exe
         return JobOutcome(False, f"stopped: {done}; {tally.unsettled} left for the next fire, which resumes "
                                  f"execution {execution.execution_id}", tally.rows, tuple(tally.failures), detail,
                           pending=True)
+    if parked:  # not a failure: the first fire at or after the earliest retry_at resumes the execution
+        return JobOutcome(not tally.failures, f"{done}; {len(parked)} item(s) parked until {rfc3339(parked[0])}",
+                          tally.rows, tuple(tally.failures), detail, pending=True)
     return JobOutcome(not tally.failures, done + (f" ({settled_before} settled by an earlier attempt)"
                                                   if settled_before else ""),
                       tally.rows, tuple(tally.failures), detail)
@@ -165,11 +191,20 @@ def _served(job: JobSpec, con: Any) -> pa.Table:
 
 
 def item_keys(job: JobSpec, served: pa.Table) -> pa.Array:
-    """Each item's key as text: the statement's first column, non-null and unique (JobItemKeyInvalid)."""
-    if served.num_columns == 0:
+    """Each item's key as text: the statement's first column (an isolated item's ``logical_key``),
+    non-null and unique, and an isolated item's entity column selected and non-null (JobItemKeyInvalid)."""
+    column = key_column(job, served.column_names)
+    if column is None:
         raise JobItemKeyInvalid(job.name, "", "the statement selects no column")
-    column = served.column_names[0]
-    keys = pc.cast(served.column(0), pa.string()).combine_chunks()
+    isolated = job.isolated_items
+    for needed in (column, isolated.entity_key if isolated is not None else None):
+        if needed is not None and needed not in served.column_names:
+            raise JobItemKeyInvalid(job.name, needed, f"the statement selects no column {needed!r} (it selects "
+                                                      f"{', '.join(served.column_names)})")
+    if isolated is not None and isolated.entity_key is not None and served.column(isolated.entity_key).null_count:
+        raise JobItemKeyInvalid(job.name, isolated.entity_key,
+                                f"{served.column(isolated.entity_key).null_count} row(s) serve a null entity key")
+    keys = pc.cast(served.column(column), pa.string()).combine_chunks()
     if keys.null_count:
         raise JobItemKeyInvalid(job.name, column, f"{keys.null_count} row(s) serve a null key")
     if pc.count_distinct(keys).as_py() != len(keys):
@@ -200,10 +235,12 @@ def _settled_keys(store: Store, job: str, execution_id: str) -> pa.Array:
     return found.column("logical_key").combine_chunks()
 
 
-def _run_items(ctx: JobContext, body: ItemBody, execution: Execution, served: pa.Table, keys: pa.Array,
-               budget: int, tally: Tally) -> bool:
+def _run_items(ctx: JobContext, body: ItemBody, admit: Admit, execution: Execution, served: pa.Table,
+               keys: pa.Array, budget: int, tally: Tally) -> bool:
     """Run every item, at most ``max_in_flight`` at once, committing each batch of settled items;
-    whether the fire stopped before handing every item over (its cancel event, or a run cancel)."""
+    whether the fire stopped before handing every item over (its cancel event, or a run cancel).
+    An item parked until later is sent nothing; one whose recorded defer spent its budget settles
+    without a call."""
     job = ctx.job
     assert job.max_in_flight is not None
     rows = _items_of(served, keys)
@@ -219,8 +256,21 @@ def _run_items(ctx: JobContext, body: ItemBody, execution: Execution, served: pa
                 item = next(rows, None)
                 if item is None:
                     break
-                pending.add(pool.submit(_attempt, job, body, item[0], item[1], ctx.cancel, ctx.store))
+                key, row = item
+                admitted = admit(key)
+                if admitted.parked_until is not None:
+                    tally.parked.append(admitted.parked_until)
+                    continue
+                entity = item_entity(job, key, row)
+                if admitted.exhausted is not None:
+                    batch.append(Settled(key, admitted.first, admitted.exhausted, ended_us=ctx.store.clock.now_us(),
+                                         entity=entity))
+                    continue
+                pending.add(pool.submit(_attempt, job, body, key, row, ctx.cancel, ctx.store,
+                                        range(admitted.first, budget + 1), entity))
             if not pending:
+                if batch:
+                    _commit(ctx, execution, batch, budget, tally)
                 break
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             batch += [future.result() for future in done]
@@ -240,20 +290,23 @@ def _items_of(served: pa.Table, keys: pa.Array, batch_rows: int = 1024) -> Itera
 
 
 def _attempt(job: JobSpec, body: ItemBody, key: str, row: dict[str, Any], cancel: threading.Event,
-             store: Store) -> Settled:
-    """One item under the job's retry budget (a worker thread)."""
+             store: Store, attempts_left: range, entity: tuple[str, str] | None) -> Settled:
+    """One item under its budget's ``attempts_left`` (a worker thread); a defer parks it."""
     attempts = 0
 
-    def once(attempt: int) -> dict[str, pa.Table]:
+    def once(n: int) -> dict[str, pa.Table]:
         nonlocal attempts
-        attempts = attempt
-        return answer_tables(job, key, body(key, row, attempt))  # the one place an item is dispatched
+        attempts = attempts_left[n - 1]
+        return answer_tables(job, key, body(key, row, attempts))  # the one place an item is dispatched
 
+    schedule = RetrySchedule.from_config(dict(job.retry) | {"attempts": len(attempts_left)})
     try:
-        tables = RetrySchedule.from_config(dict(job.retry)).run(f"item {key}", once, cancel=cancel)
+        tables = schedule.run(f"item {key}", once, cancel=cancel)
+    except ItemParked as parked:
+        return Settled(key, attempts, None, ended_us=store.clock.now_us(), entity=entity, parked=parked.deferral)
     except Exception as exc:  # noqa: BLE001 - an item's failure is its own: it fails alone, by name
-        return Settled(key, attempts, exc, ended_us=store.clock.now_us())
-    return Settled(key, attempts, None, tables, store.clock.now_us())
+        return Settled(key, attempts, exc, ended_us=store.clock.now_us(), entity=entity)
+    return Settled(key, attempts, None, tables, store.clock.now_us(), entity)
 
 
 def answer_tables(job: JobSpec, key: str, answer: Any) -> dict[str, pa.Table]:
@@ -292,11 +345,14 @@ def _commit(ctx: JobContext, execution: Execution, batch: list[Settled], budget:
     outcomes = ItemOutcomes(store, job.name)
     parts: dict[str, list[pa.Table]] = {}
     for item in batch:  # bounded by max_in_flight items
+        if item.parked is not None:
+            tally.parked.append(item.parked.retry_at)
+            continue
         terminal = terminal_outcome(item.error, max(item.attempts, 1), budget)
         if terminal is None:  # a retry wait the fire's cancel ended: the next fire takes the item again
             tally.unsettled += 1
             continue
-        outcomes.record(item.key, attempts=max(item.attempts, 1), outcome=terminal,
+        outcomes.record(item.key, entity=item.entity, attempts=max(item.attempts, 1), outcome=terminal,
                         attempt_run_id=attempt_run_id(execution, item.key), execution_id=execution.execution_id,
                         ended_us=item.ended_us, error=item.error)
         if terminal is ItemTerminal.COMPLETED:

@@ -17,26 +17,23 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from contextful.engine.control.apply import apply_manifest, import_manifest, load_version
 from contextful.engine.control.worker_key import KEY_VARIABLE, WorkerKey
-from contextful.engine.jobs.context import JobOutcome
-from contextful.engine.jobs.fire import fire_in
 from contextful.engine.jobs.scope import job_scope
 from contextful.engine.run.items import ItemOutcomes
 from contextful.storage import Store
-from contextful.storage.clock import ManualClock, from_us
+from contextful.storage.clock import from_us
 from contextful.storage.errors import DelegateSubmitUnfilled, OwnerPinsMismatch
 from contextful.storage.journal import CLOSED_OK, PENDING
 
+from tests.engine.jobs.delegates import CHILD, KEY, Start, applied, clocked_store, fire
 from tests.engine.jobs.project import rows
 
-KEY = "k" * 40
 JOB = "enrich-documents"
 DOCS = pa.table({"doc_id": ["d1", "d2", "d3"], "body": ["one", "two words", "three more words"]})
 
@@ -65,56 +62,10 @@ retry = {{ attempts = {attempts}, base_s = 0, max_s = 0 }}
 """
 
 
-class Delegate:
-    """The reference delegate as a child process: its url and the requests it logged."""
-
-    def __init__(self, root: Path, script: dict[str, list[str]]) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        self.log = root / "requests.ndjson"
-        (root / "script.json").write_text(json.dumps(script))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "contextful.datasets.enrich_delegate", "--log", str(self.log),
-             "--script", str(root / "script.json")],
-            stdout=subprocess.PIPE, text=True, env={**os.environ, KEY_VARIABLE: KEY})
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()  # printed once it accepts requests
-        assert line.startswith("listening "), line
-        self.url = line.removeprefix("listening ")
-
-    def requests(self) -> list[dict]:
-        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
-
-    def sent_keys(self) -> list[str]:
-        return [r["envelope"]["entity"]["key"] for r in self.requests()]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
-Start = Callable[..., "Delegate"]
-"""Start a reference delegate with a script of behaviours."""
-
-
-@pytest.fixture
-def delegate_of(tmp_path: Path) -> Iterator[Start]:
-    started: list[Delegate] = []
-
-    def start(script: dict[str, list[str]] | None = None) -> Delegate:
-        started.append(Delegate(tmp_path / f"delegate-{len(started)}", script or {}))
-        return started[-1]
-
-    yield start
-    for delegate in started:
-        delegate.stop()
-
-
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
     monkeypatch.setenv(KEY_VARIABLE, KEY)
-    store = Store.open(str(tmp_path / "store"), clock=ManualClock())
-    store.append("documents", DOCS)
-    store.clock.advance(1)
+    store = clocked_store(tmp_path / "store", "documents", DOCS)
     yield store
     store.close()
 
@@ -122,18 +73,8 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
 def project(root: Path, url: str, *, mode: str = "call", binding: str = "", max_in_flight: int = 1,
             attempts: int = 1) -> int:
     """Write the project and import or apply it: the version applied."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "contextful.toml").write_text(MANIFEST.format(url=url, mode=mode, binding=binding,
-                                                          max_in_flight=max_in_flight, attempts=attempts))
-    outcome = import_manifest(root) if not (root / ".contextful" / "control").exists() else apply_manifest(root)
-    return outcome.version
-
-
-def fire(root: Path, version: int, store: Store, cancel: threading.Event | None = None) -> JobOutcome:
-    manifest = load_version(root, version)
-    fired = fire_in(store, manifest, version, manifest.jobs[0], cancel=cancel or threading.Event())
-    assert fired.outcome is not None
-    return fired.outcome
+    return applied(root, MANIFEST.format(url=url, mode=mode, binding=binding, max_in_flight=max_in_flight,
+                                         attempts=attempts))
 
 
 def items(store: Store) -> list[tuple]:
@@ -279,7 +220,7 @@ def test_transient_and_permanent_answers_follow_the_retry_budget_and_a_permanent
     assert rows(store, "SELECT doc_id, chars, words FROM enriched") == [("d1", 5, 2)]
 
 
-@pytest.mark.clause("surface.delegate.outcome")
+@pytest.mark.clause("surface.delegate.outcome", "surface.delegate.defer-parks")
 def test_a_defer_of_a_job_without_isolated_items_closes_transient(
         tmp_path: Path, store: Store, delegate_of: Start) -> None:
     delegate = delegate_of({"d1": ["defer:2030-01-01T00:10:00Z"]})
@@ -381,18 +322,6 @@ def test_a_changed_version_meets_a_pending_execution_as_pinned_plan_changed(
     fresh = fire(root, changed, store)
     assert fresh.ok and fresh.detail["execution"] != pending.execution_id
     assert store.journal.owner(job_scope(JOB).key).pin_map()["body_dependency_delegate_version"] == "prompts-v2"
-
-
-CHILD = """
-import sys, threading
-from contextful.engine.control.apply import load_version
-from contextful.engine.jobs.context import JobOutcome
-from contextful.engine.jobs.fire import fire_in
-from contextful.storage import Store
-root, version, store_root = sys.argv[1:4]
-manifest = load_version(__import__("pathlib").Path(root), int(version))
-fire_in(Store.open(store_root), manifest, int(version), manifest.jobs[0])
-"""
 
 
 @pytest.mark.slow
