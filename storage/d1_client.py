@@ -31,7 +31,6 @@ import http.client
 import json
 import os
 import re
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -182,18 +181,19 @@ class D1Client:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 return response.read(), {k.lower(): v for k, v in response.headers.items()}
         except urllib.error.HTTPError as exc:
-            return self._refused(exc, operation, write)
+            if exc.code in (404, 412):
+                return None
+            raise self._refusal(exc, operation, write) from exc
         except urllib.error.URLError as exc:  # nothing reached the Worker
             raise CatalogUnavailable(self.backend, f"{operation}: {exc.reason}") from exc
-        except (TimeoutError, socket.timeout, ConnectionError, http.client.HTTPException) as exc:
+        except (TimeoutError, ConnectionError, http.client.HTTPException) as exc:
             reason = f"{operation}: no answer ({type(exc).__name__}: {exc})"
             if write:
                 raise CommitUnheard(CatalogUnavailable(self.backend, reason)) from exc
             raise CatalogUnavailable(self.backend, reason) from exc
 
-    def _refused(self, exc: urllib.error.HTTPError, operation: str, write: bool) -> None:
-        if exc.code in (404, 412):
-            return None
+    def _refusal(self, exc: urllib.error.HTTPError, operation: str, write: bool) -> Exception:
+        """What an answer other than 2xx, 404 and 412 raises."""
         try:
             detail = str(json.loads(exc.read()).get("error", ""))
         except (ValueError, OSError):
@@ -201,11 +201,11 @@ class D1Client:
         reason = f"{operation}: HTTP {exc.code}: {detail}"
         if exc.code >= 500:
             if write:  # the Worker or the edge failed after the request arrived: it may have landed
-                raise CommitUnheard(CatalogUnavailable(self.backend, reason)) from exc
-            raise CatalogUnavailable(self.backend, reason) from exc
+                return CommitUnheard(CatalogUnavailable(self.backend, reason))
+            return CatalogUnavailable(self.backend, reason)
         if exc.code == 401:
             reason += " (CONTEXTFUL_D1_TOKEN is not the Worker's)"
-        raise CatalogRejected(self.backend, reason) from exc
+        return CatalogRejected(self.backend, reason)
 
 
 def _to_json(value: Any) -> Any:
