@@ -34,7 +34,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,20 +102,33 @@ class D1Client:
         self.backend = f"cloudflare-d1:{self.url}" + (f"#{namespace}" if namespace else "")
         """How errors name this binding."""
 
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, object]) -> D1Client:
+        """The client an ``open_*_store("d1", url=…, token=…, namespace=…)`` loader was given."""
+        return cls(str(arguments["url"]), str(arguments["token"]), str(arguments.get("namespace", "")))
+
     # --- D1 ---------------------------------------------------------------------------------------
 
     def sql(self, statement: str) -> str:
         """``statement`` with every ``cf_…`` table placed in the namespace."""
         return _TABLE.sub(f"{self.namespace}__cf_", statement) if self.namespace else statement
 
-    def batch(self, statements: Sequence[Statement], *, write: bool = True) -> list[BatchResult]:
+    def batch(self, statements: Sequence[Statement], *, write: bool = True,
+              rerun_unheard: bool = False) -> list[BatchResult]:
         """Run ``statements`` as one D1 batch (one transaction); each one's result, in order.
 
         ``write=False`` (a batch of reads): a lost answer is ``CatalogUnavailable``, safe to ask again;
-        a write's lost answer is ``CommitUnheard``."""
+        a write's lost answer is ``CommitUnheard``, unless ``rerun_unheard`` (the batch finds its own
+        earlier effect and does not repeat it: an insert that does nothing on conflict, an update
+        conditional on the state it leaves) sends it once more."""
         body = {"statements": [{"sql": self.sql(sql), "params": [_to_json(p) for p in params]}
                                for sql, params in statements]}
-        answer = self._request("POST", "/d1/batch", "d1 batch", json.dumps(body).encode(), write=write)
+        try:
+            answer = self._request("POST", "/d1/batch", "d1 batch", json.dumps(body).encode(), write=write)
+        except CommitUnheard:
+            if not rerun_unheard:
+                raise
+            answer = self._request("POST", "/d1/batch", "d1 batch", json.dumps(body).encode(), write=write)
         assert answer is not None  # a batch never answers 404
         return [BatchResult([tuple(_from_json(v) for v in row) for row in result["rows"]], int(result["changes"]))
                 for result in json.loads(answer[0])["results"]]

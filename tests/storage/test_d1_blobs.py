@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from contextful.storage.blobs import digest_of
+from contextful.storage.blobs import digest_of, open_blob_store
 from contextful.storage.blobs.d1 import D1BlobStore
 from contextful.storage.d1_client import D1Binding
 from contextful.storage.errors import CatalogRejected
@@ -38,3 +38,10 @@ def test_the_r2_write_precedes_its_d1_reference(d1_binding: D1Binding) -> None:
         blobs.put(data)
     assert "d1 batch" in str(info.value) and "cf_blobs" in str(info.value)
     assert client.get(D1BlobStore.key(digest_of(data))) == data  # the object landed first, whole
+
+
+def test_open_blob_store_opens_the_d1_adapter_on_a_binding(d1_binding: D1Binding) -> None:
+    blobs = open_blob_store("d1", url=d1_binding.url, token=d1_binding.token, namespace=d1_binding.namespace)
+    assert isinstance(blobs, D1BlobStore)
+    digest = blobs.put(b"through the loader")
+    assert d1_binding.client().get(D1BlobStore.key(digest)) == b"through the loader"
