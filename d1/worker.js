@@ -9,6 +9,8 @@
  *                               -> {"results": [{"columns": [...], "rows": [[...]], "changes": n}, ...]}
  *                               One D1 batch: one transaction, ended with this request (D1 has no
  *                               interactive transaction, so a compare-and-swap lives in the statements).
+ *                               D1 answers a batch's rows as objects: a statement's result columns must
+ *                               have distinct names (alias a repeated one).
  *   GET    /r2/object/<key>     the object's bytes (etag header), 404 when absent
  *   HEAD   /r2/object/<key>     its etag and size, 404 when absent
  *   PUT    /r2/object/<key>     store the body; "x-only-if: absent" or "x-only-if: etag=<etag>" makes the
