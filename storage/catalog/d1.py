@@ -67,6 +67,8 @@ _HELD = "(SELECT COUNT(*) FROM cf_tables WHERE write_token = ?) = ?"
 """Every table of the commit still holds its token: the predicate of each of the commit's writes."""
 _REVOKE = "UPDATE cf_tables SET write_token = NULL WHERE write_token = ? AND "
 _CLOCK = "(SELECT last_commit_us FROM cf_clock WHERE id = 1)"
+_INSERT_COMMIT = ("INSERT INTO cf_commits (table_name, commit_seq, run_id, kind, manifest, schema_id, committed_us,"
+                  f" rows_added) SELECT ?, ?, ?, ?, ?, ?, {_CLOCK}, ? WHERE {_HELD}")
 
 
 class D1Catalog(SqlCatalog):
@@ -76,7 +78,8 @@ class D1Catalog(SqlCatalog):
     def __init__(self, client: D1Client) -> None:  # no connection: SqlCatalog's is D1's batches here
         self.client = client
         statements: list[Statement] = [(statement, ()) for statement in DDL]
-        if not client.query("SELECT 1 FROM pragma_table_info(?) WHERE name = 'write_token'", (client.sql("cf_tables"),)):
+        columns = client.query("SELECT name FROM pragma_table_info(?)", (client.sql("cf_tables"),))
+        if ("write_token",) not in columns:
             statements.append(("ALTER TABLE cf_tables ADD COLUMN write_token TEXT", ()))
         client.batch(statements, rerun_unheard=True)
 
@@ -141,7 +144,7 @@ class D1Catalog(SqlCatalog):
     def _try_commit(self, requests: Sequence[CommitRequest], clock: Clock) -> list[int] | None:
         """Read the heads, check the requirements, send the batch: the commit_seqs, or None when a
         head moved first (nothing changed)."""
-        cur = _D1Cursor(self.client)
+        cur: Any = _D1Cursor(self.client)  # what SqlCatalog's checks read through: each read its own batch
         heads = self._heads([r.table for r in requests])
         seqs: dict[str, int] = {}
         todo = []
@@ -203,8 +206,8 @@ class D1Catalog(SqlCatalog):
 
     def take_cadence(self, deployment: str, holder: str, now_us: int, lease_us: int) -> CadenceHolder:
         while True:  # loops only while another holder moves the lease between our read and our write
-            rows = self.client.query("SELECT holder, acquired_us, expires_us FROM cf_cadence_lease WHERE deployment = ?",
-                                     (deployment,))
+            rows = self.client.query("SELECT holder, acquired_us, expires_us FROM cf_cadence_lease"
+                                     " WHERE deployment = ?", (deployment,))
             row = rows[0] if rows else None
             if row is not None and row[0] != holder and row[2] > now_us and not holder_is_dead(row[0]):
                 return CadenceHolder(deployment, row[0], row[1], row[2])
@@ -300,7 +303,8 @@ class _CommitBatch:
             elif isinstance(req, AssertPartsLive):
                 for chunk in _chunks(sorted(set(req.paths)), CHUNK):
                     yield (_REVOKE + "(SELECT COUNT(*) FROM cf_parts WHERE table_name = ? AND removed_seq IS NULL"
-                           f" AND path IN ({', '.join('?' for _ in chunk)})) != ?", (self.token, table, *chunk, len(chunk)))
+                           f" AND path IN ({', '.join('?' for _ in chunk)})) != ?",
+                           (self.token, table, *chunk, len(chunk)))
             elif isinstance(req, AssertRecordsPending):
                 for keys in _chunks(sorted(set(req.keys)), CHUNK // 2):
                     either = " OR ".join("(run_id = ? AND phase = ?)" for _ in keys)
@@ -313,8 +317,8 @@ class _CommitBatch:
         schema_id, merge_text = self.heads[table].schema_id, self.heads[table].merge
         for update in request.updates:
             if isinstance(update, RemoveAllParts):
-                out.append(self._held("UPDATE cf_parts SET removed_seq = ? WHERE table_name = ? AND removed_seq IS NULL",
-                                      (seq, table)))
+                out.append(self._held("UPDATE cf_parts SET removed_seq = ? WHERE table_name = ?"
+                                      " AND removed_seq IS NULL", (seq, table)))
             elif isinstance(update, RemoveParts):
                 for chunk in _chunks(list(update.paths), CHUNK):
                     out.append(self._held(f"UPDATE cf_parts SET removed_seq = ? WHERE table_name = ? AND path IN"
@@ -345,8 +349,8 @@ class _CommitBatch:
             elif isinstance(update, MarkRecordsFlushed):
                 for i, (run_id, phase) in enumerate(update.keys):
                     if update.payloads:
-                        out.append(self._held("DELETE FROM cf_run_records WHERE run_id = ? AND phase = ? AND payload = ?",
-                                              (run_id, phase, update.payloads[i])))
+                        out.append(self._held("DELETE FROM cf_run_records WHERE run_id = ? AND phase = ?"
+                                              " AND payload = ?", (run_id, phase, update.payloads[i])))
                     else:
                         out.append(self._held("DELETE FROM cf_run_records WHERE run_id = ? AND phase = ?",
                                               (run_id, phase)))
@@ -362,12 +366,11 @@ class _CommitBatch:
         """The commit-log row, the kept manifest, the end of the run's staging and the head's advance."""
         table, head = request.table, self.heads[request.table]
         seq = head.commit_seq + 1
-        out = [((f"INSERT INTO cf_commits (table_name, commit_seq, run_id, kind, manifest, schema_id, committed_us,"
-                f" rows_added) SELECT ?, ?, ?, ?, ?, ?, {_CLOCK}, ? WHERE {_HELD}"),
-                (table, seq, request.run_id, request.kind, request.manifest, schema_id, request.rows, self.token,
-                 len(self.requests)))]
+        out: list[Statement] = [(_INSERT_COMMIT, (table, seq, request.run_id, request.kind, request.manifest, schema_id,
+                                                  request.rows, self.token, len(self.requests)))]
         if request.manifest_doc is not None:
-            out.append(self._insert("cf_manifests (table_name, run_id, doc)", (table, request.run_id, request.manifest_doc)))
+            out.append(self._insert("cf_manifests (table_name, run_id, doc)",
+                                    (table, request.run_id, request.manifest_doc)))
         out.append(self._held("DELETE FROM cf_staging WHERE table_name = ? AND run_id = ?", (table, request.run_id)))
         out.append(self._held(f"UPDATE cf_tables SET commit_seq = ?, schema_id = ?, last_commit_us = {_CLOCK}"
                               " WHERE name = ? AND commit_seq = ?", (seq, schema_id, table, head.commit_seq)))

@@ -141,15 +141,18 @@ class D1JournalStore(JournalStore):
                                                     (execution_id,))]
 
     def collect(self, execution_id: str, below: int | None = None, fence: WriterFence | None = None) -> int:
-        where, params = "execution_id = ?", [execution_id]
+        where = "execution_id = ?"
+        params: list[Any] = [execution_id]
         if below is not None:
-            where, params = where + " AND seq < ?", params + [below]
+            where += " AND seq < ?"
+            params.append(below)
         if fence is None:
             return int(self._batch_again([(f"DELETE FROM cf_journal_steps WHERE {where}", params)])[0].changes)
         owner: Statement = (f"SELECT {OWNER_FENCE_COLUMNS} FROM cf_journal_owners WHERE execution_id = ?",
                             (fence.execution_id,))
         found, deleted = self._batch_again([
-            owner, (f"DELETE FROM cf_journal_steps WHERE {where} AND {_FENCE_HOLDS}", params + list(_fence_params(fence)))])
+            owner,
+            (f"DELETE FROM cf_journal_steps WHERE {where} AND {_FENCE_HOLDS}", [*params, *_fence_params(fence)])])
         reason = fence.refusal_of(found.rows[0] if found.rows else None)
         if reason is not None:
             raise fence.refuse(reason)
