@@ -158,12 +158,17 @@ class Store:
         """The exporters' outbox in the execution database (``storage.outbox``); a profile without
         one raises ``StorageCapabilityMissing``. Under the container profile, admitted first."""
         if self._outbox is None:
+            from contextful.storage.catalog.d1 import D1Catalog
             from contextful.storage.catalog.postgres import PostgresCatalog
 
             if self.container is not None:
                 admit(self)
             if isinstance(self.catalog, PostgresCatalog):
                 self._outbox = open_outbox_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
+            elif isinstance(self.catalog, D1Catalog):
+                from contextful.storage.outbox.d1 import D1OutboxStore
+
+                self._outbox = D1OutboxStore(self.catalog.client)
             else:
                 self._outbox = open_outbox_store(self.catalog.backend)
         return self._outbox

@@ -1,4 +1,4 @@
-"""A store over the D1 profile's adapter set: its catalog, journal, awakeables and blobs in D1 and R2.
+"""A store over the D1 profile's adapter set: catalog, journal, awakeables, outbox and blobs in D1 and R2.
 
 The parts stay under a local root (the D1 profile's corpus in R2 is not built yet); everything the
 catalog holds — heads, the commit log, the part index, cursors, run records — goes through the
@@ -22,6 +22,7 @@ from contextful.storage.d1_client import D1Binding
 from contextful.storage.errors import ExecutionWriterFenced
 from contextful.storage.fence import WriterFence, writing_as
 from contextful.storage.journal.d1 import D1JournalStore
+from contextful.storage.outbox.d1 import D1OutboxStore
 
 pytestmark = pytest.mark.d1
 
@@ -41,8 +42,8 @@ def test_a_store_commits_and_reads_through_the_d1_catalog(d1_binding: D1Binding,
         clock.advance(1)
         second = store.append("orders", pa.table({"id": [2, 3], "amount": [21, 30]}), primary_key=["id"])
         assert (first.commit_seq, second.commit_seq) == (1, 2)
-        assert (type(store.journal), type(store.awakeables), type(store.blobs)) == (
-            D1JournalStore, D1AwakeableStore, D1BlobStore)
+        assert (type(store.journal), type(store.awakeables), type(store.blobs), type(store.outbox)) == (
+            D1JournalStore, D1AwakeableStore, D1BlobStore, D1OutboxStore)
     finally:
         store.close()
 
