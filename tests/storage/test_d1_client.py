@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
+import urllib.error
+import urllib.request
 
 import pytest
 from contextful.storage.d1_client import D1Binding, D1Client
@@ -73,3 +76,25 @@ def test_an_unreachable_worker_is_catalog_unavailable_naming_the_operation() -> 
         with pytest.raises(CatalogUnavailable) as info:
             client.query("SELECT 1")
     assert "d1 batch" in str(info.value) and f"cloudflare-d1:http://127.0.0.1:{port}" in str(info.value)
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/d1/batch"), ("POST", "/r2/list"), ("GET", "/d1/exec"),
+                                          ("PATCH", "/r2/object/k"), ("GET", "/")])
+def test_the_worker_answers_only_the_adapters_operations(d1_binding: D1Binding, method: str, path: str) -> None:
+    request = urllib.request.Request(d1_binding.url + path, method=method, data=b"{}" if method != "GET" else None,
+                                     headers={"authorization": f"Bearer {d1_binding.token}"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=30)
+    assert info.value.code in (404, 405)
+    assert json.loads(info.value.read())["error"].startswith(("no route", "no method"))
+
+
+def test_a_binding_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CONTEXTFUL_D1_URL", raising=False)
+    monkeypatch.setenv("CONTEXTFUL_D1_TOKEN", "t")
+    assert D1Binding.from_environment() is None  # no URL: no binding
+    monkeypatch.setenv("CONTEXTFUL_D1_URL", "http://127.0.0.1:8787")
+    monkeypatch.setenv("CONTEXTFUL_D1_NAMESPACE", "prod")
+    assert D1Binding.from_environment() == D1Binding("http://127.0.0.1:8787", "t", "prod")
+    with pytest.raises(ValueError, match="namespace"):
+        D1Client("http://127.0.0.1:8787", "t", "Bad-Name")
