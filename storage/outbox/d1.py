@@ -114,7 +114,8 @@ class D1OutboxStore(OutboxStore):
             read, results = self._read(stream, reads, fence)
             found = {row[3]: row for result in results for row in result.rows}
             _, next_seq, staged_through = read
-            stored, writes = [], []
+            stored: list[OutboxEvent] = []
+            writes: list[Statement] = []
             for position, event_id, kind, payload in events:  # bounded by one staging batch
                 row = found.get(event_id)
                 if row is None:

@@ -10,7 +10,6 @@ delivery identity by the replacement, before anything new.
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from contextful.storage.d1_client import D1Binding
 from contextful.storage.outbox import StreamState, open_outbox_store
 
 from tests.storage.test_journal_conformance import JournalSite
-from tests.storage.test_outbox import _line, _sender
+from tests.storage.test_outbox import _line, _sender, killed_sender
 
 pytestmark = pytest.mark.d1
 
@@ -28,14 +27,7 @@ def test_a_sink_commit_without_its_d1_acknowledgement_is_reoffered_under_the_sam
         d1_binding: D1Binding, tmp_path: Path) -> None:
     site = JournalSite("d1", d1_binding.url, d1_binding.namespace, d1_binding.token)
     sink = tmp_path / "destination.txt"
-    first = _sender(site, sink, 3, "--die-after-delivery")
-    try:
-        assert json.loads(_line(first, "reoffered")) == []
-        staged = json.loads(_line(first, "staged"))
-        _line(first, "ready")
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait(60)
+    staged = killed_sender(site, sink, 3, "--die-after-delivery")
     assert staged == ["orders:1", "orders:2", "orders:3"]
     assert sink.read_text().splitlines() == ["orders:1 payload 1"]  # the sink committed it
 

@@ -114,18 +114,24 @@ def _line(proc: subprocess.Popen[str], word: str) -> str:
     return line[len(word):].strip()
 
 
-@pytest.mark.clause("run.export.remote-state")
-def test_a_replacement_reoffers_the_killed_senders_pending_ids_first(outbox: OutboxStore, site: JournalSite,
-                                                                     tmp_path: Path) -> None:
-    sink = tmp_path / "destination.txt"
-    first = _sender(site, sink, 4, "--die-after-staging")
+def killed_sender(site: JournalSite, sink: Path, log_end: int, flag: str) -> list[str]:
+    """Run a sender on a fresh stream until it stops at ``flag``'s point, SIGKILL it there; the ids it staged."""
+    first = _sender(site, sink, log_end, flag)
     try:
         assert json.loads(_line(first, "reoffered")) == []
-        staged = json.loads(_line(first, "staged"))
+        staged: list[str] = json.loads(_line(first, "staged"))
         _line(first, "ready")
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(60)
+    return staged
+
+
+@pytest.mark.clause("run.export.remote-state")
+def test_a_replacement_reoffers_the_killed_senders_pending_ids_first(outbox: OutboxStore, site: JournalSite,
+                                                                     tmp_path: Path) -> None:
+    sink = tmp_path / "destination.txt"
+    staged = killed_sender(site, sink, 4, "--die-after-staging")
     assert staged == ["orders:1", "orders:2", "orders:3", "orders:4"]
     pending = [e.event_id for e in outbox.pending("orders")]
     assert pending == staged[1:]  # the first was delivered and acknowledged before the kill
