@@ -12,7 +12,7 @@ changes nothing). Both find their own earlier effect, so a lost answer sends the
 from __future__ import annotations
 
 from contextful.storage.awakeables import PENDING, AwakeableRow, AwakeableStore
-from contextful.storage.awakeables.sql import COLUMNS, DDL, SELECT, awakeable_row
+from contextful.storage.awakeables.sql import _SELECT, COLUMNS, DDL, _row
 from contextful.storage.d1_client import D1Client
 
 _INSERT = (f"INSERT INTO cf_awakeables ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
@@ -27,18 +27,26 @@ class D1AwakeableStore(AwakeableStore):
 
     def _insert_pending(self, row: AwakeableRow) -> AwakeableRow:
         results = self.client.batch([(_INSERT, tuple(getattr(row, c) for c in COLUMNS)),
-                                     (f"{SELECT} WHERE execution_id = ? AND seq = ?", (row.execution_id, row.seq))],
+                                     (f"{_SELECT} WHERE execution_id = ? AND seq = ?", (row.execution_id, row.seq))],
                                     rerun_unheard=True)
-        return awakeable_row(results[1].rows[0])
+        return _row(results[1].rows[0])
 
     def _settle(self, token: str, state: str, payload: bytes | None, subject: str | None,
                 resolved_us: int | None) -> None:
         self.client.batch([(_SETTLE, (state, payload, resolved_us, subject, token, PENDING))], rerun_unheard=True)
 
     def get(self, token: str) -> AwakeableRow | None:
-        rows = self.client.query(f"{SELECT} WHERE token = ?", (token,))
-        return awakeable_row(rows[0]) if rows else None
+        rows = self.client.query(f"{_SELECT} WHERE token = ?", (token,))
+        return _row(rows[0]) if rows else None
+
+    def pending_under(self, prefix: str) -> list[AwakeableRow]:
+        """Every row still pending whose execution id is ``prefix`` followed by ``/`` and more, by
+        execution id and step (the port's verb, as ``storage.awakeables.sql`` reads it)."""
+        start = prefix + "/"  # a range on the key, not LIKE: a prefix holding % or _ means itself
+        return [_row(r) for r in self.client.query(
+            f"{_SELECT} WHERE state = ? AND execution_id >= ? AND execution_id < ? ORDER BY execution_id, seq",
+            (PENDING, start, prefix + "0"))]
 
     def rows_of(self, execution_id: str) -> list[AwakeableRow]:
-        return [awakeable_row(r) for r in self.client.query(f"{SELECT} WHERE execution_id = ? ORDER BY seq",
+        return [_row(r) for r in self.client.query(f"{_SELECT} WHERE execution_id = ? ORDER BY seq",
                                                             (execution_id,))]

@@ -26,10 +26,10 @@ DDL = """CREATE TABLE IF NOT EXISTS cf_awakeables (
     state TEXT NOT NULL, created_us BIGINT NOT NULL, deadline_us BIGINT NOT NULL, payload {blob},
     resolved_us BIGINT, subject TEXT, UNIQUE (execution_id, seq))"""
 
-SELECT = f"SELECT {', '.join(COLUMNS)} FROM cf_awakeables"
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM cf_awakeables"
 
 
-def awakeable_row(row: Any) -> AwakeableRow:
+def _row(row: Any) -> AwakeableRow:
     return AwakeableRow(token=row[0], execution_id=row[1], seq=int(row[2]), label=row[3], state=row[4],
                         created_us=int(row[5]), deadline_us=int(row[6]),
                         payload=None if row[7] is None else bytes(row[7]),
@@ -72,8 +72,8 @@ class SqlAwakeableStore(SqlDialect, AwakeableStore, ABC):
             self._sql(f"INSERT INTO cf_awakeables ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
                       " ON CONFLICT DO NOTHING"),
             tuple(getattr(row, c) for c in COLUMNS)), rerun_unheard=True)
-        stored = self._query_rows(f"{SELECT} WHERE execution_id = ? AND seq = ?", (row.execution_id, row.seq))
-        return awakeable_row(stored[0])
+        stored = self._query_rows(f"{_SELECT} WHERE execution_id = ? AND seq = ?", (row.execution_id, row.seq))
+        return _row(stored[0])
 
     def _settle(self, token: str, state: str, payload: bytes | None, subject: str | None,
                 resolved_us: int | None) -> None:
@@ -84,9 +84,9 @@ class SqlAwakeableStore(SqlDialect, AwakeableStore, ABC):
             (state, payload, resolved_us, subject, token, PENDING)), rerun_unheard=True)
 
     def get(self, token: str) -> AwakeableRow | None:
-        rows = self._query_rows(f"{SELECT} WHERE token = ?", (token,))
-        return awakeable_row(rows[0]) if rows else None
+        rows = self._query_rows(f"{_SELECT} WHERE token = ?", (token,))
+        return _row(rows[0]) if rows else None
 
     def rows_of(self, execution_id: str) -> list[AwakeableRow]:
-        return [awakeable_row(r) for r in self._query_rows(f"{SELECT} WHERE execution_id = ? ORDER BY seq",
+        return [_row(r) for r in self._query_rows(f"{_SELECT} WHERE execution_id = ? ORDER BY seq",
                                                   (execution_id,))]
