@@ -7,7 +7,7 @@ on a private loopback server (``fsync=on``), and a ``D1Catalog`` through the Wor
 on loopback (``tests/support/miniflare_server.py``; its local D1 is SQLite under workerd). Each
 side's p50, p90 and p99 per commit are printed, with the ratios D1/SQLite and D1/PostgreSQL, and
 the Worker requests a D1 commit makes (D1 holds no transaction across requests, so the commit's
-reads and its one conditional batch are separate round trips: ``storage.catalog.d1``).
+reads and its one conditional batch are separate round trips: ``storage.d1.catalog``).
 
 miniflare on loopback is not Cloudflare: a deployed Worker adds the network between the engine
 and the Worker, and D1's own replication. The ratio says what the adapter's shape costs beside the
@@ -28,9 +28,9 @@ if REPO not in sys.path:  # run as a script from the repository: bench and tests
     sys.path.insert(0, REPO)
 
 from contextful.storage import Store
-from contextful.storage.catalog.d1 import D1Catalog
 from contextful.storage.catalog.postgres import PostgresCatalog
-from contextful.storage.d1_client import D1Client
+from contextful.storage.d1.catalog import D1Catalog
+from contextful.storage.d1.client import D1Client
 
 from bench import records
 from bench.bench_store import make_row, ms, pct, peak_rss_mib

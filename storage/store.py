@@ -138,15 +138,15 @@ class Store:
     def blobs(self) -> BlobStore:
         """The blob store: the execution database's ``cf_blobs`` under the container profile (a
         recorded value and the blob it names share one home and one backup), R2 beside a D1 catalog
-        (``storage.blobs.d1``), else ``blobs/`` under the root."""
+        (``storage.d1.blobs``), else ``blobs/`` under the root."""
         if self._blobs is None:
-            from contextful.storage.catalog.d1 import D1Catalog
             from contextful.storage.catalog.postgres import PostgresCatalog
+            from contextful.storage.d1.catalog import D1Catalog
 
             if self.container is not None and isinstance(self.catalog, PostgresCatalog):
                 self._blobs = open_blob_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
             elif isinstance(self.catalog, D1Catalog):  # the D1 profile: R2 content, D1 references
-                from contextful.storage.blobs.d1 import D1BlobStore
+                from contextful.storage.d1.blobs import D1BlobStore
 
                 self._blobs = D1BlobStore(self.catalog.client)
             else:
@@ -158,15 +158,15 @@ class Store:
         """The exporters' outbox in the execution database (``storage.outbox``); a profile without
         one raises ``StorageCapabilityMissing``. Under the container profile, admitted first."""
         if self._outbox is None:
-            from contextful.storage.catalog.d1 import D1Catalog
             from contextful.storage.catalog.postgres import PostgresCatalog
+            from contextful.storage.d1.catalog import D1Catalog
 
             if self.container is not None:
                 admit(self)
             if isinstance(self.catalog, PostgresCatalog):
                 self._outbox = open_outbox_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
             elif isinstance(self.catalog, D1Catalog):
-                from contextful.storage.outbox.d1 import D1OutboxStore
+                from contextful.storage.d1.outbox import D1OutboxStore
 
                 self._outbox = D1OutboxStore(self.catalog.client)
             else:
@@ -179,9 +179,9 @@ class Store:
         (one transactional home for owners, journal rows and table heads). Under the container
         profile the execution is admitted first (``storage.container.admit``)."""
         if self._journal is None:
-            from contextful.storage.catalog.d1 import D1Catalog
             from contextful.storage.catalog.postgres import PostgresCatalog
             from contextful.storage.catalog.sqlite import SqliteCatalog
+            from contextful.storage.d1.catalog import D1Catalog
 
             if self.container is not None:
                 admit(self)
@@ -190,7 +190,7 @@ class Store:
             elif isinstance(self.catalog, PostgresCatalog):
                 self._journal = open_journal_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
             elif isinstance(self.catalog, D1Catalog):
-                from contextful.storage.journal.d1 import D1JournalStore
+                from contextful.storage.d1.journal import D1JournalStore
 
                 self._journal = D1JournalStore(self.catalog.client)
             else:

@@ -18,7 +18,7 @@ import pytest
 from contextful.engine.land.decode import Decoder
 from contextful.storage import ManualClock, Store
 from contextful.storage.catalog.postgres import PostgresCatalog
-from contextful.storage.d1_client import D1Binding
+from contextful.storage.d1.client import D1Binding
 
 from tests.storage.catalog_place import CatalogPlace, place_for
 from tests.support.miniflare_server import MiniflareServer, unavailable

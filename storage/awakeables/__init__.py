@@ -235,8 +235,8 @@ def open_awakeable_store(profile: str, **kwargs: object) -> AwakeableStore:
 
         return PostgresAwakeableStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
     if profile == "d1":
-        from contextful.storage.awakeables.d1 import D1AwakeableStore
-        from contextful.storage.d1_client import D1Client
+        from contextful.storage.d1.awakeables import D1AwakeableStore
+        from contextful.storage.d1.client import D1Client
 
         return D1AwakeableStore(D1Client.from_arguments(kwargs))
     from contextful.storage.errors import StorageProfileUnknown
@@ -247,7 +247,7 @@ def open_awakeable_store(profile: str, **kwargs: object) -> AwakeableStore:
 def awakeable_store_beside(journal: JournalStore) -> AwakeableStore:
     """The awakeable store in the same place as ``journal``: its local root, its SQLite file or its
     PostgreSQL schema or its D1 binding (one home for an execution's replay state)."""
-    from contextful.storage.journal.d1 import D1JournalStore
+    from contextful.storage.d1.journal import D1JournalStore
     from contextful.storage.journal.files import FileJournalStore
     from contextful.storage.journal.postgres import PostgresJournalStore
     from contextful.storage.journal.sqlite import SqliteJournalStore
@@ -259,7 +259,7 @@ def awakeable_store_beside(journal: JournalStore) -> AwakeableStore:
     if isinstance(journal, PostgresJournalStore):
         return open_awakeable_store("postgres", dsn=journal.dsn, schema=journal.schema)
     if isinstance(journal, D1JournalStore):
-        from contextful.storage.awakeables.d1 import D1AwakeableStore
+        from contextful.storage.d1.awakeables import D1AwakeableStore
 
         return D1AwakeableStore(journal.client)
     raise ValueError(f"no awakeable store beside a {type(journal).__name__}")

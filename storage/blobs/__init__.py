@@ -66,8 +66,8 @@ def open_blob_store(profile: str, **kwargs: object) -> BlobStore:
 
         return PostgresBlobStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
     if profile == "d1":
-        from contextful.storage.blobs.d1 import D1BlobStore
-        from contextful.storage.d1_client import D1Client
+        from contextful.storage.d1.blobs import D1BlobStore
+        from contextful.storage.d1.client import D1Client
 
         return D1BlobStore(D1Client.from_arguments(kwargs))
     from contextful.storage.errors import StorageProfileUnknown

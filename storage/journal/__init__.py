@@ -349,7 +349,7 @@ class JournalStore(ABC):
 
 def open_journal_store(profile: str, **kwargs: object) -> JournalStore:
     """``files`` (root=…, a local path), ``sqlite`` (path=…), ``postgres`` (dsn=…, schema=…) or ``d1``
-    (url=…, token=…, namespace=…: the Worker's binding, ``storage.d1_client``)."""
+    (url=…, token=…, namespace=…: the Worker's binding, ``storage.d1.client``)."""
     if profile == "files":
         from contextful.storage.journal.files import FileJournalStore
         from contextful.storage.objects import ObjectStore
@@ -364,8 +364,8 @@ def open_journal_store(profile: str, **kwargs: object) -> JournalStore:
 
         return PostgresJournalStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
     if profile == "d1":
-        from contextful.storage.d1_client import D1Client
-        from contextful.storage.journal.d1 import D1JournalStore
+        from contextful.storage.d1.client import D1Client
+        from contextful.storage.d1.journal import D1JournalStore
 
         return D1JournalStore(D1Client.from_arguments(kwargs))
     from contextful.storage.errors import StorageProfileUnknown

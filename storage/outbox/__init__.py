@@ -179,8 +179,8 @@ def open_outbox_store(profile: str, **kwargs: object) -> OutboxStore:
 
         return PostgresOutboxStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
     if profile == "d1":
-        from contextful.storage.d1_client import D1Client
-        from contextful.storage.outbox.d1 import D1OutboxStore
+        from contextful.storage.d1.client import D1Client
+        from contextful.storage.d1.outbox import D1OutboxStore
 
         return D1OutboxStore(D1Client.from_arguments(kwargs))
     from contextful.storage.errors import StorageCapabilityMissing

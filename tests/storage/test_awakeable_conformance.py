@@ -40,12 +40,12 @@ from contextful.storage.awakeables import (
     awakeable_store_beside,
     open_awakeable_store,
 )
-from contextful.storage.awakeables.d1 import D1AwakeableStore
 from contextful.storage.awakeables.files import FileAwakeableStore
 from contextful.storage.awakeables.postgres import PostgresAwakeableStore
 from contextful.storage.awakeables.sqlite import SqliteAwakeableStore
 from contextful.storage.clock import ManualClock, SystemClock
-from contextful.storage.d1_client import D1Client
+from contextful.storage.d1.awakeables import D1AwakeableStore
+from contextful.storage.d1.client import D1Client
 from contextful.storage.errors import (
     AwakeableAlreadyResolved,
     AwakeableTimedOut,

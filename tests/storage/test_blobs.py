@@ -26,11 +26,11 @@ from typing import Any
 import psycopg
 import pytest
 from contextful.storage.blobs import BlobStore, digest_of
-from contextful.storage.blobs.d1 import D1BlobStore
 from contextful.storage.blobs.files import FileBlobStore
 from contextful.storage.blobs.postgres import PostgresBlobStore
 from contextful.storage.blobs.sqlite import SqliteBlobStore
-from contextful.storage.d1_client import D1Binding
+from contextful.storage.d1.blobs import D1BlobStore
+from contextful.storage.d1.client import D1Binding
 from contextful.storage.errors import BlobCorrupt, BlobNotFound
 from contextful.storage.objects import TMP_MARK, ObjectStore
 

@@ -24,7 +24,6 @@ import psycopg
 import pyarrow as pa
 import pytest
 from contextful.storage.catalog import Catalog, PartRow
-from contextful.storage.catalog.d1 import D1Catalog
 from contextful.storage.catalog.postgres import PostgresCatalog
 from contextful.storage.catalog.sqlite import SqliteCatalog
 from contextful.storage.clock import ManualClock
@@ -46,6 +45,7 @@ from contextful.storage.commits import (
     SetSchema,
     Update,
 )
+from contextful.storage.d1.catalog import D1Catalog
 from contextful.storage.errors import (
     CatalogRejected,
     CommitConflict,

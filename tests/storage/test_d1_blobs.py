@@ -12,8 +12,8 @@ import dataclasses
 
 import pytest
 from contextful.storage.blobs import digest_of, open_blob_store
-from contextful.storage.blobs.d1 import D1BlobStore
-from contextful.storage.d1_client import D1Binding
+from contextful.storage.d1.blobs import D1BlobStore
+from contextful.storage.d1.client import D1Binding
 from contextful.storage.errors import CatalogRejected
 
 pytestmark = pytest.mark.d1

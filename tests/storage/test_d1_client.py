@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from contextful.storage.d1_client import D1Binding, D1Client
+from contextful.storage.d1.client import D1Binding, D1Client
 from contextful.storage.errors import CatalogRejected, CatalogUnavailable
 
 pytestmark = pytest.mark.d1

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from contextful.storage.d1_client import D1Binding
+from contextful.storage.d1.client import D1Binding
 from contextful.storage.outbox import StreamState, open_outbox_store
 
 from tests.storage.test_journal_conformance import JournalSite

@@ -15,13 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from contextful.storage.catalog.d1 import D1Catalog
 from contextful.storage.clock import ManualClock
 from contextful.storage.commits import AddParts, AssertStaging, CommitRequest, PartFile
-from contextful.storage.d1_client import D1Binding
+from contextful.storage.d1.catalog import D1Catalog
+from contextful.storage.d1.client import D1Binding
+from contextful.storage.d1.journal import D1JournalStore
 from contextful.storage.errors import CommitConflict, ExecutionHeld
 from contextful.storage.journal import OwnerRow
-from contextful.storage.journal.d1 import D1JournalStore
 
 pytestmark = pytest.mark.d1
 

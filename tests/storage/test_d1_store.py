@@ -15,14 +15,14 @@ import pyarrow as pa
 import pytest
 from contextful.engine.run.execution import open_execution, plan_reference
 from contextful.storage import ManualClock, Store
-from contextful.storage.awakeables.d1 import D1AwakeableStore
-from contextful.storage.blobs.d1 import D1BlobStore
-from contextful.storage.catalog.d1 import D1Catalog
-from contextful.storage.d1_client import D1Binding
+from contextful.storage.d1.awakeables import D1AwakeableStore
+from contextful.storage.d1.blobs import D1BlobStore
+from contextful.storage.d1.catalog import D1Catalog
+from contextful.storage.d1.client import D1Binding
+from contextful.storage.d1.journal import D1JournalStore
+from contextful.storage.d1.outbox import D1OutboxStore
 from contextful.storage.errors import ExecutionWriterFenced
 from contextful.storage.fence import WriterFence, writing_as
-from contextful.storage.journal.d1 import D1JournalStore
-from contextful.storage.outbox.d1 import D1OutboxStore
 
 pytestmark = pytest.mark.d1
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from contextful.engine.run.execution import open_execution
 from contextful.storage.clock import ManualClock
+from contextful.storage.d1.journal import D1JournalStore
 from contextful.storage.errors import (
     ConditionalWriteUnsupported,
     ExecutionHeld,
@@ -41,7 +42,6 @@ from contextful.storage.journal import (
     StepRow,
     open_journal_store,
 )
-from contextful.storage.journal.d1 import D1JournalStore
 from contextful.storage.journal.files import FileJournalStore
 from contextful.storage.journal.postgres import PostgresJournalStore
 from contextful.storage.journal.sqlite import SqliteJournalStore

@@ -1,7 +1,7 @@
 """The D1 profile's Worker under miniflare on loopback, with local D1 and R2 persisted to a directory.
 
-``d1/miniflare.mjs`` runs ``d1/worker.js`` (the private Worker the D1 adapters talk to) with the
-bindings ``d1/wrangler.toml`` gives it on a real account; this starts it as a child process in its
+``storage/d1/worker/miniflare.mjs`` runs ``storage/d1/worker/worker.js`` (the private Worker the D1 adapters talk to) with the
+bindings ``storage/d1/worker/wrangler.toml`` gives it on a real account; this starts it as a child process in its
 own process group, reads the ``URL=`` line it prints once it answers (a pipe read with a deadline,
 not a guess), and stops the whole group. miniflare comes from the repository's package-lock.json
 (``npm ci``); :func:`unavailable` says why it cannot start when node or the install is missing.
@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LAUNCHER = ROOT / "d1" / "miniflare.mjs"
+LAUNCHER = ROOT / "storage" / "d1" / "worker" / "miniflare.mjs"
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 

@@ -30,7 +30,7 @@ from contextful.engine.run.execution import Execution, open_execution, plan_refe
 from contextful.engine.run.retry import RetrySchedule
 from contextful.storage.awakeables import awakeable_store_beside
 from contextful.storage.clock import ManualClock, from_us
-from contextful.storage.d1_client import D1Client
+from contextful.storage.d1.client import D1Client
 from contextful.storage.errors import ExecutionHeld, ExecutionSuspended, JournalConflict, OwnerPlanMismatch
 from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING, JournalStore
 from contextful.storage.journal.files import FileJournalStore

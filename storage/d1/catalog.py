@@ -53,7 +53,7 @@ from contextful.storage.commits import (
     SetCursor,
     SetSchema,
 )
-from contextful.storage.d1_client import D1Client, Statement
+from contextful.storage.d1.client import D1Client, Statement
 from contextful.storage.dbapi import CommitUnheard
 from contextful.storage.errors import CommitConflict, CommitOutcomeUnknown, ContextfulError, TableNotFound
 from contextful.storage.holders import holder_is_dead
@@ -85,7 +85,7 @@ class D1Catalog(SqlCatalog):
 
     @property
     def journal_location(self) -> str | None:
-        # the D1 journal store on the same binding (storage.journal.d1) shares this database
+        # the D1 journal store on the same binding (storage.d1.journal) shares this database
         return self.client.backend
 
     # --- SqlCatalog's plumbing over D1 ----------------------------------------------------------

@@ -1,9 +1,9 @@
-"""The Python side of the D1 profile's private binding: a client of the Worker in ``d1/worker.js``.
+"""The Python side of the D1 profile's private binding: a client of the Worker in ``storage/d1/worker/worker.js``.
 
 Implements the adapters' half of ``run.journal.d1-profile`` (decision "d1-execution-state": D1
 execution state is reached through a private Worker binding; R2 holds blob content). Every call is
 one HTTP request carrying the shared bearer token; the client does not know whether miniflare
-(``d1/miniflare.mjs``, the tests) or a deployed Worker (``d1/wrangler.toml``) answers.
+(``storage/d1/worker/miniflare.mjs``, the tests) or a deployed Worker (``storage/d1/worker/wrangler.toml``) answers.
 
 * :meth:`D1Client.batch` sends parameterized statements as one D1 batch: one transaction that ends
   with the request. D1 holds no transaction open between requests, so a compare-and-swap is

@@ -2,7 +2,7 @@
 
 Implements ``run.export.d1-state`` (decision "d1-execution-state": under the D1 profile, D1 commits
 export outboxes, acknowledged keyed state and log checkpoints) and the outbox side of
-``run.export.writer-fenced``, through the private Worker (``storage.d1_client``). The port's rules
+``run.export.writer-fenced``, through the private Worker (``storage.d1.client``). The port's rules
 are the PostgreSQL adapter's (``storage.outbox.postgres``); what changes is how a write serializes.
 PostgreSQL locks the stream's row ``FOR UPDATE`` and decides under the lock; D1 holds nothing
 between requests, so a stage or an acknowledgement reads the stream (its row, the events it
@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from contextful.storage.d1_client import BatchResult, D1Client, Statement
+from contextful.storage.d1.client import BatchResult, D1Client, Statement
 from contextful.storage.dbapi import CommitUnheard
 from contextful.storage.errors import OutboxFrontierGap
 from contextful.storage.fence import OWNER_FENCE_COLUMNS, WriterFence

@@ -1,7 +1,7 @@
 """Awakeable store adapter of the D1 profile: table ``cf_awakeables`` in D1, beside the journal's tables.
 
 Implements the awakeable part of ``run.journal.storage-ports`` over D1 (decision "d1-execution-state"),
-through the private Worker (``storage.d1_client``). Both of the port's conditional writes fit one
+through the private Worker (``storage.d1.client``). Both of the port's conditional writes fit one
 batch each, so D1's lack of an interactive transaction costs nothing here: a mint is ``INSERT … ON
 CONFLICT DO NOTHING`` with the read of the step's stored row in the same batch (a second minter of
 one step reads the first one's token), and a settlement is ``UPDATE … WHERE token = ? AND state =
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextful.storage.awakeables import PENDING, AwakeableRow, AwakeableStore
 from contextful.storage.awakeables.sql import _SELECT, COLUMNS, DDL, _row
-from contextful.storage.d1_client import D1Client
+from contextful.storage.d1.client import D1Client
 
 _INSERT = (f"INSERT INTO cf_awakeables ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
            " ON CONFLICT DO NOTHING")

@@ -1,7 +1,7 @@
 """Journal store adapter of the D1 profile: ``cf_journal_owners`` and ``cf_journal_steps`` in D1.
 
 Implements the journal part of ``run.journal.storage-ports`` over D1 (decisions "run-substrate-storage"
-and "d1-execution-state"), reached through the private Worker (``storage.d1_client``). D1's
+and "d1-execution-state"), reached through the private Worker (``storage.d1.client``). D1's
 transaction is one batch and ends with its request: nothing can be read, decided in Python and
 written under a lock held in between, as the SQL adapters' ``BEGIN IMMEDIATE`` / ``FOR UPDATE`` do
 (``storage.journal.sql``). So every write here is a compare-and-swap expressed in the batch:
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from contextful.storage.d1_client import BatchResult, D1Client, Statement
+from contextful.storage.d1.client import BatchResult, D1Client, Statement
 from contextful.storage.dbapi import CommitUnheard
 from contextful.storage.errors import CommitOutcomeUnknown
 from contextful.storage.fence import OWNER_FENCE_COLUMNS, WriterFence

@@ -7,13 +7,13 @@ commits its reference row ``cf_blobs(digest, size)`` in D1 (``INSERT … ON CONF
 so a reference never names an object that is not whole in R2. R2 puts are atomic: no partial
 object survives beside the whole one. :meth:`D1BlobStore.exists` answers from D1 (a blob exists
 once referenced); a read fetches the object and the port verifies its digest. Both go through the
-Worker (``storage.d1_client``).
+Worker (``storage.d1.client``).
 """
 
 from __future__ import annotations
 
 from contextful.storage.blobs import BlobStore
-from contextful.storage.d1_client import D1Client
+from contextful.storage.d1.client import D1Client
 from contextful.storage.errors import BlobNotFound
 
 DDL = "CREATE TABLE IF NOT EXISTS cf_blobs (digest TEXT PRIMARY KEY, size BIGINT NOT NULL)"

@@ -2,7 +2,7 @@
  * The D1 profile's private Worker (CONTEXTFUL_STORAGE_PROFILE=cloudflare-d1, docs/store.md "The D1 profile").
  *
  * Implements the binding side of run.journal.d1-profile and run.journal.d1-blob (decisions
- * "d1-execution-state" and "run-substrate-storage"): the Python adapters (storage/d1_client.py and
+ * "d1-execution-state" and "run-substrate-storage"): the Python adapters (storage/d1/client.py and
  * storage/<port>/d1.py) reach D1 and R2 only through this Worker, and it exposes exactly what they need:
  *
  *   POST   /d1/batch            {"statements": [{"sql": "...", "params": [...]}, ...]}

@@ -1,9 +1,9 @@
 /**
- * Run d1/worker.js under miniflare on 127.0.0.1, with a local D1 database and R2 bucket persisted
+ * Run storage/d1/worker/worker.js under miniflare on 127.0.0.1, with a local D1 database and R2 bucket persisted
  * to a directory: the D1 profile's local stand-in for a Cloudflare account (run.journal.d1-profile;
  * tests/support/start_miniflare.py starts it, docs/store.md "The D1 profile").
  *
- *   node d1/miniflare.mjs <persist-dir>        (the token comes from CONTEXTFUL_D1_TOKEN)
+ *   node storage/d1/worker/miniflare.mjs <persist-dir>        (the token comes from CONTEXTFUL_D1_TOKEN)
  *
  * Prints one line "URL=http://127.0.0.1:<port>" once the Worker answers, then serves until it is
  * sent SIGTERM or SIGINT. The bindings match wrangler.toml's: DB (D1), BUCKET (R2), and the
@@ -17,7 +17,7 @@ import { Miniflare } from "miniflare";
 const persist = process.argv[2];
 const token = process.env.CONTEXTFUL_D1_TOKEN;
 if (!persist || !token) {
-  console.error("usage: CONTEXTFUL_D1_TOKEN=<token> node d1/miniflare.mjs <persist-dir>");
+  console.error("usage: CONTEXTFUL_D1_TOKEN=<token> node storage/d1/worker/miniflare.mjs <persist-dir>");
   process.exit(2);
 }
 
