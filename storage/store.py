@@ -137,13 +137,18 @@ class Store:
     @property
     def blobs(self) -> BlobStore:
         """The blob store: the execution database's ``cf_blobs`` under the container profile (a
-        recorded value and the blob it names share one home and one backup), else ``blobs/`` under
-        the root."""
+        recorded value and the blob it names share one home and one backup), R2 beside a D1 catalog
+        (``storage.d1.blobs``), else ``blobs/`` under the root."""
         if self._blobs is None:
             from contextful.storage.catalog.postgres import PostgresCatalog
+            from contextful.storage.d1.catalog import D1Catalog
 
             if self.container is not None and isinstance(self.catalog, PostgresCatalog):
                 self._blobs = open_blob_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
+            elif isinstance(self.catalog, D1Catalog):  # the D1 profile: R2 content, D1 references
+                from contextful.storage.d1.blobs import D1BlobStore
+
+                self._blobs = D1BlobStore(self.catalog.client)
             else:
                 self._blobs = FileBlobStore(self.objects)
         return self._blobs
@@ -154,11 +159,16 @@ class Store:
         one raises ``StorageCapabilityMissing``. Under the container profile, admitted first."""
         if self._outbox is None:
             from contextful.storage.catalog.postgres import PostgresCatalog
+            from contextful.storage.d1.catalog import D1Catalog
 
             if self.container is not None:
                 admit(self)
             if isinstance(self.catalog, PostgresCatalog):
                 self._outbox = open_outbox_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
+            elif isinstance(self.catalog, D1Catalog):
+                from contextful.storage.d1.outbox import D1OutboxStore
+
+                self._outbox = D1OutboxStore(self.catalog.client)
             else:
                 self._outbox = open_outbox_store(self.catalog.backend)
         return self._outbox
@@ -171,6 +181,7 @@ class Store:
         if self._journal is None:
             from contextful.storage.catalog.postgres import PostgresCatalog
             from contextful.storage.catalog.sqlite import SqliteCatalog
+            from contextful.storage.d1.catalog import D1Catalog
 
             if self.container is not None:
                 admit(self)
@@ -178,6 +189,10 @@ class Store:
                 self._journal = open_journal_store("sqlite", path=self.catalog.path)
             elif isinstance(self.catalog, PostgresCatalog):
                 self._journal = open_journal_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
+            elif isinstance(self.catalog, D1Catalog):
+                from contextful.storage.d1.journal import D1JournalStore
+
+                self._journal = D1JournalStore(self.catalog.client)
             else:
                 raise ValueError(f"no journal store for a {type(self.catalog).__name__} catalog")
         return self._journal

@@ -8,6 +8,7 @@ configuration: a local root with the SQLite catalog, the PostgreSQL catalog, and
 from __future__ import annotations
 
 import compileall
+import dataclasses
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,8 +18,10 @@ import pytest
 from contextful.engine.land.decode import Decoder
 from contextful.storage import ManualClock, Store
 from contextful.storage.catalog.postgres import PostgresCatalog
+from contextful.storage.d1.client import D1Binding
 
 from tests.storage.catalog_place import CatalogPlace, place_for
+from tests.support.miniflare_server import MiniflareServer, unavailable
 from tests.support.postgres_server import PostgresServer
 from tests.support.s3_server import S3Server
 
@@ -65,6 +68,31 @@ def s3_server() -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def d1_server() -> Iterator[D1Binding]:
+    """The D1 profile's Worker under miniflare on loopback, one per session (or the one
+    ``CONTEXTFUL_TEST_D1_URL``/``CONTEXTFUL_TEST_D1_TOKEN`` name); skipped, saying why, only where
+    node or the ``npm ci`` install is missing."""
+    url, token = os.environ.get("CONTEXTFUL_TEST_D1_URL"), os.environ.get("CONTEXTFUL_TEST_D1_TOKEN")
+    if url and token:
+        yield D1Binding(url, token)
+        return
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    server = MiniflareServer().start()
+    try:
+        yield D1Binding(server.url, server.token)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def d1_binding(d1_server: D1Binding) -> D1Binding:
+    """A binding to the session's Worker in a fresh namespace, so tests sharing it share nothing else."""
+    return dataclasses.replace(d1_server, namespace=MiniflareServer.new_namespace())
 
 
 StoreFactory = Callable[..., Store]

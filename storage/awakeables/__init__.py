@@ -6,8 +6,8 @@ the run substrate is three storage ports, and the file tree is one adapter), the
 single-use token and persists a pending row), ``run.suspend.conflicting-resolution`` and
 ``run.suspend.expired-token`` (decision "external-signals-single": a signal's value is fixed once
 observed, and deadlines evaluate lazily, so no target owes a durable timer). Adapters beside this
-module: ``files`` (a file tree under a local store root), ``sqlite`` and ``postgres`` — in the same
-database as the journal; :func:`open_awakeable_store` picks one by profile.
+module: ``files`` (a file tree under a local store root), ``sqlite``, ``postgres`` and ``d1`` — in the
+same database as the journal; :func:`open_awakeable_store` picks one by profile.
 
 A row is keyed twice: by its token (what the resuming party posts back) and by the journal step it
 suspends, ``(execution_id, seq)``. The rules live here once; each adapter supplies two conditional
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 
 PENDING, RESOLVED, TIMED_OUT = "pending", "resolved", "timed-out"
 
-PROFILES = ("files", "sqlite", "postgres")
+PROFILES = ("files", "sqlite", "postgres", "d1")
 
 RESOLUTIONS = threading.Condition()
 """Notified (under its lock) each time :func:`wake_waiters` runs — this process settled an
@@ -218,8 +218,9 @@ class AwakeableStore(ABC):
 
 
 def open_awakeable_store(profile: str, **kwargs: object) -> AwakeableStore:
-    """``files`` (root=…, a local path), ``sqlite`` (path=…) or ``postgres`` (dsn=…, schema=…), the
-    same arguments :func:`~contextful.storage.journal.open_journal_store` takes for the journal beside it."""
+    """``files`` (root=…, a local path), ``sqlite`` (path=…), ``postgres`` (dsn=…, schema=…) or ``d1``
+    (url=…, token=…, namespace=…), the same arguments :func:`~contextful.storage.journal.open_journal_store`
+    takes for the journal beside it."""
     if profile == "files":
         from contextful.storage.awakeables.files import FileAwakeableStore
         from contextful.storage.objects import ObjectStore
@@ -233,6 +234,11 @@ def open_awakeable_store(profile: str, **kwargs: object) -> AwakeableStore:
         from contextful.storage.awakeables.postgres import PostgresAwakeableStore
 
         return PostgresAwakeableStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
+    if profile == "d1":
+        from contextful.storage.d1.awakeables import D1AwakeableStore
+        from contextful.storage.d1.client import D1Client
+
+        return D1AwakeableStore(D1Client.from_arguments(kwargs))
     from contextful.storage.errors import StorageProfileUnknown
 
     raise StorageProfileUnknown(profile, PROFILES)
@@ -240,7 +246,8 @@ def open_awakeable_store(profile: str, **kwargs: object) -> AwakeableStore:
 
 def awakeable_store_beside(journal: JournalStore) -> AwakeableStore:
     """The awakeable store in the same place as ``journal``: its local root, its SQLite file or its
-    PostgreSQL schema (one home for an execution's replay state)."""
+    PostgreSQL schema or its D1 binding (one home for an execution's replay state)."""
+    from contextful.storage.d1.journal import D1JournalStore
     from contextful.storage.journal.files import FileJournalStore
     from contextful.storage.journal.postgres import PostgresJournalStore
     from contextful.storage.journal.sqlite import SqliteJournalStore
@@ -251,4 +258,8 @@ def awakeable_store_beside(journal: JournalStore) -> AwakeableStore:
         return open_awakeable_store("sqlite", path=journal.path)
     if isinstance(journal, PostgresJournalStore):
         return open_awakeable_store("postgres", dsn=journal.dsn, schema=journal.schema)
+    if isinstance(journal, D1JournalStore):
+        from contextful.storage.d1.awakeables import D1AwakeableStore
+
+        return D1AwakeableStore(journal.client)
     raise ValueError(f"no awakeable store beside a {type(journal).__name__}")

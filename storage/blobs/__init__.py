@@ -3,7 +3,8 @@
 Implements ``run.journal.blob-write`` (decision "run-substrate-storage"): concurrent writers of one
 hash converge on one stored value, none errors on another's write, and no partial write survives
 beside it. Adapters beside this module: ``files`` (a file tree under any store root, local or
-fsspec), ``sqlite`` and ``postgres``; :func:`open_blob_store` picks one by profile. Reads verify the
+fsspec), ``sqlite``, ``postgres`` and ``d1`` (R2 content, D1 references); :func:`open_blob_store`
+picks one by profile. Reads verify the
 digest, so a corrupted object raises ``BlobCorrupt`` instead of returning wrong bytes.
 """
 
@@ -49,7 +50,8 @@ class BlobStore(ABC):
 
 
 def open_blob_store(profile: str, **kwargs: object) -> BlobStore:
-    """``files`` (root=…), ``sqlite`` (path=…) or ``postgres`` (dsn=…, schema=…)."""
+    """``files`` (root=…), ``sqlite`` (path=…), ``postgres`` (dsn=…, schema=…) or ``d1`` (url=…, token=…,
+    namespace=…)."""
     if profile == "files":
         from contextful.storage.blobs.files import FileBlobStore
         from contextful.storage.objects import ObjectStore
@@ -63,6 +65,11 @@ def open_blob_store(profile: str, **kwargs: object) -> BlobStore:
         from contextful.storage.blobs.postgres import PostgresBlobStore
 
         return PostgresBlobStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
+    if profile == "d1":
+        from contextful.storage.d1.blobs import D1BlobStore
+        from contextful.storage.d1.client import D1Client
+
+        return D1BlobStore(D1Client.from_arguments(kwargs))
     from contextful.storage.errors import StorageProfileUnknown
 
-    raise StorageProfileUnknown(profile, ("files", "sqlite", "postgres"))
+    raise StorageProfileUnknown(profile, ("files", "sqlite", "postgres", "d1"))

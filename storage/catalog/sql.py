@@ -133,7 +133,7 @@ _CONNECTION_COLUMNS = ("project, connection_id, version, state, tenant, principa
 _HEAD_COLUMNS = "t.name, t.table_uuid, t.commit_seq, t.schema_id, t.primary_key, t.created_us, t.last_commit_us"
 _PART_COLUMNS = "path, rows_count, bytes, added_seq, removed_seq, ord_seq, ord_idx, collected_us"
 _SELECT_PARTS = f"SELECT {_PART_COLUMNS}, schema_id FROM cf_parts"
-_SELECT_HEADS = (f"SELECT {_HEAD_COLUMNS}, s.schema_text, {{pin}} FROM cf_tables t LEFT JOIN cf_schemas s"
+_SELECT_HEADS = (f"SELECT {_HEAD_COLUMNS}, s.schema_text, {{pin}} AS pinned_seq FROM cf_tables t LEFT JOIN cf_schemas s"
                  " ON s.table_name = t.name AND s.schema_id = t.schema_id")
 _PIN_HEAD = "t.commit_seq"
 _PIN_AS_OF = "(SELECT MAX(c.commit_seq) FROM cf_commits c WHERE c.table_name = t.name AND c.committed_us <= ?)"

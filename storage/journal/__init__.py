@@ -4,7 +4,8 @@ Implements the journal part of ``run.journal.storage-ports`` (decision "run-subs
 the run substrate is three storage ports, and the file tree is one adapter) and the owner rules of
 ``run.own.host-scope`` and ``run.own.unclosed-execution`` (decision
 "unclosed-execution-recovers"). Adapters beside this module: ``files`` (a file tree under a local
-store root), ``sqlite`` and ``postgres``; :func:`open_journal_store` picks one by profile.
+store root), ``sqlite``, ``postgres`` and ``d1`` (the D1 profile's, through its Worker);
+:func:`open_journal_store` picks one by profile.
 
 Two kinds of rows:
 
@@ -47,7 +48,7 @@ RETIRED = "retired"
 CLOSED_CANCELED = "closed-canceled"
 STATUSES = (PENDING, CLOSED_OK, CLOSED_FAILED, RETIRED, CLOSED_CANCELED)
 
-PROFILES = ("files", "sqlite", "postgres")
+PROFILES = ("files", "sqlite", "postgres", "d1")
 
 
 @dataclass(frozen=True)
@@ -347,7 +348,8 @@ class JournalStore(ABC):
 
 
 def open_journal_store(profile: str, **kwargs: object) -> JournalStore:
-    """``files`` (root=…, a local path), ``sqlite`` (path=…) or ``postgres`` (dsn=…, schema=…)."""
+    """``files`` (root=…, a local path), ``sqlite`` (path=…), ``postgres`` (dsn=…, schema=…) or ``d1``
+    (url=…, token=…, namespace=…: the Worker's binding, ``storage.d1.client``)."""
     if profile == "files":
         from contextful.storage.journal.files import FileJournalStore
         from contextful.storage.objects import ObjectStore
@@ -361,6 +363,11 @@ def open_journal_store(profile: str, **kwargs: object) -> JournalStore:
         from contextful.storage.journal.postgres import PostgresJournalStore
 
         return PostgresJournalStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
+    if profile == "d1":
+        from contextful.storage.d1.client import D1Client
+        from contextful.storage.d1.journal import D1JournalStore
+
+        return D1JournalStore(D1Client.from_arguments(kwargs))
     from contextful.storage.errors import StorageProfileUnknown
 
     raise StorageProfileUnknown(profile, PROFILES)

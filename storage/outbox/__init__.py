@@ -46,7 +46,8 @@ the staging or acknowledging transaction itself, shared-locked, so a takeover's 
 waits for the transaction; an attempt whose lease another holder took over writes nothing and
 raises ``ExecutionWriterFenced``.
 
-Adapters: ``postgres`` (the container profile's execution database). A profile without an adapter
+Adapters: ``postgres`` (the container profile's execution database) and ``d1`` (the D1 profile's
+database, through its Worker: ``run.export.d1-state``). A profile without an adapter
 has no supported outbox: :func:`open_outbox_store` raises ``StorageCapabilityMissing``
 (``run.journal.storage-incomplete``). The coordinated publication groups of a later issue attach
 here (a group stages its members' events in one stream and acknowledges them together).
@@ -61,7 +62,7 @@ from dataclasses import dataclass
 
 from contextful.storage.fence import WriterFence, current_fence
 
-PROFILES = ("postgres",)
+PROFILES = ("postgres", "d1")
 
 Staged = tuple[int, str, str, bytes]
 """What an exporter stages: ``(position, event_id, kind, payload)``."""
@@ -171,11 +172,17 @@ class OutboxStore(ABC):
 
 
 def open_outbox_store(profile: str, **kwargs: object) -> OutboxStore:
-    """``postgres`` (dsn=…, schema=…); any other profile has no supported outbox."""
+    """``postgres`` (dsn=…, schema=…) or ``d1`` (url=…, token=…, namespace=…); any other profile has no
+    supported outbox."""
     if profile == "postgres":
         from contextful.storage.outbox.postgres import PostgresOutboxStore
 
         return PostgresOutboxStore(str(kwargs.get("dsn", "")), str(kwargs.get("schema", "contextful")))
+    if profile == "d1":
+        from contextful.storage.d1.client import D1Client
+        from contextful.storage.d1.outbox import D1OutboxStore
+
+        return D1OutboxStore(D1Client.from_arguments(kwargs))
     from contextful.storage.errors import StorageCapabilityMissing
 
     raise StorageCapabilityMissing(profile, (f"a supported outbox (adapters: {', '.join(PROFILES)})",))

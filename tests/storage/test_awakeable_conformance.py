@@ -44,6 +44,8 @@ from contextful.storage.awakeables.files import FileAwakeableStore
 from contextful.storage.awakeables.postgres import PostgresAwakeableStore
 from contextful.storage.awakeables.sqlite import SqliteAwakeableStore
 from contextful.storage.clock import ManualClock, SystemClock
+from contextful.storage.d1.awakeables import D1AwakeableStore
+from contextful.storage.d1.client import D1Client
 from contextful.storage.errors import (
     AwakeableAlreadyResolved,
     AwakeableTimedOut,
@@ -74,6 +76,8 @@ def open_awakeables(site: JournalSite) -> AwakeableStore:
         return open_awakeable_store("files", root=site.location)
     if site.kind == "sqlite":
         return open_awakeable_store("sqlite", path=site.location)
+    if site.kind == "d1":
+        return open_awakeable_store("d1", url=site.location, token=site.token, namespace=site.schema)
     return open_awakeable_store("postgres", dsn=site.location, schema=site.schema)
 
 
@@ -117,6 +121,9 @@ def _stored(site: JournalSite, token: str) -> tuple[str, bytes | None]:
     if site.kind == "sqlite":
         with sqlite3.connect(site.location) as conn:
             row = conn.execute("SELECT state, payload FROM cf_awakeables WHERE token = ?", (token,)).fetchone()
+    elif site.kind == "d1":
+        row = D1Client(site.location, site.token, site.schema).query(
+            "SELECT state, payload FROM cf_awakeables WHERE token = ?", (token,))[0]
     else:
         with psycopg.connect(site.location) as conn:
             row = conn.execute(f'SELECT state, payload FROM "{site.schema}".cf_awakeables WHERE token = %s',
@@ -130,7 +137,8 @@ def _stored(site: JournalSite, token: str) -> tuple[str, bytes | None]:
 @pytest.mark.clause("run.journal.storage-ports")
 def test_open_awakeable_store_picks_the_adapter_beside_the_journal(site: JournalSite, journal: JournalStore,
                                                                    awakeables: AwakeableStore) -> None:
-    expected = {"files": FileAwakeableStore, "sqlite": SqliteAwakeableStore, "postgres": PostgresAwakeableStore}
+    expected = {"files": FileAwakeableStore, "sqlite": SqliteAwakeableStore, "postgres": PostgresAwakeableStore,
+                "d1": D1AwakeableStore}
     assert type(awakeables) is expected[site.kind]
     beside = awakeable_store_beside(journal)
     try:
@@ -141,7 +149,7 @@ def test_open_awakeable_store_picks_the_adapter_beside_the_journal(site: Journal
         beside.close_store()
     with pytest.raises(StorageProfileUnknown) as info:
         open_awakeable_store("dynamo", path="x")
-    assert info.value.known == ("files", "sqlite", "postgres")
+    assert info.value.known == ("files", "sqlite", "postgres", "d1")
     with pytest.raises(ConditionalWriteUnsupported):
         FileAwakeableStore(ObjectStore("memory://awakeable-root"))
 

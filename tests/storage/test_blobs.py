@@ -1,8 +1,9 @@
 """The blob store port's behaviour suite, run against every adapter.
 
 Adapters: :class:`FileBlobStore` on a local root and on an S3 root (moto on loopback),
-:class:`SqliteBlobStore` and :class:`PostgresBlobStore` (the session's real server, a fresh schema
-per test). Covers the round trip, SHA-256 addressing, presence, ``BlobNotFound``, ``BlobCorrupt``
+:class:`SqliteBlobStore`, :class:`PostgresBlobStore` (the session's real server, a fresh schema
+per test) and :class:`D1BlobStore` (the D1 profile's Worker under miniflare, a fresh namespace per
+test). Covers the round trip, SHA-256 addressing, presence, ``BlobNotFound``, ``BlobCorrupt``
 on bytes tampered at rest, and ``run.journal.blob-write``: writers of one hash in separate OS
 processes, started together, converge on one whole stored value and none errors.
 """
@@ -28,6 +29,8 @@ from contextful.storage.blobs import BlobStore, digest_of
 from contextful.storage.blobs.files import FileBlobStore
 from contextful.storage.blobs.postgres import PostgresBlobStore
 from contextful.storage.blobs.sqlite import SqliteBlobStore
+from contextful.storage.d1.blobs import D1BlobStore
+from contextful.storage.d1.client import D1Binding
 from contextful.storage.errors import BlobCorrupt, BlobNotFound
 from contextful.storage.objects import TMP_MARK, ObjectStore
 
@@ -36,6 +39,7 @@ KINDS = [
     pytest.param("files-s3", marks=pytest.mark.s3),
     "sqlite",
     pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("d1", marks=pytest.mark.d1),
 ]
 
 
@@ -48,6 +52,7 @@ class BlobSite:
     """The object root (files-*), the SQLite file, or the PostgreSQL DSN."""
     schema: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    d1: D1Binding | None = None
 
     def objects(self) -> ObjectStore:
         return ObjectStore(self.location, self.options or None)
@@ -57,6 +62,8 @@ class BlobSite:
             return FileBlobStore(self.objects())
         if self.kind == "sqlite":
             return SqliteBlobStore(self.location)
+        if self.d1 is not None:
+            return D1BlobStore(self.d1.client())
         return PostgresBlobStore(self.location, self.schema)
 
     def stored(self) -> dict[str, bytes]:
@@ -67,6 +74,9 @@ class BlobSite:
         if self.kind == "sqlite":
             with sqlite3.connect(self.location) as conn:
                 return {d: bytes(c) for d, c in conn.execute("SELECT digest, content FROM cf_blobs")}
+        if self.d1 is not None:  # every R2 object of the namespace, whatever its key
+            client = self.d1.client()
+            return {o.key: client.get(o.key) or b"" for o in client.list()}
         with psycopg.connect(self.location) as conn:
             rows = conn.execute(f'SELECT digest, content FROM "{self.schema}".cf_blobs').fetchall()
         return {d: bytes(c) for d, c in rows}
@@ -87,6 +97,10 @@ class BlobSite:
             with sqlite3.connect(self.location) as conn:
                 cur = conn.execute("UPDATE cf_blobs SET content = ? WHERE digest = ?", (data, digest))
                 assert cur.rowcount == 1
+        elif self.d1 is not None:
+            client = self.d1.client()
+            assert client.head(D1BlobStore.key(digest)) is not None
+            client.put(D1BlobStore.key(digest), data)
         else:
             with psycopg.connect(self.location) as conn:
                 cur = conn.execute(f'UPDATE "{self.schema}".cf_blobs SET content = %s WHERE digest = %s',
@@ -110,6 +124,8 @@ def site(request: pytest.FixtureRequest, tmp_path: Path) -> BlobSite:
         return BlobSite(kind, f"s3://{server.new_bucket()}/root", options=server.storage_options)
     if kind == "sqlite":
         return BlobSite(kind, str(tmp_path / "blobs.sqlite"))
+    if kind == "d1":
+        return BlobSite(kind, "", d1=request.getfixturevalue("d1_binding"))
     return BlobSite(kind, request.getfixturevalue("pg_dsn"), schema=request.getfixturevalue("pg_schema"))
 
 
@@ -121,6 +137,8 @@ def blobs(site: BlobSite) -> Iterator[BlobStore]:
 
 
 def _key(site: BlobSite, digest: str) -> str:
+    if site.kind == "d1":
+        return D1BlobStore.key(digest)
     return FileBlobStore.key(digest) if site.kind.startswith("files") else digest
 
 

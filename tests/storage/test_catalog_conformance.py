@@ -1,7 +1,8 @@
 """The catalog port's behaviour suite, run against every adapter.
 
-One suite, parametrized over :class:`SqliteCatalog` (a file under ``tmp_path``) and
-:class:`PostgresCatalog` (the session's real server, a fresh schema per test): table heads, the
+One suite, parametrized over :class:`SqliteCatalog` (a file under ``tmp_path``),
+:class:`PostgresCatalog` (the session's real server, a fresh schema per test) and
+:class:`D1Catalog` (the D1 profile's Worker under miniflare, a fresh namespace per test): table heads, the
 linearizable commit with its typed requirements and updates, snapshot isolation of the part
 index, schemas, cursors, transaction time, the run-record cache, collection marks and store
 binding. The adapter-specific refusals of ``surface.apply.weak-conditional-backend`` close the
@@ -44,6 +45,7 @@ from contextful.storage.commits import (
     SetSchema,
     Update,
 )
+from contextful.storage.d1.catalog import D1Catalog
 from contextful.storage.errors import (
     CatalogRejected,
     CommitConflict,
@@ -64,7 +66,8 @@ CatalogFactory = Callable[[], Catalog]
 # --- fixtures ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres),
+                        pytest.param("d1", marks=pytest.mark.d1)])
 def open_catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CatalogFactory]:
     """Open catalogs on one backend location; every call opens another connection to the same one."""
     opened: list[Catalog] = []
@@ -73,6 +76,12 @@ def open_catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cat
 
         def factory() -> Catalog:
             opened.append(SqliteCatalog(path))
+            return opened[-1]
+    elif request.param == "d1":
+        binding = request.getfixturevalue("d1_binding")
+
+        def factory() -> Catalog:
+            opened.append(D1Catalog(binding.client()))
             return opened[-1]
     else:
         dsn = request.getfixturevalue("pg_dsn")
@@ -270,7 +279,10 @@ def test_a_failing_update_rolls_back_the_updates_before_it(open_catalog: Catalog
                      run_id="r-x")
     with pytest.raises(CatalogRejected) as info:
         catalog.commit(doomed, at(1_002))
-    assert isinstance(info.value.__cause__, (sqlite3.IntegrityError, psycopg.IntegrityError))
+    if isinstance(catalog, D1Catalog):  # D1 refused the batch: every statement of it rolled back
+        assert "UNIQUE constraint failed" in str(info.value)
+    else:
+        assert isinstance(info.value.__cause__, (sqlite3.IntegrityError, psycopg.IntegrityError))
 
     assert state(catalog) == before
     assert state(open_catalog()) == before

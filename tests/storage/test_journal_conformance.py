@@ -1,7 +1,8 @@
 """The journal store port's behaviour suite, run against every adapter.
 
 Adapters: :class:`FileJournalStore` on a local root, :class:`SqliteJournalStore` on its own file,
-:class:`PostgresJournalStore` on the session's real server (a fresh schema per test). Covers the
+:class:`PostgresJournalStore` on the session's real server (a fresh schema per test),
+:class:`D1JournalStore` on the D1 profile's Worker under miniflare (a fresh namespace per test). Covers the
 owner lifecycle (claim, resume by the holder, takeover once the lease lapses, refusal while another
 holder's lease runs, plan mismatch, renew, cursor cache, close, retire), conditional step records
 converging on the first value, collection, and the races across real OS processes: recorders of
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 from contextful.engine.run.execution import open_execution
 from contextful.storage.clock import ManualClock
+from contextful.storage.d1.journal import D1JournalStore
 from contextful.storage.errors import (
     ConditionalWriteUnsupported,
     ExecutionHeld,
@@ -45,7 +47,8 @@ from contextful.storage.journal.postgres import PostgresJournalStore
 from contextful.storage.journal.sqlite import SqliteJournalStore
 from contextful.storage.objects import ObjectStore
 
-KINDS = ["files", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+KINDS = ["files", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres),
+         pytest.param("d1", marks=pytest.mark.d1)]
 
 T0 = 1_700_000_000_000_000
 LEASE = 30_000_000
@@ -59,14 +62,19 @@ class JournalSite:
 
     kind: str
     location: str
-    """The local root (files), the SQLite file, or the PostgreSQL DSN."""
+    """The local root (files), the SQLite file, the PostgreSQL DSN, or the Worker's URL (d1)."""
     schema: str = ""
+    """The PostgreSQL schema, or the D1 namespace."""
+    token: str = ""
+    """The Worker's token (d1)."""
 
     def open(self) -> JournalStore:
         if self.kind == "files":
             return open_journal_store("files", root=self.location)
         if self.kind == "sqlite":
             return open_journal_store("sqlite", path=self.location)
+        if self.kind == "d1":
+            return open_journal_store("d1", url=self.location, token=self.token, namespace=self.schema)
         return open_journal_store("postgres", dsn=self.location, schema=self.schema)
 
 
@@ -75,6 +83,9 @@ def journal_site(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> J
         return JournalSite(kind, str(tmp_path / "root"))
     if kind == "sqlite":
         return JournalSite(kind, str(tmp_path / "journal.sqlite"))
+    if kind == "d1":
+        binding = request.getfixturevalue("d1_binding")
+        return JournalSite(kind, binding.url, binding.namespace, binding.token)
     return JournalSite(kind, request.getfixturevalue("pg_dsn"), schema=request.getfixturevalue("pg_schema"))
 
 
@@ -99,12 +110,13 @@ def other(site: JournalSite) -> Iterator[JournalStore]:
 
 
 def test_open_journal_store_picks_the_adapter_by_profile(site: JournalSite, journal: JournalStore) -> None:
-    expected = {"files": FileJournalStore, "sqlite": SqliteJournalStore, "postgres": PostgresJournalStore}
+    expected = {"files": FileJournalStore, "sqlite": SqliteJournalStore, "postgres": PostgresJournalStore,
+                "d1": D1JournalStore}
     assert type(journal) is expected[site.kind]
     with pytest.raises(StorageProfileUnknown) as info:
         open_journal_store("dynamo", path="x")
     assert info.value.profile == "dynamo"
-    assert info.value.known == ("files", "sqlite", "postgres")
+    assert info.value.known == ("files", "sqlite", "postgres", "d1")
 
 
 def test_the_file_tree_refuses_a_root_without_a_local_lock(tmp_path: Path) -> None:

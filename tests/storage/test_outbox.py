@@ -4,11 +4,12 @@ pending event ids before its acknowledged frontier advances (``run.export.remote
 delivered becomes pending again (an acknowledged id staged again, a checkpoint staged behind the
 stored one, a stale stager fenced off, a stage rerun after its unheard ``COMMIT`` raced a drain).
 
-The PostgreSQL adapter runs on the session's real server, a fresh schema per test; the
-replacement is a real child process after a SIGKILL (``tests.storage.outbox_sender``); the stale
-stager is an execution whose lease another holder took over on the journal in the same schema
-(``run.export.writer-fenced``); the unheard ``COMMIT`` is a real one, cut by a wire-protocol proxy
-(``tests.support.pg_proxy``).
+Each adapter runs the suite: PostgreSQL on the session's real server (a fresh schema per test) and
+D1 through the D1 profile's Worker under miniflare (a fresh namespace per test). The replacement
+is a real child process after a SIGKILL (``tests.storage.outbox_sender``); the stale stager is an
+execution whose lease another holder took over on the journal in the same schema or namespace
+(``run.export.writer-fenced``). PostgreSQL alone: the unheard ``COMMIT`` is a real one, cut by a
+wire-protocol proxy (``tests.support.pg_proxy``), and the upgrade of tables an older version made.
 """
 
 from __future__ import annotations
@@ -28,19 +29,30 @@ from contextful.storage.clock import ManualClock
 from contextful.storage.dbapi import CommitUnheard
 from contextful.storage.errors import ExecutionWriterFenced, OutboxFrontierGap
 from contextful.storage.fence import PUBLICATION, WriterFence, writing_as
-from contextful.storage.journal import JournalStore, open_journal_store
+from contextful.storage.journal import JournalStore
 from contextful.storage.outbox import OutboxStore, Staged, StreamState, open_outbox_store
 
+from tests.storage.test_journal_conformance import JournalSite, journal_site
 from tests.support.pg_proxy import PgProxy
-
-pytestmark = pytest.mark.postgres
 
 T0 = 1_700_000_000_000_000
 
 
+def open_outbox(site: JournalSite) -> OutboxStore:
+    """The outbox at ``site``: beside the journal, in its PostgreSQL schema or D1 namespace."""
+    if site.kind == "d1":
+        return open_outbox_store("d1", url=site.location, token=site.token, namespace=site.schema)
+    return open_outbox_store("postgres", dsn=site.location, schema=site.schema)
+
+
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres), pytest.param("d1", marks=pytest.mark.d1)])
+def site(request: pytest.FixtureRequest, tmp_path: Path) -> JournalSite:
+    return journal_site(request.param, request, tmp_path)
+
+
 @pytest.fixture
-def outbox(pg_dsn: str, pg_schema: str) -> Iterator[OutboxStore]:
-    store = open_outbox_store("postgres", dsn=pg_dsn, schema=pg_schema)
+def outbox(site: JournalSite) -> Iterator[OutboxStore]:
+    store = open_outbox(site)
     yield store
     store.close()
 
@@ -52,14 +64,14 @@ def events(*positions: int) -> list[Staged]:
 
 @pytest.mark.clause("run.export.remote-state")
 def test_staged_events_checkpoint_and_keyed_state_live_in_the_execution_database(
-        outbox: OutboxStore, pg_dsn: str, pg_schema: str) -> None:
+        outbox: OutboxStore, site: JournalSite) -> None:
     staged = outbox.stage("orders", events(1, 2, 3), 3, T0)
     assert [(e.seq, e.position, e.event_id, e.kind) for e in staged] == [
         (1, 1, "orders:1", "row-upsert"), (2, 2, "orders:2", "row-upsert"), (3, 3, "orders:3", "row-upsert")]
     # Staging a pending id again keeps its first payload and place.
     again = outbox.stage("orders", [(2, "orders:2", "row-upsert", b"other"), *events(4)], 4, T0 + 1)
     assert [(e.seq, e.payload) for e in again] == [(2, b"payload 2"), (4, b"payload 4")]
-    other = open_outbox_store("postgres", dsn=pg_dsn, schema=pg_schema)  # another connection sees it all
+    other = open_outbox(site)  # another connection sees it all
     try:
         assert other.stream_state("orders") == StreamState("orders", frontier=0, checkpoint=4, pending=4)
         assert other.acknowledge("orders", ["orders:1", "orders:2"], {"order 7": b"v2"}) == 2
@@ -89,9 +101,9 @@ def test_the_frontier_never_advances_past_a_pending_event(outbox: OutboxStore) -
     assert outbox.acknowledged("orders", "k") == b"payload 3"
 
 
-def _sender(pg_dsn: str, pg_schema: str, sink: Path, log_end: int, *flags: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tests.storage.outbox_sender", pg_dsn, pg_schema, "orders",
-                             str(sink), str(log_end), *flags], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+def _sender(site: JournalSite, sink: Path, log_end: int, *flags: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tests.storage.outbox_sender", site.kind, site.location, site.schema,
+                             site.token, "orders", str(sink), str(log_end), *flags], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, cwd=Path(__file__).parents[2], env=os.environ.copy())
 
 
@@ -102,24 +114,30 @@ def _line(proc: subprocess.Popen[str], word: str) -> str:
     return line[len(word):].strip()
 
 
-@pytest.mark.clause("run.export.remote-state")
-def test_a_replacement_reoffers_the_killed_senders_pending_ids_first(outbox: OutboxStore, pg_dsn: str,
-                                                                     pg_schema: str, tmp_path: Path) -> None:
-    sink = tmp_path / "destination.txt"
-    first = _sender(pg_dsn, pg_schema, sink, 4, "--die-after-staging")
+def killed_sender(site: JournalSite, sink: Path, log_end: int, flag: str) -> list[str]:
+    """Run a sender on a fresh stream until it stops at ``flag``'s point, SIGKILL it there; the ids it staged."""
+    first = _sender(site, sink, log_end, flag)
     try:
         assert json.loads(_line(first, "reoffered")) == []
-        staged = json.loads(_line(first, "staged"))
+        staged: list[str] = json.loads(_line(first, "staged"))
         _line(first, "ready")
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(60)
+    return staged
+
+
+@pytest.mark.clause("run.export.remote-state")
+def test_a_replacement_reoffers_the_killed_senders_pending_ids_first(outbox: OutboxStore, site: JournalSite,
+                                                                     tmp_path: Path) -> None:
+    sink = tmp_path / "destination.txt"
+    staged = killed_sender(site, sink, 4, "--die-after-staging")
     assert staged == ["orders:1", "orders:2", "orders:3", "orders:4"]
     pending = [e.event_id for e in outbox.pending("orders")]
     assert pending == staged[1:]  # the first was delivered and acknowledged before the kill
     assert outbox.stream_state("orders") == StreamState("orders", frontier=1, checkpoint=4, pending=3)
 
-    replacement = _sender(pg_dsn, pg_schema, sink, 6)
+    replacement = _sender(site, sink, 6)
     try:
         reoffered = json.loads(_line(replacement, "reoffered"))
         restaged = json.loads(_line(replacement, "staged"))
@@ -137,8 +155,7 @@ def test_a_replacement_reoffers_the_killed_senders_pending_ids_first(outbox: Out
 
 
 @pytest.mark.clause("run.export.remote-state")
-def test_an_acknowledged_id_staged_again_stays_acknowledged(outbox: OutboxStore, pg_dsn: str,
-                                                            pg_schema: str) -> None:
+def test_an_acknowledged_id_staged_again_stays_acknowledged(outbox: OutboxStore, site: JournalSite) -> None:
     outbox.stage("orders", events(1, 2, 3), 3, T0)
     outbox.acknowledge("orders", ["orders:1"], {"k": b"payload 1"})
     # The same read staged again: the delivered id is omitted, the pending ones keep their place.
@@ -151,7 +168,7 @@ def test_an_acknowledged_id_staged_again_stays_acknowledged(outbox: OutboxStore,
     assert [(e.seq, e.event_id) for e in later] == [(4, "orders:4"), (5, "orders:5")]
     assert outbox.stream_state("orders") == StreamState("orders", frontier=3, checkpoint=5, pending=2)
     assert outbox.acknowledged("orders", "k") == b"payload 3"
-    replacement = open_outbox_store("postgres", dsn=pg_dsn, schema=pg_schema)
+    replacement = open_outbox(site)
     try:
         reoffered = replacement.drain("orders", lambda e: {"k": e.payload})
     finally:
@@ -186,9 +203,8 @@ def _open_exporter(journal: JournalStore, clock: ManualClock, holder: str) -> Ex
 
 @pytest.mark.clause("run.export.writer-fenced")
 def test_a_stale_stager_whose_lease_was_taken_over_stages_and_acknowledges_nothing(
-        outbox: OutboxStore, pg_dsn: str, pg_schema: str) -> None:
-    mine = open_journal_store("postgres", dsn=pg_dsn, schema=pg_schema)
-    theirs = open_journal_store("postgres", dsn=pg_dsn, schema=pg_schema)
+        outbox: OutboxStore, site: JournalSite) -> None:
+    mine, theirs = site.open(), site.open()
     try:
         clock = ManualClock()
         stale = _open_exporter(mine, clock, "exporter-1")
@@ -217,8 +233,10 @@ def test_a_stale_stager_whose_lease_was_taken_over_stages_and_acknowledges_nothi
         theirs.close_store()
 
 
+@pytest.mark.postgres
 def test_a_stage_rerun_after_its_commit_went_unheard_and_a_drain_delivered_it_stages_nothing(
-        outbox: OutboxStore, pg_dsn: str, pg_schema: str) -> None:
+        pg_dsn: str, pg_schema: str) -> None:
+    outbox = open_outbox_store("postgres", dsn=pg_dsn, schema=pg_schema)
     with PgProxy(pg_dsn) as proxy:
         stager = open_outbox_store("postgres", dsn=proxy.dsn(), schema=pg_schema)
         try:
@@ -233,10 +251,14 @@ def test_a_stage_rerun_after_its_commit_went_unheard_and_a_drain_delivered_it_st
             assert stager.stage("orders", events(1, 2), 2, T0 + 1) == []  # the same request again
         finally:
             stager.close()
-    assert outbox.pending("orders") == []
-    assert outbox.stream_state("orders") == StreamState("orders", frontier=2, checkpoint=2, pending=0)
+    try:
+        assert outbox.pending("orders") == []
+        assert outbox.stream_state("orders") == StreamState("orders", frontier=2, checkpoint=2, pending=0)
+    finally:
+        outbox.close()
 
 
+@pytest.mark.postgres
 def test_an_outbox_made_before_integer_checkpoints_is_brought_up_to_date(pg_dsn: str, pg_schema: str) -> None:
     import psycopg
 

@@ -70,8 +70,8 @@ def land_orders(store: Store, calls: Path, after_commit: Callable[[], None] = la
 
 
 def main() -> None:
-    kind, location, schema, store_dir, calls, point = sys.argv[1:]
-    journal = JournalSite(kind, location, schema).open()
+    kind, location, schema, token, store_dir, calls, point = sys.argv[1:]
+    journal = JournalSite(kind, location, schema, token).open()
     store = Store.open(store_dir)
     clock = ManualClock(T0)
     orchestrator = EngineOrchestrator(journal, clock=clock, keeper=Keeper(clock, start=False))

@@ -30,6 +30,7 @@ from contextful.engine.run.execution import Execution, open_execution, plan_refe
 from contextful.engine.run.retry import RetrySchedule
 from contextful.storage.awakeables import awakeable_store_beside
 from contextful.storage.clock import ManualClock, from_us
+from contextful.storage.d1.client import D1Client
 from contextful.storage.errors import ExecutionHeld, ExecutionSuspended, JournalConflict, OwnerPlanMismatch
 from contextful.storage.journal import CLOSED_FAILED, CLOSED_OK, PENDING, JournalStore
 from contextful.storage.journal.files import FileJournalStore
@@ -198,6 +199,9 @@ def _stored_steps(site: JournalSite, execution: str) -> dict[int, tuple[str, byt
         with sqlite3.connect(site.location) as conn:
             rows = conn.execute("SELECT seq, label, value FROM cf_journal_steps WHERE execution_id = ?",
                                 (execution,)).fetchall()
+    elif site.kind == "d1":
+        rows = D1Client(site.location, site.token, site.schema).query(
+            "SELECT seq, label, value FROM cf_journal_steps WHERE execution_id = ?", (execution,))
     else:
         with psycopg.connect(site.location) as conn:
             rows = conn.execute(f'SELECT seq, label, value FROM "{site.schema}".cf_journal_steps'

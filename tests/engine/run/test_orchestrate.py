@@ -174,7 +174,7 @@ def test_a_workflow_killed_around_its_provider_steps_writes_runs_the_unit_once(
     calls, store_dir = tmp_path / "calls", tmp_path / "store"
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.engine.run.provider_step_child", site.kind, site.location, site.schema,
-         str(store_dir), str(calls), point],
+         site.token, str(store_dir), str(calls), point],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=Path(__file__).parents[3])
     assert child.stdout is not None
