@@ -17,6 +17,12 @@ Implements the worker's half of ``surface.dispatch.submit-signed``, ``heartbeat-
   ``POST`` (kind ``callback``): ``{"pointer": "<table>@<commit_seq>"}`` for the commit it made (the
   table's head when it landed nothing new), or ``{"error": "<last error line>"}``, always within
   ``engine.control.relay.MAX_RESULT_BYTES``.
+- A worker on a machine of its own shares no disk with serve: it learns the applied versions from
+  its own control source, as any node does (``engine.control.reconcile``): a submission naming a
+  version its snapshot directory lacks polls that source once (its ``[sync]`` bucket, or its
+  ``[control] url``) and adopts the head, verified, before the step lands; a version still missing
+  fails the step naming it. Rows reach serve through the shared store (the container profile's
+  bucket and catalog); only the step result crosses the wire.
 - ``GET /steps`` answers what the worker holds in flight, unauthenticated data only (run, step,
   attempt, when it started, its last heartbeat): what ``contextful worker list`` reads.
 """
@@ -124,6 +130,11 @@ class WorkerService:
         self._in_flight: dict[str, _InFlight] = {}
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        from contextful.engine.control.reconcile import node_reconciler
+
+        self._learning = threading.Lock()
+        """One poll of the control source at a time (two steps naming one new version adopt it once)."""
+        self._reconciler = node_reconciler(root, store=store_url, clock=self.clock, say=self.say)
 
     def now_s(self) -> int:
         return self.clock.now_us() // 1_000_000
@@ -157,6 +168,7 @@ class WorkerService:
         beating = threading.Thread(target=self._beat, args=(submission, done), daemon=True)
         beating.start()
         try:
+            self.learn(submission.version)
             result = run_step(self.root, self.store_url, submission)
         finally:
             done.set()
@@ -165,6 +177,17 @@ class WorkerService:
         self._call(submission, "POST", result)
         with self._lock:
             self._in_flight.pop(submission.key, None)
+
+    def learn(self, version: int) -> None:
+        """Adopt the control source's head when this node's snapshot directory lacks ``version``."""
+        from contextful.engine.control.apply import snapshot_dir
+
+        if self._reconciler is None:
+            return
+        with self._learning:
+            if snapshot_dir(self.root).file(version).is_file():
+                return
+            self._reconciler.poll()  # a failed poll is logged; the step then fails naming the version
 
     def _beat(self, submission: Submission, done: threading.Event) -> None:
         """``surface.dispatch.heartbeat-beat``: a signed GET now and every ``heartbeat_s`` until the step ends."""

@@ -43,10 +43,10 @@ def _env(key: str = KEY) -> dict[str, str]:
 class Worker:
     """``contextful worker serve --http 127.0.0.1:0`` for a project: its URL once it listens."""
 
-    def __init__(self, root: Path, *, key: str = KEY) -> None:
+    def __init__(self, root: Path, *, key: str = KEY, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(root),
                                       "worker", "serve", "--http", "127.0.0.1:0"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=_env(key))
+                                     stderr=subprocess.PIPE, text=True, env=env if env is not None else _env(key))
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # blocks until it listens, or ends at its exit
         if not line.startswith("listening on "):
