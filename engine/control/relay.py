@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from contextful.engine.control.attempts import Attempt, AttemptJournal
 from contextful.engine.control.dispatch import Launched, Launcher, Outcome
 from contextful.engine.control.worker_key import (
     KEY_VARIABLE,
@@ -53,6 +54,7 @@ from contextful.storage.errors import (
 if TYPE_CHECKING:
     from contextful.engine.config.manifest import ControlSpec, Manifest
     from contextful.engine.control.fire import ControlPlane
+    from contextful.storage import Store
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,11 @@ class RemoteStep:
     heartbeats: int = 0
     """Heartbeats admitted for this step, across its attempts."""
     result: dict[str, str] | None = None
+    seq: int = 0
+    """How many submissions of this step were made, each worker tried under each attempt counting
+    (the journal's ``seq``: ``engine.control.attempts``)."""
+    adopted: bool = False
+    """Re-adopted from the journal after a serve restart, and not yet claimed by a unit."""
     refusals: list[str] = field(default_factory=list)
     """Each worker refusal met, in order (``<worker>: <status> <answer>``)."""
     closed: threading.Event = field(default_factory=threading.Event)
@@ -139,11 +146,14 @@ class RemoteStep:
 class Relay:
     """Serve's workers and relay: submits steps, admits heartbeats and callbacks on ``/awake/<token>``."""
 
-    def __init__(self, workers: Sequence[str], relay: str, key: WorkerKey, *, clock: Clock | None = None) -> None:
+    def __init__(self, workers: Sequence[str], relay: str, key: WorkerKey, *, clock: Clock | None = None,
+                 attempts: AttemptJournal | None = None) -> None:
         self.workers = tuple(w.rstrip("/") for w in workers)
         self.relay = relay.rstrip("/")
         self.key = key
         self.clock = clock or SystemClock()
+        self.attempts = attempts
+        """Where each submission is journaled (None: in memory only, lost with this process)."""
         self._lock = threading.Condition()
         """Guards the steps; notified whenever a heartbeat or callback changes one (:meth:`wait_for`)."""
         self._by_token: dict[str, RemoteStep] = {}
@@ -169,9 +179,11 @@ class Relay:
             self._next += 1
         order = [self.workers[(start + i) % len(self.workers)] for i in range(len(self.workers))]
         order = [w for w in order if w != exclude] or order
+        previous = remote.token  # the superseded attempt's route (none on a first submission)
         remote.attempt += 1
         for worker in order:
-            token = secrets.token_urlsafe(24)
+            remote.seq += 1
+            token = self._token(remote, worker)
             with self._lock:
                 remote.token, remote.worker, remote.last_beat_us = token, worker, self.clock.now_us()
                 self._by_token[token] = remote
@@ -180,10 +192,13 @@ class Relay:
             refusal = self._post_submit(worker, remote, token)
             if refusal is None:
                 log.info("step %s/%s attempt %d submitted to %s", remote.run, remote.step, remote.attempt, worker)
+                self._close_durably(previous, {"superseded": remote.attempt})
                 return
             with self._lock:
                 del self._by_token[token]
             remote.refusals.append(f"{worker}: {refusal}")
+            self._close_durably(token, {"refused": refusal[:1000]})
+        self._close_durably(previous, {"superseded": remote.attempt})
         with self._lock:
             remote.token, remote.worker = "", None
             if remote in self._open:
@@ -193,6 +208,18 @@ class Relay:
         raise DispatchSubmitRejected(f"step {remote.step} of run {remote.run}: every listed worker refused it "
                                      f"({len(remote.refusals)} tried, each once); the last refusal: "
                                      f"{remote.refusals[-1]}")
+
+    def _token(self, remote: RemoteStep, worker: str) -> str:
+        """The route token of ``remote``'s submission to ``worker``, journaled first when the relay keeps a journal."""
+        if self.attempts is None:
+            return secrets.token_urlsafe(24)
+        return self.attempts.record(remote.run, remote.step, remote.seq, remote.attempt, worker, remote.version,
+                                    self.clock.now_us()).token
+
+    def _close_durably(self, token: str, why: dict[str, Any]) -> None:
+        """Close a refused or superseded submission in the journal (its late callback then lands nothing)."""
+        if self.attempts is not None and token:
+            self.attempts.close(token, json.dumps(why).encode(), self.clock.now_us())
 
     def _post_submit(self, worker: str, remote: RemoteStep, token: str) -> str | None:
         """POST the signed submission to ``worker``; its refusal (None: it admitted the step)."""
@@ -219,7 +246,7 @@ class Relay:
         if problem is not None:
             raise DispatchCallbackRejected(problem)
         with self._lock:
-            remote = self._by_token.get(token)
+            remote = self._by_token.get(token) or self._readopt_token(token)
             if remote is None:
                 raise DispatchCallbackRejected("its route names no step submitted to a worker")
             if remote.closed.is_set():
@@ -244,6 +271,10 @@ class Relay:
         with self._lock:
             if remote.closed.is_set() or remote.token != token:  # a racing successor closed it first
                 raise DispatchCallbackRejected(f"step {remote.step} of run {remote.run} has closed")
+            if self.attempts is not None and not self.attempts.close(token, json.dumps(result).encode(),
+                                                                     self.clock.now_us()):
+                raise DispatchCallbackRejected(f"step {remote.step} of run {remote.run} has closed (its "
+                                               "journaled attempt was closed by another admission)")
             remote.result = result
             remote.closed.set()
             self._open.remove(remote)
@@ -257,6 +288,50 @@ class Relay:
         excess = len(self._by_token) - KEPT_TOKENS
         for token in [t for t, r in self._by_token.items() if r.closed.is_set()][:max(excess, 0)]:
             del self._by_token[token]
+
+    # --- re-adoption after a restart -------------------------------------------------------------
+
+    def _readopt_token(self, token: str) -> RemoteStep | None:
+        """The step a journaled attempt's ``token`` names, re-adopted when it is its step's current
+        open attempt (a serve before this one submitted it); DispatchCallbackRejected when it is
+        closed or superseded; None when the journal holds no such attempt. Called under the lock."""
+        if self.attempts is None:
+            return None
+        attempt = self.attempts.find(token)
+        if attempt is None:
+            return None
+        if not attempt.open:
+            raise DispatchCallbackRejected(f"step {attempt.step} of run {attempt.run} has closed")
+        current = self.attempts.current(attempt.run, attempt.step)
+        if current is not None and current.seq != attempt.seq:
+            raise DispatchCallbackRejected(f"its route names an attempt of step {attempt.step} that is not its "
+                                           f"current attempt {current.attempt}")
+        return self._adopt(attempt)
+
+    def _adopt(self, attempt: Attempt) -> RemoteStep:
+        """Track a journaled open attempt as this relay's own; its worker gets a full lapse from now."""
+        remote = RemoteStep(attempt.run, attempt.step, attempt.version, attempt=attempt.attempt,
+                            token=attempt.token, worker=attempt.worker, last_beat_us=self.clock.now_us(),
+                            seq=attempt.seq, adopted=True)
+        self._by_token[attempt.token] = remote
+        self._open.append(remote)
+        log.warning("step %s/%s attempt %d on %s re-adopted from the journal", attempt.run, attempt.step,
+                    attempt.attempt, attempt.worker)
+        return remote
+
+    def readopt(self) -> list[RemoteStep]:
+        """Every open step a previous serve journaled, re-adopted (those a heartbeat or callback
+        re-adopted already included) and claimed by the caller, which waits for them."""
+        if self.attempts is None:
+            return []
+        with self._lock:
+            for attempt in self.attempts.open_attempts():
+                if attempt.token not in self._by_token:
+                    self._adopt(attempt)
+            claimed = [r for r in self._open if r.adopted]
+            for remote in claimed:
+                remote.adopted = False
+            return claimed
 
     def wake(self) -> None:
         """Wake every :meth:`wait_for` to look at its predicate again."""
@@ -340,14 +415,34 @@ class RelayLauncher:
                 return _RemoteUnit(self, head, unit.members)
         return self.fallback.launch(head)
 
+    def readopt(self) -> list[Launched]:
+        """The units a previous serve left waiting on workers, resumed at their open step: each waits
+        for that step (its callback, or a lapse moving it), then submits the members after it."""
+        from contextful.engine.run.units import unit_of
+
+        resumed: list[Launched] = []
+        heads = {p.id for p in self.manifest.pipelines}
+        for remote in self.relay.readopt():
+            head = remote.run.rsplit("-", 1)[0]  # a run id is <head>-<hex>
+            members = unit_of(self.manifest, head).members if head in heads else ()
+            if remote.step not in members:  # the armed version no longer holds it: its callback still lands
+                log.warning("step %s/%s: its unit is not armed in v%d; its outcome is recorded, nothing follows it",
+                            remote.run, remote.step, self.version)
+                continue
+            resumed.append(_RemoteUnit(self, head, members, resume=remote))
+        return resumed
+
 
 class _RemoteUnit:
     """One unit whose landing members run on workers (a thread of serve's)."""
 
-    def __init__(self, launcher: RelayLauncher, head: str, members: tuple[str, ...]) -> None:
+    def __init__(self, launcher: RelayLauncher, head: str, members: tuple[str, ...],
+                 resume: RemoteStep | None = None) -> None:
         self.head = head
         self._launcher = launcher
-        self._members = members
+        self._members = members[members.index(resume.step):] if resume is not None else members
+        self._resume = resume
+        """The open step a previous serve submitted, re-adopted: the unit resumes there, in its run."""
         self._stop = threading.Event()
         self._outcome: Outcome | None = None
         self._ended = threading.Event()
@@ -356,7 +451,7 @@ class _RemoteUnit:
 
     def _run(self) -> None:
         relay, manifest = self._launcher.relay, self._launcher.manifest
-        run = f"{self.head}-{secrets.token_hex(6)}"
+        run = self._resume.run if self._resume is not None else f"{self.head}-{secrets.token_hex(6)}"
         failed: set[str] = set()
         failures: list[str] = []
         for member in self._members:
@@ -367,7 +462,8 @@ class _RemoteUnit:
                                 "after failed" if upstream else f"{member}: not run: serve is stopping")
                 continue
             try:
-                remote = relay.submit(run, member, self._launcher.version)
+                resumed, self._resume = self._resume, None
+                remote = resumed or relay.submit(run, member, self._launcher.version)
             except DispatchSubmitRejected as exc:  # surface.dispatch.submit-exhausted: the unit fails by name
                 failed.add(member)
                 failures.append(f"{member}: {exc}")
@@ -402,13 +498,14 @@ class _RemoteUnit:
         self.terminate()
 
 
-def serve_relay(control: ControlSpec, key: WorkerKey, clock: Clock | None = None) -> tuple[Relay, ServedFace]:
-    """Serve's relay for ``[control] workers``, its ``/awake/<token>`` route bound on ``[control] relay``'s address."""
+def serve_relay(control: ControlSpec, key: WorkerKey, store: Store, clock: Clock | None = None) -> tuple[Relay, ServedFace]:
+    """Serve's relay for ``[control] workers``, its ``/awake/<token>`` route bound on ``[control] relay``'s
+    address, journaling its attempts in ``store``'s awakeable store (``engine.control.attempts``)."""
     from contextful.engine.served.face import bind_face
 
     assert control.relay is not None
     parts = urlsplit(control.relay)
-    relay = Relay(control.workers, control.relay, key, clock=clock)
+    relay = Relay(control.workers, control.relay, key, clock=clock, attempts=AttemptJournal(store.awakeables))
     face = bind_face(f"{parts.hostname}:{parts.port or 80}", "[control] relay").serve(relay_routes(relay))
     return relay, face
 

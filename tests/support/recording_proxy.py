@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -79,14 +80,16 @@ class RecordingProxy:
         self._server.shutdown()
         self._server.server_close()
 
+    def wait_until(self, predicate: Callable[[list[Captured]], bool], timeout: float = 120) -> bool:
+        """Wait until ``predicate(captured)`` holds (or ``timeout``); whether it holds."""
+        with self._seen:
+            return self._seen.wait_for(lambda: predicate(self.captured), timeout)
+
     def wait_for(self, method: str, path: str, timeout: float = 120) -> Captured:
         """The first request of ``method`` on ``path`` forwarded, once it went by."""
-        def found() -> Captured | None:
-            return next((c for c in self.captured if c.method == method and c.path == path), None)
+        def hits(captured: list[Captured]) -> list[Captured]:
+            return [c for c in captured if c.method == method and c.path == path]
 
-        with self._seen:
-            if not self._seen.wait_for(lambda: found() is not None, timeout):
-                raise AssertionError(f"no {method} {path} went through the proxy: {self.captured}")
-            hit = found()
-            assert hit is not None
-            return hit
+        if not self.wait_until(lambda captured: bool(hits(captured)), timeout):
+            raise AssertionError(f"no {method} {path} went through the proxy: {self.captured}")
+        return hits(self.captured)[0]
