@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from contextful.engine.control.attempts import Attempt, AttemptJournal
-from contextful.engine.control.dispatch import Launched, Launcher, Outcome
+from contextful.engine.control.dispatch import ChildLauncher, Launched, Launcher, Outcome
 from contextful.engine.control.worker_key import (
     KEY_VARIABLE,
     SIGNATURE_HEADER,
@@ -54,6 +54,7 @@ from contextful.storage.errors import (
 if TYPE_CHECKING:
     from contextful.engine.config.manifest import ControlSpec, Manifest
     from contextful.engine.control.fire import ControlPlane
+    from contextful.engine.run.units import Unit
     from contextful.storage import Store
 
 log = logging.getLogger(__name__)
@@ -393,71 +394,86 @@ def relay_routes(relay: Relay) -> list[Route]:
 class RelayLauncher:
     """``surface.dispatch.worker-target``: serve's launcher while ``[control] workers`` lists workers.
 
-    A unit made only of landing pipelines (its head and its landing steps) runs in serve itself: each
-    member, in the unit's order, is submitted through the relay under one run id, keyed by run, step
-    and attempt, and waited for (rescheduling lapsed workers meanwhile); a member following a failed
-    one is not run. A unit with derive tiers or riding build jobs, and a job entry, runs in a child
-    process as without workers (``fallback``)."""
+    A pipeline unit's landing members (its head and its landing steps) run on workers, driven by a
+    thread of serve's: each, in the unit's order, is submitted through the relay under one run id,
+    keyed by run, step and attempt, and waited for (rescheduling lapsed workers meanwhile); a member
+    following a failed one is not run. Its derive tiers, and the build jobs riding it, then run in
+    serve's own unit child (``engine.control.child --landed-on-workers``), told which landing
+    members failed, and which no worker ran (``run.select.parent-outcome``: a worker dispatch error
+    leaves the tiers reading that member unrun). A unit where a landing step follows a derive tier,
+    and a job entry, runs wholly in a child process as without workers (``fallback``)."""
 
-    def __init__(self, relay: Relay, manifest: Manifest, version: int, fallback: Launcher) -> None:
+    def __init__(self, relay: Relay, manifest: Manifest, version: int, fallback: ChildLauncher) -> None:
         self.relay = relay
         self.manifest = manifest
         self.version = version
         self.fallback = fallback
 
     def launch(self, head: str) -> Launched:
-        from contextful.engine.jobs.after import dependent_builds
+        unit = self._unit(head)
+        return _RemoteUnit(self, unit) if unit is not None else self.fallback.launch(head)
+
+    def _unit(self, head: str) -> Unit | None:
+        """``head``'s unit when its landing members can run on workers (None: it runs wholly in a child)."""
         from contextful.engine.run.units import unit_of
 
-        if head in {p.id for p in self.manifest.pipelines}:
-            unit = unit_of(self.manifest, head)
-            if not unit.tiers and not dependent_builds(self.manifest, unit.members):
-                return _RemoteUnit(self, head, unit.members)
-        return self.fallback.launch(head)
+        if head not in {p.id for p in self.manifest.pipelines}:
+            return None
+        unit = unit_of(self.manifest, head)
+        tiers = set(unit.tiers)
+        if any(tiers.intersection(self.manifest.pipeline(step).follows) for step in unit.steps):
+            return None
+        return unit
+
+    def after_workers(self, unit: Unit) -> bool:
+        """Whether ``unit`` owes serve's child a run once its landing members ran: tiers or riding builds."""
+        from contextful.engine.jobs.after import dependent_builds
+
+        return bool(unit.tiers) or bool(dependent_builds(self.manifest, unit.members))
 
     def readopt(self) -> list[Launched]:
         """The units a previous serve left waiting on workers, resumed at their open step: each waits
-        for that step (its callback, or a lapse moving it), then submits the members after it."""
-        from contextful.engine.run.units import unit_of
-
+        for that step (its callback, or a lapse moving it), then goes on with the members after it."""
         resumed: list[Launched] = []
-        heads = {p.id for p in self.manifest.pipelines}
         for remote in self.relay.readopt():
-            head = remote.run.rsplit("-", 1)[0]  # a run id is <head>-<hex>
-            members = unit_of(self.manifest, head).members if head in heads else ()
-            if remote.step not in members:  # the armed version no longer holds it: its callback still lands
+            unit = self._unit(remote.run.rsplit("-", 1)[0])  # a run id is <head>-<hex>
+            if unit is None or remote.step not in unit.members:  # its callback still lands; nothing follows it
                 log.warning("step %s/%s: its unit is not armed in v%d; its outcome is recorded, nothing follows it",
                             remote.run, remote.step, self.version)
                 continue
-            resumed.append(_RemoteUnit(self, head, members, resume=remote))
+            resumed.append(_RemoteUnit(self, unit, resume=remote))
         return resumed
 
 
 class _RemoteUnit:
-    """One unit whose landing members run on workers (a thread of serve's)."""
+    """One unit whose landing members run on workers (a thread of serve's), then its tiers in a child."""
 
-    def __init__(self, launcher: RelayLauncher, head: str, members: tuple[str, ...],
-                 resume: RemoteStep | None = None) -> None:
-        self.head = head
+    def __init__(self, launcher: RelayLauncher, unit: Unit, resume: RemoteStep | None = None) -> None:
+        self.head = unit.head
         self._launcher = launcher
-        self._members = members[members.index(resume.step):] if resume is not None else members
+        self._unit = unit
+        landing = tuple(m for m in unit.members if m not in unit.tiers)
+        self._landing = landing[landing.index(resume.step):] if resume is not None else landing
         self._resume = resume
         """The open step a previous serve submitted, re-adopted: the unit resumes there, in its run."""
         self._stop = threading.Event()
+        self._child: Launched | None = None
         self._outcome: Outcome | None = None
         self._ended = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"remote unit {head}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"remote unit {unit.head}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         relay, manifest = self._launcher.relay, self._launcher.manifest
         run = self._resume.run if self._resume is not None else f"{self.head}-{secrets.token_hex(6)}"
         failed: set[str] = set()
+        unlaunched: set[str] = set()
         failures: list[str] = []
-        for member in self._members:
+        for member in self._landing:
             upstream = sorted(failed.intersection(manifest.pipeline(member).after))
             if upstream or self._stop.is_set():
                 failed.add(member)
+                unlaunched.add(member)
                 failures.append(f"{member}: UpstreamFailed: not run: pipeline(s) {', '.join(upstream)} it runs "
                                 "after failed" if upstream else f"{member}: not run: serve is stopping")
                 continue
@@ -466,15 +482,34 @@ class _RemoteUnit:
                 remote = resumed or relay.submit(run, member, self._launcher.version)
             except DispatchSubmitRejected as exc:  # surface.dispatch.submit-exhausted: the unit fails by name
                 failed.add(member)
+                unlaunched.add(member)
                 failures.append(f"{member}: {exc}")
                 continue
             self._await(remote)
             if not remote.ok:
                 failed.add(member)
+                if remote.result is None:  # serve stopped waiting: no outcome came back
+                    unlaunched.add(member)
                 why = remote.result["error"] if remote.result else "serve stopped while it ran on a worker"
                 failures.append(why if why.startswith(f"{member}:") else f"{member}: {why}")
-        self._outcome = Outcome(self.head, not failed, tuple(failures))
+        ok = not failed
+        if self._launcher.after_workers(self._unit) and not self._stop.is_set():
+            after = self._after_workers(failed, unlaunched)
+            ok = ok and after.ok
+            failures += [line for line in after.failures if line not in failures]
+        self._outcome = Outcome(self.head, ok, tuple(failures))
         self._ended.set()
+
+    def _after_workers(self, failed: set[str], unlaunched: set[str]) -> Outcome:
+        """The unit's tiers and riding builds, in serve's own unit child; its outcome."""
+        extra = ["--landed-on-workers"]
+        for member in sorted(failed):
+            extra += ["--unlaunched" if member in unlaunched else "--failed", member]
+        self._child = child = self._launcher.fallback.launch(self.head, extra)
+        outcome = None
+        while outcome is None:  # a timed wait: terminate() signals the child meanwhile
+            outcome = child.wait(LAPSE_CHECK_S)
+        return outcome
 
     def _await(self, remote: RemoteStep) -> None:
         """Wait for ``remote`` to close (or serve to stop), rescheduling lapsed workers meanwhile."""
@@ -490,12 +525,18 @@ class _RemoteUnit:
         return self.poll()
 
     def terminate(self) -> None:
-        """Stop waiting for the worker (it cannot be signalled): the unit ends failed at once."""
+        """Stop waiting for the workers (they cannot be signalled) and stop the tiers' child: the unit
+        ends failed once the child has."""
         self._stop.set()
         self._launcher.relay.wake()
+        if self._child is not None:
+            self._child.terminate()
 
     def kill(self) -> None:
-        self.terminate()
+        self._stop.set()
+        self._launcher.relay.wake()
+        if self._child is not None:
+            self._child.kill()
 
 
 def serve_relay(control: ControlSpec, key: WorkerKey, store: Store, clock: Clock | None = None) -> tuple[Relay, ServedFace]:

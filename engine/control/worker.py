@@ -226,13 +226,13 @@ def run_step(root: Path, store_url: str | None, submission: Submission) -> bytes
     try:
         from contextful.engine.control.arming import load_armable
         from contextful.engine.project import open_project_store
-        from contextful.engine.run.units import run_pipelines
+        from contextful.engine.run.units import run_landing_step
 
         manifest, _refused = load_armable(root, submission.version)
         spec = manifest.pipeline(submission.step)
         store = open_project_store(manifest.root, store_url, project=manifest.project, create=True)
         try:
-            [result] = run_pipelines(store, manifest, [spec.id])
+            result = run_landing_step(store, manifest, spec.id)
             if not result.ok:
                 last = result.failures[-1]
                 return step_result(error=f"{submission.step}: {last.error}: {last.detail}")
