@@ -15,6 +15,12 @@ a replayed callback after the step closed, one signed under another key or outsi
 :class:`DispatchCallbackRejected` (403) and changes no step. A completion callback's body is a step
 result (:func:`parse_step_result`); any other body raises :class:`StepResultRefused` and records
 nothing, the step staying open for a valid one.
+
+Serve's relay journals each submission in the awakeable store (:mod:`engine.control.attempts`):
+its route token is the journal row's, a callback closes the row by one conditional write (so one
+callback is admitted once, whichever serve admits it), and a serve started after one that died
+re-adopts the open attempts (:meth:`Relay.readopt`; a heartbeat or callback naming one re-adopts
+it at once), resuming their units (:meth:`RelayLauncher.readopt`).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ Implements the worker's half of ``surface.dispatch.submit-signed``, ``heartbeat-
   JSON object ``{"run", "step", "attempt", "version", "callback"}``: the landing step (a pipeline
   id) of applied version ``version``, keyed by run, step and attempt. An admitted submission answers
   202 and runs in a thread of this process.
-- The step runs as a unit child runs it (``engine.run.units.run_pipelines`` over the applied
-  version, on the store the project names, the one serve shares). While it runs the worker
+- The step lands alone, as a unit child lands a member (``engine.run.units.run_landing_step`` over
+  the applied version, on the store the project names, the one serve shares); its derive tiers run
+  afterwards in serve's unit child (``engine.control.relay``). While it runs the worker
   heartbeats every :data:`HEARTBEAT_S` with a signed ``GET`` on the callback (kind ``heartbeat``,
   bound to the route's path), the first one at once; then it posts the outcome with a signed
   ``POST`` (kind ``callback``): ``{"pointer": "<table>@<commit_seq>"}`` for the commit it made (the
