@@ -139,8 +139,6 @@ class RemoteStep:
     seq: int = 0
     """How many submissions of this step were made, each worker tried under each attempt counting
     (the journal's ``seq``: ``engine.control.attempts``)."""
-    adopted: bool = False
-    """Re-adopted from the journal after a serve restart, and not yet claimed by a unit."""
     refusals: list[str] = field(default_factory=list)
     """Each worker refusal met, in order (``<worker>: <status> <answer>``)."""
     closed: threading.Event = field(default_factory=threading.Event)
@@ -165,6 +163,8 @@ class Relay:
         """Guards the steps; notified whenever a heartbeat or callback changes one (:meth:`wait_for`)."""
         self._by_token: dict[str, RemoteStep] = {}
         self._open: list[RemoteStep] = []
+        self._adopted: list[RemoteStep] = []
+        """Steps re-adopted from the journal and not yet claimed by a unit (closed ones included)."""
         self._next = 0
 
     def now_s(self) -> int:
@@ -319,25 +319,25 @@ class Relay:
         """Track a journaled open attempt as this relay's own; its worker gets a full lapse from now."""
         remote = RemoteStep(attempt.run, attempt.step, attempt.version, attempt=attempt.attempt,
                             token=attempt.token, worker=attempt.worker, last_beat_us=self.clock.now_us(),
-                            seq=attempt.seq, adopted=True)
+                            seq=attempt.seq)
         self._by_token[attempt.token] = remote
         self._open.append(remote)
+        self._adopted.append(remote)
         log.warning("step %s/%s attempt %d on %s re-adopted from the journal", attempt.run, attempt.step,
                     attempt.attempt, attempt.worker)
         return remote
 
     def readopt(self) -> list[RemoteStep]:
-        """Every open step a previous serve journaled, re-adopted (those a heartbeat or callback
-        re-adopted already included) and claimed by the caller, which waits for them."""
+        """Every open step a previous serve journaled, re-adopted, and those a heartbeat or callback
+        re-adopted already (closed ones included: their unit goes on after them), claimed by the
+        caller, which resumes their units."""
         if self.attempts is None:
             return []
         with self._lock:
             for attempt in self.attempts.open_attempts():
                 if attempt.token not in self._by_token:
                     self._adopt(attempt)
-            claimed = [r for r in self._open if r.adopted]
-            for remote in claimed:
-                remote.adopted = False
+            claimed, self._adopted = self._adopted, []
             return claimed
 
     def wake(self) -> None:

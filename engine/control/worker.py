@@ -59,6 +59,10 @@ MAX_SUBMISSION_BYTES = 64 * 1024
 """A submission names a step; it never carries data."""
 CALL_TIMEOUT_S = 30.0
 """How long one heartbeat or callback request to the relay may take."""
+CALLBACK_RETRY_S = 300.0
+"""How long a callback the relay did not answer (unreachable, or a 5xx: serve restarting) is sent
+again; a callback the relay refused (4xx) is never sent again."""
+CALLBACK_RETRY_EVERY_S = 2.0
 _TOKEN = re.compile(r"/awake/([A-Za-z0-9_-]{16,128})")
 
 
@@ -175,7 +179,9 @@ class WorkerService:
             done.set()
             beating.join()
         self.say(f"step {submission.key}: {result.decode()[:500]}")
-        self._call(submission, "POST", result)
+        deadline = time.monotonic() + CALLBACK_RETRY_S
+        while self._call(submission, "POST", result) is None and time.monotonic() < deadline:
+            self._stopping.wait(CALLBACK_RETRY_EVERY_S)  # the relay is away (serve restarting): send it again
         with self._lock:
             self._in_flight.pop(submission.key, None)
 
@@ -199,8 +205,9 @@ class WorkerService:
                         self._in_flight[submission.key].beat_s = time.time()
             done.wait(self.heartbeat_s)
 
-    def _call(self, submission: Submission, method: str, body: bytes) -> bool:
-        """One signed heartbeat (GET) or callback (POST) to the step's route; whether the relay admitted it."""
+    def _call(self, submission: Submission, method: str, body: bytes) -> bool | None:
+        """One signed heartbeat (GET) or callback (POST) to the step's route; whether the relay admitted
+        it (None: no answer from the relay, or a 5xx)."""
         path = urlsplit(submission.callback).path
         kind = "heartbeat" if method == "GET" else "callback"
         headers = self.key.headers(kind, self.now_s(), body, bound=path)
@@ -215,9 +222,10 @@ class WorkerService:
         except urllib.error.HTTPError as exc:
             log.warning("%s %s of step %s refused: %s %s", kind, method, submission.key, exc.code,
                         exc.read()[:500].decode("utf-8", "replace"))
+            return None if exc.code >= 500 else False
         except OSError as exc:
             log.warning("%s of step %s did not reach the relay: %s", kind, submission.key, exc)
-        return False
+            return None
 
 
 def run_step(root: Path, store_url: str | None, submission: Submission) -> bytes:
