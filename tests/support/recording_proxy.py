@@ -1,4 +1,5 @@
-"""An HTTP proxy on loopback that forwards every request unchanged and records it as it went by.
+"""An HTTP proxy on loopback that forwards every request (unchanged, or without the headers it is
+told to drop) and records it as it went by.
 
 It stands between a client and a server a test does not control the wire of (a worker and serve's
 relay): each request's method, path, headers and body bytes are kept exactly as sent, with the
@@ -31,7 +32,8 @@ class Captured:
 class RecordingProxy:
     """``http://127.0.0.1:<port>`` forwarding to ``upstream``; :attr:`captured` in arrival order."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, drop: frozenset[str] = frozenset()) -> None:
+        """``drop``: request headers (lower case) not forwarded."""
         target = urlsplit(upstream)
         host, port = target.hostname or "127.0.0.1", target.port or 80
         self.captured: list[Captured] = []
@@ -44,7 +46,7 @@ class RecordingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP | drop}
                 conn = http.client.HTTPConnection(host, port, timeout=60)
                 try:
                     conn.request(self.command, self.path, body=body or None, headers=headers)
@@ -61,9 +63,10 @@ class RecordingProxy:
                         self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if self.command != "HEAD":
+                    self.wfile.write(data)
 
-            do_GET = do_POST = _forward
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 
             def log_message(self, format: str, *args: object) -> None:
                 return
