@@ -176,6 +176,9 @@ class Relay:
         """``surface.dispatch.worker-target`` and ``submit-exhausted``: post ``step`` to the workers in
         turn, each once, under attempt 1; DispatchSubmitRejected naming the last refusal when all refuse."""
         remote = RemoteStep(run, step, version)
+        if self.attempts is not None:  # a step submitted again in one run numbers its submissions on
+            current = self.attempts.current(run, step)
+            remote.seq = current.seq if current is not None else 0
         self._place(remote, exclude=None)
         return remote
 
