@@ -5,10 +5,11 @@ of 10 tiny ``files`` pipelines (one 3-row NDJSON input each; every step after th
 pipeline lands nothing new, as a scheduled step mostly does), then runs ``--steps`` landing
 steps twice in the same run:
 
-- **in-process**: ``run_pipelines`` on one open store, step after step, as a unit's child runs them;
+- **in-process**: ``run_landing_step`` on one open store, step after step, as a worker lands each;
 - **workers**: the same steps submitted through serve's relay (``engine.control.relay``) to 3
   ``contextful worker serve`` processes on loopback, 10 at a time (one per pipeline, as distinct
-  steps of concurrent units run), each signed, heartbeaten and answered with a signed callback.
+  steps of concurrent units run), each journaled (``engine.control.attempts``), signed, heartbeaten
+  and answered with a signed callback.
 
 It prints both wall times and the overhead per step (workers minus in-process, divided by the
 step count), and with ``--json`` writes a bench/records.py document. Absolute times are noise on a
@@ -50,13 +51,13 @@ def _cli(root: Path, *args: str) -> list[str]:
 def in_process(root: Path, steps: int) -> float:
     from contextful.engine.control.arming import load_armable
     from contextful.engine.project import open_project_store
-    from contextful.engine.run.units import run_pipelines
+    from contextful.engine.run.units import run_landing_step
 
     manifest, _ = load_armable(root, 1)
     with open_project_store(root, create=True) as store:
         started = time.perf_counter()
         for n in range(steps):
-            [result] = run_pipelines(store, manifest, [f"p{n % PIPELINES}"])
+            result = run_landing_step(store, manifest, f"p{n % PIPELINES}")
             assert result.ok, result.failures
         return time.perf_counter() - started
 
@@ -65,6 +66,7 @@ def on_workers(root: Path, relay_url: str, steps: int) -> float:
     from contextful.engine.config.control import read_control
     from contextful.engine.control.relay import serve_relay
     from contextful.engine.control.worker_key import WorkerKey
+    from contextful.engine.project import open_project_store
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")} | {"CONTEXTFUL_WORKER_KEY": KEY}
     workers = [subprocess.Popen(_cli(root, "worker", "serve", "--http", "127.0.0.1:0"), stdout=subprocess.PIPE,
@@ -74,16 +76,19 @@ def on_workers(root: Path, relay_url: str, steps: int) -> float:
         control = read_control(root)[1]
         from dataclasses import replace
 
-        relay, face = serve_relay(replace(control, workers=tuple(urls)), WorkerKey(KEY.encode()))
+        store = open_project_store(root, create=True)  # the relay journals its attempts there, as serve's does
+        relay, face = serve_relay(replace(control, workers=tuple(urls)), WorkerKey(KEY.encode()), store)
         try:
             started = time.perf_counter()
             for first in range(0, steps, PIPELINES):
-                batch = [relay.submit("bench", f"p{n % PIPELINES}", 1) for n in range(first, min(steps, first + PIPELINES))]
+                batch = [relay.submit(f"bench-{n}", f"p{n % PIPELINES}", 1)
+                         for n in range(first, min(steps, first + PIPELINES))]
                 assert relay.wait_for(lambda: all(r.closed.is_set() for r in batch), 600)  # noqa: B023
                 assert all(r.ok for r in batch), [r.result for r in batch if not r.ok]
             return time.perf_counter() - started
         finally:
             face.shutdown(5)
+            store.close()
     finally:
         for w in workers:
             w.terminate()

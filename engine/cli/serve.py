@@ -100,7 +100,9 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     # surface.dispatch.worker-target: landing steps go to [control] workers through serve's relay
-    relay, relay_face = serve_relay(served.control, worker_key) if worker_key is not None and arms else (None, None)
+    relay_store = open_store() if worker_key is not None and arms else None  # the relay's attempts journal
+    relay, relay_face = (serve_relay(served.control, worker_key, relay_store) if worker_key is not None
+                         and relay_store is not None else (None, None))
     plane = (ControlPlane(served.root, open_store, store_url, clock=clock, say=_say, fire_issuer=issuer,
                           reconciler=reconciler, launcher=relay_launcher(relay, lambda: _present(plane)))
              if arms else None)
@@ -135,6 +137,8 @@ def serve_manifest(manifest: Manifest, store_url: str | None, address: str | Non
             plane.close()
         if relay_face is not None:
             relay_face.shutdown(5)
+        if relay_store is not None:
+            relay_store.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -172,7 +176,9 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     def open_store() -> Store:
         return open_project_store(served.root, store_url, project=served.project, create=True)
 
-    relay, relay_face = serve_relay(served.control, worker_key) if worker_key is not None else (None, None)
+    relay_store = open_store() if worker_key is not None else None  # the relay's attempts journal
+    relay, relay_face = (serve_relay(served.control, worker_key, relay_store) if relay_store is not None
+                         and worker_key is not None else (None, None))
     stop_previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM,)}
     try:
         plane: ControlPlane | None = None
@@ -182,6 +188,8 @@ def serve_cycle(manifest: Manifest, store_url: str | None, *, as_json: bool, clo
     finally:
         if relay_face is not None:
             relay_face.shutdown(5)
+        if relay_store is not None:
+            relay_store.close()
         for sig, handler in stop_previous.items():
             signal.signal(sig, handler)
     if as_json:

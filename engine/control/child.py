@@ -7,6 +7,9 @@ manifest from the snapshot directory (never the working file), runs the unit thr
 one of its members (``engine.jobs.after``), and writes ``{"ok": …, "members": […], "failures": […]}`` to the result file
 (written whole, then renamed into place), exiting 0 when every member succeeded and 1 otherwise.
 SIGTERM (serve stopping) cancels the unit at its next boundary, as Ctrl-C cancels ``pipeline run``.
+Under ``--landed-on-workers`` (serve's relay ran the landing members on workers, naming each that
+failed with ``--failed`` or ran nowhere with ``--unlaunched``) it runs the unit's derive tiers alone,
+after them, and its builds when every member succeeded.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from contextful.engine.run.units import RanElsewhere
     from contextful.storage.clock import Clock
 
 
@@ -29,9 +33,11 @@ def _failure_lines(results: list) -> list[str]:  # type: ignore[type-arg]
 
 
 def fire_unit(root: Path, version: int, head: str, store_url: str | None, *, cancel: threading.Event,
-              clock: Clock | None = None) -> dict[str, Any]:
+              clock: Clock | None = None, elsewhere: RanElsewhere | None = None) -> dict[str, Any]:
     """Run the unit headed by ``head`` of applied version ``version``, then the builds riding it when
-    every member succeeded: the outcome document serve reads (``ok``, ``members``, ``failures``)."""
+    every member succeeded: the outcome document serve reads (``ok``, ``members``, ``failures``).
+    With ``elsewhere`` (its landing members ran on serve's workers, ``engine.control.relay``) only
+    its derive tiers run here, after them."""
     try:
         from contextful.engine.control.arming import load_armable
         from contextful.engine.jobs.after import fire_dependents
@@ -42,7 +48,7 @@ def fire_unit(root: Path, version: int, head: str, store_url: str | None, *, can
         unit = unit_of(manifest, head)
         store = open_project_store(manifest.root, store_url, project=manifest.project, create=True, clock=clock)
         try:
-            outcome = run_unit(store, manifest, unit, cancel=cancel)
+            outcome = run_unit(store, manifest, unit, cancel=cancel, elsewhere=elsewhere)
             failures = _failure_lines(outcome.results)
             fired = (fire_dependents(store, manifest, version, unit.members, cancel=cancel,
                                      say=lambda line: print(line, file=sys.stderr))
@@ -67,12 +73,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", type=int, required=True)
     parser.add_argument("--unit", required=True)
     parser.add_argument("--result", required=True)
+    parser.add_argument("--landed-on-workers", action="store_true",
+                        help="Its landing members ran on workers: run its derive tiers (and builds) only.")
+    parser.add_argument("--failed", action="append", default=[], help="A landing member that failed on a worker.")
+    parser.add_argument("--unlaunched", action="append", default=[],
+                        help="A landing member no worker ran (a dispatch error): its tiers are not run.")
     args = parser.parse_args(argv)
     cancel = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: cancel.set())
     signal.signal(signal.SIGINT, lambda *_: cancel.set())
     result = Path(args.result)
-    doc = fire_unit(Path(args.project), args.version, args.unit, args.store, cancel=cancel)
+    elsewhere = None
+    if args.landed_on_workers:
+        from contextful.engine.run.units import RanElsewhere
+
+        elsewhere = RanElsewhere(frozenset(args.failed) | frozenset(args.unlaunched), frozenset(args.unlaunched))
+    doc = fire_unit(Path(args.project), args.version, args.unit, args.store, cancel=cancel, elsewhere=elsewhere)
     partial = result.with_suffix(".partial")
     partial.write_text(json.dumps(doc))
     os.replace(partial, result)

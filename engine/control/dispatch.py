@@ -199,7 +199,8 @@ class ChildLauncher:
         """Where each child writes its outcome (its caller's directory: it outlives versions)."""
         self.environment = environment
 
-    def launch(self, head: str) -> Launched:
+    def launch(self, head: str, extra: Sequence[str] = ()) -> Launched:
+        """Start ``head``'s child; ``extra`` arguments go to a unit's child (``engine.control.child``)."""
         from contextful.engine.control.history import JOB_PREFIX
 
         result = self.results / f"{head.replace(':', '_')}.{os.urandom(4).hex()}.json"
@@ -212,6 +213,7 @@ class ChildLauncher:
                     "--version", str(self.version), "--unit", head, "--result", str(result)]
             if self.store_url:
                 argv += ["--store", self.store_url]
+            argv += extra
         env = self.environment(head) if self.environment is not None else None
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), env=env,
                                    start_new_session=True)  # its own session: its own process group

@@ -221,6 +221,7 @@ class ControlPlane:
         pool_bound = manifest.control.pool
         if self.pool is None:
             self.pool = Pool(self._launcher(version), pool_bound)
+            self._readopt(self.pool)
         else:  # units in flight keep running under the version they started with
             self.pool.launcher, self.pool.bound = self._launcher(version), pool_bound
         self.say(f"armed v{version}: {len(armed)} entr{'y' if len(armed) == 1 else 'ies'}"
@@ -229,6 +230,17 @@ class ControlPlane:
             for item in unarmed:
                 self.say(f"unarmed: {item.id}: {item.reason}")
             self._named = version
+
+    def _readopt(self, pool: Pool) -> None:
+        """Units a previous serve left in flight on workers (``engine.control.relay``: its journaled
+        attempts), taken into the pool under their keys as if this plane had fired them."""
+        readopt = getattr(pool.launcher, "readopt", None)
+        for unit in readopt() if readopt is not None else ():
+            if unit.head in pool.running or unit.head not in self.units:
+                continue
+            pool.running[unit.head] = unit
+            self.fires[unit.head] = Fire(unit.head, self.members(unit.head), self.clock.now_us())
+            self.say(f"re-adopted {unit.head}: its step in flight on a worker when serve last stopped")
 
     def _history_of(self, head: str) -> Any:
         """One head's history after its unit ended: its journaled start, the pulled starts as last

@@ -15,6 +15,12 @@ a replayed callback after the step closed, one signed under another key or outsi
 :class:`DispatchCallbackRejected` (403) and changes no step. A completion callback's body is a step
 result (:func:`parse_step_result`); any other body raises :class:`StepResultRefused` and records
 nothing, the step staying open for a valid one.
+
+Serve's relay journals each submission in the awakeable store (:mod:`engine.control.attempts`):
+its route token is the journal row's, a callback closes the row by one conditional write (so one
+callback is admitted once, whichever serve admits it), and a serve started after one that died
+re-adopts the open attempts (:meth:`Relay.readopt`; a heartbeat or callback naming one re-adopts
+it at once), resuming their units (:meth:`RelayLauncher.readopt`).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from contextful.engine.control.dispatch import Launched, Launcher, Outcome
+from contextful.engine.control.attempts import Attempt, AttemptJournal
+from contextful.engine.control.dispatch import ChildLauncher, Launched, Launcher, Outcome
 from contextful.engine.control.worker_key import (
     KEY_VARIABLE,
     SIGNATURE_HEADER,
@@ -53,6 +60,8 @@ from contextful.storage.errors import (
 if TYPE_CHECKING:
     from contextful.engine.config.manifest import ControlSpec, Manifest
     from contextful.engine.control.fire import ControlPlane
+    from contextful.engine.run.units import Unit
+    from contextful.storage import Store
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +136,9 @@ class RemoteStep:
     heartbeats: int = 0
     """Heartbeats admitted for this step, across its attempts."""
     result: dict[str, str] | None = None
+    seq: int = 0
+    """How many submissions of this step were made, each worker tried under each attempt counting
+    (the journal's ``seq``: ``engine.control.attempts``)."""
     refusals: list[str] = field(default_factory=list)
     """Each worker refusal met, in order (``<worker>: <status> <answer>``)."""
     closed: threading.Event = field(default_factory=threading.Event)
@@ -139,15 +151,20 @@ class RemoteStep:
 class Relay:
     """Serve's workers and relay: submits steps, admits heartbeats and callbacks on ``/awake/<token>``."""
 
-    def __init__(self, workers: Sequence[str], relay: str, key: WorkerKey, *, clock: Clock | None = None) -> None:
+    def __init__(self, workers: Sequence[str], relay: str, key: WorkerKey, *, clock: Clock | None = None,
+                 attempts: AttemptJournal | None = None) -> None:
         self.workers = tuple(w.rstrip("/") for w in workers)
         self.relay = relay.rstrip("/")
         self.key = key
         self.clock = clock or SystemClock()
+        self.attempts = attempts
+        """Where each submission is journaled (None: in memory only, lost with this process)."""
         self._lock = threading.Condition()
         """Guards the steps; notified whenever a heartbeat or callback changes one (:meth:`wait_for`)."""
         self._by_token: dict[str, RemoteStep] = {}
         self._open: list[RemoteStep] = []
+        self._adopted: list[RemoteStep] = []
+        """Steps re-adopted from the journal and not yet claimed by a unit (closed ones included)."""
         self._next = 0
 
     def now_s(self) -> int:
@@ -159,6 +176,9 @@ class Relay:
         """``surface.dispatch.worker-target`` and ``submit-exhausted``: post ``step`` to the workers in
         turn, each once, under attempt 1; DispatchSubmitRejected naming the last refusal when all refuse."""
         remote = RemoteStep(run, step, version)
+        if self.attempts is not None:  # a step submitted again in one run numbers its submissions on
+            current = self.attempts.current(run, step)
+            remote.seq = current.seq if current is not None else 0
         self._place(remote, exclude=None)
         return remote
 
@@ -169,9 +189,11 @@ class Relay:
             self._next += 1
         order = [self.workers[(start + i) % len(self.workers)] for i in range(len(self.workers))]
         order = [w for w in order if w != exclude] or order
+        previous = remote.token  # the superseded attempt's route (none on a first submission)
         remote.attempt += 1
         for worker in order:
-            token = secrets.token_urlsafe(24)
+            remote.seq += 1
+            token = self._token(remote, worker)
             with self._lock:
                 remote.token, remote.worker, remote.last_beat_us = token, worker, self.clock.now_us()
                 self._by_token[token] = remote
@@ -180,10 +202,13 @@ class Relay:
             refusal = self._post_submit(worker, remote, token)
             if refusal is None:
                 log.info("step %s/%s attempt %d submitted to %s", remote.run, remote.step, remote.attempt, worker)
+                self._close_durably(previous, {"superseded": remote.attempt})
                 return
             with self._lock:
                 del self._by_token[token]
             remote.refusals.append(f"{worker}: {refusal}")
+            self._close_durably(token, {"refused": refusal[:1000]})
+        self._close_durably(previous, {"superseded": remote.attempt})
         with self._lock:
             remote.token, remote.worker = "", None
             if remote in self._open:
@@ -193,6 +218,18 @@ class Relay:
         raise DispatchSubmitRejected(f"step {remote.step} of run {remote.run}: every listed worker refused it "
                                      f"({len(remote.refusals)} tried, each once); the last refusal: "
                                      f"{remote.refusals[-1]}")
+
+    def _token(self, remote: RemoteStep, worker: str) -> str:
+        """The route token of ``remote``'s submission to ``worker``, journaled first when the relay keeps a journal."""
+        if self.attempts is None:
+            return secrets.token_urlsafe(24)
+        return self.attempts.record(remote.run, remote.step, remote.seq, remote.attempt, worker, remote.version,
+                                    self.clock.now_us()).token
+
+    def _close_durably(self, token: str, why: dict[str, Any]) -> None:
+        """Close a refused or superseded submission in the journal (its late callback then lands nothing)."""
+        if self.attempts is not None and token:
+            self.attempts.close(token, json.dumps(why).encode(), self.clock.now_us())
 
     def _post_submit(self, worker: str, remote: RemoteStep, token: str) -> str | None:
         """POST the signed submission to ``worker``; its refusal (None: it admitted the step)."""
@@ -219,7 +256,7 @@ class Relay:
         if problem is not None:
             raise DispatchCallbackRejected(problem)
         with self._lock:
-            remote = self._by_token.get(token)
+            remote = self._by_token.get(token) or self._readopt_token(token)
             if remote is None:
                 raise DispatchCallbackRejected("its route names no step submitted to a worker")
             if remote.closed.is_set():
@@ -244,6 +281,10 @@ class Relay:
         with self._lock:
             if remote.closed.is_set() or remote.token != token:  # a racing successor closed it first
                 raise DispatchCallbackRejected(f"step {remote.step} of run {remote.run} has closed")
+            if self.attempts is not None and not self.attempts.close(token, json.dumps(result).encode(),
+                                                                     self.clock.now_us()):
+                raise DispatchCallbackRejected(f"step {remote.step} of run {remote.run} has closed (its "
+                                               "journaled attempt was closed by another admission)")
             remote.result = result
             remote.closed.set()
             self._open.remove(remote)
@@ -257,6 +298,50 @@ class Relay:
         excess = len(self._by_token) - KEPT_TOKENS
         for token in [t for t, r in self._by_token.items() if r.closed.is_set()][:max(excess, 0)]:
             del self._by_token[token]
+
+    # --- re-adoption after a restart -------------------------------------------------------------
+
+    def _readopt_token(self, token: str) -> RemoteStep | None:
+        """The step a journaled attempt's ``token`` names, re-adopted when it is its step's current
+        open attempt (a serve before this one submitted it); DispatchCallbackRejected when it is
+        closed or superseded; None when the journal holds no such attempt. Called under the lock."""
+        if self.attempts is None:
+            return None
+        attempt = self.attempts.find(token)
+        if attempt is None:
+            return None
+        if not attempt.open:
+            raise DispatchCallbackRejected(f"step {attempt.step} of run {attempt.run} has closed")
+        current = self.attempts.current(attempt.run, attempt.step)
+        if current is not None and current.seq != attempt.seq:
+            raise DispatchCallbackRejected(f"its route names an attempt of step {attempt.step} that is not its "
+                                           f"current attempt {current.attempt}")
+        return self._adopt(attempt)
+
+    def _adopt(self, attempt: Attempt) -> RemoteStep:
+        """Track a journaled open attempt as this relay's own; its worker gets a full lapse from now."""
+        remote = RemoteStep(attempt.run, attempt.step, attempt.version, attempt=attempt.attempt,
+                            token=attempt.token, worker=attempt.worker, last_beat_us=self.clock.now_us(),
+                            seq=attempt.seq)
+        self._by_token[attempt.token] = remote
+        self._open.append(remote)
+        self._adopted.append(remote)
+        log.warning("step %s/%s attempt %d on %s re-adopted from the journal", attempt.run, attempt.step,
+                    attempt.attempt, attempt.worker)
+        return remote
+
+    def readopt(self) -> list[RemoteStep]:
+        """Every open step a previous serve journaled, re-adopted, and those a heartbeat or callback
+        re-adopted already (closed ones included: their unit goes on after them), claimed by the
+        caller, which resumes their units."""
+        if self.attempts is None:
+            return []
+        with self._lock:
+            for attempt in self.attempts.open_attempts():
+                if attempt.token not in self._by_token:
+                    self._adopt(attempt)
+            claimed, self._adopted = self._adopted, []
+            return claimed
 
     def wake(self) -> None:
         """Wake every :meth:`wait_for` to look at its predicate again."""
@@ -318,67 +403,122 @@ def relay_routes(relay: Relay) -> list[Route]:
 class RelayLauncher:
     """``surface.dispatch.worker-target``: serve's launcher while ``[control] workers`` lists workers.
 
-    A unit made only of landing pipelines (its head and its landing steps) runs in serve itself: each
-    member, in the unit's order, is submitted through the relay under one run id, keyed by run, step
-    and attempt, and waited for (rescheduling lapsed workers meanwhile); a member following a failed
-    one is not run. A unit with derive tiers or riding build jobs, and a job entry, runs in a child
-    process as without workers (``fallback``)."""
+    A pipeline unit's landing members (its head and its landing steps) run on workers, driven by a
+    thread of serve's: each, in the unit's order, is submitted through the relay under one run id,
+    keyed by run, step and attempt, and waited for (rescheduling lapsed workers meanwhile); a member
+    following a failed one is not run. Its derive tiers, and the build jobs riding it, then run in
+    serve's own unit child (``engine.control.child --landed-on-workers``), told which landing
+    members failed, and which no worker ran (``run.select.parent-outcome``: a worker dispatch error
+    leaves the tiers reading that member unrun). A unit where a landing step follows a derive tier,
+    and a job entry, runs wholly in a child process as without workers (``fallback``)."""
 
-    def __init__(self, relay: Relay, manifest: Manifest, version: int, fallback: Launcher) -> None:
+    def __init__(self, relay: Relay, manifest: Manifest, version: int, fallback: ChildLauncher) -> None:
         self.relay = relay
         self.manifest = manifest
         self.version = version
         self.fallback = fallback
 
     def launch(self, head: str) -> Launched:
-        from contextful.engine.jobs.after import dependent_builds
+        unit = self._unit(head)
+        return _RemoteUnit(self, unit) if unit is not None else self.fallback.launch(head)
+
+    def _unit(self, head: str) -> Unit | None:
+        """``head``'s unit when its landing members can run on workers (None: it runs wholly in a child)."""
         from contextful.engine.run.units import unit_of
 
-        if head in {p.id for p in self.manifest.pipelines}:
-            unit = unit_of(self.manifest, head)
-            if not unit.tiers and not dependent_builds(self.manifest, unit.members):
-                return _RemoteUnit(self, head, unit.members)
-        return self.fallback.launch(head)
+        if head not in {p.id for p in self.manifest.pipelines}:
+            return None
+        unit = unit_of(self.manifest, head)
+        tiers = set(unit.tiers)
+        if any(tiers.intersection(self.manifest.pipeline(step).follows) for step in unit.steps):
+            return None
+        return unit
+
+    def after_workers(self, unit: Unit) -> bool:
+        """Whether ``unit`` owes serve's child a run once its landing members ran: tiers or riding builds."""
+        from contextful.engine.jobs.after import dependent_builds
+
+        return bool(unit.tiers) or bool(dependent_builds(self.manifest, unit.members))
+
+    def readopt(self) -> list[Launched]:
+        """The units a previous serve left waiting on workers, resumed at their open step: each waits
+        for that step (its callback, or a lapse moving it), then goes on with the members after it."""
+        resumed: list[Launched] = []
+        for remote in self.relay.readopt():
+            unit = self._unit(remote.run.rsplit("-", 1)[0])  # a run id is <head>-<hex>
+            if unit is None or remote.step not in unit.members:  # its callback still lands; nothing follows it
+                log.warning("step %s/%s: its unit is not armed in v%d; its outcome is recorded, nothing follows it",
+                            remote.run, remote.step, self.version)
+                continue
+            resumed.append(_RemoteUnit(self, unit, resume=remote))
+        return resumed
 
 
 class _RemoteUnit:
-    """One unit whose landing members run on workers (a thread of serve's)."""
+    """One unit whose landing members run on workers (a thread of serve's), then its tiers in a child."""
 
-    def __init__(self, launcher: RelayLauncher, head: str, members: tuple[str, ...]) -> None:
-        self.head = head
+    def __init__(self, launcher: RelayLauncher, unit: Unit, resume: RemoteStep | None = None) -> None:
+        self.head = unit.head
         self._launcher = launcher
-        self._members = members
+        self._unit = unit
+        landing = tuple(m for m in unit.members if m not in unit.tiers)
+        self._landing = landing[landing.index(resume.step):] if resume is not None else landing
+        self._resume = resume
+        """The open step a previous serve submitted, re-adopted: the unit resumes there, in its run."""
         self._stop = threading.Event()
+        self._child: Launched | None = None
         self._outcome: Outcome | None = None
         self._ended = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"remote unit {head}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"remote unit {unit.head}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         relay, manifest = self._launcher.relay, self._launcher.manifest
-        run = f"{self.head}-{secrets.token_hex(6)}"
+        run = self._resume.run if self._resume is not None else f"{self.head}-{secrets.token_hex(6)}"
         failed: set[str] = set()
+        unlaunched: set[str] = set()
         failures: list[str] = []
-        for member in self._members:
+        for member in self._landing:
             upstream = sorted(failed.intersection(manifest.pipeline(member).after))
             if upstream or self._stop.is_set():
                 failed.add(member)
+                unlaunched.add(member)
                 failures.append(f"{member}: UpstreamFailed: not run: pipeline(s) {', '.join(upstream)} it runs "
                                 "after failed" if upstream else f"{member}: not run: serve is stopping")
                 continue
             try:
-                remote = relay.submit(run, member, self._launcher.version)
+                resumed, self._resume = self._resume, None
+                remote = resumed or relay.submit(run, member, self._launcher.version)
             except DispatchSubmitRejected as exc:  # surface.dispatch.submit-exhausted: the unit fails by name
                 failed.add(member)
+                unlaunched.add(member)
                 failures.append(f"{member}: {exc}")
                 continue
             self._await(remote)
             if not remote.ok:
                 failed.add(member)
+                if remote.result is None:  # serve stopped waiting: no outcome came back
+                    unlaunched.add(member)
                 why = remote.result["error"] if remote.result else "serve stopped while it ran on a worker"
                 failures.append(why if why.startswith(f"{member}:") else f"{member}: {why}")
-        self._outcome = Outcome(self.head, not failed, tuple(failures))
+        ok = not failed
+        if self._launcher.after_workers(self._unit) and not self._stop.is_set():
+            after = self._after_workers(failed, unlaunched)
+            ok = ok and after.ok
+            failures += [line for line in after.failures if line not in failures]
+        self._outcome = Outcome(self.head, ok, tuple(failures))
         self._ended.set()
+
+    def _after_workers(self, failed: set[str], unlaunched: set[str]) -> Outcome:
+        """The unit's tiers and riding builds, in serve's own unit child; its outcome."""
+        extra = ["--landed-on-workers"]
+        for member in sorted(failed):
+            extra += ["--unlaunched" if member in unlaunched else "--failed", member]
+        self._child = child = self._launcher.fallback.launch(self.head, extra)
+        outcome = None
+        while outcome is None:  # a timed wait: terminate() signals the child meanwhile
+            outcome = child.wait(LAPSE_CHECK_S)
+        return outcome
 
     def _await(self, remote: RemoteStep) -> None:
         """Wait for ``remote`` to close (or serve to stop), rescheduling lapsed workers meanwhile."""
@@ -394,21 +534,28 @@ class _RemoteUnit:
         return self.poll()
 
     def terminate(self) -> None:
-        """Stop waiting for the worker (it cannot be signalled): the unit ends failed at once."""
+        """Stop waiting for the workers (they cannot be signalled) and stop the tiers' child: the unit
+        ends failed once the child has."""
         self._stop.set()
         self._launcher.relay.wake()
+        if self._child is not None:
+            self._child.terminate()
 
     def kill(self) -> None:
-        self.terminate()
+        self._stop.set()
+        self._launcher.relay.wake()
+        if self._child is not None:
+            self._child.kill()
 
 
-def serve_relay(control: ControlSpec, key: WorkerKey, clock: Clock | None = None) -> tuple[Relay, ServedFace]:
-    """Serve's relay for ``[control] workers``, its ``/awake/<token>`` route bound on ``[control] relay``'s address."""
+def serve_relay(control: ControlSpec, key: WorkerKey, store: Store, clock: Clock | None = None) -> tuple[Relay, ServedFace]:
+    """Serve's relay for ``[control] workers``, its ``/awake/<token>`` route bound on ``[control] relay``'s
+    address, journaling its attempts in ``store``'s awakeable store (``engine.control.attempts``)."""
     from contextful.engine.served.face import bind_face
 
     assert control.relay is not None
     parts = urlsplit(control.relay)
-    relay = Relay(control.workers, control.relay, key, clock=clock)
+    relay = Relay(control.workers, control.relay, key, clock=clock, attempts=AttemptJournal(store.awakeables))
     face = bind_face(f"{parts.hostname}:{parts.port or 80}", "[control] relay").serve(relay_routes(relay))
     return relay, face
 

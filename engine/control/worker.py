@@ -10,13 +10,20 @@ Implements the worker's half of ``surface.dispatch.submit-signed``, ``heartbeat-
   JSON object ``{"run", "step", "attempt", "version", "callback"}``: the landing step (a pipeline
   id) of applied version ``version``, keyed by run, step and attempt. An admitted submission answers
   202 and runs in a thread of this process.
-- The step runs as a unit child runs it (``engine.run.units.run_pipelines`` over the applied
-  version, on the store the project names, the one serve shares). While it runs the worker
+- The step lands alone, as a unit child lands a member (``engine.run.units.run_landing_step`` over
+  the applied version, on the store the project names, the one serve shares); its derive tiers run
+  afterwards in serve's unit child (``engine.control.relay``). While it runs the worker
   heartbeats every :data:`HEARTBEAT_S` with a signed ``GET`` on the callback (kind ``heartbeat``,
   bound to the route's path), the first one at once; then it posts the outcome with a signed
   ``POST`` (kind ``callback``): ``{"pointer": "<table>@<commit_seq>"}`` for the commit it made (the
   table's head when it landed nothing new), or ``{"error": "<last error line>"}``, always within
   ``engine.control.relay.MAX_RESULT_BYTES``.
+- A worker on a machine of its own shares no disk with serve: it learns the applied versions from
+  its own control source, as any node does (``engine.control.reconcile``): a submission naming a
+  version its snapshot directory lacks polls that source once (its ``[sync]`` bucket, or its
+  ``[control] url``) and adopts the head, verified, before the step lands; a version still missing
+  fails the step naming it. Rows reach serve through the shared store (the container profile's
+  bucket and catalog); only the step result crosses the wire.
 - ``GET /steps`` answers what the worker holds in flight, unauthenticated data only (run, step,
   attempt, when it started, its last heartbeat): what ``contextful worker list`` reads.
 """
@@ -52,6 +59,10 @@ MAX_SUBMISSION_BYTES = 64 * 1024
 """A submission names a step; it never carries data."""
 CALL_TIMEOUT_S = 30.0
 """How long one heartbeat or callback request to the relay may take."""
+CALLBACK_RETRY_S = 300.0
+"""How long a callback the relay did not answer (unreachable, or a 5xx: serve restarting) is sent
+again; a callback the relay refused (4xx) is never sent again."""
+CALLBACK_RETRY_EVERY_S = 2.0
 _TOKEN = re.compile(r"/awake/([A-Za-z0-9_-]{16,128})")
 
 
@@ -124,6 +135,11 @@ class WorkerService:
         self._in_flight: dict[str, _InFlight] = {}
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        from contextful.engine.control.reconcile import node_reconciler
+
+        self._learning = threading.Lock()
+        """One poll of the control source at a time (two steps naming one new version adopt it once)."""
+        self._reconciler = node_reconciler(root, store=store_url, clock=self.clock, say=self.say)
 
     def now_s(self) -> int:
         return self.clock.now_us() // 1_000_000
@@ -157,14 +173,28 @@ class WorkerService:
         beating = threading.Thread(target=self._beat, args=(submission, done), daemon=True)
         beating.start()
         try:
+            self.learn(submission.version)
             result = run_step(self.root, self.store_url, submission)
         finally:
             done.set()
             beating.join()
         self.say(f"step {submission.key}: {result.decode()[:500]}")
-        self._call(submission, "POST", result)
+        deadline = time.monotonic() + CALLBACK_RETRY_S
+        while self._call(submission, "POST", result) is None and time.monotonic() < deadline:
+            self._stopping.wait(CALLBACK_RETRY_EVERY_S)  # the relay is away (serve restarting): send it again
         with self._lock:
             self._in_flight.pop(submission.key, None)
+
+    def learn(self, version: int) -> None:
+        """Adopt the control source's head when this node's snapshot directory lacks ``version``."""
+        from contextful.engine.control.apply import snapshot_dir
+
+        if self._reconciler is None:
+            return
+        with self._learning:
+            if snapshot_dir(self.root).file(version).is_file():
+                return
+            self._reconciler.poll()  # a failed poll is logged; the step then fails naming the version
 
     def _beat(self, submission: Submission, done: threading.Event) -> None:
         """``surface.dispatch.heartbeat-beat``: a signed GET now and every ``heartbeat_s`` until the step ends."""
@@ -175,8 +205,9 @@ class WorkerService:
                         self._in_flight[submission.key].beat_s = time.time()
             done.wait(self.heartbeat_s)
 
-    def _call(self, submission: Submission, method: str, body: bytes) -> bool:
-        """One signed heartbeat (GET) or callback (POST) to the step's route; whether the relay admitted it."""
+    def _call(self, submission: Submission, method: str, body: bytes) -> bool | None:
+        """One signed heartbeat (GET) or callback (POST) to the step's route; whether the relay admitted
+        it (None: no answer from the relay, or a 5xx)."""
         path = urlsplit(submission.callback).path
         kind = "heartbeat" if method == "GET" else "callback"
         headers = self.key.headers(kind, self.now_s(), body, bound=path)
@@ -191,9 +222,10 @@ class WorkerService:
         except urllib.error.HTTPError as exc:
             log.warning("%s %s of step %s refused: %s %s", kind, method, submission.key, exc.code,
                         exc.read()[:500].decode("utf-8", "replace"))
+            return None if exc.code >= 500 else False
         except OSError as exc:
             log.warning("%s of step %s did not reach the relay: %s", kind, submission.key, exc)
-        return False
+            return None
 
 
 def run_step(root: Path, store_url: str | None, submission: Submission) -> bytes:
@@ -203,13 +235,13 @@ def run_step(root: Path, store_url: str | None, submission: Submission) -> bytes
     try:
         from contextful.engine.control.arming import load_armable
         from contextful.engine.project import open_project_store
-        from contextful.engine.run.units import run_pipelines
+        from contextful.engine.run.units import run_landing_step
 
         manifest, _refused = load_armable(root, submission.version)
         spec = manifest.pipeline(submission.step)
         store = open_project_store(manifest.root, store_url, project=manifest.project, create=True)
         try:
-            [result] = run_pipelines(store, manifest, [spec.id])
+            result = run_landing_step(store, manifest, spec.id)
             if not result.ok:
                 last = result.failures[-1]
                 return step_result(error=f"{submission.step}: {last.error}: {last.detail}")

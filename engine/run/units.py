@@ -62,6 +62,18 @@ class Unit:
 
 
 @dataclass(frozen=True)
+class RanElsewhere:
+    """A unit's landing members that ran outside this process (on serve's workers,
+    ``engine.control.relay``), and how they ended: its derive tiers then run alone, after them."""
+
+    failed: frozenset[str] = frozenset()
+    """Landing members that failed (a completed run outcome, or none)."""
+    unlaunched: frozenset[str] = frozenset()
+    """Of those, the ones that produced no run outcome at all (a worker dispatch error): the tiers
+    reading them are not run (``run.select.parent-outcome``)."""
+
+
+@dataclass(frozen=True)
 class UnitResult:
     head: str
     results: list[PipelineResult]
@@ -103,11 +115,14 @@ def _unit(manifest: Manifest, head: str) -> Unit:
 
 def run_unit(store: Store, manifest: Manifest, unit: Unit, *, decoder: Decoder | None = None,
              progress: Callable[[Progress], None] | None = None, cancel: threading.Event | None = None,
-             machine: MachineConfig | None = None, checkpoint_bytes: int = CHECKPOINT_BYTES) -> UnitResult:
-    """Run ``unit``'s members in order, sharing one decoder, under the rules of :func:`run_pipelines`."""
-    results, failed = _run_in_order(store, manifest, [manifest.pipeline(m) for m in unit.members],
+             machine: MachineConfig | None = None, checkpoint_bytes: int = CHECKPOINT_BYTES,
+             elsewhere: RanElsewhere | None = None) -> UnitResult:
+    """Run ``unit``'s members in order, sharing one decoder, under the rules of :func:`run_pipelines`;
+    with ``elsewhere``, only its derive tiers, its landing members having run as it says."""
+    members = unit.tiers if elsewhere is not None else unit.members
+    results, failed = _run_in_order(store, manifest, [manifest.pipeline(m) for m in members],
                                     checkpoint_bytes=checkpoint_bytes, decoder=decoder, progress=progress,
-                                    cancel=cancel, machine=machine)
+                                    cancel=cancel, machine=machine, elsewhere=elsewhere)
     return UnitResult(unit.head, results, tuple(m for m in unit.members if m in failed))
 
 
@@ -131,11 +146,22 @@ def run_pipelines(store: Store, manifest: Manifest, ids: list[str] | None = None
     return results
 
 
+def run_landing_step(store: Store, manifest: Manifest, pipeline_id: str, *,
+                     cancel: threading.Event | None = None) -> PipelineResult:
+    """Land one landing member alone, none of its derive descendants: what a worker runs for
+    serve's relay (``engine.control.worker``), the tiers running after it in serve's unit child."""
+    [result], _failed = _run_in_order(store, manifest, [manifest.pipeline(pipeline_id)],
+                                      checkpoint_bytes=CHECKPOINT_BYTES, decoder=None, progress=None,
+                                      cancel=cancel, machine=None)
+    return result
+
+
 def _run_in_order(store: Store, manifest: Manifest, specs: Sequence[PipelineSpec], *, checkpoint_bytes: int,
                   decoder: Decoder | None, progress: Callable[[Progress], None] | None,
-                  cancel: threading.Event | None,
-                  machine: MachineConfig | None) -> tuple[list[PipelineResult], set[str]]:
-    """Run ``specs`` (in dependency order) and say which failed; the rules are :func:`run_pipelines`'."""
+                  cancel: threading.Event | None, machine: MachineConfig | None,
+                  elsewhere: RanElsewhere | None = None) -> tuple[list[PipelineResult], set[str]]:
+    """Run ``specs`` (in dependency order) and say which failed, counting what ran ``elsewhere``
+    as if it ran first; the rules are :func:`run_pipelines`'."""
     from contextful.engine.run.script_runtime import refuse_script_runtime
 
     refuse_script_runtime()
@@ -144,8 +170,9 @@ def _run_in_order(store: Store, manifest: Manifest, specs: Sequence[PipelineSpec
     owned = decoder is None
     decoder = decoder or Decoder()
     results: list[PipelineResult] = []
-    failed: set[str] = set()
-    unlaunched: set[str] = set()  # pipelines that produced no run outcome at all
+    failed: set[str] = set(elsewhere.failed) if elsewhere is not None else set()
+    # pipelines that produced no run outcome at all
+    unlaunched: set[str] = set(elsewhere.unlaunched) if elsewhere is not None else set()
     try:
         for spec in specs:
             upstream = sorted(failed.intersection(spec.after) | unlaunched.intersection(spec.derive_parents))

@@ -147,6 +147,12 @@ class AwakeableStore(ABC):
     def rows_of(self, execution_id: str) -> list[AwakeableRow]:
         """Every row minted by ``execution_id``, ordered by step."""
 
+    @abstractmethod
+    def pending_under(self, prefix: str) -> list[AwakeableRow]:
+        """Every row still pending (its deadline not looked at) whose execution id is ``prefix``
+        followed by ``/`` and more, ordered by execution id and step: how a restarted owner of a
+        family of executions (serve's relay: ``engine.control.attempts``) finds what it left open."""
+
     def close_store(self) -> None:
         """Release connections and handles (an adapter with none keeps this no-op)."""
 

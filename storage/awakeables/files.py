@@ -96,6 +96,13 @@ class FileAwakeableStore(AwakeableStore):
         minted = self._read(self.minted_key(at["execution_id"], int(at["seq"])))
         return None if minted is None else self._row(minted)
 
+    def pending_under(self, prefix: str) -> list[AwakeableRow]:
+        keys = sorted(info.key for info in self.objects.list(f"awakeables/minted/{prefix}")
+                      if TMP_MARK not in info.key and info.key.endswith(".json"))
+        rows = [self._row(minted) for minted in map(self._read, keys) if minted is not None]
+        return sorted((r for r in rows if r.state == PENDING and r.execution_id.startswith(prefix + "/")),
+                      key=lambda r: (r.execution_id, r.seq))
+
     def rows_of(self, execution_id: str) -> list[AwakeableRow]:
         keys = sorted(info.key for info in self.objects.list(f"awakeables/minted/{execution_id}")
                       if TMP_MARK not in info.key and info.key.endswith(".json"))

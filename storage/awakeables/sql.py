@@ -90,3 +90,9 @@ class SqlAwakeableStore(SqlDialect, AwakeableStore, ABC):
     def rows_of(self, execution_id: str) -> list[AwakeableRow]:
         return [_row(r) for r in self._query_rows(f"{_SELECT} WHERE execution_id = ? ORDER BY seq",
                                                   (execution_id,))]
+
+    def pending_under(self, prefix: str) -> list[AwakeableRow]:
+        start = prefix + "/"  # a range on the key, not LIKE: a prefix holding % or _ means itself
+        return [_row(r) for r in self._query_rows(
+            f"{_SELECT} WHERE state = ? AND execution_id >= ? AND execution_id < ? ORDER BY execution_id, seq",
+            (PENDING, start, prefix + "0"))]

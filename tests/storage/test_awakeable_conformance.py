@@ -219,6 +219,17 @@ def test_mint_is_idempotent_per_step(awakeables: AwakeableStore, other: Awakeabl
     assert (info.value.execution, info.value.step) == ("e1", 0) and "'approve'" in info.value.reason
 
 
+def test_pending_under_lists_a_family_s_open_rows_only(awakeables: AwakeableStore, other: AwakeableStore) -> None:
+    rows = [awakeables.mint(e, seq, "step", DEADLINE, T0)
+            for e, seq in (("relay/r1/b", 2), ("relay/r1/a", 1), ("relay/r1/b", 1), ("relay/r2/a", 1),
+                           ("relay0/x", 1), ("relay", 1), ("relax/y", 1), ("e1", 0))]
+    other.resolve(rows[2].token, b"done", None, T0 + 1)
+    assert [(r.execution_id, r.seq) for r in other.pending_under("relay")] == [
+        ("relay/r1/a", 1), ("relay/r1/b", 2), ("relay/r2/a", 1)]
+    assert other.pending_under("relay/r1") == [rows[1], rows[0]]
+    assert other.pending_under("nothing") == []
+
+
 # --- resolution ----------------------------------------------------------------------------------
 
 
@@ -532,6 +543,9 @@ class _Unreachable(AwakeableStore):
         raise AssertionError("a replayed suspension read the awakeable store")
 
     def rows_of(self, execution_id: str) -> list[AwakeableRow]:
+        raise AssertionError("a replayed suspension read the awakeable store")
+
+    def pending_under(self, prefix: str) -> list[AwakeableRow]:
         raise AssertionError("a replayed suspension read the awakeable store")
 
 

@@ -31,6 +31,7 @@ from contextful.storage.clock import ManualClock, SystemClock
 from tests.engine.control.scenario import ControlProject, Gates, http_pipeline
 from tests.engine.control.test_control_source import _closed_port
 from tests.support.cli import contextful_in
+from tests.support.recording_proxy import RecordingProxy
 
 KEY = "k" * 40
 OTHER_KEY = "o" * 40
@@ -43,10 +44,10 @@ def _env(key: str = KEY) -> dict[str, str]:
 class Worker:
     """``contextful worker serve --http 127.0.0.1:0`` for a project: its URL once it listens."""
 
-    def __init__(self, root: Path, *, key: str = KEY) -> None:
+    def __init__(self, root: Path, *, key: str = KEY, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--project", str(root),
                                       "worker", "serve", "--http", "127.0.0.1:0"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=_env(key))
+                                     stderr=subprocess.PIPE, text=True, env=env if env is not None else _env(key))
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # blocks until it listens, or ends at its exit
         if not line.startswith("listening on "):
@@ -91,6 +92,9 @@ class Deployment:
     project: ControlProject
     gates: Gates
     face: ServedFace
+    """The relay's own face."""
+    proxy: RecordingProxy
+    """The workers' ``[control] relay``: forwards to :attr:`face`, recording each heartbeat and callback."""
     relay: Relay
     workers: list[Worker]
 
@@ -108,22 +112,24 @@ class Deployment:
 def _deploy(tmp_path: Path, *, workers: int = 1, clock: Any = None) -> Iterator[Deployment]:
     gates = Gates().start()
     face = bind_face("127.0.0.1:0")
+    proxy = RecordingProxy(face.url).start()
     project = ControlProject(tmp_path / "p")
     held, ready = gates.gate("held"), gates.gate("ready", open_=True)
     project.write(http_pipeline("a", ready), http_pipeline("s", held, schedule=None, after="a"),
                   http_pipeline("t", ready, schedule=None, after="a"),
-                  control=f'relay = "{face.url}"\nworkers = []')
+                  control=f'relay = "{proxy.url}"\nworkers = []')
     project.imported()
     started: list[Worker] = []
     try:
         started = [Worker(project.root) for _ in range(workers)]
-        relay = Relay([w.url for w in started], face.url, WorkerKey(KEY.encode()), clock=clock or SystemClock())
+        relay = Relay([w.url for w in started], proxy.url, WorkerKey(KEY.encode()), clock=clock or SystemClock())
         face.serve(relay_routes(relay))
-        yield Deployment(project, gates, face, relay, started)
+        yield Deployment(project, gates, face, proxy, relay, started)
     finally:
         gates.open("held")
         for worker in started:
             worker.stop()
+        proxy.stop()
         face.shutdown(5)
         gates.stop()
 
@@ -150,13 +156,13 @@ def _submission(relay_url: str, step: str = "t", token: str = "T" * 32) -> bytes
 @pytest.mark.clause("surface.dispatch.submit-signed")
 def test_a_worker_admits_only_signed_submissions_in_skew_naming_its_relay(deployment: Deployment) -> None:
     worker, key, now = deployment.workers[0], WorkerKey(KEY.encode()), int(time.time())
-    body = _submission(deployment.face.url)
+    body = _submission(deployment.proxy.url)
     refusals = {
         "unsigned": (body, {}),
         "other key": (body, WorkerKey(OTHER_KEY.encode()).headers("submit", now, body)),
         "skewed 301 s": (body, key.headers("submit", now - 301, body)),
         "signed as a heartbeat": (body, key.headers("heartbeat", now, body)),
-        "body changed after signing": (_submission(deployment.face.url, "a"), key.headers("submit", now, body)),
+        "body changed after signing": (_submission(deployment.proxy.url, "a"), key.headers("submit", now, body)),
         "callback off its relay": (_submission("http://127.0.0.1:9"),
                                    key.headers("submit", now, _submission("http://127.0.0.1:9"))),
     }
@@ -164,7 +170,7 @@ def test_a_worker_admits_only_signed_submissions_in_skew_naming_its_relay(deploy
         status, answer = _post(worker.url + "/submit", sent, headers)
         assert (status, answer["error"]) == (403, "DispatchSubmitRejected"), why
         assert "nothing started" in answer["detail"], why
-    assert "callback" in answer["detail"] and deployment.face.url in answer["detail"]
+    assert "callback" in answer["detail"] and deployment.proxy.url in answer["detail"]
     assert worker.steps() == [] and not deployment.table_exists("t")  # nothing started, nothing landed
     # the same submission, signed under the key now, is admitted and its step lands
     remote = deployment.relay.submit("r1", "t", 1)
@@ -232,12 +238,17 @@ def test_the_relay_rejects_forged_skewed_oversized_and_replayed_callbacks(deploy
         assert answer["error"] == "StepResultRefused", body[:40]
     assert len(json.dumps({"error": "x" * (MAX_RESULT_BYTES - 12)}).encode()) == MAX_RESULT_BYTES + 1
     assert not remote.closed.is_set() and remote.result is None  # nothing recorded: the step is open
-    # the worker's own callback closes the step; a replay of a callback after it changes nothing
+    # the worker's own callback closes the step; a replay of it, captured on the wire (its very bytes
+    # and headers, still within the skew), changes nothing, nor does a replay of its heartbeat
     deployment.gates.open("held")
     assert relay.wait_for(remote.closed.is_set, 120)
     recorded = dict(remote.result or {})
-    status, answer = send(ok, key.headers("callback", int(time.time()), ok, bound=path))
-    assert (status, answer["error"]) == (403, "DispatchCallbackRejected") and "closed" in answer["detail"]
+    captured = deployment.proxy.wait_for("POST", path)
+    assert captured.status == 200 and json.loads(captured.body) == recorded
+    beat = deployment.proxy.wait_for("GET", path)
+    for replayed in (captured, beat):
+        status, answer = send(replayed.body, replayed.headers, replayed.method)
+        assert (status, answer["error"]) == (403, "DispatchCallbackRejected") and "closed" in answer["detail"]
     assert remote.result == recorded and recorded["pointer"] != "s@99"
 
 
