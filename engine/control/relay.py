@@ -50,9 +50,9 @@ from contextful.engine.control.worker_key import (
 from contextful.engine.served.face import Exchange, Route, ServedFace
 from contextful.storage.clock import Clock, SystemClock
 from contextful.storage.errors import (
-    ArgumentInvalid,
     DispatchCallbackRejected,
     DispatchSubmitRejected,
+    ManifestValueInvalid,
     RequestBodyTooLarge,
     StepResultRefused,
 )
@@ -80,21 +80,20 @@ LAPSE_CHECK_S = 1.0
 
 def check_workers(workers: Sequence[str], relay: str | None, environ: Mapping[str, str] | None = None) -> WorkerKey | None:
     """``surface.dispatch.worker-key``: the worker key serve signs and checks with when ``[control]
-    workers`` lists any (None: it lists none); ArgumentInvalid naming what is missing else, before
+    workers`` lists any (None: it lists none); ManifestValueInvalid naming what is missing else, before
     serve binds anything."""
     if not workers:
         return None
     if relay is None:
-        raise ArgumentInvalid("[control] relay", "unset", "[control] workers lists workers, so [control] relay must "
-                              "name the URL whose /awake/<token> route receives their heartbeats and callbacks")
+        raise ManifestValueInvalid("[control]", "relay", "unset: [control] workers lists workers, so relay must "
+                                   "name the URL whose /awake/<token> route receives their heartbeats and callbacks")
     key = worker_key(environ)
     if key is None:
         import os
 
         problem = worker_key_problem((os.environ if environ is None else environ).get(KEY_VARIABLE))
-        raise ArgumentInvalid(KEY_VARIABLE, "unset" if problem and "not set" in problem else "too short",
-                              f"{problem}: [control] workers lists workers, whose heartbeats and callbacks sign "
-                              "under it")
+        raise ManifestValueInvalid("[control]", "workers", f"{problem}: the workers' submissions, "
+                                   "heartbeats and callbacks sign under it")
     return key
 
 

@@ -299,7 +299,7 @@ def test_a_lapsed_worker_s_step_moves_to_another_under_the_next_attempt(tmp_path
 
 @pytest.mark.clause("surface.dispatch.worker-key")
 def test_serve_listing_workers_without_relay_or_key_refuses_and_binds_nothing(tmp_path: Path) -> None:
-    for n, (control, env, named) in enumerate( (('workers = ["http://127.0.0.1:9"]', _env(), "[control] relay"),
+    for n, (control, env, named) in enumerate( (('workers = ["http://127.0.0.1:9"]', _env(), "[control].relay"),
                                 ('workers = ["http://127.0.0.1:9"]\nrelay = "http://127.0.0.1:8"',
                                  {k: v for k, v in _env().items() if k != "CONTEXTFUL_WORKER_KEY"},
                                  "CONTEXTFUL_WORKER_KEY"),
@@ -312,7 +312,7 @@ def test_serve_listing_workers_without_relay_or_key_refuses_and_binds_nothing(tm
                              env={k: v for k, v in env.items() if k.startswith("CONTEXTFUL_")}, check=False,
                              timeout=120)
         assert proc.returncode != 0 and "listening on" not in proc.stdout, (control, proc.stdout)
-        assert "error: ArgumentInvalid" in proc.stderr and named in proc.stderr, proc.stderr
+        assert "error: ManifestValueInvalid" in proc.stderr and named in proc.stderr, proc.stderr
 
 
 @pytest.mark.clause("surface.dispatch.worker-key")
