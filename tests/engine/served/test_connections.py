@@ -24,8 +24,16 @@ from contextful.storage.catalog import ConnectionRow
 from contextful.storage.clock import ManualClock
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.engine.served.connection_app import DECLARATION, App, claims_of, declaration, error
-from tests.engine.served.control_face import PIPELINE, Console, manifest_text
+from tests.engine.served.connection_app import (
+    DECLARATION,
+    TEMPLATE,
+    App,
+    claims_of,
+    declaration,
+    error,
+    write_template_project,
+)
+from tests.engine.served.control_face import Console, manifest_text
 from tests.storage.catalog_place import CatalogPlace
 
 T0_US = 1_800_000_000_000_000
@@ -46,8 +54,7 @@ class Site:
 def serving(tmp_path: Path, decoder: object, open_store: Callable[[ManualClock], Store]) -> Iterator[Site]:
     issuer = Ed25519PrivateKey.generate()
     root = tmp_path / "project"
-    root.mkdir()
-    (root / "contextful.toml").write_text(manifest_text(issuer_key(issuer.public_key()).text, PIPELINE))
+    write_template_project(root, manifest_text(issuer_key(issuer.public_key()).text, TEMPLATE))
     import_manifest(root)
     clock = ManualClock(T0_US)
     store = open_store(clock)
