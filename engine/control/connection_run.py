@@ -192,6 +192,27 @@ def connection_entries(manifest: Manifest, rows: Iterable[ConnectionRow]) -> tup
     return armed, unarmed
 
 
+MARK_RETRY_S = 0.1
+"""How often a stopped fire looks again for its execution to mark when it has not claimed one yet."""
+
+
+def _mark_canceled(store: Any, scope: str, cancel: threading.Event, done: threading.Event) -> None:
+    """Once serve asks the fire to stop (SIGTERM sets ``cancel``), write the cancel mark on its pending
+    execution (``engine.run.cancel``): the run stops at its next boundary, its commit boundary
+    included, so a pause lands nothing of the fire in flight (one that claimed no execution yet is
+    marked as soon as it does)."""
+    from contextful.engine.run.cancel import request_cancel
+    from contextful.storage.errors import CancelTargetNotInFlight
+
+    cancel.wait()
+    while not done.is_set():
+        try:
+            request_cancel(store.journal, scope)
+            return
+        except CancelTargetNotInFlight:
+            done.wait(MARK_RETRY_S)
+
+
 def fire_connection(root: Path, version: int, entry: str, store_url: str | None, *, cancel: threading.Event,
                     clock: Clock | None = None) -> dict[str, Any]:
     """Run the instance of connection ``entry`` under applied version ``version``, re-reading its record
@@ -214,7 +235,16 @@ def fire_connection(root: Path, version: int, entry: str, store_url: str | None,
             return {"ok": False, "members": [entry], "failures": [f"{entry}: {reason}"]}
         instance = instances[entry]
         alone = replace(manifest, pipelines=(instance,))
-        outcome = run_unit(store, alone, Unit(entry, (), (), (entry,)), cancel=cancel)
+        done = threading.Event()
+        marker = threading.Thread(target=_mark_canceled, args=(store, f"pipeline:{entry}", cancel, done),
+                                  name=f"cancel-{entry}", daemon=True)
+        marker.start()
+        try:
+            outcome = run_unit(store, alone, Unit(entry, (), (), (entry,)), cancel=cancel)
+        finally:
+            done.set()
+            cancel.set()  # wakes the marker, which finds the run done
+            marker.join()
     finally:
         store.close()
     return {"ok": outcome.ok, "members": [entry],
