@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from contextful.engine.control.credentials import issuer_key
+from contextful.engine.control.connection import AUDIENCE, Declaration, create, pause
+from contextful.engine.control.credentials import Credential, issuer_key
+from contextful.engine.control.fire import ControlPlane
 from contextful.engine.project import open_project_store
 from contextful.engine.read import connect
+from contextful.storage.clock import ManualClock
 from contextful.storage.journal import CLOSED_CANCELED
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -76,16 +81,16 @@ def template(url: str) -> str:
             'headers = { Authorization = "Bearer ${secret:DRIVE_TOKEN}" }\n')
 
 
-def connection_project(tmp_path: Path, drive: Drive, *extra: str) -> tuple[ControlProject, App]:
+def connection_project(tmp_path: Path, drive: Drive, *extra: str, control: str = "") -> tuple[ControlProject, App]:
     """A project pinning the application's issuer key, the template applied, the tenants' secrets in
     its secrets file, and its store made (the records live there)."""
     issuer = Ed25519PrivateKey.generate()
     project = ControlProject(tmp_path / "project", name="shop")
-    project.write(template(drive.url), *extra)
+    project.write(template(drive.url), *extra, control=control)
     manifest = (project.root / "contextful.toml").read_text()
     pin = issuer_key(issuer.public_key()).text
-    (project.root / "contextful.toml").write_text(manifest.replace('[project]\nname = "shop"\n',
-                                                                   f'[project]\nname = "shop"\nissuer_keys = ["{pin}"]\n'))
+    (project.root / "contextful.toml").write_text(manifest.replace(
+        '[project]\nname = "shop"\n', f'[project]\nname = "shop"\nissuer_keys = ["{pin}"]\n'))
     (project.root / ".contextful").mkdir()
     (project.root / ".contextful" / "secrets.toml").write_text(SECRETS)
     project.imported()
@@ -219,3 +224,70 @@ def test_delete_disarms_retires_and_keeps_the_rows_and_the_id_stays_bound(tmp_pa
             assert daemon.stop() == 0
     assert rows(project, "drive_files_acme_drive") == [("acme/f-1", "acme", "f-1"), ("acme/f-2", "acme", "f-2")]
     assert len(drive.requests_to("/files")) == 1
+
+
+def _plane(project: ControlProject, clock: ManualClock) -> ControlPlane:
+    return ControlPlane(project.root, lambda: open_project_store(project.root, create=True), clock=clock,
+                        say=lambda _line: None)
+
+
+def _until_idle(plane: ControlPlane) -> None:
+    """Beat (reap only) until no unit is in flight (a deadline, never a guess of how long they take)."""
+    idle, deadline = threading.Event(), time.monotonic() + 120
+    while plane.in_flight():
+        assert time.monotonic() < deadline, plane.in_flight()
+        plane.keep()
+        idle.wait(0.05)
+
+
+def _own_threads() -> int:
+    """This process's threads but the loopback source's request handlers."""
+    return sum(1 for t in threading.enumerate() if "process_request" not in t.name)
+
+
+@pytest.mark.clause("surface.connection.schedule-scale", "surface.connection.pause")
+def test_two_thousand_connections_hold_one_armed_entry_each_share_the_pool_and_fire_from_history(
+        tmp_path: Path) -> None:
+    count = 2000
+    with Drive() as drive:
+        project, _app = connection_project(tmp_path, drive, control="pool = 3")
+        clock = ManualClock(datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1))
+        credential = Credential("app-key", "app", "app", AUDIENCE, 0, 0, "t", {"tenant": "acme", "principal": "ana"})
+        with open_project_store(project.root) as store:
+            for i in range(count):
+                create(store.catalog, "shop", Declaration(f"c{i:04d}", "acme", "ana", "files", {"folders": f"f{i}"},
+                                                          "ACME_TOKEN", "every 1h"), credential, clock)
+        drive.hold()
+        plane = _plane(project, clock)
+        try:
+            threads = _own_threads()
+            fired = [f.head for f in plane.tick()]
+            assert plane.armed is not None and len(plane.armed) == count  # one armed entry per connection
+            assert all(entry.startswith("connection:c") for entry in plane.armed.ids())
+            assert len(fired) == 3 and plane.in_flight() == sorted(fired)  # the pool's bound, shared
+            drive.wait_requests(3)
+            assert plane.tick() == [] and len(plane.armed.due(clock.now_us())) == count - 3  # the rest: pending
+            assert _own_threads() == threads  # no timer or thread per connection
+            drive.release()
+            _until_idle(plane)
+        finally:
+            plane.close()
+        assert sorted(views(project) & {f"drive_files_{e.removeprefix('connection:')}" for e in fired}) == sorted(
+            f"drive_files_{e.removeprefix('connection:')}" for e in fired)
+
+        restarted = _plane(project, clock)  # serve restarts: the next fires come from history
+        try:
+            again = [f.head for f in restarted.tick()]
+            assert len(again) == 3 and not set(again) & set(fired)  # no re-fire of the ones that just ran
+            assert restarted.armed is not None
+            assert {restarted.armed.next_fire(e) for e in fired} == {clock.now_us() + 3_600_000_000}
+            _until_idle(restarted)
+            paused = "c1999"
+            with open_project_store(project.root) as store:
+                pause(store.catalog, "shop", paused, credential, clock)
+            restarted.tick()  # the beat notices the claim through the catalog's mark
+            assert f"connection:{paused}" not in restarted.armed and len(restarted.armed) == count - 1
+            clock.advance(7200)
+            assert f"connection:{paused}" not in {d.id for d in restarted.armed.due(clock.now_us())}
+        finally:
+            restarted.close()
