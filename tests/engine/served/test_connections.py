@@ -140,9 +140,11 @@ def test_concurrent_creates_race_on_the_version_and_one_claim_wins(tmp_path: Pat
             row = other.catalog.connection("shop", "acme-drive")
             assert row is not None
             stale = replace(row, version=1, state="paused")
+            assert other.catalog.connections_mark("shop") == (1, 1)  # what serve's beat reads: count, versions
             assert other.catalog.claim_connection(stale) is False
             assert other.catalog.claim_connection(replace(row, version=2, state="paused")) is True
             assert other.catalog.claim_connection(replace(row, version=2, state="retired")) is False
+            assert other.catalog.connections_mark("shop") == (1, 2) and other.catalog.connections_mark("x") == (0, 0)
         assert site.record() == replace(row, version=2, state="paused")
 
 
