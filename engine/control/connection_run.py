@@ -77,7 +77,7 @@ def _scalar(value: Any) -> bool:
     return isinstance(value, (str, int, float, bool))
 
 
-def _param(value: str | int | float | bool) -> str:
+def _param(value: str | float | bool) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else value if isinstance(value, str) \
         else json.dumps(value)
 
@@ -94,7 +94,7 @@ def instance_problem(template: PipelineSpec, selection: Mapping[str, Any]) -> st
         return (f"the headers of pipeline {template.id!r} reference {len(names)} secrets"
                 + (f" ({', '.join(names)})" if names else "")
                 + ": a connection's secret stands for exactly one ${secret:NAME}")
-    fixed = set((config.get("params") or {})) | {config.get("since_param", "since"),
+    fixed = set(config.get("params") or {}) | {config.get("since_param", "since"),
                                                  config.get("token_param", "page_token")}
     for key, value in selection.items():
         if key in fixed:
@@ -107,8 +107,9 @@ def instance_problem(template: PipelineSpec, selection: Mapping[str, Any]) -> st
 
 def instance_spec(template: PipelineSpec, row: ConnectionRow) -> PipelineSpec:
     """The pipeline a fire of the connection ``row`` runs (module docstring)."""
-    from contextful.engine.config.manifest import SourceSpec
     from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    from contextful.engine.config.manifest import SourceSpec
 
     selection = json.loads(row.selection)
     pairs = [(key, _param(v)) for key, value in selection.items() for v in (value if isinstance(value, list)
@@ -139,25 +140,21 @@ def _collision(table: str, taken: Mapping[str, str]) -> str | None:
 def check_create(manifest: Manifest | None, declaration: Declaration, records: Iterable[ConnectionRow]) -> None:
     """Refuse (``ConnectionRequestMalformed``) a new connection the applied version cannot run, or whose
     table the manifest or another connection's record (of any state) holds."""
-    template = None if manifest is None else next((p for p in manifest.pipelines if p.id == declaration.pipeline),
-                                                  None)
-    if template is None:
+    templates = {} if manifest is None else {p.id: p for p in manifest.pipelines}
+    template = templates.get(declaration.pipeline)
+    if manifest is None or template is None:
         raise ConnectionRequestMalformed(f"'pipeline' {declaration.pipeline!r} is no [[pipeline]] of the applied "
                                          "version")
     problem = instance_problem(template, declaration.selection)
     if problem is not None:
         raise ConnectionRequestMalformed(problem)
     table = instance_table(template.table, declaration.connection)
-    taken = manifest_tables(manifest) | {  # type: ignore[arg-type]
-        instance_table(manifest.pipeline(r.pipeline).table, r.connection_id).lower(): f"connection {r.connection_id!r}"
-        for r in records if r.connection_id != declaration.connection and _holds(manifest, r.pipeline)}
+    taken = manifest_tables(manifest) | {
+        instance_table(templates[r.pipeline].table, r.connection_id).lower(): f"connection {r.connection_id!r}"
+        for r in records if r.connection_id != declaration.connection and r.pipeline in templates}
     owner = _collision(table, taken)
     if owner is not None:
         raise ConnectionRequestMalformed(f"its table {table!r} would meet the table of {owner}: choose another id")
-
-
-def _holds(manifest: Manifest | None, pipeline: str) -> bool:
-    return manifest is not None and any(p.id == pipeline for p in manifest.pipelines)
 
 
 def connection_entries(manifest: Manifest, rows: Iterable[ConnectionRow]) -> tuple[dict[str, PipelineSpec],

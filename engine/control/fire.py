@@ -230,8 +230,8 @@ class ControlPlane:
         entries, refused = arm_entries([(e, spec.schedule, 0) for e, spec in sorted(instances.items())
                                         if e not in self.armed])
         found = histories(self.store, self.deployment, [e.id for e in entries], self.clock.now_us(), self._pulled)
-        for entry in entries:
-            self.armed.add(entry, found[entry.id])
+        for armed in entries:
+            self.armed.add(armed, found[armed.id])
         if entries:
             self.say(f"armed {len(entries)} connection entr{'y' if len(entries) == 1 else 'ies'}")
         self.unarmed = [u for u in self.unarmed if not u.id.startswith(PREFIX)] + unarmed + refused

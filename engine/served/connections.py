@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from contextful.engine.control.arming import applied_armable
 from contextful.engine.control.connection import (
     AUDIENCE,
     Outcome,
@@ -37,7 +38,6 @@ from contextful.engine.control.connection import (
     pause,
     scope,
 )
-from contextful.engine.control.arming import applied_armable
 from contextful.engine.control.connection_run import check_create
 from contextful.engine.control.credentials import Credential, admit
 from contextful.engine.guard import mask_message

@@ -291,3 +291,32 @@ def test_two_thousand_connections_hold_one_armed_entry_each_share_the_pool_and_f
             assert f"connection:{paused}" not in {d.id for d in restarted.armed.due(clock.now_us())}
         finally:
             restarted.close()
+
+
+@pytest.mark.clause("surface.arm.unarmed-named")
+def test_a_connection_a_later_version_cannot_run_arms_nothing_and_is_named_unarmed(tmp_path: Path) -> None:
+    with Drive() as drive:
+        project, _app = connection_project(tmp_path, drive)
+        clock = ManualClock(1_800_000_000_000_000)
+        credential = Credential("app-key", "app", "app", AUDIENCE, 0, 0, "t", {"tenant": "acme", "principal": "ana"})
+        with open_project_store(project.root) as store:
+            create(store.catalog, "shop", Declaration("acme-drive", "acme", "ana", "files", {"folders": "f-1"},
+                                                      "ACME_TOKEN", "every 1h"), credential, clock)
+        assert [e["id"] for e in status(project)["armed"]] == ["connection:acme-drive"]
+        manifest = project.root / "contextful.toml"
+        text = manifest.read_text()
+        taken = ('\n[[pipeline]]\nid = "mine"\ntable = "drive_files_acme_drive"\nprimary_key = ["id"]\n'
+                 '[pipeline.source]\nkind = "files"\n[pipeline.source.config]\npaths = ["raw/*.ndjson"]\n')
+        manifest.write_text(text + taken)  # v2: a manifest table meets the connection's
+        project.applied()
+        named = {u["pipeline"]: u["reason"] for u in status(project)["unarmed"]}
+        assert named["connection:acme-drive"].startswith("TableNameCollision: table 'drive_files_acme_drive'")
+        assert "connection:acme-drive" not in {e["id"] for e in status(project)["armed"]}
+        manifest.write_text(text.replace('"Bearer ${secret:DRIVE_TOKEN}"',
+                                         '"Bearer ${secret:DRIVE_TOKEN}", X-Other = "${secret:DRIVE_TOKEN_2}"'))
+        (project.root / ".contextful" / "secrets.toml").write_text(SECRETS + 'DRIVE_TOKEN_2 = "two"\n')
+        project.applied()  # v3: the template's headers reference two secrets
+        named = {u["pipeline"]: u["reason"] for u in status(project)["unarmed"]}
+        assert named["connection:acme-drive"] == ("ConnectionRequestMalformed: the headers of pipeline 'files' "
+                                                  "reference 2 secrets (DRIVE_TOKEN, DRIVE_TOKEN_2): a connection's "
+                                                  "secret stands for exactly one ${secret:NAME}")

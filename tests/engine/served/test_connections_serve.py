@@ -11,7 +11,13 @@ from contextful.engine.config import load_manifest
 from contextful.engine.control.credentials import generate_key
 from contextful.storage import Store
 
-from tests.engine.served.connection_app import DECLARATION, TEMPLATE, claims_of, declaration, write_template_project
+from tests.engine.served.connection_app import (
+    DECLARATION,
+    TEMPLATE,
+    claims_of,
+    declaration,
+    write_template_project,
+)
 from tests.engine.served.control_face import manifest_text, request
 from tests.engine.served.test_control_routes_serve import RECEIVE, serving
 from tests.support.cli import contextful
