@@ -234,6 +234,10 @@ class ControlPlane:
             self.armed.add(armed, found[armed.id])
         if entries:
             self.say(f"armed {len(entries)} connection entr{'y' if len(entries) == 1 else 'ies'}")
+        named = {u.id for u in self.unarmed}
+        for item in unarmed + refused:
+            if item.id not in named:
+                self.say(f"unarmed: {item.id}: {item.reason}")
         self.unarmed = [u for u in self.unarmed if not u.id.startswith(PREFIX)] + unarmed + refused
 
     def _keep_armed(self, exc: Exception) -> bool:

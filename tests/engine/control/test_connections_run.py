@@ -10,6 +10,8 @@ serve's log lines, never on a schedule.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -222,6 +224,13 @@ def test_delete_disarms_retires_and_keeps_the_rows_and_the_id_stays_bound(tmp_pa
             assert "connection:acme-drive" not in {e["id"] for e in status(project)["armed"]}
             assert error(app.create(ACME, token=token(app, ACME))) == (409, "ConnectionIdConflict")
             assert daemon.stop() == 0
+        # a fire dispatched before the claim re-reads the record in its child and runs nothing
+        result = tmp_path / "unit.json"
+        child = subprocess.run([sys.executable, "-m", "contextful.engine.control.child", "--project",
+                                str(project.root), "--version", "1", "--unit", "connection:acme-drive", "--result",
+                                str(result)], capture_output=True, text=True, timeout=120, check=False)
+        assert child.returncode == 0, child.stderr
+        assert json.loads(result.read_text())["skipped"] == "connection:acme-drive: retired: nothing run"
     assert rows(project, "drive_files_acme_drive") == [("acme/f-1", "acme", "f-1"), ("acme/f-2", "acme", "f-2")]
     assert len(drive.requests_to("/files")) == 1
 
