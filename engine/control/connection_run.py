@@ -28,7 +28,7 @@ arms one entry ``connection:<id>`` on its own schedule. A fire runs the instance
 What cannot be instantiated (:func:`instance_problem`): a template of another source kind (a tenant
 never chooses a URL or a file path), headers referencing no secret or several, a selection value that
 is not a scalar or a list of scalars (null included), or a selection key the template's ``params``
-fix or the walk sets (its ``since_param`` and ``token_param``). Create refuses it
+or the URL's own query fix or the walk sets (its ``since_param`` and ``token_param``). Create refuses it
 (``ConnectionRequestMalformed``, claiming nothing), as it refuses a table name the manifest or
 another connection's record holds; a later version that makes a standing connection so arms nothing
 for it and names it unarmed, as a later-created active connection whose table another active one
@@ -44,6 +44,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from contextful.storage.errors import ConnectionRequestMalformed, TableNameCollision
 
@@ -95,11 +96,12 @@ def instance_problem(template: PipelineSpec, selection: Mapping[str, Any]) -> st
                 + (f" ({', '.join(names)})" if names else "")
                 + ": a connection's secret stands for exactly one ${secret:NAME}")
     fixed = set(config.get("params") or {}) | {config.get("since_param", "since"),
-                                                 config.get("token_param", "page_token")}
+                                               config.get("token_param", "page_token")}
+    fixed |= {key for key, _ in parse_qsl(urlsplit(str(config.get("url", ""))).query)}
     for key, value in selection.items():
         if key in fixed:
             return (f"selection key {key!r} is a query parameter pipeline {template.id!r} sets itself "
-                    "(its params, since_param or token_param)")
+                    "(its url's query, params, since_param or token_param)")
         if not (_scalar(value) or isinstance(value, list) and all(_scalar(v) for v in value)):
             return f"selection key {key!r} holds no scalar or list of scalars"
     return None
@@ -107,8 +109,6 @@ def instance_problem(template: PipelineSpec, selection: Mapping[str, Any]) -> st
 
 def instance_spec(template: PipelineSpec, row: ConnectionRow) -> PipelineSpec:
     """The pipeline a fire of the connection ``row`` runs (module docstring)."""
-    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
-
     from contextful.engine.config.manifest import SourceSpec
 
     selection = json.loads(row.selection)
