@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -311,6 +312,16 @@ def test_a_connection_a_later_version_cannot_run_arms_nothing_and_is_named_unarm
         with open_project_store(project.root) as store:
             create(store.catalog, "shop", Declaration("acme-drive", "acme", "ana", "files", {"folders": "f-1"},
                                                       "ACME_TOKEN", "every 1h"), credential, clock)
+        assert [e["id"] for e in status(project)["armed"]] == ["connection:acme-drive"]
+        with open_project_store(project.root) as store:  # a create racing past the check: the same table
+            first = store.catalog.connection("shop", "acme-drive")
+            assert first is not None
+            assert store.catalog.claim_connection(replace(first, connection_id="acme.drive",
+                                                          claimed_us=first.claimed_us + 1))
+        named = {u["pipeline"]: u["reason"] for u in status(project)["unarmed"]}
+        assert named["connection:acme.drive"] == ("TableNameCollision: table 'drive_files_acme_drive' of connection "
+                                                  "'acme.drive' collides with connection 'acme-drive': a "
+                                                  "later-created connection arms nothing; rename one")
         assert [e["id"] for e in status(project)["armed"]] == ["connection:acme-drive"]
         manifest = project.root / "contextful.toml"
         text = manifest.read_text()
