@@ -137,8 +137,12 @@ def test_two_tenants_connections_each_land_their_own_rows_with_their_own_secret_
             app.url = daemon.url
             assert app.create(ACME, token=token(app, ACME))[0] == 201
             assert app.create(GLOBEX, token=token(app, GLOBEX))[0] == 201
+            unset = {**ACME, "id": "acme-mail", "secret": "NOBODY_STORED_THIS"}
+            assert app.create(unset, token=token(app, unset))[0] == 201
             daemon.wait_line("connection:acme-drive: ok")
             daemon.wait_line("connection:globex.drive: ok")
+            [failed] = daemon.wait_line("connection:acme-mail: failed")
+            assert "SecretUnresolved" in failed and "${secret:NOBODY_STORED_THIS}" in failed  # its own name
             armed = {entry["id"]: entry for entry in status(project)["armed"]}
             assert daemon.stop() == 0
     assert rows(project, "drive_files_acme_drive") == [("acme/f-1", "acme", "f-1"), ("acme/f-2", "acme", "f-2")]
@@ -146,6 +150,7 @@ def test_two_tenants_connections_each_land_their_own_rows_with_their_own_secret_
     assert "drive_files" not in views(project)  # the template itself declares no schedule: it ran as neither
     by_tenant = {TOKENS[r.headers["authorization"].removeprefix("Bearer ")]: r for r in drive.requests_to("/files")}
     assert set(by_tenant) == {"acme", "globex"}  # each with its own secret; the operator's never sent
+    assert len(drive.requests_to("/files")) == 2  # the connection whose secret is unset asked nothing
     assert by_tenant["acme"].pairs == (("folders", "f-1"), ("folders", "f-2"), ("shared", "true"),
                                        ("fields", "id,name"))  # the selection beside the template's params
     assert by_tenant["globex"].pairs == (("folders", "g-9"), ("fields", "id,name"))
