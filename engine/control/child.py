@@ -35,12 +35,12 @@ def fire_unit(root: Path, version: int, head: str, store_url: str | None, *, can
     """Run the unit headed by ``head`` of applied version ``version``, then the builds riding it when
     every member succeeded: the outcome document serve reads (``ok``, ``members``, ``failures``)."""
     try:
-        from contextful.engine.control.arming import load_armable
         from contextful.engine.control.connection_run import PREFIX, fire_connection
-        from contextful.engine.jobs.after import fire_dependents
 
         if head.startswith(PREFIX):
             return fire_connection(root, version, head, store_url, cancel=cancel, clock=clock)
+        from contextful.engine.control.arming import load_armable
+        from contextful.engine.jobs.after import fire_dependents
         from contextful.engine.project import open_project_store
         from contextful.engine.run.units import run_unit, unit_of
 

@@ -50,7 +50,7 @@ from contextful.storage.errors import ConnectionRequestMalformed, TableNameColli
 
 if TYPE_CHECKING:
     from contextful.engine.config.manifest import Manifest, PipelineSpec
-    from contextful.engine.control.arm import Unarmed
+    from contextful.engine.control.arm import ArmedEntry, Unarmed
     from contextful.engine.control.connection import Declaration
     from contextful.storage.catalog import ConnectionRow
     from contextful.storage.clock import Clock
@@ -208,6 +208,17 @@ def _mark_canceled(store: Any, scope: str, cancel: threading.Event, done: thread
             return
         except CancelTargetNotInFlight:
             done.wait(MARK_RETRY_S)
+
+
+def armable_connections(manifest: Manifest, rows: Iterable[ConnectionRow]) -> tuple[list[ArmedEntry],
+                                                                                     list[Unarmed]]:
+    """The armed entries of the active connections of ``rows`` (their schedules read) and the ones
+    arming nothing, with their reasons: what serve and ``pipeline status`` arm."""
+    from contextful.engine.control.arm import arm_entries
+
+    instances, unarmed = connection_entries(manifest, rows)
+    entries, unreadable = arm_entries([(e, spec.schedule, 0) for e, spec in sorted(instances.items())])
+    return entries, unarmed + unreadable
 
 
 def fire_connection(root: Path, version: int, entry: str, store_url: str | None, *, cancel: threading.Event,

@@ -185,10 +185,10 @@ class _Child:
 class ChildLauncher:
     """Runs each unit as ``python -m contextful.engine.control.child`` in a process group of its own,
     against the applied version ``version`` of the project at ``root``; a job entry (``job:<name>``)
-    as ``contextful job fire <name> --version <version>``, in a process group of its own too; a connection
-entry (``connection:<id>``) as the unit child, which runs the connection's instance
-(``engine.control.connection_run``). The
-    child's stdout joins serve's stderr (its log), so serve's own stdout stays its answers.
+    as ``contextful job fire <name> --version <version>``, in a process group of its own too; a
+    connection entry (``connection:<id>``) as the unit child, which runs the connection's instance
+    (``engine.control.connection_run``). The child's stdout joins serve's stderr (its log), so serve's
+    own stdout stays its answers.
     ``environment(head)`` is the child's environment (``engine.control.fire_credentials.unit_environment``;
     None: serve's own)."""
 

@@ -209,8 +209,7 @@ class ControlPlane:
     def _sync_connections(self) -> None:
         """Arm the connections that became active and disarm the ones that stopped being so (a fire in
         flight for one is asked to stop), when the catalog's connection mark moved since last read."""
-        from contextful.engine.control.arm import arm_entries
-        from contextful.engine.control.connection_run import PREFIX, connection_entries
+        from contextful.engine.control.connection_run import PREFIX, armable_connections
         from contextful.engine.control.history import histories
 
         assert self.armed is not None and self.manifest is not None
@@ -219,26 +218,26 @@ class ControlPlane:
         if mark == self._connections_mark:
             return
         self._connections_mark = mark
-        instances, unarmed = connection_entries(self.manifest, self.store.catalog.connections(project))
-        gone = [e for e in self.armed.ids() if e.startswith(PREFIX) and e not in instances]
+        armable, unarmed = armable_connections(self.manifest, self.store.catalog.connections(project))
+        wanted = {entry.id for entry in armable}
+        gone = [e for e in self.armed.ids() if e.startswith(PREFIX) and e not in wanted]
         for entry in gone:
             self.armed.remove(entry)
             if self.pool is not None and self.pool.stop(entry):
                 self.say(f"{entry}: disarmed; its fire in flight is asked to stop")
             else:
                 self.say(f"{entry}: disarmed")
-        entries, refused = arm_entries([(e, spec.schedule, 0) for e, spec in sorted(instances.items())
-                                        if e not in self.armed])
+        entries = [entry for entry in armable if entry.id not in self.armed]
         found = histories(self.store, self.deployment, [e.id for e in entries], self.clock.now_us(), self._pulled)
         for armed in entries:
             self.armed.add(armed, found[armed.id])
         if entries:
             self.say(f"armed {len(entries)} connection entr{'y' if len(entries) == 1 else 'ies'}")
         named = {u.id for u in self.unarmed}
-        for item in unarmed + refused:
+        for item in unarmed:
             if item.id not in named:
                 self.say(f"unarmed: {item.id}: {item.reason}")
-        self.unarmed = [u for u in self.unarmed if not u.id.startswith(PREFIX)] + unarmed + refused
+        self.unarmed = [u for u in self.unarmed if not u.id.startswith(PREFIX)] + unarmed
 
     def _keep_armed(self, exc: Exception) -> bool:
         """An applied pointer or version that cannot be read leaves what is armed running (logged once)."""
@@ -521,12 +520,10 @@ def arm_version(manifest: Manifest, store: Store | None, deployment: str, now_us
 
     units, entries, unarmed = plan_entries(manifest)
     if store is not None:  # surface.connection.schedule-scale: one entry per active connection
-        from contextful.engine.control.arm import arm_entries
-        from contextful.engine.control.connection_run import connection_entries
+        from contextful.engine.control.connection_run import armable_connections
 
-        instances, held = connection_entries(manifest, store.catalog.connections(manifest.project.name))
-        armable, refused = arm_entries([(e, spec.schedule, 0) for e, spec in sorted(instances.items())])
-        entries, unarmed = entries + armable, unarmed + held + refused
+        armable, held = armable_connections(manifest, store.catalog.connections(manifest.project.name))
+        entries, unarmed = entries + armable, unarmed + held
     armed = ArmedSet(entries, now_us)
     heads = [e.id for e in entries]
     found = (histories(store, deployment, heads, now_us, pulled) if store is not None
