@@ -2,7 +2,8 @@
 
 Implements ``surface.connection.create``, ``authority``, ``idempotent-create``, ``answer``,
 ``malformed``, ``unknown``, ``delete`` (the record's side) and ``consent-boundary``; the routes are
-``engine.served.connections`` and docs/served.md, "Connections", shows every answer.
+``engine.served.connections``, what an active connection runs is ``engine.control.connection_run``,
+and docs/served.md, "Connections", shows every answer.
 
 - A declaration (:class:`Declaration`) is exactly the fields of :data:`FIELDS`: the connection's id,
   the tenant and principal it acts for, the id of a ``[[pipeline]]`` of the applied version it
