@@ -164,7 +164,9 @@ def test_create_refuses_what_the_applied_version_cannot_run_as_the_connection_cl
     files = ('\n[[pipeline]]\nid = "local"\nprimary_key = ["id"]\n[pipeline.source]\nkind = "files"\n'
              '[pipeline.source.config]\npaths = ["raw/*.ndjson"]\n')
     with Drive() as drive:
-        project, app = connection_project(tmp_path, drive, files)
+        queried = template(drive.url).replace('id = "files"\ntable = "drive_files"', 'id = "queried"') \
+            .replace("/files", "/files?folders=default")
+        project, app = connection_project(tmp_path, drive, files, queried)
         with serving(project, "--http", "127.0.0.1:0") as daemon:
             app.url = daemon.url
             refusals = {
@@ -173,12 +175,15 @@ def test_create_refuses_what_the_applied_version_cannot_run_as_the_connection_cl
                 "a key the walk sets": {**ACME, "selection": {"page_token": "x"}},
                 "a nested value": {**ACME, "selection": {"folders": [{"id": "f-1"}]}},
                 "a null": {**ACME, "selection": {"folders": None}},
+                "a key the template's URL query fixes": {**ACME, "pipeline": "queried"},
             }
             for why, doc in refusals.items():
                 status_code, answer = app.create(doc, token=token(app, doc))
                 assert (status_code, answer["error"]) == (400, "ConnectionRequestMalformed"), (why, answer)
             assert "only an http pipeline" in app.create(refusals["a files template"],
                                                          token=token(app, ACME))[1]["detail"]
+            assert "selection key 'folders' is a query parameter pipeline 'queried' sets itself" in app.create(
+                refusals["a key the template's URL query fixes"], token=token(app, ACME))[1]["detail"]
             assert app.create(ACME, token=token(app, ACME))[0] == 201
             twin = {**GLOBEX, "id": "acme.drive"}  # its table would be drive_files_acme_drive too
             status_code, answer = app.create(twin, token=token(app, twin))
