@@ -175,13 +175,29 @@ class ArmedSet:
             self._heap = [(self._next[i], self._row[i], i) for i in self._entries]
             heapq.heapify(self._heap)
 
+    def add(self, entry: ArmedEntry, history: History) -> None:
+        """Arm ``entry`` beside the others (a connection created while serve runs), due from ``history``."""
+        if entry.id in self._entries:
+            raise ArgumentInvalid("entries", entry.id, "two armed entries share this id")
+        self._entries[entry.id] = entry
+        self.update(entry.id, history)
+
+    def remove(self, entry_id: str) -> None:
+        """Disarm ``entry_id`` (a connection paused or deleted): it falls due no more; its heap rows
+        are skipped as stale ones are."""
+        del self._entries[entry_id]
+        self._reference.pop(entry_id, None)
+        self._history.pop(entry_id, None)
+        self._next.pop(entry_id, None)
+        self._row.pop(entry_id, None)
+
     def due(self, now_us: int) -> list[Due]:
         """The entries whose next fire is at or before ``now_us``, in admission order. Consumes
         nothing: asked again before an :meth:`update`, it answers the same."""
         live: list[tuple[int, int, str]] = []
         while self._heap and self._heap[0][0] <= now_us:
             row = heapq.heappop(self._heap)
-            if self._row[row[2]] == row[1]:
+            if self._row.get(row[2]) == row[1]:
                 live.append(row)
         for row in live:
             heapq.heappush(self._heap, row)
@@ -192,7 +208,7 @@ class ArmedSet:
 
     def next_due_us(self) -> int | None:
         """The earliest next fire of any entry (None when nothing is armed)."""
-        while self._heap and self._row[self._heap[0][2]] != self._heap[0][1]:
+        while self._heap and self._row.get(self._heap[0][2]) != self._heap[0][1]:
             heapq.heappop(self._heap)
         return self._heap[0][0] if self._heap else None
 

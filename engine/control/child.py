@@ -6,10 +6,12 @@ manifest from the snapshot directory (never the working file), runs the unit thr
 ``engine.run.units``, then, when every member succeeded, fires each build job whose ``after`` names
 one of its members (``engine.jobs.after``), and writes ``{"ok": …, "members": […], "failures": […]}`` to the result file
 (written whole, then renamed into place), exiting 0 when every member succeeded and 1 otherwise.
-SIGTERM (serve stopping) cancels the unit at its next boundary, as Ctrl-C cancels ``pipeline run``.
-Under ``--landed-on-workers`` (serve's relay ran the landing members on workers, naming each that
-failed with ``--failed`` or ran nowhere with ``--unlaunched``) it runs the unit's derive tiers alone,
-after them, and its builds when every member succeeded.
+SIGTERM (serve stopping, or the connection it runs paused) cancels the unit at its next boundary, as
+Ctrl-C cancels ``pipeline run``. A connection's entry (``connection:<id>``) runs the connection's
+instance instead (``engine.control.connection_run.fire_connection``). Under ``--landed-on-workers``
+(serve's relay ran the landing members on workers, naming each that failed with ``--failed`` or ran
+nowhere with ``--unlaunched``) it runs the unit's derive tiers alone, after them, and its builds when
+every member succeeded.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ def fire_unit(root: Path, version: int, head: str, store_url: str | None, *, can
     With ``elsewhere`` (its landing members ran on serve's workers, ``engine.control.relay``) only
     its derive tiers run here, after them."""
     try:
+        from contextful.engine.control.connection_run import PREFIX, fire_connection
+
+        if head.startswith(PREFIX):
+            return fire_connection(root, version, head, store_url, cancel=cancel, clock=clock)
         from contextful.engine.control.arming import load_armable
         from contextful.engine.jobs.after import fire_dependents
         from contextful.engine.project import open_project_store
@@ -94,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     os.replace(partial, result)
     for line in doc["failures"]:  # type: ignore[attr-defined]
         print(f"error: {line}", file=sys.stderr)
+    if "skipped" in doc:
+        print(doc["skipped"], file=sys.stderr)
     return 0 if doc["ok"] else 1
 
 

@@ -2,14 +2,16 @@
 
 Implements ``surface.connection.create``, ``authority``, ``idempotent-create``, ``answer``,
 ``malformed``, ``unknown``, ``delete`` (the record's side) and ``consent-boundary``; the routes are
-``engine.served.connections`` and docs/served.md, "Connections", shows every answer.
+``engine.served.connections``, what an active connection runs is ``engine.control.connection_run``,
+and docs/served.md, "Connections", shows every answer.
 
 - A declaration (:class:`Declaration`) is exactly the fields of :data:`FIELDS`: the connection's id,
   the tenant and principal it acts for, the id of a ``[[pipeline]]`` of the applied version it
   instantiates, the tenant's source selection (a JSON object), the secret name the pipeline's
   ``${secret:NAME}`` resolves to for this connection, and a schedule. A field outside them (an OAuth
   ``code`` or token beside the secret name, anywhere in the body), a secret that is not a name, an
-  unreadable schedule or a pipeline the applied version does not hold is ``ConnectionRequestMalformed``
+  unreadable schedule, a pipeline the applied version does not hold, or one it cannot run as this
+  connection's (``engine.control.connection_run``) is ``ConnectionRequestMalformed``
   (``surface.connection.consent-boundary``: the application owns authorization, the callback and
   the code exchange; a create receives a secret name only).
 - Authority: a request's credential (audience ``connections``) carries claims ``tenant`` and
@@ -185,9 +187,11 @@ def _claimed(catalog: Catalog, project: str, connection: str,
     raise ConnectionIdConflict(connection, f"{MAX_CLAIM_ATTEMPTS} claims in a row lost to concurrent ones; retry")
 
 
-def create(catalog: Catalog, project: str, declaration: Declaration, credential: Credential, clock: Clock) -> Outcome:
+def create(catalog: Catalog, project: str, declaration: Declaration, credential: Credential, clock: Clock, *,
+           vacant: Callable[[], None] | None = None) -> Outcome:
     """Claim ``declaration`` as version 1 of its connection, or answer the standing record of the
-    same declaration (module docstring)."""
+    same declaration (module docstring). ``vacant`` checks a new connection before it is claimed
+    (``engine.control.connection_run.check_create``: what the applied version can run)."""
     connection = declaration.connection
     _authorize(declaration.tenant, declaration.principal, credential, connection,
                f"tenant {declaration.tenant!r} and principal {declaration.principal!r} the declaration names")
@@ -195,6 +199,8 @@ def create(catalog: Catalog, project: str, declaration: Declaration, credential:
 
     def decide(standing: ConnectionRow | None) -> list[ConnectionRow]:
         if standing is None:
+            if vacant is not None:
+                vacant()
             return [ConnectionRow(project, connection, 1, ACTIVE, declaration.tenant, declaration.principal,
                                   declaration.pipeline, declaration.selection_json(), declaration.secret,
                                   declaration.schedule, digest, clock.now_us())]

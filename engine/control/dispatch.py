@@ -185,8 +185,10 @@ class _Child:
 class ChildLauncher:
     """Runs each unit as ``python -m contextful.engine.control.child`` in a process group of its own,
     against the applied version ``version`` of the project at ``root``; a job entry (``job:<name>``)
-    as ``contextful job fire <name> --version <version>``, in a process group of its own too. The
-    child's stdout joins serve's stderr (its log), so serve's own stdout stays its answers.
+    as ``contextful job fire <name> --version <version>``, in a process group of its own too; a
+    connection entry (``connection:<id>``) as the unit child, which runs the connection's instance
+    (``engine.control.connection_run``). The child's stdout joins serve's stderr (its log), so serve's
+    own stdout stays its answers.
     ``environment(head)`` is the child's environment (``engine.control.fire_credentials.unit_environment``;
     None: serve's own)."""
 
@@ -275,6 +277,16 @@ class Pool:
     def in_flight(self) -> list[str]:
         with self._lock:
             return sorted(self.running)
+
+    def stop(self, head: str) -> bool:
+        """Ask ``head``'s unit in flight to stop (SIGTERM to its group: its run reaches its cancellation
+        boundary); its outcome is reaped as any other's. Whether one was in flight."""
+        with self._lock:
+            unit = self.running.get(head)
+        if unit is None:
+            return False
+        unit.terminate()
+        return True
 
     def reap_all(self, grace_s: float = REAP_GRACE_S) -> list[Outcome]:
         """``surface.dispatch.children-reaped``: SIGTERM each live unit's group, SIGKILL what is left

@@ -15,6 +15,12 @@ Implements, from the control-plane spec:
 - ``surface.arm.wake-answer``, ``wake-pending-steps``, ``surface.dispatch.refill``: :meth:`ControlPlane.wake`.
 - ``surface.fire.cycle``, ``cycle-exit``, ``cycle-drain``, ``cycle-drain-exit``: :meth:`ControlPlane.cycle`.
 - ``surface.dispatch.lease-gated``: a process that does not hold the cadence lease arms nothing.
+- ``surface.connection.pause``, ``delete`` and ``schedule-scale`` (serve's side): each active connection
+  arms one entry ``connection:<id>`` beside the version's (``engine.control.connection_run``), sharing
+  the pool and next-fire-from-history; each beat reads the catalog's connection mark (one aggregate
+  row) and re-reads the records only when it moved, arming what became active and disarming what
+  did not stay so, a fire in flight for it asked to stop (SIGTERM: its run reaches its cancellation
+  boundary, as when serve stops).
 - ``surface.dispatch.fire-credential-missing`` and ``-zone`` for versions applied while serve runs:
   a version whose store-driven or synthesize fires serve cannot credential arms nothing, and the
   one armed before stays armed (``engine.control.fire_credentials``).
@@ -157,6 +163,8 @@ class ControlPlane:
         self._closed = False
         self._named: int | None = None
         self._unreadable: str | None = None
+        self._connections_mark: tuple[int, int] | None = None
+        """The catalog's connection mark when the armed connection entries were last read."""
 
     def child_launcher(self, version: int) -> ChildLauncher:
         """What runs a unit of ``version`` by default: a child process of serve's (``engine.control.child``)."""
@@ -194,7 +202,42 @@ class ControlPlane:
             except (ControlSnapshotUnreadable, FireCredentialMissing, FireCredentialZoneUnset) as exc:
                 return self._keep_armed(exc)
         self._unreadable = None
+        if self.armed is not None:
+            self._sync_connections()
         return self.armed is not None
+
+    def _sync_connections(self) -> None:
+        """Arm the connections that became active and disarm the ones that stopped being so (a fire in
+        flight for one is asked to stop), when the catalog's connection mark moved since last read."""
+        from contextful.engine.control.connection_run import PREFIX, armable_connections
+        from contextful.engine.control.history import histories
+
+        assert self.armed is not None and self.manifest is not None
+        project = self.manifest.project.name
+        mark = self.store.catalog.connections_mark(project)
+        if mark == self._connections_mark:
+            return
+        self._connections_mark = mark
+        armable, unarmed = armable_connections(self.manifest, self.store.catalog.connections(project))
+        wanted = {entry.id for entry in armable}
+        gone = [e for e in self.armed.ids() if e.startswith(PREFIX) and e not in wanted]
+        for entry in gone:
+            self.armed.remove(entry)
+            if self.pool is not None and self.pool.stop(entry):
+                self.say(f"{entry}: disarmed; its fire in flight is asked to stop")
+            else:
+                self.say(f"{entry}: disarmed")
+        entries = [entry for entry in armable if entry.id not in self.armed]
+        found = histories(self.store, self.deployment, [e.id for e in entries], self.clock.now_us(), self._pulled)
+        for armed in entries:
+            self.armed.add(armed, found[armed.id])
+        if entries:
+            self.say(f"armed {len(entries)} connection entr{'y' if len(entries) == 1 else 'ies'}")
+        named = {u.id for u in self.unarmed}
+        for item in unarmed:
+            if item.id not in named:
+                self.say(f"unarmed: {item.id}: {item.reason}")
+        self.unarmed = [u for u in self.unarmed if not u.id.startswith(PREFIX)] + unarmed
 
     def _keep_armed(self, exc: Exception) -> bool:
         """An applied pointer or version that cannot be read leaves what is armed running (logged once)."""
@@ -210,6 +253,7 @@ class ControlPlane:
         manifest, refused = load_armable(self.root, version, self.snapshots)
         # a version whose credentialed fires serve cannot credential arms nothing; the last one stays
         check_fire_credentials(manifest, self.fire_issuer, version=version)
+        self._connections_mark = self.store.catalog.connections_mark(manifest.project.name)  # read before the rows
         self._pulled = pulled_starts(self.snapshots.path, self.deployment, exclude_node=self._node)
         units, armed, unarmed = arm_version(manifest, self.store, self.deployment, self.clock.now_us(), self._pulled)
         unarmed += refused
@@ -481,11 +525,17 @@ def arm_version(manifest: Manifest, store: Store | None, deployment: str, now_us
                 pulled: dict[str, list[int]]) -> tuple[dict[str, Unit], ArmedSet, list[Unarmed]]:
     """``manifest``'s units by head, its armed set with each entry's history as ``store`` and the
     ``pulled`` run states record it (None: no store yet, so no history), and what arms nothing:
-    what serve arms and what ``pipeline status`` shows, computed one way."""
+    what serve arms and what ``pipeline status`` shows, computed one way. With a store, each active
+    connection arms its entry ``connection:<id>`` too (``engine.control.connection_run``)."""
     from contextful.engine.control.arm import ArmedSet, History
     from contextful.engine.control.history import histories
 
     units, entries, unarmed = plan_entries(manifest)
+    if store is not None:  # surface.connection.schedule-scale: one entry per active connection
+        from contextful.engine.control.connection_run import armable_connections
+
+        armable, held = armable_connections(manifest, store.catalog.connections(manifest.project.name))
+        entries, unarmed = entries + armable, unarmed + held
     armed = ArmedSet(entries, now_us)
     heads = [e.id for e in entries]
     found = (histories(store, deployment, heads, now_us, pulled) if store is not None

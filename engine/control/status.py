@@ -1,6 +1,7 @@
 """``contextful pipeline status``: what the control plane has armed, read from the store alone.
 
-For the applied version: each armed entry (a unit's head) with its schedule, its last fire (the
+For the applied version: each armed entry (a unit's head, a job, an active connection's
+``connection:<id>``) with its schedule, its last fire (the
 later of its last journaled run start and its last dispatch) and its next fire; the units in flight
 (a member's ``pipeline:<id>`` execution pending); the pipelines that arm nothing, with their reasons
 (``surface.arm.unarmed-named``); and who holds the deployment's cadence lease. It reads the
@@ -73,7 +74,7 @@ def control_status(root: Path, store: Store | None) -> ControlStatus:
     unarmed += refused
     status = ControlStatus(version, unarmed=[{"pipeline": u.id, "reason": u.reason} for u in unarmed])
     for head in armed.ids():
-        members = units[head].members
+        members = units[head].members if head in units else (head,)  # a connection's entry runs alone
         owners = [store.journal.owner(entry_scope(m)) for m in members] if store is not None else []
         history = armed.history(head)
         status.entries.append(EntryStatus(head, armed.schedule(head).text, members,

@@ -102,10 +102,9 @@ class HttpConfig:
 def with_params(url: str, params: dict[str, str]) -> str:
     if not params:
         return url
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    query.update(params)
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    parts = urlsplit(url)  # the URL's own parameters stay, repeated ones too (a connection's list selection)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in params]
+    return urlunsplit(parts._replace(query=urlencode(query + list(params.items()))))
 
 
 def check_config(where: str, config: dict[str, Any], incremental: str | None) -> list[ContextfulError]:

@@ -12,7 +12,8 @@ Every request, in this order:
    pinned issuer keys (401 ``CredentialUnadmitted``), carrying claims ``tenant`` and ``principal``
    (403 ``ConnectionScopeDenied``), before the body is read;
 3. the body: JSON, declared as ``application/json`` when declared at all; a create's is exactly a
-   declaration, a pause's or delete's exactly ``{}`` (400 ``ConnectionRequestMalformed``);
+   declaration the applied version can run (``engine.control.connection_run.check_create``, checked
+   before a new connection is claimed), a pause's or delete's exactly ``{}`` (400 ``ConnectionRequestMalformed``);
 4. the store: a store that does not exist is an owner with no storage: 503 ``ConfigOwnerUnconfigured``;
 5. the claim: create answers 201 with the claimed record, a repeat 200 with the standing one; pause
    and delete answer 200 (``ConnectionScopeDenied``, ``ConnectionUnknown``, ``ConnectionIdConflict``
@@ -27,6 +28,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from contextful.engine.control.arming import applied_armable
 from contextful.engine.control.connection import (
     AUDIENCE,
     Outcome,
@@ -36,6 +38,7 @@ from contextful.engine.control.connection import (
     pause,
     scope,
 )
+from contextful.engine.control.connection_run import check_create
 from contextful.engine.control.credentials import Credential, admit
 from contextful.engine.guard import mask_message
 from contextful.engine.served.control import ControlService, answer_unavailable
@@ -90,11 +93,6 @@ def _body(exchange: Exchange, route: str) -> Any:
         raise ConnectionRequestMalformed(f"{route}: the body is not JSON") from None
 
 
-def _applied_pipelines(service: ControlService) -> list[str]:
-    from contextful.engine.control.arming import applied_armable
-
-    manifest = applied_armable(service.root)
-    return [] if manifest is None else [p.id for p in manifest.pipelines]
 
 
 def connection_routes(service: ControlService) -> list[Route]:
@@ -105,8 +103,12 @@ def connection_routes(service: ControlService) -> list[Route]:
 
     def create_route(exchange: Exchange, _match: re.Match[str]) -> None:
         credential = _admit(service, exchange, "(to create)")
-        declaration = parse_declaration(_body(exchange, CREATE), _applied_pipelines(service))
-        outcome = create(service.store().catalog, service.project, declaration, credential, service.clock)
+        manifest = applied_armable(service.root)
+        declaration = parse_declaration(_body(exchange, CREATE), [] if manifest is None else
+                                        [p.id for p in manifest.pipelines])
+        catalog = service.store().catalog
+        outcome = create(catalog, service.project, declaration, credential, service.clock,
+                         vacant=lambda: check_create(manifest, declaration, catalog.connections(service.project)))
         answer(exchange, 201 if outcome.claims else 200, outcome)
 
     def mutation(describe: str, claim: Callable[..., Outcome]) -> Handler:

@@ -91,7 +91,8 @@ def applied_version(root: Path, version: int | None) -> dict[str, Any]:
 
 
 def pipelines(manifest: Manifest, store: Store | None) -> list[dict[str, Any]]:
-    """Each pipeline (and each job the control plane arms) with its schedule, fires and last outcome."""
+    """Each pipeline (and each job and connection the control plane arms, its source ``job`` or
+    ``connection``) with its schedule, fires and last outcome."""
     from contextful.engine.control.fire import rfc3339
     from contextful.engine.control.status import control_status
     from contextful.engine.run.records import run_history
@@ -112,7 +113,7 @@ def pipelines(manifest: Manifest, store: Store | None) -> list[dict[str, Any]]:
             "last_outcome": _outcome(last[-1]) if last else None,
         })
     declared = {p.id for p in manifest.pipelines}
-    rows += [{"id": e.id, "table": None, "source": "job", "schedule": e.schedule, "armed": True, "unit": None,
+    rows += [{"id": e.id, "table": None, "source": e.id.split(":", 1)[0], "schedule": e.schedule, "armed": True, "unit": None,
               "last_fire": rfc3339(e.last_fire_us), "next_fire": rfc3339(e.next_fire_us), "in_flight": e.in_flight,
               "unarmed": None, "last_outcome": None} for e in status.entries if e.id not in declared]
     return rows

@@ -375,6 +375,12 @@ class Catalog(ABC):
         """Every connection of the project (retired ones included), by id."""
 
     @abstractmethod
+    def connections_mark(self, project: str) -> tuple[int, int]:
+        """The project's connection count and the sum of their versions: one cheap read whose answer
+        moves with every claim (each advances one version by one), so serve re-reads the records
+        only when it moved."""
+
+    @abstractmethod
     def accept_nonce(self, nonce: str, operator: str, now_us: int) -> bool:
         """Record ``nonce`` as accepted, once ever: False when it was accepted before."""
 

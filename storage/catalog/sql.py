@@ -667,6 +667,11 @@ class SqlCatalog(SqlDialect, Catalog):
                           " ORDER BY connection_id", (project,))
         return [ConnectionRow(*r) for r in rows]
 
+    def connections_mark(self, project: str) -> tuple[int, int]:
+        rows = self._read("SELECT COUNT(*), COALESCE(SUM(version), 0) FROM cf_connections WHERE project = ?",
+                          (project,))
+        return int(rows[0][0]), int(rows[0][1])
+
     def accept_nonce(self, nonce: str, operator: str, now_us: int) -> bool:
         claim = uuid.uuid4().hex  # tells this call's own row from a replay's when a rerun finds it
 

@@ -43,6 +43,8 @@ class Request:
     body: bytes
     server_url: str = ""
     """``http://127.0.0.1:PORT`` of the server that received it (for absolute next-page links)."""
+    pairs: tuple[tuple[str, str], ...] = ()
+    """Every query parameter in order, a repeated name once per value."""
 
     def url_for(self, **query: Any) -> str:
         """The absolute URL of this request's path with its query updated by ``query``."""
@@ -132,7 +134,8 @@ def _handler_class(api: JsonApi) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(length) if length else b""
             parts = urlsplit(self.path)
             request = Request(self.command, parts.path, dict(parse_qsl(parts.query, keep_blank_values=True)),
-                              {k.lower(): v for k, v in self.headers.items()}, body, api.url)
+                              {k.lower(): v for k, v in self.headers.items()}, body, api.url,
+                              tuple(parse_qsl(parts.query, keep_blank_values=True)))
             reply = api._answer(request)
             payload = _encode(reply.body)
             headers = {k.lower(): v for k, v in reply.headers.items()}

@@ -6,12 +6,32 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from contextful.engine.control.credentials import issue
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.engine.served.control_face import request
+
+TEMPLATE = """
+[[pipeline]]
+id = "events"
+table = "drive_files"
+primary_key = ["id"]
+source = { kind = "http", config = { url = "http://127.0.0.1:9/files", headers = { Authorization = "Bearer ${secret:DRIVE_TOKEN}" } } }
+"""
+"""The pipeline connections instantiate: an http source whose headers reference one secret (no
+schedule of its own: it runs as its connections)."""
+
+
+def write_template_project(root: Path, manifest: str) -> None:
+    """``manifest`` as the project's ``contextful.toml``, with the operator's own value of the
+    template's secret in the secrets file (validate resolves every reference)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "contextful.toml").write_text(manifest)
+    (root / ".contextful").mkdir(exist_ok=True)
+    (root / ".contextful" / "secrets.toml").write_text('DRIVE_TOKEN = "operator-own-token"\n')
 
 DECLARATION: dict[str, Any] = {"id": "acme-drive", "tenant": "acme", "principal": "ana", "pipeline": "events",
                                "selection": {"folders": ["f-1", "f-2"]}, "secret": "ACME_DRIVE_TOKEN",

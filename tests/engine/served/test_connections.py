@@ -24,8 +24,16 @@ from contextful.storage.catalog import ConnectionRow
 from contextful.storage.clock import ManualClock
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.engine.served.connection_app import DECLARATION, App, claims_of, declaration, error
-from tests.engine.served.control_face import PIPELINE, Console, manifest_text
+from tests.engine.served.connection_app import (
+    DECLARATION,
+    TEMPLATE,
+    App,
+    claims_of,
+    declaration,
+    error,
+    write_template_project,
+)
+from tests.engine.served.control_face import Console, manifest_text
 from tests.storage.catalog_place import CatalogPlace
 
 T0_US = 1_800_000_000_000_000
@@ -46,8 +54,7 @@ class Site:
 def serving(tmp_path: Path, decoder: object, open_store: Callable[[ManualClock], Store]) -> Iterator[Site]:
     issuer = Ed25519PrivateKey.generate()
     root = tmp_path / "project"
-    root.mkdir()
-    (root / "contextful.toml").write_text(manifest_text(issuer_key(issuer.public_key()).text, PIPELINE))
+    write_template_project(root, manifest_text(issuer_key(issuer.public_key()).text, TEMPLATE))
     import_manifest(root)
     clock = ManualClock(T0_US)
     store = open_store(clock)
@@ -133,9 +140,11 @@ def test_concurrent_creates_race_on_the_version_and_one_claim_wins(tmp_path: Pat
             row = other.catalog.connection("shop", "acme-drive")
             assert row is not None
             stale = replace(row, version=1, state="paused")
+            assert other.catalog.connections_mark("shop") == (1, 1)  # what serve's beat reads: count, versions
             assert other.catalog.claim_connection(stale) is False
             assert other.catalog.claim_connection(replace(row, version=2, state="paused")) is True
             assert other.catalog.claim_connection(replace(row, version=2, state="retired")) is False
+            assert other.catalog.connections_mark("shop") == (1, 2) and other.catalog.connections_mark("x") == (0, 0)
         assert site.record() == replace(row, version=2, state="paused")
 
 

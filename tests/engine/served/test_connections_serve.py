@@ -11,8 +11,14 @@ from contextful.engine.config import load_manifest
 from contextful.engine.control.credentials import generate_key
 from contextful.storage import Store
 
-from tests.engine.served.connection_app import DECLARATION, claims_of, declaration
-from tests.engine.served.control_face import PIPELINE, manifest_text, request
+from tests.engine.served.connection_app import (
+    DECLARATION,
+    TEMPLATE,
+    claims_of,
+    declaration,
+    write_template_project,
+)
+from tests.engine.served.control_face import manifest_text, request
 from tests.engine.served.test_control_routes_serve import RECEIVE, serving
 from tests.support.cli import contextful
 
@@ -21,8 +27,7 @@ def project_with_store(tmp_path: Path) -> tuple[Path, Path]:
     """A project pinning an issuer key, v1 imported and its store made; the issuer's key file."""
     pin, key_file = generate_key(tmp_path / "keys" / "issuer.pem")
     project = tmp_path / "project"
-    project.mkdir()
-    (project / "contextful.toml").write_text(manifest_text(pin.text, PIPELINE))
+    write_template_project(project, manifest_text(pin.text, TEMPLATE))
     contextful(project, "pipeline", "import")
     Store.open(load_manifest(project).project.store).close()  # the store the records live in
     return project, key_file
