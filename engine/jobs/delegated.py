@@ -33,7 +33,6 @@ from contextful.engine.jobs.isolated import (
     Deferral,
     ItemParked,
     admission,
-    defer_exhausted,
     item_entity,
 )
 from contextful.storage.clock import from_us
@@ -118,13 +117,13 @@ class DelegateCalls:
     def admission(self, key: str) -> Admission:
         """How this fire admits item ``key`` (``engine.jobs.isolated.admission``), at the engine's instant."""
         return admission(self.deferred.get(key), self.budget, from_us(self.ctx.store.clock.now_us()),
-                         self.body.binding.name, answered=key in self.recorded)
+                         answered=key in self.recorded)
 
     def answer(self, key: str, row: Mapping[str, Any], attempt: int) -> Mapping[str, Any]:
         """Item ``key``'s rows: recorded by an earlier attempt, else the delegate's ok answer to
         this attempt's call (journaled before they land); a failed call or an answer other than
         ok raises what closes the attempt, and an isolated item's defer, journaled, parks it
-        (:class:`ItemParked`) or, on the budget's last attempt, closes it exhausted."""
+        (:class:`ItemParked`), spending no attempt of its budget."""
         if key in self.recorded:
             return self.recorded[key]
         ctx, binding, execution = self.ctx, self.body.binding, self.execution
@@ -141,8 +140,9 @@ class DelegateCalls:
             execution.step(f"{step}/guard", lambda: guard(execution, envelope, binding, ctx.store.clock.now_us()))
         answer = call(binding, self.body.key, envelope)
         if answer.outcome == "defer" and ctx.job.isolated_items is not None:
-            self._park(step, Deferral(attempt, defer_instant(binding.name, answer,
-                                                             from_us(ctx.store.clock.now_us()))))
+            earlier = self.deferred.get(key)
+            self._park(step, Deferral(attempt, defer_instant(binding.name, answer, from_us(ctx.store.clock.now_us())),
+                                      1 + (earlier.defers if earlier is not None else 0)))
         rows = completion(binding.name, answer)
         with self._lock:
             execution.step(step, lambda: {"rows": dict(rows)})
@@ -150,12 +150,9 @@ class DelegateCalls:
 
 
     def _park(self, step: str, deferral: Deferral) -> NoReturn:
-        """Journal ``deferral`` as the attempt's step, then park the item, or close it exhausted on
-        the last attempt its budget allows; either way nothing waits in this fire."""
+        """Journal ``deferral`` as the attempt's step, then park the item: nothing waits in this fire."""
         with self._lock:
             self.execution.step(step, deferral.step)
-        if deferral.attempt >= self.budget:
-            raise defer_exhausted(self.body.binding.name, deferral, self.budget)
         raise ItemParked(deferral)
 
 

@@ -11,8 +11,10 @@ Implements ``surface.delegate.defer-parks`` with the job's ``isolated_items`` de
   thread waits for it, and the fire ends with the execution pending. A later fire reads the
   deferral back (:meth:`Deferral.recorded`) and :func:`admission` decides: before its retry_at the
   item stays parked and is sent nothing; at or after it (the engine's instant, the store clock) the
-  item is re-admitted under its next attempt; a defer on the last attempt the budget allows closes
-  the item ``exhausted`` (:func:`defer_exhausted`, the reason naming the defer).
+  item is re-admitted under its next attempt. A defer is no failed attempt: the item's failed-attempt
+  count stays as it was, so the budget's ``max_attempts`` counts failures alone and the re-admitted
+  item may fail as often as before its defer (the scenario of ``defer-parks``). Each request still
+  carries its own attempt number (the envelope's ``attempt``, its journal step), counting defers.
 
 Decision ``terminal-item-s``: an isolated item's run ids are digests of its execution and key
 (``engine.jobs.store_driven.attempt_run_id``), and its receipt sits in a catalog cursor keyed by a
@@ -21,10 +23,11 @@ digest (``engine.run.items``), which no read face exposes.
     >>> from datetime import UTC, datetime
     >>> at = datetime(2030, 1, 1, 0, 10, tzinfo=UTC)
     >>> deferred = Deferral.recorded(Deferral(1, at).step())
-    >>> admission(deferred, 3, datetime(2030, 1, 1, 0, 5, tzinfo=UTC), "stages").parked_until == at
+    >>> admission(deferred, 3, datetime(2030, 1, 1, 0, 5, tzinfo=UTC)).parked_until == at
     True
-    >>> admission(deferred, 3, at, "stages").first
-    2
+    >>> admitted = admission(deferred, 3, at)
+    >>> admitted.first, admitted.last          # attempt 2 on; three failures still allowed
+    (2, 4)
 """
 
 from __future__ import annotations
@@ -32,8 +35,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
-
-from contextful.storage.errors import DelegateAnsweredTransient
 
 if TYPE_CHECKING:
     from contextful.engine.config.jobs import JobSpec
@@ -48,21 +49,23 @@ def rfc3339(instant: datetime) -> str:
 
 @dataclass(frozen=True)
 class Deferral:
-    """A defer answer to one attempt of an isolated item: the attempt it spent and its retry_at."""
+    """A defer answer to one attempt of an isolated item: the attempt it answered, its retry_at, and
+    how many defers the item has had, this one included."""
 
     attempt: int
     retry_at: datetime
+    defers: int = 1
 
     def step(self) -> dict[str, Any]:
         """The journal value of the attempt's step (``row/<key>/delegate/<attempt>``)."""
-        return {DEFER: rfc3339(self.retry_at), "attempt": self.attempt}
+        return {DEFER: rfc3339(self.retry_at), "attempt": self.attempt, "defers": self.defers}
 
     @classmethod
     def recorded(cls, value: Any) -> Deferral | None:
         """The deferral a journaled step value holds (None: it holds none)."""
         if not isinstance(value, dict) or DEFER not in value:
             return None
-        return cls(int(value["attempt"]), datetime.fromisoformat(value[DEFER]))
+        return cls(int(value["attempt"]), datetime.fromisoformat(value[DEFER]), int(value.get("defers", 1)))
 
 
 class ItemParked(Exception):
@@ -75,34 +78,26 @@ class ItemParked(Exception):
 
 @dataclass(frozen=True)
 class Admission:
-    """What a fire does with an item an earlier fire of its execution deferred."""
+    """What a fire does with an item: the attempts it may make, or that it stays parked."""
 
     first: int = 1
-    """The attempt the item is handed over under (exhausted: the attempt its last defer spent)."""
+    """The attempt the item is handed over under."""
+    last: int = 1
+    """The last attempt it may make in this fire: its budget, plus one for each earlier defer (a defer
+    is no failed attempt)."""
     parked_until: datetime | None = None
     """Set: the item stays parked until then and is sent nothing."""
-    exhausted: DelegateAnsweredTransient | None = None
-    """Set: the recorded defer spent the budget; the item closes exhausted without a call."""
 
 
-def admission(deferral: Deferral | None, budget: int, now: datetime, delegate: str,
-              answered: bool = False) -> Admission:
+def admission(deferral: Deferral | None, budget: int, now: datetime, answered: bool = False) -> Admission:
     """How this fire (at the engine's instant ``now``) admits an item whose last recorded defer is
-    ``deferral`` (None: none), under ``budget`` attempts; ``answered``: a later attempt's answer is
-    recorded too (it lands, whatever the clock says)."""
+    ``deferral`` (None: none), under ``budget`` failed attempts; ``answered``: a later attempt's
+    answer is recorded too (it lands, whatever the clock says)."""
     if deferral is None:
-        return Admission()
-    if deferral.attempt >= budget:
-        return Admission(deferral.attempt, exhausted=defer_exhausted(delegate, deferral, budget))
+        return Admission(1, budget)
     if deferral.retry_at > now and not answered:
         return Admission(parked_until=deferral.retry_at)
-    return Admission(first=deferral.attempt + 1)
-
-
-def defer_exhausted(delegate: str, deferral: Deferral, budget: int) -> DelegateAnsweredTransient:
-    """The failure of an item whose defer came on the last attempt its budget allows."""
-    return DelegateAnsweredTransient(delegate, f"deferred to {rfc3339(deferral.retry_at)} on attempt "
-                                               f"{deferral.attempt} of {budget}, the last its budget allows")
+    return Admission(deferral.attempt + 1, budget + deferral.defers)
 
 
 def item_budget(job: JobSpec) -> int:

@@ -91,6 +91,9 @@ class Settled:
     entity: tuple[str, str] | None = None
     parked: Deferral | None = None
     """Set: the item's delegate deferred it; it is neither terminal nor retried in this fire."""
+    last: int = 0
+    """The last attempt its budget allowed in this fire (0: the job's budget): a transient failure
+    on it is ``exhausted``."""
 
 
 @dataclass
@@ -142,7 +145,7 @@ def _fire(ctx: JobContext, chosen: RegisteredBody | DelegateBody, execution: Exe
     sweep = open_sweep(execution, store, SweepSpec(as_of=job.as_of), outputs=job.tables, origins=[INPUT])
     body: ItemBody
     budget = item_budget(job)
-    admit: Admit = lambda _key: Admission()
+    admit: Admit = lambda _key: Admission(1, budget)
     if isinstance(chosen, DelegateBody):
         calls = DelegateCalls(ctx, chosen, execution, sweep.as_of, budget)
         body, admit = calls.answer, calls.admission
@@ -262,12 +265,8 @@ def _run_items(ctx: JobContext, body: ItemBody, admit: Admit, execution: Executi
                     tally.parked.append(admitted.parked_until)
                     continue
                 entity = item_entity(job, key, row)
-                if admitted.exhausted is not None:
-                    batch.append(Settled(key, admitted.first, admitted.exhausted, ended_us=ctx.store.clock.now_us(),
-                                         entity=entity))
-                    continue
                 pending.add(pool.submit(_attempt, job, body, key, row, ctx.cancel, ctx.store,
-                                        range(admitted.first, budget + 1), entity))
+                                        range(admitted.first, admitted.last + 1), entity))
             if not pending:
                 if batch:
                     _commit(ctx, execution, batch, budget, tally)
@@ -300,13 +299,15 @@ def _attempt(job: JobSpec, body: ItemBody, key: str, row: dict[str, Any], cancel
         return answer_tables(job, key, body(key, row, attempts))  # the one place an item is dispatched
 
     schedule = RetrySchedule.from_config(dict(job.retry) | {"attempts": len(attempts_left)})
+    last = attempts_left[-1]
     try:
         tables = schedule.run(f"item {key}", once, cancel=cancel)
     except ItemParked as parked:
-        return Settled(key, attempts, None, ended_us=store.clock.now_us(), entity=entity, parked=parked.deferral)
+        return Settled(key, attempts, None, ended_us=store.clock.now_us(), entity=entity, parked=parked.deferral,
+                       last=last)
     except Exception as exc:  # noqa: BLE001 - an item's failure is its own: it fails alone, by name
-        return Settled(key, attempts, exc, ended_us=store.clock.now_us(), entity=entity)
-    return Settled(key, attempts, None, tables, store.clock.now_us(), entity)
+        return Settled(key, attempts, exc, ended_us=store.clock.now_us(), entity=entity, last=last)
+    return Settled(key, attempts, None, tables, store.clock.now_us(), entity, last=last)
 
 
 def answer_tables(job: JobSpec, key: str, answer: Any) -> dict[str, pa.Table]:
@@ -348,7 +349,7 @@ def _commit(ctx: JobContext, execution: Execution, batch: list[Settled], budget:
         if item.parked is not None:
             tally.parked.append(item.parked.retry_at)
             continue
-        terminal = terminal_outcome(item.error, max(item.attempts, 1), budget)
+        terminal = terminal_outcome(item.error, max(item.attempts, 1), item.last or budget)
         if terminal is None:  # a retry wait the fire's cancel ended: the next fire takes the item again
             tally.unsettled += 1
             continue

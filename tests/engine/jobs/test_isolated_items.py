@@ -129,7 +129,7 @@ def test_scenario_a_defer_ten_minutes_ahead_parks_the_item_until_the_first_fire_
     assert owner is not None and owner.status == PENDING
     assert steps(store, "row/p-2/delegate/") == [
         ("row/p-2/delegate/1/guard", steps(store, "row/p-2/delegate/1/guard")[0][1]),
-        ("row/p-2/delegate/1", {"defer": retry_at, "attempt": 1})]
+        ("row/p-2/delegate/1", {"defer": retry_at, "attempt": 1, "defers": 1})]
     assert sent(delegate) == [("e-1", 1), ("e-2", 1), ("e-3", 1)]
 
     store.clock.advance(599)  # a fire before retry_at sends the parked item nothing
@@ -157,21 +157,25 @@ def test_scenario_a_defer_ten_minutes_ahead_parks_the_item_until_the_first_fire_
 
 
 @pytest.mark.clause("surface.delegate.defer-parks", "run.items.terminal-outcome")
-def test_a_defer_on_the_last_allowed_attempt_closes_the_item_exhausted(
+def test_a_defer_is_no_failed_attempt_so_max_attempts_counts_failures_alone(
         tmp_path: Path, store: Store, delegate_of: Start) -> None:
     first_at, second_at = at(store, 60), at(store, 120)
-    delegate = delegate_of({"e-1": [f"defer:{first_at}", f"defer:{second_at}"]})
+    # two defers, then transient failures: the item still fails max_attempts (2) times before it is exhausted
+    delegate = delegate_of({"e-1": [f"defer:{first_at}", f"defer:{second_at}", "transient", "transient"]})
     root = tmp_path / "project"
     version = project(root, delegate.url, isolated=ISOLATED.replace("max_attempts = 3", "max_attempts = 2"))
     assert fire(root, version, store).detail["parked"] == 1
     store.clock.advance(60)
-    last = fire(root, version, store)
+    second = fire(root, version, store)  # attempt 2 defers again: parked, not exhausted
+    assert second.ok and second.pending and second.detail["parked"] == 1 and second.detail["failed"] == 0
+    assert ItemOutcomes(store, JOB).receipt("p-1") is None
+    store.clock.advance(60)
+    last = fire(root, version, store)  # attempts 3 and 4 fail: the budget's two failures, spent now
     assert not last.ok and not last.pending  # the execution closes: nothing is parked or unsettled
-    reason = (f"DelegateAnsweredTransient: delegate 'stages' answered transient: deferred to {second_at} on "
-              "attempt 2 of 2, the last its budget allows")
-    assert items(store)[0] == ("p-1", "entity", "e-1", "exhausted", 2, reason)
-    assert last.failures == (f"item 'p-1': exhausted: {reason}",)
-    assert sent(delegate) == [("e-1", 1), ("e-2", 1), ("e-3", 1), ("e-1", 2)]
+    reason = "DelegateAnsweredTransient: delegate 'stages' answered transient: scripted transient"
+    assert items(store)[0][:4] == ("p-1", "entity", "e-1", "exhausted") and items(store)[0][4] == 4
+    assert items(store)[0][5].startswith(reason), items(store)[0]
+    assert [a for k, a in sent(delegate) if k == "e-1"] == [1, 2, 3, 4]
     assert store.journal.owner(job_scope(JOB).key).status == CLOSED_FAILED
     assert ItemOutcomes(store, JOB).receipt("p-1")["outcome"] == "exhausted"
 
@@ -403,24 +407,22 @@ def test_serve_counts_a_fire_that_parked_items_as_fired_not_failed(tmp_path: Pat
 
 
 @pytest.mark.slow
-@pytest.mark.clause("surface.delegate.defer-parks", "run.items.terminal-outcome")
-def test_a_defer_on_the_last_attempt_journaled_before_a_kill_closes_the_item_exhausted_without_a_call(
+@pytest.mark.clause("surface.delegate.defer-parks")
+def test_a_defer_journaled_before_a_kill_spends_no_attempt_of_a_one_attempt_budget(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delegate_of: Start) -> None:
     monkeypatch.setenv(KEY_VARIABLE, KEY)
     retry_at = wall(600)
     delegate = delegate_of({"e-2": [f"defer:{retry_at}"], "e-3": ["hold:600"]})
     root, version = killed_after_two_answers(tmp_path, delegate, ISOLATED.replace("max_attempts = 3",
                                                                                   "max_attempts = 1"))
-    store = Store.open(str(tmp_path / "store"), clock=ManualClock())  # long before retry_at: it does not matter
-    try:
+    store = Store.open(str(tmp_path / "store"), clock=ManualClock(to_us(datetime.fromisoformat(retry_at))))
+    try:  # at retry_at: the parked item is re-admitted under attempt 2, its one allowed failure unspent
         outcome = fire(root, version, store)
-        assert not outcome.ok and not outcome.pending  # nothing parked: the execution closes
-        reason = (f"DelegateAnsweredTransient: delegate 'stages' answered transient: deferred to {retry_at} on "
-                  "attempt 1 of 1, the last its budget allows")
+        assert outcome.ok and not outcome.pending, outcome
         assert items(store) == [("p-1", "entity", "e-1", "completed", 1, None),
-                                ("p-2", "entity", "e-2", "exhausted", 1, reason),
+                                ("p-2", "entity", "e-2", "completed", 2, None),
                                 ("p-3", "entity", "e-3", "completed", 1, None)]
-        assert sorted(sent(delegate)[3:]) == [("e-3", 1)]  # p-2 is sent nothing again; p-1 lands as recorded
-        assert store.journal.owner(job_scope(JOB).key).status == CLOSED_FAILED
+        assert sorted(sent(delegate)[3:]) == [("e-2", 2), ("e-3", 1)]  # p-1 lands as recorded
+        assert store.journal.owner(job_scope(JOB).key).status == CLOSED_OK
     finally:
         store.close()
