@@ -104,6 +104,8 @@ Hierarchy::
         │   ├── ColumnNamesCollide       two column or field names of a table differ only in case
         │   ├── SynthesizeTableIncompatible  a synthesize job's table lacks a column it reads, or its claims another key
         │   ├── PipelineTransformArity   a chain operation emitted more rows than it consumed
+        │   ├── PublicationIncompatible  a publication's group cannot be delivered or activated as it stands
+        │   ├── PublicationStorageUnsupported  the storage profile keeps no coordinated-group outbox
         │   └── DeriveUnitStatusUnknown, DeriveRemoteUrlUnsupported, DeriveMediaUnreadable,
         │       DeriveConfidenceOutOfRange, DeriveOutputCap, DeriveStepProducedNothing, DeriveHostNotAllowed
         │                                a derive unit's media or engine output cannot land (that unit fails)
@@ -171,6 +173,7 @@ Hierarchy::
             ├── CatalogRejected           the catalog database refused a write (integrity)
             ├── ScriptRuntimeLinked      a JavaScript engine is importable where plans are served
             ├── StorageCapabilityMissing  the profile lacks a binding an execution needs (before admission)
+            ├── CallbackGuardHeld        a D1 guard protects a row, so its transfer or a second callback waits
             ├── ExecutionRecoveryMismatch no execution tables, or another project recovery identity
             ├── DelegateAnsweredPermanent  a delegate answered permanent (the item closes Permanent)
             └── ConfigOwnerUnconfigured  the configuration owner has no storage or credential (HTTP 503)
@@ -2730,6 +2733,7 @@ __all__ = [
     "BlobNotFound",
     "BodyIdentityConfigured",
     "BodyUnregistered",
+    "CallbackGuardHeld",
     "CancelTargetNotInFlight",
     "CatalogDsnMissing",
     "CatalogPathMissing",
@@ -2871,6 +2875,8 @@ __all__ = [
     "ProjectInvalid",
     "ProjectModuleUnimportable",
     "ProjectNotFound",
+    "PublicationIncompatible",
+    "PublicationStorageUnsupported",
     "QueryFailed",
     "QueryInvalid",
     "QueryWriteRefused",
@@ -2923,3 +2929,47 @@ __all__ = [
     "WriterPipelineRefused",
     "first_line",
 ]
+
+
+# --- issue 33: coordinated publications and the D1 profile's callback guards ------------------
+
+
+class PublicationIncompatible(Incompatible):
+    """``run.export.group-incompatible``: membership drift, an incarnation mismatch, a changed pending
+    read identity, an incompatible checkpoint, an incomplete producer frontier, or a predecessor or
+    order mismatch; raised before delivery or activation, naming the publication and why."""
+
+    publication: str
+    reason: str
+
+    def __init__(self, publication: str, reason: str) -> None:
+        super().__init__(f"publication {publication!r}: {reason}; nothing was delivered or activated",
+                         publication=publication, reason=reason)
+
+
+class PublicationStorageUnsupported(Incompatible):
+    """``run.export.group-storage``: the storage profile keeps no coordinated-group outbox (postgres),
+    or a cloudflare-d1 sender state exceeds its bound; raised before execution, staging or delivery."""
+
+    publication: str
+    profile: str
+    reason: str
+
+    def __init__(self, publication: str, profile: str, reason: str) -> None:
+        super().__init__(f"publication {publication!r} under storage profile {profile!r}: {reason} (the "
+                         "coordinated-group-outbox capability); nothing was staged or delivered",
+                         publication=publication, profile=profile, reason=reason)
+
+
+class CallbackGuardHeld(Permanent):
+    """``run.callback-guard.acquire`` and ``run.journal.d1-guard``: a committed guard protects a row
+    this admission or transfer needs; it releases only under release, replay or
+    ``contextful storage reconcile-guard``."""
+
+    scope: str
+    token: str
+    why: str
+
+    def __init__(self, scope: str, token: str, why: str) -> None:
+        super().__init__(f"owner scope {scope!r} is protected by callback guard {token}: {why}", scope=scope,
+                         token=token, why=why)
