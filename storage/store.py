@@ -217,13 +217,23 @@ class Store:
         ``create=False`` (a reader or maintainer) nothing is written: a root without ``store.json``,
         or a local profile without its catalog file, raises ``StoreNotFound`` naming it.
         """
-        objects = ObjectStore(str(root), storage_options, create=create)
         owned = catalog is None
+        # The D1 profile's Worker binding, or StorageCapabilityMissing before anything is made.
+        binding = None
+        if owned and storage_profile(profile) == "cloudflare-d1":
+            from contextful.storage.d1.profile import d1_binding
+
+            binding = d1_binding()
+        objects = ObjectStore(str(root), storage_options, create=create)
         container = None
         if owned and storage_profile(profile) == "postgres":
             container = container_bindings(objects.is_local, objects.url)
             if container.bucket is not None and objects.is_local:  # the root is the bucket's working copy
                 objects = corpus_objects(objects.root, container.bucket, create=create)
+        if binding is not None and objects.is_local:  # the root is the working copy of the corpus in R2
+            from contextful.storage.d1.profile import d1_corpus
+
+            objects = d1_corpus(objects.root, binding, create=create)
         if owned and storage_profile(profile) == "local":
             if catalog_path is None and not objects.is_local:
                 raise CatalogPathMissing(objects.url)
