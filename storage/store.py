@@ -61,6 +61,7 @@ from contextful.storage.transaction import CommitResult
 
 if TYPE_CHECKING:
     import duckdb
+    from contextful.storage.d1.client import D1Binding
 else:
     duckdb = lazy_module("duckdb")
 
@@ -99,6 +100,8 @@ _CREATE_ATTEMPTS = 5
 class Store:
     container: ContainerBindings | None = None
     """The container profile's bindings when the store opened under it (``storage.container``)."""
+    d1: D1Binding | None = None
+    """The D1 profile's Worker binding when the store opened under it (``storage.d1.profile``)."""
     reach: Reach | None = None
     """The tables this handle may read and write when it opened under a credential (``storage.reach``;
     None: every table)."""
@@ -161,8 +164,7 @@ class Store:
             from contextful.storage.catalog.postgres import PostgresCatalog
             from contextful.storage.d1.catalog import D1Catalog
 
-            if self.container is not None:
-                admit(self)
+            self._admit()
             if isinstance(self.catalog, PostgresCatalog):
                 self._outbox = open_outbox_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
             elif isinstance(self.catalog, D1Catalog):
@@ -183,8 +185,7 @@ class Store:
             from contextful.storage.catalog.sqlite import SqliteCatalog
             from contextful.storage.d1.catalog import D1Catalog
 
-            if self.container is not None:
-                admit(self)
+            self._admit()
             if isinstance(self.catalog, SqliteCatalog):
                 self._journal = open_journal_store("sqlite", path=self.catalog.path)
             elif isinstance(self.catalog, PostgresCatalog):
@@ -196,6 +197,15 @@ class Store:
             else:
                 raise ValueError(f"no journal store for a {type(self.catalog).__name__} catalog")
         return self._journal
+
+    def _admit(self) -> None:
+        """Admit an execution under the container or D1 profile (their recovery identity), or raise."""
+        if self.container is not None:
+            admit(self)
+        elif self.d1 is not None:
+            from contextful.storage.d1.recovery import admit as admit_d1
+
+            admit_d1(self)
 
     @property
     def awakeables(self) -> AwakeableStore:
@@ -255,6 +265,7 @@ class Store:
         if store_format < 2:  # an older build reads this store: its manifests stay objects it can read
             store.inline_manifest_bytes = 0
         store.container = container
+        store.d1 = binding
         store.reach = reach
         return store
 

@@ -1,4 +1,4 @@
-"""``contextful store collect``, ``store compaction`` and ``store provision``, the shared ``_store``/``_json`` of the store commands, and ``register()``,
+"""``contextful store collect``, ``store compaction``, ``store provision`` and ``store backup``, the shared ``_store``/``_json`` of the store commands, and ``register()``,
 which adds every command group (``table``, ``sql``, ``run``, ``pipeline``, ... each in its own module)."""
 
 from __future__ import annotations
@@ -110,18 +110,55 @@ def store_compaction(ctx: click.Context, tables: tuple[str, ...], enabled: bool 
 @store_group.command("provision")
 @click.pass_context
 def store_provision(ctx: click.Context) -> None:
-    """Create the execution tables and record the project recovery identity (container profile)."""
+    """Create the execution tables and record the project recovery identity (container or D1 profile)."""
     from dataclasses import asdict
 
     from contextful.storage.container import provision
 
     with _store(ctx, create=True) as store:
+        if store.d1 is not None:
+            from contextful.storage.d1.recovery import provision as provision_d1
+
+            d1_identity = provision_d1(store)
+            if _json(ctx):
+                emit_json(asdict(d1_identity))
+            else:
+                click.echo(f"recovery identity {d1_identity.recovery_id}: store {d1_identity.store_uuid}, schema "
+                           f"{d1_identity.schema!r}, R2 generation {d1_identity.generation}")
+            return
         identity = provision(store)
     if _json(ctx):
         emit_json(asdict(identity))
     else:
         click.echo(f"recovery identity {identity.recovery_id}: store {identity.store_uuid}, schema {identity.schema}, "
                    f"corpus {identity.corpus}")
+
+
+@store_group.command("backup")
+@click.argument("destination", type=click.Path(dir_okay=False, writable=True))
+@click.pass_context
+def store_backup(ctx: click.Context, destination: str) -> None:
+    """Capture the D1 profile's execution database, R2 frontier, recovery identity and schema to DESTINATION."""
+    import json
+    import os
+
+    from contextful.storage.d1.recovery import capture
+
+    with _store(ctx) as store:
+        document = capture(store)
+    tmp = f"{destination}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(document, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, destination)
+    summary = {"destination": destination, "recovery_id": document["identity"]["recovery_id"],
+               "tables": len(document["database"]), "objects": len(document["r2_frontier"])}
+    if _json(ctx):
+        emit_json(summary)
+    else:
+        click.echo(f"backup of recovery identity {summary['recovery_id']}: {summary['tables']} tables, "
+                   f"{summary['objects']} R2 objects, to {destination}")
 
 
 def register(cli: click.Group) -> None:

@@ -19,6 +19,7 @@ from contextful.storage.corpus import CorpusMirror
 from contextful.storage.d1.catalog import D1Catalog
 from contextful.storage.d1.client import D1Binding
 from contextful.storage.d1.objects import CORPUS_PREFIX, R2Objects
+from contextful.storage.d1.recovery import provision
 from contextful.storage.errors import StorageCapabilityMissing
 
 from tests.support.cli import contextful_in
@@ -57,6 +58,7 @@ def test_a_files_pipeline_runs_on_the_profile_and_a_fresh_directory_reads_it_bac
     first = project(tmp_path / "machine-a")
     (first / "raw").mkdir()
     (first / "raw" / "a.ndjson").write_text("".join(json.dumps({"id": i, "amount": i * 10}) + "\n" for i in range(5)))
+    contextful_in(first, "store", "provision", env=env)  # once per deployment: the recovery identity
     out = json.loads(contextful_in(first, "--json", "pipeline", "run", env=env).stdout)
     assert out[0]["ok"] and out[0]["tables"][0]["rows"] == 5
 
@@ -84,6 +86,7 @@ def test_the_profile_selects_every_d1_adapter_and_r2_for_the_corpus(d1_binding: 
     for key, value in profile_env(d1_binding).items():
         monkeypatch.setenv(key, value)
     with Store.open(tmp_path / "store") as store:
+        provision(store)
         assert isinstance(store.catalog, D1Catalog) and store.catalog.client.namespace == d1_binding.namespace
         assert isinstance(store.objects, CorpusMirror) and isinstance(store.objects.remote, R2Objects)
         assert type(store.journal).__name__ == "D1JournalStore" and type(store.awakeables).__name__ == (
