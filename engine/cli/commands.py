@@ -120,18 +120,14 @@ def store_provision(ctx: click.Context) -> None:
             from contextful.storage.d1.recovery import provision as provision_d1
 
             d1_identity = provision_d1(store)
-            if _json(ctx):
-                emit_json(asdict(d1_identity))
-            else:
-                click.echo(f"recovery identity {d1_identity.recovery_id}: store {d1_identity.store_uuid}, schema "
-                           f"{d1_identity.schema!r}, R2 generation {d1_identity.generation}")
-            return
-        identity = provision(store)
+            fields, bound = asdict(d1_identity), f"schema {d1_identity.schema!r}, R2 generation {d1_identity.generation}"
+        else:
+            identity = provision(store)
+            fields, bound = asdict(identity), f"schema {identity.schema}, corpus {identity.corpus}"
     if _json(ctx):
-        emit_json(asdict(identity))
+        emit_json(fields)
     else:
-        click.echo(f"recovery identity {identity.recovery_id}: store {identity.store_uuid}, schema {identity.schema}, "
-                   f"corpus {identity.corpus}")
+        click.echo(f"recovery identity {fields['recovery_id']}: store {fields['store_uuid']}, {bound}")
 
 
 @store_group.command("backup")
