@@ -255,6 +255,10 @@ class Store:
         try:
             if container is not None:
                 require_corpus_state(objects.remote if isinstance(objects, CorpusMirror) else objects, catalog)
+            elif binding is not None and isinstance(objects, CorpusMirror):
+                from contextful.storage.d1.profile import require_d1_corpus_state
+
+                require_d1_corpus_state(objects, catalog)
             store_uuid, store_format = _store_doc(objects)
             catalog.bind_store(store_uuid, objects.url)
         except BaseException:

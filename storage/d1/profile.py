@@ -4,7 +4,8 @@ Implements ``run.journal.d1-profile`` (decision "d1-execution-state": the catalo
 awakeables and export state in D1, blob content and corpus objects in R2, all through one private
 Worker binding) and the D1 half of ``run.journal.storage-incomplete``: a profile missing its
 Worker URL or token raises one ``StorageCapabilityMissing`` naming each missing variable when the
-store opens, before anything is read and before any execution is admitted.
+store opens, before anything is read and before any execution is admitted; so does a corpus that
+lost its ``store.json`` while D1's catalog serves a store (:func:`require_d1_corpus_state`).
 
 The bindings (docs/store.md, "The D1 profile"):
 
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import os
 
+from contextful.storage.catalog import Catalog
 from contextful.storage.corpus import CorpusMirror
+from contextful.storage.d1.catalog import D1Catalog
 from contextful.storage.d1.client import D1Binding
 from contextful.storage.d1.objects import R2Objects
 from contextful.storage.errors import StorageCapabilityMissing
@@ -40,3 +43,15 @@ def d1_binding() -> D1Binding:
 def d1_corpus(local_root: str, binding: D1Binding, *, create: bool = True) -> CorpusMirror:
     """The working copy at ``local_root`` of the corpus in the binding's R2 namespace."""
     return CorpusMirror(local_root, R2Objects(binding.client()), create=create)
+
+
+def require_d1_corpus_state(corpus: CorpusMirror, catalog: Catalog) -> None:
+    """Refuse a corpus without ``store.json`` while D1's catalog serves a store: a new one minted
+    there would bind the corpus to another store for good. (The catalog binds only after
+    ``store.json`` is in R2, so a bound catalog asks R2 once more before refusing.)"""
+    if corpus.remote.exists("store.json") or not isinstance(catalog, D1Catalog):
+        return
+    bound = catalog.client.query("SELECT value FROM cf_meta WHERE key = 'store_uuid'")
+    if bound and not corpus.remote.exists("store.json"):
+        lost = f"the corpus state: {corpus.corpus_url} holds no store.json, and the catalog serves store {bound[0][0]}"
+        raise StorageCapabilityMissing(PROFILE, (lost,))

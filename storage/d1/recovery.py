@@ -30,6 +30,7 @@ import base64
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -165,11 +166,16 @@ def _write_frontier(client: D1Client) -> list[tuple[Any, ...]]:
     return [tuple(r) for result in rows for r in result.rows]
 
 
-def capture(store: Store) -> dict[str, Any]:
-    """The backup of ``store``'s execution database and R2 frontier, as one JSON-ready document (above)."""
+def capture(store: Store, *, during: Callable[[], None] | None = None) -> dict[str, Any]:
+    """The backup of ``store``'s execution database and R2 frontier, as one JSON-ready document (above).
+
+    ``during`` runs once the write frontier is read and before the rows are (a seam: a test commits
+    a writer's change there)."""
     client = _client(store)
     identity = admit(store)  # a backup of an unadmitted database would restore nothing runnable
     before = _write_frontier(client)
+    if during is not None:
+        during()
     tables = _tables(client)
     rows: dict[str, Any] = {}
     for name in tables:  # bounded by the profile's table count, not by data

@@ -122,3 +122,25 @@ def test_missing_worker_bindings_refuse_naming_each_before_anything_runs(d1_bind
         Store.open(tmp_path / "api", profile="cloudflare-d1")
     assert info.value.profile == "cloudflare-d1"
     assert [m.split(" ")[0] for m in info.value.missing] == ["CONTEXTFUL_D1_URL", "CONTEXTFUL_D1_TOKEN"]
+
+
+@pytest.mark.clause("run.journal.storage-incomplete")
+def test_a_corpus_that_lost_its_store_json_refuses_and_mints_none(bound_env: dict[str, str], d1_binding: D1Binding,
+                                                                 tmp_path: Path) -> None:
+    first = project(tmp_path / "a")
+    (first / "raw").mkdir()
+    (first / "raw" / "a.ndjson").write_text('{"id": 1}\n')
+    contextful_in(first, "store", "provision", env=bound_env)
+    contextful_in(first, "pipeline", "run", env=bound_env)
+    client = d1_binding.client()
+    client.delete(f"{CORPUS_PREFIX}/store.json")  # the corpus lost its state; D1 still serves the store
+
+    proc = contextful_in(project(tmp_path / "b"), "pipeline", "run", env=bound_env, check=False)
+    assert proc.returncode != 0 and "error: StorageCapabilityMissing" in proc.stderr
+    assert "the corpus state" in proc.stderr and "store.json" in proc.stderr
+    assert client.get(f"{CORPUS_PREFIX}/store.json") is None  # no new store minted over the lost one
+
+
+@pytest.fixture
+def bound_env(d1_binding: D1Binding) -> dict[str, str]:
+    return profile_env(d1_binding)

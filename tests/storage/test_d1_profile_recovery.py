@@ -143,3 +143,20 @@ def test_store_backup_captures_the_execution_database_r2_frontier_identity_and_s
     assert frontier[IDENTITY_KEY] == client.head(IDENTITY_KEY) and "corpus/store.json" in frontier
     parts = [k for k in frontier if k.startswith("corpus/tables/orders/parts/")]
     assert parts and all(frontier[k] == client.head(k) for k in parts)
+
+
+@pytest.mark.clause("run.journal.d1-backup")
+def test_a_writer_committing_during_the_capture_refuses_it(bound: D1Binding, tmp_path: Path) -> None:
+    from contextful.storage.d1.recovery import capture
+
+    with Store.open(tmp_path / "store") as store:
+        provision(store)
+        store.append("t", pa.table({"id": [1]}))
+        assert capture(store)["identity"]["store_uuid"] == store.uuid  # quiet writers: captured
+
+        def late_writer() -> None:
+            store.append("t", pa.table({"id": [2]}))
+
+        with pytest.raises(ExecutionRecoveryMismatch) as info:
+            capture(store, during=late_writer)
+        assert "a writer committed while the backup was captured" in info.value.reason
