@@ -2,7 +2,8 @@
 
 ``Store.open(root)`` binds an object root (a path or fsspec URL) to its catalog: the SQLite file
 ``<root>/catalog.sqlite`` for a local root under the ``local`` profile (the default), or the PostgreSQL
-catalog under ``CONTEXTFUL_STORAGE_PROFILE=postgres``. ``store.json`` at the root names the store's
+catalog under ``CONTEXTFUL_STORAGE_PROFILE=postgres``, or D1's under ``cloudflare-d1`` (the root
+then the working copy of the corpus in R2, ``storage.d1.profile``). ``store.json`` at the root names the store's
 uuid; a catalog bound to another store refuses to serve it.
 
 Layout under the root (docs/store.md)::
