@@ -2,7 +2,8 @@
 
 ``Store.open(root)`` binds an object root (a path or fsspec URL) to its catalog: the SQLite file
 ``<root>/catalog.sqlite`` for a local root under the ``local`` profile (the default), or the PostgreSQL
-catalog under ``CONTEXTFUL_STORAGE_PROFILE=postgres``. ``store.json`` at the root names the store's
+catalog under ``CONTEXTFUL_STORAGE_PROFILE=postgres``, or D1's under ``cloudflare-d1`` (the root
+then the working copy of the corpus in R2, ``storage.d1.profile``). ``store.json`` at the root names the store's
 uuid; a catalog bound to another store refuses to serve it.
 
 Layout under the root (docs/store.md)::
@@ -61,6 +62,7 @@ from contextful.storage.transaction import CommitResult
 
 if TYPE_CHECKING:
     import duckdb
+    from contextful.storage.d1.client import D1Binding
 else:
     duckdb = lazy_module("duckdb")
 
@@ -99,6 +101,8 @@ _CREATE_ATTEMPTS = 5
 class Store:
     container: ContainerBindings | None = None
     """The container profile's bindings when the store opened under it (``storage.container``)."""
+    d1: D1Binding | None = None
+    """The D1 profile's Worker binding when the store opened under it (``storage.d1.profile``)."""
     reach: Reach | None = None
     """The tables this handle may read and write when it opened under a credential (``storage.reach``;
     None: every table)."""
@@ -161,8 +165,7 @@ class Store:
             from contextful.storage.catalog.postgres import PostgresCatalog
             from contextful.storage.d1.catalog import D1Catalog
 
-            if self.container is not None:
-                admit(self)
+            self._admit()
             if isinstance(self.catalog, PostgresCatalog):
                 self._outbox = open_outbox_store("postgres", dsn=self.catalog.dsn, schema=self.catalog.schema)
             elif isinstance(self.catalog, D1Catalog):
@@ -183,8 +186,7 @@ class Store:
             from contextful.storage.catalog.sqlite import SqliteCatalog
             from contextful.storage.d1.catalog import D1Catalog
 
-            if self.container is not None:
-                admit(self)
+            self._admit()
             if isinstance(self.catalog, SqliteCatalog):
                 self._journal = open_journal_store("sqlite", path=self.catalog.path)
             elif isinstance(self.catalog, PostgresCatalog):
@@ -196,6 +198,15 @@ class Store:
             else:
                 raise ValueError(f"no journal store for a {type(self.catalog).__name__} catalog")
         return self._journal
+
+    def _admit(self) -> None:
+        """Admit an execution under the container or D1 profile (their recovery identity), or raise."""
+        if self.container is not None:
+            admit(self)
+        elif self.d1 is not None:
+            from contextful.storage.d1.recovery import admit as admit_d1
+
+            admit_d1(self)
 
     @property
     def awakeables(self) -> AwakeableStore:
@@ -217,13 +228,23 @@ class Store:
         ``create=False`` (a reader or maintainer) nothing is written: a root without ``store.json``,
         or a local profile without its catalog file, raises ``StoreNotFound`` naming it.
         """
-        objects = ObjectStore(str(root), storage_options, create=create)
         owned = catalog is None
+        # The D1 profile's Worker binding, or StorageCapabilityMissing before anything is made.
+        binding = None
+        if owned and storage_profile(profile) == "cloudflare-d1":
+            from contextful.storage.d1.profile import d1_binding
+
+            binding = d1_binding()
+        objects = ObjectStore(str(root), storage_options, create=create)
         container = None
         if owned and storage_profile(profile) == "postgres":
             container = container_bindings(objects.is_local, objects.url)
             if container.bucket is not None and objects.is_local:  # the root is the bucket's working copy
                 objects = corpus_objects(objects.root, container.bucket, create=create)
+        if binding is not None and objects.is_local:  # the root is the working copy of the corpus in R2
+            from contextful.storage.d1.profile import d1_corpus
+
+            objects = d1_corpus(objects.root, binding, create=create)
         if owned and storage_profile(profile) == "local":
             if catalog_path is None and not objects.is_local:
                 raise CatalogPathMissing(objects.url)
@@ -235,6 +256,10 @@ class Store:
         try:
             if container is not None:
                 require_corpus_state(objects.remote if isinstance(objects, CorpusMirror) else objects, catalog)
+            elif binding is not None and isinstance(objects, CorpusMirror):
+                from contextful.storage.d1.profile import require_d1_corpus_state
+
+                require_d1_corpus_state(objects, catalog)
             store_uuid, store_format = _store_doc(objects)
             catalog.bind_store(store_uuid, objects.url)
         except BaseException:
@@ -245,6 +270,7 @@ class Store:
         if store_format < 2:  # an older build reads this store: its manifests stay objects it can read
             store.inline_manifest_bytes = 0
         store.container = container
+        store.d1 = binding
         store.reach = reach
         return store
 

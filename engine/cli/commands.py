@@ -1,4 +1,4 @@
-"""``contextful store collect``, ``store compaction`` and ``store provision``, the shared ``_store``/``_json`` of the store commands, and ``register()``,
+"""``contextful store collect``, ``store compaction``, ``store provision`` and ``store backup``, the shared ``_store``/``_json`` of the store commands, and ``register()``,
 which adds every command group (``table``, ``sql``, ``run``, ``pipeline``, ... each in its own module)."""
 
 from __future__ import annotations
@@ -110,18 +110,51 @@ def store_compaction(ctx: click.Context, tables: tuple[str, ...], enabled: bool 
 @store_group.command("provision")
 @click.pass_context
 def store_provision(ctx: click.Context) -> None:
-    """Create the execution tables and record the project recovery identity (container profile)."""
+    """Create the execution tables and record the project recovery identity (container or D1 profile)."""
     from dataclasses import asdict
 
     from contextful.storage.container import provision
 
     with _store(ctx, create=True) as store:
-        identity = provision(store)
+        if store.d1 is not None:
+            from contextful.storage.d1.recovery import provision as provision_d1
+
+            d1_identity = provision_d1(store)
+            fields, bound = asdict(d1_identity), f"schema {d1_identity.schema!r}, R2 generation {d1_identity.generation}"
+        else:
+            identity = provision(store)
+            fields, bound = asdict(identity), f"schema {identity.schema}, corpus {identity.corpus}"
     if _json(ctx):
-        emit_json(asdict(identity))
+        emit_json(fields)
     else:
-        click.echo(f"recovery identity {identity.recovery_id}: store {identity.store_uuid}, schema {identity.schema}, "
-                   f"corpus {identity.corpus}")
+        click.echo(f"recovery identity {fields['recovery_id']}: store {fields['store_uuid']}, {bound}")
+
+
+@store_group.command("backup")
+@click.argument("destination", type=click.Path(dir_okay=False, writable=True))
+@click.pass_context
+def store_backup(ctx: click.Context, destination: str) -> None:
+    """Capture the D1 profile's execution database, R2 frontier, recovery identity and schema to DESTINATION."""
+    import json
+    import os
+
+    from contextful.storage.d1.recovery import capture
+
+    with _store(ctx) as store:
+        document = capture(store)
+    tmp = f"{destination}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(document, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, destination)
+    summary = {"destination": destination, "recovery_id": document["identity"]["recovery_id"],
+               "tables": len(document["database"]), "objects": len(document["r2_frontier"])}
+    if _json(ctx):
+        emit_json(summary)
+    else:
+        click.echo(f"backup of recovery identity {summary['recovery_id']}: {summary['tables']} tables, "
+                   f"{summary['objects']} R2 objects, to {destination}")
 
 
 def register(cli: click.Group) -> None:

@@ -21,9 +21,10 @@ from contextful.storage.errors import CatalogDsnMissing, StorageProfileUnknown
 from contextful.storage.follows import Follows
 from contextful.storage.supersede import Supersede
 
-PROFILES = ("local", "postgres")
+PROFILES = ("local", "postgres", "cloudflare-d1")
 """The storage profiles, by their ``CONTEXTFUL_STORAGE_PROFILE`` value: ``local`` (the default: a
-SQLite catalog file) and ``postgres`` (the container profile: the catalog in PostgreSQL)."""
+SQLite catalog file), ``postgres`` (the container profile: the catalog in PostgreSQL) and
+``cloudflare-d1`` (the D1 profile: the catalog in D1 through the Worker, ``storage.d1.profile``)."""
 LIBPQ_SERVER_VARIABLES = ("PGHOST", "PGHOSTADDR", "PGSERVICE")
 """libpq's variables naming a server: with one set, an empty DSN connects where it says."""
 
@@ -420,7 +421,9 @@ def open_catalog(profile: str | None = None, *, sqlite_path: str | None = None, 
 
     ``local`` opens the SQLite file ``sqlite_path``; ``postgres`` connects with ``dsn`` (default:
     ``CONTEXTFUL_POSTGRES_DSN``, else libpq's own ``PG*`` variables) inside the PostgreSQL schema
-    ``schema`` (default: ``CONTEXTFUL_POSTGRES_SCHEMA``, else ``contextful``).
+    ``schema`` (default: ``CONTEXTFUL_POSTGRES_SCHEMA``, else ``contextful``); ``cloudflare-d1``
+    binds the Worker ``CONTEXTFUL_D1_URL``/``CONTEXTFUL_D1_TOKEN`` name (``StorageCapabilityMissing``
+    naming each one unset).
     """
     profile = storage_profile(profile)
     if profile == "postgres" and dsn is None and not os.environ.get("CONTEXTFUL_POSTGRES_DSN") and not any(
@@ -439,4 +442,9 @@ def open_catalog(profile: str | None = None, *, sqlite_path: str | None = None, 
             dsn if dsn is not None else os.environ.get("CONTEXTFUL_POSTGRES_DSN", ""),
             schema or os.environ.get("CONTEXTFUL_POSTGRES_SCHEMA") or "contextful",
         )
+    if profile == "cloudflare-d1":
+        from contextful.storage.d1.catalog import D1Catalog
+        from contextful.storage.d1.profile import d1_binding
+
+        return D1Catalog(d1_binding().client())
     raise StorageProfileUnknown(profile, PROFILES)

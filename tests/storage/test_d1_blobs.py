@@ -2,8 +2,9 @@
 
 The content of a blob lives in R2 at ``blobs/<sha256>`` (in a deployment's own, empty namespace),
 its reference in D1's ``cf_blobs``; the object is written before its reference, so a reference
-never names an object that is not whole. (``run.journal.d1-blob`` also orders R2 deletion after the
-removal of every reference: the blob port has no deletion yet, so no test claims the clause.)
+never names an object that is not whole. ``run.journal.d1-blob`` as a whole (deletion after every
+reference, the digest verified on read, through a store opened under the profile) is claimed by
+``test_d1_profile_blobs``.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def test_the_postgres_profile_without_a_dsn_names_the_variable_it_needs(project:
 
 
 def test_messages_name_a_profile_by_its_value(project: Path) -> None:
-    assert PROFILES == ("local", "postgres")
+    assert PROFILES == ("local", "postgres", "cloudflare-d1")
     loaded = _contextful(project, "table", "load", "t", str(project / "a.ndjson"))
     assert loaded.returncode == 0, loaded.stderr
     proc = _contextful(project, "store", "provision")  # the container profile's verb, under the local one
@@ -50,4 +50,4 @@ def test_messages_name_a_profile_by_its_value(project: Path) -> None:
                            "(CONTEXTFUL_STORAGE_PROFILE=postgres)"), line
     unknown = _contextful(project, "table", "list", CONTEXTFUL_STORAGE_PROFILE="sqlite")
     assert unknown.returncode == EXIT_CODES["spec-invalid"]
-    assert "CONTEXTFUL_STORAGE_PROFILE='sqlite' is not one of local, postgres" in unknown.stderr
+    assert "CONTEXTFUL_STORAGE_PROFILE='sqlite' is not one of local, postgres, cloudflare-d1" in unknown.stderr
