@@ -160,8 +160,8 @@ def test_members_share_the_blocks_one_destination_and_headers(tmp_path: Path) ->
                                'destination = "http://127.0.0.1:9/${secret:BI_TOKEN}"\n')
     code, errors = _validate(tmp_path, bare + ALL_MEMBERS)
     assert code != 0
-    assert errors == ["error: ManifestValueInvalid: [[publication]] 'bi'.destination: secret references are read "
-                      "in headers only (a URL and its query are recorded in plans and journals)"]
+    assert errors == [("error: ManifestValueInvalid: [[publication]] 'bi'.destination: secret references are read "
+                      "in headers only (a URL and its query are recorded in plans and journals)")]
     missing = PUBLICATION.replace('destination = "http://127.0.0.1:9/groups"\n', "")
     code, errors = _validate(tmp_path, missing + ALL_MEMBERS)
     assert code != 0 and len(errors) == 1 and "[[publication]] 'bi'.destination: is required" in errors[0], errors
@@ -171,5 +171,5 @@ def test_members_share_the_blocks_one_destination_and_headers(tmp_path: Path) ->
 def test_publication_names_are_unique(tmp_path: Path) -> None:
     code, errors = _validate(tmp_path, PUBLICATION + ALL_MEMBERS + PUBLICATION + ALL_MEMBERS)
     assert code != 0
-    assert errors == ["error: ManifestValueInvalid: [[publication]] 'bi'.name: is declared by another "
-                      "[[publication]]"]
+    assert errors == [("error: ManifestValueInvalid: [[publication]] 'bi'.name: is declared by another "
+                      "[[publication]]")]
