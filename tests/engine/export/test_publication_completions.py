@@ -1,0 +1,191 @@
+"""Producer completions (``run.export.group-source``): a successful store-driven job or materialized
+model build, fired as a user fires it (``contextful job fire``, a child process over a real project
+and SQLite store), records ONE immutable completion binding its run id (the fire's execution),
+its pinned input frontier and every output's frontier, an empty output included. Each frontier is
+checked against an independent oracle: the store's heads read through ``Store.pin`` after the fire."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from contextful.engine.export.publications import Completion, open_completions
+from contextful.engine.project import open_store
+
+from tests.support.cli import contextful_in
+
+MANIFEST = """\
+[project]
+name = "pubs"
+modules = ["shop.bodies"]
+
+[[pipeline]]
+id = "orders"
+primary_key = ["id"]
+[pipeline.source]
+kind = "files"
+[pipeline.source.config]
+paths = ["orders/*.ndjson"]
+
+[[model]]
+name = "daily"
+sql = "SELECT count(*) AS n FROM orders"
+
+[[model]]
+name = "weekly"
+sql = "SELECT sum(amount) AS total FROM orders"
+
+[[job]]
+name = "build_reports"
+kind = "build"
+target = ["daily", "weekly"]
+
+[[job]]
+name = "enrich"
+kind = "store-driven"
+body = "enrich"
+statement = "SELECT id, amount FROM orders"
+tables = ["enriched", "rejected"]
+max_in_flight = 2
+"""
+
+BODIES = '''\
+from contextful.engine.run.bodies import register_body
+
+
+def enrich(row):
+    # every order is enriched; none is rejected: "rejected" is an empty output
+    return {"enriched": [{"id": row["id"], "double": row["amount"] * 2}]}
+
+
+register_body("enrich", enrich)
+'''
+
+
+class Project:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.catalog = root / ".contextful" / "store" / "catalog.sqlite"
+        """The store's catalog database: the completions' table sits beside its other cf_ tables."""
+        (root / "orders").mkdir(parents=True)
+        (root / "shop").mkdir()
+        (root / "shop" / "__init__.py").write_text("")
+        (root / "shop" / "bodies.py").write_text(BODIES)
+        (root / "contextful.toml").write_text(MANIFEST)
+
+    def cli(self, *args: str, check: bool = True) -> Any:
+        return contextful_in(self.root, *args, check=check)
+
+    def land(self, name: str, ids: list[int]) -> None:
+        (self.root / "orders" / f"{name}.ndjson").write_text(
+            "".join(json.dumps({"id": i, "amount": i * 10}) + "\n" for i in ids))
+        self.cli("pipeline", "run", "orders")
+
+    def fire(self, job: str) -> dict[str, Any]:
+        fired: dict[str, Any] = json.loads(self.cli("--json", "job", "fire", job).stdout)
+        return fired
+
+    def heads(self, names: list[str]) -> dict[str, int]:
+        store = open_store(self.root)
+        try:
+            return {name: seq for name, (_table, seq) in store.pin(names).items()}
+        finally:
+            store.close()
+
+    def completions(self) -> list[dict[str, Any]]:
+        """Every recorded completion, read from the catalog database directly (the oracle of what persists)."""
+        with sqlite3.connect(self.catalog) as conn:
+            if conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'cf_publication_completions'").fetchone() \
+                    == (0,):
+                return []
+            return [json.loads(body) for (body,) in conn.execute(
+                "SELECT body FROM cf_publication_completions ORDER BY recorded_us, rowid")]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Project:
+    found = Project(tmp_path / "p")
+    found.cli("pipeline", "import")
+    found.land("a", [1, 2, 3])
+    return found
+
+
+@pytest.mark.clause("run.export.group-source")
+def test_a_store_driven_fire_records_one_completion_with_every_output_frontier(project: Project) -> None:
+    orders_at_fire = project.heads(["orders"])["orders"]
+    fired = project.fire("enrich")
+    assert fired["status"] == "ok", fired
+    project.land("b", [4])  # a later input commit: not in the completed run's frontier
+    heads = project.heads(["enriched", "orders"])
+    assert heads["orders"] > orders_at_fire
+    [completion] = project.completions()
+    assert completion["producer"] == "enrich" and completion["kind"] == "store-driven"
+    assert completion["run_id"] == fired["execution"]
+    assert completion["input_frontier"]["as_of_us"] > 0
+    assert completion["input_frontier"]["tables"] == {"orders": orders_at_fire}
+    # every output, the empty one included (no item wrote "rejected": no commit)
+    assert completion["outputs"] == [{"table": "enriched", "commit_seq": heads["enriched"]},
+                                     {"table": "rejected", "commit_seq": None}]
+    store = open_store(project.root)
+    try:
+        completions = open_completions(store)
+        assert completions is not None
+        assert completions.latest("enrich") == Completion.from_json(completion)
+        assert completions.of_run(fired["execution"]) == Completion.from_json(completion)
+    finally:
+        store.close()
+
+
+@pytest.mark.clause("run.export.group-source")
+def test_a_materialized_build_records_its_models_build_ids_and_watermarks(project: Project) -> None:
+    fired = project.fire("build_reports")
+    assert fired["status"] == "ok", fired
+    heads = project.heads(["daily", "weekly", "orders"])
+    [completion] = project.completions()
+    assert (completion["producer"], completion["kind"], completion["run_id"]) == ("build_reports", "build",
+                                                                                  fired["execution"])
+    assert completion["outputs"] == [{"table": "daily", "commit_seq": heads["daily"]},
+                                     {"table": "weekly", "commit_seq": heads["weekly"]}]
+    assert completion["input_frontier"] == {"watermarks": {"daily": {"orders": heads["orders"]},
+                                                           "weekly": {"orders": heads["orders"]}}}
+    # a fire that materializes nothing (every model current) records nothing
+    again = project.fire("build_reports")
+    assert again["status"] == "ok" and "nothing to build" in again["summary"], again
+    assert len(project.completions()) == 1
+
+
+@pytest.mark.clause("run.export.group-source")
+def test_a_completion_is_one_immutable_record(project: Project) -> None:
+    fired = project.fire("enrich")
+    [completion] = project.completions()
+    store = open_store(project.root)
+    try:
+        completions = open_completions(store)
+        assert completions is not None
+        forged = Completion.from_json(completion | {"outputs": [{"table": "enriched", "commit_seq": 999}]})
+        kept = completions.record(forged)  # the same run recorded again keeps its first record
+        assert kept == Completion.from_json(completion)
+    finally:
+        store.close()
+    with sqlite3.connect(project.catalog) as conn:
+        for statement in ("UPDATE cf_publication_completions SET body = '{}'",
+                          "DELETE FROM cf_publication_completions"):
+            with pytest.raises(sqlite3.IntegrityError, match="a producer completion is immutable"):
+                conn.execute(statement)
+    assert project.completions() == [completion]
+    assert completion["run_id"] == fired["execution"]
+
+
+@pytest.mark.clause("run.export.group-source")
+def test_a_failed_fire_records_no_completion(project: Project) -> None:
+    """One item failing for good fails the fire: it completed nothing, and records nothing."""
+    failing = BODIES.replace("def enrich(row):\n", "def enrich(row):\n    if row[\"id\"] == 2:\n        raise ValueError(\"no\")\n")
+    (project.root / "shop" / "bodies.py").write_text(failing)
+    failed = project.cli("--json", "job", "fire", "enrich", check=False)
+    assert failed.returncode != 0
+    outcome = json.loads(failed.stdout)
+    assert outcome["status"] == "failed" and outcome["detail"]["completed"] == 2, outcome
+    assert project.completions() == []
