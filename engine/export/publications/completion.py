@@ -46,21 +46,21 @@ def record_completion(store: Store, job: JobSpec, run_id: str, outcome: JobOutco
     return completions.record(Completion(job.name, job.kind, run_id, frontier, outputs, store.clock.now_us()))
 
 
-def _heads(store: Store, names: tuple[str, ...], as_of: datetime | None = None) -> dict[str, int | None]:
-    """Each of ``names`` at its head (or at ``as_of``), all pinned at one point; None: no commit."""
-    known = set(store.table_names())
-    present = [n for n in names if n in known]
-    pinned, _unborn = store.pin_with_unborn(present, as_of) if present else ({}, {})
-    return {name: pinned[name][1] if name in pinned else None for name in names}
+def _heads(store: Store, names: tuple[str, ...], as_of_us: int | None = None) -> dict[str, int | None]:
+    """Each of ``names`` at its head (or at ``as_of_us``), all pinned at one point in one catalog
+    statement; None: no commit. Read from the catalog itself, not through the fire's reach: the
+    record is the engine's bookkeeping, never a read of rows."""
+    pinned = store.catalog.pin_heads(list(names), as_of_us) if names else {}
+    return {name: pinned[name].commit_seq if name in pinned else None for name in names}
 
 
 def _store_driven(store: Store, job: JobSpec, outcome: JobOutcome) -> tuple[dict[str, Any], tuple[OutputFrontier, ...]]:
     from contextful.engine.jobs.pinned import statement_relations
     from contextful.storage.clock import to_us
 
-    as_of = datetime.fromisoformat(outcome.detail["as_of"])
+    as_of_us = to_us(datetime.fromisoformat(outcome.detail["as_of"]))
     relations = tuple(r for r in dict.fromkeys(statement_relations(job)) if r not in job.tables)
-    frontier = {"as_of_us": to_us(as_of), "tables": _heads(store, relations, as_of)}
+    frontier = {"as_of_us": as_of_us, "tables": _heads(store, relations, as_of_us)}
     heads = _heads(store, job.tables)
     return frontier, tuple(OutputFrontier(t, heads[t]) for t in job.tables)
 

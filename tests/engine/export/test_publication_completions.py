@@ -9,100 +9,12 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 from contextful.engine.export.publications import Completion, open_completions
 from contextful.engine.project import open_store
 
-from tests.support.cli import contextful_in
-
-MANIFEST = """\
-[project]
-name = "pubs"
-modules = ["shop.bodies"]
-
-[[pipeline]]
-id = "orders"
-primary_key = ["id"]
-[pipeline.source]
-kind = "files"
-[pipeline.source.config]
-paths = ["orders/*.ndjson"]
-
-[[model]]
-name = "daily"
-sql = "SELECT count(*) AS n FROM orders"
-
-[[model]]
-name = "weekly"
-sql = "SELECT sum(amount) AS total FROM orders"
-
-[[job]]
-name = "build_reports"
-kind = "build"
-target = ["daily", "weekly"]
-
-[[job]]
-name = "enrich"
-kind = "store-driven"
-body = "enrich"
-statement = "SELECT id, amount FROM orders"
-tables = ["enriched", "rejected"]
-max_in_flight = 2
-"""
-
-BODIES = '''\
-from contextful.engine.run.bodies import register_body
-
-
-def enrich(row):
-    # every order is enriched; none is rejected: "rejected" is an empty output
-    return {"enriched": [{"id": row["id"], "double": row["amount"] * 2}]}
-
-
-register_body("enrich", enrich)
-'''
-
-
-class Project:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.catalog = root / ".contextful" / "store" / "catalog.sqlite"
-        """The store's catalog database: the completions' table sits beside its other cf_ tables."""
-        (root / "orders").mkdir(parents=True)
-        (root / "shop").mkdir()
-        (root / "shop" / "__init__.py").write_text("")
-        (root / "shop" / "bodies.py").write_text(BODIES)
-        (root / "contextful.toml").write_text(MANIFEST)
-
-    def cli(self, *args: str, check: bool = True) -> Any:
-        return contextful_in(self.root, *args, check=check)
-
-    def land(self, name: str, ids: list[int]) -> None:
-        (self.root / "orders" / f"{name}.ndjson").write_text(
-            "".join(json.dumps({"id": i, "amount": i * 10}) + "\n" for i in ids))
-        self.cli("pipeline", "run", "orders")
-
-    def fire(self, job: str) -> dict[str, Any]:
-        fired: dict[str, Any] = json.loads(self.cli("--json", "job", "fire", job).stdout)
-        return fired
-
-    def heads(self, names: list[str]) -> dict[str, int]:
-        store = open_store(self.root)
-        try:
-            return {name: seq for name, (_table, seq) in store.pin(names).items()}
-        finally:
-            store.close()
-
-    def completions(self) -> list[dict[str, Any]]:
-        """Every recorded completion, read from the catalog database directly (the oracle of what persists)."""
-        with sqlite3.connect(self.catalog) as conn:
-            if conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'cf_publication_completions'").fetchone() \
-                    == (0,):
-                return []
-            return [json.loads(body) for (body,) in conn.execute(
-                "SELECT body FROM cf_publication_completions ORDER BY recorded_us, rowid")]
+from tests.engine.export.publication_project import BODIES, Project
 
 
 @pytest.fixture
