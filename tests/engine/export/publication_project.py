@@ -53,12 +53,14 @@ tables = ["enriched", "rejected"]
 max_in_flight = 2
 """
 
-PUBLICATION = """
+PUBLICATION_HEAD = """
 [[publication]]
 name = "bi"
 destination = "{destination}"
 headers = {{ Authorization = "Bearer ${{secret:BI_TOKEN}}" }}
+"""
 
+MEMBERS = """
 [[publication.member]]
 type = "table"
 producer = "enrich"
@@ -79,6 +81,9 @@ type = "model"
 producer = "build_reports"
 name = "weekly"
 """
+
+PUBLICATION = PUBLICATION_HEAD + MEMBERS.replace("{", "{{").replace("}", "}}")
+"""The ``[[publication]] bi`` block, ``{destination}`` left to format."""
 
 BODIES = '''\
 from contextful.engine.run.bodies import register_body

@@ -9,43 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.export.publication_project import BODIES, MANIFEST, MEMBERS, PUBLICATION_HEAD
 from tests.support.cli import contextful_in
 
-HEAD = """\
-[project]
-name = "pubs"
-modules = ["shop.bodies"]
-
-[[pipeline]]
-id = "orders"
-schedule = "every 10m"
-[pipeline.source]
-kind = "files"
-[pipeline.source.config]
-paths = ["raw/*.ndjson"]
-
-[[model]]
-name = "daily"
-sql = "SELECT count(*) AS n FROM orders"
-
-[[model]]
-name = "weekly"
-sql = "SELECT count(*) AS n FROM orders"
-
-[[job]]
-name = "build_reports"
-kind = "build"
-after = "orders"
-target = ["daily", "weekly"]
-
-[[job]]
-name = "enrich"
-kind = "store-driven"
-body = "enrich"
-statement = "SELECT * FROM orders"
-tables = ["enriched", "rejected"]
-max_in_flight = 2
-
+HEAD = MANIFEST + """
 [[job]]
 name = "nightly_fold"
 kind = "fold"
@@ -53,50 +20,13 @@ schedule = "0 3 * * *"
 target = "orders"
 """
 
-BODIES = '''\
-from contextful.engine.run.bodies import register_body
-
-
-def enrich(item):
-    return item
-
-
-register_body("enrich", enrich)
-'''
-
-PUBLICATION = """
-[[publication]]
-name = "bi"
-destination = "http://127.0.0.1:9/groups"
-headers = { Authorization = "Bearer ${secret:BI_TOKEN}" }
-"""
-
-ALL_MEMBERS = """
-[[publication.member]]
-type = "table"
-producer = "enrich"
-name = "enriched"
-
-[[publication.member]]
-type = "table"
-producer = "enrich"
-name = "rejected"
-
-[[publication.member]]
-type = "model"
-producer = "build_reports"
-name = "daily"
-
-[[publication.member]]
-type = "model"
-producer = "build_reports"
-name = "weekly"
-"""
+PUBLICATION = PUBLICATION_HEAD.format(destination="http://127.0.0.1:9/groups")
+ALL_MEMBERS = MEMBERS
 
 
 def _validate(tmp_path: Path, publications: str) -> tuple[int, list[str]]:
     """``pipeline validate`` of the project with ``publications``: its exit code and error lines."""
-    (tmp_path / "raw").mkdir(exist_ok=True)
+    (tmp_path / "orders").mkdir(exist_ok=True)
     (tmp_path / "shop").mkdir(exist_ok=True)
     (tmp_path / "shop" / "__init__.py").write_text("")
     (tmp_path / "shop" / "bodies.py").write_text(BODIES)
