@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from contextful.engine.export.receiver import rows
 
-from tests.engine.export.publication_project import TOKEN, Project, ReceiverProcess
+from tests.engine.export.publication_project import MANIFEST, PUBLICATION, TOKEN, Project, ReceiverProcess
 
 
 def _digest(doc: Any) -> str:
@@ -257,3 +257,24 @@ def test_under_postgres_export_group_refuses_before_anything(tmp_path: Path, rec
     # nothing read, staged or delivered: no store was even opened, the receiver heard nothing
     assert not (project.root / ".contextful" / "store").exists()
     assert gate.seen == [] and receiver.events() == []
+
+
+def test_an_incomplete_producer_frontier_or_membership_drift_refuses_before_delivery(
+        tmp_path: Path, receiver: ReceiverProcess, gate: Gate) -> None:
+    """Part of ``run.export.group-incompatible`` (not claimed: checkpoints are not built yet)."""
+    project = Project(tmp_path / "p", gate.url)
+    project.cli("pipeline", "import")
+    project.land("a", [1])
+    project.fire("enrich")
+    refused = export_group(project, check=False)
+    assert refused.returncode != 0 and "error: PublicationIncompatible: publication 'bi': incomplete producer " \
+        "frontier: 'build_reports' has no completed run" in refused.stderr, refused.stderr
+    project.fire("build_reports")
+    # the declaration drops "rejected" from the job and the publication; the completion still holds it
+    project.write(gate.url, MANIFEST.replace('tables = ["enriched", "rejected"]', 'tables = ["enriched"]'),
+                  PUBLICATION.replace('\n[[publication.member]]\ntype = "table"\nproducer = "enrich"\n'
+                                      'name = "rejected"\n', ""))
+    drifted = export_group(project, check=False)
+    assert drifted.returncode != 0 and "membership drift: 'enrich' completed outputs enriched, rejected, the " \
+        "publication declares enriched" in drifted.stderr, drifted.stderr
+    assert outbox(project) == [] and gate.seen == [] and receiver.events() == []
