@@ -1,4 +1,5 @@
-"""``contextful export run|status``: the manifest's Iceberg exports from the terminal (docs/exports.md)."""
+"""``contextful export run|status|group``: the manifest's Iceberg exports and coordinated publications from
+the terminal (docs/exports.md)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,29 @@ def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
                 f"{', '.join(r.kept_optional)}") if r.kept_optional else ""
         click.echo(f"{r.export}: {r.operation} snapshot {r.snapshot_id} of {r.identifier}, {r.rows:,} rows in "
                    f"{r.files} file(s) from {what}{expired}{kept}")
+
+
+@export.command("group")
+@click.argument("name")
+@click.pass_context
+def export_group_command(ctx: click.Context, name: str) -> None:
+    """Stage (or resume) publication NAME's next group and deliver it to its receiver."""
+    from contextful.engine.cli.pipeline import _manifest, _store
+    from contextful.engine.export.publications.sender import check_profile, export_group, publication
+
+    manifest = _manifest(ctx)
+    publication(manifest, name)
+    check_profile(name)  # run.export.group-storage: before the store opens, nothing read, staged or delivered
+    with _store(ctx, manifest) as store:
+        done = export_group(store, manifest, name)
+    if ctx.obj["json"]:
+        emit_json(done.to_json())
+    elif done.group_id is None:
+        click.echo(f"{name}: nothing new to publish; the receiver holds the producers' completed frontier")
+    else:
+        how = "resumed" if done.resumed else "staged"
+        click.echo(f"{name}: {how} group {done.order} ({done.group_id[:12]}), delivered {done.delivered} of "
+                   f"{done.events} event(s); the receiver activated it")
 
 
 @export.command("status")

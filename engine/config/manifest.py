@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from contextful.engine.config.applied import AppliedSnapshot
     from contextful.engine.config.delegates import DelegateBinding
     from contextful.engine.config.jobs import JobSpec
+    from contextful.engine.config.publications import PublicationSpec
     from contextful.engine.config.sync import SyncSpec
     from contextful.engine.export.spec import ExportSpec
     from contextful.engine.land.seed import SeedSpec
@@ -153,6 +154,8 @@ class Manifest:
     sync: SyncSpec | None = None
     """The ``[sync]`` block (``engine.config.sync``; docs/control.md "Synced control"); None: the project
     does not sync its control."""
+    publications: tuple[PublicationSpec, ...] = ()
+    """The ``[[publication]]`` blocks (``engine.config.publications``; docs/exports.md "Coordinated publications")."""
 
     def export(self, name: str) -> ExportSpec:
         for spec in self.exports:

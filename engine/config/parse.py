@@ -45,7 +45,8 @@ from contextful.storage.errors import (
     TableNameCollision,
 )
 
-TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external", "job", "residency", "sync")
+TOP_KEYS = ("project", "pipeline", "model", "export", "control", "external", "job", "residency", "sync",
+            "publication")
 PIPELINE_KEYS = ("id", "source", "table", "normalize", "incremental", "primary_key", "order_by", "types",
                  "write_disposition", "schedule", "after", "priority", "seed", "transform")
 EXTERNAL_KEYS = ("id", "table", "description")
@@ -169,6 +170,11 @@ def read_declarations(doc: dict[str, Any], root: Path, *,
     jobs, found = parse_jobs(doc.get("job", []))
     for problem in found:
         problems.add(problem)
+    from contextful.engine.config.publications import parse_publications, publication_problems
+
+    publications, found = parse_publications(doc.get("publication", []))
+    for problem in found:
+        problems.add(problem)
     plan = None
     if not problems.found:  # the build-time compiler: every declaration validated becomes a plan node
         from contextful.engine.run.plan import compile_plan
@@ -176,8 +182,8 @@ def read_declarations(doc: dict[str, Any], root: Path, *,
         plan = compile_plan(pipelines, models, exports, doc, problems.add)
     manifest = Manifest(root, project, tuple(pipelines), tuple(models), tuple(exports), plan=plan, control=control,
                         externals=tuple(externals), jobs=tuple(jobs), applied=applied, residency=residency,
-                        sync=sync)
-    for problem in job_problems(manifest, jobs):
+                        sync=sync, publications=tuple(publications))
+    for problem in job_problems(manifest, jobs) + publication_problems(manifest, publications):
         problems.add(problem)
     if problems.found:
         manifest = dataclasses.replace(manifest, plan=None)  # a manifest with problems never runs

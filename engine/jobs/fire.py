@@ -171,6 +171,10 @@ def fire_in(store: Store, manifest: Manifest, version: int, job: JobSpec, *, run
             return Fired(job.name, version, execution.execution_id, started, ended, "parked", outcome, force, 0)
         execution.release()  # the next fire resumes it; the outcome is that fire's to record
         return Fired(job.name, version, execution.execution_id, started, None, "pending", outcome, force, code or 1)
+    if outcome.ok:  # run.export.group-source: a producer's completion, recorded before its execution closes
+        from contextful.engine.export.publications.completion import record_completion
+
+        record_completion(store, job, execution.execution_id, outcome)
     ended = clock.now_us()
     execution.step(OUTCOME_STEP, lambda: outcome.to_json() | {"ended_us": ended, "exit_code": code})
     status = "ok" if outcome.ok else ("canceled" if code == 10 else "failed")
