@@ -8,7 +8,13 @@ evidence class), through :class:`~contextful.storage.d1.guards.CallbackGuards` o
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+from contextful.engine.run.execution import open_execution
+from contextful.engine.run.keeper import Keeper
+from contextful.storage.clock import SystemClock
 from contextful.storage.d1.client import D1Binding
 from contextful.storage.d1.guards import (
     RECEIPT_REQUIRED,
@@ -19,6 +25,7 @@ from contextful.storage.d1.guards import (
 )
 from contextful.storage.d1.journal import D1JournalStore
 from contextful.storage.errors import CallbackGuardHeld
+from contextful.storage.holders import holder_is_dead
 from contextful.storage.journal import OwnerRow, StepRow
 
 pytestmark = pytest.mark.d1
@@ -172,3 +179,48 @@ def test_the_evidence_class_follows_the_window_then_the_callback_kind(journal: D
     journal.guards.release(effect)
     windowless = CallbackGuards(journal.client).acquire(own, [], CallbackIdentity("row/k9", "k9"), T0)
     assert windowless is not None and windowless.evidence_class(T0) == UNKNOWN
+
+
+_CHILD = """
+import sys
+from contextful.engine.run.execution import open_execution
+from contextful.storage.d1.client import D1Binding
+from contextful.storage.d1.journal import D1JournalStore
+
+journal = D1JournalStore(D1Binding(*sys.argv[1:4]).client())
+execution = open_execution(journal, "job", sys.argv[4], lease_s=30)
+with execution.admit(fences=["entity:e1"], deadline_s=5):
+    print(execution.execution_id, flush=True)
+    sys.stdin.read()  # the callback: the parent kills this process inside it
+"""
+
+
+@pytest.mark.clause("run.journal.d1-guard")
+def test_a_committed_guard_outlives_its_holders_crash_inside_an_admitted_callback(
+        journal: D1JournalStore, d1_binding: D1Binding) -> None:
+    fence = journal.claim("entity:e1", PLAN, "fence-holder", SystemClock().now_us(), 600 * S)  # the child's clock
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, d1_binding.url, d1_binding.token, d1_binding.namespace,
+                              PLAN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        execution_id = child.stdout.readline().strip()  # type: ignore[union-attr]  # blocks until admitted
+        assert execution_id, "the child was not admitted"
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    (guard,) = journal.guards.guards()
+    assert guard.execution_id == execution_id and guard.scopes == ("job", "entity:e1")
+    assert holder_is_dead(guard.holder)
+    owner = journal.owner("job")
+    assert owner is not None and owner.holder == guard.holder
+    # the holder is provably dead and, later, its lease has lapsed: still no transfer of any guarded row
+    with pytest.raises(CallbackGuardHeld) as refused:
+        open_execution(journal, "job", PLAN, take_over_dead=True, keeper=Keeper(start=False))
+    assert refused.value.token == guard.token
+    with pytest.raises(CallbackGuardHeld):
+        journal.claim("job", PLAN, "h2", owner.lease_expires_us + LEASE, LEASE)
+    with pytest.raises(CallbackGuardHeld):
+        journal.retire(fence.execution_id, fence.lease_expires_us + LEASE)
+    # the admission declared no deduplication window, so no replay either: only an operator releases it
+    with pytest.raises(CallbackGuardHeld, match="declares no deduplication window"):
+        journal.guards.replay(guard.token, "h2", owner.lease_expires_us + LEASE, LEASE, holder_gone=holder_is_dead)
+    assert journal.guards.guards() == [guard] and journal.owner("job") == owner
