@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from contextful.storage.d1.client import D1Client, Statement
-from contextful.storage.errors import CallbackGuardHeld, ExecutionNotFound
+from contextful.storage.errors import ArgumentInvalid, CallbackGuardHeld, NotFound
 from contextful.storage.journal import PENDING, OwnerRow
 
 REPLAY_SAFE = "replay-safe"
@@ -183,7 +183,7 @@ class CallbackGuards:
         Otherwise CallbackGuardHeld naming why, nothing changed."""
         found = self.guard(token)
         if found is None:
-            raise ExecutionNotFound(token, "no callback guard has that token")
+            raise _no_guard(token)
         rows = self.client.query("SELECT scope, execution_id, plan_ref, status, holder, lease_expires_us, opened_us,"
                                  " closed_us, cursor, attempts, replay_from, pins, cancel_requested_us, held_since_us"
                                  " FROM cf_journal_owners WHERE scope = ?", (found.owner_scope,))
@@ -197,8 +197,8 @@ class CallbackGuards:
 
         take, release = self.client.batch([
             swap_statement(row, owner, ("EXISTS (SELECT 1 FROM cf_callback_guards WHERE token = ?)", (token,))),
-            ("DELETE FROM cf_callback_guards WHERE token = ? AND EXISTS (SELECT 1 FROM cf_journal_owners"
-             " WHERE scope = ? AND execution_id = ? AND holder = ? AND attempts = ?)",
+            (("DELETE FROM cf_callback_guards WHERE token = ? AND EXISTS (SELECT 1 FROM cf_journal_owners"
+             " WHERE scope = ? AND execution_id = ? AND holder = ? AND attempts = ?)"),
              (token, owner.scope, owner.execution_id, holder, owner.attempts))])
         if take.changes != 1 or release.changes != 1:
             raise CallbackGuardHeld(found.owner_scope, token, "its owner row or the guard moved since read: "
@@ -208,24 +208,30 @@ class CallbackGuards:
     def reconcile(self, token: str, evidence: str, operator: str, now_us: int) -> Guard:
         """``run.callback-guard.manual``: delete guard ``token`` and append the audit row naming
         token, evidence and operator, in one batch; the guard as it was."""
-        if not evidence.strip() or not operator.strip():
-            raise ValueError("reconcile-guard needs non-empty --evidence and --operator")
+        for option, value in (("--evidence", evidence), ("--operator", operator)):
+            if not value.strip():
+                raise ArgumentInvalid(option, value, "the audit row names it: give a non-empty value")
         found = self.guard(token)
         if found is None:
-            raise ExecutionNotFound(token, "no callback guard has that token")
+            raise _no_guard(token)
         audit, deleted = self.client.batch([
-            ("INSERT INTO cf_guard_audit (token, evidence, operator, reconciled_us, guard)"
-             " SELECT token, ?, ?, ?, ? FROM cf_callback_guards WHERE token = ?",
+            (("INSERT INTO cf_guard_audit (token, evidence, operator, reconciled_us, guard)"
+             " SELECT token, ?, ?, ?, ? FROM cf_callback_guards WHERE token = ?"),
              (evidence, operator, now_us, found.as_json(), token)),
             ("DELETE FROM cf_callback_guards WHERE token = ?", (token,))])
         if audit.changes != 1 or deleted.changes != 1:
-            raise ExecutionNotFound(token, "the callback guard was released meanwhile")
+            raise _no_guard(token)
         return found
 
     def audit(self) -> list[tuple[str, str, str, int]]:
         """Every manual reconciliation: (token, evidence, operator, when)."""
         return [(str(t), str(e), str(o), int(w)) for t, e, o, w in self.client.query(
             "SELECT token, evidence, operator, reconciled_us FROM cf_guard_audit ORDER BY rowid")]
+
+
+def _no_guard(token: str) -> NotFound:
+    return NotFound(f"no callback guard {token!r} on this D1 binding (released, replayed or reconciled)",
+                    token=token)
 
 
 def _replay_refusal(guard: Guard, row: OwnerRow | None, now_us: int, holder_gone: Callable[[str], bool]) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from contextful.engine.run.execution import open_execution
@@ -27,6 +28,8 @@ from contextful.storage.d1.journal import D1JournalStore
 from contextful.storage.errors import CallbackGuardHeld
 from contextful.storage.holders import holder_is_dead
 from contextful.storage.journal import OwnerRow, StepRow
+
+from tests.support.cli import contextful_in
 
 pytestmark = pytest.mark.d1
 
@@ -57,9 +60,8 @@ def test_acquire_binds_every_row_exactly_as_read_and_a_guarded_row_admits_no_sec
     with pytest.raises(CallbackGuardHeld) as refused:
         guards.acquire(fence, [], CallbackIdentity("row/k2/delegate/1", "job:exec:k2"), T0)
     assert (refused.value.scope, refused.value.token) == ("entity:e1", guard.token)
-    with pytest.raises(CallbackGuardHeld):
-        with journal.hold_owners(own.execution_id, ["job"]):
-            pytest.fail("a second callback was admitted over guarded rows")
+    with pytest.raises(CallbackGuardHeld), journal.hold_owners(own.execution_id, ["job"]):
+        pytest.fail("a second callback was admitted over guarded rows")
     assert [g.token for g in guards.guards()] == [guard.token]
     guards.release(guard)
     # a row as read that is no longer the owner's (another attempt, another lease) binds nothing
@@ -82,14 +84,16 @@ def test_a_guard_records_its_callbacks_identity_and_window_or_none(journal: D1Jo
             stored.admitted_us, stored.dedup_window_secs) == (
         own.execution_id, own.attempts, "h1", "row/k1/delegate/1", "job:exec:k1", T0 + 5, 60)
     assert guards.release(stored)
-    windowless = guards.acquire(own, [], CallbackIdentity("row/k2/delegate/1", "job:exec:k2"), T0)
-    assert windowless is not None
-    assert guards.guard(windowless.token).dedup_window_secs is None  # type: ignore[union-attr]
+    with journal.hold_owners(own.execution_id, callback=CallbackIdentity("row/k2/delegate/1", "job:exec:k2")):
+        (windowless,) = guards.guards()
+        assert (windowless.execution_id, windowless.attempt, windowless.holder, windowless.journal_entry,
+                windowless.idempotency_key, windowless.dedup_window_secs) == (
+            own.execution_id, own.attempts, "h1", "row/k2/delegate/1", "job:exec:k2", None)
 
 
 @pytest.mark.clause("run.callback-guard.scope", "run.journal.d1-guard")
 def test_a_guard_blocks_transfer_of_its_rows_only(journal: D1JournalStore) -> None:
-    own, parent, fence, other = _claims(journal, "job/item", "job", "entity:e1", "other-job")
+    own, _parent, fence, other = _claims(journal, "job/item", "job", "entity:e1", "other-job")
     with journal.hold_owners(own.execution_id, ["job", "entity:e1"]) as held:
         assert held.own == own
         (guard,) = journal.guards.guards()
@@ -131,9 +135,8 @@ def test_the_holder_deletes_its_guard_when_the_callback_returns_before_journalin
         assert watched.guards.guards() == []
     assert seen == [(0, 0)]
     # a callback that raises still releases its guard on the way out
-    with pytest.raises(RuntimeError):
-        with watched.hold_owners(own.execution_id):
-            raise RuntimeError("the callback failed")
+    with pytest.raises(RuntimeError), watched.hold_owners(own.execution_id):
+        raise RuntimeError("the callback failed")
     assert watched.guards.guards() == []
 
 
@@ -224,3 +227,37 @@ def test_a_committed_guard_outlives_its_holders_crash_inside_an_admitted_callbac
     with pytest.raises(CallbackGuardHeld, match="declares no deduplication window"):
         journal.guards.replay(guard.token, "h2", owner.lease_expires_us + LEASE, LEASE, holder_gone=holder_is_dead)
     assert journal.guards.guards() == [guard] and journal.owner("job") == owner
+
+
+@pytest.mark.clause("run.callback-guard.manual")
+def test_reconcile_guard_deletes_the_guard_and_audits_token_evidence_and_operator(
+        journal: D1JournalStore, d1_binding: D1Binding, tmp_path: Path) -> None:
+    own, fence = _claims(journal, "job", "entity:e1")
+    guard = journal.guards.acquire(own, [fence], KEY, T0)
+    assert guard is not None
+    env = {"CONTEXTFUL_D1_URL": d1_binding.url, "CONTEXTFUL_D1_TOKEN": d1_binding.token,
+           "CONTEXTFUL_D1_NAMESPACE": d1_binding.namespace}
+    # refusals change nothing: no binding, an empty evidence, a token no guard has
+    unbound = contextful_in(tmp_path, "storage", "reconcile-guard", guard.token, "--evidence", "x", "--operator", "o",
+                            check=False)
+    assert unbound.returncode != 0 and "error: StorageCapabilityMissing: " in unbound.stderr
+    assert "CONTEXTFUL_D1_URL" in unbound.stderr
+    empty = contextful_in(tmp_path, "storage", "reconcile-guard", guard.token, "--evidence", " ", "--operator", "o",
+                          env=env, check=False)
+    assert empty.returncode != 0 and "error: ArgumentInvalid: --evidence" in empty.stderr
+    unknown = contextful_in(tmp_path, "storage", "reconcile-guard", "f" * 32, "--evidence", "x", "--operator", "o",
+                            env=env, check=False)
+    assert unknown.returncode != 0 and "error: NotFound: " in unknown.stderr and "f" * 32 in unknown.stderr
+    assert journal.guards.guards() == [guard] and journal.guards.audit() == []
+    with pytest.raises(CallbackGuardHeld):
+        journal.claim("job", PLAN, "h2", own.lease_expires_us, LEASE)
+
+    done = contextful_in(tmp_path, "storage", "reconcile-guard", guard.token, "--evidence", "receipt r-17 in the sink",
+                         "--operator", "ana", env=env)
+    assert guard.token in done.stdout and "operator ana" in done.stdout
+    assert journal.guards.guards() == []
+    (audit,) = journal.guards.audit()
+    assert audit[:3] == (guard.token, "receipt r-17 in the sink", "ana")
+    # the rows it protected transfer again
+    assert journal.claim("job", PLAN, "h2", own.lease_expires_us, LEASE).holder == "h2"
+    assert journal.retire(fence.execution_id, fence.lease_expires_us).status == "retired"
