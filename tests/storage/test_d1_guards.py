@@ -25,7 +25,9 @@ from contextful.storage.d1.guards import (
     CallbackIdentity,
 )
 from contextful.storage.d1.journal import D1JournalStore
+from contextful.storage.d1.outbox import D1OutboxStore
 from contextful.storage.errors import CallbackGuardHeld
+from contextful.storage.fence import WriterFence
 from contextful.storage.holders import holder_is_dead
 from contextful.storage.journal import OwnerRow, StepRow
 
@@ -107,9 +109,13 @@ def test_a_guard_blocks_transfer_of_its_rows_only(journal: D1JournalStore) -> No
             assert (refused.value.scope, refused.value.token) == (scope, guard.token)
         with pytest.raises(CallbackGuardHeld):
             journal.retire(fence.execution_id, after_lapse)
-        # another job's admission and the transfer of an unprotected row proceed
+        # another job's admission, an unrelated export and the transfer of an unprotected row proceed
         with journal.hold_owners(other.execution_id) as second:
             assert second.own == other
+        outbox = D1OutboxStore(journal.client)
+        writer = WriterFence(other.execution_id, "h1", other.attempts, journal.location)
+        (event,) = outbox.stage("orders", [(1, "e1", "webhook", b"{}")], 1, T0, fence=writer)
+        assert outbox.acknowledge("orders", [event.event_id], {"k": b"v"}, fence=writer) == 1
         taken = journal.claim("other-job", PLAN, "h2", after_lapse, LEASE)
         assert (taken.holder, taken.attempts) == ("h2", 2)
     assert journal.guards.guards() == []
@@ -138,6 +144,19 @@ def test_the_holder_deletes_its_guard_when_the_callback_returns_before_journalin
     with pytest.raises(RuntimeError), watched.hold_owners(own.execution_id):
         raise RuntimeError("the callback failed")
     assert watched.guards.guards() == []
+
+
+@pytest.mark.clause("run.callback-guard.release")
+def test_an_executions_dispatched_callback_runs_under_its_guard_and_journals_after_releasing_it(
+        journal: D1JournalStore) -> None:
+    execution = open_execution(journal, "job", PLAN, keeper=Keeper(start=False))
+    value = execution.dispatch("answer", lambda: {"guards": [g.execution_id for g in journal.guards.guards()]},
+                               deadline_s=5)
+    assert value == {"guards": [execution.execution_id]}
+    assert journal.guards.guards() == []
+    assert [step.label for step in journal.steps(execution.execution_id)] == ["answer"]
+    execution.close(ok=True)
+    assert journal.owner("job").status == "closed-ok"  # type: ignore[union-attr]
 
 
 @pytest.mark.clause("run.callback-guard.replay")
