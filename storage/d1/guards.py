@@ -50,7 +50,8 @@ _PROTECTED = "SELECT g.token, j.value AS scope FROM cf_callback_guards g, json_e
 """Every (guard, scope it protects) pair."""
 _ROW_AS_READ = ("o.scope = json_extract(r.value, '$[0]') AND o.execution_id = json_extract(r.value, '$[1]')"
                 " AND o.holder IS json_extract(r.value, '$[2]') AND o.attempts = json_extract(r.value, '$[3]')"
-                " AND o.lease_expires_us = json_extract(r.value, '$[4]') AND o.status = 'pending'")
+                " AND o.lease_expires_us = json_extract(r.value, '$[4]') AND o.status = 'pending'"
+                " AND json_extract(r.value, '$[5]') = 'pending'")
 _ACQUIRE = (f"INSERT INTO cf_callback_guards ({', '.join(_GUARD_COLUMNS)})"
             f" SELECT {', '.join('?' for _ in _GUARD_COLUMNS)}"
             f" WHERE (SELECT count(*) FROM cf_journal_owners o JOIN json_each(?) r ON {_ROW_AS_READ}) = ?"
@@ -155,7 +156,8 @@ class CallbackGuards:
         guard = Guard(uuid.uuid4().hex, own.execution_id, own.attempts, own.holder or "", identity.journal_entry,
                       identity.idempotency_key, now_us, identity.dedup_window_secs, identity.publication,
                       own.scope, tuple(row.scope for row in rows))
-        as_read = json.dumps([[r.scope, r.execution_id, r.holder, r.attempts, r.lease_expires_us] for r in rows])
+        as_read = json.dumps([[r.scope, r.execution_id, r.holder, r.attempts, r.lease_expires_us, r.status]
+                              for r in rows])
         values = (*(getattr(guard, c) for c in _GUARD_COLUMNS[:-1]), json.dumps(list(guard.scopes)))
         statement: Statement = (_ACQUIRE, (*values, as_read, len(rows), json.dumps(list(guard.scopes))))
         if self.client.batch([statement], rerun_unheard=False)[0].changes == 1:

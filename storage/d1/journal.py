@@ -35,7 +35,7 @@ from contextful.storage.d1.guards import CallbackGuards, CallbackIdentity, Guard
 from contextful.storage.dbapi import CommitUnheard
 from contextful.storage.errors import CallbackGuardHeld, CommitOutcomeUnknown
 from contextful.storage.fence import OWNER_FENCE_COLUMNS, WriterFence
-from contextful.storage.journal import HeldOwners, JournalStore, OwnerRow, StepRow
+from contextful.storage.journal import PENDING, HeldOwners, JournalStore, OwnerRow, StepRow
 from contextful.storage.journal.sql import DDL, OWNER_COLUMNS
 
 _SELECT_OWNER = f"SELECT {', '.join(OWNER_COLUMNS)} FROM cf_journal_owners"
@@ -132,19 +132,22 @@ class D1JournalStore(JournalStore):
         return [OwnerRow(*row) for row in self.client.query(f"{_SELECT_OWNER} ORDER BY scope")]
 
     @contextmanager
-    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (),
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (), fence: WriterFence | None = None,
                     callback: CallbackIdentity | None = None) -> Iterator[HeldOwners]:
         """Read the rows in one batch and guard them durably through the block (module docstring);
-        a row another callback's guard protects raises CallbackGuardHeld before the block runs."""
-        while True:  # loops only while the rows move (a renewal) between the read and the guard
+        a row another callback's guard protects raises CallbackGuardHeld before the block runs.
+        Only a row that admits the hold is guarded: the execution's, pending, held (by ``fence``'s
+        holder at its attempt, when given); of the other scopes, only the pending ones."""
+        while True:  # loops only while a guarded row moves (a renewal) between the read and the guard
             own, others = self._read_held(execution_id, scopes)
-            if own is None or own.execution_id != execution_id or own.status != "pending" or own.holder is None:
+            if own is None or own.execution_id != execution_id or own.status != PENDING or own.holder is None or (
+                    fence is not None and (own.holder, own.attempts) != (fence.holder, fence.attempt)):
                 guard = None  # nothing to guard: the admission refuses on the rows as read
                 break
             identity = callback or CallbackIdentity(f"{execution_id}/admission/{own.attempts}",
                                                     f"{execution_id}:{own.attempts}")
-            guard = self.guards.acquire(own, [others[s] for s in scopes if s in others], identity,
-                                        SystemClock().now_us())
+            pending = [others[s] for s in dict.fromkeys(scopes) if s in others and others[s].status == PENDING]
+            guard = self.guards.acquire(own, pending, identity, SystemClock().now_us())
             if guard is not None:
                 break
         released: list[Guard] = []
@@ -158,7 +161,8 @@ class D1JournalStore(JournalStore):
             release()  # the callback returned: its guard goes before its value is journaled
             if own is None:
                 return self._insert_step(step)
-            return self._insert_step(step, WriterFence(execution_id, own.holder or "", own.attempts, self.location))
+            return self._insert_step(step, fence or WriterFence(execution_id, own.holder or "", own.attempts,
+                                                                self.location))
 
         try:
             yield HeldOwners(own, others, record)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from contextful.engine.run.execution import open_execution
 from contextful.engine.run.keeper import Keeper
-from contextful.storage.clock import SystemClock
+from contextful.storage.clock import ManualClock, SystemClock
 from contextful.storage.d1.client import D1Binding
 from contextful.storage.d1.guards import (
     RECEIPT_REQUIRED,
@@ -26,7 +26,7 @@ from contextful.storage.d1.guards import (
 )
 from contextful.storage.d1.journal import D1JournalStore
 from contextful.storage.d1.outbox import D1OutboxStore
-from contextful.storage.errors import CallbackGuardHeld
+from contextful.storage.errors import CallbackGuardHeld, ExecutionWriterFenced
 from contextful.storage.fence import WriterFence
 from contextful.storage.holders import holder_is_dead
 from contextful.storage.journal import OwnerRow, StepRow
@@ -157,6 +157,28 @@ def test_an_executions_dispatched_callback_runs_under_its_guard_and_journals_aft
     assert [step.label for step in journal.steps(execution.execution_id)] == ["answer"]
     execution.close(ok=True)
     assert journal.owner("job").status == "closed-ok"  # type: ignore[union-attr]
+
+
+@pytest.mark.clause("run.callback-guard.acquire")
+def test_a_superseded_attempts_admission_guards_nothing(journal: D1JournalStore) -> None:
+    acquired: list[str] = []
+
+    class Recorded(CallbackGuards):
+        def acquire(self, own, others, identity, now_us):  # type: ignore[no-untyped-def]
+            acquired.append(own.holder)
+            return super().acquire(own, others, identity, now_us)
+
+    journal.guards = Recorded(journal.client)
+    clock = ManualClock()
+    old = open_execution(journal, "job", PLAN, holder="h1", lease_s=1, clock=clock, keeper=Keeper(start=False))
+    clock.advance(2)
+    new = open_execution(journal, "job", PLAN, holder="h2", lease_s=600, clock=clock, keeper=Keeper(start=False))
+    with pytest.raises(ExecutionWriterFenced), old.admit():
+        pytest.fail("a superseded attempt was admitted")
+    assert acquired == []  # no guard was ever written naming the live holder for the stale attempt
+    with new.admit():
+        assert [g.holder for g in journal.guards.guards()] == ["h2"]
+    assert acquired == ["h2"]
 
 
 @pytest.mark.clause("run.callback-guard.replay")
