@@ -29,6 +29,7 @@ from typing import Any
 from contextful.storage.d1.client import D1Client, Statement
 from contextful.storage.errors import ArgumentInvalid, CallbackGuardHeld, NotFound
 from contextful.storage.journal import PENDING, OwnerRow
+from contextful.storage.journal.sql import OWNER_COLUMNS
 
 REPLAY_SAFE = "replay-safe"
 RECEIPT_REQUIRED = "receipt-required"
@@ -186,9 +187,8 @@ class CallbackGuards:
         found = self.guard(token)
         if found is None:
             raise _no_guard(token)
-        rows = self.client.query("SELECT scope, execution_id, plan_ref, status, holder, lease_expires_us, opened_us,"
-                                 " closed_us, cursor, attempts, replay_from, pins, cancel_requested_us, held_since_us"
-                                 " FROM cf_journal_owners WHERE scope = ?", (found.owner_scope,))
+        rows = self.client.query(f"SELECT {', '.join(OWNER_COLUMNS)} FROM cf_journal_owners WHERE scope = ?",
+                                 (found.owner_scope,))
         row = OwnerRow(*rows[0]) if rows else None
         why = _replay_refusal(found, row, now_us, holder_gone)
         if why is not None or row is None:
