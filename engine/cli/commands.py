@@ -168,9 +168,10 @@ def register(cli: click.Group) -> None:
     from contextful.engine.cli.pipeline import pipeline
     from contextful.engine.cli.runs import run
     from contextful.engine.cli.sql import sql
+    from contextful.engine.cli.storage import storage
     from contextful.engine.cli.table import table
     from contextful.engine.cli.worker import worker
 
     for command in (init, sql, table, store_group, run, pipeline, build, export, key, job, control, connection,
-                    worker):
+                    worker, storage):
         cli.add_command(command)

@@ -22,6 +22,8 @@ What the hold guarantees depends on the adapter:
   database: journal the callback's value, or commit the publication it admitted, after the block.
 * **The file tree** checks, then acts: nothing is held during the callback. A takeover meanwhile is
   learned at the superseded holder's next owner write, which fails conditionally.
+* **D1** commits a durable callback guard over the rows (``storage.d1.guards``): their transfer
+  refuses with CallbackGuardHeld until the callback returns, even after a crash of its holder.
 
 The owner's own renewals wait behind the hold too (PostgreSQL, SQLite): renew before the block,
 never inside it, and keep a callback shorter than the lease and the server's idle-in-transaction
@@ -136,7 +138,8 @@ def admitted(execution: Execution, boundary: str = DISPATCH, fences: Sequence[st
     deadline_us = None if deadline_s is None else int(deadline_s * 1_000_000)
     if deadline_us is not None:
         execution.renew(min_lease_us=deadline_us + execution.lease_us // 2)
-    with _counted_hold(execution), execution.journal.hold_owners(execution.execution_id, fences) as held:
+    with _counted_hold(execution), execution.journal.hold_owners(
+            execution.execution_id, fences, execution.fence) as held:
         now = execution.clock.now_us()
         reason = fenced_reason(held, execution, fences, now, None if deadline_us is None else now + deadline_us)
         if reason is not None or held.own is None:

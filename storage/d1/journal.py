@@ -14,9 +14,13 @@ written under a lock held in between, as the SQL adapters' ``BEGIN IMMEDIATE`` /
   under a writer fence the insert is ``INSERT … SELECT … WHERE EXISTS (<the attempt still owns its
   execution>)`` and the batch reads the owner row too, so the refusal and the write see one state.
 * :meth:`D1JournalStore.hold_owners` cannot hold rows across a callback (no lock outlives the
-  request): it reads the rows in one batch and holds nothing after, like the file tree; a step it
-  records lands only while the row it read still admits the attempt. The D1 profile's durable
-  callback guards (``run.callback-guard.*``) are what will block transfer throughout a callback.
+  request): it reads the rows in one batch and commits a durable callback guard binding them
+  exactly as read (``storage.d1.guards``, ``run.journal.d1-guard``). While the guard exists an
+  owner write that would transfer a row it protects (another execution, holder, attempt, status,
+  plan or pins) refuses with CallbackGuardHeld; the owner's own renewals and cursor caches pass.
+  A step recorded inside the hold first releases the guard (``run.callback-guard.release``: the
+  callback returned) and lands only while the row read still admits the attempt; a crash leaves
+  the guard in place until replay or ``contextful storage reconcile-guard``.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from contextful.storage.clock import SystemClock
 from contextful.storage.d1.client import BatchResult, D1Client, Statement
+from contextful.storage.d1.guards import CallbackGuards, CallbackIdentity, Guard
 from contextful.storage.dbapi import CommitUnheard
-from contextful.storage.errors import CommitOutcomeUnknown
+from contextful.storage.errors import CallbackGuardHeld, CommitOutcomeUnknown
 from contextful.storage.fence import OWNER_FENCE_COLUMNS, WriterFence
-from contextful.storage.journal import HeldOwners, JournalStore, OwnerRow, StepRow
+from contextful.storage.journal import PENDING, HeldOwners, JournalStore, OwnerRow, StepRow
 from contextful.storage.journal.sql import DDL, OWNER_COLUMNS
 
 _SELECT_OWNER = f"SELECT {', '.join(OWNER_COLUMNS)} FROM cf_journal_owners"
@@ -48,8 +54,26 @@ _INSERT_FENCED_STEP = (f"INSERT INTO cf_journal_steps {_STEP_COLUMNS} SELECT ?, 
                        " ON CONFLICT (execution_id, seq) DO NOTHING")
 
 
+_TRANSFER_COLUMNS = ("execution_id", "plan_ref", "status", "holder", "attempts", "pins")
+"""The columns whose change transfers an owner row (what a callback guard blocks)."""
+_UNGUARDED = "NOT EXISTS (SELECT 1 FROM cf_callback_guards g, json_each(g.scopes) j WHERE j.value = ?)"
+
+
 def _values(row: OwnerRow) -> tuple[Any, ...]:
     return tuple(getattr(row, c) for c in OWNER_COLUMNS)
+
+
+def transfers(row: OwnerRow, new: OwnerRow) -> bool:
+    """Whether writing ``new`` over ``row`` transfers it (``run.journal.d1-guard``)."""
+    return any(getattr(row, c) != getattr(new, c) for c in _TRANSFER_COLUMNS)
+
+
+def swap_statement(row: OwnerRow, new: OwnerRow, predicate: Statement | None = None) -> Statement:
+    """``UPDATE`` the owner row from exactly ``row`` to ``new``, also only where ``predicate`` holds."""
+    sql, params = _SWAP_OWNER, _values(new)[1:] + _values(row)
+    if predicate is not None:
+        sql, params = f"{sql} AND {predicate[0]}", (*params, *predicate[1])
+    return sql, params
 
 
 def _step(row: tuple[Any, ...]) -> StepRow:
@@ -64,6 +88,7 @@ class D1JournalStore(JournalStore):
     def __init__(self, client: D1Client) -> None:
         self.client = client
         client.batch([(statement.format(blob="BLOB"), ()) for statement in DDL])
+        self.guards = CallbackGuards(client)
 
     @property
     def location(self) -> str:
@@ -79,10 +104,11 @@ class D1JournalStore(JournalStore):
         while True:  # loops only while other writers keep moving the row between our read and our swap
             row = self.owner(scope) if scope is not None else self._owner_of(str(execution_id))
             new = change(row)
+            guarded = row is not None and transfers(row, new)
             if row is None:
                 statement: Statement = (_INSERT_OWNER, _values(new))
-            else:
-                statement = (_SWAP_OWNER, _values(new)[1:] + _values(row))
+            else:  # a transfer lands only while no callback guard protects the row
+                statement = swap_statement(row, new, (_UNGUARDED, (row.scope,)) if guarded else None)
             try:  # an owner transition is not repeatable blindly: a lost answer is an unknown outcome
                 changed = self.client.batch([statement])[0].changes
             except CommitUnheard as exc:
@@ -90,6 +116,9 @@ class D1JournalStore(JournalStore):
                                            str(exc)) from exc
             if changed == 1:
                 return new
+            if row is not None and guarded and (held := self.guards.protecting([row.scope])):
+                raise CallbackGuardHeld(row.scope, held[row.scope], "its admitted callback has not released it, "
+                                        "been replayed or been reconciled (contextful storage reconcile-guard)")
 
     def _owner_of(self, execution_id: str) -> OwnerRow | None:
         rows = self.client.query(f"{_SELECT_OWNER} WHERE execution_id = ?", (execution_id,))
@@ -103,22 +132,51 @@ class D1JournalStore(JournalStore):
         return [OwnerRow(*row) for row in self.client.query(f"{_SELECT_OWNER} ORDER BY scope")]
 
     @contextmanager
-    def hold_owners(self, execution_id: str, scopes: Sequence[str] = ()) -> Iterator[HeldOwners]:
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (), fence: WriterFence | None = None,
+                    callback: CallbackIdentity | None = None) -> Iterator[HeldOwners]:
+        """Read the rows in one batch and guard them durably through the block (module docstring);
+        a row another callback's guard protects raises CallbackGuardHeld before the block runs.
+        Only a row that admits the hold is guarded: the execution's, pending, held (by ``fence``'s
+        holder at its attempt, when given); of the other scopes, only the pending ones."""
+        while True:  # loops only while a guarded row moves (a renewal) between the read and the guard
+            own, others = self._read_held(execution_id, scopes)
+            if own is None or own.execution_id != execution_id or own.status != PENDING or own.holder is None or (
+                    fence is not None and (own.holder, own.attempts) != (fence.holder, fence.attempt)):
+                guard = None  # nothing to guard: the admission refuses on the rows as read
+                break
+            identity = callback or CallbackIdentity(f"{execution_id}/admission/{own.attempts}",
+                                                    f"{execution_id}:{own.attempts}")
+            pending = [others[s] for s in dict.fromkeys(scopes) if s in others and others[s].status == PENDING]
+            guard = self.guards.acquire(own, pending, identity, SystemClock().now_us())
+            if guard is not None:
+                break
+        released: list[Guard] = []
+
+        def release() -> None:
+            if guard is not None and not released:
+                released.append(guard)
+                self.guards.release(guard)
+
+        def record(step: StepRow) -> StepRow:
+            release()  # the callback returned: its guard goes before its value is journaled
+            if own is None:
+                return self._insert_step(step)
+            return self._insert_step(step, fence or WriterFence(execution_id, own.holder or "", own.attempts,
+                                                                self.location))
+
+        try:
+            yield HeldOwners(own, others, record)
+        finally:
+            release()
+
+    def _read_held(self, execution_id: str, scopes: Sequence[str]) -> tuple[OwnerRow | None, dict[str, OwnerRow]]:
         reads: list[Statement] = [(f"{_SELECT_OWNER} WHERE execution_id = ?", (execution_id,))]
         if scopes:
             reads.append((f"{_SELECT_OWNER} WHERE scope IN ({', '.join('?' for _ in scopes)}) ORDER BY scope",
                           tuple(scopes)))
         results = self.client.batch(reads, write=False)  # one batch: every row read at one point
         own = OwnerRow(*results[0].rows[0]) if results[0].rows else None
-        others = {row.scope: row for row in (OwnerRow(*r) for r in results[1].rows)} if scopes else {}
-
-        def record(step: StepRow) -> StepRow:
-            # nothing was held: the step lands only while the row the hold read still admits the attempt
-            if own is None:
-                return self._insert_step(step)
-            return self._insert_step(step, WriterFence(execution_id, own.holder or "", own.attempts, self.location))
-
-        yield HeldOwners(own, others, record)
+        return own, ({row.scope: row for row in (OwnerRow(*r) for r in results[1].rows)} if scopes else {})
 
     # --- steps ----------------------------------------------------------------------------------
 

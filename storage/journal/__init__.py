@@ -193,10 +193,13 @@ class JournalStore(ABC):
         With ``fence``, only while that attempt owns the execution (ExecutionWriterFenced otherwise)."""
 
     @abstractmethod
-    def hold_owners(self, execution_id: str, scopes: Sequence[str] = ()) -> AbstractContextManager[HeldOwners]:
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (),
+                    fence: WriterFence | None = None) -> AbstractContextManager[HeldOwners]:
         """Read the owner row ``execution_id`` was opened under and the owner rows of ``scopes``
         (an item's ancestors, entity fences), and hold them against owner writes until the context
         exits, so a takeover, retirement or replacement of any serializes after the held block.
+        ``fence`` names the attempt the hold is for: D1, which holds by writing a durable callback
+        guard (``storage.d1.guards``), guards the rows only for that attempt.
         PostgreSQL holds the rows ``FOR SHARE``; SQLite holds the database's write lock; the file
         tree reads them under its owner lock and holds nothing after (check-then-act: the next
         conditional owner write of a superseded holder fails instead)."""

@@ -105,7 +105,8 @@ class FileJournalStore(JournalStore):
             return new
 
     @contextlib.contextmanager
-    def hold_owners(self, execution_id: str, scopes: Sequence[str] = ()) -> Iterator[HeldOwners]:
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (),
+                    fence: WriterFence | None = None) -> Iterator[HeldOwners]:
         with self._owner_lock():
             scope = self._scope_of(execution_id)
             row = None if scope is None else self._read_owner(self.owner_key(scope))

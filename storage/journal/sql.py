@@ -128,7 +128,8 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
                                        str(exc)) from exc
 
     @contextmanager
-    def hold_owners(self, execution_id: str, scopes: Sequence[str] = ()) -> Iterator[HeldOwners]:
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (),
+                    fence: WriterFence | None = None) -> Iterator[HeldOwners]:
         # Its own connection: the held transaction stays open through the caller's block while this
         # store's connection goes on serving its other verbs (a step record, another scope's claim).
         with self._mapped_errors():
