@@ -58,12 +58,13 @@ def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
 def export_group_command(ctx: click.Context, name: str) -> None:
     """Stage (or resume) publication NAME's next group and deliver it to its receiver."""
     from contextful.engine.cli.pipeline import _manifest, _store
+    from contextful.engine.export.publications.holds import held
     from contextful.engine.export.publications.sender import check_profile, export_group, publication
 
     manifest = _manifest(ctx)
     publication(manifest, name)
     check_profile(name)  # run.export.group-storage: before the store opens, nothing read, staged or delivered
-    with _store(ctx, manifest) as store:
+    with _store(ctx, manifest) as store, held(store, name):  # surface.dispatch.export-quiesced
         done = export_group(store, manifest, name)
     if ctx.obj["json"]:
         emit_json(done.to_json())

@@ -15,6 +15,10 @@ Implements, from the control-plane spec's "dispatch" section:
 - ``surface.dispatch.exclusion-key``: a unit's exclusion key is its head pipeline's id; a unit due
   while its key is in flight starts no second instance, and its next fire is recomputed from its
   history once the first ends.
+- ``surface.dispatch.export-deferred-slot`` (the pool's side): a unit its :class:`Gate` defers (its
+  publication held by ``contextful export group``, ``engine.control.publication_claims``) takes no
+  slot and records no dispatch: it stays pending and the next unit in admission order takes the slot;
+  the gate's claim is dropped when the unit ends.
 - ``surface.dispatch.children-reaped``: each unit runs in a child process of its own process group
   (:class:`ChildLauncher`); :meth:`Pool.reap_all` signals each live group SIGTERM, SIGKILLs what is
   left after 10 s, and returns once every child has exited.
@@ -137,6 +141,16 @@ class Launcher(Protocol):
     def launch(self, head: str) -> Launched: ...
 
 
+class Gate(Protocol):
+    """What a unit must hold to start beside its slot and key (serve's: its publication claims)."""
+
+    def claim(self, head: str) -> bool:
+        """Take ``head``'s claims; False: it starts nothing now (deferred: it stays due and pending)."""
+
+    def release(self, head: str) -> None:
+        """``head``'s unit ended, or never started after its claim: drop what it holds."""
+
+
 @dataclass
 class _Child:
     head: str
@@ -228,7 +242,9 @@ class Admission:
 
     started: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
-    """Due and not started: past the pool's bound, or its key in flight (in admission order)."""
+    """Due and not started: past the pool's bound, its key in flight, or deferred (in admission order)."""
+    deferred: list[str] = field(default_factory=list)
+    """Of ``pending``, those the pool's gate deferred (no slot taken, no dispatch recorded)."""
     lease_held_by: str | None = None
     """The other process holding the cadence lease (then nothing was admitted)."""
 
@@ -236,9 +252,10 @@ class Admission:
 class Pool:
     """The running units, at most ``bound`` at once, one per exclusion key."""
 
-    def __init__(self, launcher: Launcher, bound: int = POOL) -> None:
+    def __init__(self, launcher: Launcher, bound: int = POOL, gate: Gate | None = None) -> None:
         self.launcher = launcher
         self.bound = bound
+        self.gate = gate
         self.running: dict[str, Launched] = {}
         self._lock = threading.Lock()
 
@@ -252,12 +269,21 @@ class Pool:
                 if head in self.running or len(self.running) >= self.bound or admission.lease_held_by:
                     admission.pending.append(head)
                     continue
+                if self.gate is not None and not self.gate.claim(head):  # its slot passes to the next unit
+                    admission.pending.append(head)
+                    admission.deferred.append(head)
+                    continue
                 if not lease.record_dispatch(head):
+                    self._release(head)
                     admission.lease_held_by = lease.held_by or "nobody (the lease lapsed)"
                     admission.pending.append(head)
                     continue
                 at = lease.clock.now_us()
-                self.running[head] = self.launcher.launch(head)
+                try:
+                    self.running[head] = self.launcher.launch(head)
+                except BaseException:
+                    self._release(head)
+                    raise
                 admission.started.append(head)
                 if started is not None:
                     started(head, at)
@@ -271,8 +297,13 @@ class Pool:
                 outcome = unit.poll()
                 if outcome is not None:
                     del self.running[head]
+                    self._release(head)
                     ended.append(outcome)
         return ended
+
+    def _release(self, head: str) -> None:
+        if self.gate is not None:
+            self.gate.release(head)
 
     def in_flight(self) -> list[str]:
         with self._lock:
@@ -310,6 +341,7 @@ class Pool:
                     outcome = unit.wait(None)
                 if outcome is not None:
                     outcomes.append(outcome)
+                self._release(unit.head)
             return outcomes
         finally:
             timer.cancel()

@@ -21,6 +21,10 @@ Implements, from the control-plane spec:
   row) and re-reads the records only when it moved, arming what became active and disarming what
   did not stay so, a fire in flight for it asked to stop (SIGTERM: its run reaches its cancellation
   boundary, as when serve stops).
+- ``surface.dispatch.export-quiesced``, ``export-deferred-slot``, ``export-claim`` and
+  ``export-claim-unread``: the pool's gate is :class:`~.publication_claims.PublicationClaims` over the
+  store's publication holds; a deferred unit stays pending, and a wake's refill retries it, but a
+  cycle waiting for its fires does not wait for an export to end (it answers the unit pending).
 - ``surface.dispatch.fire-credential-missing`` and ``-zone`` for versions applied while serve runs:
   a version whose store-driven or synthesize fires serve cannot credential arms nothing, and the
   one armed before stays armed (``engine.control.fire_credentials``).
@@ -165,6 +169,11 @@ class ControlPlane:
         self._unreadable: str | None = None
         self._connections_mark: tuple[int, int] | None = None
         """The catalog's connection mark when the armed connection entries were last read."""
+        from contextful.engine.control.publication_claims import PublicationClaims
+        from contextful.engine.export.publications.holds import open_holds
+
+        self.claims = PublicationClaims(open_holds(self.store), lambda: self.manifest, self.members, self.say)
+        """The pool's gate: each unit's shared claims on the publications whose inputs it writes."""
 
     def child_launcher(self, version: int) -> ChildLauncher:
         """What runs a unit of ``version`` by default: a child process of serve's (``engine.control.child``)."""
@@ -264,7 +273,7 @@ class ControlPlane:
                 self.starts[head] = max(history.last_dispatch_us, self.starts.get(head, 0))
         pool_bound = manifest.control.pool
         if self.pool is None:
-            self.pool = Pool(self._launcher(version), pool_bound)
+            self.pool = Pool(self._launcher(version), pool_bound, self.claims)
             self._readopt(self.pool)
         else:  # units in flight keep running under the version they started with
             self.pool.launcher, self.pool.bound = self._launcher(version), pool_bound
@@ -349,8 +358,9 @@ class ControlPlane:
                 self.armed.update(outcome.head, self._history_of(outcome.head))
         return ended
 
-    def _admit(self, heads: list[str]) -> tuple[list[Fire], list[str]]:
-        """Admit ``heads`` (in admission order) into the pool; the fires started and the heads left pending."""
+    def _admit(self, heads: list[str]) -> tuple[list[Fire], list[str], list[str]]:
+        """Admit ``heads`` (in admission order) into the pool; the fires started, the heads left pending,
+        and of those the ones deferred (their publication held: ``surface.dispatch.export-quiesced``)."""
         assert self.pool is not None and self.armed is not None
         started: list[Fire] = []
 
@@ -368,7 +378,7 @@ class ControlPlane:
             self.say(f"fired {head} (due {rfc3339(due)}; unit: {', '.join(self.members(head))})")
 
         admission = self.pool.admit(heads, self.lease, started=on_start)
-        return started, admission.pending
+        return started, admission.pending, admission.deferred
 
     def tick(self) -> list[Fire]:
         """One beat of the in-process trigger (``surface.arm.tick-interval``): hold the lease, reap,
@@ -382,7 +392,7 @@ class ControlPlane:
             self._reap()
             assert self.armed is not None
             due = [d.id for d in self.armed.due(self.clock.now_us())]
-            started, _pending = self._admit(due)
+            started, _pending, _deferred = self._admit(due)
             if self._state_dirty and self.clock.now_us() - self._state_written_us >= RUN_STATE_EVERY_US:
                 self._write_run_state()
             return started
@@ -424,15 +434,16 @@ class ControlPlane:
                 self._reap()
                 assert self.armed is not None
                 due = [d.id for d in self.armed.due(self.clock.now_us())]
-                fires, pending = self._admit(due)
+                fires, pending, deferred = self._admit(due)
             while not waiting.is_set():
                 with self._lock:
                     held = self.lease.hold()  # renewed while units run: a long unit never lets it lapse
                     self._reap()
                     if pending and held:
-                        more, pending = self._admit(pending)
+                        more, pending, deferred = self._admit(pending)
                         fires += more
-                    if all(f.outcome is not None for f in fires) and not pending:
+                    # a unit deferred for an export holds up no answer: it stays pending for the next beat
+                    if all(f.outcome is not None for f in fires) and set(pending) <= set(deferred):
                         break
                 waiting.wait(WAIT_STEP_S)
             with self._lock:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -166,3 +167,22 @@ def exclusive_hold(holds: PublicationHolds | None, publication: str, *, deadline
         if renewer is not None:
             renewer.stop()
         holds.release(holder)
+
+
+@contextmanager
+def held(store: Store, publication: str, *, deadline_s: float = EXPORT_WAIT_S) -> Iterator[Hold | None]:
+    """``contextful export group``'s hold: :func:`exclusive_hold` over the store's adapter, its
+    progress line on stderr (once when the wait starts, then as the holders change or every 10 s)."""
+    shown: list[tuple[tuple[str, ...], int]] = []
+
+    def progress(standing: tuple[Hold, ...], elapsed: float) -> None:
+        now = (tuple(h.holder for h in standing), int(elapsed // 10))
+        if shown and shown[-1] == now:
+            return
+        shown.append(now)
+        who = ", ".join(now[0]) or "another export group"
+        print(f"{publication}: waiting for {who} to end before reading anything ({elapsed:.0f} s of "
+              f"{deadline_s:.0f} s)", file=sys.stderr, flush=True)
+
+    with exclusive_hold(open_holds(store), publication, deadline_s=deadline_s, progress=progress) as hold:
+        yield hold
