@@ -282,3 +282,58 @@ def test_an_export_started_while_a_unit_writes_its_inputs_waits_for_the_unit_and
     assert active is not None and rows(active["members"]["build_reports.daily"]).to_pylist() == [{"n": 3}]
     run_ids = {c["producer"]: c["run_id"] for c in project.completions()}
     assert json.dumps(run_ids["build_reports"]) in json.dumps(active)
+
+
+@pytest.mark.clause("surface.dispatch.export-claim-unread")
+def test_a_unit_whose_publication_inputs_cannot_be_read_claims_every_publication(
+        tmp_path: Path, feed: Feed, receiver: ReceiverProcess, holding: Holding, exports: list[Export]) -> None:
+    project = project_of(tmp_path / "p", feed, holding.url + "/events")
+    # a version written into the snapshot directory by hand, past import's and apply's validation: its
+    # producer's statement does not parse, so no unit's publication inputs can be computed from it
+    snapshots = project.root / ".contextful" / "control" / "pubs"
+    text = (snapshots / "manifest@v1.toml").read_text()
+    assert "SELECT id, amount FROM orders" in text
+    (snapshots / "manifest@v2.toml").write_text(text.replace("SELECT id, amount FROM orders",
+                                                             "SELECT id, amount FROM orders WHERE"))
+    (snapshots / "manifest@current").write_text("2\n")
+    exports.append(export := Export(project))
+    assert holding.arrived.wait(120), export.lines
+    wait_due(project, "orders", "other")
+    dispatched = dispatches(project)
+
+    proc, answer = cycle(project)
+    # other lands a table no publication reads, but with its inputs unreadable it claims bi as well
+    assert proc.returncode == 0 and answer["version"] == 2, proc.stderr
+    assert answer["fired"] == [] and answer["pending"] == ["orders", "job:build_reports", "other"]
+    assert "other: its publication inputs cannot be computed (" in proc.stderr
+    assert "syntax error" in proc.stderr and "it claims every declared publication" in proc.stderr
+    assert "other: pending: contextful export group holds publication 'bi'" in proc.stderr
+    assert dispatches(project) == dispatched
+    holding.release.set()
+    export.finish()
+
+
+@pytest.mark.clause("surface.dispatch.export-claim-unread")
+def test_a_unit_whose_claim_cannot_be_taken_starts_nothing_stays_due_and_logs_the_error(
+        tmp_path: Path, feed: Feed, receiver: ReceiverProcess, exports: list[Export]) -> None:
+    project = project_of(tmp_path / "p", feed, receiver.events_url)
+    exports.append(export := Export(project))
+    export.finish()  # its hold came and went: the holds table exists
+    with sqlite3.connect(project.catalog) as conn:  # the holds store refuses every new claim
+        conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON cf_publication_holds "
+                     "BEGIN SELECT RAISE(ABORT, 'the holds store refuses writes'); END")
+    before = wait_due(project, "orders", "other")
+    dispatched = dispatches(project)
+
+    proc, answer = cycle(project)
+    assert proc.returncode == 0, proc.stderr
+    assert answer["fired"] == ["other"] and answer["pending"] == ["orders", "job:build_reports"]
+    assert "orders: pending: error: its claim on publication(s) bi could not be taken" in proc.stderr
+    assert "the holds store refuses writes" in proc.stderr
+    assert feed.pulls == 1 and dispatches(project).get("orders") == dispatched.get("orders")
+    assert status(project)["orders"]["next_fire"] == before["orders"]["next_fire"]
+
+    with sqlite3.connect(project.catalog) as conn:
+        conn.execute("DROP TRIGGER refuse")
+    proc, answer = cycle(project)
+    assert proc.returncode == 0 and answer["fired"][:2] == ["orders", "job:build_reports"], proc.stderr
