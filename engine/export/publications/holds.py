@@ -166,7 +166,11 @@ def exclusive_hold(holds: PublicationHolds | None, publication: str, *, deadline
     finally:
         if renewer is not None:
             renewer.stop()
-        holds.release(holder)
+        try:
+            holds.release(holder)
+        except Exception as exc:  # noqa: BLE001 — the hold's lease ends it regardless
+            log.warning("releasing %s's hold on publication %r failed (it lapses within %.0f s): %s", holder,
+                        publication, LEASE_S, exc)
 
 
 @contextmanager
