@@ -19,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,7 @@ def status(project: Project) -> dict[str, dict[str, Any]]:
 
 def wait_due(project: Project, *heads: str, timeout: float = 60) -> dict[str, dict[str, Any]]:
     """Wait (reading ``pipeline status`` until a deadline) until each of ``heads`` is due."""
-    from datetime import datetime, timezone
+    from contextful.engine.control.fire import rfc3339
 
     done = threading.Event()
     timer = threading.Timer(timeout, done.set)
@@ -145,7 +146,7 @@ def wait_due(project: Project, *heads: str, timeout: float = 60) -> dict[str, di
     try:
         while True:
             found = status(project)
-            now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+            now = rfc3339(time.time_ns() // 1000)
             if all(found[h]["next_fire"] is not None and found[h]["next_fire"] <= now for h in heads):
                 return found
             assert not done.wait(0.1), f"{heads} not due after {timeout} s: {found}"

@@ -61,10 +61,10 @@ def test_an_export_waits_for_a_shared_holder_and_gives_up_at_its_deadline_naming
     serve, export = _holds(tmp_path)
     serve.claim_shared(["bi"], "serve unit orders", 30)
     seen: list[tuple[str, ...]] = []
-    with pytest.raises(PublicationIncompatible, match="still held after 1 s by serve unit orders"):
-        with exclusive_hold(export, "bi", deadline_s=1, progress=lambda standing, _s: seen.append(
+    with pytest.raises(PublicationIncompatible, match="still held after 1 s by serve unit orders"), \
+            exclusive_hold(export, "bi", deadline_s=1, progress=lambda standing, _s: seen.append(
                 tuple(h.holder for h in standing))):
-            raise AssertionError("the body runs only once no shared holder remains")
+        raise AssertionError("the body runs only once no shared holder remains")
     assert seen and seen[0] == ("serve unit orders",)
     assert serve.claim_shared(["bi"], "serve unit other", 30) == ()  # the given-up hold is released
 
