@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from contextful.engine.control.publication_inputs import unit_inputs
+from contextful.engine.control.publication_inputs import UnitInputs, unit_inputs
 from contextful.engine.export.publications.holds import LEASE_S, PublicationHolds, Renewer, holder_id
 
 if TYPE_CHECKING:
@@ -46,17 +46,28 @@ class PublicationClaims:
         self._said: dict[str, str] = {}
         """The last line logged for each deferred head (a hold is named once, not every beat)."""
         self._lock = threading.Lock()
+        self._inputs: tuple[Manifest | None, dict[str, UnitInputs]] = (None, {})
+        """Each head's publication inputs, computed once per armed manifest."""
 
     def _note(self, head: str, line: str) -> None:
         if self._said.get(head) != line:
             self._said[head] = line
             self.say(line)
 
+    def _inputs_of(self, manifest: Manifest, head: str) -> UnitInputs:
+        armed, found = self._inputs
+        if armed is not manifest:
+            found = {}
+            self._inputs = (manifest, found)
+        if head not in found:
+            found[head] = unit_inputs(manifest, self.members(head))
+        return found[head]
+
     def claim(self, head: str) -> bool:
         manifest = self.manifest()
         if self.holds is None or manifest is None:
             return True
-        inputs = unit_inputs(manifest, self.members(head))
+        inputs = self._inputs_of(manifest, head)
         if inputs.unreadable is not None:
             self._note(f"{head} inputs", f"{head}: its publication inputs cannot be computed ({inputs.unreadable}): "
                                          "it claims every declared publication")

@@ -28,18 +28,15 @@ import pytest
 from contextful.engine.export.receiver import rows
 from contextful.engine.project import open_project_store
 
+from tests.engine.export import test_publication_delivery as delivery
 from tests.engine.export.publication_project import MANIFEST, PUBLICATION, Project, ReceiverProcess
-from tests.engine.export.test_publication_delivery import post
 from tests.support.http_api import JsonApi, Reply, Request
 
-FILES_ORDERS = """[[pipeline]]
-id = "orders"
-primary_key = ["id"]
-[pipeline.source]
-kind = "files"
-[pipeline.source.config]
-paths = ["orders/*.ndjson"]
-"""
+FILES_ORDERS = MANIFEST[MANIFEST.index("[[pipeline]]"):MANIFEST.index("[[model]]")]
+"""The publication project's ``orders``: a files pipeline without a schedule."""
+
+receiver = delivery.receiver
+"""The receiver process fixture of the delivery tests."""
 
 
 class Feed(JsonApi):
@@ -79,7 +76,7 @@ class Holding(JsonApi):
     def _forward(self, request: Request) -> Reply:
         self.arrived.set()
         self.release.wait(120)
-        status, body = post(self.target, request.body)
+        status, body = delivery.post(self.target, request.body)
         return Reply(status, body)
 
 
@@ -100,13 +97,6 @@ def manifest(feed: Feed) -> str:
 def feed() -> Iterator[Feed]:
     with Feed() as started:
         yield started
-
-
-@pytest.fixture
-def receiver(tmp_path: Path) -> Iterator[ReceiverProcess]:
-    started = ReceiverProcess(tmp_path / "receiver.sqlite")
-    yield started
-    started.stop()
 
 
 @pytest.fixture
