@@ -28,6 +28,7 @@ import pytest
 from contextful.engine.export.receiver import rows
 from contextful.engine.project import open_project_store
 
+from tests.engine.control.scenario import serving
 from tests.engine.export import test_publication_delivery as delivery
 from tests.engine.export.publication_project import MANIFEST, PUBLICATION, Project, ReceiverProcess
 from tests.support.http_api import JsonApi, Reply, Request
@@ -305,6 +306,7 @@ def test_a_unit_whose_publication_inputs_cannot_be_read_claims_every_publication
 
 
 @pytest.mark.clause("surface.dispatch.export-claim-unread")
+@pytest.mark.clause("surface.dispatch.export-deferred-slot")
 def test_a_unit_whose_claim_cannot_be_taken_starts_nothing_stays_due_and_logs_the_error(
         tmp_path: Path, feed: Feed, receiver: ReceiverProcess, exports: list[Export]) -> None:
     project = project_of(tmp_path / "p", feed, receiver.events_url)
@@ -313,18 +315,18 @@ def test_a_unit_whose_claim_cannot_be_taken_starts_nothing_stays_due_and_logs_th
     with sqlite3.connect(project.catalog) as conn:  # the holds store refuses every new claim
         conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON cf_publication_holds "
                      "BEGIN SELECT RAISE(ABORT, 'the holds store refuses writes'); END")
-    before = wait_due(project, "orders", "other")
     dispatched = dispatches(project)
 
-    proc, answer = cycle(project)
-    assert proc.returncode == 0, proc.stderr
-    assert answer["fired"] == ["other"] and answer["pending"] == ["orders", "job:build_reports"]
-    assert "orders: pending: error: its claim on publication(s) bi could not be taken" in proc.stderr
-    assert "the holds store refuses writes" in proc.stderr
-    assert feed.pulls == 1 and dispatches(project).get("orders") == dispatched.get("orders")
-    assert status(project)["orders"]["next_fire"] == before["orders"]["next_fire"]
+    with serving(project) as daemon:  # type: ignore[arg-type]  # serve reads only the project's root
+        error = daemon.wait_line("orders: pending: error: its claim on publication(s) bi could not be taken")[0]
+        assert "the holds store refuses writes" in error and "starts nothing and stays due" in error
+        daemon.wait_line("fired other", count=2)  # the slot orders would take passes on, beat after beat
+        assert feed.pulls == 1 and dispatches(project).get("orders") == dispatched.get("orders")
+        assert not [line for line in daemon.lines if "fired orders" in line]
+        assert len([line for line in daemon.lines if "could not be taken" in line]) == 1  # logged once
 
-    with sqlite3.connect(project.catalog) as conn:
-        conn.execute("DROP TRIGGER refuse")
-    proc, answer = cycle(project)
-    assert proc.returncode == 0 and answer["fired"][:2] == ["orders", "job:build_reports"], proc.stderr
+        with sqlite3.connect(project.catalog) as conn:
+            conn.execute("DROP TRIGGER refuse")
+        daemon.wait_line("fired orders")  # still due: the next beat starts it
+        daemon.wait_line("orders: ok (orders, job:build_reports)")
+        assert daemon.stop() == 0
