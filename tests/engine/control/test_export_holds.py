@@ -2,14 +2,14 @@
 its inputs hold it shared (``surface.dispatch.export-quiesced``, ``export-deferred-slot``,
 ``export-claim``, ``export-claim-unread``).
 
-Everything runs as a user runs it: ``contextful pipeline serve --cycle`` and ``contextful export group``
-as child processes, the receiver as its own process (``python -m contextful.engine.export.receiver``)
+Everything runs as a user runs it: ``contextful pipeline serve`` (a daemon, or ``--cycle``) and
+``contextful export group`` as child processes, the receiver as its own process (``python -m contextful.engine.export.receiver``)
 behind a loopback forwarder that can hold a delivery open, and the unit's source a loopback API that
 can hold its answer (so the unit stays in flight until the test lets it go). The project is the
 publication tests' (``tests.engine.export.publication_project``) with ``orders`` pulled over HTTP on a
 schedule, the build ``build_reports`` riding its unit, and an unrelated pipeline ``other`` beside it
-in a pool of one. Oracles: the cycle's JSON answer and log, the catalog's dispatch records read
-through the store, ``pipeline status``, the receiver's active group.
+in a pool of one. Oracles: the cycle's JSON answer and log, the daemon's log, the catalog's dispatch
+records read through the store, ``pipeline status``, the receiver's active group.
 """
 
 from __future__ import annotations
