@@ -221,7 +221,9 @@ def _open(store: Store, job: JobSpec, opening: Opening) -> tuple[Execution, str 
     """Open the fire's execution under ``opening``. A pending one a stopped or dead fire left is
     resumed when the kind resumes (pinned-plan-changed when its structure changed:
     ``OwnerPlanMismatch``); otherwise it is settled first (recorded ``closed-failed``, interrupted,
-    under the plan it was pinned to). The execution and the one before it (None: the first fire)."""
+    under the plan it was pinned to). A durable callback guard a crashed fire's call left is replayed
+    or refused (``engine.jobs.guarded``). The execution and the one before it (None: the first fire)."""
+    from contextful.engine.jobs.guarded import open_past_guard
     from contextful.engine.run.execution import open_execution
     from contextful.storage.journal import PENDING
 
@@ -231,8 +233,7 @@ def _open(store: Store, job: JobSpec, opening: Opening) -> tuple[Execution, str 
         dead = open_execution(store.journal, scope, before.plan_ref, pins=before.pin_map() or None,
                               clock=store.clock, take_over_dead=True)
         _settle_interrupted(dead)
-    execution = open_execution(store.journal, scope, opening.reference, pins=opening.pins, clock=store.clock,
-                               take_over_dead=True)
+    execution = open_past_guard(store, scope, opening.reference, opening.pins)  # a crashed call's guard
     if execution.resumed:
         return execution, _previous(execution)
     return execution, before.execution_id if before is not None else None

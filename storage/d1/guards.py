@@ -28,7 +28,7 @@ from typing import Any
 
 from contextful.storage.d1.client import D1Client, Statement
 from contextful.storage.errors import ArgumentInvalid, CallbackGuardHeld, NotFound
-from contextful.storage.journal import PENDING, OwnerRow
+from contextful.storage.journal import PENDING, CallbackIdentity, OwnerRow
 from contextful.storage.journal.sql import OWNER_COLUMNS
 
 REPLAY_SAFE = "replay-safe"
@@ -59,20 +59,6 @@ _ACQUIRE = (f"INSERT INTO cf_callback_guards ({', '.join(_GUARD_COLUMNS)})"
             f" AND NOT EXISTS (SELECT 1 FROM ({_PROTECTED}) p WHERE p.scope IN (SELECT value FROM json_each(?)))")
 """One statement: the guard lands only while every row it protects is exactly as read (owner,
 active attempt, lease) and pending, and no other guard protects any of them."""
-
-
-@dataclass(frozen=True)
-class CallbackIdentity:
-    """What an admitted callback is (``run.callback-guard.identity``), as its guard records it."""
-
-    journal_entry: str
-    """The journal entry key its value is recorded under."""
-    idempotency_key: str
-    """The key its request's ``Idempotency-Key`` sends (a replay sends it again)."""
-    dedup_window_secs: int | None = None
-    """The whole seconds the destination deduplicates that key; None when it declares none."""
-    publication: bool = False
-    """Whether the callback is a publication's (its evidence class without a window: receipt-required)."""
 
 
 @dataclass(frozen=True)
