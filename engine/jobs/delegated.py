@@ -41,7 +41,12 @@ from contextful.engine.jobs.isolated import (
     item_entity,
 )
 from contextful.storage.clock import from_us
-from contextful.storage.errors import DelegateSubmitUnfilled, JobDelegateUnbound, ManifestValueInvalid
+from contextful.storage.errors import (
+    CommitOutcomeUnknown,
+    DelegateSubmitUnfilled,
+    JobDelegateUnbound,
+    ManifestValueInvalid,
+)
 from contextful.storage.fence import DISPATCH
 from contextful.storage.journal import CallbackIdentity
 
@@ -149,8 +154,11 @@ class DelegateCalls:
         with self._lock:
             execution.step(f"{step}/guard", lambda: guard(execution, envelope, binding, ctx.store.clock.now_us()))
         identity = CallbackIdentity(step, envelope.idempotency_key, binding.dedup_window_secs)
-        with self._turns, admitted_call(execution, binding, identity):  # released when the call returns
-            answer = call(binding, self.body.key, envelope)
+        try:
+            with self._turns, admitted_call(execution, binding, identity):  # released when the call returns
+                answer = call(binding, self.body.key, envelope)
+        except CommitOutcomeUnknown as unknown:  # the guard's acquire went unheard: nothing was sent
+            raise AdmissionUnknown(unknown) from unknown
         if answer.outcome == "defer" and ctx.job.isolated_items is not None:
             earlier = self.deferred.get(key)
             self._park(step, Deferral(attempt, defer_instant(binding.name, answer, from_us(ctx.store.clock.now_us())),
@@ -166,6 +174,17 @@ class DelegateCalls:
         with self._lock:
             self.execution.step(step, deferral.step)
         raise ItemParked(deferral)
+
+
+class AdmissionUnknown(Exception):
+    """A call's admission whose outcome is unknown (its guard's acquire answer was lost): not the
+    item's failure and not to be retried (a second acquire beside a guard that landed); the fire
+    stops, leaving its execution as it is, and the next fire reads the guard by its identity
+    (``engine.jobs.guarded``)."""
+
+    def __init__(self, error: CommitOutcomeUnknown) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def admitted_call(execution: Execution, binding: DelegateBinding,

@@ -14,7 +14,9 @@ record (docs/jobs.md, "Fire history"):
 - the owner row: ``opened_us`` is the fire's start (what serve's next fire is computed from,
   ``surface.arm.next-fire-from-history``), its status ``closed-ok`` or ``closed-failed``.
 
-A runner failing by a catalogue error is a failed fire (recorded, then reported by its error); a
+A runner failing by a catalogue error is a failed fire (recorded, then reported by its error),
+except CommitOutcomeUnknown (a write, such as a delegate call's guard, whose outcome was not heard):
+nothing is settled over it, the execution stays as it is and the next fire resolves it; a
 fire whose process died leaves its execution pending, and the next fire of the job settles it
 ``closed-failed`` as interrupted before it opens its own, so a failed attempt is recorded whatever
 ended it.
@@ -138,7 +140,12 @@ def fire_in(store: Store, manifest: Manifest, version: int, job: JobSpec, *, run
     under ``job:<name>`` pinned to the kind's opening, recorded and closed with the runner's outcome
     (left pending when the outcome says so: the next fire resumes it)."""
     from contextful.engine.control.contracts import check_applied
-    from contextful.storage.errors import ContextfulError, ExecutionWriterFenced, RunCanceled
+    from contextful.storage.errors import (
+        CommitOutcomeUnknown,
+        ContextfulError,
+        ExecutionWriterFenced,
+        RunCanceled,
+    )
 
     runner = runner or _runner(job)
     check_applied(manifest, store, job)  # surface.fire.applied-*: a refusal opens nothing
@@ -157,6 +164,8 @@ def fire_in(store: Store, manifest: Manifest, version: int, job: JobSpec, *, run
             code = 10 if outcome.canceled else int(outcome.detail.get("exit_code", 1))
     except ExecutionWriterFenced:
         raise  # another attempt holds the execution now: it is that attempt's to settle
+    except CommitOutcomeUnknown:
+        raise  # not a failure: nothing is settled over an unknown outcome; the next fire resolves it
     except RunCanceled as exc:
         outcome, code = _failed(exc), exc.exit_code
     except ContextfulError as exc:

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from contextful.storage.d1.client import D1Client, Statement
-from contextful.storage.errors import ArgumentInvalid, CallbackGuardHeld, NotFound
+from contextful.storage.dbapi import CommitUnheard
+from contextful.storage.errors import ArgumentInvalid, CallbackGuardHeld, CommitOutcomeUnknown, NotFound
 from contextful.storage.journal import PENDING, CallbackIdentity, OwnerRow
 from contextful.storage.journal.sql import OWNER_COLUMNS
 
@@ -136,7 +137,8 @@ class CallbackGuards:
     def acquire(self, own: OwnerRow, others: Sequence[OwnerRow], identity: CallbackIdentity,
                 now_us: int) -> Guard | None:
         """Guard ``own`` (the callback's owner row) and ``others`` (its ancestors' and entity
-        fences' rows) exactly as read, in one statement. A row another guard protects:
+        fences' rows) exactly as read, in one statement. A lost answer: CommitOutcomeUnknown naming
+        the guard's token, never a second statement that could land a second guard. A row another guard protects:
         CallbackGuardHeld naming it and that guard. A row that moved since it was read (another
         owner, attempt or lease): None, nothing written (read again and decide again)."""
         rows = [own, *others]
@@ -147,7 +149,13 @@ class CallbackGuards:
                               for r in rows])
         values = (*(getattr(guard, c) for c in _GUARD_COLUMNS[:-1]), json.dumps(list(guard.scopes)))
         statement: Statement = (_ACQUIRE, (*values, as_read, len(rows), json.dumps(list(guard.scopes))))
-        if self.client.batch([statement], rerun_unheard=False)[0].changes == 1:
+        try:  # never sent again blindly: a second acquire beside a first that landed unheard
+            acquired = self.client.batch([statement], rerun_unheard=False)[0].changes == 1
+        except CommitUnheard as exc:
+            raise CommitOutcomeUnknown(f"the callback guard of owner scope {own.scope}", guard.token,
+                                       f"{exc}; if it landed it holds the row until its identity is read "
+                                       "(a replay, or contextful storage reconcile-guard)") from exc
+        if acquired:
             return guard
         held = self.protecting(guard.scopes)
         if held:

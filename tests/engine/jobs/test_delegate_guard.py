@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,7 +26,7 @@ import pytest
 from contextful.engine.jobs.scope import job_scope
 from contextful.storage import Store
 from contextful.storage.d1.client import D1Binding
-from contextful.storage.d1.guards import UNKNOWN, CallbackGuards
+from contextful.storage.d1.guards import REPLAY_SAFE, UNKNOWN, CallbackGuards
 from contextful.storage.d1.journal import D1JournalStore
 from contextful.storage.d1.recovery import provision
 from contextful.storage.journal import CLOSED_OK
@@ -103,9 +103,30 @@ class Site:
         return {step.label: step.value for step in self.journal.steps(execution_id)}
 
 
+ACQUIRE = b"cf_callback_guards (token"
+"""What the batch acquiring a callback guard holds (``storage.d1.guards``)."""
+
+
 @pytest.fixture
-def site(tmp_path: Path, d1_binding: D1Binding, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
-    proxy = RecordingProxy(d1_binding.url).start()
+def unanswered() -> list[bytes]:
+    """SQL fragments whose first batch's answer the proxy drops (each dropped once)."""
+    return []
+
+
+def _unanswered(fragments: list[bytes]) -> Callable[[Captured], bool]:
+    def drop(captured: Captured) -> bool:
+        hit = next((f for f in fragments if captured.path == "/d1/batch" and f in captured.body), None)
+        if hit is not None:
+            fragments.remove(hit)
+        return hit is not None
+
+    return drop
+
+
+@pytest.fixture
+def site(tmp_path: Path, d1_binding: D1Binding, monkeypatch: pytest.MonkeyPatch,
+         unanswered: list[bytes]) -> Iterator[Site]:
+    proxy = RecordingProxy(d1_binding.url, unanswered=_unanswered(unanswered)).start()
     root = tmp_path / "project"
     root.mkdir()
     for name, value in {"CONTEXTFUL_STORAGE_PROFILE": "cloudflare-d1", "CONTEXTFUL_D1_URL": d1_binding.url,
@@ -271,3 +292,26 @@ def test_a_crashed_call_to_a_delegate_without_a_window_waits_for_an_operator_the
     assert rerun["status"] == "ok" and rerun["execution"] == guard.execution_id
     assert [r["idempotency_key_header"] for r in delegate.requests()] == [guard.idempotency_key] * 2
     assert site.journal.owner(SCOPE).status == CLOSED_OK  # type: ignore[union-attr]
+
+
+def test_a_lost_acquire_answer_is_an_unknown_outcome_never_a_second_acquire_and_the_rerun_reads_the_guard(
+        tmp_path: Path, site: Site, delegate_of: Start, unanswered: list[bytes]) -> None:
+    delegate = delegate_of()
+    applied(site, delegate, window=3600)
+    unanswered.append(ACQUIRE)  # the Worker commits the guard; its answer never reaches the fire
+    lost = site.cli("job", "fire", JOB, check=False)
+    assert lost.returncode != 0 and "error: CommitOutcomeUnknown: " in lost.stderr
+    (guard,) = site.guards.guards()  # it landed, once: nothing acquired it a second time
+    assert guard.token in lost.stderr and guard.journal_entry == "row/d1/delegate/1"
+    assert sum(ACQUIRE in c.body for c in site.proxy.captured) == 1
+    assert delegate.requests() == []  # no call went out under a guard it did not hear of
+    owner = site.journal.owner(SCOPE)
+    assert owner is not None and owner.status == "pending" and owner.execution_id == guard.execution_id
+
+    # the re-run reads the guard: its holder is gone; while the lease runs it refuses, naming its class
+    early = site.cli("job", "fire", JOB, check=False)
+    assert early.returncode != 0 and f"evidence class {REPLAY_SAFE}" in early.stderr and guard.token in early.stderr
+    rerun = json.loads(site.cli("--json", "job", "fire", JOB, ahead_s=LEASE_AHEAD_S).stdout)
+    assert rerun["status"] == "ok" and rerun["execution"] == guard.execution_id
+    assert [r["idempotency_key_header"] for r in delegate.requests()] == [guard.idempotency_key]
+    assert site.guards.guards() == []
