@@ -16,6 +16,10 @@ them (``storage.d1.journal``). It outlives its holder's crash; it goes only by
   deletion and the takeover of its owner row are one batch, and the replay sends that key;
 * :meth:`CallbackGuards.reconcile`: ``contextful storage reconcile-guard``, an operator's deletion
   with an audit row naming token, evidence and operator, in one batch.
+
+Production takes a guard for each delegate call of a store-driven job (``engine.jobs.delegated``,
+through ``Execution.admit(callback=...)``) and replays one from the next fire of its job
+(``engine.jobs.guarded``).
 """
 
 from __future__ import annotations

@@ -26,12 +26,12 @@ import pytest
 from contextful.engine.jobs.scope import job_scope
 from contextful.storage import Store
 from contextful.storage.d1.client import D1Binding
-from contextful.storage.d1.guards import REPLAY_SAFE, UNKNOWN, CallbackGuards
+from contextful.storage.d1.guards import REPLAY_SAFE, UNKNOWN, CallbackGuards, Guard
 from contextful.storage.d1.journal import D1JournalStore
 from contextful.storage.d1.recovery import provision
 from contextful.storage.journal import CLOSED_OK
 
-from tests.engine.jobs.delegates import KEY, Delegate, Start
+from tests.engine.jobs.delegates import KEY, MANIFEST, Delegate, Start
 from tests.support.cli import contextful_in
 from tests.support.recording_proxy import Captured, RecordingProxy
 
@@ -44,30 +44,6 @@ LEASE_AHEAD_S = 150
 """How far ahead a re-run's clock runs: past the crashed fire's 60 s owner lease (its calls' 5 s
 timeout plus half a lease is shorter), inside the 300 s a signature's timestamp may be skewed."""
 
-MANIFEST = """\
-[project]
-name = "guarded"
-
-[[external]]
-id = "documents"
-table = "documents"
-
-[control.delegates.enricher]
-url = "{url}/enrich"
-mode = "call"
-timeout = "5s"
-{window}
-
-[[job]]
-name = "enrich-documents"
-kind = "store-driven"
-schedule = "every 1m"
-body = {{ delegate = "enricher" }}
-statement = "SELECT doc_id, body FROM documents ORDER BY doc_id"
-max_in_flight = 1
-tables = ["enriched"]
-retry = {{ attempts = 1, base_s = 0, max_s = 0 }}
-"""
 
 
 class Site:
@@ -140,9 +116,11 @@ def site(tmp_path: Path, d1_binding: D1Binding, monkeypatch: pytest.MonkeyPatch,
     proxy.stop()
 
 
-def applied(site: Site, delegate: Delegate, window: int | None) -> None:
-    (site.root / "contextful.toml").write_text(MANIFEST.format(
-        url=delegate.url, window="" if window is None else f"dedup_window_secs = {window}"))
+def applied(site: Site, delegate: Delegate, window: int | None, max_in_flight: int = 1) -> None:
+    binding = 'timeout = "5s"' + ("" if window is None else f"\ndedup_window_secs = {window}")
+    (site.root / "contextful.toml").write_text(MANIFEST.format(url=f"{delegate.url}/enrich", mode="call",
+                                                               binding=binding, max_in_flight=max_in_flight,
+                                                               attempts=1))
     site.cli("pipeline", "import")
 
 
@@ -175,6 +153,19 @@ def kill(fire: subprocess.Popen[str]) -> None:
     fire.wait(timeout=60)
 
 
+def crashed_in_call(tmp_path: Path, site: Site, delegate_of: Start, window: int | None) -> tuple[Delegate, Guard]:
+    """A fire SIGKILLed while the delegate holds its call (the delegate then answers a caller that is
+    gone): the delegate, and the one guard the call left."""
+    delegate, gate = gated(tmp_path, delegate_of)
+    applied(site, delegate, window=window)
+    fire = site.start_fire()
+    held = hold_gate(gate, fire)
+    kill(fire)
+    os.close(held)
+    (guard,) = site.guards.guards()
+    return delegate, guard
+
+
 def batches(captured: list[Captured]) -> list[list[dict]]:
     """Every D1 batch the CLI sent, in the order they went by: each one's statements."""
     return [json.loads(c.body)["statements"] for c in captured if c.path == "/d1/batch" and c.body]
@@ -192,7 +183,9 @@ def index_of(found: list[list[dict]], sql: str, param: str | None = None) -> int
 def test_a_delegate_call_runs_under_a_guard_recording_its_identity_deleted_before_its_answer_is_journaled(
         tmp_path: Path, site: Site, delegate_of: Start) -> None:
     delegate, gate = gated(tmp_path, delegate_of)
-    applied(site, delegate, window=3600)
+    applied(site, delegate, window=3600, max_in_flight=2)
+    with Store.open(site.root / ".contextful" / "store") as store:  # a second item, in flight beside d1
+        store.append("documents", pa.table({"doc_id": ["d2"], "body": ["three more words"]}))
     fire = site.start_fire()
     try:
         held = hold_gate(gate, fire)
@@ -202,7 +195,8 @@ def test_a_delegate_call_runs_under_a_guard_recording_its_identity_deleted_befor
     try:
         (guard,) = site.guards.guards()  # committed while the delegate holds the call
         owner = site.journal.owner(SCOPE)
-        (request,) = delegate.requests()
+        *_, request = delegate.requests()  # d1's, the last: d2's call takes its turn before or after it
+        assert request["envelope"]["entity"]["key"] == "d1"
         assert owner is not None and request["envelope"]["execution_id"] == owner.execution_id
         assert (guard.execution_id, guard.attempt, guard.holder) == (owner.execution_id, owner.attempts, owner.holder)
         assert guard.journal_entry == "row/d1/delegate/1" == request["envelope"]["step"]
@@ -217,6 +211,8 @@ def test_a_delegate_call_runs_under_a_guard_recording_its_identity_deleted_befor
     assert site.guards.guards() == []
     recorded = site.steps(guard.execution_id)["row/d1/delegate/1"]
     assert b'"chars":11' in recorded and b'"words":3' in recorded
+    assert sorted(r["envelope"]["entity"]["key"] for r in delegate.requests()) == ["d1", "d2"]
+    assert "row/d2/delegate/1" in site.steps(guard.execution_id)
     assert site.journal.owner(SCOPE).status == CLOSED_OK  # type: ignore[union-attr]
     # as the batches went by: the guard's deletion, then the journaling of the call's answer
     sent = batches(site.proxy.captured)
@@ -229,13 +225,7 @@ def test_a_delegate_call_runs_under_a_guard_recording_its_identity_deleted_befor
 @pytest.mark.clause("run.callback-guard.replay", "run.journal.d1-guard")
 def test_a_guard_outlives_its_holders_crash_and_a_rerun_replays_it_with_the_same_key_once_the_lease_lapsed(
         tmp_path: Path, site: Site, delegate_of: Start) -> None:
-    delegate, gate = gated(tmp_path, delegate_of)
-    applied(site, delegate, window=3600)
-    fire = site.start_fire()
-    held = hold_gate(gate, fire)
-    kill(fire)  # the fire's process dies while the delegate holds its call
-    os.close(held)  # the delegate answers a caller that is gone
-    (guard,) = site.guards.guards()
+    delegate, guard = crashed_in_call(tmp_path, site, delegate_of, window=3600)
     owner = site.journal.owner(SCOPE)
     assert owner is not None and guard.holder == owner.holder
 
@@ -266,13 +256,7 @@ def test_a_guard_outlives_its_holders_crash_and_a_rerun_replays_it_with_the_same
 @pytest.mark.clause("run.callback-guard.manual", "run.journal.d1-guard")
 def test_a_crashed_call_to_a_delegate_without_a_window_waits_for_an_operator_then_the_rerun_proceeds(
         tmp_path: Path, site: Site, delegate_of: Start) -> None:
-    delegate, gate = gated(tmp_path, delegate_of)
-    applied(site, delegate, window=None)
-    fire = site.start_fire()
-    held = hold_gate(gate, fire)
-    kill(fire)
-    os.close(held)
-    (guard,) = site.guards.guards()
+    delegate, guard = crashed_in_call(tmp_path, site, delegate_of, window=None)
     assert guard.dedup_window_secs is None
 
     # even a lease later, with its holder gone: evidence class unknown, no replay, nothing sent
