@@ -229,8 +229,14 @@ class ReceiverProcess:
         return self.url + "/events"
 
     def active(self, namespace: str = "bi") -> dict[str, Any] | None:
-        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
-                f"{self.url}/active/{namespace}", timeout=30) as answer:
+        return self._get(f"/active/{namespace}")
+
+    def published(self, publication: str = "bi") -> dict[str, Any] | None:
+        """What a reader of ``publication`` reads: its active namespace's active group."""
+        return self._get(f"/publications/{publication}")
+
+    def _get(self, path: str) -> dict[str, Any] | None:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(self.url + path, timeout=30) as answer:
             found: dict[str, Any] | None = json.loads(answer.read())
             return found
 
