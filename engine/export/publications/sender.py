@@ -7,15 +7,17 @@ Implements ``run.export.group-delivery``, ``run.export.group-identity`` and the 
 1. refuses under a storage profile that keeps no coordinated-group outbox
    (``PublicationStorageUnsupported``, before anything is read, staged or delivered);
 2. resumes the publication's pending group when there is one: its membership, store incarnation,
-   destination and read identity must still be the ones it was staged under
-   (``PublicationIncompatible`` otherwise, before delivery), and it is reoffered with its staged
-   identifiers and payloads;
+   destination and read identity must still be the ones it was staged under (:func:`check_group`,
+   which a checkpoint's groups pass too; ``PublicationIncompatible`` otherwise, before delivery), and
+   it is reoffered with its staged identifiers and payloads;
 3. otherwise reads every producer's newest completion (``engine.export.publications``): a producer
    with none is an incomplete producer frontier, and outputs other than the declared members are
    membership drift (``PublicationIncompatible``); then reads every member at its completed frontier
    through the store (a post-commit read: the committed snapshot, never the head), rechecking that
    each frontier is still readable; when that frontier is the last acknowledged group's, nothing is
-   staged; else it stages ONE group — its identity (``engine.export.publications.identity``), a
+   staged; else it stages ONE group — in the namespace of the last staged group (the publication's
+   name before any; a rebuild's fresh namespace, order 1 and no predecessor, with ``rebuild``:
+   ``engine.export.publications.rebuild``) — its identity (``engine.export.publications.identity``), a
    member-complete event per member in publication order, then one group-complete event — in one
    transaction (``engine.export.publications.outbox``);
 4. delivers the pending events in order to the destination (an HTTP POST of each event's staged

@@ -50,6 +50,7 @@ def test_a_rebuild_delivers_the_full_admitted_state_into_a_fresh_namespace_and_s
     before = receiver.published()
     assert before is not None and (before["namespace"], before["group_id"]) == ("bi", first["group"])
     kept = untouched(project)
+    stale = Project(tmp_path / "stale", gate.url, copy_of=project.root)  # a copy of the sender before the rebuild
 
     gate.allow = 4  # every member event passes, the group-complete event does not
     interrupted = rebuild(project, "epoch2", check=False)
@@ -89,3 +90,9 @@ def test_a_rebuild_delivers_the_full_admitted_state_into_a_fresh_namespace_and_s
     assert (later["order"], identity["namespace"], identity["predecessor"]) == (2, "epoch2", done["group"])
     now = receiver.published()
     assert now is not None and (now["namespace"], now["group_id"], now["order"]) == ("epoch2", later["group"], 2)
+    # a sender that never saw the rebuild completes a group in the old namespace: it would reverse the rebuild
+    stale.fire("enrich")
+    refused = export_group(stale, check=False)
+    assert refused.returncode != 0 and "error: PublicationIncompatible: publication 'bi'" in refused.stderr and \
+        "namespace 'bi' is no longer publication 'bi''s active namespace ('epoch2')" in refused.stderr, refused.stderr
+    assert receiver.published() == now
