@@ -29,15 +29,15 @@ from contextful.engine.export.receiver import rows
 from contextful.engine.project import open_project_store
 
 from tests.engine.control.scenario import serving
-from tests.engine.export import test_publication_delivery as delivery
-from tests.engine.export.publication_project import MANIFEST, PUBLICATION, Project, ReceiverProcess
+from tests.engine.export import conftest as export_fixtures
+from tests.engine.export.publication_project import MANIFEST, PUBLICATION, Project, ReceiverProcess, post
 from tests.support.http_api import JsonApi, Reply, Request
 
 FILES_ORDERS = MANIFEST[MANIFEST.index("[[pipeline]]"):MANIFEST.index("[[model]]")]
 """The publication project's ``orders``: a files pipeline without a schedule."""
 
-receiver = delivery.receiver
-"""The receiver process fixture of the delivery tests."""
+receiver = export_fixtures.receiver
+"""The export tests' receiver process fixture."""
 
 
 class Feed(JsonApi):
@@ -77,7 +77,7 @@ class Holding(JsonApi):
     def _forward(self, request: Request) -> Reply:
         self.arrived.set()
         self.release.wait(120)
-        status, body = delivery.post(self.target, request.body)
+        status, body = post(self.target, request.body)
         return Reply(status, body)
 
 
