@@ -7,7 +7,7 @@ anything is delivered; each event is acknowledged in order as the receiver accep
 group is acknowledged with its last event. A staged group's events never change: a resumed delivery
 reoffers the same identifiers and payloads. The state machine (``engine.export.publications.sender``)
 sees only :class:`GroupOutbox`; the local profile's adapter is ``engine.export.publications.sqlite``,
-and D1's ("d1-coordinated-groups") is a later adapter beside it.
+and D1's ("d1-coordinated-groups") is ``storage.d1.publications``.
 """
 
 from __future__ import annotations
@@ -79,4 +79,10 @@ def open_outbox(store: Store) -> GroupOutbox | None:
         from contextful.engine.export.publications.sqlite import SqliteGroupOutbox
 
         return SqliteGroupOutbox(store.catalog.path)
+    from contextful.storage.d1.catalog import D1Catalog
+
+    if isinstance(store.catalog, D1Catalog):
+        from contextful.storage.d1.publications import D1GroupOutbox
+
+        return D1GroupOutbox(store.catalog.client, store.clock)
     return None

@@ -1,0 +1,207 @@
+"""Coordinated publications on the D1 profile (``CONTEXTFUL_STORAGE_PROFILE=cloudflare-d1``):
+``contextful export group`` (a child process) delivering the publication test project's groups to a
+receiver process on loopback, with every piece of sender state in D1 (``storage.d1.publications``).
+
+* ``run.export.group-d1-state``: D1 holds each group's producer frontier, the staged outbox and the
+  publication's active namespace; the completing acknowledgement and its promotion are one batch (a
+  fault at the promotion leaves the acknowledgement unrecorded too).
+* ``run.export.group-d1-lease``: one versioned lease row per publication; a writer whose lease
+  passed to a second exporter changes no row.
+* ``run.export.group-d1-recovery``: a fresh empty directory with only the bindings resumes an
+  interrupted group from D1 with byte-identical identifiers before staging a later frontier.
+* ``run.export.group-storage`` (D1 half): a group over 8 MiB of sender state refuses before staging.
+
+Real components: the session's Worker under miniflare (a fresh namespace per test), the CLI and the
+receiver as child processes, a loopback forwarder between them. Oracles: D1's rows read directly
+through the binding, the receiver's SQLite file, identifiers recomputed with hashlib.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from contextful.storage.d1.client import D1Binding, D1Client
+
+from tests.engine.export.publication_project import MANIFEST, Project, ReceiverProcess
+from tests.storage.test_d1_profile import profile_env
+
+pytestmark = pytest.mark.d1
+
+
+def _digest(doc: Any) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class Forwarder:
+    """A loopback HTTP forwarder to the receiver. It records every body it receives; ``refuse``
+    answers 503 without passing on; ``hold_at`` holds the request carrying that event sequence
+    (passing it on only once :meth:`let_go` is called), setting ``holding`` when it arrives."""
+
+    def __init__(self, target: str) -> None:
+        self.target, self.refuse, self.hold_at = target, False, -1
+        self.seen: list[bytes] = []
+        self.holding, self.go = threading.Event(), threading.Event()
+        forwarder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                forwarder.seen.append(body)
+                status, answer = 503, b'{"error": "refused"}'
+                if json.loads(body)["sequence"] == forwarder.hold_at:
+                    forwarder.hold_at = -1
+                    forwarder.holding.set()
+                    forwarder.go.wait(120)  # released by the test; the deadline bounds a broken test only
+                    status, answer = _post(forwarder.target, body)
+                elif not forwarder.refuse:
+                    status, answer = _post(forwarder.target, body)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/events"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def let_go(self) -> None:
+        self.go.set()
+
+    def close(self) -> None:
+        self.go.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _post(url: str, body: bytes) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=60) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[ReceiverProcess]:
+    started = ReceiverProcess(tmp_path / "receiver.sqlite")
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def forwarder(receiver: ReceiverProcess) -> Iterator[Forwarder]:
+    found = Forwarder(receiver.events_url)
+    yield found
+    found.close()
+
+
+def d1_project(root: Path, binding: D1Binding, destination: str, manifest: str = MANIFEST) -> Project:
+    """The publication test project on the D1 profile, its store provisioned, ``orders`` landed with
+    ids 1..3 and both producers fired once."""
+    project = Project(root, None, profile_env(binding))
+    project.write(destination, manifest)
+    project.cli("store", "provision")
+    project.cli("pipeline", "import")
+    project.land("a", [1, 2, 3])
+    project.fire("enrich")
+    project.fire("build_reports")
+    return project
+
+
+@pytest.fixture
+def project(tmp_path: Path, d1_binding: D1Binding, forwarder: Forwarder) -> Project:
+    return d1_project(tmp_path / "machine-a", d1_binding, forwarder.url)
+
+
+def export_group(project: Project, check: bool = True) -> Any:
+    return project.cli("--json", "export", "group", "bi", check=check)
+
+
+def d1_state(client: D1Client) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the publication state in D1, table by table (the write token aside)."""
+    return {
+        "senders": client.query("SELECT publication, version, holder, expires_us, active_group, active_namespace, "
+                                "frontier FROM cf_publication_senders ORDER BY publication"),
+        "groups": client.query("SELECT group_id, publication, sequence, identity, events, acknowledged "
+                               "FROM cf_publication_groups ORDER BY sequence"),
+        "events": client.query("SELECT group_id, sequence, part, event_id, kind, payload FROM cf_publication_events "
+                               "ORDER BY group_id, sequence, part")}
+
+
+def staged_events(client: D1Client, order: int) -> list[tuple[str, str]]:
+    """Group ``order``'s staged ``(event_id, payload)`` pairs, read from D1."""
+    rows = client.query("SELECT e.sequence, e.part, e.event_id, e.payload FROM cf_publication_events e JOIN "
+                        "cf_publication_groups g USING (group_id) WHERE g.sequence = ? ORDER BY e.sequence, e.part",
+                        (order,))
+    events: dict[int, tuple[str, str]] = {}
+    for sequence, _part, event_id, payload in rows:
+        events[sequence] = (event_id, events.get(sequence, ("", ""))[1] + payload)
+    return [events[n] for n in sorted(events)]
+
+
+@pytest.mark.clause("run.export.group-d1-state")
+def test_d1_holds_the_outbox_frontier_and_active_namespace_and_one_batch_completes_a_group(
+        project: Project, receiver: ReceiverProcess, forwarder: Forwarder, d1_binding: D1Binding) -> None:
+    client = d1_binding.client()
+    # a fault at the promotion (a D1 trigger refusing the active group's update) fails the whole batch
+    client.batch([("CREATE TRIGGER fault BEFORE UPDATE OF active_group ON cf_publication_senders "
+                   "BEGIN SELECT RAISE(ABORT, 'injected fault'); END", ())])
+    failed = export_group(project, check=False)
+    assert failed.returncode != 0 and "error: CatalogRejected:" in failed.stderr and "injected fault" in \
+        failed.stderr, failed.stderr
+    assert len(forwarder.seen) == 5  # the receiver heard (and acknowledged) all five
+    state = d1_state(client)
+    # the group-complete event's acknowledgement did not land without its promotion: 4 of 5, nothing active
+    assert [(g[2], g[4], g[5]) for g in state["groups"]] == [(1, 5, 4)]
+    assert [(s[4], s[5], s[6]) for s in state["senders"]] == [(None, None, None)]
+    assert not (project.root / ".contextful" / "store" / "catalog.sqlite").exists()  # nothing local
+
+    client.batch([("DROP TRIGGER fault", ())])
+    forwarder.seen.clear()
+    resumed = json.loads(export_group(project).stdout)
+    assert (resumed["resumed"], resumed["order"], resumed["delivered"]) == (True, 1, 1)
+    events = staged_events(client, 1)
+    assert forwarder.seen == [events[4][1].encode()]  # the last event reoffered, as staged
+    group_id = resumed["group"]
+    identity = json.loads(events[0][1])["identity"]
+    assert group_id == _digest(identity) and [e for e, _p in events] == [
+        _digest({"group": group_id, "sequence": n}) for n in range(5)]
+    state = d1_state(client)
+    # D1 holds the group's producer frontier (its identity), its outbox and the active namespace
+    assert [(g[0], g[2], json.loads(g[3]), g[4], g[5]) for g in state["groups"]] == [(group_id, 1, identity, 5, 5)]
+    assert identity["input_frontier"] == {c["producer"]: c["input_frontier"] for c in _completions(client)}
+    assert [(s[0], s[4], s[5], json.loads(s[6])) for s in state["senders"]] == [
+        ("bi", group_id, "bi", identity["next_state"])]
+    active = receiver.active()
+    assert active is not None and (active["group_id"], active["order"]) == (group_id, 1)
+
+    # a later frontier: group 2 follows, promoted with its completing acknowledgement
+    project.land("b", [4, 5])
+    project.fire("enrich")
+    project.fire("build_reports")
+    second = json.loads(export_group(project).stdout)
+    identity2 = json.loads(staged_events(client, 2)[0][1])["identity"]
+    assert (second["order"], identity2["predecessor"], identity2["delivered_base"]) == (
+        2, group_id, identity["next_state"])
+    assert [(s[4], json.loads(s[6])) for s in d1_state(client)["senders"]] == [
+        (second["group"], identity2["next_state"])]
+    assert json.loads(export_group(project).stdout)["group"] is None  # nothing new: nothing staged
+
+
+def _completions(client: D1Client) -> list[dict[str, Any]]:
+    return [json.loads(body) for (body,) in client.query("SELECT body FROM cf_publication_completions")]
