@@ -205,3 +205,61 @@ def test_d1_holds_the_outbox_frontier_and_active_namespace_and_one_batch_complet
 
 def _completions(client: D1Client) -> list[dict[str, Any]]:
     return [json.loads(body) for (body,) in client.query("SELECT body FROM cf_publication_completions")]
+
+
+def spawn_export(project: Project) -> subprocess.Popen[str]:
+    """``contextful --json export group bi`` started as its own process (as ``contextful_in`` runs one)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTFUL_")} | project.env
+    return subprocess.Popen([sys.executable, "-m", "contextful.engine.cli", "--json", "export", "group", "bi"],
+                            cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.clause("run.export.group-d1-lease")
+def test_a_writer_whose_lease_passed_to_a_second_exporter_changes_no_row(
+        project: Project, receiver: ReceiverProcess, forwarder: Forwarder, d1_binding: D1Binding) -> None:
+    client = d1_binding.client()
+    forwarder.hold_at = 2  # exporter A delivers events 0 and 1, then waits on the receiver's answer to 2
+    first = spawn_export(project)
+    try:
+        assert forwarder.holding.wait(120), first.communicate()
+        # A holds the publication's one lease row: versioned, naming A's process, with an expiry
+        [(version, holder, expires_us)] = client.query("SELECT version, holder, expires_us FROM "
+                                                       "cf_publication_senders WHERE publication = 'bi'")
+        assert holder.split(":")[1] == str(first.pid) and version >= 3 and expires_us > 0
+        assert [(g[2], g[5]) for g in d1_state(client)["groups"]] == [(1, 2)]
+
+        # a second exporter while A's lease runs: refused, nothing changed
+        before = d1_state(client)
+        held = export_group(project, check=False)
+        assert held.returncode == 11 and "error: ExecutionHeld:" in held.stderr and str(first.pid) in held.stderr
+        assert d1_state(client) == before and len(forwarder.seen) == 3
+
+        # A's lease expires (its expiry moved to the past: 30 s of wall time, without waiting them out);
+        # exporter B takes it, and its receiver refuses it: B acknowledged nothing
+        client.batch([("UPDATE cf_publication_senders SET expires_us = 1 WHERE publication = 'bi'", ())])
+        forwarder.refuse = True
+        second = export_group(project, check=False)
+        assert second.returncode != 0 and "error: SourceUnavailable:" in second.stderr, second.stderr
+        taken = d1_state(client)
+        assert taken["senders"][0][1] > version and [(g[2], g[5]) for g in taken["groups"]] == [(1, 2)]
+
+        # A's event 2 is acknowledged by the receiver now; A's acknowledgement (the next in order, so
+        # the group row alone would admit it) predicates on the lease it lost: no row changes
+        forwarder.refuse = False
+        forwarder.let_go()
+        _out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode != 0 and "error: ExecutionWriterFenced:" in err and "its lease passed" in err, err
+    assert d1_state(client) == taken
+
+    # the next exporter resumes the group from event 2 (the receiver acknowledges it again) and completes it
+    done = json.loads(export_group(project).stdout)
+    assert (done["resumed"], done["delivered"], done["events"]) == (True, 3, 5)
+    active = receiver.active()
+    assert active is not None and active["group_id"] == done["group"]
+    assert [s[4] for s in d1_state(client)["senders"]] == [done["group"]]
