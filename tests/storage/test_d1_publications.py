@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -44,12 +45,12 @@ def _digest(doc: Any) -> str:
 
 
 class Forwarder:
-    """A loopback HTTP forwarder to the receiver. It records every body it receives; ``refuse``
-    answers 503 without passing on; ``hold_at`` holds the request carrying that event sequence
+    """A loopback HTTP forwarder to the receiver. It records every body it receives; an event at or
+    after sequence ``refuse_from`` it answers 503 without passing on; ``hold_at`` holds the request carrying that event sequence
     (passing it on only once :meth:`let_go` is called), setting ``holding`` when it arrives."""
 
     def __init__(self, target: str) -> None:
-        self.target, self.refuse, self.hold_at = target, False, -1
+        self.target, self.refuse_from, self.hold_at = target, 1_000_000, -1
         self.seen: list[bytes] = []
         self.holding, self.go = threading.Event(), threading.Event()
         forwarder = self
@@ -59,12 +60,13 @@ class Forwarder:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 forwarder.seen.append(body)
                 status, answer = 503, b'{"error": "refused"}'
-                if json.loads(body)["sequence"] == forwarder.hold_at:
+                sequence = json.loads(body)["sequence"]
+                if sequence == forwarder.hold_at:
                     forwarder.hold_at = -1
                     forwarder.holding.set()
                     forwarder.go.wait(120)  # released by the test; the deadline bounds a broken test only
                     status, answer = _post(forwarder.target, body)
-                elif not forwarder.refuse:
+                elif sequence < forwarder.refuse_from:
                     status, answer = _post(forwarder.target, body)
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(answer)))
@@ -113,13 +115,19 @@ def forwarder(receiver: ReceiverProcess) -> Iterator[Forwarder]:
 def d1_project(root: Path, binding: D1Binding, destination: str, manifest: str = MANIFEST) -> Project:
     """The publication test project on the D1 profile, its store provisioned, ``orders`` landed with
     ids 1..3 and both producers fired once."""
-    project = Project(root, None, profile_env(binding))
-    project.write(destination, manifest)
+    project = d1_project_files(root, binding, destination, manifest)
     project.cli("store", "provision")
     project.cli("pipeline", "import")
     project.land("a", [1, 2, 3])
     project.fire("enrich")
     project.fire("build_reports")
+    return project
+
+
+def d1_project_files(root: Path, binding: D1Binding, destination: str, manifest: str = MANIFEST) -> Project:
+    """The project's files alone in ``root`` (no store, nothing landed), bound to the D1 profile."""
+    project = Project(root, None, profile_env(binding))
+    project.write(destination, manifest)
     return project
 
 
@@ -239,7 +247,7 @@ def test_a_writer_whose_lease_passed_to_a_second_exporter_changes_no_row(
         # A's lease expires (its expiry moved to the past: 30 s of wall time, without waiting them out);
         # exporter B takes it, and its receiver refuses it: B acknowledged nothing
         client.batch([("UPDATE cf_publication_senders SET expires_us = 1 WHERE publication = 'bi'", ())])
-        forwarder.refuse = True
+        forwarder.refuse_from = 0
         second = export_group(project, check=False)
         assert second.returncode != 0 and "error: SourceUnavailable:" in second.stderr, second.stderr
         taken = d1_state(client)
@@ -247,7 +255,7 @@ def test_a_writer_whose_lease_passed_to_a_second_exporter_changes_no_row(
 
         # A's event 2 is acknowledged by the receiver now; A's acknowledgement (the next in order, so
         # the group row alone would admit it) predicates on the lease it lost: no row changes
-        forwarder.refuse = False
+        forwarder.refuse_from = 1_000_000
         forwarder.let_go()
         _out, err = first.communicate(timeout=120)
     finally:
@@ -263,3 +271,54 @@ def test_a_writer_whose_lease_passed_to_a_second_exporter_changes_no_row(
     active = receiver.active()
     assert active is not None and active["group_id"] == done["group"]
     assert [s[4] for s in d1_state(client)["senders"]] == [done["group"]]
+
+
+@pytest.mark.clause("run.export.group-d1-recovery")
+def test_an_empty_disk_replacement_resumes_the_group_from_d1_with_identical_identifiers(
+        project: Project, receiver: ReceiverProcess, forwarder: Forwarder, d1_binding: D1Binding,
+        tmp_path: Path) -> None:
+    """Machine A stages group 1 and its receiver refuses the first event (staged, none acknowledged);
+    a later frontier lands; A's disk is gone. Replacement B, a fresh directory holding only the
+    project's files and the bindings, resumes the group and is itself cut off after two
+    acknowledged events (partially acknowledged); its disk goes too. Replacement C finishes the
+    group with the same identifiers, byte for byte, and only then stages the later frontier."""
+    client = d1_binding.client()
+    forwarder.refuse_from = 0
+    interrupted = export_group(project, check=False)
+    assert interrupted.returncode != 0 and "error: SourceUnavailable:" in interrupted.stderr, interrupted.stderr
+    staged = [p.encode() for _e, p in staged_events(client, 1)]
+    assert forwarder.seen == staged[:1]
+    project.land("b", [4, 5])  # a later frontier, completed before the replacement runs
+    project.fire("enrich")
+    project.fire("build_reports")
+    shutil.rmtree(project.root)
+
+    delivered: list[bytes] = list(forwarder.seen)
+    for name, refuse_from, code in (("machine-b", 2, 75), ("machine-c", 1_000_000, 0)):
+        forwarder.refuse_from, forwarder.seen = refuse_from, []
+        replacement = d1_project_files(tmp_path / name, d1_binding, forwarder.url)
+        assert sorted(p.name for p in replacement.root.iterdir()) == ["contextful.toml", "orders", "shop"]
+        resumed = export_group(replacement, check=False)
+        assert resumed.returncode == code, resumed.stderr
+        # the receiver is offered the interrupted delivery's bytes again (its unacknowledged event
+        # first), then the rest of the same group: no later frontier is staged before it completes
+        assert forwarder.seen[0] == delivered[-1] and forwarder.seen == staged[staged.index(delivered[-1]):][
+            :len(forwarder.seen)]
+        delivered += forwarder.seen
+        if code:
+            shutil.rmtree(replacement.root)
+    assert json.loads(resumed.stdout)["resumed"] is True and client.query(
+        "SELECT count(*) FROM cf_publication_groups")[0][0] == 1
+    group_id = json.loads(staged[0])["group_id"]
+    assert {json.loads(b)["group_id"] for b in delivered} == {group_id}
+    assert [json.loads(b)["event_id"] for b in delivered] == [_digest({"group": group_id, "sequence": n})
+                                                              for n in (0, 0, 1, 2, 2, 3, 4)]
+    assert {row[0] for row in receiver.events()} == {json.loads(b)["event_id"] for b in staged}
+    active = receiver.active()
+    assert active is not None and (active["group_id"], active["order"]) == (group_id, 1)
+    # only then the later frontier: group 2 follows group 1
+    later = json.loads(export_group(replacement).stdout)
+    assert (later["resumed"], later["order"]) == (False, 2)
+    assert json.loads(staged_events(client, 2)[0][1])["identity"]["predecessor"] == group_id
+    after = receiver.active()
+    assert after is not None and after["group_id"] == later["group"]
