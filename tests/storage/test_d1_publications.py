@@ -198,17 +198,6 @@ def test_d1_holds_the_outbox_frontier_and_active_namespace_and_one_batch_complet
     active = receiver.active()
     assert active is not None and (active["group_id"], active["order"]) == (group_id, 1)
 
-    # a later frontier: group 2 follows, promoted with its completing acknowledgement
-    project.land("b", [4, 5])
-    project.fire("enrich")
-    project.fire("build_reports")
-    second = json.loads(export_group(project).stdout)
-    identity2 = json.loads(staged_events(client, 2)[0][1])["identity"]
-    assert (second["order"], identity2["predecessor"], identity2["delivered_base"]) == (
-        2, group_id, identity["next_state"])
-    assert [(s[4], json.loads(s[6])) for s in d1_state(client)["senders"]] == [
-        (second["group"], identity2["next_state"])]
-    assert json.loads(export_group(project).stdout)["group"] is None  # nothing new: nothing staged
 
 
 def _completions(client: D1Client) -> list[dict[str, Any]]:
@@ -319,6 +308,45 @@ def test_an_empty_disk_replacement_resumes_the_group_from_d1_with_identical_iden
     # only then the later frontier: group 2 follows group 1
     later = json.loads(export_group(replacement).stdout)
     assert (later["resumed"], later["order"]) == (False, 2)
-    assert json.loads(staged_events(client, 2)[0][1])["identity"]["predecessor"] == group_id
+    identity2 = json.loads(staged_events(client, 2)[0][1])["identity"]
+    assert identity2["predecessor"] == group_id
     after = receiver.active()
     assert after is not None and after["group_id"] == later["group"]
+    # its completing acknowledgement promoted it in D1: the active group, namespace and frontier
+    assert [(s[4], s[5], json.loads(s[6])) for s in d1_state(client)["senders"]] == [
+        (later["group"], "bi", identity2["next_state"])]
+    assert json.loads(export_group(replacement).stdout)["group"] is None  # nothing new: nothing staged
+
+
+@pytest.mark.clause("run.export.group-storage")
+def test_a_d1_sender_state_over_8_mib_refuses_before_staging(tmp_path: Path, d1_binding: D1Binding,
+                                                             receiver: ReceiverProcess, forwarder: Forwarder) -> None:
+    """The D1 half of the clause (the postgres half: tests/engine/export/test_publication_delivery.py).
+    Model ``weekly`` carries 400 kB of text per unit of the orders' id sum: orders 1, 2 and 3 stage a
+    group of about 3 MB (its payloads spanning several D1 rows, delivered byte for byte); order 20
+    added, the next group would take about 14 MB."""
+    padded = MANIFEST.replace('sql = "SELECT sum(amount) AS total FROM orders"',
+                              "sql = \"SELECT sum(amount) AS total, repeat('x', 400000 * sum(id)::INTEGER) AS pad "
+                              'FROM orders"')
+    project = d1_project(tmp_path / "p", d1_binding, forwarder.url, padded)
+    client = d1_binding.client()
+    first = json.loads(export_group(project).stdout)
+    assert (first["order"], first["delivered"]) == (1, 5)
+    parts = client.query("SELECT sequence, count(*) FROM cf_publication_events GROUP BY sequence ORDER BY sequence")
+    assert parts[3][1] > 1  # the weekly member's payload spans several rows
+    assert forwarder.seen == [p.encode() for _e, p in staged_events(client, 1)]
+    before, heard = d1_state(client), receiver.events()
+
+    project.land("b", [20])
+    project.fire("build_reports")  # enrich's completion stays the one group 1 read
+    forwarder.seen.clear()
+    refused = export_group(project, check=False)
+    assert refused.returncode != 0
+    assert refused.stderr.startswith("error: PublicationStorageUnsupported: publication 'bi' under storage profile "
+                                     "'cloudflare-d1': group 2's sender state would take "), refused.stderr
+    assert "over its bound of 8388608 bytes (8 MiB)" in refused.stderr and "coordinated-group-outbox" in refused.stderr
+    # nothing staged, nothing delivered (the lease the call took is released: only its row's lease moved)
+    after = d1_state(client)
+    assert after["groups"] == before["groups"] and after["events"] == before["events"]
+    assert [s[4:] for s in after["senders"]] == [s[4:] for s in before["senders"]]
+    assert forwarder.seen == [] and receiver.events() == heard
