@@ -1,6 +1,7 @@
 """Coordinated publications on the D1 profile (``CONTEXTFUL_STORAGE_PROFILE=cloudflare-d1``):
 ``contextful export group`` (a child process) delivering the publication test project's groups to a
-receiver process on loopback, with every piece of sender state in D1 (``storage.d1.publications``).
+receiver process on loopback, with every piece of sender state in D1
+(``engine.export.publications.d1``).
 
 * ``run.export.group-d1-state``: D1 holds each group's producer frontier, the staged outbox and the
   publication's active namespace; the completing acknowledgement and its promotion are one batch (a
@@ -12,29 +13,29 @@ receiver process on loopback, with every piece of sender state in D1 (``storage.
 * ``run.export.group-storage`` (D1 half): a group over 8 MiB of sender state refuses before staging.
 
 Real components: the session's Worker under miniflare (a fresh namespace per test), the CLI and the
-receiver as child processes, a loopback forwarder between them. Oracles: D1's rows read directly
+receiver as child processes, the delivery tests' loopback gate between them. Oracles: D1's rows read directly
 through the binding, the receiver's SQLite file, identifiers recomputed with hashlib.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from contextful.storage.d1.client import D1Binding, D1Client
 
+from tests.engine.export import test_publication_delivery as delivery
 from tests.engine.export.publication_project import MANIFEST, Project, ReceiverProcess
+from tests.engine.export.test_publication_delivery import Gate
 from tests.storage.test_d1_profile import profile_env
 
 pytestmark = pytest.mark.d1
@@ -44,65 +45,43 @@ def _digest(doc: Any) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-class Forwarder:
-    """A loopback HTTP forwarder to the receiver. It records every body it receives; an event at or
-    after sequence ``refuse_from`` it answers 503 without passing on; ``hold_at`` holds the request carrying that event sequence
-    (passing it on only once :meth:`let_go` is called), setting ``holding`` when it arrives."""
+class Forwarder(Gate):
+    """The delivery tests' gate (``allow``: how many more events it passes before answering 503),
+    which also holds the request carrying event sequence ``hold_at`` until :meth:`let_go`, setting
+    ``holding`` when it arrives; :attr:`bodies` is what it was sent, in order."""
 
     def __init__(self, target: str) -> None:
-        self.target, self.refuse_from, self.hold_at = target, 1_000_000, -1
-        self.seen: list[bytes] = []
+        super().__init__(target)
+        self.hold_at = -1
         self.holding, self.go = threading.Event(), threading.Event()
-        forwarder = self
+        forwarder, gate_handler = self, self.server.RequestHandlerClass
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(gate_handler):  # type: ignore[valid-type,misc]
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                forwarder.seen.append(body)
-                status, answer = 503, b'{"error": "refused"}'
-                sequence = json.loads(body)["sequence"]
-                if sequence == forwarder.hold_at:
+                if json.loads(body)["sequence"] == forwarder.hold_at:
                     forwarder.hold_at = -1
                     forwarder.holding.set()
                     forwarder.go.wait(120)  # released by the test; the deadline bounds a broken test only
-                    status, answer = _post(forwarder.target, body)
-                elif sequence < forwarder.refuse_from:
-                    status, answer = _post(forwarder.target, body)
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
+                self.rfile = io.BytesIO(body)
+                super().do_POST()
 
-            def log_message(self, *args: Any) -> None:
-                pass
+        self.server.RequestHandlerClass = Handler
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/events"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    @property
+    def bodies(self) -> list[bytes]:
+        return [body for _headers, body in self.seen]
 
     def let_go(self) -> None:
         self.go.set()
 
     def close(self) -> None:
         self.go.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().close()
 
 
-def _post(url: str, body: bytes) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=60) as answer:
-            return answer.status, answer.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-@pytest.fixture
-def receiver(tmp_path: Path) -> Iterator[ReceiverProcess]:
-    started = ReceiverProcess(tmp_path / "receiver.sqlite")
-    yield started
-    started.stop()
+receiver = delivery.receiver
+"""The receiver process fixture of the delivery tests."""
 
 
 @pytest.fixture
@@ -167,12 +146,13 @@ def test_d1_holds_the_outbox_frontier_and_active_namespace_and_one_batch_complet
         project: Project, receiver: ReceiverProcess, forwarder: Forwarder, d1_binding: D1Binding) -> None:
     client = d1_binding.client()
     # a fault at the promotion (a D1 trigger refusing the active group's update) fails the whole batch
-    client.batch([("CREATE TRIGGER fault BEFORE UPDATE OF active_group ON cf_publication_senders "
-                   "BEGIN SELECT RAISE(ABORT, 'injected fault'); END", ())])
+    fault = ("CREATE TRIGGER fault BEFORE UPDATE OF active_group ON cf_publication_senders "
+             "BEGIN SELECT RAISE(ABORT, 'injected fault'); END")
+    client.batch([(fault, ())])
     failed = export_group(project, check=False)
     assert failed.returncode != 0 and "error: CatalogRejected:" in failed.stderr and "injected fault" in \
         failed.stderr, failed.stderr
-    assert len(forwarder.seen) == 5  # the receiver heard (and acknowledged) all five
+    assert len(forwarder.bodies) == 5  # the receiver heard (and acknowledged) all five
     state = d1_state(client)
     # the group-complete event's acknowledgement did not land without its promotion: 4 of 5, nothing active
     assert [(g[2], g[4], g[5]) for g in state["groups"]] == [(1, 5, 4)]
@@ -184,7 +164,7 @@ def test_d1_holds_the_outbox_frontier_and_active_namespace_and_one_batch_complet
     resumed = json.loads(export_group(project).stdout)
     assert (resumed["resumed"], resumed["order"], resumed["delivered"]) == (True, 1, 1)
     events = staged_events(client, 1)
-    assert forwarder.seen == [events[4][1].encode()]  # the last event reoffered, as staged
+    assert forwarder.bodies == [events[4][1].encode()]  # the last event reoffered, as staged
     group_id = resumed["group"]
     identity = json.loads(events[0][1])["identity"]
     assert group_id == _digest(identity) and [e for e, _p in events] == [
@@ -231,12 +211,12 @@ def test_a_writer_whose_lease_passed_to_a_second_exporter_changes_no_row(
         before = d1_state(client)
         held = export_group(project, check=False)
         assert held.returncode == 11 and "error: ExecutionHeld:" in held.stderr and str(first.pid) in held.stderr
-        assert d1_state(client) == before and len(forwarder.seen) == 3
+        assert d1_state(client) == before and len(forwarder.bodies) == 2  # 0 and 1 (2 is held)
 
         # A's lease expires (its expiry moved to the past: 30 s of wall time, without waiting them out);
         # exporter B takes it, and its receiver refuses it: B acknowledged nothing
         client.batch([("UPDATE cf_publication_senders SET expires_us = 1 WHERE publication = 'bi'", ())])
-        forwarder.refuse_from = 0
+        forwarder.allow = 0
         second = export_group(project, check=False)
         assert second.returncode != 0 and "error: SourceUnavailable:" in second.stderr, second.stderr
         taken = d1_state(client)
@@ -244,7 +224,7 @@ def test_a_writer_whose_lease_passed_to_a_second_exporter_changes_no_row(
 
         # A's event 2 is acknowledged by the receiver now; A's acknowledgement (the next in order, so
         # the group row alone would admit it) predicates on the lease it lost: no row changes
-        forwarder.refuse_from = 1_000_000
+        forwarder.allow = 1_000_000
         forwarder.let_go()
         _out, err = first.communicate(timeout=120)
     finally:
@@ -272,28 +252,28 @@ def test_an_empty_disk_replacement_resumes_the_group_from_d1_with_identical_iden
     acknowledged events (partially acknowledged); its disk goes too. Replacement C finishes the
     group with the same identifiers, byte for byte, and only then stages the later frontier."""
     client = d1_binding.client()
-    forwarder.refuse_from = 0
+    forwarder.allow = 0
     interrupted = export_group(project, check=False)
     assert interrupted.returncode != 0 and "error: SourceUnavailable:" in interrupted.stderr, interrupted.stderr
     staged = [p.encode() for _e, p in staged_events(client, 1)]
-    assert forwarder.seen == staged[:1]
+    assert forwarder.bodies == staged[:1]
     project.land("b", [4, 5])  # a later frontier, completed before the replacement runs
     project.fire("enrich")
     project.fire("build_reports")
     shutil.rmtree(project.root)
 
-    delivered: list[bytes] = list(forwarder.seen)
-    for name, refuse_from, code in (("machine-b", 2, 75), ("machine-c", 1_000_000, 0)):
-        forwarder.refuse_from, forwarder.seen = refuse_from, []
+    delivered: list[bytes] = forwarder.bodies
+    for name, allow, code in (("machine-b", 2, 75), ("machine-c", 1_000_000, 0)):
+        forwarder.allow, forwarder.seen = allow, []
         replacement = d1_project_files(tmp_path / name, d1_binding, forwarder.url)
         assert sorted(p.name for p in replacement.root.iterdir()) == ["contextful.toml", "orders", "shop"]
         resumed = export_group(replacement, check=False)
         assert resumed.returncode == code, resumed.stderr
         # the receiver is offered the interrupted delivery's bytes again (its unacknowledged event
         # first), then the rest of the same group: no later frontier is staged before it completes
-        assert forwarder.seen[0] == delivered[-1] and forwarder.seen == staged[staged.index(delivered[-1]):][
-            :len(forwarder.seen)]
-        delivered += forwarder.seen
+        sent = forwarder.bodies
+        assert sent[0] == delivered[-1] and sent == staged[staged.index(delivered[-1]):][:len(sent)]
+        delivered += sent
         if code:
             shutil.rmtree(replacement.root)
     assert json.loads(resumed.stdout)["resumed"] is True and client.query(
@@ -334,7 +314,7 @@ def test_a_d1_sender_state_over_8_mib_refuses_before_staging(tmp_path: Path, d1_
     assert (first["order"], first["delivered"]) == (1, 5)
     parts = client.query("SELECT sequence, count(*) FROM cf_publication_events GROUP BY sequence ORDER BY sequence")
     assert parts[3][1] > 1  # the weekly member's payload spans several rows
-    assert forwarder.seen == [p.encode() for _e, p in staged_events(client, 1)]
+    assert forwarder.bodies == [p.encode() for _e, p in staged_events(client, 1)]
     before, heard = d1_state(client), receiver.events()
 
     project.land("b", [20])

@@ -8,8 +8,8 @@ pinned input frontier and every output table's frontier, an empty output include
 
 The port is :class:`CompletionStore`; each adapter is a module beside this one (``sqlite``: the
 local profile's catalog database, beside its other ``cf_`` tables), picked by :func:`open_completions`
-from the store's catalog (the D1 profile's is ``storage.d1.publications``, "d1-coordinated-groups"). A
-profile with no adapter answers None: its producers record nothing.
+from the store's catalog (the D1 profile's is ``d1``, decision "d1-coordinated-groups"). A profile with
+no adapter answers None: its producers record nothing.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def open_completions(store: Store) -> CompletionStore | None:
     from contextful.storage.d1.catalog import D1Catalog
 
     if isinstance(store.catalog, D1Catalog):
-        from contextful.storage.d1.publications import D1Completions
+        from contextful.engine.export.publications.d1 import D1Completions
 
         return D1Completions(store.catalog.client)
     return None

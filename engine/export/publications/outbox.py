@@ -7,7 +7,7 @@ anything is delivered; each event is acknowledged in order as the receiver accep
 group is acknowledged with its last event. A staged group's events never change: a resumed delivery
 reoffers the same identifiers and payloads. The state machine (``engine.export.publications.sender``)
 sees only :class:`GroupOutbox`; the local profile's adapter is ``engine.export.publications.sqlite``,
-and D1's ("d1-coordinated-groups") is ``storage.d1.publications``.
+and D1's ("d1-coordinated-groups") is ``engine.export.publications.d1``.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def open_outbox(store: Store) -> GroupOutbox | None:
     from contextful.storage.d1.catalog import D1Catalog
 
     if isinstance(store.catalog, D1Catalog):
-        from contextful.storage.d1.publications import D1GroupOutbox
+        from contextful.engine.export.publications.d1 import D1GroupOutbox
 
         return D1GroupOutbox(store.catalog.client, store.clock)
     return None

@@ -1,5 +1,7 @@
 """Publication state of the D1 profile: producer completions, the sender's group outbox and the
-publication's durable lease, in D1 through the private Worker (``storage.d1.client``).
+publication's durable lease, in D1 through the private Worker (``storage.d1.client``); the adapters
+beside ``sqlite`` that :func:`~contextful.engine.export.publications.open_completions` and
+:func:`~contextful.engine.export.publications.outbox.open_outbox` pick on a ``D1Catalog``.
 
 Implements ``run.export.group-d1-state``, ``run.export.group-d1-lease``, the D1 half of
 ``run.export.group-storage`` and the state ``run.export.group-d1-recovery`` resumes from (decision
@@ -39,7 +41,7 @@ from __future__ import annotations
 import atexit
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +86,8 @@ SCHEMA = (
         ON cf_publication_events BEGIN SELECT RAISE(ABORT, 'a staged event is immutable'); END""",
 )
 
+_RECORD = ("INSERT INTO cf_publication_completions (run_id, producer, recorded_us, body) VALUES (?, ?, ?, ?) "
+           "ON CONFLICT (run_id) DO NOTHING")
 _SENDER = ("SELECT version, holder, taken_us, expires_us, active_group FROM cf_publication_senders "
            "WHERE publication = ?")
 _NEW_SENDER = ("INSERT INTO cf_publication_senders (publication, version, expires_us) VALUES (?, 0, 0) "
@@ -102,6 +106,7 @@ _INSERT_EVENT = ("INSERT INTO cf_publication_events (group_id, sequence, part, e
                  f"SELECT ?, ?, ?, ?, ?, ? WHERE {_HELD}")
 _ACKNOWLEDGE = (f"UPDATE cf_publication_groups SET acknowledged = ? WHERE group_id = ? AND publication = ? "
                 f"AND acknowledged = ? AND {_HELD}")
+_ACKNOWLEDGED = "SELECT acknowledged, events, identity FROM cf_publication_groups WHERE group_id = ? AND publication = ?"
 _PROMOTE = (f"UPDATE cf_publication_senders SET active_group = ?, active_namespace = ?, frontier = ? "
             f"WHERE publication = ? AND {_HELD}")
 _RELEASE = ("UPDATE cf_publication_senders SET holder = NULL, expires_us = 0, version = version + 1 "
@@ -121,9 +126,7 @@ class D1Completions:
 
     def record(self, completion: Completion) -> Completion:
         results = self.client.batch([
-            ("INSERT INTO cf_publication_completions (run_id, producer, recorded_us, body) VALUES (?, ?, ?, ?) "
-             "ON CONFLICT (run_id) DO NOTHING",
-             (completion.run_id, completion.producer, completion.recorded_us, completion.body())),
+            (_RECORD, (completion.run_id, completion.producer, completion.recorded_us, completion.body())),
             ("SELECT body FROM cf_publication_completions WHERE run_id = ?", (completion.run_id,))],
             rerun_unheard=True)  # the insert does nothing on conflict: sent again, it finds its own row
         return Completion.from_json(json.loads(results[1].rows[0][0]))
@@ -148,6 +151,9 @@ class _Sender:
     expires_us: int
     active_group: str | None
 
+
+Decide = Callable[["_Sender", list[Any]], "list[Statement] | None"]
+"""A write's decision over the publication's row and its other reads: the writes (None: nothing to write)."""
 
 _holder: tuple[int, str] | None = None
 _taken: set[tuple[str, str]] = set()
@@ -211,26 +217,25 @@ class D1GroupOutbox:
             *[(sql, (*params, publication, token)) for sql, params in writes],
             (_TOKEN_HELD, (publication, token))]
         held = bool(self.client.batch(statements)[-1].rows[0][0])
-        if held:
-            if self._key(publication) not in _taken:
-                _taken.add(self._key(publication))
-                atexit.register(self._release, publication)
+        if held and self._key(publication) not in _taken:
+            _taken.add(self._key(publication))
+            atexit.register(self._release, publication)
         return held
 
-    def _write(self, publication: str, decide: Any, reads: Sequence[Statement] = ()) -> Any:
-        """Read the publication's row (and ``reads``) in one batch, ``decide(sender, rows)`` the writes
-        and the answer, send them under the lease; again while another writer moved the row first."""
+    def _write(self, publication: str, decide: Decide, reads: Sequence[Statement] = ()) -> None:
+        """Read the publication's row (and ``reads``) in one batch, ``decide(sender, rows)`` the writes,
+        send them under the lease; again while another writer moved the row first."""
         unheard = 0
         while True:  # loops only while another writer moves the row between our read and our batch
             sender, rows = self._read_sender(publication, reads)
             now_us = self.clock.now_us()
             self._admit(publication, sender, now_us)
-            writes, answer = decide(sender, rows)
+            writes = decide(sender, rows)
             if writes is None:
-                return answer
+                return
             try:
                 if self._swap(publication, sender, writes, now_us):
-                    return answer
+                    return
             except CommitUnheard:
                 unheard += 1  # read again: a write that landed moved the version, and decides nothing twice
                 if unheard == 2:
@@ -238,7 +243,7 @@ class D1GroupOutbox:
 
     def hold(self, publication: str) -> None:
         """Take (or renew) the publication's lease for this process."""
-        self._write(publication, lambda sender, rows: ([], None))
+        self._write(publication, lambda sender, rows: [])
 
     def _release(self, publication: str) -> None:
         if self._key(publication) in _taken:
@@ -253,7 +258,7 @@ class D1GroupOutbox:
                                     write=False)
         if not results[0].rows:
             return None
-        group_id, publication, identity, acknowledged, _events = results[0].rows[0]
+        _group_id, publication, identity, acknowledged, _events = results[0].rows[0]
         return StagedGroup(publication, GroupIdentity.from_json(json.loads(identity)), _joined(results[1].rows),
                            int(acknowledged))
 
@@ -276,16 +281,16 @@ class D1GroupOutbox:
                                                 f"would take {size} bytes in D1, over its bound of {STATE_BOUND} "
                                                 "bytes (8 MiB)")
 
-        def decide(sender: _Sender, rows: list[Any]) -> tuple[list[Statement] | None, None]:
+        def decide(sender: _Sender, rows: list[Any]) -> list[Statement] | None:
             if rows[0]:
-                return None, None  # staged before: a staged group keeps what was staged
+                return None  # staged before: a staged group keeps what was staged
             writes: list[Statement] = [(_INSERT_GROUP, (group_id, publication, identity.order, identity_text,
                                                         len(events)))]
             for event in events:  # bounded by the group's members, each payload by the bound above
                 for part, start in enumerate(range(0, max(len(event.payload), 1), PART_CHARS)):
                     writes.append((_INSERT_EVENT, (group_id, event.sequence, part, event.event_id, event.kind,
                                                    event.payload[start:start + PART_CHARS])))
-            return writes, None
+            return writes
 
         self._write(publication, decide, [("SELECT 1 FROM cf_publication_groups WHERE group_id = ?", (group_id,))])
         staged = self._group("group_id = ?", (group_id,))
@@ -293,19 +298,18 @@ class D1GroupOutbox:
         return staged
 
     def acknowledge(self, publication: str, group_id: str, sequence: int) -> None:
-        def decide(sender: _Sender, rows: list[Any]) -> tuple[list[Statement] | None, None]:
+        def decide(sender: _Sender, rows: list[Any]) -> list[Statement] | None:
             if not rows[0] or int(rows[0][0][0]) != sequence:
-                return None, None  # not the next in order (acknowledged already): nothing to record
+                return None  # not the next in order (acknowledged already): nothing to record
             acknowledged, events, identity = int(rows[0][0][0]) + 1, int(rows[0][0][1]), rows[0][0][2]
             writes: list[Statement] = [(_ACKNOWLEDGE, (acknowledged, group_id, publication, sequence))]
             if acknowledged == events:  # the completing acknowledgement carries the promotion
                 promoted = GroupIdentity.from_json(json.loads(identity))
                 writes.append((_PROMOTE, (group_id, promoted.namespace,
                                           json.dumps(promoted.next_state, sort_keys=True), publication)))
-            return writes, None
+            return writes
 
-        self._write(publication, decide, [("SELECT acknowledged, events, identity FROM cf_publication_groups "
-                                           "WHERE group_id = ? AND publication = ?", (group_id, publication))])
+        self._write(publication, decide, [(_ACKNOWLEDGED, (group_id, publication))])
 
 
 def _joined(rows: list[tuple[Any, ...]]) -> tuple[GroupEvent, ...]:
