@@ -1,4 +1,4 @@
-"""``contextful store collect``, ``store compaction``, ``store provision`` and ``store backup``, the shared ``_store``/``_json`` of the store commands, and ``register()``,
+"""``contextful store collect``, ``store compaction``, ``store provision``, ``store backup`` and ``store restore``, the shared ``_store``/``_json`` of the store commands, and ``register()``,
 which adds every command group (``table``, ``sql``, ``run``, ``pipeline``, ... each in its own module)."""
 
 from __future__ import annotations
@@ -155,6 +155,32 @@ def store_backup(ctx: click.Context, destination: str) -> None:
     else:
         click.echo(f"backup of recovery identity {summary['recovery_id']}: {summary['tables']} tables, "
                    f"{summary['objects']} R2 objects, to {destination}")
+
+
+@store_group.command("restore")
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.pass_context
+def store_restore(ctx: click.Context, source: str) -> None:
+    """Restore the D1 profile's lost execution database from a SOURCE written by ``store backup``."""
+    import json
+
+    from contextful.storage.d1.restore import restore
+    from contextful.storage.errors import ArgumentInvalid
+
+    try:
+        with open(source, encoding="utf-8") as fh:
+            document = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ArgumentInvalid("SOURCE", source, f"not a readable backup document ({exc})") from exc
+    if not isinstance(document, dict):
+        raise ArgumentInvalid("SOURCE", source, "not a backup document (a JSON object)")
+    with _store(ctx) as store:
+        restored = restore(store, document, progress=lambda line: click.echo(line, err=True))
+    if _json(ctx):
+        emit_json(restored.to_json())
+    else:
+        click.echo(f"restored recovery identity {restored.identity.recovery_id}: {restored.tables} tables, "
+                   f"{restored.rows} rows; {restored.objects_checked} R2 objects checked")
 
 
 def register(cli: click.Group) -> None:

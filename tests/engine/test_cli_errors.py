@@ -106,6 +106,7 @@ def args_for(words: tuple[str, ...], root: Path, port: int) -> list[str]:
         ("connection", "show"): ["acme-drive"],
         ("export", "group"): ["nightly_pub"],
         ("store", "backup"): [str(root.parent / "backup.json")],
+        ("store", "restore"): [str(root.parent / "backup.json")],
         ("storage", "reconcile-guard"): ["g0", "--evidence", "receipt r-1", "--operator", "ops"],
         ("export", "key", "issue"): ["analysts"],
         ("pipeline", "key", "issue"): ["events"],

@@ -160,3 +160,73 @@ def test_a_writer_committing_during_the_capture_refuses_it(bound: D1Binding, tmp
         with pytest.raises(ExecutionRecoveryMismatch) as info:
             capture(store, during=late_writer)
         assert "a writer committed while the backup was captured" in info.value.reason
+
+
+def _lose_the_database(binding: D1Binding) -> None:
+    """The D1 database is lost (its R2 namespace survives): every ``cf_…`` table of the namespace dropped."""
+    client = binding.client()
+    client.batch([(f"DROP TABLE cf_{name}", ()) for name in sorted(tables(binding))])
+    assert not tables(binding)
+
+
+@pytest.mark.clause("run.journal.d1-backup", "run.journal.d1-recovery")
+def test_store_restore_puts_a_lost_database_back_and_runs_resume_where_they_stopped(
+        d1_binding: D1Binding, tmp_path: Path) -> None:
+    env = profile_env(d1_binding)
+    where = project(tmp_path / "p")
+    (where / "raw").mkdir()
+    (where / "raw" / "a.ndjson").write_text('{"id": 1}\n{"id": 2}\n')
+    identity = json.loads(contextful_in(where, "--json", "store", "provision", env=env).stdout)
+    contextful_in(where, "pipeline", "run", env=env)
+    backup = tmp_path / "backup.json"
+    contextful_in(where, "store", "backup", str(backup), env=env)
+    before = {t: d1_binding.client().query(f"SELECT count(*) FROM cf_{t}")[0][0] for t in tables(d1_binding)}
+
+    _lose_the_database(d1_binding)
+    lost = contextful_in(where, "pipeline", "run", env=env, check=False)
+    assert lost.returncode != 0 and "error: ExecutionRecoveryMismatch" in lost.stderr
+
+    restored = json.loads(contextful_in(where, "--json", "store", "restore", str(backup), env=env).stdout)
+    assert restored["recovery_id"] == identity["recovery_id"] and restored["objects_checked"] > 0
+    assert {t: d1_binding.client().query(f"SELECT count(*) FROM cf_{t}")[0][0] for t in before} == before
+    # admitted again, where it stopped: the landed file is not read twice, a new one lands
+    (where / "raw" / "b.ndjson").write_text('{"id": 3}\n')
+    again = json.loads(contextful_in(where, "--json", "pipeline", "run", env=env).stdout)
+    assert again[0]["ok"] and again[0]["tables"][0]["rows"] == 1
+    rows = json.loads(contextful_in(where, "--json", "sql", "SELECT count(*) AS n, count(DISTINCT id) AS d FROM orders",
+                                    env=env).stdout)
+    assert rows == [{"n": 3, "d": 3}]
+
+    # a living database is never overwritten: the restore refuses and changes nothing
+    heads = d1_binding.client().query("SELECT name, commit_seq FROM cf_tables ORDER BY name")
+    refused = contextful_in(where, "store", "restore", str(backup), env=env, check=False)
+    assert refused.returncode != 0 and "error: ExecutionRecoveryMismatch" in refused.stderr
+    assert f"records recovery identity {identity['recovery_id']}" in refused.stderr
+    assert d1_binding.client().query("SELECT name, commit_seq FROM cf_tables ORDER BY name") == heads
+
+
+@pytest.mark.clause("run.journal.d1-recovery")
+def test_a_restore_whose_r2_frontier_lost_an_object_refuses_naming_it_and_writes_nothing(
+        d1_binding: D1Binding, tmp_path: Path) -> None:
+    env = profile_env(d1_binding)
+    where = project(tmp_path / "p")
+    (where / "raw").mkdir()
+    (where / "raw" / "a.ndjson").write_text('{"id": 1}\n')
+    contextful_in(where, "store", "provision", env=env)
+    contextful_in(where, "pipeline", "run", env=env)
+    backup = tmp_path / "backup.json"
+    contextful_in(where, "store", "backup", str(backup), env=env)
+    part = next(o["key"] for o in json.loads(backup.read_text())["r2_frontier"] if "/parts/" in o["key"])
+
+    _lose_the_database(d1_binding)
+    d1_binding.client().delete(part)  # R2 lost an object the captured catalog references
+    proc = contextful_in(where, "store", "restore", str(backup), env=env, check=False)
+    assert proc.returncode != 0 and "error: ExecutionRecoveryMismatch" in proc.stderr
+    assert f"the R2 object {part} of the backup's frontier is missing" in proc.stderr
+    assert "recovery" not in tables(d1_binding)  # nothing restored: no identity admits work
+
+    tampered = json.loads(backup.read_text())
+    tampered["schema"]["tables"]["cf_recovery"] += " "
+    backup.write_text(json.dumps(tampered))
+    proc = contextful_in(where, "store", "restore", str(backup), env=env, check=False)
+    assert "does not match its digest" in proc.stderr and "recovery" not in tables(d1_binding)

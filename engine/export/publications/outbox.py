@@ -4,7 +4,9 @@ Implements the persistence half of ``run.export.group-delivery`` and ``run.expor
 (decision "coordinated-exports-activate"): a group is staged whole — its identity and every event,
 member-complete events first and the group-complete event last — in one transaction, before
 anything is delivered; each event is acknowledged in order as the receiver accepts it, and the
-group is acknowledged with its last event. A staged group's events never change: a resumed delivery
+group is acknowledged with its last event. Groups are kept in staging order (a rebuild starts
+order 1 again in a fresh namespace, so the staging position is not the group's order). A staged
+group's events never change: a resumed delivery
 reoffers the same identifiers and payloads. The state machine (``engine.export.publications.sender``)
 sees only :class:`GroupOutbox`; the local profile's adapter is ``engine.export.publications.sqlite``,
 and D1's ("d1-coordinated-groups") is ``engine.export.publications.d1``.
@@ -69,6 +71,14 @@ class GroupOutbox(Protocol):
 
     def acknowledge(self, publication: str, group_id: str, sequence: int) -> None:
         """Record the receiver's acknowledgement of the group's event at ``sequence`` (the next in order)."""
+
+    def groups(self, publication: str) -> tuple[StagedGroup, ...]:
+        """Every group staged for the publication, in staging order (``run.export.group-checkpoint``)."""
+
+    def restore(self, publication: str, group: StagedGroup) -> StagedGroup:
+        """Load ``group`` (staged elsewhere: a checkpoint's, its events unchanged) at the next staging
+        position; a group the outbox holds already keeps its events, and its acknowledged count becomes
+        the larger of the two. The caller has checked the group binds its events and this store."""
 
 
 def open_outbox(store: Store) -> GroupOutbox | None:

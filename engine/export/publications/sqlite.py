@@ -1,7 +1,8 @@
 """The local profile's publication state in the store's SQLite catalog database, beside its other
 ``cf_`` tables: producer completions (``cf_publication_completions``, ``run.export.group-source``)
 and the sender's group outbox (``cf_publication_groups`` and ``cf_publication_events``,
-``run.export.group-delivery``; a staged event's row never changes: triggers refuse it).
+``run.export.group-delivery``; a staged event's row never changes: triggers refuse it; its groups in
+staging order, ``run.export.group-checkpoint`` reads them whole and restores them).
 
 A completion is one row keyed by its run id; triggers refuse every UPDATE and DELETE, so a recorded
 completion is immutable in the database itself, not by this module's good manners. Recording a run
@@ -119,15 +120,7 @@ class SqliteGroupOutbox(SqliteFilePort):
         with closing(self._connection()) as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                inserted = conn.execute(
-                    "INSERT INTO cf_publication_groups (group_id, publication, sequence, identity, events) "
-                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (group_id) DO NOTHING",
-                    (group_id, publication, identity.order, json.dumps(identity.to_json(), sort_keys=True),
-                     len(events))).rowcount
-                if inserted:
-                    conn.executemany("INSERT INTO cf_publication_events (group_id, sequence, event_id, kind, payload) "
-                                     "VALUES (?, ?, ?, ?, ?)",
-                                     [(group_id, e.sequence, e.event_id, e.kind, e.payload) for e in events])
+                self._insert(conn, publication, identity, events, 0)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -135,6 +128,44 @@ class SqliteGroupOutbox(SqliteFilePort):
             staged = self._group(conn, "group_id = ?", (group_id,))
         assert staged is not None
         return staged
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, publication: str, identity: GroupIdentity, events: tuple[GroupEvent, ...],
+                acknowledged: int) -> None:
+        """Insert a group at the publication's next staging position (a group held already: nothing)."""
+        group_id = identity.group_id
+        inserted = conn.execute(
+            "INSERT INTO cf_publication_groups (group_id, publication, sequence, identity, events, acknowledged) "
+            "SELECT ?, ?, COALESCE(MAX(sequence), 0) + 1, ?, ?, ? FROM cf_publication_groups WHERE publication = ? "
+            "ON CONFLICT (group_id) DO NOTHING",
+            (group_id, publication, json.dumps(identity.to_json(), sort_keys=True), len(events), acknowledged,
+             publication)).rowcount
+        if inserted:
+            conn.executemany("INSERT INTO cf_publication_events (group_id, sequence, event_id, kind, payload) "
+                             "VALUES (?, ?, ?, ?, ?)",
+                             [(group_id, e.sequence, e.event_id, e.kind, e.payload) for e in events])
+
+    def groups(self, publication: str) -> tuple[StagedGroup, ...]:
+        with closing(self._connection()) as conn:
+            ids = [row[0] for row in conn.execute("SELECT group_id FROM cf_publication_groups WHERE publication = ? "
+                                                  "ORDER BY sequence", (publication,))]
+            found = [self._group(conn, "group_id = ?", (group_id,)) for group_id in ids]
+        return tuple(g for g in found if g is not None)
+
+    def restore(self, publication: str, group: StagedGroup) -> StagedGroup:
+        with closing(self._connection()) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._insert(conn, publication, group.identity, group.events, group.acknowledged)
+                conn.execute("UPDATE cf_publication_groups SET acknowledged = MAX(acknowledged, ?) "
+                             "WHERE group_id = ? AND publication = ?", (group.acknowledged, group.group_id, publication))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            restored = self._group(conn, "group_id = ?", (group.group_id,))
+        assert restored is not None
+        return restored
 
     def acknowledge(self, publication: str, group_id: str, sequence: int) -> None:
         with closing(self._connection()) as conn:
