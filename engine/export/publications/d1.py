@@ -30,9 +30,12 @@ no row and raises ``ExecutionWriterFenced``. A completing acknowledgement (the g
 and its promotion — active group, active namespace, delivered frontier — are one batch: both land
 or neither does.
 
-The lease is taken at the publication's first call (``export group``'s first is :meth:`pending`) by
-this process's holder id (``storage.holders``) and released when the process exits; a live holder's
-unexpired lease refuses another process (``ExecutionHeld``). A staged group whose identity and
+The lease IS the publication's exclusive hold (:class:`D1Holds`, the D1 adapter of
+``engine.export.publications.holds``): the outbox of the process that took the hold writes as its
+holder. Where none was taken, the outbox takes the lease itself at the publication's first call
+(``export group``'s first is :meth:`pending`) under this process's holder id (``storage.holders``)
+and releases it when the process exits; a live holder's unexpired lease refuses another process
+(``ExecutionHeld``). Serve units' shared claims are rows of ``cf_publication_claims``. A staged group whose identity and
 events exceed :data:`STATE_BOUND` raises ``PublicationStorageUnsupported`` before anything is written.
 """
 
@@ -46,12 +49,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from contextful.engine.export.publications import Completion
+from contextful.engine.export.publications.holds import EXCLUSIVE, SHARED, Hold
 from contextful.engine.export.publications.identity import GroupIdentity
 from contextful.engine.export.publications.outbox import GroupEvent, StagedGroup
 from contextful.storage.clock import Clock
 from contextful.storage.d1.client import D1Client, Statement
 from contextful.storage.dbapi import CommitUnheard
-from contextful.storage.errors import ExecutionHeld, ExecutionWriterFenced, PublicationStorageUnsupported
+from contextful.storage.errors import (
+    CatalogUnavailable,
+    ExecutionHeld,
+    ExecutionWriterFenced,
+    PublicationStorageUnsupported,
+)
 from contextful.storage.holders import Holder, default_holder, holder_is_dead
 
 PROFILE = "cloudflare-d1"
@@ -74,6 +83,9 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS cf_publication_senders (
         publication TEXT PRIMARY KEY, version INTEGER NOT NULL, holder TEXT, taken_us INTEGER,
         expires_us INTEGER NOT NULL, active_group TEXT, active_namespace TEXT, frontier TEXT, write_token TEXT)""",
+    """CREATE TABLE IF NOT EXISTS cf_publication_claims (
+        publication TEXT NOT NULL, holder TEXT NOT NULL, version INTEGER NOT NULL, expires_us INTEGER NOT NULL,
+        PRIMARY KEY (publication, holder))""",
     """CREATE TABLE IF NOT EXISTS cf_publication_groups (
         group_id TEXT PRIMARY KEY, publication TEXT NOT NULL, sequence INTEGER NOT NULL, identity TEXT NOT NULL,
         events INTEGER NOT NULL, acknowledged INTEGER NOT NULL DEFAULT 0, UNIQUE (publication, sequence))""",
@@ -100,8 +112,16 @@ _GROUP = "SELECT group_id, publication, identity, acknowledged, events FROM cf_p
 _GROUP_ID = "SELECT group_id FROM cf_publication_groups"
 _EVENTS = ("SELECT sequence, part, event_id, kind, payload FROM cf_publication_events WHERE group_id = ({}) "
            "ORDER BY sequence, part")
-_INSERT_GROUP = ("INSERT INTO cf_publication_groups (group_id, publication, sequence, identity, events) "
-                 f"SELECT ?, ?, ?, ?, ? WHERE {_HELD}")
+_INSERT_GROUP = ("INSERT INTO cf_publication_groups (group_id, publication, sequence, identity, events, acknowledged) "
+                 f"SELECT ?, ?, ?, ?, ?, ? WHERE {_HELD}")
+_PUBLICATION_EVENTS = ("SELECT e.group_id, e.sequence, e.part, e.event_id, e.kind, e.payload FROM cf_publication_events e "
+                       "JOIN cf_publication_groups g ON g.group_id = e.group_id WHERE g.publication = ? "
+                       "ORDER BY g.sequence, e.sequence, e.part")
+_POSITIONS = ("SELECT (SELECT COALESCE(MAX(sequence), 0) FROM cf_publication_groups WHERE publication = ?) AS last, "
+              "(SELECT g.sequence FROM cf_publication_groups g JOIN cf_publication_senders s "
+              "ON s.active_group = g.group_id WHERE s.publication = ?) AS active")
+_RESTORE_ACKNOWLEDGED = ("UPDATE cf_publication_groups SET acknowledged = ? WHERE group_id = ? AND publication = ? "
+                         f"AND {_HELD}")
 _INSERT_EVENT = ("INSERT INTO cf_publication_events (group_id, sequence, part, event_id, kind, payload) "
                  f"SELECT ?, ?, ?, ?, ?, ? WHERE {_HELD}")
 _ACKNOWLEDGE = (f"UPDATE cf_publication_groups SET acknowledged = ? WHERE group_id = ? AND publication = ? "
@@ -156,8 +176,10 @@ Decide = Callable[["_Sender", list[Any]], "list[Statement] | None"]
 """A write's decision over the publication's row and its other reads: the writes (None: nothing to write)."""
 
 _holder: tuple[int, str] | None = None
-_taken: set[tuple[str, str]] = set()
-"""``(binding, publication)`` of every lease this process took and has not released."""
+_leases: dict[tuple[str, str], str] = {}
+"""``(binding, publication)`` -> the holder under which this process took that publication's lease
+(its exclusive hold, :class:`D1Holds`, or the outbox's own take) and has not released it: every
+outbox write of this process is that holder's."""
 
 
 def process_holder() -> str:
@@ -190,14 +212,18 @@ class D1GroupOutbox:
         row = results[0].rows[0] if results[0].rows else (0, None, None, 0, None)
         return _Sender(int(row[0]), row[1], row[2], int(row[3]), row[4]), [r.rows for r in results[1:]]
 
+    def _writer(self, publication: str) -> str:
+        """Who this process writes the publication as: the holder of the lease it took (its
+        exclusive hold), else its own holder id."""
+        return _leases.get(self._key(publication), self.holder)
+
     def _admit(self, publication: str, sender: _Sender, now_us: int) -> None:
         """Refuse unless this process may write under ``sender``: it holds the lease, or the lease is
         free, expired or its holder provably dead and this process never held it since (a lease lost
         to another writer is ``ExecutionWriterFenced``; another live holder's is ``ExecutionHeld``)."""
-        if sender.holder == self.holder:
+        if sender.holder == self._writer(publication):
             return
-        if self._key(publication) in _taken:
-            _taken.discard(self._key(publication))  # lost: the next call may take it afresh
+        if _leases.pop(self._key(publication), None) is not None:  # lost: the next call may take it afresh
             raise ExecutionWriterFenced(f"export group {publication}", sender.version, "the publication's D1 "
                                         "sender state", f"its lease passed to {sender.holder or 'no holder'}")
         if sender.holder is not None and sender.expires_us > now_us and not holder_is_dead(sender.holder):
@@ -209,16 +235,16 @@ class D1GroupOutbox:
     def _swap(self, publication: str, sender: _Sender, writes: Sequence[Statement], now_us: int) -> bool:
         """Send ``writes`` (each predicated on the token: its last two parameters) behind the token's
         compare-and-swap on the publication's row as ``sender`` read it; whether they landed."""
-        token = uuid.uuid4().hex
-        taken_us = sender.taken_us if sender.holder == self.holder else now_us
+        token, writer = uuid.uuid4().hex, self._writer(publication)
+        taken_us = sender.taken_us if sender.holder == writer else now_us
         statements: list[Statement] = [
             (_NEW_SENDER, (publication,)),
-            (_TAKE, (token, self.holder, taken_us, now_us + LEASE_US, publication, sender.version, sender.holder)),
+            (_TAKE, (token, writer, taken_us, now_us + LEASE_US, publication, sender.version, sender.holder)),
             *[(sql, (*params, publication, token)) for sql, params in writes],
             (_TOKEN_HELD, (publication, token))]
         held = bool(self.client.batch(statements)[-1].rows[0][0])
-        if held and self._key(publication) not in _taken:
-            _taken.add(self._key(publication))
+        if held and self._key(publication) not in _leases:  # its own take: released when the process exits
+            _leases[self._key(publication)] = writer
             atexit.register(self._release, publication)
         return held
 
@@ -242,13 +268,17 @@ class D1GroupOutbox:
                     raise
 
     def hold(self, publication: str) -> None:
-        """Take (or renew) the publication's lease for this process."""
+        """Take (or renew) the publication's lease for this process (under its exclusive hold's
+        holder when it took one)."""
         self._write(publication, lambda sender, rows: [])
 
     def _release(self, publication: str) -> None:
-        if self._key(publication) in _taken:
-            _taken.discard(self._key(publication))
-            self.client.batch([(_RELEASE, (publication, self.holder))])
+        if _leases.get(self._key(publication)) == self.holder:
+            del _leases[self._key(publication)]
+            try:
+                self.client.batch([(_RELEASE, (publication, self.holder))])
+            except (CatalogUnavailable, CommitUnheard):
+                pass  # at exit, with the Worker gone: the lease lapses by itself after LEASE_US
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -273,6 +303,16 @@ class D1GroupOutbox:
     # --- writes ---------------------------------------------------------------------------------
 
     def stage(self, publication: str, identity: GroupIdentity, events: tuple[GroupEvent, ...]) -> StagedGroup:
+        return self._put(publication, identity, events, 0)
+
+    def restore(self, publication: str, group: StagedGroup) -> StagedGroup:
+        return self._put(publication, group.identity, group.events, group.acknowledged)
+
+    def _put(self, publication: str, identity: GroupIdentity, events: tuple[GroupEvent, ...],
+             acknowledged: int) -> StagedGroup:
+        """Stage a group at the publication's next staging position, ``acknowledged`` of its events
+        acknowledged; a group held already keeps its events and takes the larger acknowledged count.
+        A group wholly acknowledged here and staged after the active group is promoted in the same batch."""
         group_id = identity.group_id
         identity_text = json.dumps(identity.to_json(), sort_keys=True)
         size = len(identity_text.encode()) + sum(len(e.payload.encode()) + len(e.event_id) for e in events)
@@ -282,17 +322,28 @@ class D1GroupOutbox:
                                                 "bytes (8 MiB)")
 
         def decide(sender: _Sender, rows: list[Any]) -> list[Statement] | None:
-            if rows[0]:
-                return None  # staged before: a staged group keeps what was staged
-            writes: list[Statement] = [(_INSERT_GROUP, (group_id, publication, identity.order, identity_text,
-                                                        len(events)))]
-            for event in events:  # bounded by the group's members, each payload by the bound above
-                for part, start in enumerate(range(0, max(len(event.payload), 1), PART_CHARS)):
-                    writes.append((_INSERT_EVENT, (group_id, event.sequence, part, event.event_id, event.kind,
-                                                   event.payload[start:start + PART_CHARS])))
+            held, ((last, active),) = rows[0][0] if rows[0] else None, rows[1]
+            writes: list[Statement] = []
+            if held is None:
+                position = int(last) + 1
+                writes.append((_INSERT_GROUP, (group_id, publication, position, identity_text, len(events),
+                                               acknowledged)))
+                for event in events:  # bounded by the group's members, each payload by the bound above
+                    for part, start in enumerate(range(0, max(len(event.payload), 1), PART_CHARS)):
+                        writes.append((_INSERT_EVENT, (group_id, event.sequence, part, event.event_id, event.kind,
+                                                       event.payload[start:start + PART_CHARS])))
+            else:
+                position = int(held[0])
+                if acknowledged <= int(held[1]):
+                    return None  # staged before, acknowledged as far: a staged group keeps what was staged
+                writes.append((_RESTORE_ACKNOWLEDGED, (acknowledged, group_id, publication)))
+            if acknowledged == len(events) and (active is None or position > int(active)):
+                writes.append(_promotion(publication, group_id, identity))
             return writes
 
-        self._write(publication, decide, [("SELECT 1 FROM cf_publication_groups WHERE group_id = ?", (group_id,))])
+        self._write(publication, decide, [
+            ("SELECT sequence, acknowledged FROM cf_publication_groups WHERE group_id = ?", (group_id,)),
+            (_POSITIONS, (publication, publication))])
         staged = self._group("group_id = ?", (group_id,))
         assert staged is not None
         return staged
@@ -304,12 +355,26 @@ class D1GroupOutbox:
             acknowledged, events, identity = int(rows[0][0][0]) + 1, int(rows[0][0][1]), rows[0][0][2]
             writes: list[Statement] = [(_ACKNOWLEDGE, (acknowledged, group_id, publication, sequence))]
             if acknowledged == events:  # the completing acknowledgement carries the promotion
-                promoted = GroupIdentity.from_json(json.loads(identity))
-                writes.append((_PROMOTE, (group_id, promoted.namespace,
-                                          json.dumps(promoted.next_state, sort_keys=True), publication)))
+                writes.append(_promotion(publication, group_id, GroupIdentity.from_json(json.loads(identity))))
             return writes
 
         self._write(publication, decide, [(_ACKNOWLEDGED, (group_id, publication))])
+
+    def groups(self, publication: str) -> tuple[StagedGroup, ...]:
+        results = self.client.batch([
+            (f"{_GROUP} WHERE publication = ? ORDER BY sequence", (publication,)),
+            (_PUBLICATION_EVENTS, (publication,))], write=False)
+        events: dict[str, list[tuple[Any, ...]]] = {}
+        for row in results[1].rows:  # bounded by the publication's staged events
+            events.setdefault(row[0], []).append(row[1:])
+        return tuple(StagedGroup(publication, GroupIdentity.from_json(json.loads(identity)),
+                                 _joined(events.get(group_id, [])), int(acknowledged))
+                     for group_id, _publication, identity, acknowledged, _events in results[0].rows)
+
+
+def _promotion(publication: str, group_id: str, identity: GroupIdentity) -> Statement:
+    """The statement promoting a wholly acknowledged group: active group, namespace and delivered frontier."""
+    return (_PROMOTE, (group_id, identity.namespace, json.dumps(identity.next_state, sort_keys=True), publication))
 
 
 def _joined(rows: list[tuple[Any, ...]]) -> tuple[GroupEvent, ...]:
@@ -322,3 +387,101 @@ def _joined(rows: list[tuple[Any, ...]]) -> tuple[GroupEvent, ...]:
             last = events[-1]
             events[-1] = GroupEvent(last.event_id, last.sequence, last.kind, last.payload + payload)
     return tuple(events)
+
+
+class D1Holds:
+    """:class:`~contextful.engine.export.publications.holds.PublicationHolds` in D1. The exclusive
+    hold IS the publication's lease on its ``cf_publication_senders`` row (taken where the row is
+    still as read: its version and holder), so every outbox write of the holding process predicates
+    on it; shared claims are rows of ``cf_publication_claims``, taken all or none in one batch while
+    every claimed publication's row is still as read (no unexpired exclusive hold of another holder)."""
+
+    def __init__(self, client: D1Client, clock: Clock) -> None:
+        self.client = client
+        self.clock = clock
+        _ensure_schema(client)
+
+    def _standing(self, publications: Sequence[str], holder: str, now_us: int) -> tuple[
+            tuple[Hold, ...], list[tuple[Any, ...]]]:
+        """The unexpired exclusive holds of other live holders on ``publications``, and the rows read."""
+        marks = ", ".join("?" for _ in publications)
+        rows = self.client.query(f"SELECT publication, version, holder, expires_us FROM cf_publication_senders "
+                                 f"WHERE publication IN ({marks}) ORDER BY publication", tuple(publications))
+        return tuple(Hold(p, h, EXCLUSIVE, int(v), int(e)) for p, v, h, e in rows
+                     if h is not None and h != holder and int(e) > now_us and not holder_is_dead(h)), rows
+
+    def hold_exclusive(self, publication: str, holder: str, lease_s: float) -> Hold | None:
+        while True:  # loops only while another writer moves the row between our read and our batch
+            now_us = self.clock.now_us()
+            refused, rows = self._standing((publication,), holder, now_us)
+            if refused:
+                return None
+            version, was, taken_us = (int(rows[0][1]), rows[0][2], None) if rows else (0, None, None)
+            if was == holder:
+                taken_us = self.client.query("SELECT taken_us FROM cf_publication_senders WHERE publication = ?",
+                                             (publication,))[0][0]
+            expires_us = now_us + int(lease_s * 1_000_000)
+            results = self.client.batch([
+                (_NEW_SENDER, (publication,)),
+                (("UPDATE cf_publication_senders SET version = version + 1, holder = ?, taken_us = ?, expires_us = ? "
+                 "WHERE publication = ? AND version = ? AND holder IS ?"),
+                 (holder, taken_us if taken_us is not None else now_us, expires_us, publication, version, was))])
+            if results[1].changes:
+                _leases[(self.client.backend, publication)] = holder
+                return Hold(publication, holder, EXCLUSIVE, version + 1, expires_us)
+
+    def claim_shared(self, publications: Sequence[str], holder: str, lease_s: float) -> tuple[Hold, ...]:
+        names = sorted(set(publications))
+        if not names:
+            return ()
+        while True:  # loops only while an exclusive take moves a row between our read and our batch
+            now_us = self.clock.now_us()
+            refused, rows = self._standing(names, holder, now_us)
+            if refused:
+                return refused
+            read = {row[0]: int(row[1]) for row in rows}
+            conditions, params = [], []
+            for name in names:  # bounded by the publications one unit writes
+                conditions.append("(SELECT version FROM cf_publication_senders WHERE publication = ?) IS ?")
+                params += [name, read.get(name)]
+            unchanged = " AND ".join(conditions)
+            expires_us = now_us + int(lease_s * 1_000_000)
+            results = self.client.batch([
+                ("DELETE FROM cf_publication_claims WHERE expires_us <= ?", (now_us,)),
+                *[(("INSERT INTO cf_publication_claims (publication, holder, version, expires_us) "
+                   f"SELECT ?, ?, 1, ? WHERE {unchanged} ON CONFLICT (publication, holder) DO UPDATE SET "
+                   "version = version + 1, expires_us = excluded.expires_us"),
+                   (name, holder, expires_us, *params)) for name in names],
+                (f"SELECT {unchanged} AS unchanged", tuple(params))])
+            if results[-1].rows[0][0]:
+                return ()
+
+    def shared_holders(self, publication: str) -> tuple[Hold, ...]:
+        rows = self.client.query("SELECT publication, holder, version, expires_us FROM cf_publication_claims "
+                                 "WHERE publication = ? AND expires_us > ? ORDER BY holder",
+                                 (publication, self.clock.now_us()))
+        return tuple(Hold(p, h, SHARED, int(v), int(e)) for p, h, v, e in rows)
+
+    def renew(self, holder: str, lease_s: float) -> tuple[Hold, ...]:
+        now_us = self.clock.now_us()
+        expires_us = now_us + int(lease_s * 1_000_000)
+        results = self.client.batch([
+            (("UPDATE cf_publication_senders SET version = version + 1, expires_us = ? WHERE holder = ? "
+             "AND expires_us > ?"), (expires_us, holder, now_us)),
+            (("UPDATE cf_publication_claims SET version = version + 1, expires_us = ? WHERE holder = ? "
+             "AND expires_us > ?"), (expires_us, holder, now_us)),
+            (("SELECT publication, version, expires_us FROM cf_publication_senders WHERE holder = ? AND "
+             "expires_us = ?"), (holder, expires_us)),
+            (("SELECT publication, version, expires_us FROM cf_publication_claims WHERE holder = ? AND "
+             "expires_us = ?"), (holder, expires_us))])
+        return tuple(sorted((Hold(p, holder, mode, int(v), int(e)) for mode, result in
+                             ((EXCLUSIVE, results[2]), (SHARED, results[3])) for p, v, e in result.rows),
+                            key=lambda hold: (hold.publication, hold.mode)))
+
+    def release(self, holder: str) -> None:
+        self.client.batch([
+            (("UPDATE cf_publication_senders SET holder = NULL, expires_us = 0, version = version + 1 "
+             "WHERE holder = ?"), (holder,)),
+            ("DELETE FROM cf_publication_claims WHERE holder = ?", (holder,))])
+        for key in [key for key, held in _leases.items() if key[0] == self.client.backend and held == holder]:
+            del _leases[key]
