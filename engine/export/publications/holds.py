@@ -23,6 +23,7 @@ publications are unsupported there) answers None: there is nothing to hold.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -37,6 +38,8 @@ from contextful.storage.errors import PublicationIncompatible
 
 if TYPE_CHECKING:
     from contextful.storage.store import Store
+
+log = logging.getLogger(__name__)
 
 EXCLUSIVE = "exclusive"
 SHARED = "shared"
@@ -122,8 +125,9 @@ class Renewer:
         while not self._stop.wait(min(RENEW_S, self.lease_s / 3)):
             try:
                 self.holds.renew(self.holder, self.lease_s)
-            except Exception:  # noqa: BLE001 — a failed renewal retries at the next beat; the lease bounds the rest
-                continue
+            except Exception as exc:  # noqa: BLE001 — a failed renewal retries at the next beat; the lease bounds the rest
+                log.warning("renewing the publication holds of %s failed (retried in %.0f s): %s", self.holder,
+                            RENEW_S, exc)
 
     def stop(self) -> None:
         self._stop.set()
