@@ -19,8 +19,8 @@ changes no row). The rules are the SQLite adapters' (``engine.export.publication
   refuses UPDATE and DELETE; a payload spans rows of at most :data:`PART_CHARS` characters, under
   D1's 2 MB row).
 
-Every write (stage, acknowledge, and the promotion a completing acknowledgement carries) reads the
-publication's row in one batch, decides in Python, and sends ONE batch whose first statement takes
+Every write (stage, restore, acknowledge, and the promotion a completing acknowledgement carries)
+reads the publication's row in one batch, decides in Python, and sends ONE batch whose first statement takes
 a fresh write token on that row where it is still as read — the same version and this process as
 the holder of the lease — bumping its version and renewing the lease; every later statement runs
 only while the row holds that token, and the last says whether it did. Every write bumps the
@@ -35,8 +35,11 @@ The lease IS the publication's exclusive hold (:class:`D1Holds`, the D1 adapter 
 holder. Where none was taken, the outbox takes the lease itself at the publication's first call
 (``export group``'s first is :meth:`pending`) under this process's holder id (``storage.holders``)
 and releases it when the process exits; a live holder's unexpired lease refuses another process
-(``ExecutionHeld``). Serve units' shared claims are rows of ``cf_publication_claims``. A staged group whose identity and
-events exceed :data:`STATE_BOUND` raises ``PublicationStorageUnsupported`` before anything is written.
+(``ExecutionHeld``). Serve units' shared claims are rows of ``cf_publication_claims``.
+
+A group whose identity and events exceed :data:`STATE_BOUND` raises ``PublicationStorageUnsupported``
+before anything is written. ``stage`` and ``restore`` place a group at the publication's next
+staging position; ``restore`` raises a held group's acknowledged count to the larger one.
 """
 
 from __future__ import annotations
