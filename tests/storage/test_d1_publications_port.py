@@ -2,10 +2,13 @@
 under miniflare (a fresh namespace per test): the group outbox's staging order, ``groups`` and
 ``restore`` (``engine.export.publications.outbox``), and the publication holds
 (``engine.export.publications.holds``) whose exclusive hold is the publication's D1 lease
-(``run.export.group-d1-lease``: the row every sender write predicates on). Oracles: D1's rows read
-directly through the binding."""
+(``run.export.group-d1-lease``: the row every sender write predicates on), and a write racing
+another in the window between its read and its batch (``run.export.group-d1-state``: the lost batch
+changes no row). Oracles: D1's rows read directly through the binding."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 from contextful.engine.export.publications.d1 import D1GroupOutbox, D1Holds
@@ -99,3 +102,45 @@ def test_the_exclusive_hold_is_the_publication_lease_every_write_predicates_on(d
     assert holds.shared_holders("bi") == ()  # the claim lapsed too
     holds.release("exporter-c")
 
+
+
+class RacingClock(ManualClock):
+    """A manual clock that, the first time a write asks it the time (between the write's read and its
+    batch), lets ``race`` run: another writer's whole write lands in that window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.race: Callable[[], object] | None = None
+
+    def now_us(self) -> int:
+        race, self.race = self.race, None
+        if race is not None:
+            race()
+        return super().now_us()
+
+
+@pytest.mark.clause("run.export.group-d1-state")
+def test_a_write_that_lost_the_race_to_another_changed_no_row_and_decides_again(d1_binding: D1Binding) -> None:
+    client = d1_binding.client()
+    clock = RacingClock()
+    outbox, other = D1GroupOutbox(client, clock), D1GroupOutbox(client, ManualClock())
+    mine, mine_events = group("bi", 1)
+    theirs, theirs_events = group("bi", 2)
+    outbox.pending("bi")  # the lease taken: both write as this process's holder
+    # between this stage's read (no group, next position 1) and its batch, another write stages a group
+    # at position 1: the batch's token take finds the row moved, so none of its statements lands (its
+    # insert at position 1 would break the publication's unique positions), and it stages again at 2
+    clock.race = lambda: other.stage("bi", theirs, theirs_events)
+    staged = outbox.stage("bi", mine, mine_events)
+    assert staged.events == mine_events
+    assert client.query("SELECT group_id, sequence FROM cf_publication_groups ORDER BY sequence") == [
+        (theirs.group_id, 1), (mine.group_id, 2)]
+    assert client.query("SELECT count(*) FROM cf_publication_events") == [(4,)]
+    # the completing acknowledgement racing another writer's renewal of the lease: one batch, landed once
+    for n in range(2):
+        clock.race = lambda: other.pending("bi")
+        outbox.acknowledge("bi", theirs.group_id, n)
+    assert client.query("SELECT acknowledged FROM cf_publication_groups WHERE group_id = ?", (theirs.group_id,)) == [
+        (2,)]
+    assert client.query("SELECT active_group, active_namespace FROM cf_publication_senders") == [
+        (theirs.group_id, "bi")]
