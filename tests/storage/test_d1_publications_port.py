@@ -69,6 +69,7 @@ def test_groups_keep_staging_order_and_restore_takes_the_larger_acknowledgement(
         client.batch([("UPDATE cf_publication_events SET payload = 'x'", ())])
 
 
+@pytest.mark.clause("run.export.group-d1-lease")
 def test_the_exclusive_hold_is_the_publication_lease_every_write_predicates_on(d1_binding: D1Binding) -> None:
     client = d1_binding.client()
     clock = ManualClock()
