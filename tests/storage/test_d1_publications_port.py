@@ -8,6 +8,8 @@ changes no row). Oracles: D1's rows read directly through the binding."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -22,6 +24,7 @@ from contextful.engine.export.publications.outbox import (
 )
 from contextful.storage.clock import ManualClock
 from contextful.storage.d1.client import D1Binding
+from contextful.storage.errors import ExecutionHeld
 
 pytestmark = pytest.mark.d1
 
@@ -145,3 +148,28 @@ def test_a_write_that_lost_the_race_to_another_changed_no_row_and_decides_again(
         (2,)]
     assert client.query("SELECT active_group, active_namespace FROM cf_publication_senders") == [
         (theirs.group_id, "bi")]
+
+
+@pytest.mark.clause("run.export.group-d1-lease")
+def test_a_live_holders_unexpired_lease_refuses_another_process_until_it_lapses(d1_binding: D1Binding) -> None:
+    """Another process takes the publication's exclusive hold and exits without releasing it (as if it
+    still ran elsewhere: its holder id is no process of this host's, so never provably dead)."""
+    client = d1_binding.client()
+    taker = ("import sys\nfrom contextful.engine.export.publications.d1 import D1Holds\n"
+             "from contextful.storage.clock import SystemClock\nfrom contextful.storage.d1.client import D1Binding\n"
+             "url, token, namespace = sys.argv[1:]\n"
+             "assert D1Holds(D1Binding(url, token, namespace).client(), SystemClock())"
+             ".hold_exclusive('bi', 'exporter-elsewhere', 30) is not None\n")
+    subprocess.run([sys.executable, "-c", taker, d1_binding.url, d1_binding.token, d1_binding.namespace], check=True,
+                   timeout=120)
+    before = client.query("SELECT version, holder, expires_us FROM cf_publication_senders")
+    clock = ManualClock(before[0][2] - 1_000_000)  # a second before the lease lapses
+    outbox = D1GroupOutbox(client, clock)
+    identity, events = group("bi", 1)
+    with pytest.raises(ExecutionHeld, match="holder 'exporter-elsewhere'"):
+        outbox.stage("bi", identity, events)
+    assert client.query("SELECT version, holder, expires_us FROM cf_publication_senders") == before
+    assert client.query("SELECT count(*) FROM cf_publication_groups") == [(0,)]
+    clock.advance(1)  # lapsed: taken over, and the stage lands
+    assert outbox.stage("bi", identity, events).events == events
+    assert client.query("SELECT holder FROM cf_publication_senders")[0][0] != "exporter-elsewhere"
