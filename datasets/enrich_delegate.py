@@ -16,7 +16,9 @@ each request for that key
 taking the next behaviour (then ``ok``): ``ok``, ``transient``, ``permanent``, ``defer:<retry_at>``,
 ``status:<code>``, ``unsigned``, ``skewed`` (301 s old), ``rebound`` (bound to another
 request's key), ``oversize``, ``outcome:<word>``, ``hold:<seconds>``
-(answer ok after that long: a delegate slower than its timeout). It prints ``listening <url>``
+(answer ok after that long: a delegate slower than its timeout), ``gate:<fifo>`` (hold the call
+until a writer opens the named pipe ``<fifo>`` and closes it, then answer ok: a test opening the
+pipe learns the call is held, and closing it lets the call return). It prints ``listening <url>``
 once it accepts requests, then serves until terminated::
 
     CONTEXTFUL_WORKER_KEY=... python -m contextful.datasets.enrich_delegate --port 9005
@@ -102,6 +104,9 @@ class Handler(BaseHTTPRequestHandler):
             answer = {"outcome": arg}
         elif kind == "hold":
             time.sleep(float(arg))  # the scripted slowness itself: this delegate is slower than its timeout
+        elif kind == "gate":
+            with open(arg, "rb") as gate:  # opens once the test holds the other end; EOF once it lets go
+                gate.read()
         raw = json.dumps(answer).encode()
         if kind == "oversize":
             raw = b" " * OVERSIZE_BYTES + raw

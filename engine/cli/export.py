@@ -1,12 +1,19 @@
-"""``contextful export run|status|group``: the manifest's Iceberg exports and coordinated publications from
+"""``contextful export run|status|group|rebuild|checkpoint|restore``: the manifest's Iceberg exports and coordinated publications from
 the terminal (docs/exports.md)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from contextful.engine.cli.output import declared, emit_issued, emit_json, emit_rows
+
+if TYPE_CHECKING:
+    from contextful.engine.config.manifest import Manifest
+    from contextful.storage.store import Store
+
+T = TypeVar("T")
 
 
 @click.group()
@@ -73,6 +80,73 @@ def export_group_command(ctx: click.Context, name: str) -> None:
         how = "resumed" if done.resumed else "staged"
         click.echo(f"{name}: {how} group {done.order} ({done.group_id[:12]}), delivered {done.delivered} of "
                    f"{done.events} event(s); the receiver activated it")
+
+
+@export.command("rebuild")
+@click.argument("name")
+@click.option("--namespace", "namespace", required=True, metavar="EPOCH",
+              help="the fresh receiver namespace the publication's full admitted state goes to")
+@click.pass_context
+def export_rebuild_command(ctx: click.Context, name: str, namespace: str) -> None:
+    """Deliver publication NAME's full admitted state into the fresh namespace EPOCH (nothing executes)."""
+    from contextful.engine.export.publications.rebuild import export_rebuild
+
+    done = _on_publication(ctx, name, lambda store, manifest: export_rebuild(store, manifest, name, namespace))
+    _emit(ctx, done, lambda: f"{name}: {'resumed' if done.resumed else 'staged'} rebuild group {done.order} "
+          f"({(done.group_id or '')[:12]}) in namespace {namespace!r}, delivered {done.delivered} of {done.events} "
+          "event(s); the receiver switched to it")
+
+
+@export.command("checkpoint")
+@click.argument("name")
+@click.option("--to", "to", required=True, type=click.Path(dir_okay=False), help="the checkpoint file to write")
+@click.pass_context
+def export_checkpoint_command(ctx: click.Context, name: str, to: str) -> None:
+    """Save publication NAME's delivery state (staged groups, their events, acknowledgements) to a file."""
+    from pathlib import Path
+
+    from contextful.engine.export.publications.checkpoint import save_checkpoint
+
+    done = _on_publication(ctx, name, lambda store, manifest: save_checkpoint(store, manifest, name, Path(to)))
+    _emit(ctx, done, lambda: f"{name}: saved {done.groups} group(s), {done.events} event(s) to {done.path}")
+
+
+@export.command("restore")
+@click.argument("name")
+@click.option("--from", "source", required=True, type=click.Path(dir_okay=False),
+              help="a checkpoint file `export checkpoint` wrote")
+@click.pass_context
+def export_restore_command(ctx: click.Context, name: str, source: str) -> None:
+    """Load a compatible checkpoint of publication NAME and replay its events to the receiver."""
+    from pathlib import Path
+
+    from contextful.engine.export.publications.checkpoint import restore_checkpoint
+
+    done = _on_publication(ctx, name,
+                           lambda store, manifest: restore_checkpoint(store, manifest, name, Path(source)))
+    _emit(ctx, done, lambda: f"{name}: restored {done.groups} group(s) from {done.path}, replayed {done.events} "
+          "event(s); the receiver kept its active group")
+
+
+def _on_publication(ctx: click.Context, name: str, call: Callable[[Store, Manifest], T]) -> T:
+    """``call(store, manifest)`` for publication NAME, once it is declared and the storage profile keeps
+    a coordinated-group outbox (``run.export.group-storage``: checked before the store opens)."""
+    from contextful.engine.cli.pipeline import _manifest, _store
+    from contextful.engine.export.publications.sender import check_profile, publication
+
+    manifest = _manifest(ctx)
+    publication(manifest, name)
+    check_profile(name)
+    with _store(ctx, manifest) as store:
+        return call(store, manifest)
+
+
+def _emit(ctx: click.Context, done: Any, text: Callable[[], str]) -> None:
+    """``done.to_json()`` under ``--json``, else ``text()``."""
+    if ctx.obj["json"]:
+        emit_json(done.to_json())
+    else:
+        click.echo(text())
 
 
 @export.command("status")

@@ -37,7 +37,8 @@ def _failure_lines(results: list) -> list[str]:  # type: ignore[type-arg]
 def fire_unit(root: Path, version: int, head: str, store_url: str | None, *, cancel: threading.Event,
               clock: Clock | None = None, elsewhere: RanElsewhere | None = None) -> dict[str, Any]:
     """Run the unit headed by ``head`` of applied version ``version``, then the builds riding it when
-    every member succeeded: the outcome document serve reads (``ok``, ``members``, ``failures``).
+    every member succeeded: the outcome document serve reads (``ok``, ``members``, ``failures``, and
+    ``canceled``: the members whose run a SIGTERM canceled at its boundary).
     With ``elsewhere`` (its landing members ran on serve's workers, ``engine.control.relay``) only
     its derive tiers run here, after them."""
     try:
@@ -63,7 +64,8 @@ def fire_unit(root: Path, version: int, head: str, store_url: str | None, *, can
             store.close()
         failures += [f"job:{f.job}: {line}" for f in fired for line in (f.outcome.failures if f.outcome else ())]
         return {"ok": outcome.ok and all(f.ok for f in fired),
-                "members": list(unit.members) + [f"job:{f.job}" for f in fired], "failures": failures}
+                "members": list(unit.members) + [f"job:{f.job}" for f in fired], "failures": failures,
+                "canceled": list(outcome.canceled)}
     except Exception as exc:  # noqa: BLE001 - the unit fails by name; serve reads the line
         from contextful.engine.guard import mask_message
         from contextful.storage.errors import ContextfulError

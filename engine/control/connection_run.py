@@ -255,5 +255,5 @@ def fire_connection(root: Path, version: int, entry: str, store_url: str | None,
             marker.join()
     finally:
         store.close()
-    return {"ok": outcome.ok, "members": [entry],
+    return {"ok": outcome.ok, "members": [entry], "canceled": list(outcome.canceled),
             "failures": [f"{r.pipeline}: {f.error}: {f.detail}" for r in outcome.results for f in r.failures]}

@@ -115,6 +115,8 @@ class Outcome:
     ok: bool
     failures: tuple[str, ...] = ()
     """One line per failed member (``pipeline: Error: detail``), or why the child itself failed."""
+    canceled: tuple[str, ...] = ()
+    """The members whose run was canceled at its boundary (serve stopping it, its connection paused)."""
 
 
 class Launched(Protocol):
@@ -179,7 +181,8 @@ class _Child:
                                               "before it reported an outcome"),))
         finally:
             self.result.unlink(missing_ok=True)
-        return Outcome(self.head, bool(doc.get("ok")) and code == 0, tuple(doc.get("failures", ())))
+        return Outcome(self.head, bool(doc.get("ok")) and code == 0, tuple(doc.get("failures", ())),
+                       tuple(doc.get("canceled", ())))
 
 
 class ChildLauncher:

@@ -341,7 +341,9 @@ class ControlPlane:
                 continue
             fire.outcome = outcome
             ended.append(fire)
-            if outcome.ok:
+            if outcome.canceled:
+                self.say(f"{outcome.head}: canceled ({', '.join(outcome.canceled)}: landed nothing)")
+            elif outcome.ok:
                 self.say(f"{outcome.head}: ok ({', '.join(fire.members)})")
             else:
                 self.say(f"{outcome.head}: failed: " + "; ".join(outcome.failures))

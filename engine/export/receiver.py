@@ -1,6 +1,7 @@
 """A coordinated publication's receiver: the destination side, as a library and as a process.
 
-Implements ``run.export.group-activation`` (decision "coordinated-exports-activate", docs/exports.md
+Implements ``run.export.group-activation``, the receiver's half of ``run.export.group-rebuild`` and
+``run.export.group-checkpoint`` (a replayed event it holds is acknowledged, nothing changes) (decision "coordinated-exports-activate", docs/exports.md
 "Coordinated publications"): a receiver stages member events transactionally and activates every
 member of a group together, only after validating the complete group.
 
@@ -15,10 +16,16 @@ member of a group together, only after validating the complete group.
   nothing changes, not a byte, not what is active) and refused when they differ.
 - An interrupted delivery leaves staged members unread: :meth:`Receiver.active` answers the last
   complete group until the next group completes.
+- A publication reads one namespace at a time (``run.export.group-rebuild``): the namespace of its
+  last completed group. A rebuild's group (order 1 in a fresh namespace) switches the publication to
+  its namespace in the transaction that completes it, never before; a group completing in a
+  namespace the publication left is refused (it would reverse the rebuild).
+  :meth:`Receiver.published` answers what a reader of the publication reads.
 
 The process, ``python -m contextful.engine.export.receiver --db PATH --listen HOST:PORT``, serves
 ``POST /events`` (one event; 200 ``{"acknowledged": <event id>}`` or 409 ``{"refused": why}``) and
-``GET /active/<namespace>`` (the active group, each member's Arrow IPC bytes base64), printing
+``GET /active/<namespace>`` (the active group, each member's Arrow IPC bytes base64) and
+``GET /publications/<publication>`` (the active group of the publication's namespace), printing
 ``listening on http://HOST:PORT`` once it accepts connections.
 """
 
@@ -50,6 +57,9 @@ SCHEMA = (
         namespace TEXT PRIMARY KEY,
         group_id TEXT NOT NULL,
         group_order INTEGER NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS rx_publications (
+        publication TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL)""",
 )
 
 
@@ -100,6 +110,10 @@ class Receiver:
             conn.execute("INSERT INTO rx_active (namespace, group_id, group_order) VALUES (?, ?, ?) ON CONFLICT "
                          "(namespace) DO UPDATE SET group_id = excluded.group_id, group_order = excluded.group_order",
                          (identity["namespace"], event["group_id"], identity["order"]))
+            # the publication reads this namespace from now on: a rebuild's switch, in the same transaction
+            conn.execute("INSERT INTO rx_publications (publication, namespace) VALUES (?, ?) ON CONFLICT "
+                         "(publication) DO UPDATE SET namespace = excluded.namespace",
+                         (_publication(event), identity["namespace"]))
 
     def _validate_group(self, conn: sqlite3.Connection, event: dict[str, Any]) -> None:
         identity = GroupIdentity.from_json(event["identity"])
@@ -116,11 +130,24 @@ class Receiver:
                 raise Refused(f"group {event['group_id']}: event {seq} is not member {producer}.{name}")
         active = conn.execute("SELECT group_id, group_order FROM rx_active WHERE namespace = ?",
                               (identity.namespace,)).fetchone()
+        current = conn.execute("SELECT namespace FROM rx_publications WHERE publication = ?",
+                               (_publication(event),)).fetchone()
+        if current is not None and current[0] != identity.namespace and active is not None:
+            raise Refused(f"namespace {identity.namespace!r} is no longer publication {_publication(event)!r}'s "
+                          f"active namespace ({current[0]!r}): group {event['group_id']} would reverse its rebuild")
         expected = (active[0], active[1] + 1) if active is not None else (None, 1)
         if (identity.predecessor, identity.order) != expected:
             raise Refused(f"predecessor/order mismatch: group {event['group_id']} follows "
                           f"{identity.predecessor} as order {identity.order}; namespace {identity.namespace!r} "
                           f"holds {expected[0]} (next order {expected[1]})")
+
+    def published(self, publication: str) -> dict[str, Any] | None:
+        """What a reader of ``publication`` reads: the active group of its active namespace (None: none yet)."""
+        with closing(self._connect()) as conn:
+            found = conn.execute("SELECT namespace FROM rx_publications WHERE publication = ?",
+                                 (publication,)).fetchone()
+        active = self.active(found[0]) if found is not None else None
+        return None if active is None else {"publication": publication, **active}
 
     def active(self, namespace: str) -> dict[str, Any] | None:
         """The namespace's active group: its id, order and each member's payload (None: none yet)."""
@@ -138,6 +165,11 @@ class Receiver:
                 "commit_seq": payload["commit_seq"], "run_id": payload["run_id"], "arrow_ipc": payload["arrow_ipc"],
                 "sha256": hashlib.sha256(body).hexdigest()}
         return {"namespace": namespace, "group_id": found[0], "order": found[1], "members": members}
+
+
+def _publication(event: dict[str, Any]) -> str:
+    """The publication an event belongs to (an event staged before it named one: its namespace's)."""
+    return str(event.get("publication") or event["identity"]["namespace"])
 
 
 def _parse(body: bytes) -> dict[str, Any]:
@@ -184,11 +216,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(409, {"refused": str(exc)})
 
     def do_GET(self) -> None:
-        prefix = "/active/"
-        if not self.path.startswith(prefix):
-            self._answer(404, {"error": "GET /active/<namespace>"})
-            return
-        self._answer(200, self.receiver.active(self.path[len(prefix):]))
+        for prefix, read in (("/active/", self.receiver.active), ("/publications/", self.receiver.published)):
+            if self.path.startswith(prefix):
+                self._answer(200, read(self.path[len(prefix):]))
+                return
+        self._answer(404, {"error": "GET /active/<namespace> or /publications/<publication>"})
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the receiver's answers are its log."""

@@ -9,7 +9,11 @@ an ok answer is journaled as the execution's step ``row/<key>/delegate/<attempt>
 land, so a fire resuming the execution lands the recorded rows and sends that item no second
 request; and ``surface.delegate.dedup-window``: each request's guard, journaled as step
 ``row/<key>/delegate/<attempt>/guard`` before the request leaves, records the binding's
-``dedup_window_secs`` under its identity (None when the binding declares none); and, for a job
+``dedup_window_secs`` under its identity (None when the binding declares none); each call is
+admitted to effect dispatch under the execution's admission (:func:`admitted_call`): on the D1
+profile a durable callback guard holds the owner row through the call, recording the call's
+identity and window (``run.callback-guard.identity``, ``run.journal.d1-guard``), deleted when the
+call returns, before its answer is journaled (``run.callback-guard.release``); and, for a job
 with ``isolated_items``, ``surface.delegate.defer-parks``: a defer answer is journaled as the
 attempt's step (``engine.jobs.isolated.Deferral``) and parks the item, and a later fire reads it back
 to admit the item (:meth:`DelegateCalls.admission`). The request and its answer are
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -36,7 +41,14 @@ from contextful.engine.jobs.isolated import (
     item_entity,
 )
 from contextful.storage.clock import from_us
-from contextful.storage.errors import DelegateSubmitUnfilled, JobDelegateUnbound, ManifestValueInvalid
+from contextful.storage.errors import (
+    CommitOutcomeUnknown,
+    DelegateSubmitUnfilled,
+    JobDelegateUnbound,
+    ManifestValueInvalid,
+)
+from contextful.storage.fence import DISPATCH
+from contextful.storage.journal import CallbackIdentity
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -102,6 +114,9 @@ class DelegateCalls:
                  budget: int) -> None:
         self.ctx, self.body, self.execution, self.as_of, self.budget = ctx, body, execution, as_of, budget
         self._lock = threading.Lock()  # the execution records one journal step at a time
+        self._turns: AbstractContextManager[Any] = (threading.Lock() if execution.journal.hold_excludes_holds
+                                                    else nullcontext())
+        """Where one admitted call excludes the next (D1's guard), the fire's calls take turns."""
         self.recorded: dict[str, Mapping[str, Any]] = {}
         self.deferred: dict[str, Deferral] = {}
         """Each isolated item's last recorded defer (a later recorded ok answer lands regardless)."""
@@ -138,7 +153,12 @@ class DelegateCalls:
             tables=ctx.job.tables, row=row, deadline=_rfc3339(deadline))
         with self._lock:
             execution.step(f"{step}/guard", lambda: guard(execution, envelope, binding, ctx.store.clock.now_us()))
-        answer = call(binding, self.body.key, envelope)
+        identity = CallbackIdentity(step, envelope.idempotency_key, binding.dedup_window_secs)
+        try:
+            with self._turns, admitted_call(execution, binding, identity):  # released when the call returns
+                answer = call(binding, self.body.key, envelope)
+        except CommitOutcomeUnknown as unknown:  # the guard's acquire went unheard: nothing was sent
+            raise AdmissionUnknown(unknown) from unknown
         if answer.outcome == "defer" and ctx.job.isolated_items is not None:
             earlier = self.deferred.get(key)
             self._park(step, Deferral(attempt, defer_instant(binding.name, answer, from_us(ctx.store.clock.now_us())),
@@ -154,6 +174,33 @@ class DelegateCalls:
         with self._lock:
             self.execution.step(step, deferral.step)
         raise ItemParked(deferral)
+
+
+class AdmissionUnknown(Exception):
+    """A call's admission whose outcome is unknown (its guard's acquire answer was lost): not the
+    item's failure and not to be retried (a second acquire beside a guard that landed); the fire
+    stops, leaving its execution as it is, and the next fire reads the guard by its identity
+    (``engine.jobs.guarded``)."""
+
+    def __init__(self, error: CommitOutcomeUnknown) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def admitted_call(execution: Execution, binding: DelegateBinding,
+                  identity: CallbackIdentity) -> AbstractContextManager[Any]:
+    """Admit one call to effect dispatch (``run.journal.durable-dispatch``) for the block, under the
+    binding's timeout: ``execution`` must still own its execution (ExecutionWriterFenced, no request
+    sent), and the journal holds its owner row through the call. On D1 the hold is a durable
+    callback guard recording ``identity`` (``run.callback-guard.identity``): it outlives a crash of
+    this process, and the block's end deletes it before the caller journals the answer
+    (``run.callback-guard.release``). SQLite's hold is its database's write lock, which would stall
+    every other item's journal write for as long as a call takes: there the owner is checked at the
+    boundary and nothing is held through the call."""
+    if execution.journal.hold_blocks_every_owner_write:
+        execution.verify_owner(DISPATCH)
+        return nullcontext()
+    return execution.admit(DISPATCH, deadline_s=binding.timeout_s, callback=identity)
 
 
 def guard(execution: Execution, envelope: Envelope, binding: DelegateBinding, now_us: int) -> dict[str, Any]:

@@ -14,7 +14,9 @@ record (docs/jobs.md, "Fire history"):
 - the owner row: ``opened_us`` is the fire's start (what serve's next fire is computed from,
   ``surface.arm.next-fire-from-history``), its status ``closed-ok`` or ``closed-failed``.
 
-A runner failing by a catalogue error is a failed fire (recorded, then reported by its error); a
+A runner failing by a catalogue error is a failed fire (recorded, then reported by its error),
+except CommitOutcomeUnknown (a write, such as a delegate call's guard, whose outcome was not heard):
+nothing is settled over it, the execution stays as it is and the next fire resolves it; a
 fire whose process died leaves its execution pending, and the next fire of the job settles it
 ``closed-failed`` as interrupted before it opens its own, so a failed attempt is recorded whatever
 ended it.
@@ -138,7 +140,12 @@ def fire_in(store: Store, manifest: Manifest, version: int, job: JobSpec, *, run
     under ``job:<name>`` pinned to the kind's opening, recorded and closed with the runner's outcome
     (left pending when the outcome says so: the next fire resumes it)."""
     from contextful.engine.control.contracts import check_applied
-    from contextful.storage.errors import ContextfulError, ExecutionWriterFenced, RunCanceled
+    from contextful.storage.errors import (
+        CommitOutcomeUnknown,
+        ContextfulError,
+        ExecutionWriterFenced,
+        RunCanceled,
+    )
 
     runner = runner or _runner(job)
     check_applied(manifest, store, job)  # surface.fire.applied-*: a refusal opens nothing
@@ -157,6 +164,8 @@ def fire_in(store: Store, manifest: Manifest, version: int, job: JobSpec, *, run
             code = 10 if outcome.canceled else int(outcome.detail.get("exit_code", 1))
     except ExecutionWriterFenced:
         raise  # another attempt holds the execution now: it is that attempt's to settle
+    except CommitOutcomeUnknown:
+        raise  # not a failure: nothing is settled over an unknown outcome; the next fire resolves it
     except RunCanceled as exc:
         outcome, code = _failed(exc), exc.exit_code
     except ContextfulError as exc:
@@ -221,7 +230,9 @@ def _open(store: Store, job: JobSpec, opening: Opening) -> tuple[Execution, str 
     """Open the fire's execution under ``opening``. A pending one a stopped or dead fire left is
     resumed when the kind resumes (pinned-plan-changed when its structure changed:
     ``OwnerPlanMismatch``); otherwise it is settled first (recorded ``closed-failed``, interrupted,
-    under the plan it was pinned to). The execution and the one before it (None: the first fire)."""
+    under the plan it was pinned to). A durable callback guard a crashed fire's call left is replayed
+    or refused (``engine.jobs.guarded``). The execution and the one before it (None: the first fire)."""
+    from contextful.engine.jobs.guarded import open_past_guard
     from contextful.engine.run.execution import open_execution
     from contextful.storage.journal import PENDING
 
@@ -231,8 +242,7 @@ def _open(store: Store, job: JobSpec, opening: Opening) -> tuple[Execution, str 
         dead = open_execution(store.journal, scope, before.plan_ref, pins=before.pin_map() or None,
                               clock=store.clock, take_over_dead=True)
         _settle_interrupted(dead)
-    execution = open_execution(store.journal, scope, opening.reference, pins=opening.pins, clock=store.clock,
-                               take_over_dead=True)
+    execution = open_past_guard(store, scope, opening.reference, opening.pins)  # a crashed call's guard
     if execution.resumed:
         return execution, _previous(execution)
     return execution, before.execution_id if before is not None else None

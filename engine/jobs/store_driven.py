@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from contextful.engine.jobs.context import JobContext, JobOutcome, Opening
-from contextful.engine.jobs.delegated import DelegateBody, DelegateCalls
+from contextful.engine.jobs.delegated import AdmissionUnknown, DelegateBody, DelegateCalls
 from contextful.engine.jobs.isolated import (
     Admission,
     Deferral,
@@ -305,6 +305,8 @@ def _attempt(job: JobSpec, body: ItemBody, key: str, row: dict[str, Any], cancel
     except ItemParked as parked:
         return Settled(key, attempts, None, ended_us=store.clock.now_us(), entity=entity, parked=parked.deferral,
                        last=last)
+    except AdmissionUnknown as unknown:  # the execution's state is unknown, not the item's: the fire stops
+        raise unknown.error from unknown
     except Exception as exc:  # noqa: BLE001 - an item's failure is its own: it fails alone, by name
         return Settled(key, attempts, exc, ended_us=store.clock.now_us(), entity=entity, last=last)
     return Settled(key, attempts, None, tables, store.clock.now_us(), entity, last=last)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 from contextful.storage.clock import from_us
 from contextful.storage.errors import ExecutionWriterFenced
 from contextful.storage.fence import DISPATCH, PUBLICATION
-from contextful.storage.journal import PENDING, HeldOwners, OwnerRow
+from contextful.storage.journal import PENDING, CallbackIdentity, HeldOwners, OwnerRow
 
 if TYPE_CHECKING:
     from contextful.engine.run.execution import Execution
@@ -113,7 +113,7 @@ def _counted_hold(execution: Execution) -> Iterator[None]:
 
 @contextmanager
 def admit(execution: Execution, boundary: str = DISPATCH, fences: Sequence[str] = (), *,
-          deadline_s: float | None = None) -> Iterator[OwnerRow]:
+          deadline_s: float | None = None, callback: CallbackIdentity | None = None) -> Iterator[OwnerRow]:
     """Hold ``execution``'s owner row, and the owner rows of ``fences`` (the scopes of an item's
     ancestors and its entity fences), through the block if it is the current writer and every
     fence is pending under an unexpired lease; otherwise raise :class:`ExecutionWriterFenced`
@@ -121,15 +121,17 @@ def admit(execution: Execution, boundary: str = DISPATCH, fences: Sequence[str] 
 
     ``deadline_s`` bounds the admitted callback: the lease is renewed first (outside the hold,
     where a renewal cannot wait behind it) to run past the deadline with half a lease to spare,
-    and the hold admits only a lease that outlives it."""
-    with admitted(execution, boundary, fences, deadline_s=deadline_s) as held:
+    and the hold admits only a lease that outlives it. ``callback`` is what the admitted callback
+    is (its journal entry, the idempotency key it sends, its destination's deduplication window):
+    D1's durable guard records it (``run.callback-guard.identity``)."""
+    with admitted(execution, boundary, fences, deadline_s=deadline_s, callback=callback) as held:
         assert held.own is not None
         yield held.own
 
 
 @contextmanager
 def admitted(execution: Execution, boundary: str = DISPATCH, fences: Sequence[str] = (), *,
-             deadline_s: float | None = None) -> Iterator[HeldOwners]:
+             deadline_s: float | None = None, callback: CallbackIdentity | None = None) -> Iterator[HeldOwners]:
     """:func:`admit`, yielding what the hold read and holds: ``HeldOwners.record`` records a step
     inside the hold (:meth:`Execution.dispatch`)."""
     if boundary not in BOUNDARIES:
@@ -139,7 +141,7 @@ def admitted(execution: Execution, boundary: str = DISPATCH, fences: Sequence[st
     if deadline_us is not None:
         execution.renew(min_lease_us=deadline_us + execution.lease_us // 2)
     with _counted_hold(execution), execution.journal.hold_owners(
-            execution.execution_id, fences, execution.fence) as held:
+            execution.execution_id, fences, execution.fence, callback) as held:
         now = execution.clock.now_us()
         reason = fenced_reason(held, execution, fences, now, None if deadline_us is None else now + deadline_us)
         if reason is not None or held.own is None:

@@ -51,6 +51,7 @@ from contextful.storage.journal import (
     CLOSED_CANCELED,
     CLOSED_FAILED,
     CLOSED_OK,
+    CallbackIdentity,
     JournalStore,
     OwnerRow,
     StepRow,
@@ -424,7 +425,8 @@ class Execution:
     # --- admission (run.journal.current-owner, run.journal.durable-dispatch) ------------------------
 
     def admit(self, boundary: str = "effect dispatch", *, fences: Sequence[str | Scope] = (),
-              deadline_s: float | None = None) -> AbstractContextManager[OwnerRow]:
+              deadline_s: float | None = None,
+              callback: CallbackIdentity | None = None) -> AbstractContextManager[OwnerRow]:
         """Admit this attempt to ``boundary`` (``"effect dispatch"`` or ``"state publication"``)
         for the block: immediately before it, the durable owner row must still be this execution's,
         pending, under this plan and pins, leased to this holder's active attempt, and each scope of
@@ -432,7 +434,8 @@ class Execution:
         ExecutionWriterFenced is raised and the block never runs. With ``deadline_s`` (the bound of
         the admitted callback) the lease is renewed first and must run past that deadline, so no
         takeover can come due while the callback runs. The rows stay held through the
-        block (:func:`contextful.engine.run.dispatch.admit` says what each adapter holds)::
+        block (:func:`contextful.engine.run.dispatch.admit` says what each adapter holds); on D1
+        the hold is a durable guard recording ``callback`` (``run.callback-guard.identity``)::
 
             with execution.admit():
                 answer = provider.call(request)      # the bounded callback
@@ -441,7 +444,7 @@ class Execution:
         from contextful.engine.run.dispatch import admit
 
         return admit(self, boundary, [fence if isinstance(fence, str) else fence.key for fence in fences],
-                     deadline_s=deadline_s)
+                     deadline_s=deadline_s, callback=callback)
 
 
 def open_execution(journal: JournalStore, scope: str | Scope, plan_ref: str, *, holder: str | None = None,

@@ -85,6 +85,11 @@ class UnitResult:
     def ok(self) -> bool:
         return not self.failed
 
+    @property
+    def canceled(self) -> tuple[str, ...]:
+        """The members whose run was canceled (``RunCanceled``): failed or not, they landed nothing."""
+        return tuple(r.pipeline for r in self.results if any(f.error == "RunCanceled" for f in r.failures))
+
 
 def units_of(manifest: Manifest) -> list[Unit]:
     """One unit per head, the heads in dependency-order ties (higher priority first, then id)."""

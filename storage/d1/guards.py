@@ -16,6 +16,10 @@ them (``storage.d1.journal``). It outlives its holder's crash; it goes only by
   deletion and the takeover of its owner row are one batch, and the replay sends that key;
 * :meth:`CallbackGuards.reconcile`: ``contextful storage reconcile-guard``, an operator's deletion
   with an audit row naming token, evidence and operator, in one batch.
+
+Production takes a guard for each delegate call of a store-driven job (``engine.jobs.delegated``,
+through ``Execution.admit(callback=...)``) and replays one from the next fire of its job
+(``engine.jobs.guarded``).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from contextful.storage.d1.client import D1Client, Statement
-from contextful.storage.errors import ArgumentInvalid, CallbackGuardHeld, NotFound
-from contextful.storage.journal import PENDING, OwnerRow
+from contextful.storage.dbapi import CommitUnheard
+from contextful.storage.errors import ArgumentInvalid, CallbackGuardHeld, CommitOutcomeUnknown, NotFound
+from contextful.storage.journal import PENDING, CallbackIdentity, OwnerRow
 from contextful.storage.journal.sql import OWNER_COLUMNS
 
 REPLAY_SAFE = "replay-safe"
@@ -59,20 +64,6 @@ _ACQUIRE = (f"INSERT INTO cf_callback_guards ({', '.join(_GUARD_COLUMNS)})"
             f" AND NOT EXISTS (SELECT 1 FROM ({_PROTECTED}) p WHERE p.scope IN (SELECT value FROM json_each(?)))")
 """One statement: the guard lands only while every row it protects is exactly as read (owner,
 active attempt, lease) and pending, and no other guard protects any of them."""
-
-
-@dataclass(frozen=True)
-class CallbackIdentity:
-    """What an admitted callback is (``run.callback-guard.identity``), as its guard records it."""
-
-    journal_entry: str
-    """The journal entry key its value is recorded under."""
-    idempotency_key: str
-    """The key its request's ``Idempotency-Key`` sends (a replay sends it again)."""
-    dedup_window_secs: int | None = None
-    """The whole seconds the destination deduplicates that key; None when it declares none."""
-    publication: bool = False
-    """Whether the callback is a publication's (its evidence class without a window: receipt-required)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +141,8 @@ class CallbackGuards:
     def acquire(self, own: OwnerRow, others: Sequence[OwnerRow], identity: CallbackIdentity,
                 now_us: int) -> Guard | None:
         """Guard ``own`` (the callback's owner row) and ``others`` (its ancestors' and entity
-        fences' rows) exactly as read, in one statement. A row another guard protects:
+        fences' rows) exactly as read, in one statement. A lost answer: CommitOutcomeUnknown naming
+        the guard's token, never a second statement that could land a second guard. A row another guard protects:
         CallbackGuardHeld naming it and that guard. A row that moved since it was read (another
         owner, attempt or lease): None, nothing written (read again and decide again)."""
         rows = [own, *others]
@@ -161,7 +153,13 @@ class CallbackGuards:
                               for r in rows])
         values = (*(getattr(guard, c) for c in _GUARD_COLUMNS[:-1]), json.dumps(list(guard.scopes)))
         statement: Statement = (_ACQUIRE, (*values, as_read, len(rows), json.dumps(list(guard.scopes))))
-        if self.client.batch([statement], rerun_unheard=False)[0].changes == 1:
+        try:  # never sent again blindly: a second acquire beside a first that landed unheard
+            acquired = self.client.batch([statement], rerun_unheard=False)[0].changes == 1
+        except CommitUnheard as exc:
+            raise CommitOutcomeUnknown(f"the callback guard of owner scope {own.scope}", guard.token,
+                                       f"{exc}; if it landed it holds the row until its identity is read "
+                                       "(a replay, or contextful storage reconcile-guard)") from exc
+        if acquired:
             return guard
         held = self.protecting(guard.scopes)
         if held:

@@ -31,11 +31,11 @@ from typing import Any
 
 from contextful.storage.clock import SystemClock
 from contextful.storage.d1.client import BatchResult, D1Client, Statement
-from contextful.storage.d1.guards import CallbackGuards, CallbackIdentity, Guard
+from contextful.storage.d1.guards import CallbackGuards, Guard
 from contextful.storage.dbapi import CommitUnheard
 from contextful.storage.errors import CallbackGuardHeld, CommitOutcomeUnknown
 from contextful.storage.fence import OWNER_FENCE_COLUMNS, WriterFence
-from contextful.storage.journal import PENDING, HeldOwners, JournalStore, OwnerRow, StepRow
+from contextful.storage.journal import PENDING, CallbackIdentity, HeldOwners, JournalStore, OwnerRow, StepRow
 from contextful.storage.journal.sql import DDL, OWNER_COLUMNS
 
 _SELECT_OWNER = f"SELECT {', '.join(OWNER_COLUMNS)} FROM cf_journal_owners"
@@ -85,6 +85,7 @@ def _fence_params(fence: WriterFence) -> tuple[Any, ...]:
 
 
 class D1JournalStore(JournalStore):
+    hold_excludes_holds = True
     def __init__(self, client: D1Client) -> None:
         self.client = client
         client.batch([(statement.format(blob="BLOB"), ()) for statement in DDL])

@@ -114,6 +114,22 @@ class HeldOwners:
     tree writes it under its owner lock, conditional on the row the hold read."""
 
 
+@dataclass(frozen=True)
+class CallbackIdentity:
+    """What an admitted callback is (``run.callback-guard.identity``): what a hold that outlives its
+    holder (D1's durable callback guard, ``storage.d1.guards``) records of it, so a replay or an
+    operator can tell what was in flight."""
+
+    journal_entry: str
+    """The journal entry key its value is recorded under."""
+    idempotency_key: str
+    """The key its request's ``Idempotency-Key`` sends (a replay sends it again)."""
+    dedup_window_secs: int | None = None
+    """The whole seconds the destination deduplicates that key; None when it declares none."""
+    publication: bool = False
+    """Whether the callback is a publication's (its evidence class without a window: receipt-required)."""
+
+
 def canonical_pins(pins: Mapping[str, str] | None) -> str:
     """The text an owner row stores for ``pins``: canonical JSON, keys sorted, values as text."""
     return json.dumps({str(k): str(v) for k, v in (pins or {}).items()}, sort_keys=True, separators=(",", ":"))
@@ -155,6 +171,10 @@ class JournalStore(ABC):
     hold_blocks_every_owner_write = False
     """Whether :meth:`hold_owners` holds every owner write of the store, other scopes' too (SQLite's
     database write lock), not only the rows it names (PostgreSQL's row locks)."""
+    hold_excludes_holds = False
+    """Whether a hold admits no second hold of its rows until it ends, the same execution's
+    included (D1's callback guard: ``run.callback-guard.acquire``), so one execution's admitted
+    callbacks take turns; PostgreSQL's ``FOR SHARE`` holds share."""
     @property
     @abstractmethod
     def location(self) -> str:
@@ -193,14 +213,15 @@ class JournalStore(ABC):
         With ``fence``, only while that attempt owns the execution (ExecutionWriterFenced otherwise)."""
 
     @abstractmethod
-    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (),
-                    fence: WriterFence | None = None) -> AbstractContextManager[HeldOwners]:
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (), fence: WriterFence | None = None,
+                    callback: CallbackIdentity | None = None) -> AbstractContextManager[HeldOwners]:
         """Read the owner row ``execution_id`` was opened under and the owner rows of ``scopes``
         (an item's ancestors, entity fences), and hold them against owner writes until the context
         exits, so a takeover, retirement or replacement of any serializes after the held block.
         ``fence`` names the attempt the hold is for: D1, which holds by writing a durable callback
-        guard (``storage.d1.guards``), guards the rows only for that attempt.
-        PostgreSQL holds the rows ``FOR SHARE``; SQLite holds the database's write lock; the file
+        guard (``storage.d1.guards``), guards the rows only for that attempt and records ``callback``
+        (what the admitted callback is) in the guard; the other adapters hold nothing that outlives
+        the block and ignore it. PostgreSQL holds the rows ``FOR SHARE``; SQLite holds the database's write lock; the file
         tree reads them under its owner lock and holds nothing after (check-then-act: the next
         conditional owner write of a superseded holder fails instead)."""
 

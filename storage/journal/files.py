@@ -33,7 +33,7 @@ from dataclasses import asdict
 
 from contextful.storage.errors import ConditionalWriteUnsupported
 from contextful.storage.fence import WriterFence
-from contextful.storage.journal import HeldOwners, JournalStore, OwnerRow, StepRow
+from contextful.storage.journal import CallbackIdentity, HeldOwners, JournalStore, OwnerRow, StepRow
 from contextful.storage.objects import TMP_MARK, ObjectStore
 
 LOCK_KEY = "journal/owners.lock"
@@ -105,8 +105,8 @@ class FileJournalStore(JournalStore):
             return new
 
     @contextlib.contextmanager
-    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (),
-                    fence: WriterFence | None = None) -> Iterator[HeldOwners]:
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (), fence: WriterFence | None = None,
+                    callback: CallbackIdentity | None = None) -> Iterator[HeldOwners]:
         with self._owner_lock():
             scope = self._scope_of(execution_id)
             row = None if scope is None else self._read_owner(self.owner_key(scope))

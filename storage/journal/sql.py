@@ -17,7 +17,7 @@ from typing import Any
 from contextful.storage.dbapi import CommitUnheard, SqlDialect
 from contextful.storage.errors import CommitOutcomeUnknown, ContextfulError
 from contextful.storage.fence import WriterFence
-from contextful.storage.journal import HeldOwners, JournalStore, OwnerRow, StepRow
+from contextful.storage.journal import CallbackIdentity, HeldOwners, JournalStore, OwnerRow, StepRow
 
 OWNER_COLUMNS = ("scope", "execution_id", "plan_ref", "status", "holder", "lease_expires_us", "opened_us",
                  "closed_us", "cursor", "attempts", "replay_from", "pins",
@@ -128,8 +128,8 @@ class SqlJournalStore(SqlDialect, JournalStore, ABC):
                                        str(exc)) from exc
 
     @contextmanager
-    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (),
-                    fence: WriterFence | None = None) -> Iterator[HeldOwners]:
+    def hold_owners(self, execution_id: str, scopes: Sequence[str] = (), fence: WriterFence | None = None,
+                    callback: CallbackIdentity | None = None) -> Iterator[HeldOwners]:
         # Its own connection: the held transaction stays open through the caller's block while this
         # store's connection goes on serving its other verbs (a step record, another scope's claim).
         with self._mapped_errors():

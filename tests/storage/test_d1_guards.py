@@ -1,9 +1,11 @@
 """Durable callback guards on the D1 profile (``storage.d1.guards``), against the Worker under miniflare.
 
-Each test claims the ``run.callback-guard.*`` clause it demonstrates; the guard is taken where
-production takes it (the D1 journal's ``hold_owners``, which an execution's admission uses) or,
-for what the admission path does not reach yet (identity fields beyond its own, replay, the
-evidence class), through :class:`~contextful.storage.d1.guards.CallbackGuards` on the same binding.
+The conformance tests of the guard rows at the storage port: the guard is taken where production
+takes it (the D1 journal's ``hold_owners``, which an execution's admission uses) or through
+:class:`~contextful.storage.d1.guards.CallbackGuards` on the same binding, for what the production
+path does not reach (a publication callback's evidence class, ancestors and entity fences). The
+same clauses are claimed end to end, through ``contextful job fire`` calling a delegate on the D1
+profile, by tests/engine/jobs/test_delegate_guard.py.
 """
 
 from __future__ import annotations
@@ -17,19 +19,13 @@ from contextful.engine.run.execution import open_execution
 from contextful.engine.run.keeper import Keeper
 from contextful.storage.clock import ManualClock, SystemClock
 from contextful.storage.d1.client import D1Binding
-from contextful.storage.d1.guards import (
-    RECEIPT_REQUIRED,
-    REPLAY_SAFE,
-    UNKNOWN,
-    CallbackGuards,
-    CallbackIdentity,
-)
+from contextful.storage.d1.guards import RECEIPT_REQUIRED, REPLAY_SAFE, UNKNOWN, CallbackGuards
 from contextful.storage.d1.journal import D1JournalStore
 from contextful.storage.d1.outbox import D1OutboxStore
 from contextful.storage.errors import CallbackGuardHeld, ExecutionWriterFenced
 from contextful.storage.fence import WriterFence
 from contextful.storage.holders import holder_is_dead
-from contextful.storage.journal import OwnerRow, StepRow
+from contextful.storage.journal import CallbackIdentity, OwnerRow, StepRow
 
 from tests.support.cli import contextful_in
 

@@ -3,7 +3,9 @@ told to drop) and records it as it went by.
 
 It stands between a client and a server a test does not control the wire of (a worker and serve's
 relay): each request's method, path, headers and body bytes are kept exactly as sent, with the
-status the upstream answered, so a test can replay a captured request byte for byte.
+status the upstream answered, so a test can replay a captured request byte for byte. A request
+``unanswered`` picks is forwarded and recorded, but its answer is dropped: the proxy closes the
+connection instead (a write that landed whose answer never arrived).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ class Captured:
 class RecordingProxy:
     """``http://127.0.0.1:<port>`` forwarding to ``upstream``; :attr:`captured` in arrival order."""
 
-    def __init__(self, upstream: str, *, drop: frozenset[str] = frozenset()) -> None:
-        """``drop``: request headers (lower case) not forwarded."""
+    def __init__(self, upstream: str, *, drop: frozenset[str] = frozenset(),
+                 unanswered: Callable[[Captured], bool] | None = None) -> None:
+        """``drop``: request headers (lower case) not forwarded; ``unanswered``: whether to drop the
+        answer to a request (called once per request, after the upstream answered it)."""
         target = urlsplit(upstream)
         host, port = target.hostname or "127.0.0.1", target.port or 80
         self.captured: list[Captured] = []
@@ -54,9 +58,13 @@ class RecordingProxy:
                     data = answer.read()
                 finally:
                     conn.close()
+                captured = Captured(self.command, self.path, headers, body, answer.status)
                 with proxy._seen:
-                    proxy.captured.append(Captured(self.command, self.path, headers, body, answer.status))
+                    proxy.captured.append(captured)
                     proxy._seen.notify_all()
+                if unanswered is not None and unanswered(captured):
+                    self.close_connection = True  # the upstream acted; its answer never reaches the client
+                    return
                 self.send_response(answer.status, answer.reason)
                 for key, value in answer.getheaders():
                     if key.lower() not in HOP_BY_HOP | {"content-length"}:

@@ -7,15 +7,17 @@ Implements ``run.export.group-delivery``, ``run.export.group-identity`` and the 
 1. refuses under a storage profile that keeps no coordinated-group outbox
    (``PublicationStorageUnsupported``, before anything is read, staged or delivered);
 2. resumes the publication's pending group when there is one: its membership, store incarnation,
-   destination and read identity must still be the ones it was staged under
-   (``PublicationIncompatible`` otherwise, before delivery), and it is reoffered with its staged
-   identifiers and payloads;
+   destination and read identity must still be the ones it was staged under (:func:`check_group`,
+   which a checkpoint's groups pass too; ``PublicationIncompatible`` otherwise, before delivery), and
+   it is reoffered with its staged identifiers and payloads;
 3. otherwise reads every producer's newest completion (``engine.export.publications``): a producer
    with none is an incomplete producer frontier, and outputs other than the declared members are
    membership drift (``PublicationIncompatible``); then reads every member at its completed frontier
    through the store (a post-commit read: the committed snapshot, never the head), rechecking that
    each frontier is still readable; when that frontier is the last acknowledged group's, nothing is
-   staged; else it stages ONE group — its identity (``engine.export.publications.identity``), a
+   staged; else it stages ONE group — in the namespace of the last staged group (the publication's
+   name before any; a rebuild's fresh namespace, order 1 and no predecessor, with ``rebuild``:
+   ``engine.export.publications.rebuild``) — its identity (``engine.export.publications.identity``), a
    member-complete event per member in publication order, then one group-complete event — in one
    transaction (``engine.export.publications.outbox``);
 4. delivers the pending events in order to the destination (an HTTP POST of each event's staged
@@ -116,23 +118,36 @@ def publication(manifest: Manifest, name: str) -> PublicationSpec:
     raise ArgumentInvalid("NAME", name, f"no [[publication]] of that name (publications: {known})")
 
 
-def export_group(store: Store, manifest: Manifest, name: str, *, post: Post | None = None) -> GroupDelivery:
-    """Stage (or resume) and deliver publication ``name``'s next group (see the module docstring)."""
+def export_group(store: Store, manifest: Manifest, name: str, *, post: Post | None = None,
+                 rebuild: str | None = None) -> GroupDelivery:
+    """Stage (or resume) and deliver publication ``name``'s next group (see the module docstring); with
+    ``rebuild``, the group is a rebuild into that fresh namespace (``engine.export.publications.rebuild``)."""
     spec = publication(manifest, name)
     outbox = check_storage(store, name)
     pending = outbox.pending(name)
     resumed = pending is not None
     if pending is not None:
-        _check_pending(store, spec, pending)
+        check_group(store, spec, pending, "the pending group")
+        if rebuild is not None and (pending.identity.namespace, pending.identity.order) != (rebuild, 1):
+            raise ArgumentInvalid("NAME", name, f"group {pending.identity.order} of namespace "
+                                  f"{pending.identity.namespace!r} is pending delivery: run `contextful export group "
+                                  f"{name}` before a rebuild")
     else:
-        pending = _stage_next(store, spec, outbox)
+        pending = _stage_next(store, spec, outbox, rebuild)
         if pending is None:
             return GroupDelivery(name, None, None, False, 0, 0)
+    delivered = deliver(manifest, spec, outbox, pending, post or http_post)
+    return GroupDelivery(name, pending.group_id, pending.identity.order, resumed, delivered, len(pending.events))
+
+
+def deliver(manifest: Manifest, spec: PublicationSpec, outbox: GroupOutbox, group: StagedGroup, post: Post,
+            start: int | None = None) -> int:
+    """POST ``group``'s events from ``start`` (default: its first unacknowledged one) to the publication's
+    destination with its headers resolved, recording each acknowledgement; how many were delivered."""
     from contextful.engine.config.secrets import resolve_headers
 
-    headers = resolve_headers(dict(spec.headers), manifest.root, f"[[publication]] {name!r}.headers")
-    delivered = _deliver(spec, outbox, pending, headers, post or http_post)
-    return GroupDelivery(name, pending.group_id, pending.identity.order, resumed, delivered, len(pending.events))
+    headers = resolve_headers(dict(spec.headers), manifest.root, f"[[publication]] {spec.name!r}.headers")
+    return _deliver(spec, outbox, group, headers, post, group.acknowledged if start is None else start)
 
 
 def _membership(spec: PublicationSpec) -> tuple[tuple[str, str, str], ...]:
@@ -145,24 +160,26 @@ def _read_identity(completions: dict[str, Completion]) -> str:
                    for p, c in sorted(completions.items())})
 
 
-def _check_pending(store: Store, spec: PublicationSpec, pending: StagedGroup) -> None:
-    identity, name = pending.identity, spec.name
+def check_group(store: Store, spec: PublicationSpec, group: StagedGroup, what: str) -> None:
+    """``PublicationIncompatible`` unless ``group`` (``what``: the pending group, a checkpoint's group) was
+    staged for this publication's members, from this store incarnation, for its destination, from
+    producer completions this store holds as it read them."""
+    identity, name = group.identity, spec.name
     if identity.membership != _membership(spec):
-        raise PublicationIncompatible(name, "membership drift: the pending group was staged for members "
+        raise PublicationIncompatible(name, f"membership drift: {what} was staged for members "
                                       f"{_names(identity.membership)}, the publication declares "
                                       f"{_names(_membership(spec))}")
     if identity.incarnation != store.uuid:
-        raise PublicationIncompatible(name, f"incarnation mismatch: the pending group was staged from store "
+        raise PublicationIncompatible(name, f"incarnation mismatch: {what} was staged from store "
                                       f"{identity.incarnation}, this is store {store.uuid}")
     if identity.destination != spec.destination:
-        raise PublicationIncompatible(name, f"the pending group goes to {identity.destination}, the publication "
+        raise PublicationIncompatible(name, f"{what} goes to {identity.destination}, the publication "
                                       f"now declares {spec.destination}")
     completions = open_completions(store)
-    runs = {p: json.loads(next(e.payload for e in pending.events if e.kind == GROUP_COMPLETE))["payload"]["runs"][p]
-            for p in spec.producers}
+    runs = json.loads(group.events[-1].payload)["payload"].get("runs", {})
     read = {p: c for p, run in runs.items() if completions is not None and (c := completions.of_run(run)) is not None}
-    if len(read) != len(runs) or _read_identity(read) != identity.read_identity:
-        raise PublicationIncompatible(name, "the pending group's read identity changed: the producer completions "
+    if sorted(read) != sorted(spec.producers) or _read_identity(read) != identity.read_identity:
+        raise PublicationIncompatible(name, f"{what}'s read identity changed: the producer completions "
                                       "it was staged from are not the store's")
 
 
@@ -170,7 +187,9 @@ def _names(membership: tuple[tuple[str, str, str], ...]) -> str:
     return ", ".join(f"{t} {p}.{n}" for t, p, n in membership)
 
 
-def _stage_next(store: Store, spec: PublicationSpec, outbox: GroupOutbox) -> StagedGroup | None:
+def _stage_next(store: Store, spec: PublicationSpec, outbox: GroupOutbox, rebuild: str | None) -> StagedGroup | None:
+    """Stage the group following the last acknowledged one in its namespace (None: nothing new), or
+    with ``rebuild`` the first group of that fresh namespace, whatever was delivered before."""
     name = spec.name
     completions = open_completions(store)
     assert completions is not None  # the profile keeps an outbox, so it keeps completions
@@ -187,15 +206,20 @@ def _stage_next(store: Store, spec: PublicationSpec, outbox: GroupOutbox) -> Sta
         latest[producer] = found
     frontier = {f"{p}.{o.table}": o.commit_seq for p, c in latest.items() for o in c.outputs}
     next_state = {f"{m.producer}.{m.name}": frontier[f"{m.producer}.{m.name}"] for m in spec.members}
-    previous = outbox.last_acknowledged(name)
     read_identity = _read_identity(latest)
+    last = outbox.last_acknowledged(name)
+    previous = last if rebuild is None else None
+    if rebuild is not None and any(g.identity.namespace == rebuild for g in outbox.groups(name)):
+        raise ArgumentInvalid("--namespace", rebuild, f"publication {name!r} delivered into that namespace "
+                              "already: a rebuild goes to a fresh one")
     if previous is not None and previous.identity.read_identity == read_identity \
             and previous.identity.incarnation == store.uuid:
         return None  # the receiver holds this frontier already
-    payloads = [_member_payload(store, spec.name, m.type, m.producer, m.name, next_state[f"{m.producer}.{m.name}"],
+    payloads = [member_payload(store, spec.name, m.type, m.producer, m.name, next_state[f"{m.producer}.{m.name}"],
                                 latest[m.producer].run_id) for m in spec.members]
     identity = GroupIdentity(
-        incarnation=store.uuid, destination=spec.destination, namespace=name, read_identity=read_identity,
+        incarnation=store.uuid, destination=spec.destination,
+        namespace=rebuild or (last.identity.namespace if last is not None else name), read_identity=read_identity,
         predecessor=previous.group_id if previous is not None else None,
         order=previous.identity.order + 1 if previous is not None else 1,
         input_frontier={p: c.input_frontier for p, c in sorted(latest.items())},
@@ -204,15 +228,16 @@ def _stage_next(store: Store, spec: PublicationSpec, outbox: GroupOutbox) -> Sta
         next_state=next_state)
     group_id = identity.group_id
     events = [GroupEvent(event_id(group_id, n), n, MEMBER_COMPLETE,
-                         _body(group_id, n, MEMBER_COMPLETE, identity, payload)) for n, payload in enumerate(payloads)]
-    last = len(events)
+                         _body(name, group_id, n, MEMBER_COMPLETE, identity, payload))
+              for n, payload in enumerate(payloads)]
+    end = len(events)
     complete = {"members": [e.event_id for e in events], "runs": {p: c.run_id for p, c in sorted(latest.items())}}
-    events.append(GroupEvent(event_id(group_id, last), last, GROUP_COMPLETE,
-                             _body(group_id, last, GROUP_COMPLETE, identity, complete)))
+    events.append(GroupEvent(event_id(group_id, end), end, GROUP_COMPLETE,
+                             _body(name, group_id, end, GROUP_COMPLETE, identity, complete)))
     return outbox.stage(name, identity, tuple(events))
 
 
-def _member_payload(store: Store, publication: str, kind: str, producer: str, table: str, seq: int | None,
+def member_payload(store: Store, publication: str, kind: str, producer: str, table: str, seq: int | None,
                     run_id: str) -> dict[str, Any]:
     """One member read at its completed frontier (a post-commit read of the committed snapshot)."""
     rows = None
@@ -235,15 +260,17 @@ def _ipc(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def _body(group_id: str, sequence: int, kind: str, identity: GroupIdentity, payload: dict[str, Any]) -> str:
+def _body(publication: str, group_id: str, sequence: int, kind: str, identity: GroupIdentity,
+          payload: dict[str, Any]) -> str:
     return json.dumps({"event_id": event_id(group_id, sequence), "group_id": group_id, "sequence": sequence,
-                       "kind": kind, "identity": identity.to_json(), "payload": payload}, sort_keys=True)
+                       "kind": kind, "publication": publication, "identity": identity.to_json(), "payload": payload},
+                      sort_keys=True)
 
 
 def _deliver(spec: PublicationSpec, outbox: GroupOutbox, group: StagedGroup, headers: dict[str, str],
-             post: Post) -> int:
+             post: Post, start: int) -> int:
     delivered = 0
-    for event in group.events[group.acknowledged:]:  # bounded by the group's members, in order
+    for event in group.events[start:]:  # bounded by the group's members, in order
         status, answer = post(spec.destination, {"Content-Type": "application/json", **headers},
                               event.payload.encode())
         if status == 409:

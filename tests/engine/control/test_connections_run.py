@@ -207,8 +207,10 @@ def test_pause_disarms_the_connection_and_its_fire_in_flight_is_canceled_at_its_
             assert (status_code, paused["state"]) == (200, "paused")
             daemon.wait_line("connection:acme-drive: disarmed; its fire in flight is asked to stop")
             drive.release()
-            # its unit ends: a canceled run over a table no failed run left unhealthy fails nothing
-            daemon.wait_line("connection:acme-drive: ok")
+            # its unit ends: a canceled run over a table no failed run left unhealthy fails nothing,
+            # and serve's log says it was canceled, not ok
+            daemon.wait_line("connection:acme-drive: canceled (connection:acme-drive: landed nothing)")
+            assert not any("connection:acme-drive: ok" in line for line in daemon.lines)
             assert "connection:acme-drive" not in {e["id"] for e in status(project)["armed"]}
             assert app.create(GLOBEX, token=token(app, GLOBEX))[0] == 201  # later beats: another fire lands
             daemon.wait_line("connection:globex.drive: ok")

@@ -6,11 +6,14 @@ receiver run as its own process (``python -m contextful.engine.export.receiver``
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +106,16 @@ TOKEN = "s3cr3t-bi-token"
 class Project:
     """A project directory; ``destination`` (when given) is its ``[[publication]] bi``'s receiver."""
 
-    def __init__(self, root: Path, destination: str | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, destination: str | None = None, env: dict[str, str] | None = None,
+                 copy_of: Path | None = None) -> None:
         self.root = root
         self.env = {"BI_TOKEN": TOKEN} | (env or {})
         self.catalog = root / ".contextful" / "store" / "catalog.sqlite"
         """The store's catalog database: the publication state sits beside its other cf_ tables."""
+        if copy_of is not None:  # the same store (same incarnation, same completions), its own directory
+            shutil.copytree(copy_of, root)
+            self.write(destination)
+            return
         (root / "orders").mkdir(parents=True)
         (root / "shop").mkdir()
         (root / "shop" / "__init__.py").write_text("")
@@ -162,6 +170,39 @@ class Project:
             "SELECT body FROM cf_publication_completions ORDER BY recorded_us, rowid")]
 
 
+def fired(root: Path) -> Project:
+    """A project whose producers completed once (orders 1-3 landed, ``enrich`` and ``build_reports``
+    fired): copy it (``Project(..., copy_of=root)``) rather than run its four commands again."""
+    project = Project(root, "http://127.0.0.1:9/events")
+    project.cli("pipeline", "import")
+    project.land("a", [1, 2, 3])
+    project.fire("enrich")
+    project.fire("build_reports")
+    return project
+
+
+def carry_outbox(source: Project, target: Project) -> None:
+    """Copy ``source``'s sender state (its staged groups and events) into ``target``'s catalog database,
+    as a catalog database carried from one store to another would hold it."""
+    with closing_db(target.catalog) as conn:
+        conn.execute("ATTACH DATABASE ? AS source", (str(source.catalog),))
+        for table in ("cf_publication_groups", "cf_publication_events"):
+            schema = conn.execute("SELECT sql FROM source.sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+            conn.execute(schema.replace("IF NOT EXISTS ", "").replace(f"TABLE {table}", f"TABLE IF NOT EXISTS {table}"))
+            conn.execute(f"INSERT INTO main.{table} SELECT * FROM source.{table}")
+        conn.execute("DETACH DATABASE source")
+
+
+def export_group(project: Project, check: bool = True, env: dict[str, str] | None = None) -> Any:
+    return project.cli("--json", "export", "group", "bi", check=check, env=env)
+
+
+def outbox(project: Project) -> list[tuple[Any, ...]]:
+    """The sender's staged events, read from the catalog database directly."""
+    return project.rows("SELECT g.sequence, e.sequence, e.event_id, e.kind, e.payload FROM cf_publication_events e "
+                        "JOIN cf_publication_groups g USING (group_id) ORDER BY g.sequence, e.sequence")
+
+
 def closing_db(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path)
     conn.isolation_level = None
@@ -188,8 +229,14 @@ class ReceiverProcess:
         return self.url + "/events"
 
     def active(self, namespace: str = "bi") -> dict[str, Any] | None:
-        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
-                f"{self.url}/active/{namespace}", timeout=30) as answer:
+        return self._get(f"/active/{namespace}")
+
+    def published(self, publication: str = "bi") -> dict[str, Any] | None:
+        """What a reader of ``publication`` reads: its active namespace's active group."""
+        return self._get(f"/publications/{publication}")
+
+    def _get(self, path: str) -> dict[str, Any] | None:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(self.url + path, timeout=30) as answer:
             found: dict[str, Any] | None = json.loads(answer.read())
             return found
 
@@ -201,3 +248,50 @@ class ReceiverProcess:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=30)
+
+
+class Gate:
+    """A loopback HTTP forwarder between sender and receiver: it passes ``allow`` events on, then (with
+    ``lose_ack``) passes one more but answers the sender 503 as if the answer were lost, then answers
+    503 to the rest without passing them. It records every request as received."""
+
+    def __init__(self, target: str) -> None:
+        self.target, self.allow, self.lose_ack = target, 1_000_000, False
+        self.seen: list[tuple[dict[str, str], bytes]] = []
+        gate = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                gate.seen.append((dict(self.headers), body))
+                status, answer = 503, b'{"error": "gate closed"}'
+                if gate.allow > 0 or gate.lose_ack:
+                    status, answer = post(gate.target, body)
+                    if gate.allow > 0:
+                        gate.allow -= 1
+                    else:
+                        gate.lose_ack, status = False, 503
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/events"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def post(url: str, body: bytes) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=60) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()

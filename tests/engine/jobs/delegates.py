@@ -21,6 +21,32 @@ from contextful.storage.clock import ManualClock
 KEY = "k" * 40
 """The worker key the tests' engine and delegate share."""
 
+MANIFEST = """\
+[project]
+name = "delegated"
+
+[[external]]
+id = "documents"
+table = "documents"
+
+[control.delegates.enricher]
+url = "{url}"
+mode = "{mode}"
+{binding}
+
+[[job]]
+name = "enrich-documents"
+kind = "store-driven"
+schedule = "every 1m"
+body = {{ delegate = "enricher" }}
+statement = "SELECT doc_id, body FROM documents ORDER BY doc_id"
+max_in_flight = {max_in_flight}
+tables = ["enriched"]
+retry = {{ attempts = {attempts}, base_s = 0, max_s = 0 }}
+"""
+"""A project whose store-driven job hands each document to the delegate ``enricher`` (format it
+with the delegate's ``url``, its ``mode``, more ``binding`` lines, ``max_in_flight`` and ``attempts``)."""
+
 
 class Delegate:
     """The reference delegate as a child process: its url and the requests it logged."""

@@ -31,35 +31,12 @@ from contextful.storage.clock import from_us
 from contextful.storage.errors import DelegateSubmitUnfilled, OwnerPinsMismatch
 from contextful.storage.journal import CLOSED_OK, PENDING
 
-from tests.engine.jobs.delegates import CHILD, KEY, Start, applied, clocked_store, fire
+from tests.engine.jobs.delegates import CHILD, KEY, MANIFEST, Start, applied, clocked_store, fire
 from tests.engine.jobs.project import rows
 
 JOB = "enrich-documents"
 DOCS = pa.table({"doc_id": ["d1", "d2", "d3"], "body": ["one", "two words", "three more words"]})
 
-MANIFEST = """\
-[project]
-name = "delegated"
-
-[[external]]
-id = "documents"
-table = "documents"
-
-[control.delegates.enricher]
-url = "{url}"
-mode = "{mode}"
-{binding}
-
-[[job]]
-name = "enrich-documents"
-kind = "store-driven"
-schedule = "every 1m"
-body = {{ delegate = "enricher" }}
-statement = "SELECT doc_id, body FROM documents ORDER BY doc_id"
-max_in_flight = {max_in_flight}
-tables = ["enriched"]
-retry = {{ attempts = {attempts}, base_s = 0, max_s = 0 }}
-"""
 
 
 @pytest.fixture
