@@ -33,9 +33,8 @@ from typing import Any
 import pytest
 from contextful.storage.d1.client import D1Binding, D1Client
 
-from tests.engine.export import test_publication_delivery as delivery
-from tests.engine.export.publication_project import MANIFEST, Project, ReceiverProcess
-from tests.engine.export.test_publication_delivery import Gate
+from tests.engine.export import conftest as export_fixtures
+from tests.engine.export.publication_project import MANIFEST, Gate, Project, ReceiverProcess
 from tests.storage.test_d1_profile import profile_env
 
 pytestmark = pytest.mark.d1
@@ -80,8 +79,8 @@ class Forwarder(Gate):
         super().close()
 
 
-receiver = delivery.receiver
-"""The receiver process fixture of the delivery tests."""
+receiver = export_fixtures.receiver
+"""The export tests' receiver process fixture."""
 
 
 @pytest.fixture
@@ -178,6 +177,15 @@ def test_d1_holds_the_outbox_frontier_and_active_namespace_and_one_batch_complet
     active = receiver.active()
     assert active is not None and (active["group_id"], active["order"]) == (group_id, 1)
 
+    # a rebuild into a fresh namespace: staged at the next position with order 1, and its completing
+    # acknowledgement promotes it and its namespace in D1 as the receiver switches to it
+    rebuilt = json.loads(project.cli("--json", "export", "rebuild", "bi", "--namespace", "epoch2").stdout)
+    assert client.query("SELECT sequence, json_extract(identity, '$.namespace') AS ns, "
+                        "json_extract(identity, '$.order') AS n FROM cf_publication_groups ORDER BY sequence") == [
+        (1, "bi", 1), (2, "epoch2", 1)]
+    assert [(s[4], s[5]) for s in d1_state(client)["senders"]] == [(rebuilt["group"], "epoch2")]
+    switched = receiver.published()
+    assert switched is not None and (switched["namespace"], switched["group_id"]) == ("epoch2", rebuilt["group"])
 
 
 def _completions(client: D1Client) -> list[dict[str, Any]]:
