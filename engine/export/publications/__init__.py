@@ -8,8 +8,8 @@ pinned input frontier and every output table's frontier, an empty output include
 
 The port is :class:`CompletionStore`; each adapter is a module beside this one (``sqlite``: the
 local profile's catalog database, beside its other ``cf_`` tables), picked by :func:`open_completions`
-from the store's catalog, so another profile's adapter (D1, "d1-coordinated-groups") is an addition,
-not a change. A profile with no adapter answers None: its producers record nothing.
+from the store's catalog (the D1 profile's is ``d1``, decision "d1-coordinated-groups"). A profile with
+no adapter answers None: its producers record nothing.
 """
 
 from __future__ import annotations
@@ -87,4 +87,10 @@ def open_completions(store: Store) -> CompletionStore | None:
         from contextful.engine.export.publications.sqlite import SqliteCompletions
 
         return SqliteCompletions(store.catalog.path)
+    from contextful.storage.d1.catalog import D1Catalog
+
+    if isinstance(store.catalog, D1Catalog):
+        from contextful.engine.export.publications.d1 import D1Completions
+
+        return D1Completions(store.catalog.client)
     return None

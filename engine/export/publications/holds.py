@@ -99,6 +99,12 @@ def open_holds(store: Store) -> PublicationHolds | None:
         from contextful.engine.export.publications.holds_sqlite import SqliteHolds
 
         return SqliteHolds(store.catalog.path)
+    from contextful.storage.d1.catalog import D1Catalog
+
+    if isinstance(store.catalog, D1Catalog):
+        from contextful.engine.export.publications.d1 import D1Holds
+
+        return D1Holds(store.catalog.client, store.clock)
     return None
 
 

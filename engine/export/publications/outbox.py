@@ -9,7 +9,7 @@ order 1 again in a fresh namespace, so the staging position is not the group's o
 group's events never change: a resumed delivery
 reoffers the same identifiers and payloads. The state machine (``engine.export.publications.sender``)
 sees only :class:`GroupOutbox`; the local profile's adapter is ``engine.export.publications.sqlite``,
-and D1's ("d1-coordinated-groups") is a later adapter beside it.
+and D1's ("d1-coordinated-groups") is ``engine.export.publications.d1``.
 """
 
 from __future__ import annotations
@@ -89,4 +89,10 @@ def open_outbox(store: Store) -> GroupOutbox | None:
         from contextful.engine.export.publications.sqlite import SqliteGroupOutbox
 
         return SqliteGroupOutbox(store.catalog.path)
+    from contextful.storage.d1.catalog import D1Catalog
+
+    if isinstance(store.catalog, D1Catalog):
+        from contextful.engine.export.publications.d1 import D1GroupOutbox
+
+        return D1GroupOutbox(store.catalog.client, store.clock)
     return None
