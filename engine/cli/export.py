@@ -64,15 +64,9 @@ def export_run(ctx: click.Context, names: tuple[str, ...]) -> None:
 @click.pass_context
 def export_group_command(ctx: click.Context, name: str) -> None:
     """Stage (or resume) publication NAME's next group and deliver it to its receiver."""
-    from contextful.engine.cli.pipeline import _manifest, _store
-    from contextful.engine.export.publications.holds import held
-    from contextful.engine.export.publications.sender import check_profile, export_group, publication
+    from contextful.engine.export.publications.sender import export_group
 
-    manifest = _manifest(ctx)
-    publication(manifest, name)
-    check_profile(name)  # run.export.group-storage: before the store opens, nothing read, staged or delivered
-    with _store(ctx, manifest) as store, held(store, name):  # surface.dispatch.export-quiesced
-        done = export_group(store, manifest, name)
+    done = _on_publication(ctx, name, lambda store, manifest: export_group(store, manifest, name))
     if ctx.obj["json"]:
         emit_json(done.to_json())
     elif done.group_id is None:
@@ -131,14 +125,18 @@ def export_restore_command(ctx: click.Context, name: str, source: str) -> None:
 
 def _on_publication(ctx: click.Context, name: str, call: Callable[[Store, Manifest], T]) -> T:
     """``call(store, manifest)`` for publication NAME, once it is declared and the storage profile keeps
-    a coordinated-group outbox (``run.export.group-storage``: checked before the store opens)."""
+    a coordinated-group outbox (``run.export.group-storage``: checked before the store opens, so nothing
+    is read, staged or delivered), under the publication's exclusive hold: serve's units writing its
+    inputs wait and are waited for (``surface.dispatch.export-quiesced``, ``export-claim``), and on D1
+    the hold is the lease every sender write predicates on (``run.export.group-d1-lease``)."""
     from contextful.engine.cli.pipeline import _manifest, _store
+    from contextful.engine.export.publications.holds import held
     from contextful.engine.export.publications.sender import check_profile, publication
 
     manifest = _manifest(ctx)
     publication(manifest, name)
     check_profile(name)
-    with _store(ctx, manifest) as store:
+    with _store(ctx, manifest) as store, held(store, name):
         return call(store, manifest)
 
 

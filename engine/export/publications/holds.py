@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from contextful.storage.errors import PublicationIncompatible
+from contextful.storage.errors import ExecutionHeld
 
 if TYPE_CHECKING:
     from contextful.storage.store import Store
@@ -145,7 +145,8 @@ def exclusive_hold(holds: PublicationHolds | None, publication: str, *, deadline
     """Hold ``publication`` exclusively for the ``with`` body, released at its end (None: the
     profile keeps no holds). Waits for another exporter's exclusive hold, then (admitting no new
     shared claim) for every shared holder to end, up to ``deadline_s``; past it raises
-    ``PublicationIncompatible`` naming the holders, having read nothing."""
+    ``ExecutionHeld`` naming the holders (the ``held`` category: run it again once they end), having
+    read nothing."""
     if holds is None:
         yield None
         return
@@ -164,7 +165,9 @@ def exclusive_hold(holds: PublicationHolds | None, publication: str, *, deadline
             elapsed = time.monotonic() - start
             if elapsed > deadline_s:
                 who = ", ".join(h.holder for h in standing) or "another export group"
-                raise PublicationIncompatible(publication, f"still held after {deadline_s:.0f} s by {who}")
+                until_us = max((h.expires_us for h in standing), default=int((time.time() + LEASE_S) * 1e6))
+                raise ExecutionHeld(f"export group {publication}", f"publication {publication}", who, None, None,
+                                    None, until_us)
             if progress is not None:
                 progress(standing, elapsed)
             waited.wait(poll_s)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from contextful.engine.export.publications.holds import EXCLUSIVE, SHARED, exclusive_hold
 from contextful.engine.export.publications.holds_sqlite import SqliteHolds
-from contextful.storage.errors import PublicationIncompatible
+from contextful.storage.errors import ExecutionHeld
 
 HOLD_AND_WAIT = """
 import sys
@@ -61,7 +61,7 @@ def test_an_export_waits_for_a_shared_holder_and_gives_up_at_its_deadline_naming
     serve, export = _holds(tmp_path)
     serve.claim_shared(["bi"], "serve unit orders", 30)
     seen: list[tuple[str, ...]] = []
-    with pytest.raises(PublicationIncompatible, match="still held after 1 s by serve unit orders"), \
+    with pytest.raises(ExecutionHeld, match="scope 'publication bi' is being run by holder 'serve unit orders'"), \
             exclusive_hold(export, "bi", deadline_s=1, progress=lambda standing, _s: seen.append(
                 tuple(h.holder for h in standing))):
         raise AssertionError("the body runs only once no shared holder remains")

@@ -13,6 +13,8 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -203,10 +205,18 @@ def outbox(project: Project) -> list[tuple[Any, ...]]:
                         "JOIN cf_publication_groups g USING (group_id) ORDER BY g.sequence, e.sequence")
 
 
-def closing_db(path: Path) -> sqlite3.Connection:
+@contextmanager
+def closing_db(path: Path) -> Iterator[sqlite3.Connection]:
+    """The catalog database opened for one read and closed after it. Closed, not left to the garbage
+    collector: a connection left open in the test's process loses its POSIX locks whenever the process
+    closes any other descriptor of the file (a copytree of the project), and SQLite then reads a WAL
+    another process is rewriting ("database disk image is malformed")."""
     conn = sqlite3.connect(path)
     conn.isolation_level = None
-    return conn
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 class ReceiverProcess:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def test_a_completion_is_one_immutable_record(project: Project) -> None:
         assert kept == Completion.from_json(completion)
     finally:
         store.close()
-    with sqlite3.connect(project.catalog) as conn:
+    with closing(sqlite3.connect(project.catalog)) as conn:
         for statement in ("UPDATE cf_publication_completions SET body = '{}'",
                           "DELETE FROM cf_publication_completions"):
             with pytest.raises(sqlite3.IntegrityError, match="a producer completion is immutable"):
