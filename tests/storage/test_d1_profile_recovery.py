@@ -106,15 +106,22 @@ def test_a_corpus_only_restore_admits_no_work_and_provision_refuses_it(bound: D1
     assert "recovery" not in tables(bound)  # the refusal recorded no identity
 
 
+def _provisioned_and_landed(binding: D1Binding, tmp_path: Path,
+                            lines: str) -> tuple[Path, dict[str, str], dict[str, str]]:
+    """A project on the profile: provisioned (its recovery identity, returned) and one file of ``lines`` landed."""
+    env = profile_env(binding)
+    where = project(tmp_path / "p")
+    (where / "raw").mkdir()
+    (where / "raw" / "a.ndjson").write_text(lines)
+    identity = json.loads(contextful_in(where, "--json", "store", "provision", env=env).stdout)
+    contextful_in(where, "pipeline", "run", env=env)
+    return where, env, identity
+
+
 @pytest.mark.clause("run.journal.d1-backup")
 def test_store_backup_captures_the_execution_database_r2_frontier_identity_and_schema(
         d1_binding: D1Binding, tmp_path: Path) -> None:
-    env = profile_env(d1_binding)
-    where = project(tmp_path / "p")
-    (where / "raw").mkdir()
-    (where / "raw" / "a.ndjson").write_text('{"id": 1}\n{"id": 2}\n')
-    identity = json.loads(contextful_in(where, "--json", "store", "provision", env=env).stdout)
-    contextful_in(where, "pipeline", "run", env=env)
+    where, env, identity = _provisioned_and_landed(d1_binding, tmp_path, '{"id": 1}\n{"id": 2}\n')
     client = d1_binding.client()
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
@@ -172,12 +179,7 @@ def _lose_the_database(binding: D1Binding) -> None:
 @pytest.mark.clause("run.journal.d1-backup", "run.journal.d1-recovery")
 def test_store_restore_puts_a_lost_database_back_and_runs_resume_where_they_stopped(
         d1_binding: D1Binding, tmp_path: Path) -> None:
-    env = profile_env(d1_binding)
-    where = project(tmp_path / "p")
-    (where / "raw").mkdir()
-    (where / "raw" / "a.ndjson").write_text('{"id": 1}\n{"id": 2}\n')
-    identity = json.loads(contextful_in(where, "--json", "store", "provision", env=env).stdout)
-    contextful_in(where, "pipeline", "run", env=env)
+    where, env, identity = _provisioned_and_landed(d1_binding, tmp_path, '{"id": 1}\n{"id": 2}\n')
     backup = tmp_path / "backup.json"
     contextful_in(where, "store", "backup", str(backup), env=env)
     before = {t: d1_binding.client().query(f"SELECT count(*) FROM cf_{t}")[0][0] for t in tables(d1_binding)}
@@ -208,12 +210,7 @@ def test_store_restore_puts_a_lost_database_back_and_runs_resume_where_they_stop
 @pytest.mark.clause("run.journal.d1-recovery")
 def test_a_restore_whose_r2_frontier_lost_an_object_refuses_naming_it_and_writes_nothing(
         d1_binding: D1Binding, tmp_path: Path) -> None:
-    env = profile_env(d1_binding)
-    where = project(tmp_path / "p")
-    (where / "raw").mkdir()
-    (where / "raw" / "a.ndjson").write_text('{"id": 1}\n')
-    contextful_in(where, "store", "provision", env=env)
-    contextful_in(where, "pipeline", "run", env=env)
+    where, env, _identity = _provisioned_and_landed(d1_binding, tmp_path, '{"id": 1}\n')
     backup = tmp_path / "backup.json"
     contextful_in(where, "store", "backup", str(backup), env=env)
     part = next(o["key"] for o in json.loads(backup.read_text())["r2_frontier"] if "/parts/" in o["key"])
