@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contextful.engine.export.publications import Completion
-from contextful.engine.export.publications.holds import EXCLUSIVE, SHARED, Hold
+from contextful.engine.export.publications.holds import EXCLUSIVE, SHARED, Hold, holder_dead
 from contextful.engine.export.publications.identity import GroupIdentity
 from contextful.engine.export.publications.outbox import GroupEvent, StagedGroup
 from contextful.storage.clock import Clock
@@ -64,7 +64,7 @@ from contextful.storage.errors import (
     ExecutionWriterFenced,
     PublicationStorageUnsupported,
 )
-from contextful.storage.holders import Holder, default_holder, holder_is_dead
+from contextful.storage.holders import Holder, default_holder
 
 PROFILE = "cloudflare-d1"
 STATE_BOUND = 8 * 1024 * 1024
@@ -229,7 +229,7 @@ class D1GroupOutbox:
         if _leases.pop(self._key(publication), None) is not None:  # lost: the next call may take it afresh
             raise ExecutionWriterFenced(f"export group {publication}", sender.version, "the publication's D1 "
                                         "sender state", f"its lease passed to {sender.holder or 'no holder'}")
-        if sender.holder is not None and sender.expires_us > now_us and not holder_is_dead(sender.holder):
+        if sender.holder is not None and sender.expires_us > now_us and not holder_dead(sender.holder):
             parsed = Holder.parse(sender.holder)
             raise ExecutionHeld(f"export group {publication}", f"publication {publication}", sender.holder,
                                 parsed.host if parsed else None, parsed.pid if parsed else None, sender.taken_us,
@@ -411,7 +411,7 @@ class D1Holds:
         rows = self.client.query(f"SELECT publication, version, holder, expires_us FROM cf_publication_senders "
                                  f"WHERE publication IN ({marks}) ORDER BY publication", tuple(publications))
         return tuple(Hold(p, h, EXCLUSIVE, int(v), int(e)) for p, v, h, e in rows
-                     if h is not None and h != holder and int(e) > now_us and not holder_is_dead(h)), rows
+                     if h is not None and h != holder and int(e) > now_us and not holder_dead(h)), rows
 
     def hold_exclusive(self, publication: str, holder: str, lease_s: float) -> Hold | None:
         while True:  # loops only while another writer moves the row between our read and our batch

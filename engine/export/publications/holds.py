@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from contextful.storage.errors import ExecutionHeld
+from contextful.storage.holders import default_holder, holder_is_dead
 
 if TYPE_CHECKING:
     from contextful.storage.store import Store
@@ -109,8 +110,23 @@ def open_holds(store: Store) -> PublicationHolds | None:
 
 
 def holder_id(kind: str) -> str:
-    """A holder identity naming what holds, its host and process, unique per take."""
-    return f"{kind} pid {os.getpid()} on {socket.gethostname()} ({uuid.uuid4().hex[:12]})"
+    """A holder identity naming what holds, its host and process, unique per take; the parenthesized
+    tail is the process's holder id (``storage.holders``), so :func:`holder_dead` can tell it died."""
+    return f"{kind} pid {os.getpid()} on {socket.gethostname()} ({default_holder()})"
+
+
+_PROCESS = re.compile(r"\(([^()\s]+)\)$")
+
+
+def holder_dead(holder: str | None) -> bool:
+    """Whether the process holding as ``holder`` is provably dead (same host and PID namespace, that
+    process gone): an exclusive hold of a SIGKILLed exporter then holds nothing, as it did no work
+    after it died. A shared claim of serve's is never taken over this way (its unit's child may
+    outlive serve): it lapses with its lease."""
+    if holder is None:
+        return False
+    found = _PROCESS.search(holder)
+    return holder_is_dead(found.group(1) if found else holder)
 
 
 class Renewer:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from contextlib import closing
 from typing import TypeVar
 
-from contextful.engine.export.publications.holds import EXCLUSIVE, SHARED, Hold
+from contextful.engine.export.publications.holds import EXCLUSIVE, SHARED, Hold, holder_dead
 from contextful.storage.port_dialects import SqliteFilePort
 
 T = TypeVar("T")
@@ -73,7 +73,7 @@ class SqliteHolds(SqliteFilePort):
         rows = conn.execute(f"SELECT {_COLUMNS} FROM cf_publication_holds WHERE mode = '{EXCLUSIVE}' "
                             f"AND holder <> ? AND publication IN ({marks}) ORDER BY publication",
                             (holder, *publications)).fetchall()
-        return tuple(Hold(*row) for row in rows)
+        return tuple(Hold(*row) for row in rows if not holder_dead(row[1]))  # a dead exporter holds nothing
 
     def hold_exclusive(self, publication: str, holder: str, lease_s: float) -> Hold | None:
         def take(conn: sqlite3.Connection, now: int) -> Hold | None:

@@ -1,7 +1,7 @@
 """The publication holds port over the local profile's catalog database (``holds_sqlite``), as serve and
 ``contextful export group`` use it: an exclusive hold refuses new shared claims (writer-preferring)
 and waits for the standing ones; claims are all or none; a holder SIGKILLed mid-hold blocks the
-others only until its lease expires (``surface.dispatch.export-quiesced``, ``export-claim``).
+others only until its lease expires, and an exporter whose process is provably dead not at all (``surface.dispatch.export-quiesced``, ``export-claim``).
 Oracles: a second adapter over the same file (what another process sees), and a real child process
 killed with SIGKILL while it holds."""
 
@@ -20,9 +20,12 @@ from contextful.storage.errors import ExecutionHeld
 
 HOLD_AND_WAIT = """
 import sys
+from contextful.engine.export.publications.holds import holder_id
 from contextful.engine.export.publications.holds_sqlite import SqliteHolds
 holds = SqliteHolds(sys.argv[1])
-if sys.argv[2] == "exclusive":
+if sys.argv[2] == "exclusive":  # as export group holds: its holder id names its process
+    assert holds.hold_exclusive("bi", holder_id("export group bi"), 30.0) is not None
+elif sys.argv[2] == "exclusive, unnamed process":
     assert holds.hold_exclusive("bi", "killed exporter", 1.0) is not None
 else:
     assert holds.claim_shared(["bi"], "killed unit", 1.0) == ()
@@ -84,7 +87,7 @@ def test_an_export_waits_for_a_shared_holder_and_gives_up_at_its_deadline_naming
 
 
 @pytest.mark.clause("surface.dispatch.export-quiesced")
-@pytest.mark.parametrize("mode", ["exclusive", "shared"])
+@pytest.mark.parametrize("mode", ["exclusive", "exclusive, unnamed process", "shared"])
 def test_a_holder_sigkilled_mid_hold_blocks_the_others_only_until_its_lease_expires(tmp_path: Path,
                                                                                     mode: str) -> None:
     path = tmp_path / "catalog.sqlite"
@@ -98,6 +101,9 @@ def test_a_holder_sigkilled_mid_hold_blocks_the_others_only_until_its_lease_expi
         if mode == "shared":  # the export's wait for the dead unit's claim ends when the claim lapses
             with exclusive_hold(holds, "bi", deadline_s=60, poll_s=0.05) as hold:
                 assert hold is not None
+            return
+        if mode == "exclusive":  # a provably dead exporter did no work after it died: its hold holds nothing
+            assert holds.claim_shared(["bi"], "serve unit orders", 30) == ()
             return
         assert holds.claim_shared(["bi"], "serve unit orders", 30) != ()  # the dead exporter's lease still runs
         gave_up = threading.Event()
